@@ -1,0 +1,34 @@
+# Set-up on a fresh machine is part of every target: venv, pinned dependencies, data.
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+
+.PHONY: run test lint setup data lock clean
+
+run: setup
+	$(BIN)/raysim run configs/quickstart.yaml
+
+test: setup
+	$(BIN)/ruff check raysim tests jobs
+	$(BIN)/pytest -q -rs
+
+lint: setup
+	$(BIN)/ruff check raysim tests jobs
+
+setup: $(STAMP) data
+
+$(STAMP):
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+data: $(STAMP)
+	$(BIN)/python -m raysim.data.fetch
+
+# Re-resolve the full pinned dependency set after editing pyproject.toml.
+lock:
+	python3 -m venv /tmp/raysim-lock && /tmp/raysim-lock/bin/pip install -q 'torch==2.13.0' -e '.[dev]' \
+	  && /tmp/raysim-lock/bin/pip freeze --exclude-editable | sed 's/+cpu//' > constraints.txt
+
+clean:
+	rm -rf $(VENV) mlflow.db mlruns mlartifacts

@@ -1,0 +1,73 @@
+"""FedAvg: clients run local SGD from the global model; the server averages the results (flame.md 2.3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from raysim.algorithms.base import (
+    Algorithm,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    SGDSettings,
+    Upload,
+    Vector,
+)
+
+
+class FedAvgSettings(SGDSettings):
+    name: Literal["fedavg"] = "fedavg"
+    aggregation: Literal["samples", "uniform"] = Field(
+        "samples", description="weight local models by training-set size (McMahan et al.) or equally"
+    )
+
+
+@dataclass
+class FedAvgClientState:
+    """FedAvg keeps nothing on the client between rounds."""
+
+
+@dataclass
+class FedAvgServerState:
+    w: Vector
+
+
+@dataclass
+class FedAvgUpload(Upload):
+    weighted_params: Vector
+    weight: float
+
+
+class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vector, FedAvgUpload]):
+    name = "fedavg"
+    Settings = FedAvgSettings
+    Upload = FedAvgUpload
+
+    def init_server(self, init_params: Vector, num_clients: int) -> FedAvgServerState:
+        return FedAvgServerState(init_params.copy())
+
+    def init_client(self, client: ClientInfo, init_params: Vector) -> FedAvgClientState:
+        return FedAvgClientState()
+
+    def broadcast(self, server: FedAvgServerState) -> Vector:
+        return server.w
+
+    def client_step(self, client: ClientInfo, state: FedAvgClientState, broadcast: Vector) -> ClientStep:
+        result = yield self.settings.local_sgd(broadcast)
+        weight = float(client.num_train) if self.settings.aggregation == "samples" else 1.0
+        metrics = {
+            "train_loss": result.mean_loss,
+            "update_norm": float(np.linalg.norm(result.params - broadcast)),
+        }
+        return ClientUpdate(state, FedAvgUpload(weight * result.params, weight), metrics)
+
+    def server_step(self, server: FedAvgServerState, total: FedAvgUpload, num_selected: int):
+        w = (total.weighted_params / total.weight).astype(np.float32)
+        return FedAvgServerState(w), {"global_change": float(np.linalg.norm(w - server.w))}
+
+    def global_model(self, server: FedAvgServerState) -> Vector:
+        return server.w

@@ -1,0 +1,204 @@
+"""Experiment configuration: one pydantic model, loaded from YAML with `--set key.path=value` overrides.
+
+Every layer declares its own settings (algorithms, partitions, models) and this module composes them.
+Validation errors become one `ConfigError` line naming the key path, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from raysim.algorithms import REGISTRY
+from raysim.data.partitions import PartitionSettings, QLabelSettings
+from raysim.data.sources import SOURCES
+from raysim.errors import ConfigError
+from raysim.models.zoo import ModelSettings
+
+AlgorithmConfig = Annotated[
+    Union[tuple(cls.Settings for cls in REGISTRY.values())],  # noqa: UP007 - built from the registry
+    Field(discriminator="name"),
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSettings(_Section):
+    name: Literal[SOURCES] = "fashion_mnist"  # type: ignore[valid-type]
+    root: str | None = Field(None, description="directory holding the dataset files (else the default places)")
+    download: bool = Field(True, description="let torchvision download when no local copy exists")
+
+
+class ClientsSettings(_Section):
+    count: int = Field(10, ge=1, description="m: number of simulated clients")
+    per_round: int | None = Field(None, ge=1, description="s: clients sampled per round (uniform, no replacement)")
+    fraction: float | None = Field(None, gt=0, le=1, description="or: this fraction of m per round")
+    weighting: Literal["uniform", "samples"] = Field(
+        "uniform", description="alpha_i = 1/m (all FLAME experiments) or n_i/n"
+    )
+
+    @model_validator(mode="after")
+    def _check_sampling(self) -> ClientsSettings:
+        if self.per_round is not None and self.fraction is not None:
+            raise ValueError("set at most one of clients.per_round and clients.fraction")
+        if self.per_round is not None and self.per_round > self.count:
+            raise ValueError(f"clients.per_round={self.per_round} exceeds clients.count={self.count}")
+        return self
+
+    def per_round_count(self) -> int:
+        """How many clients take part in each round (all of them by default: full participation)."""
+        if self.per_round is not None:
+            return self.per_round
+        if self.fraction is not None:
+            return max(1, int(self.fraction * self.count))
+        return self.count
+
+
+class RuntimeSettings(_Section):
+    address: str | None = Field(None, description="Ray cluster address; default: RAY_ADDRESS or a new local Ray")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a new local Ray instance (default: all)")
+    num_hosts: int | None = Field(None, ge=1, description="client-host actors (default: CPUs / host_cpus)")
+    host_cpus: float = Field(1.0, gt=0, description="CPUs reserved per host actor (fractions allowed)")
+    host_gpus: float = Field(0.0, ge=0, description="GPUs per host actor (fractions allowed)")
+    coordinator_cpus: float = Field(0.0, ge=0)
+    coordinator_gpus: float = Field(0.0, ge=0)
+    torch_threads: int = Field(1, ge=1, description="torch threads per actor (same value => same results)")
+    object_store_mb: int = Field(1024, ge=64, description="object store size of a new local Ray instance")
+
+
+class TrackingSettings(_Section):
+    uri: str | None = Field(None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite)")
+    experiment: str = "raysim"
+    run_name: str | None = None
+    eval_every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last)")
+
+
+class ExperimentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: AlgorithmConfig  # type: ignore[valid-type]
+    dataset: DatasetSettings = DatasetSettings()
+    partition: PartitionSettings = QLabelSettings()
+    model: ModelSettings = ModelSettings()
+    clients: ClientsSettings = ClientsSettings()
+    rounds: int = Field(100, ge=1)
+    seed: int = Field(1, ge=0)
+    runtime: RuntimeSettings = RuntimeSettings()
+    tracking: TrackingSettings = TrackingSettings()
+
+    def flat(self) -> dict[str, Any]:
+        """The resolved config as dotted keys (MLflow params)."""
+        return flatten(self.model_dump(mode="json", by_alias=True))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def apply_override(tree: dict[str, Any], assignment: str) -> None:
+    """Apply one `key.path=value` override in place; the value is parsed as YAML (3, 0.1, true, [a])."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected key.path=value")
+    path, raw = assignment.split("=", 1)
+    keys = path.strip().split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {path}: {key!r} is not a section")
+        node = child
+    node[keys[-1]] = yaml.safe_load(raw)
+
+
+def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
+    """Field names valid at the parent of `loc` (for "did you mean" hints)."""
+    model: Any = ExperimentConfig
+    node: Any = data
+    for key in loc[:-1]:
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+        if model is ExperimentConfig and key == "algorithm":
+            model = REGISTRY[node["name"]].Settings if node.get("name") in REGISTRY else None
+        elif model is ExperimentConfig and key == "partition":
+            model = next(
+                (
+                    a
+                    for a in PartitionSettings.__origin__.__args__
+                    if a.model_fields["scheme"].default == node.get("scheme")
+                ),
+                None,
+            )
+        elif model is not None and key in getattr(model, "model_fields", {}):
+            model = model.model_fields[key].annotation
+        else:
+            model = None
+        if model is None or not hasattr(model, "model_fields"):
+            return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    # Drop the discriminator tag that pydantic inserts for tagged unions: ("algorithm", "flame", "rho").
+    section = data.get(loc[0]) if loc and loc[0] in ("algorithm", "partition") else None
+    if isinstance(section, dict) and len(loc) > 1 and loc[1] in (section.get("name"), section.get("scheme")):
+        loc = (loc[0], *loc[2:])
+    path = ".".join(str(k) for k in loc) or "config"
+    kind = error["type"]
+    if kind == "union_tag_invalid" and loc == ("algorithm",):
+        return f"algorithm.name: unknown algorithm {error['input'].get('name')!r}; allowed: {', '.join(REGISTRY)}"
+    if kind == "union_tag_invalid" and loc == ("partition",):
+        allowed = [a.model_fields["scheme"].default for a in PartitionSettings.__origin__.__args__]
+        return f"partition.scheme: unknown scheme {error['input'].get('scheme')!r}; allowed: {', '.join(allowed)}"
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc, data)
+        hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+        return f"{path}: unknown key{suggestion} (allowed: {', '.join(allowed)})"
+    message = error["msg"]
+    if kind == "value_error":
+        return message.removeprefix("Value error, ")
+    if kind in ("literal_error", "enum"):
+        message = message.replace("Input should be", "must be")
+    shown = "" if kind == "missing" else f" (got {error['input']!r})"
+    return f"{path}: {message}{shown}"
+
+
+def validate_config(data: dict[str, Any]) -> ExperimentConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("config: the top level must be a mapping of sections")
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format(error.errors()[0], data)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    """Read a YAML experiment, apply `--set` overrides, validate."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read config ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return validate_config(data)

@@ -1,0 +1,108 @@
+"""Fashion-MNIST from IDX files: one loader, three places to look.
+
+1. `root` (config `dataset.root` or $RAYSIM_DATA), either holding the four IDX files directly or in
+   torchvision's layout `FashionMNIST/raw/`;
+2. the Debian package `dataset-fashion-mnist` (`/usr/share/datasets/fashion-mnist/`);
+3. torchvision's downloader, into `~/.cache/raysim/` (needs internet).
+Files may be gzipped or not. When none has the data, the error names every place tried.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+
+from raysim.errors import DataError
+
+DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "raysim"
+FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.int16, 0x0C: np.int32, 0x0D: np.float32}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (optionally gzipped) into a numpy array, checking its declared size."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as handle:
+            raw = handle.read()
+    except (OSError, EOFError) as error:
+        raise DataError(f"{path}: cannot read IDX file ({error})") from error
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise DataError(f"{path}: not an IDX file (bad magic number)")
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * k : 8 + 4 * k], "big") for k in range(ndim)]
+    dtype = np.dtype(_IDX_DTYPES[raw[2]]).newbyteorder(">")
+    offset = 4 + 4 * ndim
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(raw) - offset != expected:
+        raise DataError(
+            f"{path}: truncated or corrupt IDX file (header says {expected} data bytes, found {len(raw) - offset})"
+        )
+    return np.frombuffer(raw, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def _find(directory: Path, stem: str) -> Path | None:
+    for candidate in (directory / stem, directory / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_dir(directory: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    paths = {key: _find(directory, stem) for key, stem in FILES.items()}
+    if any(p is None for p in paths.values()):
+        return None
+    arrays = {key: read_idx(p) for key, p in paths.items()}  # type: ignore[arg-type]
+    images = np.concatenate([arrays["train_images"], arrays["test_images"]])
+    labels = np.concatenate([arrays["train_labels"], arrays["test_labels"]]).astype(np.int64)
+    if len(images) != len(labels):
+        raise DataError(f"{directory}: {len(images)} images but {len(labels)} labels")
+    return images, labels
+
+
+def candidate_dirs(root: str | Path | None) -> list[Path]:
+    """Where the IDX files are looked for, in order."""
+    places: list[Path] = []
+    for base in (root, os.environ.get("RAYSIM_DATA")):
+        if base:
+            places += [Path(base), Path(base) / "FashionMNIST" / "raw"]
+    places += [DEBIAN_DIR, CACHE_DIR / "FashionMNIST" / "raw"]
+    return places
+
+
+def load_fashion_mnist(root: str | Path | None = None, download: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Return (images uint8 [70000, 28, 28], labels int64 [70000])."""
+    places = candidate_dirs(root)
+    for directory in places:
+        found = _read_dir(directory)
+        if found is not None:
+            return found
+    download_error = "download disabled"
+    if download:
+        try:
+            from raysim._torchvision import import_torchvision
+
+            datasets = import_torchvision().datasets
+            for train in (True, False):
+                datasets.FashionMNIST(str(CACHE_DIR), train=train, download=True)
+            found = _read_dir(CACHE_DIR / "FashionMNIST" / "raw")
+            if found is not None:
+                return found
+            download_error = "torchvision downloaded nothing usable"
+        except Exception as error:  # any network or torchvision failure ends in the one error below
+            download_error = f"torchvision download failed: {error}"
+    tried = "; ".join(str(p) for p in places)
+    raise DataError(
+        "Fashion-MNIST not found. Looked for the IDX files "
+        f"({', '.join(FILES.values())}, optionally .gz) in: {tried}; {download_error}. "
+        "Fix: `apt-get install dataset-fashion-mnist`, or set dataset.root / RAYSIM_DATA."
+    )

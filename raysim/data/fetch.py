@@ -1,0 +1,45 @@
+"""Make sure Fashion-MNIST is available locally (run by `make run` / `make test`).
+
+Order: already present in one of the loader's places -> nothing to do; else, as root on Debian,
+install the `dataset-fashion-mnist` package; else let torchvision download it (needs internet).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from raysim.data.fashion_mnist import load_fashion_mnist
+from raysim.errors import DataError
+
+
+def _apt_install() -> bool:
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return False
+    print("Fashion-MNIST missing: installing the Debian package dataset-fashion-mnist", flush=True)
+    quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+    subprocess.run(["apt-get", "update"], check=False, **quiet)
+    return subprocess.run(["apt-get", "install", "-y", "dataset-fashion-mnist"], check=False, **quiet).returncode == 0
+
+
+def main() -> int:
+    try:
+        load_fashion_mnist(download=False)
+        return 0
+    except DataError:
+        pass
+    try:
+        if _apt_install():
+            load_fashion_mnist(download=False)
+        else:
+            load_fashion_mnist(download=True)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

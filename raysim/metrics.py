@@ -1,0 +1,89 @@
+"""Per-client evaluation records and their summaries across clients.
+
+Three models per client (flame.md 3): the personalized model (PM), the global model (GM) and the
+hybrid model (HM), the better of the two for that client. HM picks by test accuracy, as the FLAME
+authors do (an oracle choice); HM-val picks by accuracy on a held-out validation split instead
+(leakage-free; needs `partition.val_fraction > 0`) and reports the chosen model's test scores.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelScores:
+    test_acc: float
+    test_loss: float
+    train_loss: float
+    val_acc: float = math.nan
+
+
+@dataclass(frozen=True)
+class ClientEvaluation:
+    client_id: int
+    pm: ModelScores
+    gm: ModelScores
+
+    def hybrid(self) -> ModelScores:
+        """HM: per client, the model with the higher test accuracy (loss: the lower of the two)."""
+        return ModelScores(
+            test_acc=max(self.pm.test_acc, self.gm.test_acc),
+            test_loss=min(self.pm.test_loss, self.gm.test_loss),
+            train_loss=min(self.pm.train_loss, self.gm.train_loss),
+        )
+
+    def hybrid_by_validation(self) -> ModelScores | None:
+        """HM-val: the model with the higher validation accuracy, scored on the test split."""
+        if math.isnan(self.pm.val_acc):
+            return None
+        return self.pm if self.pm.val_acc >= self.gm.val_acc else self.gm
+
+    def row(self) -> dict[str, float]:
+        """A flat record for the per-client table."""
+        record: dict[str, float] = {"client_id": self.client_id}
+        for kind, scores in (("pm", self.pm), ("gm", self.gm), ("hm", self.hybrid())):
+            record.update({f"{kind}_{k}": v for k, v in asdict(scores).items() if k != "val_acc" or kind != "hm"})
+        val = self.hybrid_by_validation()
+        if val is not None:
+            record.update({"hm_val_test_acc": val.test_acc, "hm_val_test_loss": val.test_loss})
+        return record
+
+
+def summarize_scores(prefix: str, scores: list[ModelScores]) -> dict[str, float]:
+    """Mean over clients, plus fairness: sample variance of test loss and accuracy, min and 10th percentile."""
+    acc = np.array([s.test_acc for s in scores])
+    loss = np.array([s.test_loss for s in scores])
+    train = np.array([s.train_loss for s in scores])
+    ddof = 1 if len(scores) > 1 else 0
+    summary = {
+        f"{prefix}/acc": float(acc.mean()),
+        f"{prefix}/loss": float(loss.mean()),
+        f"{prefix}/train_loss": float(train.mean()),
+        f"{prefix}/loss_var": float(loss.var(ddof=ddof)),
+        f"{prefix}/acc_var": float(acc.var(ddof=ddof)),
+        f"{prefix}/acc_min": float(acc.min()),
+        f"{prefix}/acc_p10": float(np.percentile(acc, 10)),
+    }
+    return {k: v for k, v in summary.items() if not math.isnan(v)}
+
+
+def summarize(evaluations: list[ClientEvaluation]) -> dict[str, float]:
+    """All across-client summaries of one evaluation round (unweighted over clients, as the papers)."""
+    summary = summarize_scores("pm", [e.pm for e in evaluations])
+    summary |= summarize_scores("gm", [e.gm for e in evaluations])
+    summary |= summarize_scores("hm", [e.hybrid() for e in evaluations])
+    summary["hm/pm_chosen_share"] = float(np.mean([e.pm.test_acc >= e.gm.test_acc for e in evaluations]))
+    by_val = [e.hybrid_by_validation() for e in evaluations]
+    if all(v is not None for v in by_val):
+        summary |= summarize_scores("hm_val", by_val)  # type: ignore[arg-type]
+    return summary
+
+
+def mean_client_metrics(records: list[dict[str, float]]) -> dict[str, float]:
+    """Mean over the selected clients of each metric their client steps reported (prefix `client/`)."""
+    names = sorted({k for r in records for k in r if k != "client_id"})
+    return {f"client/{n}": float(np.mean([r[n] for r in records if n in r])) for n in names}

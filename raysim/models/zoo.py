@@ -1,0 +1,76 @@
+"""The networks of FLAME's experiments (flame.md 6.2), built for the dataset's input shape.
+
+- `mlr`: multinomial logistic regression (784 -> 10: 7,850 parameters, Table II's count);
+- `mlp`: 784-128-64-10 with ReLU (109,386 parameters, the authors' code);
+- `cnn`: the CIFAR-10 CNN: conv3x3(16)-pool-conv3x3(32)-pool-FC128-FC (268,650 parameters on 3x32x32);
+- `linear`: a bias-free linear model for regression (the convex analysis of flame.md 1.6).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+ModelName = Literal["mlr", "mlp", "cnn", "linear"]
+MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "linear")
+
+
+class ModelSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: ModelName = "mlp"
+
+
+def _cifar_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    channels, height, width = input_shape
+    return nn.Sequential(
+        nn.Conv2d(channels, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * (height // 4) * (width // 4), 128),
+        nn.ReLU(),
+        nn.Linear(128, outputs),
+    )
+
+
+def build_module(name: str, input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """A freshly initialized network (torch's default init; seed it with torch.random.fork_rng)."""
+    features = math.prod(input_shape)
+    if name == "mlr":
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, outputs))
+    if name == "mlp":
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(features, 128),
+            nn.ReLU(),
+            nn.Linear(128, 64),
+            nn.ReLU(),
+            nn.Linear(64, outputs),
+        )
+    if name == "cnn":
+        if len(input_shape) != 3 or input_shape[1] < 4 or input_shape[2] < 4:
+            raise ValueError(f"model.name=cnn needs image input (channels, height>=4, width>=4), got {input_shape}")
+        return _cifar_cnn(input_shape, outputs)
+    if name == "linear":
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, outputs, bias=False))
+    raise ValueError(f"model.name: unknown model {name!r}; allowed: {', '.join(MODELS)}")
+
+
+def initial_parameters(module: nn.Module, seed: int) -> torch.Tensor:
+    """Re-initialize `module` from `seed` and return its parameters as one flat float32 vector."""
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for layer in module.modules():
+            if hasattr(layer, "reset_parameters"):
+                layer.reset_parameters()
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).to(torch.float32)

@@ -1,0 +1,1 @@
+"""Runtime: client-host actors, the coordinator actor and the round driver. Knows no particular algorithm."""
