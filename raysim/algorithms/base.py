@@ -24,6 +24,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from raysim.models.flat import ParamSpec
+
 Vector = np.ndarray
 """A flat float32 parameter vector (see raysim.models.flat.ParamSpec for its layout)."""
 
@@ -132,8 +134,10 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     Settings: ClassVar[type[AlgorithmSettings]]
     Upload: ClassVar[type[Upload]]
 
-    def __init__(self, settings: P):
+    def __init__(self, settings: P, params: ParamSpec):
         self.settings = settings
+        self.params = params
+        """Layout of the flat parameter vector (names, shapes), for algorithms that act per layer."""
 
     @abstractmethod
     def init_server(self, init_params: Vector, num_clients: int) -> S:

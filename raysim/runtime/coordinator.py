@@ -7,18 +7,21 @@ import torch
 from raysim.algorithms import build_algorithm
 from raysim.algorithms.base import AlgorithmSettings, Vector
 from raysim.runtime.exact_sum import PartialSum
+from raysim.runtime.host import ModelSpec
 
 
 class Coordinator:
     def __init__(
         self,
         algorithm_settings: AlgorithmSettings,
+        model_spec: ModelSpec,
         init_params: Vector,
         num_clients: int,
         torch_threads: int = 1,
     ):
         torch.set_num_threads(torch_threads)
-        self.algorithm = build_algorithm(algorithm_settings)
+        self.model = model_spec.build()
+        self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
         self.state = self.algorithm.init_server(init_params, num_clients)
 
     def broadcast(self) -> object:

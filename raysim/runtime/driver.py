@@ -158,7 +158,7 @@ class Simulation:
         self.coordinator = (
             ray.remote(Coordinator)
             .options(num_cpus=runtime.coordinator_cpus, num_gpus=runtime.coordinator_gpus)
-            .remote(config.algorithm, init_ref, config.clients.count, runtime.torch_threads)
+            .remote(config.algorithm, problem.model_spec, init_ref, config.clients.count, runtime.torch_threads)
         )
 
     def train_round(self, round_index: int) -> dict[str, float]:

@@ -52,8 +52,8 @@ class ClientHost:
         torch_threads: int = 1,
     ):
         torch.set_num_threads(torch_threads)
-        self.algorithm = build_algorithm(algorithm_settings)
         self.model = model_spec.build()
+        self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
         self.trainer = LocalTrainer(self.model)
         self.seed = seed
         self.num_clients = clients[0][0].num_clients if clients else 0

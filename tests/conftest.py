@@ -1,0 +1,52 @@
+"""Shared fixtures: one real local Ray instance per test session, and a fresh sqlite MLflow store per test."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real local Ray instance (2 CPUs, small object store) shared by the tests that need Ray."""
+    import ray
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        object_store_memory=512 * 2**20,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path) -> str:
+    """A fresh sqlite tracking store for one test."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def tiny_config(**sections: Any) -> dict[str, Any]:
+    """A small, fast experiment (synthetic classification, MLR-sized model) as a raw config dict;
+    keyword arguments replace or extend whole sections."""
+    config: dict[str, Any] = {
+        "algorithm": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
+        "dataset": {"name": "synthetic_classification"},
+        "partition": {"scheme": "dirichlet", "beta": 0.5},
+        "model": {"name": "mlr"},
+        "clients": {"count": 4},
+        "rounds": 3,
+        "seed": 7,
+        "runtime": {"num_hosts": 2},
+        "tracking": {"experiment": "tests"},
+    }
+    for key, value in sections.items():
+        config[key] = value
+    return config
