@@ -1,0 +1,34 @@
+"""Drive the real host and coordinator classes in one process, without Ray (for the math tests)."""
+
+from __future__ import annotations
+
+from raysim.config import ExperimentConfig
+from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.driver import Problem, prepare, sample_clients
+from raysim.runtime.host import ClientHost
+
+
+class InProcess:
+    """One ClientHost owning every client plus a Coordinator, stepped round by round."""
+
+    def __init__(self, config: ExperimentConfig, problem: Problem | None = None):
+        self.config = config
+        self.problem = problem or prepare(config)
+        p = self.problem
+        self.host = ClientHost(config.algorithm, p.model_spec, p.x, p.y, p.clients, p.init_params, config.seed)
+        self.coordinator = Coordinator(config.algorithm, p.model_spec, p.init_params, len(p.clients))
+
+    def round(self, round_index: int, selected: list[int] | None = None) -> dict[str, float]:
+        if selected is None:
+            m = len(self.problem.clients)
+            selected = sample_clients(self.config.seed, round_index, m, self.config.clients.per_round_count())
+        partial, _records = self.host.train(round_index, selected, self.coordinator.broadcast())
+        return self.coordinator.aggregate(partial)
+
+    @property
+    def states(self) -> dict[int, object]:
+        return self.host.client_states()
+
+    @property
+    def server(self) -> object:
+        return self.coordinator.server_state()

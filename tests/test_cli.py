@@ -1,0 +1,91 @@
+"""The `raysim` command end to end: a real run read back from MLflow, and clear one-line errors on bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import tiny_config
+
+RAYSIM = [sys.executable, "-m", "raysim.cli"]
+
+
+def _write(tmp_path: Path, config: dict) -> Path:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _raysim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    return subprocess.run([*RAYSIM, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, mlflow_uri):
+    config = tiny_config(tracking={"uri": mlflow_uri, "experiment": "cli"}, rounds=3)
+    done = _raysim("run", str(_write(tmp_path, config)), "--set", "rounds=2", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("cli").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["rounds"] == "2" and run.data.params["algorithm.lambda"] == "1.0"
+    assert run.data.tags["algorithm"] == "flame" and run.data.tags["partition"] == "dirichlet"
+    history = client.get_metric_history(run.info.run_id, "pm/acc")
+    assert [m.step for m in history] == [0, 1, 2]
+    assert all(0.0 <= m.value <= 1.0 for m in history)
+    for name in ("gm/acc", "hm/acc", "pm/loss_var", "client/primal_residual", "server/global_change", "time/round"):
+        assert client.get_metric_history(run.info.run_id, name), name
+    assert run.data.metrics["final/hm/acc"] >= max(run.data.metrics["final/pm/acc"], run.data.metrics["final/gm/acc"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "clients.parquet", "convergence.png"} <= artifacts
+    table = pq.read_table(client.download_artifacts(run.info.run_id, "clients.parquet", str(tmp_path)))
+    assert table.num_rows == 4 and {"client_id", "pm_test_acc", "gm_test_acc", "hm_test_acc"} <= set(table.column_names)
+    resolved = yaml.safe_load(Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text())
+    assert resolved["rounds"] == 2 and resolved["algorithm"]["rho"] == 0.25
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"clientz": {"count": 3}}, "clientz"),
+        ({"algorithm": {"name": "flame", "rho": -0.1}}, "algorithm.rho"),
+        ({"clients": {"count": 3000}}, "clients.count"),
+        ({"algorithm": {"name": "flamingo"}}, "algorithm.name"),
+        ({"partition": {"scheme": "q_label", "q": 4}, "clients": {"count": 600}}, "partition.q"),
+    ],
+)
+def test_bad_configs_exit_nonzero_with_one_line_naming_the_field(tmp_path, mlflow_uri, change, field):
+    config = {**tiny_config(tracking={"uri": mlflow_uri, "experiment": "bad"}), **change}
+    done = _raysim("run", str(_write(tmp_path, config)), "--quiet", cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], done.stderr
+    client = MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("bad")
+    assert experiment is None or not client.search_runs([experiment.experiment_id])  # nothing half-written
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path):
+    config = tiny_config()
+    config["algorithm"]["lamda"] = 3
+    done = _raysim("run", str(_write(tmp_path, config)), cwd=tmp_path)
+    assert done.returncode == 2 and "did you mean 'lambda'" in done.stderr
+
+
+def test_set_override_errors_name_the_key(tmp_path):
+    done = _raysim("run", str(_write(tmp_path, tiny_config())), "--set", "rounds=-1", cwd=tmp_path)
+    assert done.returncode == 2 and "rounds" in done.stderr
+
+
+def test_algorithms_lists_the_registry(tmp_path):
+    done = _raysim("algorithms", cwd=tmp_path)
+    names = {line.split()[0] for line in done.stdout.splitlines()}
+    assert done.returncode == 0 and {"flame", "fedavg"} <= names

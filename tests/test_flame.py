@@ -1,0 +1,115 @@
+"""FLAME's own mathematics (flame.md 1.3-1.6), on the real host/coordinator code, in one process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raysim.algorithms import ClientInfo
+from raysim.config import validate_config
+from raysim.data.partitions import ClientSplit
+from raysim.runtime.driver import Problem
+from raysim.runtime.host import ModelSpec
+from tests.conftest import tiny_config
+from tests.inprocess import InProcess
+
+
+def test_lemma3_invariant_and_u_equals_theta_every_round():
+    """Lemma 3: pi_i = lambda alpha_i (theta_i - w_i) after every round (given pi^0 = 0 and theta^0 = w^0).
+
+    With rho = lambda alpha_i = lambda/m it follows that u_i = w_i + pi_i/rho = theta_i, so the global model is
+    the plain mean of the personalized models (flame.md 1.6).
+    """
+    config = validate_config(tiny_config(algorithm={"name": "flame", "lambda": 2.0, "rho": 0.5, "lr": 0.05}))
+    sim = InProcess(config)  # 4 clients: rho = lambda/m = 0.5
+    lam, rho, m = 2.0, 0.5, 4
+    for round_index in range(4):
+        sim.round(round_index)
+        thetas = []
+        for state in sim.states.values():
+            np.testing.assert_allclose(state.pi, lam / m * (state.theta - state.w), atol=2e-6)
+            np.testing.assert_allclose(state.w + state.pi / rho, state.theta, atol=2e-6)
+            thetas.append(state.theta)
+        np.testing.assert_allclose(sim.server.w, np.mean(thetas, axis=0), atol=2e-6)
+
+
+def test_lemma3_holds_off_the_special_case_too():
+    """rho != lambda alpha_i: u_i differs from theta_i, but Lemma 3 still holds and w is the mean of u_i."""
+    config = validate_config(tiny_config(algorithm={"name": "flame", "lambda": 1.0, "rho": 1.0, "lr": 0.05}))
+    sim = InProcess(config)
+    for round_index in range(3):
+        sim.round(round_index)
+    states = list(sim.states.values())
+    for state in states:
+        np.testing.assert_allclose(state.pi, 0.25 * (state.theta - state.w), atol=2e-6)
+    assert max(np.abs(s.w + s.pi - s.theta).max() for s in states) > 1e-3
+    np.testing.assert_allclose(sim.server.w, np.mean([s.w + s.pi / 1.0 for s in states], axis=0), atol=2e-6)
+
+
+def _orthogonal_regression(b: list[float], n: int, d: int, seed: int) -> tuple[Problem, np.ndarray]:
+    """Clients with X_i^T X_i = N b_i I (flame.md App. B-A); returns the problem and each theta_hat_i."""
+    generator = np.random.default_rng(seed)
+    xs, ys, clients, theta_hat, offset = [], [], [], [], 0
+    for i, b_i in enumerate(b):
+        q, _ = np.linalg.qr(generator.normal(size=(n, d)))
+        x = np.sqrt(n * b_i) * q
+        y = x @ generator.normal(size=d) + 0.3 * generator.normal(size=n)
+        theta_hat.append(x.T @ y / (n * b_i))
+        x_test = generator.normal(size=(2, d))
+        xs += [x, x_test]
+        ys += [y, x_test @ theta_hat[-1]]
+        train = np.arange(offset, offset + n)
+        test = np.arange(offset + n, offset + n + 2)
+        offset += n + 2
+        split = ClientSplit(i, train, test, np.array([], dtype=np.int64))
+        clients.append((ClientInfo(i, n, 1.0 / len(b), len(b)), split))
+    problem = Problem(
+        x=np.concatenate(xs).astype(np.float32),
+        y=np.concatenate(ys).astype(np.float32),
+        model_spec=ModelSpec("linear", (d,), 1, "regression"),
+        clients=clients,
+        init_params=np.zeros(d, np.float32),
+    )
+    return problem, np.array(theta_hat)
+
+
+@pytest.mark.parametrize("prox_center", ["local", "global"])
+def test_converges_to_closed_form_fixed_point(prox_center):
+    """Linear regression with X_i^T X_i = N b_i I has the fixed point (flame.md eq. 136)
+
+        w* = sum_i [b_i theta_hat_i / (b_i + lambda)] / sum_i [b_i / (b_i + lambda)],
+        theta_i* = (b_i theta_hat_i + lambda w*) / (b_i + lambda),
+
+    the stationary point of (6): grad f_i(theta_i) + lambda (theta_i - w) = 0 with w = mean theta_i. Full-batch
+    gradient steps solve the theta-step almost exactly, so a long run must reach it to float32 accuracy; both
+    prox centres (w_i, paper; w, code) share this fixed point.
+    """
+    b, lam, n, d = [1.0, 2.0, 3.0], 1.0, 40, 4
+    problem, theta_hat = _orthogonal_regression(b, n, d, seed=3)
+    algorithm = {"name": "flame", "lambda": lam, "rho": 0.5, "lr": 0.1, "batch_size": n, "epochs": 40}
+    config = validate_config(
+        tiny_config(algorithm={**algorithm, "prox_center": prox_center}, clients={"count": 3}, model={"name": "linear"})
+    )
+    sim = InProcess(config, problem)
+    for round_index in range(150):
+        sim.round(round_index)
+    b_col = np.array(b)[:, None]
+    w_star = (b_col * theta_hat / (b_col + lam)).sum(0) / (b_col / (b_col + lam)).sum()
+    theta_star = (b_col * theta_hat + lam * w_star) / (b_col + lam)
+    np.testing.assert_allclose(sim.server.w, w_star, atol=1e-4)
+    for i, state in sim.states.items():
+        np.testing.assert_allclose(state.theta, theta_star[i], atol=1e-4)
+        np.testing.assert_allclose(state.w, w_star, atol=1e-4)
+    np.testing.assert_allclose(sum(s.pi for s in sim.states.values()), 0.0, atol=1e-4)  # sum_i pi_i* = 0 (16)
+
+
+def test_per_epoch_dual_updates_coincide_with_per_round_when_h_is_1():
+    """The authors' code updates w_i/pi_i after every local epoch; with H = 1 that is Algorithm 1 exactly."""
+    results = []
+    for mode in ("per_round", "per_epoch"):
+        config = validate_config(tiny_config(algorithm={"name": "flame", "epochs": 1, "dual_updates": mode}))
+        sim = InProcess(config)
+        for round_index in range(2):
+            sim.round(round_index)
+        results.append(sim.server.w)
+    np.testing.assert_array_equal(results[0], results[1])
