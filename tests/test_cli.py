@@ -48,7 +48,8 @@ def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, m
     assert {"config.yaml", "clients.parquet", "convergence.png"} <= artifacts
     table = pq.read_table(client.download_artifacts(run.info.run_id, "clients.parquet", str(tmp_path)))
     assert table.num_rows == 4 and {"client_id", "pm_test_acc", "gm_test_acc", "hm_test_acc"} <= set(table.column_names)
-    resolved = yaml.safe_load(Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text())
+    config_path = client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))
+    resolved = yaml.safe_load(Path(config_path).read_text())
     assert resolved["rounds"] == 2 and resolved["algorithm"]["rho"] == 0.25
 
 
