@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 
 from raysim.errors import RaysimError
 
@@ -13,7 +14,10 @@ from raysim.errors import RaysimError
 def _run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.runtime.driver import run_experiment
+    from raysim.suite import is_suite_file
 
+    if is_suite_file(args.config):
+        return _run_suite(args)
     config = load_config(args.config, args.set)
     result = run_experiment(config, show_progress=not args.quiet)
     final = result.summary
@@ -21,6 +25,19 @@ def _run(args: argparse.Namespace) -> int:
         f"run {result.run_id}: final PM {final['final/pm/acc']:.4f}  GM {final['final/gm/acc']:.4f}  "
         f"HM {final['final/hm/acc']:.4f}  (best PM {final['best/pm/acc']:.4f})"
     )
+    return 0
+
+
+def _run_suite(args: argparse.Namespace) -> int:
+    from raysim.suite import load_suite, run_suite
+
+    suite = load_suite(args.config, args.set)
+    result = run_suite(suite, show_progress=not args.quiet)
+    print(f"suite {suite.name}: parent run {result.parent_run_id} at {result.tracking_uri}")
+    print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over seeds)")
+    for name in dict.fromkeys(c.name for c in result.children):
+        accs = [result.mean_final(name, f"final/{k}/acc") for k in ("pm", "gm", "hm")]
+        print(f"{name:24s} " + " ".join(f"{a:7.4f}" for a in accs))
     return 0
 
 
@@ -61,11 +78,79 @@ def _algorithms(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from raysim.sweep import load_sweep, run_sweep, setting_stats
+
+    sweep = load_sweep(args.sweep, args.set)
+    result = run_sweep(sweep, show_progress=not args.quiet)
+    print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {result.tracking_uri}")
+    print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")
+    for label, mean, std, count in setting_stats(result.trials, result.outcomes, "final/pm/acc"):
+        print(f"{label:32s} {count:5d} {mean:8.4f} {std:8.4f}")
+    if result.failed:
+        print(f"failed trials: {result.failed} (see summary.parquet / the runs' raysim.error tag)")
+    return 1 if result.failed else 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from raysim.jobs import follow as follow_job
+    from raysim.jobs import job_client, submit, wait_for_run_id
+    from raysim.sweep import is_sweep_file
+
+    kind = "sweep" if is_sweep_file(args.config) else "experiment"
+    submission = submit(kind, args.config, args.set, args.address, args.tracking_uri, args.package, args.auth_token)
+    print(f"submitted {kind} job {submission.job_id} to {submission.address}", flush=True)
+    if not submission.tracking_uri:
+        print("warning: no tracking URI (--tracking-uri, tracking.uri or $MLFLOW_TRACKING_URI): the job logs to "
+              "sqlite in its temporary working directory", file=sys.stderr)  # fmt: skip
+    client = job_client(submission.address, args.auth_token)
+    run_id = wait_for_run_id(client, submission.job_id, args.wait)
+    print(f"mlflow run {run_id or 'unknown (see the job logs)'} at {submission.tracking_uri or 'job-local sqlite'}")
+    if not args.follow:
+        return 0
+    status = follow_job(client, submission.job_id)
+    print(f"job {submission.job_id}: {status}")
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    from raysim.jobs import job_client
+
+    for job in job_client(args.address, args.auth_token).list_jobs():
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time / 1000)) if job.start_time else "-"
+        print(f"{job.submission_id or job.job_id:28s} {job.status.value:10s} {started:19s}  {job.entrypoint}")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from raysim.jobs import JobError, job_client
+
+    client = job_client(args.address, args.auth_token)
+    try:
+        stopped = client.stop_job(args.job)
+    except RuntimeError as error:
+        raise JobError(f"job {args.job}: {str(error).splitlines()[0]}") from None
+    print(f"job {args.job}: {'stop requested' if stopped else 'already finished'}")
+    return 0
+
+
+def _server(args: argparse.Namespace) -> int:
+    from raysim.server import ServerSettings, serve
+
+    destination = None if args.no_artifacts else args.artifacts_destination
+    return serve(ServerSettings(args.backend_store_uri, destination, args.host, args.port, args.workers))
+
+
+def _cluster_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--address", help="Ray dashboard URL (default: $RAY_ADDRESS if http, else :8265 on 127.0.0.1)")
+    command.add_argument("--auth-token", help="Ray cluster token (default: $RAY_AUTH_TOKEN or ~/.ray/auth_token)")
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="raysim", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run an experiment from a YAML config")
-    run.add_argument("config", help="path of the experiment YAML")
+    run = commands.add_parser("run", help="run an experiment, or a suite (a file with `runs:`), from YAML")
+    run.add_argument("config", help="path of the experiment or suite YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(handler=_run)
@@ -78,6 +163,35 @@ def parser() -> argparse.ArgumentParser:
     ui.set_defaults(handler=_ui)
     algorithms = commands.add_parser("algorithms", help="list the registered algorithms")
     algorithms.set_defaults(handler=_algorithms)
+    sweep = commands.add_parser("sweep", help="run a sweep (grid / random draws x seeds) as concurrent trials")
+    sweep.add_argument("sweep", help="path of the sweep YAML")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override the base")
+    sweep.add_argument("--quiet", action="store_true", help="no per-trial lines")
+    sweep.set_defaults(handler=_sweep)
+    submit = commands.add_parser("submit", help="submit an experiment or sweep YAML as a Ray job")
+    submit.add_argument("config", help="experiment or sweep YAML (shipped with the job)")
+    submit.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
+    submit.add_argument("--tracking-uri", help="MLflow URI for the job (default: tracking.uri, $MLFLOW_TRACKING_URI)")
+    submit.add_argument("--package", action="store_true", help="use the raysim installed on the cluster, not ./")
+    submit.add_argument("--follow", action="store_true", help="stream the job's logs until it ends")
+    submit.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the MLflow run id")
+    _cluster_options(submit)
+    submit.set_defaults(handler=_submit)
+    jobs = commands.add_parser("jobs", help="list the cluster's jobs and their status")
+    _cluster_options(jobs)
+    jobs.set_defaults(handler=_jobs)
+    stop = commands.add_parser("stop", help="stop (cancel) a job")
+    stop.add_argument("job", help="the job (submission) id")
+    _cluster_options(stop)
+    stop.set_defaults(handler=_stop)
+    server = commands.add_parser("server", help="start an MLflow tracking server (database + artifact store)")
+    server.add_argument("--backend-store-uri", default="sqlite:///mlflow.db", help="sqlite:///... or postgresql://...")
+    server.add_argument("--artifacts-destination", default="./mlartifacts", help="artifact store (dir or s3://...)")
+    server.add_argument("--no-artifacts", action="store_true", help="do not serve artifacts")
+    server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to let cluster nodes reach it)")
+    server.add_argument("--port", type=int, default=5000)
+    server.add_argument("--workers", type=int, default=1)
+    server.set_defaults(handler=_server)
     return top
 
 

@@ -14,10 +14,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raysim.algorithms import REGISTRY
+from raysim.attacks import AttackSettings
 from raysim.data.partitions import PartitionSettings, QLabelSettings
 from raysim.data.sources import SOURCES
 from raysim.errors import ConfigError
 from raysim.models.zoo import ModelSettings
+from raysim.robust import RobustSettings
 
 AlgorithmConfig = Annotated[
     Union[tuple(cls.Settings for cls in REGISTRY.values())],  # noqa: UP007 - built from the registry
@@ -68,6 +70,15 @@ class RuntimeSettings(_Section):
     host_gpus: float = Field(0.0, ge=0, description="GPUs per host actor (fractions allowed)")
     coordinator_cpus: float = Field(0.0, ge=0)
     coordinator_gpus: float = Field(0.0, ge=0)
+    placement: Literal["pack", "spread"] = Field(
+        "pack", description="host actors in one placement group: packed onto few nodes or spread over nodes"
+    )
+    host_resources: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="custom Ray resources each host actor needs (e.g. {worker: 1})"
+    )
+    coordinator_resources: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="custom Ray resources of the coordinator (e.g. {gpu_node: 1})"
+    )
     torch_threads: int = Field(1, ge=1, description="torch threads per actor (same value => same results)")
     object_store_mb: int = Field(1024, ge=64, description="object store size of a new local Ray instance")
 
@@ -77,6 +88,9 @@ class TrackingSettings(_Section):
     experiment: str = "raysim"
     run_name: str | None = None
     eval_every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last)")
+    auc_single_label: Literal["zero", "nan"] = Field(
+        "zero", description="AUC of a test split with one label: 0 (FedAPM's code) or left out of the means"
+    )
 
 
 class ExperimentConfig(BaseModel):
@@ -91,6 +105,20 @@ class ExperimentConfig(BaseModel):
     seed: int = Field(1, ge=0)
     runtime: RuntimeSettings = RuntimeSettings()
     tracking: TrackingSettings = TrackingSettings()
+    attack: AttackSettings = AttackSettings()
+    aggregation: RobustSettings = RobustSettings()
+
+    @model_validator(mode="after")
+    def _check_messages(self) -> ExperimentConfig:
+        """Byzantine attacks and robust aggregation act on the algorithm's message (see base.Upload)."""
+        for key, used in (("attack.kind", self.attack.byzantine), ("aggregation.rule", self.aggregation.active)):
+            if used and not REGISTRY[self.algorithm.name].sends_messages():
+                raise ValueError(
+                    f"{key}: algorithm {self.algorithm.name!r} does not name the message it uploads "
+                    "(Upload.message_field), so it supports only attack.kind none/label_poisoning and "
+                    "aggregation.rule mean"
+                )
+        return self
 
     def flat(self) -> dict[str, Any]:
         """The resolved config as dotted keys (MLflow params)."""

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
+from sklearn.metrics import f1_score, roc_auc_score
+
+SingleLabelAuc = Literal["zero", "nan"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,29 @@ class ModelScores:
     test_loss: float
     train_loss: float
     val_acc: float = math.nan
+    test_f1: float = math.nan
+    """F1 averaged over classes weighted by their test support (fedapm.md 4.4)."""
+    test_auc: float = math.nan
+    """One-vs-rest ROC AUC, macro over the classes present in the test split (see `classification_scores`)."""
+
+
+def classification_scores(logits: np.ndarray, labels: np.ndarray, single_label: SingleLabelAuc) -> tuple[float, float]:
+    """(weighted F1, one-vs-rest macro AUC) of a client's test split, as FedAPM reports them (fedapm.md 4.4).
+
+    AUC averages, over the classes present in the split, the ROC AUC of that class's softmax probability
+    against the rest. A split holding one label has no negatives, so AUC is undefined: `zero` scores it 0
+    as the FedAPM code does (it drags means down), `nan` leaves it out of the means.
+    """
+    if len(labels) == 0:
+        return math.nan, math.nan
+    f1 = float(f1_score(labels, logits.argmax(axis=1), average="weighted", zero_division=0))
+    present = np.unique(labels)
+    if len(present) < 2:
+        return f1, 0.0 if single_label == "zero" else math.nan
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = shifted / shifted.sum(axis=1, keepdims=True)
+    auc = float(np.mean([roc_auc_score(labels == c, probs[:, c]) for c in present]))
+    return f1, auc
 
 
 @dataclass(frozen=True)
@@ -29,11 +56,15 @@ class ClientEvaluation:
     gm: ModelScores
 
     def hybrid(self) -> ModelScores:
-        """HM: per client, the model with the higher test accuracy (loss: the lower of the two)."""
+        """HM: per client, the model with the higher test accuracy (loss: the lower of the two; F1 and AUC:
+        those of the more accurate model)."""
+        chosen = self.pm if self.pm.test_acc >= self.gm.test_acc else self.gm
         return ModelScores(
             test_acc=max(self.pm.test_acc, self.gm.test_acc),
             test_loss=min(self.pm.test_loss, self.gm.test_loss),
             train_loss=min(self.pm.train_loss, self.gm.train_loss),
+            test_f1=chosen.test_f1,
+            test_auc=chosen.test_auc,
         )
 
     def hybrid_by_validation(self) -> ModelScores | None:
@@ -53,8 +84,13 @@ class ClientEvaluation:
         return record
 
 
+LAGGING_GAP = 0.10
+"""A client lags when its test accuracy is more than 10 points below the mean over clients."""
+
+
 def summarize_scores(prefix: str, scores: list[ModelScores]) -> dict[str, float]:
-    """Mean over clients, plus fairness: sample variance of test loss and accuracy, min and 10th percentile."""
+    """Mean over clients, plus fairness (flame.md 4.3): sample variance of test loss (the paper's measure) and
+    of accuracy, accuracy std, min, 10th percentile and the share of clients lagging by more than 10 points."""
     acc = np.array([s.test_acc for s in scores])
     loss = np.array([s.test_loss for s in scores])
     train = np.array([s.train_loss for s in scores])
@@ -67,7 +103,14 @@ def summarize_scores(prefix: str, scores: list[ModelScores]) -> dict[str, float]
         f"{prefix}/acc_var": float(acc.var(ddof=ddof)),
         f"{prefix}/acc_min": float(acc.min()),
         f"{prefix}/acc_p10": float(np.percentile(acc, 10)),
+        f"{prefix}/acc_std": float(acc.std(ddof=ddof)),
+        f"{prefix}/loss_std": float(loss.std(ddof=ddof)),
+        f"{prefix}/lagging_share": float(np.mean(acc < acc.mean() - LAGGING_GAP)),
     }
+    for name in ("f1", "auc"):
+        values = np.array([getattr(s, f"test_{name}") for s in scores])
+        if np.isfinite(values).any():
+            summary[f"{prefix}/{name}"] = float(np.nanmean(values))
     return {k: v for k, v in summary.items() if not math.isnan(v)}
 
 

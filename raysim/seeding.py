@@ -19,6 +19,7 @@ class Stream(IntEnum):
     SAMPLING = 3
     CLIENT_TRAINING = 4
     ATTACK = 5
+    DATA_NOISE = 6
 
 
 def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:

@@ -16,6 +16,7 @@ time, or many clients at once). `run_client_step` drives the generator with any 
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -74,9 +75,11 @@ class ClientInfo:
 class LocalSGD:
     """Request: mini-batch SGD from `start` on the client's training split, minimising
 
-        f_i(x) + (prox_weight/2) ||x - prox_center||^2 + <linear, x> + (weight_decay/2) ||x||^2
+        f_i(offset + x) + (prox_weight/2) ||x - prox_center||^2 + <linear, x> + (weight_decay/2) ||x||^2
+            + l1 ||x||_1
 
-    for `epochs` passes of shuffled mini-batches (the last batch may be smaller).
+    for `epochs` passes of shuffled mini-batches (the last batch may be smaller), moving only the
+    coordinates in `mask` when one is given.
     """
 
     start: Vector
@@ -88,6 +91,12 @@ class LocalSGD:
     prox_weight: float = 0.0
     prox_center: Vector | None = None
     linear: Vector | None = None
+    mask: np.ndarray | None = None
+    """Boolean, parameter-sized: only these coordinates move (partial personalization phases, fedapm.md 1.5)."""
+    offset: Vector | None = None
+    """If given, f_i is evaluated at offset + x (FedSLR Phase II trains p with w_t frozen, fedslr.md eq. 7)."""
+    l1: float | Vector | None = None
+    """If given, proximal SGD for + l1 ||x||_1: soft-threshold at lr * l1 after every step (scalar or per entry)."""
 
     def __post_init__(self) -> None:
         if self.prox_weight and self.prox_center is None:
@@ -107,7 +116,17 @@ class Upload:
 
     Subclasses are dataclasses whose fields are vectors or numbers. The runtime sums them field by
     field over the selected clients (exactly, in any order) and hands the server step that sum.
+
+    Byzantine attacks and robust aggregation act on the *message* the paper says a client uploads
+    (FLAME u_i, FedAvg the local model; flame.md 4.2). A subclass names the field that carries it:
+    with `weight_field` (or none, weight 1) the field is weight * message (averaging servers); with
+    `delta = True` it is message - previous message (running-sum servers whose global model is the
+    mean of the m clients' latest messages, as FLAME's (14)).
     """
+
+    message_field: ClassVar[str | None] = None
+    weight_field: ClassVar[str | None] = None
+    delta: ClassVar[bool] = False
 
 
 U = TypeVar("U", bound=Upload)
@@ -122,9 +141,27 @@ class ClientUpdate(Generic[C, U]):
     state: C
     upload: U
     metrics: dict[str, float] = field(default_factory=dict)
+    message: Vector | None = None
+    """The message this update sends, when the upload holds only a change of it (Upload.delta)."""
 
 
-ClientStep = Generator[LocalSGD, SGDResult, ClientUpdate[C, U]]
+@dataclass(frozen=True, eq=False)
+class FullGradient:
+    """Request: the loss f_i and its full-batch gradient at `point` over one split of the client's data
+    (AugFL's closed-form client step needs exact gradients on its support and query sets, augfl.md 1.6)."""
+
+    point: Vector
+    split: str = "train"
+    """"train", "val" or "test": the ClientData index set the loss averages over."""
+
+
+@dataclass(frozen=True, eq=False)
+class GradientResult:
+    grad: Vector
+    loss: float
+
+
+ClientStep = Generator[LocalSGD | FullGradient, SGDResult | GradientResult, ClientUpdate[C, U]]
 
 
 class Algorithm(ABC, Generic[P, C, S, B, U]):
@@ -167,13 +204,74 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         """The client's personalized model (PM); None means the client deploys the global model."""
         return None
 
+    def evaluated_model(self, state: C, global_params: Vector) -> Vector | None:
+        """The PM scored at evaluation, given the current global model (default: `personalized_model`)."""
+        return self.personalized_model(state)
+
+    def uplink_bytes(self, upload: U) -> int:
+        """Bytes one client sends for `upload`: its vectors and numbers as float32 (override for compression)."""
+        return payload_bytes(upload)
+
+    def downlink_bytes(self, broadcast: B) -> int:
+        """Bytes each selected client receives for `broadcast`, as float32 (override for factorized models)."""
+        return payload_bytes(broadcast)
+
+    @classmethod
+    def sends_messages(cls) -> bool:
+        """Whether attacks and robust aggregation can act on this algorithm's uploads (see Upload)."""
+        return cls.Upload.message_field is not None
+
+    def message_coordinates(self, params: Vector) -> Vector:
+        """The part of a full parameter vector that messages carry (all of it, unless the algorithm shares
+        only part of the model); the coordinator uses it for the initial messages and the clipping centre."""
+        return params
+
+    def message(self, update: ClientUpdate) -> Vector:
+        """The message an update sends: `update.message`, else the weighted upload field / its weight."""
+        upload = update.upload
+        if update.message is not None:
+            return update.message
+        if upload.message_field is None or upload.delta:
+            raise NotImplementedError(f"algorithm {self.name!r}: set Upload.message_field and ClientUpdate.message")
+        weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
+        return np.asarray(getattr(upload, upload.message_field), dtype=np.float64) / weight
+
+    def previous_message(self, update: ClientUpdate) -> Vector | None:
+        """For delta uploads, the message the server held for this client before the update."""
+        upload = update.upload
+        return self.message(update) - getattr(upload, upload.message_field) if upload.delta else None
+
+    def upload_from_message(self, upload: U, message: Vector, previous: Vector | None = None) -> U:
+        """`upload` changed to send `message` instead; `previous` is the client's last sent message (delta)."""
+        if upload.delta:
+            value = np.asarray(message, dtype=np.float64) - previous
+        else:
+            weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
+            value = weight * np.asarray(message, dtype=np.float64)
+        return dataclasses.replace(upload, **{upload.message_field: value})  # type: ignore[type-var]
+
+
+def payload_bytes(payload: object) -> int:
+    """Size of a message sent as float32: arrays, numbers, and dataclasses / sequences of them; None is 0."""
+    if payload is None:
+        return 0
+    if isinstance(payload, np.ndarray):
+        return 4 * payload.size
+    if isinstance(payload, int | float | np.number):
+        return 4
+    if dataclasses.is_dataclass(payload):
+        return sum(payload_bytes(getattr(payload, f.name)) for f in dataclasses.fields(payload))
+    if isinstance(payload, tuple | list):
+        return sum(payload_bytes(item) for item in payload)
+    raise TypeError(f"payload_bytes: cannot size a {type(payload).__name__}; override uplink/downlink_bytes")
+
 
 def run_client_step(
     algorithm: Algorithm,
     client: ClientInfo,
     state: Any,
     broadcast: Any,
-    execute: Callable[[LocalSGD], SGDResult],
+    execute: Callable[[Any], Any],
 ) -> ClientUpdate:
     """Drive a client step to completion, executing each yielded request with `execute`."""
     step = algorithm.client_step(client, state, broadcast)

@@ -13,6 +13,7 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    LocalSGD,
     SGDSettings,
     Upload,
     Vector,
@@ -41,6 +42,9 @@ class FedAvgUpload(Upload):
     weighted_params: Vector
     weight: float
 
+    message_field = "weighted_params"
+    weight_field = "weight"
+
 
 class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vector, FedAvgUpload]):
     name = "fedavg"
@@ -56,8 +60,12 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
     def broadcast(self, server: FedAvgServerState) -> Vector:
         return server.w
 
+    def local_request(self, broadcast: Vector) -> LocalSGD:
+        """The local training of a round (FedProx adds its proximal term here)."""
+        return self.settings.local_sgd(broadcast)
+
     def client_step(self, client: ClientInfo, state: FedAvgClientState, broadcast: Vector) -> ClientStep:
-        result = yield self.settings.local_sgd(broadcast)
+        result = yield self.local_request(broadcast)
         weight = float(client.num_train) if self.settings.aggregation == "samples" else 1.0
         metrics = {
             "train_loss": result.mean_loss,

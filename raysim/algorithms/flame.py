@@ -66,6 +66,9 @@ class FlameServerState:
 class FlameUpload(Upload):
     delta_u: Vector
 
+    message_field = "delta_u"
+    delta = True
+
 
 class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector, FlameUpload]):
     name = "flame"
@@ -104,7 +107,8 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
             "dual_change": float(np.linalg.norm(new.pi - state.pi)),
             "lemma3_error": float(np.max(np.abs(new.pi - lam_alpha * (new.theta - new.w)), initial=0.0)),
         }
-        return ClientUpdate(new, FlameUpload(new.message(s.rho) - state.message(s.rho)), metrics)
+        u = new.message(s.rho)
+        return ClientUpdate(new, FlameUpload(u - state.message(s.rho)), metrics, message=u)
 
     def server_step(self, server: FlameServerState, total: FlameUpload, num_selected: int):
         sum_u = server.sum_u + total.delta_u

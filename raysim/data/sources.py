@@ -31,6 +31,8 @@ class Dataset:
     y: np.ndarray
     num_classes: int
     task: Task = "classification"
+    groups: np.ndarray | None = None
+    """A natural id per sample (writer, speaker) for the `natural` partition; None if the dataset has none."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:

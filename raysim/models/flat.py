@@ -85,6 +85,13 @@ class FlatModel:
         return loss.item(), grad
 
     @torch.no_grad()
+    def predict(self, flat: np.ndarray, x: np.ndarray, chunk: int = 2048) -> np.ndarray:
+        """The network's outputs (logits) on the samples, as float32."""
+        params = torch.tensor(flat, dtype=torch.float32)
+        parts = [self.forward(params, torch.from_numpy(x[start : start + chunk])) for start in range(0, len(x), chunk)]
+        return torch.cat(parts).numpy() if parts else np.zeros((0, 0), np.float32)
+
+    @torch.no_grad()
     def evaluate(self, flat: np.ndarray, x: np.ndarray, y: np.ndarray, chunk: int = 2048) -> tuple[float, float]:
         """(mean loss, accuracy) over the samples; accuracy is NaN for regression."""
         params = torch.tensor(flat, dtype=torch.float32)

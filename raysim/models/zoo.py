@@ -3,7 +3,10 @@
 - `mlr`: multinomial logistic regression (784 -> 10: 7,850 parameters, Table II's count);
 - `mlp`: 784-128-64-10 with ReLU (109,386 parameters, the authors' code);
 - `cnn`: the CIFAR-10 CNN: conv3x3(16)-pool-conv3x3(32)-pool-FC128-FC (268,650 parameters on 3x32x32);
-- `linear`: a bias-free linear model for regression (the convex analysis of flame.md 1.6).
+- `linear`: a bias-free linear model for regression (the convex analysis of flame.md 1.6);
+- `resnet18_gn`: torchvision's ResNet-18 with every BatchNorm replaced by GroupNorm(2) (FedSLR's model,
+  fedslr.md 6.2); inputs of at most 32 px get the CIFAR stem of the authors' code (3x3 conv, stride 1,
+  no max-pool).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-ModelName = Literal["mlr", "mlp", "cnn", "linear"]
-MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "linear")
+ModelName = Literal["mlr", "mlp", "cnn", "linear", "resnet18_gn"]
+MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "linear", "resnet18_gn")
 
 
 class ModelSettings(BaseModel):
@@ -40,6 +43,22 @@ def _cifar_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     )
 
 
+def _resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    from raysim._torchvision import import_torchvision
+
+    if len(input_shape) != 3:
+        raise ValueError(f"model.name=resnet18_gn needs image input (channels, height, width), got {input_shape}")
+    torchvision = import_torchvision()
+    net = torchvision.models.resnet18(num_classes=outputs, norm_layer=lambda channels: nn.GroupNorm(2, channels))
+    channels, height, width = input_shape
+    if max(height, width) <= 32:
+        net.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+    elif channels != 3:
+        net.conv1 = nn.Conv2d(channels, 64, 7, stride=2, padding=3, bias=False)
+    return net
+
+
 def build_module(name: str, input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """A freshly initialized network (torch's default init; seed it with torch.random.fork_rng)."""
     features = math.prod(input_shape)
@@ -60,6 +79,8 @@ def build_module(name: str, input_shape: tuple[int, ...], outputs: int) -> nn.Mo
         return _cifar_cnn(input_shape, outputs)
     if name == "linear":
         return nn.Sequential(nn.Flatten(), nn.Linear(features, outputs, bias=False))
+    if name == "resnet18_gn":
+        return _resnet18_gn(input_shape, outputs)
     raise ValueError(f"model.name: unknown model {name!r}; allowed: {', '.join(MODELS)}")
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from raysim.algorithms import build_algorithm
 from raysim.algorithms.base import AlgorithmSettings, Vector
+from raysim.robust import RobustSettings, aggregate
 from raysim.runtime.exact_sum import PartialSum
 from raysim.runtime.host import ModelSpec
 
@@ -18,14 +20,31 @@ class Coordinator:
         init_params: Vector,
         num_clients: int,
         torch_threads: int = 1,
+        robust: RobustSettings | None = None,
+        byzantine: int = 0,
     ):
+        """`robust` replaces the mean of the messages by a robust aggregate (raysim.robust); the hosts must
+        then send messages. `byzantine` is the default f of Multi-Krum (the number of malicious clients)."""
         torch.set_num_threads(torch_threads)
         self.model = model_spec.build()
         self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
         self.state = self.algorithm.init_server(init_params, num_clients)
+        self.robust = robust if robust is not None and robust.active else None
+        self.byzantine = byzantine
+        self.num_clients = num_clients
+        self.init_params = np.asarray(init_params, dtype=np.float32)
+        self.latest: np.ndarray | None = None
+        """Delta uploads: every client's latest message (m x d), allocated on first use."""
+        self.served_sum: np.ndarray | None = None
+        """Delta uploads: the running sum of messages the server step holds, as the coordinator made it."""
+        self.seen: set[int] = set()
 
     def broadcast(self) -> object:
         return self.algorithm.broadcast(self.state)
+
+    def broadcast_bytes(self) -> int:
+        """Bytes of this round's broadcast to one client (Algorithm.downlink_bytes)."""
+        return self.algorithm.downlink_bytes(self.algorithm.broadcast(self.state))
 
     def aggregate(self, *partials: PartialSum | None) -> dict[str, float]:
         """Merge the hosts' exact partial sums and run the server step; returns its metrics."""
@@ -33,8 +52,40 @@ class Coordinator:
         total = present[0]
         for partial in present[1:]:
             total = total + partial
-        self.state, metrics = self.algorithm.server_step(self.state, total.decode(), total.count)
+        upload = total.decode()
+        if self.robust is not None:
+            if len(total.messages) != total.count:
+                raise RuntimeError("robust aggregation needs every client's message; start hosts with send_messages")
+            upload = self._robust_upload(upload, total.messages)
+        self.state, metrics = self.algorithm.server_step(self.state, upload, total.count)
         return metrics
+
+    def _robust_upload(self, upload, messages: dict[int, tuple[np.ndarray, np.ndarray | None]]):
+        """The summed upload changed so that the server's mean of messages becomes their robust aggregate.
+
+        Averaging uploads: over this round's messages. Delta uploads: over the latest messages of all m
+        clients (see raysim.robust), and the sum sent is what moves the server's running sum to m * aggregate.
+        """
+        reference = np.asarray(self.algorithm.message_coordinates(self.algorithm.global_model(self.state)), np.float64)
+        if not upload.delta:
+            rows = np.stack([messages[c][0] for c in sorted(messages)])
+            # the total carries sum(weight) * mean; without a weight field the weight is the count
+            scale = 1.0 if upload.weight_field else float(len(rows))
+            robust = aggregate(self.robust, rows, self.byzantine, reference)
+            return self.algorithm.upload_from_message(upload, scale * robust)
+        initial = np.asarray(self.algorithm.message_coordinates(self.init_params), dtype=np.float64)
+        if self.latest is None:
+            self.latest = np.tile(initial.astype(np.float32), (self.num_clients, 1))
+            self.served_sum = self.num_clients * initial
+        for client_id, (message, previous) in messages.items():
+            if client_id not in self.seen:  # its initial message was assumed to be the initial model's
+                self.served_sum += np.asarray(previous, dtype=np.float64) - initial
+                self.seen.add(client_id)
+            self.latest[client_id] = message
+        target = self.num_clients * aggregate(self.robust, self.latest, self.byzantine, reference)
+        upload = self.algorithm.upload_from_message(upload, target, self.served_sum)
+        self.served_sum = target
+        return upload
 
     def global_model(self) -> Vector:
         return self.algorithm.global_model(self.state)

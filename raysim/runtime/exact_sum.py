@@ -13,7 +13,7 @@ beyond it (a diverged run, e.g. too large a learning rate) raises instead of wra
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,11 +33,13 @@ class PartialSum:
     upload_type: type
     fields: dict[str, np.ndarray | int]
     count: int
+    messages: dict[int, tuple[np.ndarray, np.ndarray | None]] = field(default_factory=dict)
+    """Per client: (message sent, previous message for delta uploads); filled only for robust aggregation."""
 
     def __add__(self, other: PartialSum) -> PartialSum:
         assert self.upload_type is other.upload_type
         fields = {name: self.fields[name] + other.fields[name] for name in self.fields}
-        return PartialSum(self.upload_type, fields, self.count + other.count)
+        return PartialSum(self.upload_type, fields, self.count + other.count, self.messages | other.messages)
 
     def decode(self) -> Any:
         """The total as an upload of the original type, vectors as float64."""

@@ -14,14 +14,18 @@ import numpy as np
 import torch
 
 from raysim.algorithms import ClientInfo, build_algorithm, run_client_step
-from raysim.algorithms.base import AlgorithmSettings, LocalSGD, SGDResult, Vector
+from raysim.algorithms.base import AlgorithmSettings, FullGradient, GradientResult, LocalSGD, SGDResult, Vector
+from raysim.attacks import AttackPlan
 from raysim.data.partitions import ClientSplit
 from raysim.data.sources import Task
-from raysim.metrics import ClientEvaluation, ModelScores
+from raysim.metrics import ClientEvaluation, ModelScores, SingleLabelAuc, classification_scores
 from raysim.models.flat import FlatModel
 from raysim.runtime.exact_sum import PartialSum, encode
 from raysim.seeding import Stream, rng
 from raysim.training.local import ClientData, LocalTrainer
+
+UPLINK_BYTES = "uplink_bytes"
+"""Record key of the bytes a client sent this round (the driver sums it over clients)."""
 
 
 @dataclass(frozen=True)
@@ -50,16 +54,39 @@ class ClientHost:
         init_params: Vector,
         seed: int,
         torch_threads: int = 1,
+        attack: AttackPlan | None = None,
+        send_messages: bool = False,
+        auc_single_label: SingleLabelAuc = "zero",
     ):
+        """`attack` says which clients are malicious and how; `send_messages` adds each selected client's
+        message to the partial sums, for a robust aggregator at the coordinator; `auc_single_label` is the
+        AUC of a one-label test split (raysim.metrics.classification_scores)."""
         torch.set_num_threads(torch_threads)
+        self.auc_single_label = auc_single_label
         self.model = model_spec.build()
         self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
         self.trainer = LocalTrainer(self.model)
         self.seed = seed
+        self.attack = attack
+        self.send_messages = send_messages
+        self.sent: dict[int, Vector] = {}
+        """The last message each Byzantine client sent (delta uploads must be relative to it)."""
+        self.evaluations = 0
         self.num_clients = clients[0][0].num_clients if clients else 0
         self.info = {info.id: info for info, _ in clients}
-        self.data = {info.id: ClientData(x, y, split.train, split.test, split.val) for info, split in clients}
+        self.data = {info.id: self._client_data(x, y, info.id, split, model_spec.outputs) for info, split in clients}
         self.states = {info.id: self.algorithm.init_client(info, init_params) for info, _ in clients}
+
+    def _client_data(self, x: np.ndarray, y: np.ndarray, client_id: int, split: ClientSplit, classes: int):
+        """A client's view of the data: its noise, and for a label poisoner random labels (flame.md 4.2)."""
+        redraw = 0
+        if self.attack is not None and self.attack.poisons_labels(client_id):
+            if self.attack.settings.labels == "per_access":
+                redraw = classes
+            else:  # a private copy of y with this client's labels drawn once
+                owned = np.concatenate([split.train, split.test, split.val])
+                y = self.attack.poisoned_labels(client_id, y, owned, classes)
+        return ClientData(x, y, split.train, split.test, split.val, noise_std=split.noise_std, random_labels=redraw)
 
     @property
     def client_ids(self) -> list[int]:
@@ -78,35 +105,70 @@ class ClientHost:
                 self._executor(client_id, round_index),
             )
             self.states[client_id] = update.state
-            term = encode(update.upload, self.num_clients, client_id)
+            upload, message = self._outgoing(client_id, round_index, update, broadcast)
+            term = encode(upload, self.num_clients, client_id)
+            if message is not None:
+                term.messages[client_id] = message
             total = term if total is None else total + term
-            records.append({"client_id": client_id, **update.metrics})
+            uplink = float(self.algorithm.uplink_bytes(upload))
+            records.append({"client_id": client_id, **update.metrics, UPLINK_BYTES: uplink})
         return total, records
+
+    def _outgoing(self, client_id: int, round_index: int, update, broadcast) -> tuple[object, tuple | None]:
+        """The upload actually sent (a Byzantine client's carries its forged message) and, for robust
+        aggregation, (message, previous message)."""
+        byzantine = self.attack is not None and self.attack.byzantine(client_id)
+        if not (byzantine or self.send_messages):
+            return update.upload, None
+        message = self.algorithm.message(update)
+        previous = self.sent.get(client_id)
+        if previous is None:
+            previous = self.algorithm.previous_message(update)
+        upload = update.upload
+        if byzantine:
+            message = self.attack.corrupt(client_id, round_index, message, broadcast)  # type: ignore[union-attr]
+            upload = self.algorithm.upload_from_message(upload, message, previous)
+            self.sent[client_id] = message
+        return upload, ((np.asarray(message, np.float32), previous) if self.send_messages else None)
 
     def _executor(self, client_id: int, round_index: int):
         """Runs a client's requests with randomness keyed by (seed, client, round, request number)."""
         requests = iter(range(1_000_000))
 
-        def execute(request: LocalSGD) -> SGDResult:
+        def execute(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
             generator = rng(self.seed, Stream.CLIENT_TRAINING, client_id, round_index, next(requests))
+            if isinstance(request, FullGradient):
+                return self.trainer.full_gradient(request, self.data[client_id], generator)
             return self.trainer.sgd(request, self.data[client_id], generator)
 
         return execute
 
-    def _scores(self, params: Vector, data: ClientData) -> ModelScores:
-        test_loss, test_acc = self.model.evaluate(params, *data.arrays("test"))
-        train_loss, _ = self.model.evaluate(params, *data.arrays("train"))
-        val_acc = self.model.evaluate(params, *data.arrays("val"))[1] if len(data.val) else float("nan")
-        return ModelScores(test_acc, test_loss, train_loss, val_acc)
+    def _scores(self, params: Vector, data: ClientData, client_id: int) -> ModelScores:
+        """Scores on the data as the client sees it (its access-time noise drawn afresh, keyed by the
+        evaluation count, so PM and GM see the same draw)."""
+
+        def arrays(split: str):
+            part = ("train", "test", "val").index(split)
+            return data.arrays(split, rng(self.seed, Stream.DATA_NOISE, client_id, self.evaluations, part))
+
+        x_test, y_test = arrays("test")
+        test_loss, test_acc = self.model.evaluate(params, x_test, y_test)
+        train_loss, _ = self.model.evaluate(params, *arrays("train"))
+        val_acc = self.model.evaluate(params, *arrays("val"))[1] if len(data.val) else float("nan")
+        f1 = auc = float("nan")
+        if self.model.task == "classification":
+            f1, auc = classification_scores(self.model.predict(params, x_test), y_test, self.auc_single_label)
+        return ModelScores(test_acc, test_loss, train_loss, val_acc, f1, auc)
 
     def evaluate(self, global_params: Vector) -> list[ClientEvaluation]:
         """PM and GM scores of every client of this host."""
+        self.evaluations += 1
         evaluations = []
         for client_id in self.client_ids:
             data = self.data[client_id]
-            gm = self._scores(global_params, data)
-            personal = self.algorithm.personalized_model(self.states[client_id])
-            pm = gm if personal is None else self._scores(personal, data)
+            gm = self._scores(global_params, data, client_id)
+            personal = self.algorithm.evaluated_model(self.states[client_id], global_params)
+            pm = gm if personal is None else self._scores(personal, data, client_id)
             evaluations.append(ClientEvaluation(client_id, pm, gm))
         return evaluations
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raysim.algorithms.base import LocalSGD, SGDResult
+from raysim.algorithms.base import FullGradient, GradientResult, LocalSGD, SGDResult
+from raysim.algorithms.prox import soft_threshold
 from raysim.models.flat import FlatModel
 
 
@@ -20,10 +21,30 @@ class ClientData:
     train: np.ndarray
     test: np.ndarray
     val: np.ndarray
+    noise_std: float = 0.0
+    """Gaussian feature noise redrawn at every access (quality skew, flame.md 6.3 scheme 3)."""
+    random_labels: int = 0
+    """If > 0, labels are redrawn uniformly from this many classes at every access (label poisoning, 4.2)."""
 
-    def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        indices = getattr(self, split)
-        return self.x[indices], self.y[indices]
+    def batch(self, indices: np.ndarray, generator: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The samples `indices` as this client sees them: with its noise and poisoned labels, freshly drawn."""
+        x, y = self.x[indices], self.y[indices]
+        if not (self.noise_std or self.random_labels):
+            return x, y
+        if generator is None:
+            raise ValueError("ClientData.batch: a client with noisy features or poisoned labels needs a generator")
+        if self.noise_std:
+            x = x + generator.normal(0.0, self.noise_std, size=x.shape).astype(x.dtype)
+        if self.random_labels:
+            y = generator.integers(0, self.random_labels, size=len(y)).astype(y.dtype)
+        return x, y
+
+    def arrays(self, split: str, generator: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self.batch(getattr(self, split), generator)
+
+
+def _tensor(array: np.ndarray | None, dtype: type) -> torch.Tensor | None:
+    return None if array is None else torch.from_numpy(np.array(array, dtype=dtype))
 
 
 class LocalTrainer:
@@ -35,8 +56,12 @@ class LocalTrainer:
     def sgd(self, request: LocalSGD, data: ClientData, generator: np.random.Generator) -> SGDResult:
         """Mini-batch SGD (with optional momentum) on the request's objective; see LocalSGD."""
         x = torch.from_numpy(np.array(request.start, dtype=np.float32))
-        center = None if request.prox_center is None else torch.from_numpy(np.asarray(request.prox_center))
-        linear = None if request.linear is None else torch.from_numpy(np.asarray(request.linear))
+        # Copies: the arrays may be read-only views of Ray's object store, which torch must not alias.
+        center = _tensor(request.prox_center, np.float32)
+        linear = _tensor(request.linear, np.float32)
+        mask = _tensor(request.mask, bool)
+        offset = _tensor(request.offset, np.float32)
+        l1 = None if request.l1 is None else request.lr * _tensor(request.l1, np.float32)
         velocity = torch.zeros_like(x) if request.momentum else None
         losses: list[float] = []
         indices = data.train
@@ -44,8 +69,8 @@ class LocalTrainer:
             order = generator.permutation(len(indices))
             for start in range(0, len(order), request.batch_size):
                 batch = indices[order[start : start + request.batch_size]]
-                xb, yb = torch.from_numpy(data.x[batch]), torch.from_numpy(data.y[batch])
-                loss, grad = self.model.loss_and_grad(x, xb, yb)
+                xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator))
+                loss, grad = self.model.loss_and_grad(x if offset is None else offset + x, xb, yb)
                 losses.append(loss)
                 if request.weight_decay:
                     grad.add_(x, alpha=request.weight_decay)
@@ -53,10 +78,23 @@ class LocalTrainer:
                     grad.add_(x - center, alpha=request.prox_weight)  # type: ignore[operator]
                 if linear is not None:
                     grad.add_(linear)
+                if mask is not None:
+                    grad.masked_fill_(~mask, 0.0)
                 if velocity is not None:
                     velocity.mul_(request.momentum).add_(grad)
                     grad = velocity
                 x.sub_(grad, alpha=request.lr)
+                if l1 is not None:
+                    x = soft_threshold(x, l1) if mask is None else torch.where(mask, soft_threshold(x, l1), x)
         return SGDResult(
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )
+
+    def full_gradient(self, request: FullGradient, data: ClientData, generator: np.random.Generator) -> GradientResult:
+        """The mean loss over the request's split and its gradient, in one batch."""
+        if request.split not in ("train", "val", "test"):
+            raise ValueError(f"FullGradient.split: {request.split!r}; allowed: train, val, test")
+        xb, yb = (torch.from_numpy(a) for a in data.arrays(request.split, generator))
+        point = torch.from_numpy(np.array(request.point, dtype=np.float32))
+        loss, grad = self.model.loss_and_grad(point, xb, yb)
+        return GradientResult(grad.numpy(), float(loss))

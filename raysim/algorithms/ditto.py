@@ -1,0 +1,94 @@
+"""Ditto: a FedAvg-trained global model plus personal models pulled towards it (flame.md 2.4).
+
+A selected client trains (a) its copy of the global model by local SGD on f_i and uploads it, the server
+averaging the selected copies (uniformly, alpha_i = 1/m); and (b) its persistent personal model v_i by SGD
+on f_i(v) + lambda/2 ||v - w||^2 with w the received global model. The FLAME authors' code never resyncs the
+global copy to the received w (`global_resync: false`), so its GM averages drifting local models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from raysim.algorithms.base import (
+    Algorithm,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    SGDSettings,
+    Upload,
+    Vector,
+)
+
+
+class DittoSettings(SGDSettings):
+    name: Literal["ditto"] = "ditto"
+    lam: float = Field(1.0, ge=0, alias="lambda", description="lambda: pull of v_i towards the global model")
+    global_resync: bool = Field(
+        True, description="start the global-model copy from the received w (Ditto) or keep it local (FLAME's code)"
+    )
+    global_lr: float | None = Field(None, gt=0, description="learning rate of the global-model copy (default: lr)")
+
+
+@dataclass
+class DittoClientState:
+    v: Vector
+    """Personal model v_i."""
+    w: Vector
+    """The client's copy of the global model after its last local training."""
+
+
+@dataclass
+class DittoServerState:
+    w: Vector
+
+
+@dataclass
+class DittoUpload(Upload):
+    params: Vector
+    weight: float
+
+    message_field = "params"
+    weight_field = "weight"
+
+
+class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector, DittoUpload]):
+    name = "ditto"
+    Settings = DittoSettings
+    Upload = DittoUpload
+
+    def init_server(self, init_params: Vector, num_clients: int) -> DittoServerState:
+        return DittoServerState(init_params.copy())
+
+    def init_client(self, client: ClientInfo, init_params: Vector) -> DittoClientState:
+        return DittoClientState(init_params.copy(), init_params.copy())
+
+    def broadcast(self, server: DittoServerState) -> Vector:
+        return server.w
+
+    def client_step(self, client: ClientInfo, state: DittoClientState, broadcast: Vector) -> ClientStep:
+        s = self.settings
+        start = broadcast if s.global_resync else state.w
+        shared = yield (s if s.global_lr is None else s.model_copy(update={"lr": s.global_lr})).local_sgd(start)
+        personal = yield s.local_sgd(state.v, prox_weight=s.lam, prox_center=broadcast)
+        new = DittoClientState(personal.params.astype(np.float32), shared.params.astype(np.float32))
+        metrics = {
+            "train_loss": shared.mean_loss,
+            "personal_train_loss": personal.mean_loss,
+            "personal_gap": float(np.linalg.norm(new.v - broadcast)),
+        }
+        return ClientUpdate(new, DittoUpload(new.w.astype(np.float64), 1.0), metrics)
+
+    def server_step(self, server: DittoServerState, total: DittoUpload, num_selected: int):
+        w = (total.params / total.weight).astype(np.float32)
+        return DittoServerState(w), {"global_change": float(np.linalg.norm(w - server.w))}
+
+    def global_model(self, server: DittoServerState) -> Vector:
+        return server.w
+
+    def personalized_model(self, state: DittoClientState) -> Vector:
+        return state.v

@@ -1,0 +1,221 @@
+"""FedAPM: ADMM with partial model personalization; only the shared part is synchronized (fedapm.md 1).
+
+The model splits by parameter name into a personal part v_i (never leaves the client) and a shared part,
+of which client i keeps its copy u_i and a dual pi_i. A selected client runs (Algorithm 1, eqs. 9-13)
+
+    v_i  <- E epochs of SGD over v on alpha_i f_i(v, u_i) + sigma_i/2 ||v - v_i||^2     (9), shared part frozen
+    u_i  <- E epochs of SGD over x on alpha_i f_i(v_i, x) + <pi_i, x> + rho/2 ||x - u||^2   (11), personal frozen
+    pi_i <- pi_i + rho (u_i - u),    z_i = u_i + pi_i / rho                                (12), (13)
+
+and the server keeps the sum of the latest z_i of all m clients: u = (1/m) sum_i z_i (8). SGD runs on the
+objective divided by alpha_i with learning rate lr * alpha_i: the same iterates as SGD with lr on the
+alpha_i-weighted objective, which is how the authors' code scales every loss gradient by 1/m (1.5).
+
+The GM is the shared part u with the common initial personal part (no v_i is ever sent), i.e. what a
+new client would start from; PM is (v_i, u_i).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from raysim.algorithms.base import (
+    Algorithm,
+    AlgorithmSettings,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    SGDSettings,
+    Upload,
+    Vector,
+)
+from raysim.models.flat import ParamSpec
+
+SplitPreset = Literal["output", "last_layer", "first_layer"]
+
+
+class SplitSettings(AlgorithmSettings):
+    """Which parameters are personal; shared by FedAPM and its partial-personalization baselines."""
+
+    personal: tuple[str, ...] | None = Field(
+        None, description="fnmatch patterns over parameter names (e.g. ['7.*', '9.*']); overrides `preset`"
+    )
+    preset: SplitPreset = Field(
+        "output",
+        description="output: the layers after the last convolution (the paper's CIFAR CNN: fc1, fc2), or the "
+        "last layer for models without convolutions; last_layer; first_layer (input personalization)",
+    )
+
+
+def _layers(params: ParamSpec) -> list[str]:
+    """Module prefixes ('0', '3', ...) in parameter order: a layer's weight and bias share one."""
+    layers: list[str] = []
+    for name in params.names:
+        prefix = name.rsplit(".", 1)[0]
+        if prefix not in layers:
+            layers.append(prefix)
+    return layers
+
+
+def personal_mask(settings: SplitSettings, params: ParamSpec) -> np.ndarray:
+    """Boolean mask over the flat vector: True on personal coordinates. Raises if either part is empty."""
+    if settings.personal is not None:
+        personal = [n for n in params.names if any(fnmatch.fnmatchcase(n, p) for p in settings.personal)]
+        source = f"algorithm.personal={list(settings.personal)}"
+    else:
+        layers = _layers(params)
+        if settings.preset == "first_layer":
+            chosen = layers[:1]
+        elif settings.preset == "last_layer":
+            chosen = layers[-1:]
+        else:
+            conv = [n.rsplit(".", 1)[0] for n, shape in zip(params.names, params.shapes, strict=True) if len(shape) > 2]
+            chosen = layers[layers.index(conv[-1]) + 1 :] if conv else layers[-1:]
+        personal = [n for n in params.names if n.rsplit(".", 1)[0] in chosen]
+        source = f"algorithm.preset={settings.preset!r}"
+    mask = np.zeros(params.size, dtype=bool)
+    for name in personal:
+        mask[params.slice(name)] = True
+    if mask.all() or not mask.any():
+        kind = "every" if mask.all() else "no"
+        raise ValueError(
+            f"{source} makes {kind} parameter personal; parameters of this model: {', '.join(params.names)}"
+        )
+    return mask
+
+
+def deviation(params: ParamSpec, shared: np.ndarray, local: Vector, reference: Vector) -> tuple[float, float]:
+    """||u_i - u||: the sum of per-tensor Frobenius norms (the paper's curves, 1.5) and the global L2 norm."""
+    diff = np.zeros(params.size)
+    diff[shared] = local - reference
+    per_tensor = sum(float(np.linalg.norm(diff[params.slice(n)])) for n in params.names)
+    return per_tensor, float(np.linalg.norm(diff))
+
+
+class FedApmSettings(SGDSettings, SplitSettings):
+    name: Literal["fedapm"] = "fedapm"
+    epochs: int = Field(3, ge=1, description="E: local epochs of each phase (v, then u); 3 in the paper")
+    lr: float = Field(0.1, gt=0, description="eta: local learning rate on the alpha_i-weighted objective")
+    rho: float = Field(0.01, gt=0, description="ADMM penalty (paper grid {0.001, 0.01, 0.02, 0.05, 0.1})")
+    sigma: float = Field(0.01, ge=0, description="sigma_i: proximal weight of the v-step (code: 0.01)")
+    alpha: float | None = Field(
+        None, gt=0, description="alpha_i, the loss weight; default: the client's weight (clients.weighting)"
+    )
+    v_anchor: Literal["local", "broadcast"] = Field(
+        "local", description="shared part seen by the v-step: own u_i (paper, eq. 9) or the received u (code)"
+    )
+    u_start: Literal["local", "broadcast"] = Field(
+        "local", description="u-step warm start: own u_i (paper) or the received u (code)"
+    )
+    freeze_dual: bool = Field(
+        False, description="keep pi_i = 0: with rho -> 0, sigma = 0 and both switches 'broadcast' this is FedAlt"
+    )
+
+
+@dataclass
+class FedApmClientState:
+    params: Vector
+    """The client's full model: v_i on the personal coordinates, u_i on the shared ones."""
+    pi: Vector
+    """Dual pi_i, shared-part sized."""
+
+
+@dataclass
+class FedApmServerState:
+    u: Vector
+    sum_z: np.ndarray
+    """float64 running sum over all m clients of their latest z_i."""
+    num_clients: int
+    template: Vector
+    """Initial full model: the personal part of the GM."""
+
+
+@dataclass
+class FedApmUpload(Upload):
+    delta_z: Vector
+
+    message_field = "delta_z"
+    delta = True
+
+
+class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vector, FedApmUpload]):
+    name = "fedapm"
+    Settings = FedApmSettings
+    Upload = FedApmUpload
+
+    def __init__(self, settings: FedApmSettings, params: ParamSpec):
+        super().__init__(settings, params)
+        self.personal = personal_mask(settings, params)
+        self.shared = ~self.personal
+
+    def init_server(self, init_params: Vector, num_clients: int) -> FedApmServerState:
+        u = init_params[self.shared].copy()
+        return FedApmServerState(u, num_clients * u.astype(np.float64), num_clients, init_params.copy())
+
+    def init_client(self, client: ClientInfo, init_params: Vector) -> FedApmClientState:
+        return FedApmClientState(init_params.copy(), np.zeros(int(self.shared.sum()), np.float32))
+
+    def broadcast(self, server: FedApmServerState) -> Vector:
+        return server.u
+
+    def client_step(self, client: ClientInfo, state: FedApmClientState, broadcast: Vector) -> ClientStep:
+        s = self.settings
+        alpha = client.weight if s.alpha is None else s.alpha
+        sgd = s.model_copy(update={"lr": s.lr * alpha})
+        u = broadcast
+        start = state.params.copy()
+        if s.v_anchor == "broadcast":
+            start[self.shared] = u
+        v_phase = yield sgd.local_sgd(start, prox_weight=s.sigma / alpha, prox_center=state.params, mask=self.personal)
+        start = v_phase.params.copy()
+        if s.u_start == "broadcast":
+            start[self.shared] = u
+        elif s.v_anchor == "broadcast":
+            start[self.shared] = state.params[self.shared]
+        center = np.zeros_like(start)
+        center[self.shared] = u
+        linear = np.zeros_like(start)
+        linear[self.shared] = state.pi / alpha
+        u_phase = yield sgd.local_sgd(
+            start, prox_weight=s.rho / alpha, prox_center=center, linear=linear, mask=self.shared
+        )
+        params = u_phase.params.astype(np.float32)
+        u_i = params[self.shared]
+        pi = state.pi if s.freeze_dual else (state.pi + s.rho * (u_i - u)).astype(np.float32)  # (12)
+        new = FedApmClientState(params, pi)
+        z, z_old = self.message_of(new), self.message_of(state)
+        per_tensor, l2 = deviation(self.params, self.shared, u_i, u)
+        metrics = {
+            "train_loss": u_phase.mean_loss,
+            "v_train_loss": v_phase.mean_loss,
+            "deviation": per_tensor,
+            "deviation_l2": l2,
+            "dual_change": float(np.linalg.norm(pi - state.pi)),
+        }
+        return ClientUpdate(new, FedApmUpload(z - z_old), metrics, message=z)
+
+    def message_of(self, state: FedApmClientState) -> Vector:
+        """z_i = u_i + pi_i / rho (13)."""
+        return state.params[self.shared].astype(np.float64) + state.pi / self.settings.rho
+
+    def server_step(self, server: FedApmServerState, total: FedApmUpload, num_selected: int):
+        sum_z = server.sum_z + total.delta_z
+        u = (sum_z / server.num_clients).astype(np.float32)  # (8)
+        state = FedApmServerState(u, sum_z, server.num_clients, server.template)
+        return state, {"global_change": float(np.linalg.norm(u - server.u))}
+
+    def message_coordinates(self, params: Vector) -> Vector:
+        return params[self.shared]
+
+    def global_model(self, server: FedApmServerState) -> Vector:
+        full = server.template.copy()
+        full[self.shared] = server.u
+        return full
+
+    def personalized_model(self, state: FedApmClientState) -> Vector:
+        return state.params

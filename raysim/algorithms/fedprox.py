@@ -1,0 +1,28 @@
+"""FedProx: FedAvg whose local objective adds mu/2 ||theta - w||^2 towards the received model (flame.md 2.3).
+
+FedAPM's experiments grid-search mu (their code hard-codes 0.1, fedapm.md 1.5); FLAME's reading of FedADMM
+with pi = 0 is the same step with mu = rho / alpha_i. The server is FedAvg's (weighted mean of the
+selected clients' models).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from raysim.algorithms.base import LocalSGD, Vector
+from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
+
+
+class FedProxSettings(FedAvgSettings):
+    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]
+    mu: float = Field(0.1, ge=0, description="proximal weight towards the received global model")
+
+
+class FedProx(FedAvg):
+    name = "fedprox"
+    Settings = FedProxSettings
+
+    def local_request(self, broadcast: Vector) -> LocalSGD:
+        return self.settings.local_sgd(broadcast, prox_weight=self.settings.mu, prox_center=broadcast)

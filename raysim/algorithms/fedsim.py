@@ -1,0 +1,26 @@
+"""FedSim: partial personalization with simultaneous updates of both parts (fedapm.md 4.3).
+
+Pillutla et al.'s Jacobi baseline: like FedAlt (shared part reset to the received u, shared part uploaded and
+averaged), but every mini-batch step updates the personal and the shared part together.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from raysim.algorithms.base import ClientStep, Vector
+from raysim.algorithms.fedalt import FedAlt, FedAltSettings
+
+
+class FedSimSettings(FedAltSettings):
+    name: Literal["fedsim"] = "fedsim"  # type: ignore[assignment]
+
+
+class FedSim(FedAlt):
+    name = "fedsim"
+    Settings = FedSimSettings
+
+    def local_training(self, start: Vector) -> ClientStep:
+        """Jacobi: one pass of SGD over the whole model."""
+        result = yield self.settings.local_sgd(start)
+        return result

@@ -1,0 +1,113 @@
+"""pFedMe: the Moreau-envelope problem (6) by a penalty method, FLAME's Lagrangian with pi_i = 0 (flame.md 2.1).
+
+Each round a selected client resets its local model w_i to the received w; per local epoch its persistent
+personalized model theta_i takes SGD steps on f_i(theta) + lambda/2 ||theta - w_i||^2 and then w_i takes a
+gradient step w_i <- w_i - eta_2 lambda (w_i - theta_i). The server (authors' code, as run in FLAME's
+experiments) sets w to the mean of the latest w_i of all m clients; `aggregation: selected` gives the original
+pFedMe server w <- (1 - beta) w + beta mean_{i in S} w_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from raysim.algorithms.base import (
+    Algorithm,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    SGDSettings,
+    Upload,
+    Vector,
+)
+
+
+class PFedMeSettings(SGDSettings):
+    name: Literal["pfedme"] = "pfedme"
+    lam: float = Field(1.0, gt=0, alias="lambda", description="lambda: Moreau-envelope regularization")
+    global_lr: float = Field(0.1, gt=0, description="eta_2: step of the w_i gradient update (code default 0.1)")
+    aggregation: Literal["all", "selected"] = Field(
+        "all", description="w = mean of all m clients' latest w_i (FLAME's code) or the beta-mix over S^t (pFedMe)"
+    )
+    beta: float = Field(1.0, gt=0, le=2, description="server mixing beta (aggregation: selected only)")
+
+
+@dataclass
+class PFedMeClientState:
+    theta: Vector
+    w: Vector
+    """The client's latest local model w_i (what the server averages)."""
+
+
+@dataclass
+class PFedMeServerState:
+    w: Vector
+    sum_w: np.ndarray
+    """float64 running sum over all m clients of their latest w_i (aggregation: all)."""
+    num_clients: int
+
+
+@dataclass
+class PFedMeUpload(Upload):
+    """aggregation: selected: the client's new local model w_i, averaged over the selected clients."""
+
+    delta_w: Vector
+    """w_i^new (this class) or w_i^new - w_i^old (PFedMeChangeUpload)."""
+
+    message_field = "delta_w"
+
+
+@dataclass
+class PFedMeChangeUpload(PFedMeUpload):
+    """aggregation: all: the change of w_i, added to the server's running sum over all m clients."""
+
+    delta = True
+
+
+class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, PFedMeServerState, Vector, PFedMeUpload]):
+    name = "pfedme"
+    Settings = PFedMeSettings
+    Upload = PFedMeUpload
+
+    def init_server(self, init_params: Vector, num_clients: int) -> PFedMeServerState:
+        return PFedMeServerState(init_params.copy(), num_clients * init_params.astype(np.float64), num_clients)
+
+    def init_client(self, client: ClientInfo, init_params: Vector) -> PFedMeClientState:
+        return PFedMeClientState(init_params.copy(), init_params.copy())
+
+    def broadcast(self, server: PFedMeServerState) -> Vector:
+        return server.w
+
+    def client_step(self, client: ClientInfo, state: PFedMeClientState, broadcast: Vector) -> ClientStep:
+        s = self.settings
+        theta, w_i = state.theta, broadcast.astype(np.float64)
+        losses = []
+        for _epoch in range(s.epochs):
+            result = yield s.local_sgd(theta, 1, prox_weight=s.lam, prox_center=w_i.astype(np.float32))
+            losses.append(result.mean_loss)
+            theta = result.params
+            w_i = w_i - s.global_lr * s.lam * (w_i - theta)
+        new = PFedMeClientState(theta.astype(np.float32), w_i.astype(np.float32))
+        upload = PFedMeChangeUpload(new.w - state.w) if s.aggregation == "all" else PFedMeUpload(new.w)
+        metrics = {"train_loss": float(np.mean(losses)), "local_gap": float(np.linalg.norm(new.theta - new.w))}
+        return ClientUpdate(new, upload, metrics, message=new.w.astype(np.float64))
+
+    def server_step(self, server: PFedMeServerState, total: PFedMeUpload, num_selected: int):
+        if self.settings.aggregation == "all":
+            sum_w = server.sum_w + total.delta_w
+            w = (sum_w / server.num_clients).astype(np.float32)
+        else:
+            beta = self.settings.beta
+            sum_w = server.sum_w
+            w = ((1 - beta) * server.w + beta * total.delta_w / num_selected).astype(np.float32)
+        return PFedMeServerState(w, sum_w, server.num_clients), {"global_change": float(np.linalg.norm(w - server.w))}
+
+    def global_model(self, server: PFedMeServerState) -> Vector:
+        return server.w
+
+    def personalized_model(self, state: PFedMeClientState) -> Vector:
+        return state.theta

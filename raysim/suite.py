@@ -1,0 +1,218 @@
+"""Suites: variants of one experiment (and seeds) run as nested MLflow runs under one parent run.
+
+A suite file has a `base` experiment (inline, or `base_config`: a path relative to the suite file) and a
+list of `runs`, each a name and `set`: dotted-key overrides of the base (`algorithm: {...}` replaces the
+whole section, `algorithm.rho: 0.1` one value). With `seeds`, every run is repeated for each seed. Every
+child is an ordinary `run_experiment` whose MLflow run has `mlflow.parentRunId` = the suite's run, so the
+MLflow UI charts them side by side; the parent run gets a comparison plot and a Parquet summary table.
+All child configs are validated before anything runs, and one Ray instance serves every child.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from raysim.config import ExperimentConfig, apply_override, validate_config
+from raysim.errors import ConfigError
+from raysim.runtime.driver import RunResult, ray_session, run_experiment
+from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
+from raysim.tracking.robustness import write_suite_reports
+
+
+class SuiteRun(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    name: str = Field(min_length=1)
+    overrides: dict[str, Any] = Field(default_factory=dict, alias="set", description="dotted key -> value")
+
+
+class SuiteConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, description="name of the parent MLflow run")
+    base: dict[str, Any] | None = Field(None, description="the base experiment config, inline")
+    base_config: str | None = Field(None, description="or: path of the base experiment YAML")
+    runs: list[SuiteRun] = Field(min_length=1)
+    seeds: list[int] | None = Field(None, min_length=1, description="repeat every run with each seed")
+
+    @model_validator(mode="after")
+    def _check(self) -> SuiteConfig:
+        if (self.base is None) == (self.base_config is None):
+            raise ValueError("suite: set exactly one of `base` and `base_config`")
+        names = [r.name for r in self.runs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"suite.runs: duplicate run names {duplicates}")
+        return self
+
+    def base_tree(self) -> dict[str, Any]:
+        if self.base is not None:
+            return copy.deepcopy(self.base)
+        path = Path(self.base_config)  # type: ignore[arg-type]
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except OSError as error:
+            raise ConfigError(f"suite.base_config: cannot read {path} ({error.strerror})") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"suite.base_config: {path} must hold a mapping of sections")
+        return tree
+
+    def experiments(self) -> list[tuple[str, ExperimentConfig]]:
+        """(run name, validated config) for every run and seed, in order."""
+        base = self.base_tree()
+        children = []
+        for run in self.runs:
+            for seed in self.seeds or [None]:
+                tree = copy.deepcopy(base)
+                for key, value in run.overrides.items():
+                    apply_override(tree, f"{key}={json.dumps(value)}")
+                if seed is not None:
+                    tree["seed"] = seed
+                tree.setdefault("tracking", {})["run_name"] = run.name if seed is None else f"{run.name}/seed{seed}"
+                try:
+                    children.append((run.name, validate_config(tree)))
+                except ConfigError as error:
+                    raise ConfigError(f"suite run {run.name!r}: {error}") from None
+        return children
+
+
+@dataclass
+class SuiteChild:
+    name: str
+    config: ExperimentConfig
+    result: RunResult
+
+
+@dataclass
+class SuiteResult:
+    parent_run_id: str
+    tracking_uri: str
+    children: list[SuiteChild] = field(default_factory=list)
+    table: list[dict[str, Any]] = field(default_factory=list)
+    """One row per child: run name, seed, algorithm, MLflow run id and its final/best summary."""
+
+    def mean_final(self, name: str, metric: str) -> float:
+        """Mean over the seeds of run `name` of a summary metric (e.g. `final/pm/acc`)."""
+        values = [c.result.summary.get(metric, math.nan) for c in self.children if c.name == name]
+        return sum(values) / len(values)
+
+
+def is_suite_file(path: str | Path) -> bool:
+    """Whether a YAML file is a suite (it has a top-level `runs:`) rather than one experiment."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "runs" in data
+
+
+def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SuiteConfig:
+    """Read a suite YAML; `--set` overrides apply to its base experiment."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read suite ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    if data.get("base_config") is not None:
+        data["base_config"] = str(path.parent / data["base_config"])
+    try:
+        suite = SuiteConfig.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(k) for k in first["loc"]) or "suite"
+        raise ConfigError(f"{path}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
+    if not overrides:
+        return suite
+    base = suite.base_tree()
+    for assignment in overrides:
+        apply_override(base, assignment)
+    return suite.model_copy(update={"base": base, "base_config": None})
+
+
+def run_suite(suite: SuiteConfig, show_progress: bool = True) -> SuiteResult:
+    """Run every child experiment under one parent MLflow run; log the comparison plot and summary table."""
+    children = suite.experiments()
+    first = children[0][1]
+    writer = MlflowWriter(resolve_tracking_uri(first.tracking.uri), first.tracking.experiment)
+    params = {"suite.runs": ",".join(r.name for r in suite.runs), "suite.seeds": suite.seeds or [first.seed]}
+    parent = writer.start(suite.name, params, {"suite": suite.name, "git_commit": git_commit()})
+    result = SuiteResult(parent, writer.tracking_uri)
+    try:
+        with ray_session(first):
+            for name, config in children:
+                run = run_experiment(config, show_progress=show_progress, parent=parent)
+                result.children.append(SuiteChild(name, config, run))
+        result.table = summary_table(result.children)
+        with tempfile.TemporaryDirectory() as directory:
+            folder = Path(directory)
+            write_summary(result.table, folder / "summary.parquet")
+            write_comparison_plot(result.children, suite.name, folder / "comparison.png")
+            reports = write_suite_reports(result.children, suite.name, folder)
+            for name in ("summary.parquet", "comparison.png", *reports):
+                writer.log_artifact(folder / name)
+    except BaseException:
+        writer.finish("FAILED")
+        raise
+    writer.finish("FINISHED")
+    return result
+
+
+def summary_table(children: list[SuiteChild]) -> list[dict[str, Any]]:
+    rows = [
+        {
+            "run": c.name,
+            "seed": c.config.seed,
+            "algorithm": c.config.algorithm.name,
+            "run_id": c.result.run_id,
+            **c.result.summary,
+        }
+        for c in children
+    ]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    return [{k: row.get(k, math.nan) for k in columns} for row in rows]
+
+
+def write_summary(rows: list[dict[str, Any]], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def write_comparison_plot(children: list[SuiteChild], title: str, path: Path) -> None:
+    """Mean test accuracy against the round, one line per run (mean over its seeds), for PM, GM and HM."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    names = list(dict.fromkeys(c.name for c in children))
+    for name in names:
+        histories = [c.result.history for c in children if c.name == name]
+        rounds = sorted(set.intersection(*({r for r in h if "pm/acc" in h[r]} for h in histories)))
+        for axis, kind in zip(axes, ("pm", "gm", "hm"), strict=True):
+            values = [np.mean([h[r][f"{kind}/acc"] for h in histories]) for r in rounds]
+            axis.plot(rounds, values, label=name)
+    for axis, kind in zip(axes, ("PM", "GM", "HM"), strict=True):
+        axis.set_title(f"{kind} test accuracy")
+        axis.set_xlabel("round")
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("mean over clients")
+    axes[-1].legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,133 @@
+"""FedAPM's mathematics (fedapm.md 1.3-1.5), its parameter splits, FedAlt/FedSim, and the F1/AUC metrics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from raysim.algorithms.fedapm import FedApmSettings, personal_mask
+from raysim.config import validate_config
+from raysim.metrics import classification_scores
+from raysim.models.flat import FlatModel
+from tests.conftest import tiny_config
+from tests.inprocess import InProcess
+
+MLP = {"name": "mlp"}
+
+
+def _fedapm(**settings) -> InProcess:
+    algorithm = {"name": "fedapm", "lr": 0.1, "batch_size": 32, "epochs": 1, **settings}
+    return InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients={"count": 5, "per_round": 2})))
+
+
+@pytest.mark.parametrize("switches", [{}, {"v_anchor": "broadcast", "u_start": "broadcast"}])
+def test_dual_invariant_after_every_aggregation(switches):
+    """sum_i pi_i + rho sum_i (u_i - u) = 0 after every aggregation (fedapm.md 4, from eq. 79): u is the mean of
+    z_i = u_i + pi_i/rho over all m clients. Holds under partial participation only if the server's running sum
+    of z_i is kept exactly; float32 states give atol 1e-5 relative to rho * ||u||."""
+    rho = 0.5
+    sim = _fedapm(rho=rho, **switches)
+    shared = sim.host.algorithm.shared
+    for round_index in range(4):
+        sim.round(round_index)
+        u = sim.server.u.astype(np.float64)
+        residual = sum(s.pi + rho * (s.params[shared] - u) for s in sim.states.values())
+        assert np.abs(residual).max() < 1e-5 * max(1.0, rho * np.abs(u).max())
+    assert max(np.abs(s.pi).max() for s in sim.states.values()) > 1e-4  # the duals really moved
+
+
+def test_personal_part_never_leaves_the_client():
+    """Uplink and downlink carry only the shared part: z_i and u are shared-part sized."""
+    sim = _fedapm()
+    algorithm = sim.host.algorithm
+    shared_size = int(algorithm.shared.sum())
+    assert sim.server.u.shape == (shared_size,)
+    update_bytes = algorithm.downlink_bytes(sim.coordinator.broadcast())
+    assert update_bytes == 4 * shared_size < 4 * algorithm.params.size
+
+
+def test_fedapm_without_dual_and_penalty_is_fedalt():
+    """FedAPM with pi_i = 0, rho -> 0, sigma_i = 0, u_i <- u at round start and alpha_i = 1 is FedAlt
+    (fedapm.md 1.3). Same seeds give the same mini-batches; full participation makes FedAPM's mean over all m
+    clients FedAlt's mean over the selected ones. They differ only by the rho = 1e-7 prox term and float32
+    rounding of the running sum: atol 1e-5."""
+    sgd = {"lr": 0.1, "batch_size": 32, "epochs": 2}
+    apm = InProcess(
+        validate_config(
+            tiny_config(
+                algorithm={
+                    "name": "fedapm",
+                    "rho": 1e-7,
+                    "sigma": 0.0,
+                    "alpha": 1.0,
+                    "freeze_dual": True,
+                    "v_anchor": "broadcast",
+                    "u_start": "broadcast",
+                    **sgd,
+                },
+                model=MLP,
+            )
+        )
+    )
+    alt = InProcess(validate_config(tiny_config(algorithm={"name": "fedalt", **sgd}, model=MLP)))
+    for round_index in range(3):
+        apm.round(round_index)
+        alt.round(round_index)
+    assert np.linalg.norm(alt.server.u - alt.problem.init_params[alt.host.algorithm.shared]) > 0.1
+    np.testing.assert_allclose(apm.server.u, alt.server.u, atol=1e-5)
+    for i, state in alt.states.items():
+        np.testing.assert_allclose(apm.states[i].params, state.params, atol=1e-5)
+
+
+def test_fedsim_moves_both_parts_from_the_same_batches_fedalt_in_turn():
+    """FedSim and FedAlt share the split and server; their local updates differ (Jacobi vs Gauss-Seidel)."""
+    results = {}
+    for name in ("fedalt", "fedsim"):
+        sim = InProcess(validate_config(tiny_config(algorithm={"name": name, "lr": 0.1, "epochs": 1}, model=MLP)))
+        sim.round(0)
+        results[name] = sim.server.u
+    assert np.abs(results["fedalt"] - results["fedsim"]).max() > 1e-4
+
+
+def _names(model: str, shape: tuple[int, ...], **split) -> tuple[list[str], int]:
+    flat = FlatModel(model, shape, 10)
+    mask = personal_mask(FedApmSettings(**split), flat.spec)
+    personal = [n for n in flat.spec.names if mask[flat.spec.slice(n)].all()]
+    return personal, int(mask.sum())
+
+
+def test_presets_reproduce_the_papers_splits():
+    """`output` on the CIFAR CNN personalizes fc1 and fc2, 263,562 of 268,650 parameters (fedapm.md 2); on the
+    MLP (no convolutions) the last layer; `first_layer` the input layer; patterns override presets."""
+    names, count = _names("cnn", (3, 32, 32))
+    assert names == ["7.weight", "7.bias", "9.weight", "9.bias"] and count == 263_562
+    assert _names("mlp", (784,))[0] == ["5.weight", "5.bias"]
+    assert _names("mlp", (784,), preset="first_layer")[0] == ["1.weight", "1.bias"]
+    assert _names("mlp", (784,), personal=["3.*", "5.bias"])[0] == ["3.weight", "3.bias", "5.bias"]
+
+
+def test_a_split_with_an_empty_part_is_rejected_naming_the_setting():
+    with pytest.raises(ValueError, match=r"algorithm.preset='output' makes every parameter personal"):
+        _names("mlr", (784,))
+    with pytest.raises(ValueError, match=r"algorithm.personal=\['fc.\*'\] makes no parameter personal"):
+        _names("mlp", (784,), personal=["fc.*"])
+
+
+def test_f1_and_auc_on_hand_computed_cases():
+    """Weighted F1 and one-vs-rest AUC (fedapm.md 4.4). Labels [0, 0, 1, 2], argmax predictions [0, 1, 0, 2]:
+    per-class F1 1/2, 0, 1 weighted by support 2, 1, 1 gives 1/2. AUC is the share of (positive, negative)
+    pairs ranked right: class 0 scores 0.6, 0.2 vs 0.5, 0.1: 3/4; class 1 scores 0.4 vs 0.3, 0.7, 0.1: 2/3;
+    class 2: 1. Macro mean (3/4 + 2/3 + 1)/3."""
+    logits = np.log(np.array([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.5, 0.4, 0.1], [0.1, 0.1, 0.8]], dtype=np.float32))
+    f1, auc = classification_scores(logits, np.array([0, 0, 1, 2]), "zero")
+    assert f1 == pytest.approx(0.5)
+    assert auc == pytest.approx((3 / 4 + 2 / 3 + 1) / 3)
+
+
+def test_single_label_split_auc_follows_the_convention():
+    """A one-label test split has no negatives: AUC 0 (FedAPM's code) or NaN (left out of means)."""
+    logits = np.zeros((3, 4), np.float32)
+    assert classification_scores(logits, np.array([2, 2, 2]), "zero")[1] == 0.0
+    assert math.isnan(classification_scores(logits, np.array([2, 2, 2]), "nan")[1])

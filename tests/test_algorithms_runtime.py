@@ -1,0 +1,83 @@
+"""Every algorithm on the runtime classes: unselected clients keep their state bit for bit (partial
+participation), on the real ClientHost/Coordinator in one process for all, and on Ray actors for the
+running-sum algorithms whose server uses stale messages of unselected clients (FedAPM, pFedMe)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from raysim.config import validate_config
+from raysim.runtime.driver import run_experiment, sample_clients
+from tests.conftest import tiny_config
+from tests.inprocess import InProcess
+
+SPLIT = ("fedapm", "fedalt", "fedsim")
+ALGORITHMS = {
+    "fedadmm": {"rho": 0.25},
+    "fedprox": {"mu": 0.1},
+    "pfedme": {"lambda": 1.0},
+    "ditto": {"lambda": 1.0},
+    "fedapm": {"rho": 0.25},
+    "fedalt": {},
+    "fedsim": {},
+    "local": {},
+}
+
+
+def _config(name: str, **sections):
+    return validate_config(
+        tiny_config(
+            algorithm={"name": name, "lr": 0.05, "batch_size": 32, **ALGORITHMS[name]},
+            model={"name": "mlp" if name in SPLIT else "mlr"},
+            clients={"count": 5, "per_round": 2},
+            rounds=3,
+            **sections,
+        )
+    )
+
+
+def _bytes(state: object) -> dict[str, bytes]:
+    return {f.name: np.asarray(getattr(state, f.name)).tobytes() for f in dataclasses.fields(state)}
+
+
+class StateWatch:
+    """Compares every client's state after a round with the one before, bit for bit."""
+
+    def __init__(self, name: str, seed: int):
+        self.name, self.seed = name, seed
+        self.previous: dict[int, dict[str, bytes]] = {}
+        self.rounds: list[int] = []
+
+    def check(self, round_index: int, states: dict[int, object]) -> None:
+        selected = sample_clients(self.seed, round_index, 5, 2)
+        current = {c: _bytes(s) for c, s in states.items()}
+        for client, state in current.items():
+            if client in selected and state:
+                assert state != self.previous.get(client), f"{self.name}: selected client {client} did not change"
+            elif client not in selected and self.previous:
+                assert state == self.previous[client], f"{self.name}: unselected client {client} changed"
+        self.previous = current
+        self.rounds.append(round_index)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_unselected_clients_keep_their_state_bit_for_bit_in_process(name):
+    config = _config(name)
+    sim = InProcess(config)
+    watch = StateWatch(name, config.seed)
+    for round_index in range(3):
+        sim.round(round_index)
+        watch.check(round_index, sim.states)
+    assert watch.rounds == [0, 1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fedapm", "pfedme"])
+def test_unselected_clients_keep_their_state_bit_for_bit_on_actors(name, ray_local, mlflow_uri):
+    config = _config(name, tracking={"uri": mlflow_uri, "experiment": "bits"})
+    watch = StateWatch(name, config.seed)
+    run_experiment(config, show_progress=False, inspect=lambda r, sim: watch.check(r, sim.client_states()))
+    assert watch.rounds == [0, 1, 2]

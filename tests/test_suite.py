@@ -1,0 +1,116 @@
+"""Suites: config expansion and errors (plain Python), and every algorithm end to end through `raysim run`
+on a suite file, logged to MLflow as child runs of one parent run."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from raysim.algorithms.fedapm import FedApmSettings, personal_mask
+from raysim.cli import main
+from raysim.errors import ConfigError
+from raysim.models.flat import FlatModel
+from raysim.suite import SuiteConfig, is_suite_file, load_suite
+from tests.conftest import tiny_config
+
+ISSUE_3 = ("flame", "fedavg", "fedprox", "fedadmm", "pfedme", "ditto", "fedapm", "fedalt", "fedsim", "local")
+
+
+def _suite(**fields) -> dict:
+    return {"name": "s", "base": tiny_config(), "runs": [{"name": "a"}], **fields}
+
+
+def test_runs_and_seeds_expand_with_overrides_applied():
+    suite = SuiteConfig.model_validate(
+        _suite(
+            runs=[
+                {"name": "flame-rho", "set": {"algorithm.rho": 0.5}},
+                {"name": "avg", "set": {"algorithm": {"name": "fedavg", "lr": 0.1}, "clients.count": 6}},
+            ],
+            seeds=[3, 4],
+        )
+    )
+    children = suite.experiments()
+    assert [(n, c.seed, c.tracking.run_name) for n, c in children] == [
+        ("flame-rho", 3, "flame-rho/seed3"),
+        ("flame-rho", 4, "flame-rho/seed4"),
+        ("avg", 3, "avg/seed3"),
+        ("avg", 4, "avg/seed4"),
+    ]
+    assert children[0][1].algorithm.rho == 0.5 and children[0][1].algorithm.lam == 1.0
+    assert children[2][1].algorithm.name == "fedavg" and children[2][1].clients.count == 6
+
+
+def test_bad_suites_are_rejected_with_the_field_named(tmp_path):
+    with pytest.raises(ValueError, match="duplicate run names"):
+        SuiteConfig.model_validate(_suite(runs=[{"name": "a"}, {"name": "a"}]))
+    with pytest.raises(ValueError, match="exactly one of `base` and `base_config`"):
+        SuiteConfig.model_validate(_suite(base_config="x.yaml"))
+    bad = SuiteConfig.model_validate(_suite(runs=[{"name": "b", "set": {"algorithm.rho": -1}}]))
+    with pytest.raises(ConfigError, match=r"suite run 'b': algorithm.rho: .*greater than 0"):
+        bad.experiments()
+
+
+def test_base_config_path_is_relative_to_the_suite_and_set_overrides_the_base(tmp_path):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(tiny_config()))
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base_config": "base.yaml", "runs": [{"name": "a"}]}))
+    assert is_suite_file(path) and not is_suite_file(tmp_path / "base.yaml")
+    ((_, config),) = load_suite(path, ["rounds=7"]).experiments()
+    assert config.rounds == 7 and config.clients.count == 4
+
+
+def _bytes_per_client(name: str, model: str) -> tuple[int, int]:
+    """(uplink, downlink) bytes of one client in one round: what each algorithm really sends, float32 (4 bytes
+    per entry, plus 4 for a scalar weight); the partial-personalization methods send the shared part only."""
+    spec = FlatModel(model, (20,), 4).spec  # synthetic_classification: 20 features, 4 classes
+    d = spec.size
+    shared = int((~personal_mask(FedApmSettings(), spec)).sum()) if model == "mlp" else d
+    return {
+        "flame": (4 * d, 4 * d),
+        "fedavg": (4 * d + 4, 4 * d),
+        "fedprox": (4 * d + 4, 4 * d),
+        "fedadmm": (4 * d, 4 * d),
+        "pfedme": (4 * d, 4 * d),
+        "ditto": (4 * d + 4, 4 * d),
+        "fedapm": (4 * shared, 4 * shared),
+        "fedalt": (4 * shared + 4, 4 * shared),
+        "fedsim": (4 * shared + 4, 4 * shared),
+        "local": (0, 0),
+    }[name]
+
+
+@pytest.mark.slow
+def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_local, mlflow_uri, capsys):
+    split = {"fedapm", "fedalt", "fedsim"}
+    runs = [
+        {
+            "name": name,
+            "set": {"algorithm": {"name": name, "lr": 0.05}, "model.name": "mlp" if name in split else "mlr"},
+        }
+        for name in ISSUE_3
+    ]
+    base = tiny_config(rounds=2, clients={"count": 3}, tracking={"uri": mlflow_uri, "experiment": "suite"})
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"name": "everything", "base": base, "runs": runs}))
+    assert main(["run", str(path), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in ISSUE_3)
+
+    client = MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("suite")
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.suite = 'everything'")
+    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(c.info.run_name for c in children) == sorted(ISSUE_3)
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert {"final/pm/acc", "final/gm/acc", "final/hm/acc", "pm/f1", "pm/auc"} <= set(child.data.metrics)
+        up, down = _bytes_per_client(child.info.run_name, "mlp" if child.info.run_name in split else "mlr")
+        assert child.data.metrics["comm/uplink_bytes_total"] == 2 * 3 * up  # 2 rounds, 3 clients
+        assert child.data.metrics["comm/downlink_bytes_total"] == 2 * 3 * down
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"summary.parquet", "comparison.png"} <= artifacts
+    table = pq.read_table(client.download_artifacts(parent.info.run_id, "summary.parquet", str(tmp_path)))
+    assert table.num_rows == len(ISSUE_3) and {"run", "seed", "run_id", "final/pm/acc"} <= set(table.column_names)
