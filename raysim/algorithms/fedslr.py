@@ -1,0 +1,214 @@
+"""FedSLR: low-rank global knowledge + sparse personal components, nuclear-norm prox on the server (fedslr.md 2).
+
+A selected client i, given the global knowledge representation (GKR) w_t and round t, runs
+
+    Phase I   w_i     <- SGD on f_i(w) - <gamma_i, w> + 1/(2 eta_g) ||w - w_t||^2, from w_t      (4)
+              gamma_i <- gamma_i + (w_t - w_i) / eta_g                                         (5)
+    Phase II  p_i     <- proximal SGD on f_i(w_t + p) + mu ||p||_1, warm-started from its last p  (7)
+
+at local rate eta_l * decay^t, and uploads only w_i. The server mirrors the duals as their mean over all
+M clients (Alg. 3 in its partial-participation form, fedslr.md 2.8; gamma is never sent) and sets
+
+    w_{t+1} = Prox_{lambda eta_g ||.||_*}( mean_{S_t} w_i - eta_g mean_M gamma_i )               (6), Alg. 2
+
+layer-wise (SVT of linear and matrixized conv weights; biases and norm parameters pass unchanged). The
+SVD's thresholded factors U sqrt(S), sqrt(S) V^T are the downlink (fedslr.md 2.4): `downlink_bytes`
+counts min(dense, factored) per layer. With lambda = mu = 0, Phase I and the server are FedDyn's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from raysim.algorithms.base import (
+    Algorithm,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    SGDSettings,
+    Upload,
+    Vector,
+)
+from raysim.algorithms.prox import factored_size, layerwise_svt, matrix_shape
+
+
+class FedSlrSettings(SGDSettings):
+    name: Literal["fedslr"] = "fedslr"
+    epochs: int = Field(2, ge=1, description="Phase I local epochs (2 in the paper's experiments)")
+    lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
+    batch_size: int = Field(20, ge=1)
+    lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")
+    phase2_epochs: int = Field(1, ge=0, description="Phase II local epochs (1 in the paper); 0 skips Phase II")
+    lam: float = Field(1e-4, ge=0, alias="lambda", description="lambda: nuclear-norm (low-rank) penalty")
+    mu: float = Field(1e-3, ge=0, description="mu: L1 (sparsity) penalty of the personal component")
+    eta_g: float = Field(10.0, gt=0, description="eta_g: proximal step; SVT threshold is lambda * eta_g")
+    p_init: Literal["zero", "init"] = Field(
+        "zero", description="p_i^0: zeros (paper silent) or a copy of the initial matrix weights (authors' code)"
+    )
+    p_weight_decay: float = Field(0.0, ge=0, description="extra L2 on p in Phase II (1e-3 in the authors' code)")
+    l1_scope: Literal["all", "matrices"] = Field(
+        "all", description="which entries of p the L1 term covers: all (paper, code) or only matrix weights"
+    )
+    eval_pairing: Literal["received", "latest"] = Field(
+        "received",
+        description="mixed model evaluated as w_t + p_i with the w_t p_i was fitted to (eq. 3), or the newest "
+        "global model + p_i (authors' code)",
+    )
+    svd_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the server SVD runs: auto = cuda if the coordinator has a GPU, else cpu"
+    )
+
+
+@dataclass
+class FedSlrClientState:
+    gamma: Vector
+    """gamma_i, the client's dual (tends to grad f_i(w_i), fedslr.md eq. 25)."""
+    p: Vector
+    """p_i, the sparse personal component."""
+    w: Vector | None
+    """The GKR p_i was last fitted to (kept for eval_pairing = received)."""
+
+
+@dataclass
+class FedSlrServerState:
+    w: Vector
+    gamma_mean: np.ndarray
+    """float64 mean over all M clients of their mirrored gamma_i."""
+    round: int
+    ranks: dict[str, int]
+    num_clients: int
+
+
+@dataclass(frozen=True)
+class FedSlrBroadcast:
+    w: Vector
+    round: int
+    """t, for the local learning-rate decay."""
+    ranks: dict[str, int]
+    """Per-layer rank of w (its factored downlink size)."""
+
+
+@dataclass
+class FedSlrUpload(Upload):
+    w: Vector
+    count: float = 1.0
+    """1 per client, so that a robust aggregate replacing the sum of w_i is still divided correctly."""
+
+    message_field = "w"
+    weight_field = "count"
+
+
+class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, FedSlrBroadcast, FedSlrUpload]):
+    name = "fedslr"
+    Settings = FedSlrSettings
+    Upload = FedSlrUpload
+
+    def _matrix_coordinates(self) -> np.ndarray:
+        """Boolean mask of the entries that belong to matrix (>= 2-D) parameters."""
+        mask = np.zeros(self.params.size, dtype=bool)
+        for name, shape in zip(self.params.names, self.params.shapes, strict=True):
+            if len(shape) >= 2:
+                mask[self.params.slice(name)] = True
+        return mask
+
+    def _full_ranks(self) -> dict[str, int]:
+        layers = zip(self.params.names, self.params.shapes, strict=True)
+        return {name: min(matrix_shape(shape)) for name, shape in layers if len(shape) > 1}
+
+    def init_server(self, init_params: Vector, num_clients: int) -> FedSlrServerState:
+        # gamma_{i,0} = 0 (authors' code); w_0 is sent dense, so its ranks count as full.
+        zeros = np.zeros(init_params.shape, dtype=np.float64)
+        return FedSlrServerState(init_params.copy(), zeros, 0, self._full_ranks(), num_clients)
+
+    def init_client(self, client: ClientInfo, init_params: Vector) -> FedSlrClientState:
+        p = np.zeros_like(init_params)
+        if self.settings.p_init == "init":
+            matrices = self._matrix_coordinates()
+            p[matrices] = init_params[matrices]
+        return FedSlrClientState(np.zeros_like(init_params), p, None)
+
+    def broadcast(self, server: FedSlrServerState) -> FedSlrBroadcast:
+        return FedSlrBroadcast(server.w, server.round, server.ranks)
+
+    def client_step(self, client: ClientInfo, state: FedSlrClientState, broadcast: FedSlrBroadcast) -> ClientStep:
+        s = self.settings
+        w_t = broadcast.w
+        lr = s.lr * s.lr_decay**broadcast.round
+        phase1 = dataclasses.replace(
+            s.local_sgd(w_t, prox_weight=1.0 / s.eta_g, prox_center=w_t, linear=-state.gamma), lr=lr
+        )
+        result = yield phase1  # (4)
+        w_i = result.params
+        gamma = state.gamma + (w_t - w_i) / s.eta_g  # (5)
+        metrics = {"phase1_loss": result.mean_loss, "primal_residual": float(np.linalg.norm(w_i - w_t))}
+        p = state.p
+        if s.phase2_epochs:
+            l1 = s.mu if s.l1_scope == "all" else s.mu * self._matrix_coordinates().astype(np.float32)
+            phase2 = dataclasses.replace(
+                s.local_sgd(p, s.phase2_epochs, offset=w_t, l1=l1), lr=lr, weight_decay=s.p_weight_decay
+            )
+            second = yield phase2  # (7)
+            p = second.params
+            metrics["phase2_loss"] = second.mean_loss
+        nonzeros = float(np.count_nonzero(p))
+        metrics |= {"p_nonzeros": nonzeros, "p_density": nonzeros / p.size, "lr": lr}
+        received = w_t.copy() if s.eval_pairing == "received" else None
+        new = FedSlrClientState(gamma.astype(np.float32), p.astype(np.float32), received)
+        return ClientUpdate(new, FedSlrUpload(w_i.astype(np.float32)), metrics)
+
+    def _device(self) -> str:
+        device = self.settings.svd_device
+        if device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("algorithm.svd_device: cuda requested but the coordinator has no GPU; use auto or cpu")
+        return device
+
+    def server_step(self, server: FedSlrServerState, total: FedSlrUpload, num_selected: int):
+        s = self.settings
+        w_t = server.w.astype(np.float64)
+        summed = np.asarray(total.w, dtype=np.float64)
+        # Partial-participation Alg. 3: only the selected clients' gamma_i changed, by (w_t - w_i)/eta_g.
+        gamma_mean = server.gamma_mean + (num_selected * w_t - summed) / (s.eta_g * server.num_clients)
+        before = summed / total.count - s.eta_g * gamma_mean
+        start = time.perf_counter()
+        prox = layerwise_svt(before, self.params, s.lam * s.eta_g, self._device())
+        seconds = time.perf_counter() - start
+        w = prox.params
+        full = self._full_ranks()
+        metrics = {
+            "global_change": float(np.linalg.norm(w - server.w)),
+            "gamma_mean_norm": float(np.linalg.norm(gamma_mean)),
+            "svd_seconds": seconds,
+            "rank_fraction": sum(prox.ranks.values()) / max(sum(full.values()), 1),
+            "global_params": float(self.global_parameter_count(prox.ranks)),
+            **{f"rank/{name}": float(rank) for name, rank in prox.ranks.items()},
+        }
+        return FedSlrServerState(w, gamma_mean, server.round + 1, prox.ranks, server.num_clients), metrics
+
+    def global_parameter_count(self, ranks: dict[str, int]) -> int:
+        """#params of the GKR (fedslr.md 6.5): min(d1 d2, r (d1 + d2)) per matrix plus the 1-D parameters."""
+        layers = zip(self.params.names, self.params.shapes, strict=True)
+        return sum(factored_size(shape, ranks.get(name, 0)) for name, shape in layers)
+
+    def downlink_bytes(self, broadcast: FedSlrBroadcast) -> int:
+        """The GKR as U sqrt(S), sqrt(S) V^T where that is smaller than dense (fedslr.md 2.4), plus the round."""
+        return 4 * (self.global_parameter_count(broadcast.ranks) + 1)
+
+    def global_model(self, server: FedSlrServerState) -> Vector:
+        return server.w
+
+    def personalized_model(self, state: FedSlrClientState) -> Vector | None:
+        return None if state.w is None else state.w + state.p
+
+    def evaluated_model(self, state: FedSlrClientState, global_params: Vector) -> Vector:
+        """The mixed model w + p_i (eq. 3), paired as `eval_pairing` says."""
+        w = global_params if self.settings.eval_pairing == "latest" or state.w is None else state.w
+        return w + state.p

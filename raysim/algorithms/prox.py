@@ -1,0 +1,108 @@
+"""Proximal operators and layer matrixization for the coordinator's proximal steps (fedslr.md 1.2, 3).
+
+- `soft_threshold`: the prox of a*||.||_1 (fedslr.md eq. 16/17), coordinate-wise.
+- `matrixize` / `dematrixize`: a parameter tensor as the matrix whose nuclear norm is penalized: linear
+  [o, i] as is, conv [o, i, kh, kw] -> (o*kh) x (i*kw) ("scheme 2", fedslr.md 1.2), and back, exactly.
+- `svt`: the prox of a*||.||_* (singular value thresholding, eq. 15), returning the thresholded SVD so
+  the same factorization serves the low-rank downlink (fedslr.md 2.4).
+- `layerwise_svt`: SVT of every >= 2-D tensor of a flat parameter vector; 1-D tensors pass unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raysim.models.flat import ParamSpec
+
+
+def soft_threshold(x: torch.Tensor | np.ndarray, a: float | torch.Tensor | np.ndarray):
+    """S_a(x) = sign(x) max(|x| - a, 0), elementwise (a may be a scalar or per coordinate, a >= 0)."""
+    if isinstance(x, np.ndarray):
+        return np.sign(x) * np.maximum(np.abs(x) - a, 0.0)
+    return torch.sign(x) * torch.clamp(torch.abs(x) - a, min=0.0)
+
+
+def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """The (d1, d2) of the matrix a tensor of `shape` becomes (>= 2-D only)."""
+    if len(shape) == 2:
+        return shape[0], shape[1]
+    if len(shape) == 4:
+        out, inp, kh, kw = shape
+        return out * kh, inp * kw
+    raise ValueError(f"matrixize: only 2-D (linear) and 4-D (conv) tensors have a matrix form, got shape {shape}")
+
+
+def matrixize(weight: torch.Tensor) -> torch.Tensor:
+    """pi(w): linear weights as they are, conv [o,i,kh,kw] -> w.swapaxes(1,2).reshape(o*kh, i*kw)."""
+    rows, cols = matrix_shape(tuple(weight.shape))
+    if weight.dim() == 2:
+        return weight
+    return weight.transpose(1, 2).reshape(rows, cols)
+
+
+def dematrixize(matrix: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """pi^{-1}: the inverse of `matrixize` for a tensor of `shape`."""
+    if len(shape) == 2:
+        return matrix.reshape(shape)
+    out, inp, kh, kw = shape
+    return matrix.reshape(out, kh, inp, kw).transpose(1, 2).contiguous()
+
+
+@dataclass(frozen=True)
+class ThresholdedSVD:
+    """X's SVD with singular values soft-thresholded: prox = U diag(s) V^T, keeping only s > 0."""
+
+    u: torch.Tensor
+    s: torch.Tensor
+    vh: torch.Tensor
+
+    @property
+    def rank(self) -> int:
+        return int(self.s.numel())
+
+    def matrix(self) -> torch.Tensor:
+        return (self.u * self.s) @ self.vh
+
+
+def svt(matrix: torch.Tensor, threshold: float) -> ThresholdedSVD:
+    """Prox_{threshold ||.||_*}(X) = U diag(max(d - threshold, 0)) V^T (fedslr.md eq. 15), computed in float64."""
+    u, d, vh = torch.linalg.svd(matrix.to(torch.float64), full_matrices=False)
+    shrunk = torch.clamp(d - threshold, min=0.0)
+    keep = shrunk > 0
+    return ThresholdedSVD(u[:, keep], shrunk[keep], vh[keep, :])
+
+
+def factored_size(shape: tuple[int, ...], rank: int) -> int:
+    """Numbers sent for a tensor at `rank`: min(dense, r (d1 + d2)) for matrices, dense for 1-D (fedslr.md 2.4)."""
+    dense = int(np.prod(shape))
+    if len(shape) < 2:
+        return dense
+    d1, d2 = matrix_shape(shape)
+    return min(dense, rank * (d1 + d2))
+
+
+@dataclass(frozen=True)
+class LayerwiseSVT:
+    params: np.ndarray
+    """The prox of lambda sum_l ||W_l||_* at the input, as a flat float32 vector."""
+    ranks: dict[str, int]
+    """Rank of every matrixized layer after thresholding."""
+
+
+def layerwise_svt(flat: np.ndarray, spec: ParamSpec, threshold: float, device: str | torch.device = "cpu"):
+    """SVT at `threshold` of every matrix parameter (ndim >= 2) of `flat`; 1-D parameters are left alone."""
+    source = torch.from_numpy(np.asarray(flat, dtype=np.float32))
+    result = source.clone()
+    ranks: dict[str, int] = {}
+    for name, shape, offset in zip(spec.names, spec.shapes, spec.offsets, strict=True):
+        if len(shape) < 2:
+            continue
+        size = int(np.prod(shape))
+        weight = source[offset : offset + size].view(shape).to(device)
+        thresholded = svt(matrixize(weight), threshold)
+        ranks[name] = thresholded.rank
+        result[offset : offset + size] = dematrixize(thresholded.matrix(), shape).reshape(-1).to("cpu", torch.float32)
+    return LayerwiseSVT(result.numpy(), ranks)

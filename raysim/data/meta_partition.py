@@ -1,0 +1,66 @@
+"""AugFL's data layout (augfl.md 4.1): few-shot clients of 2 classes each, D_i ~ U(M, 2M), and a reserved pool
+that no client holds (the PM-pretraining / server-transfer data, which must stay disjoint from client data).
+
+With `test_fraction = 0.5` a client's train split is its support set and its test split its query set.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from raysim.errors import PartitionError
+from raysim.seeding import Stream, rng
+
+
+class MetaSettings(BaseModel):
+    """2 random classes per client, D_i ~ U(M, 2M) split evenly over them, none from the reserved pool.
+
+    Its own base (not partitions._Scheme), so that partitions.py can list it without an import cycle."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scheme: Literal["meta"] = "meta"
+    test_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="query share of each client (50/50 in the paper)")
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of the support part held out as validation")
+    classes_per_client: int = Field(2, ge=1)
+    shots: int = Field(20, ge=2, description="M: each client holds D_i ~ U(M, 2M) samples")
+    reserved: int = Field(10_000, ge=0, description="samples held by no client (PM pretraining / server data)")
+
+    def noise_std(self, client: int, num_clients: int) -> float:
+        return 0.0
+
+    def assign(self, labels, num_clients, generator, groups):
+        labels = np.asarray(labels)
+        clients_pool = np.setdiff1d(np.arange(len(labels)), reserved_pool(len(labels), self.reserved, generator))
+        classes = np.unique(labels)
+        if self.classes_per_client > len(classes):
+            raise PartitionError(
+                f"partition.classes_per_client={self.classes_per_client}: the dataset has {len(classes)} classes"
+            )
+        pools = {c: list(generator.permutation(clients_pool[labels[clients_pool] == c])) for c in classes}
+        parts = []
+        for client in range(num_clients):
+            chosen = generator.choice(classes, self.classes_per_client, replace=False)
+            size = int(generator.integers(self.shots, 2 * self.shots + 1))
+            counts = np.full(len(chosen), size // len(chosen)) + (np.arange(len(chosen)) < size % len(chosen))
+            indices = []
+            for c, count in zip(chosen, counts, strict=True):
+                if len(pools[c]) < count:
+                    raise PartitionError(f"partition.scheme=meta: class {c} ran out at client {client}; fewer clients")
+                indices += [pools[c].pop() for _ in range(count)]
+            parts.append(np.sort(np.array(indices)))
+        return parts
+
+
+def reserved_pool(num_samples: int, reserved: int, generator: np.random.Generator) -> np.ndarray:
+    """The indices no client holds: the first `reserved` of a seeded permutation (drawn first from `generator`)."""
+    if reserved >= num_samples:
+        raise PartitionError(f"partition.reserved={reserved}: the dataset has only {num_samples} samples")
+    return np.sort(generator.permutation(num_samples)[:reserved])
+
+
+def reserved_indices(num_samples: int, settings: MetaSettings, seed: int) -> np.ndarray:
+    """The reserved pool of the partition `partition_dataset(labels, m, settings, seed)` makes (same stream)."""
+    return reserved_pool(num_samples, settings.reserved, rng(seed, Stream.PARTITION))

@@ -1,0 +1,178 @@
+"""AugFL's mathematics (augfl.md 1.6-1.8) on the real host/coordinator code: the finite-difference Hessian-vector
+product, the dual identity y_i = -w_i d_i, the closed-form global recursion, the PM-regularized stationary
+point, and a CLI run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from raysim.algorithms.augfl import AugFlSettings
+from raysim.algorithms.base import FullGradient
+from raysim.config import validate_config
+from tests.conftest import tiny_config
+from tests.inprocess import InProcess
+from tests.test_cli import _raysim
+
+
+def _sim(**algorithm) -> InProcess:
+    settings = {"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0, **algorithm}
+    partition = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
+    return InProcess(validate_config(tiny_config(algorithm=settings, partition=partition, rounds=3)))
+
+
+def _gradient(sim: InProcess, client: int, point: np.ndarray, split: str) -> np.ndarray:
+    data = sim.host.data[client]
+    return sim.host.trainer.full_gradient(FullGradient(point.astype(np.float32), split), data, None).grad.astype(
+        np.float64
+    )
+
+
+def _meta_gradient(sim: InProcess, client: int, theta: np.ndarray, k: int) -> np.ndarray:
+    """d_i = grad L(phi, D^q) - alpha g_i (eqs. 7, 10), recomputed outside the algorithm."""
+    algorithm = sim.host.algorithm
+    alpha, delta = algorithm.settings.alpha, algorithm.delta(k)
+    r = _gradient(sim, client, theta - alpha * _gradient(sim, client, theta, "train"), "val")
+    g = (_gradient(sim, client, theta + delta * r, "train") - _gradient(sim, client, theta - delta * r, "train")) / (
+        2 * delta
+    )
+    return r - alpha * g
+
+
+def test_finite_difference_hessian_product_converges_to_autodiff():
+    """Eq. 10's g -> Hess L(theta, D^s) r as delta -> 0, with an O(delta^2) error (central differences)."""
+    sim = _sim()
+    model, data = sim.host.model, sim.host.data[0]
+    theta = torch.from_numpy(sim.problem.init_params.astype(np.float64)) + 0.3
+    x, y = (torch.from_numpy(a) for a in data.arrays("train"))
+    r = torch.randn(theta.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    r /= torch.linalg.norm(r)
+
+    def loss(flat):
+        return model._loss(model.forward(flat.float(), x), y).double()
+
+    exact = torch.autograd.functional.hvp(loss, theta, r)[1].numpy()
+    errors = []
+    for delta in (1.0, 0.3, 0.1):
+        g = (
+            _gradient(sim, 0, theta.numpy() + delta * r.numpy(), "train")
+            - _gradient(sim, 0, theta.numpy() - delta * r.numpy(), "train")
+        ) / (2 * delta)
+        errors.append(np.linalg.norm(g - exact) / np.linalg.norm(exact))
+    assert errors[2] < 5e-3 and errors[0] / errors[1] > 6 and errors[1] / errors[2] > 6, errors  # ~ (1/0.3)^2
+
+
+def test_dual_is_minus_the_weighted_meta_gradient_and_primal_is_the_dual_change():
+    """augfl.md 1.8(a)/(b) after every participation: y_i = -w_i d_i(theta^t), theta_i - theta^t = (y_i - y_prev)/rho,
+    under partial participation (unselected clients keep their state)."""
+    sim = _sim()
+    rho = 0.7
+    for round_index, selected in enumerate(([0, 1, 2, 3], [1, 3], [0, 2, 3])):
+        theta = sim.coordinator.broadcast().astype(np.float64)
+        before = {c: (s.y.copy(), s.participations) for c, s in sim.states.items()}
+        sim.round(round_index, selected)
+        for client, state in sim.states.items():
+            if client not in selected:
+                assert state.participations == before[client][1]
+                continue
+            weight = sim.host.info[client].weight
+            d = _meta_gradient(sim, client, theta, state.participations)
+            np.testing.assert_allclose(state.y, -weight * d, atol=2e-5)
+            np.testing.assert_allclose(state.theta - theta, (state.y - before[client][0]) / rho, atol=2e-5)
+
+
+def test_full_participation_follows_the_extrapolated_gradient_recursion():
+    """augfl.md 1.8(c) with lambda = 0: theta^{t+1} = theta^t - sum_i w_i (2 d_i^t - d_i^{t-1}) / (m rho), and
+    theta^1 = theta^0 - 2 sum_i w_i d_i^0 / (m rho) from y^{-1} = 0."""
+    sim = _sim()
+    m, rho = 4, 0.7
+    previous = None
+    for round_index in range(4):
+        theta = sim.coordinator.broadcast().astype(np.float64)
+        d = {c: _meta_gradient(sim, c, theta, round_index + 1) for c in range(m)}
+        weights = {c: sim.host.info[c].weight for c in range(m)}
+        step = sum(weights[c] * (2 * d[c] - (0 if previous is None else previous[c])) for c in range(m))
+        sim.round(round_index, list(range(m)))
+        np.testing.assert_allclose(sim.coordinator.broadcast(), theta - step / (m * rho), atol=2e-5)
+        previous = d
+
+
+def test_pm_regularizer_reaches_the_stationary_point_of_the_regularized_objective(tmp_path):
+    """With R_h = ||theta - theta_p||^2 the fixed point of eq. 13 solves sum_i w_i d_i(theta) + 2 lambda (theta -
+    theta_p) = 0 (estimated grad F of eq. 2 plus the regularizer); a larger lambda pulls theta closer to theta_p."""
+    pm_path = tmp_path / "pm.npy"
+    theta_p = np.random.default_rng(1).normal(0, 0.5, size=_sim().problem.init_params.size).astype(np.float32)
+    np.save(pm_path, theta_p)
+    distances = {}
+    for lam in (0.5, 1.0):
+        sim = _sim(regularizer="l2", pm_path=str(pm_path), rho=5.0, **{"lambda": lam})  # step 1/(m rho) stable
+        for round_index in range(200):
+            sim.round(round_index, [0, 1, 2, 3])
+        theta = sim.coordinator.broadcast().astype(np.float64)
+        k = sim.states[0].participations
+        gradient = sum(sim.host.info[c].weight * _meta_gradient(sim, c, theta, k) for c in range(4))
+        residual = gradient + 2 * lam * (theta - theta_p)
+        assert np.linalg.norm(residual) < 1e-3 * np.linalg.norm(gradient)
+        distances[lam] = np.linalg.norm(theta - theta_p)
+    assert distances[1.0] < distances[0.5]
+    assert not hasattr(sim.host.algorithm, "_pm") or sim.host.algorithm._pm is None  # the PM stayed on the server
+
+
+def test_l2_regularizer_needs_a_pm():
+    with pytest.raises(ValueError, match="algorithm.pm_path"):
+        AugFlSettings(regularizer="l2")
+
+
+@pytest.mark.slow
+def test_augfl_runs_through_the_cli_and_logs_its_metrics(tmp_path, mlflow_uri):
+    settings = {"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0}
+    partition = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
+    config = tiny_config(
+        algorithm=settings, partition=partition, tracking={"uri": mlflow_uri, "experiment": "augfl"}, rounds=3
+    )
+    (tmp_path / "augfl.yaml").write_text(yaml.safe_dump(config))
+    done = _raysim("run", str(tmp_path / "augfl.yaml"), "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("augfl").experiment_id])
+    metrics = run.data.metrics
+    assert run.data.tags["algorithm"] == "augfl"
+    assert metrics["client/query_loss"] > 0 and metrics["server/effective_step"] == pytest.approx(1 / (4 * 0.7))
+    assert metrics["comm/uplink_bytes"] == pytest.approx(2 * metrics["comm/downlink_bytes"])  # theta_i and y_i
+    assert 0 <= metrics["pm/acc"] <= 1
+
+
+def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reserved_pool():
+    from raysim.data.meta_partition import reserved_indices
+    from raysim.runtime.driver import prepare
+
+    partition = {"scheme": "meta", "shots": 10, "reserved": 500}
+    config = validate_config(tiny_config(partition=partition, clients={"count": 20}))
+    problem = prepare(config)
+    reserved = reserved_indices(len(problem.y), config.partition, config.seed)
+    held = [np.concatenate([split.train, split.test, split.val]) for _, split in problem.clients]
+    everything = np.concatenate(held)
+    assert len(reserved) == 500 and len(np.unique(everything)) == len(everything)
+    assert not np.intersect1d(everything, reserved).size
+    for (_, split), indices in zip(problem.clients, held, strict=True):
+        assert 10 <= len(indices) <= 20 and len(np.unique(problem.y[indices])) == 2
+        assert abs(len(split.train) - len(split.test)) <= 1  # support / query 50/50
+
+
+def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
+    from raysim.data.meta_partition import reserved_indices
+    from raysim.pretrain import pretrain_pm
+    from raysim.runtime.driver import prepare
+
+    config = validate_config(tiny_config(partition={"scheme": "meta", "shots": 10, "reserved": 500}))
+    path = pretrain_pm(config, epochs=3, lr=0.1, cache=tmp_path)
+    assert pretrain_pm(config, epochs=3, lr=0.1, cache=tmp_path) == path
+    problem = prepare(config)
+    pool = reserved_indices(len(problem.y), config.partition, config.seed)
+    model = problem.model_spec.build()
+    pm_loss, pm_acc = model.evaluate(np.load(path), problem.x[pool], problem.y[pool])
+    init_loss, _ = model.evaluate(problem.init_params, problem.x[pool], problem.y[pool])
+    assert pm_loss < 0.8 * init_loss and pm_acc > 0.5

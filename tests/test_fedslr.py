@@ -1,0 +1,281 @@
+"""FedSLR's mathematics (fedslr.md 2-3): the proximal operators, the FedDyn special case, the dual invariant
+(eq. 25), the stationary point of (P1) on a convex problem, the factored downlink, and a CLI run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from raysim.algorithms import ClientInfo, run_client_step
+from raysim.algorithms.base import LocalSGD, SGDResult
+from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
+from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
+from raysim.models.flat import FlatModel, ParamSpec
+from raysim.training.local import ClientData, LocalTrainer
+from tests.conftest import tiny_config
+from tests.test_cli import _raysim
+
+SPEC = ParamSpec(names=("conv", "fc", "bias"), shapes=((3, 2, 2, 2), (4, 5), (4,)), offsets=(0, 24, 44))
+"""A conv kernel (matrix 6 x 4), a linear weight (4 x 5) and a bias: 48 parameters."""
+
+
+def test_soft_threshold_is_the_prox_of_the_l1_norm():
+    """S_a(x) = argmin_z 1/2 (z - x)^2 + a |z|, checked against a brute-force minimization on a fine grid."""
+    x = np.linspace(-2.0, 2.0, 41)
+    grid = np.linspace(-3.0, 3.0, 60001)
+    for a in (0.0, 0.3, 1.1):
+        brute = np.array([grid[np.argmin(0.5 * (grid - xi) ** 2 + a * np.abs(grid))] for xi in x])
+        np.testing.assert_allclose(soft_threshold(x, a), brute, atol=1e-4)
+        np.testing.assert_allclose(soft_threshold(torch.from_numpy(x), a).numpy(), brute, atol=1e-4)
+
+
+def test_svt_equals_the_nuclear_prox_found_by_another_route():
+    """Prox_{t||.||_*}(X) against the minimizer of 1/2||UV^T - X||^2 + t/2 (||U||^2 + ||V||^2), whose minimum
+    over factorizations is the nuclear-norm prox (the variational form of ||Z||_*), found by L-BFGS."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 4, generator=generator, dtype=torch.float64)
+    t = 0.8
+    u = torch.randn(6, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(4, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([u, v], max_iter=5000, tolerance_grad=1e-12, tolerance_change=1e-15)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = 0.5 * ((u @ v.T - x) ** 2).sum() + 0.5 * t * ((u**2).sum() + (v**2).sum())
+        loss.backward()
+        return loss
+
+    for _ in range(5):
+        optimizer.step(closure)
+    prox = svt(x, t)
+    np.testing.assert_allclose(prox.matrix().numpy(), (u @ v.T).detach().numpy(), atol=1e-5)
+    objective = lambda z: 0.5 * ((z - x) ** 2).sum() + t * torch.linalg.svdvals(z).sum()  # noqa: E731
+    best = objective(prox.matrix())
+    for _ in range(20):
+        assert objective(prox.matrix() + 1e-3 * torch.randn(6, 4, generator=generator, dtype=torch.float64)) > best
+
+
+def test_svt_is_identity_at_zero_and_rank_shrinks_as_the_threshold_grows():
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    identity = svt(x, 0.0)
+    assert identity.rank == 5
+    np.testing.assert_allclose(identity.matrix().numpy(), x.numpy(), atol=1e-12)
+    singular = torch.linalg.svdvals(x)
+    ranks = [svt(x, t).rank for t in np.linspace(0.0, float(singular[0]) * 1.01, 30)]
+    assert ranks == sorted(ranks, reverse=True) and ranks[-1] == 0
+    for t in (0.5, 1.5):
+        assert svt(x, t).rank == int((singular > t).sum())
+        kept = svt(x, t)
+        np.testing.assert_allclose(torch.linalg.svdvals(kept.matrix())[: kept.rank], singular[singular > t] - t)
+
+
+def test_conv_matrixization_layout_and_exact_round_trip():
+    """pi: [o,i,kh,kw] -> (o*kh) x (i*kw) with rows (out, kernel row), columns (in, kernel col) (fedslr.md 1.2)."""
+    w = torch.randn(5, 3, 2, 4)
+    m = matrixize(w)
+    assert m.shape == (10, 12)
+    for o, i, r, c in [(0, 0, 0, 0), (4, 2, 1, 3), (2, 1, 0, 2)]:
+        assert m[o * 2 + r, i * 4 + c] == w[o, i, r, c]
+    assert torch.equal(dematrixize(m, tuple(w.shape)), w)
+    linear = torch.randn(4, 7)
+    assert torch.equal(dematrixize(matrixize(linear), (4, 7)), linear)
+    with pytest.raises(ValueError, match="matrix form"):
+        matrixize(torch.randn(2, 3, 4))
+
+
+def test_layerwise_svt_thresholds_matrices_and_leaves_1d_parameters_alone():
+    flat = np.random.default_rng(2).normal(size=SPEC.size).astype(np.float32)
+    result = layerwise_svt(flat, SPEC, 0.7)
+    assert set(result.ranks) == {"conv", "fc"}
+    np.testing.assert_array_equal(result.params[SPEC.slice("bias")], flat[SPEC.slice("bias")])
+    conv = torch.from_numpy(flat[SPEC.slice("conv")]).view(3, 2, 2, 2)
+    expected = dematrixize(svt(matrixize(conv), 0.7).matrix(), (3, 2, 2, 2))
+    np.testing.assert_allclose(result.params[SPEC.slice("conv")], expected.reshape(-1).numpy(), atol=1e-6)
+    assert layerwise_svt(flat, SPEC, 1e6).ranks == {"conv": 0, "fc": 0}
+    np.testing.assert_array_equal(layerwise_svt(flat, SPEC, 0.0).params, flat)  # float64 SVD round-trips float32
+
+
+def _trainer_and_data(seed: int = 0) -> tuple[LocalTrainer, ClientData]:
+    generator = np.random.default_rng(seed)
+    x = generator.normal(size=(40, 6)).astype(np.float32)
+    y = generator.integers(0, 3, size=40)
+    return LocalTrainer(FlatModel("mlr", (6,), 3)), ClientData(x, y, np.arange(40), np.arange(0), np.arange(0))
+
+
+def test_local_sgd_offset_evaluates_the_loss_at_offset_plus_x():
+    """SGD on f(o + x) from x0 is SGD on f from o + x0, shifted by -o (same batches)."""
+    trainer, data = _trainer_and_data()
+    size = trainer.model.size
+    start, offset = np.full(size, 0.1, np.float32), np.random.default_rng(3).normal(size=size).astype(np.float32)
+    shifted = trainer.sgd(LocalSGD(start, 2, 0.1, 8, offset=offset), data, np.random.default_rng(5))
+    plain = trainer.sgd(LocalSGD(offset + start, 2, 0.1, 8), data, np.random.default_rng(5))
+    np.testing.assert_allclose(shifted.params + offset, plain.params, atol=1e-5)
+    assert shifted.mean_loss == pytest.approx(plain.mean_loss, rel=1e-5)
+
+
+def test_local_sgd_l1_is_proximal_sgd():
+    """Each step is x <- S_{lr*l1}(x - lr grad); one full-batch step checks it, a large l1 zeroes everything."""
+    trainer, data = _trainer_and_data()
+    size = trainer.model.size
+    start = np.random.default_rng(4).normal(size=size).astype(np.float32)
+    _, grad = trainer.model.loss_and_grad(torch.from_numpy(start), torch.from_numpy(data.x), torch.from_numpy(data.y))
+    step = trainer.sgd(LocalSGD(start, 1, 0.5, 40, l1=0.4), data, np.random.default_rng(0))
+    np.testing.assert_allclose(step.params, soft_threshold(start - 0.5 * grad.numpy(), 0.2), atol=1e-6)
+    assert not np.any(trainer.sgd(LocalSGD(start, 1, 0.5, 8, l1=100.0), data, np.random.default_rng(0)).params)
+    per_entry = np.zeros(size, np.float32)
+    kept = trainer.sgd(LocalSGD(start, 1, 0.5, 40, l1=per_entry), data, np.random.default_rng(0))
+    np.testing.assert_allclose(kept.params, start - 0.5 * grad.numpy(), atol=1e-6)
+
+
+class Quadratic:
+    """Client objectives f_i(x) = h_i/2 ||x - a_i||^2, with every LocalSGD request solved exactly."""
+
+    def __init__(self, m: int, size: int, seed: int):
+        generator = np.random.default_rng(seed)
+        self.h = generator.uniform(0.5, 2.0, size=m)
+        self.a = generator.normal(size=(m, size))
+
+    def grad(self, i: int, x: np.ndarray) -> np.ndarray:
+        return self.h[i] * (x - self.a[i])
+
+    def executor(self, i: int):
+        def execute(r: LocalSGD) -> SGDResult:
+            offset = 0.0 if r.offset is None else r.offset
+            center = 0.0 if r.prox_center is None else r.prox_center
+            linear = 0.0 if r.linear is None else r.linear
+            curvature = self.h[i] + r.prox_weight + r.weight_decay
+            x = (self.h[i] * (self.a[i] - offset) + r.prox_weight * center - linear) / curvature
+            if r.l1 is not None:
+                x = soft_threshold(x, np.asarray(r.l1) / curvature)
+            return SGDResult(x.astype(np.float32), 0.0, 1)
+
+        return execute
+
+
+def _round(algorithm, problem: Quadratic, server, states: dict, selected: list[int], m: int):
+    broadcast = algorithm.broadcast(server)
+    total = None
+    for i in selected:
+        info = ClientInfo(i, 10, 1.0 / m, m)
+        update = run_client_step(algorithm, info, states[i], broadcast, problem.executor(i))
+        states[i] = update.state
+        total = update.upload.w.astype(np.float64) if total is None else total + update.upload.w
+    return algorithm.server_step(server, FedSlrUpload(total, float(len(selected))), len(selected))
+
+
+def test_lambda_mu_zero_is_feddyn():
+    """With lambda = mu = 0, FedSLR's w_t is FedDyn's theta_t (alpha = 1/eta_g, fedslr.md 2.2, 2.8), under
+    partial participation; FedDyn is written out here from its own paper's equations."""
+    m, size, eta_g = 5, SPEC.size, 0.7
+    problem = Quadratic(m, size, seed=6)
+    algorithm = FedSlr(FedSlrSettings(**{"lambda": 0.0, "mu": 0.0, "eta_g": eta_g}), SPEC)
+    w0 = np.random.default_rng(7).normal(size=size).astype(np.float32)
+    server = algorithm.init_server(w0, m)
+    states = {i: algorithm.init_client(ClientInfo(i, 10, 1 / m, m), w0) for i in range(m)}
+    alpha, theta, h = 1.0 / eta_g, w0.astype(np.float64), np.zeros(size)
+    grads = np.zeros((m, size))  # FedDyn's nabla L_i
+    generator = np.random.default_rng(8)
+    for _ in range(12):
+        selected = sorted(generator.choice(m, 3, replace=False))
+        server, _ = _round(algorithm, problem, server, states, selected, m)
+        local = {}
+        for i in selected:  # argmin L_i(x) - <grad L_i, x> + alpha/2 ||x - theta||^2
+            local[i] = (problem.h[i] * problem.a[i] + grads[i] + alpha * theta) / (problem.h[i] + alpha)
+            grads[i] -= alpha * (local[i] - theta)
+        h -= alpha / m * sum(local[i] - theta for i in selected)
+        theta = np.mean([local[i] for i in selected], axis=0) - h / alpha
+        np.testing.assert_allclose(server.w, theta, atol=1e-4)
+        np.testing.assert_allclose(server.gamma_mean, h, atol=1e-5)
+    for i in range(m):
+        np.testing.assert_allclose(states[i].gamma, grads[i], atol=1e-4)
+
+
+def test_duals_record_local_gradients_and_the_server_mirror_matches():
+    """Eq. 25: gamma_i = grad f_i(w_i) after an exact Phase I; the server's mean equals the clients' mean; Phase II
+    gives p_i = S_{mu/h_i}(a_i - w_t), the exact prox-solution around the received w_t."""
+    m = 4
+    problem = Quadratic(m, SPEC.size, seed=9)
+    algorithm = FedSlr(FedSlrSettings(**{"lambda": 0.05, "mu": 0.3, "eta_g": 0.4}), SPEC)
+    w0 = np.zeros(SPEC.size, np.float32)
+    server = algorithm.init_server(w0, m)
+    states = {i: algorithm.init_client(ClientInfo(i, 10, 1 / m, m), w0) for i in range(m)}
+    for selected in ([0, 1], [1, 2, 3], [0, 3]):
+        w_t = server.w.copy()
+        previous = {i: states[i].gamma.copy() for i in selected}
+        server, _ = _round(algorithm, problem, server, states, selected, m)
+        for i in selected:
+            w_i = w_t + algorithm.settings.eta_g * (previous[i] - states[i].gamma)  # invert eq. 5
+            np.testing.assert_allclose(states[i].gamma, problem.grad(i, w_i), atol=1e-4)
+            np.testing.assert_allclose(states[i].p, soft_threshold(problem.a[i] - w_t, 0.3 / problem.h[i]), atol=1e-5)
+            np.testing.assert_array_equal(states[i].w, w_t)
+        np.testing.assert_allclose(server.gamma_mean, np.mean([s.gamma for s in states.values()], axis=0), atol=1e-6)
+
+
+def test_full_participation_converges_to_a_stationary_point_of_p1():
+    """Eq. 9 on a convex problem: at the limit w*, G = (1/lambda) (1/M) sum_i -grad f_i(w*) restricted to each matrix
+    is a subgradient of ||W||_* at W*: <G, W*> = ||W*||_* and ||G||_2 <= 1; 1-D entries have zero gradient."""
+    m, lam = 4, 0.8
+    problem = Quadratic(m, SPEC.size, seed=10)
+    eta_g = 1.0 / (2 * problem.h.max())  # the theory's step bound 1/(2L)
+    algorithm = FedSlr(FedSlrSettings(**{"lambda": lam, "mu": 0.0, "eta_g": eta_g}), SPEC)
+    w0 = np.zeros(SPEC.size, np.float32)
+    server = algorithm.init_server(w0, m)
+    states = {i: algorithm.init_client(ClientInfo(i, 10, 1 / m, m), w0) for i in range(m)}
+    for _ in range(400):
+        server, metrics = _round(algorithm, problem, server, states, list(range(m)), m)
+    w = server.w.astype(np.float64)
+    gradient = np.mean([problem.grad(i, w) for i in range(m)], axis=0)
+    np.testing.assert_allclose(gradient[SPEC.slice("bias")], 0.0, atol=1e-4)
+    for name, shape in (("conv", (3, 2, 2, 2)), ("fc", (4, 5))):
+        g = matrixize(torch.from_numpy(-gradient[SPEC.slice(name)] / lam).view(shape))
+        weight = matrixize(torch.from_numpy(w[SPEC.slice(name)]).view(shape))
+        assert float((g * weight).sum()) == pytest.approx(float(torch.linalg.svdvals(weight).sum()), abs=1e-4)
+        assert float(torch.linalg.matrix_norm(g, ord=2)) <= 1 + 1e-4
+    assert 0 < metrics["rank/conv"] < 4 or 0 < metrics["rank/fc"] < 4  # the penalty is active
+
+
+def test_downlink_counts_the_factored_form_where_it_is_smaller():
+    algorithm = FedSlr(FedSlrSettings(**{"lambda": 0.1, "eta_g": 1.0}), SPEC)
+    w0 = np.random.default_rng(11).normal(size=SPEC.size).astype(np.float32)
+    server = algorithm.init_server(w0, 2)
+    assert algorithm.downlink_bytes(algorithm.broadcast(server)) == 4 * (SPEC.size + 1)  # w_0 dense
+    server.ranks = {"conv": 1, "fc": 3}
+    # conv 6x4: rank 1 -> 10 < 24; fc 4x5: rank 3 -> 27 > 20 stays dense; bias 4.
+    assert algorithm.downlink_bytes(algorithm.broadcast(server)) == 4 * (10 + 20 + 4 + 1)
+    assert algorithm.global_parameter_count({"conv": 0, "fc": 0}) == 4
+
+
+def test_p_init_and_l1_scope_switches():
+    w0 = np.random.default_rng(12).normal(size=SPEC.size).astype(np.float32)
+    info = ClientInfo(0, 10, 0.5, 2)
+    assert not FedSlr(FedSlrSettings(), SPEC).init_client(info, w0).p.any()
+    p = FedSlr(FedSlrSettings(p_init="init"), SPEC).init_client(info, w0).p
+    np.testing.assert_array_equal(p[:44], w0[:44])
+    assert not p[SPEC.slice("bias")].any()
+    algorithm = FedSlr(FedSlrSettings(mu=0.5, l1_scope="matrices"), SPEC)
+    broadcast = algorithm.broadcast(algorithm.init_server(w0, 2))
+    step = algorithm.client_step(info, algorithm.init_client(info, w0), broadcast)
+    next(step)
+    phase2 = step.send(SGDResult(w0, 0.0, 1))
+    assert phase2.offset is not None and np.array_equal(phase2.l1, np.r_[np.full(44, 0.5), np.zeros(4)])
+
+
+@pytest.mark.slow
+def test_fedslr_runs_through_the_cli_and_logs_rank_sparsity_and_traffic(tmp_path, mlflow_uri):
+    """A real Ray + MLflow run: per-layer ranks, p_i sparsity, factored downlink below FedAvg's dense one."""
+    settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 0.01, "lr": 0.05, "batch_size": 32}
+    config = tiny_config(algorithm=settings, tracking={"uri": mlflow_uri, "experiment": "fedslr"}, rounds=3)
+    (tmp_path / "fedslr.yaml").write_text(yaml.safe_dump(config))
+    done = _raysim("run", str(tmp_path / "fedslr.yaml"), "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("fedslr").experiment_id])
+    metrics = run.data.metrics
+    assert run.data.tags["algorithm"] == "fedslr"
+    assert 0 <= metrics["server/rank/1.weight"] < 4  # mlr 20 -> 4 classes: full rank would be 4
+    assert 0 < metrics["client/p_density"] < 1 and metrics["server/svd_seconds"] > 0
+    assert metrics["comm/downlink_bytes"] < metrics["comm/uplink_bytes"]  # factored GKR vs dense w_i
+    assert 0 <= metrics["pm/acc"] <= 1 and 0 <= metrics["gm/acc"] <= 1
