@@ -3,6 +3,11 @@
 Every scheme returns one index array per client and is a pure function of (labels, settings, seed):
 same seed, same partition. Each client's indices are then shuffled and split per client, as in
 FLAME's experiments (flame.md 6.1: 80/20 per client, so test data follow the client's distribution).
+
+The schemes are FLAME's six (flame.md 6.3) plus IID and a mixed IID/Dirichlet split. The paper's
+versions are disjoint (every sample goes to at most one client); where the authors' code draws each
+client's samples independently from the whole dataset (Dirichlet label skew, quantity skew, hybrid),
+`overlap: true` reproduces that instead. All checks run here, in the driver, before any Ray work.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from raysim.data.meta_partition import MetaSettings
 from raysim.errors import PartitionError
 from raysim.seeding import Stream, rng
 
@@ -25,8 +31,20 @@ class _Scheme(BaseModel):
         0.0, ge=0.0, lt=1.0, description="share of each client's training part held out for the HM-val choice"
     )
 
+    def noise_std(self, client: int, num_clients: int) -> float:
+        """Std of the Gaussian feature noise added to this client's samples at access time (0: none)."""
+        return 0.0
+
+    def assign(
+        self, labels: np.ndarray, num_clients: int, generator: np.random.Generator, groups: np.ndarray | None
+    ) -> list[np.ndarray]:
+        """The sample indices of each client (before the per-client train/test split)."""
+        return iid(labels, num_clients, generator)
+
 
 class IIDSettings(_Scheme):
+    """Uniformly shuffled, equal-size (+-1) disjoint shares."""
+
     scheme: Literal["iid"] = "iid"
 
 
@@ -36,6 +54,12 @@ class DirichletSettings(_Scheme):
     scheme: Literal["dirichlet"] = "dirichlet"
     beta: float = Field(0.5, gt=0.0)
     min_samples: int = Field(2, ge=2, description="redraw until every client holds at least this many")
+    overlap: bool = Field(
+        False, description="draw each client's class-k share independently from all of class k (authors' code)"
+    )
+
+    def assign(self, labels, num_clients, generator, groups):
+        return dirichlet(labels, num_clients, self, generator)
 
 
 class QLabelSettings(_Scheme):
@@ -44,8 +68,92 @@ class QLabelSettings(_Scheme):
     scheme: Literal["q_label"] = "q_label"
     q: int = Field(2, ge=1, description="shards (hence at most q classes) per client")
 
+    def assign(self, labels, num_clients, generator, groups):
+        return q_label(labels, num_clients, self.q, generator)
 
-PartitionSettings = Annotated[IIDSettings | DirichletSettings | QLabelSettings, Field(discriminator="scheme")]
+
+class QualitySettings(_Scheme):
+    """Noise-based quality skew "Gau(sigma)" (flame.md 6.3 scheme 3): IID equal blocks, client i's features get
+    N(0, s_i) noise at every access, with s_i = sigma * i / m as the variance (paper) or the std (authors' code)."""
+
+    scheme: Literal["quality"] = "quality"
+    sigma: float = Field(0.1, ge=0.0)
+    noise_scale: Literal["variance", "std"] = Field(
+        "variance", description="sigma*i/m is the noise variance (paper) or its std (authors' code)"
+    )
+
+    def noise_std(self, client: int, num_clients: int) -> float:
+        scale = self.sigma * client / num_clients
+        return math.sqrt(scale) if self.noise_scale == "variance" else scale
+
+
+class QuantitySettings(_Scheme):
+    """Quantity skew "Dir(beta)" (flame.md 6.3 scheme 4): p ~ Dir(beta) over clients, client i gets a p_i share.
+
+    Disjoint (paper): every client first gets `min_samples`, the rest is cut in Dir(beta) proportions.
+    `overlap` (authors' code): client i draws max(min_samples, int(p_i N)) samples from the whole dataset."""
+
+    scheme: Literal["quantity"] = "quantity"
+    beta: float = Field(0.5, gt=0.0)
+    min_samples: int = Field(100, ge=2, description="samples every client holds at least (100 in the authors' code)")
+    overlap: bool = Field(False, description="draw each client's samples independently (authors' code)")
+
+    def assign(self, labels, num_clients, generator, groups):
+        return quantity(np.arange(len(labels)), num_clients, self.beta, self.min_samples, self.overlap, generator)
+
+
+class NaturalSettings(_Scheme):
+    """Feature skew by a natural id (flame.md 6.3 scheme 5: FEMNIST writers): the dataset's group ids, sorted,
+    are dealt contiguously, (number of groups) // m per client; leftover groups are not used, as in the code."""
+
+    scheme: Literal["natural"] = "natural"
+
+    def assign(self, labels, num_clients, generator, groups):
+        return natural(groups, num_clients)
+
+
+class HybridSettings(_Scheme):
+    """Hybrid skew (flame.md 6.3 scheme 6): ceil(m/2) clients get q-label shards, floor(m/2) quantity skew.
+
+    Disjoint (paper): the samples are first split at random between the two groups in proportion to their
+    client counts. `overlap` (authors' code): both groups draw from the whole dataset independently."""
+
+    scheme: Literal["hybrid"] = "hybrid"
+    q: int = Field(2, ge=1)
+    beta: float = Field(0.5, gt=0.0)
+    min_samples: int = Field(100, ge=2)
+    overlap: bool = Field(False, description="both halves draw from the whole dataset (authors' code)")
+
+    def assign(self, labels, num_clients, generator, groups):
+        return hybrid(labels, num_clients, self, generator)
+
+
+class MixedSettings(_Scheme):
+    """A share `iid_fraction` of the samples is dealt IID, the rest by Dirichlet(beta) label skew (disjoint):
+    interpolates between IID (1) and pure label skew (0)."""
+
+    scheme: Literal["mixed"] = "mixed"
+    iid_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    beta: float = Field(0.5, gt=0.0)
+    min_samples: int = Field(2, ge=2)
+
+    def assign(self, labels, num_clients, generator, groups):
+        return mixed(labels, num_clients, self, generator)
+
+
+AnyPartition = (
+    IIDSettings
+    | DirichletSettings
+    | QLabelSettings
+    | QualitySettings
+    | QuantitySettings
+    | NaturalSettings
+    | HybridSettings
+    | MixedSettings
+    | MetaSettings
+)
+PartitionSettings = Annotated[AnyPartition, Field(discriminator="scheme")]
+"""A scheme is one settings class with its own `assign`; adding it to this union makes it selectable."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +164,8 @@ class ClientSplit:
     train: np.ndarray
     test: np.ndarray
     val: np.ndarray
+    noise_std: float = 0.0
+    """Std of the Gaussian noise added to this client's features at every access (quality skew)."""
 
     @property
     def num_samples(self) -> int:
@@ -66,51 +176,152 @@ def iid(labels: np.ndarray, num_clients: int, generator: np.random.Generator) ->
     return np.array_split(generator.permutation(len(labels)), num_clients)
 
 
-def dirichlet(
-    labels: np.ndarray, num_clients: int, settings: DirichletSettings, generator: np.random.Generator
+def _dirichlet_disjoint(
+    labels: np.ndarray, pool: np.ndarray, num_clients: int, beta: float, min_samples: int, generator
 ) -> list[np.ndarray]:
-    """Split each class among clients in proportions p_k ~ Dir(beta * 1_m); disjoint (the paper's version)."""
-    classes = np.unique(labels)
+    """Split each class of `pool` among clients in Dir(beta) proportions; redraw until all hold min_samples."""
+    classes = np.unique(labels[pool])
     for _attempt in range(100):
         parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
         for k in classes:
-            members = generator.permutation(np.flatnonzero(labels == k))
-            shares = generator.dirichlet(np.full(num_clients, settings.beta))
+            members = generator.permutation(pool[labels[pool] == k])
+            shares = generator.dirichlet(np.full(num_clients, beta))
             cuts = (np.cumsum(shares)[:-1] * len(members)).astype(int)
             for client, chunk in enumerate(np.split(members, cuts)):
                 parts[client].append(chunk)
         clients = [np.concatenate(p) for p in parts]
-        if min(len(c) for c in clients) >= settings.min_samples:
+        if min(len(c) for c in clients) >= min_samples:
             return clients
     raise PartitionError(
-        f"partition.beta={settings.beta}: 100 Dirichlet draws all left a client with fewer than "
-        f"partition.min_samples={settings.min_samples} samples; use fewer clients, a larger beta or a lower minimum"
+        f"partition.beta={beta}: 100 Dirichlet draws all left a client with fewer than "
+        f"partition.min_samples={min_samples} samples; use fewer clients, a larger beta or a lower minimum"
     )
 
 
+def dirichlet(
+    labels: np.ndarray, num_clients: int, settings: DirichletSettings, generator: np.random.Generator
+) -> list[np.ndarray]:
+    """Label skew, disjoint (paper) or with each client's class-k draw independent (authors' code, overlapping)."""
+    if not settings.overlap:
+        return _dirichlet_disjoint(
+            labels, np.arange(len(labels)), num_clients, settings.beta, settings.min_samples, generator
+        )
+    classes = np.unique(labels)
+    shares = generator.dirichlet(np.full(num_clients, settings.beta), size=len(classes))  # (C, m)
+    parts = []
+    for client in range(num_clients):
+        chunks = []
+        for k_index, k in enumerate(classes):
+            members = np.flatnonzero(labels == k)
+            take = int(shares[k_index, client] * len(members))
+            chunks.append(generator.choice(members, take, replace=False))
+        parts.append(np.concatenate(chunks))
+    if min(len(p) for p in parts) < settings.min_samples:
+        raise PartitionError(
+            f"partition.beta={settings.beta} with partition.overlap=true left a client with fewer than "
+            f"partition.min_samples={settings.min_samples} samples; use fewer clients or a larger beta"
+        )
+    return parts
+
+
 def q_label(
-    labels: np.ndarray, num_clients: int, settings: QLabelSettings, generator: np.random.Generator
+    labels: np.ndarray, num_clients: int, q: int, generator: np.random.Generator, pool: np.ndarray | None = None
 ) -> list[np.ndarray]:
     """Cut every class into ceil(q*m/C) shards, shuffle all shards, deal q to each client.
 
     As in the FLAME authors' code (flame.md 6.3): shards never span two classes, so a client holds at most
     q distinct labels (fewer if it draws two shards of one class); shards are disjoint across clients.
     """
-    classes = np.unique(labels)
-    shards_per_class = math.ceil(settings.q * num_clients / len(classes))
+    pool = np.arange(len(labels)) if pool is None else pool
+    classes = np.unique(labels[pool])
+    shards_per_class = math.ceil(q * num_clients / len(classes))
     shards: list[np.ndarray] = []
     for k in classes:
-        members = generator.permutation(np.flatnonzero(labels == k))
+        members = generator.permutation(pool[labels[pool] == k])
         if len(members) < shards_per_class:
             raise PartitionError(
-                f"partition.q={settings.q} with clients.count={num_clients} needs {shards_per_class} shards of "
+                f"partition.q={q} with {num_clients} q-label clients needs {shards_per_class} shards of "
                 f"class {k}, which has only {len(members)} samples; lower clients.count or partition.q"
             )
         shards += np.array_split(members, shards_per_class)
     order = generator.permutation(len(shards))
-    return [
-        np.concatenate([shards[s] for s in order[c * settings.q : (c + 1) * settings.q]]) for c in range(num_clients)
-    ]
+    return [np.concatenate([shards[s] for s in order[c * q : (c + 1) * q]]) for c in range(num_clients)]
+
+
+def quantity(
+    pool: np.ndarray, num_clients: int, beta: float, min_samples: int, overlap: bool, generator: np.random.Generator
+) -> list[np.ndarray]:
+    """Quantity skew over the samples `pool` (see QuantitySettings)."""
+    shares = generator.dirichlet(np.full(num_clients, beta))
+    if overlap:
+        if min_samples > len(pool):
+            raise PartitionError(
+                f"partition.min_samples={min_samples} exceeds the {len(pool)} samples available to quantity skew"
+            )
+        sizes = np.maximum(min_samples, (shares * len(pool)).astype(int))
+        return [generator.choice(pool, size, replace=False) for size in sizes]
+    spare = len(pool) - num_clients * min_samples
+    if spare < 0:
+        raise PartitionError(
+            f"partition.min_samples={min_samples} for {num_clients} quantity-skew clients needs "
+            f"{num_clients * min_samples} samples but only {len(pool)} are available; lower clients.count or "
+            "partition.min_samples"
+        )
+    sizes = min_samples + np.floor(shares * spare).astype(int)
+    sizes[: spare - (sizes.sum() - num_clients * min_samples)] += 1  # hand out the rounding remainder
+    return np.split(generator.permutation(pool), np.cumsum(sizes)[:-1])
+
+
+def natural(groups: np.ndarray | None, num_clients: int) -> list[np.ndarray]:
+    """Contiguous runs of (number of groups) // m sorted group ids per client (flame.md 6.3 scheme 5)."""
+    if groups is None:
+        raise PartitionError("partition.scheme=natural needs a dataset with a group id column (e.g. writer ids)")
+    ids = np.unique(groups)
+    per_client = len(ids) // num_clients
+    if per_client < 1:
+        raise PartitionError(
+            f"partition.scheme=natural: the dataset has {len(ids)} groups, fewer than clients.count={num_clients}"
+        )
+    return [np.flatnonzero(np.isin(groups, ids[c * per_client : (c + 1) * per_client])) for c in range(num_clients)]
+
+
+def hybrid(
+    labels: np.ndarray, num_clients: int, settings: HybridSettings, generator: np.random.Generator
+) -> list[np.ndarray]:
+    """ceil(m/2) q-label clients, then floor(m/2) quantity-skew clients (see HybridSettings)."""
+    label_clients = math.ceil(num_clients / 2)
+    quantity_clients = num_clients - label_clients
+    everything = np.arange(len(labels))
+    if settings.overlap or quantity_clients == 0:
+        label_pool, quantity_pool = everything, everything
+    else:
+        shuffled = generator.permutation(everything)
+        cut = round(len(labels) * label_clients / num_clients)
+        label_pool, quantity_pool = np.sort(shuffled[:cut]), np.sort(shuffled[cut:])
+    parts = q_label(labels, label_clients, settings.q, generator, label_pool)
+    if quantity_clients:
+        parts += quantity(
+            quantity_pool, quantity_clients, settings.beta, settings.min_samples, settings.overlap, generator
+        )
+    return parts
+
+
+def mixed(labels: np.ndarray, num_clients: int, settings: MixedSettings, generator) -> list[np.ndarray]:
+    """An IID share plus a Dirichlet label-skew share of the remaining samples, per client (disjoint)."""
+    shuffled = generator.permutation(len(labels))
+    cut = round(settings.iid_fraction * len(labels))
+    iid_parts = np.array_split(shuffled[:cut], num_clients)
+    rest = np.sort(shuffled[cut:])
+    if len(rest) == 0:
+        return iid_parts
+    skewed = _dirichlet_disjoint(labels, rest, num_clients, settings.beta, 0, generator)
+    parts = [np.concatenate([a, b]) for a, b in zip(iid_parts, skewed, strict=True)]
+    if min(len(p) for p in parts) < settings.min_samples:
+        raise PartitionError(
+            f"partition.iid_fraction={settings.iid_fraction}, partition.beta={settings.beta}: a client holds fewer "
+            f"than partition.min_samples={settings.min_samples} samples; use fewer clients or a larger iid_fraction"
+        )
+    return parts
 
 
 def split_client(client_id: int, indices: np.ndarray, settings: _Scheme, generator: np.random.Generator) -> ClientSplit:
@@ -129,13 +340,20 @@ def split_client(client_id: int, indices: np.ndarray, settings: _Scheme, generat
     return ClientSplit(client_id, np.sort(train), np.sort(test), np.sort(val))
 
 
+_LABEL_SCHEMES = (DirichletSettings, QLabelSettings, HybridSettings, MixedSettings)
+# QualitySettings keeps the default IID `assign`: its skew is the noise applied at access time.
+
+
 def partition_dataset(
     labels: np.ndarray,
     num_clients: int,
-    settings: IIDSettings | DirichletSettings | QLabelSettings,
+    settings: AnyPartition,
     seed: int,
+    groups: np.ndarray | None = None,
 ) -> list[ClientSplit]:
-    """Assign samples to `num_clients` clients and split each client's samples into train/test/val."""
+    """Assign samples to `num_clients` clients and split each client's samples into train/test/val.
+
+    `groups` holds a natural id per sample (writer, speaker), needed only by the `natural` scheme."""
     if num_clients < 1:
         raise PartitionError(f"clients.count={num_clients}: must be at least 1")
     if num_clients * 2 > len(labels):
@@ -143,14 +361,23 @@ def partition_dataset(
             f"clients.count={num_clients}: the dataset has {len(labels)} samples, fewer than 2 per client "
             "(each client needs at least one training and one test sample)"
         )
-    generator = rng(seed, Stream.PARTITION)
-    if isinstance(settings, IIDSettings):
-        parts = iid(labels, num_clients, generator)
-    elif isinstance(settings, DirichletSettings):
-        parts = dirichlet(labels, num_clients, settings, generator)
-    else:
-        parts = q_label(labels, num_clients, settings, generator)
-    return [
-        split_client(client, indices, settings, rng(seed, Stream.PARTITION, 1, client))
-        for client, indices in enumerate(parts)
-    ]
+    if isinstance(settings, _LABEL_SCHEMES) and not np.issubdtype(np.asarray(labels).dtype, np.integer):
+        raise PartitionError(
+            f"partition.scheme={settings.scheme} splits by class label; this dataset has no integer labels "
+            "(use iid, quality or quantity)"
+        )
+    parts = settings.assign(labels, num_clients, rng(seed, Stream.PARTITION), groups)
+    splits = []
+    for client, indices in enumerate(parts):
+        split = split_client(client, indices, settings, rng(seed, Stream.PARTITION, 1, client))
+        noise = settings.noise_std(client, num_clients)
+        splits.append(ClientSplit(split.client_id, split.train, split.test, split.val, noise) if noise else split)
+    return splits
+
+
+def label_counts(splits: list[ClientSplit], labels: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:
+    """Per-client label counts of each split part, shape (clients, classes), for the partition summary."""
+    return {
+        part: np.stack([np.bincount(labels[getattr(s, part)], minlength=num_classes) for s in splits])
+        for part in ("train", "test", "val")
+    }

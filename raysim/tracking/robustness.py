@@ -1,0 +1,101 @@
+"""Parent-run reports of a suite: robustness (benign accuracy vs malicious fraction) and fairness scatter.
+
+These are the plots FLAME draws (flame.md 4.2-4.4): final accuracy over benign clients against the
+fraction of malicious clients, one line per (algorithm, aggregation, attack), for PM, GM and HM; and the
+variance across benign clients of test loss against mean accuracy, one point per run and model ("closer
+to the bottom right is better"). Runs without an attack count as fraction 0 of every attack line.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+KINDS = ("pm", "gm", "hm")
+
+
+def _mean_over_seeds(children: list[Any]) -> dict[str, dict[str, Any]]:
+    """Per run name: its config (first seed) and the mean of each final summary metric over its seeds."""
+    grouped: dict[str, list[Any]] = defaultdict(list)
+    for child in children:
+        grouped[child.name].append(child)
+    return {
+        name: {
+            "config": runs[0].config,
+            "summary": {
+                k: float(np.mean([r.result.summary.get(k, np.nan) for r in runs])) for k in runs[0].result.summary
+            },
+        }
+        for name, runs in grouped.items()
+    }
+
+
+def robustness_points(children: list[Any]) -> dict[tuple[str, str, str], list[tuple[float, dict[str, float]]]]:
+    """(algorithm, aggregation rule, attack) -> sorted [(fraction, final benign PM/GM/HM accuracy)]."""
+    runs = _mean_over_seeds(children)
+    attacks = sorted({r["config"].attack.kind for r in runs.values() if r["config"].attack.active})
+    lines: dict[tuple[str, str, str], list[tuple[float, dict[str, float]]]] = defaultdict(list)
+    for run in runs.values():
+        config, summary = run["config"], run["summary"]
+        accuracy = {k: summary.get(f"final/{k}/acc", np.nan) for k in KINDS}
+        fraction = config.attack.fraction if config.attack.active else 0.0
+        for attack in [config.attack.kind] if config.attack.active else attacks:
+            lines[(config.algorithm.name, config.aggregation.rule, attack)].append((fraction, accuracy))
+    return {key: sorted(points, key=lambda p: p[0]) for key, points in lines.items()}
+
+
+def write_robustness_plot(children: list[Any], title: str, path: Path) -> bool:
+    """Benign accuracy vs malicious fraction for PM/GM/HM; False (nothing written) without attacked runs."""
+    if not any(c.config.attack.active for c in children):
+        return False
+    lines = robustness_points(children)
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    for (algorithm, rule, attack), points in sorted(lines.items()):
+        label = f"{algorithm}{'' if rule == 'mean' else f' +{rule}'} / {attack}"
+        for axis, kind in zip(axes, KINDS, strict=True):
+            axis.plot([p[0] for p in points], [p[1][kind] for p in points], marker="o", label=label)
+    for axis, kind in zip(axes, KINDS, strict=True):
+        axis.set(title=f"{kind.upper()}: benign test accuracy", xlabel="fraction of malicious clients")
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("mean over benign clients (final)")
+    axes[-1].legend(fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def write_fairness_scatter(children: list[Any], title: str, path: Path) -> None:
+    """Variance of test loss across benign clients vs mean test accuracy, per run and model (PM/GM/HM)."""
+    runs = _mean_over_seeds(children)
+    figure, axis = plt.subplots(figsize=(7, 5))
+    for kind, marker in zip(KINDS, ("o", "s", "^"), strict=True):
+        xs = [r["summary"].get(f"final/{kind}/acc", np.nan) for r in runs.values()]
+        ys = [r["summary"].get(f"final/{kind}/loss_var", np.nan) for r in runs.values()]
+        axis.scatter(xs, ys, marker=marker, label=kind.upper())
+        for name, x, y in zip(runs, xs, ys, strict=True):
+            axis.annotate(name, (x, y), fontsize=6, alpha=0.8)
+    axis.set(xlabel="mean test accuracy (benign clients)", ylabel="variance of test loss across clients", title=title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_suite_reports(children: list[Any], title: str, folder: Path) -> list[str]:
+    """Write robustness.png (if any run is attacked) and fairness.png into `folder`; returns the file names."""
+    written = []
+    if write_robustness_plot(children, f"{title}: robustness", folder / "robustness.png"):
+        written.append("robustness.png")
+    write_fairness_scatter(children, f"{title}: fairness", folder / "fairness.png")
+    written.append("fairness.png")
+    return written

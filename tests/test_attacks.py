@@ -1,0 +1,257 @@
+"""Attacks (flame.md 4.2): the forged messages, who attacks, and that exactly the attackers' messages change."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from raysim.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
+from raysim.config import validate_config
+from raysim.errors import ConfigError
+from raysim.metrics import ClientEvaluation, ModelScores
+from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.driver import benign_summary, prepare
+from raysim.runtime.host import ClientHost
+from raysim.training.local import ClientData
+from tests.conftest import tiny_config
+
+ALGORITHMS = {
+    "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
+    "fedavg": {"name": "fedavg", "lr": 0.05, "batch_size": 32},
+}
+
+
+def _setup(algorithm: str, attack: dict | None = None, clients: int = 6):
+    config = validate_config(
+        tiny_config(algorithm=ALGORITHMS[algorithm], clients={"count": clients}, attack=attack or {"kind": "none"})
+    )
+    problem = prepare(config)
+    host = ClientHost(
+        config.algorithm,
+        problem.model_spec,
+        problem.x,
+        problem.y,
+        problem.clients,
+        problem.init_params,
+        config.seed,
+        attack=problem.attack,
+        send_messages=True,
+    )
+    coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, clients)
+    return config, problem, host, coordinator
+
+
+def _round(host, coordinator, round_index: int):
+    partial, _ = host.train(round_index, host.client_ids, coordinator.broadcast())
+    coordinator.aggregate(partial)
+    return {c: message for c, (message, _) in partial.messages.items()}
+
+
+@pytest.mark.parametrize("kind", ["same_value", "sign_flip", "gaussian"])
+def test_forged_messages_follow_their_definitions(kind):
+    honest = np.linspace(-1.0, 1.0, 20_000).astype(np.float32)
+    settings = AttackSettings(kind=kind, fraction=0.5)
+    forged = byzantine_message(settings, honest, None, np.random.default_rng(0))
+    assert forged.shape == honest.shape
+    if kind == "same_value":
+        assert np.all(forged == forged[0])
+    elif kind == "sign_flip":
+        scale = forged / honest
+        assert np.allclose(scale, scale[0]) and scale[0] < 0
+    else:
+        assert forged.std() == pytest.approx(math.sqrt(0.1), rel=0.03)
+        assert abs(np.corrcoef(forged, honest)[0, 1]) < 0.05
+
+
+def test_noise_presets_and_override():
+    assert AttackSettings(kind="gaussian").gamma() == pytest.approx(math.sqrt(0.1))
+    assert AttackSettings(kind="same_value", noise="code").gamma() == 0.01
+    assert AttackSettings(kind="sign_flip", noise="code").gamma() == 1.0
+    assert AttackSettings(kind="gaussian", noise="code", std=3.0).gamma() == 3.0
+    settings = AttackSettings(kind="same_value")
+    draws = [byzantine_message(settings, np.zeros(1), None, np.random.default_rng(s))[0] for s in range(4000)]
+    assert np.std(draws) == pytest.approx(math.sqrt(0.1), rel=0.05)
+
+
+def test_sign_flip_on_the_global_model_is_the_codes_variant():
+    settings = AttackSettings(kind="sign_flip", sign_flip_base="global")
+    w = np.arange(1.0, 6.0, dtype=np.float32)
+    forged = byzantine_message(settings, np.ones(5, np.float32), w, np.random.default_rng(1))
+    assert np.allclose(forged / w, forged[0] / w[0]) and forged[0] < 0
+    with pytest.raises(ValueError, match="sign_flip_base=global"):
+        byzantine_message(settings, np.ones(5, np.float32), {"not": "a vector"}, np.random.default_rng(1))
+
+
+@pytest.mark.parametrize(("fraction", "count"), [(0.0, 0), (0.2, 10), (0.5, 25), (0.8, 40), (0.99, 49)])
+def test_malicious_set_size_and_determinism(fraction, count):
+    settings = AttackSettings(kind="gaussian", fraction=fraction)
+    chosen = malicious_clients(settings, 50, seed=3)
+    assert len(chosen) == count and chosen <= set(range(50))
+    assert chosen == malicious_clients(settings, 50, seed=3)
+    assert malicious_clients(AttackSettings(kind="none", fraction=0.5), 50, 3) == frozenset()
+
+
+@pytest.mark.parametrize("algorithm", ["flame", "fedavg"])
+@pytest.mark.parametrize("kind", ["same_value", "sign_flip", "gaussian"])
+def test_byzantine_attacks_change_exactly_the_attackers_messages(algorithm, kind):
+    _, _, honest_host, honest_coordinator = _setup(algorithm)
+    _, problem, host, coordinator = _setup(algorithm, {"kind": kind, "fraction": 0.5})
+    attackers = problem.malicious
+    assert len(attackers) == 3
+    honest = _round(honest_host, honest_coordinator, 0)
+    attacked = _round(host, coordinator, 0)
+    for client_id in range(6):
+        if client_id in attackers:
+            expected = problem.attack.corrupt(client_id, 0, honest[client_id], honest_coordinator.broadcast())
+            assert not np.allclose(attacked[client_id], honest[client_id])
+            np.testing.assert_allclose(attacked[client_id], expected, rtol=1e-6)  # honest[...] was rounded to f32
+        else:
+            np.testing.assert_array_equal(attacked[client_id], honest[client_id])
+    # the attackers' own state follows the honest protocol; only what they send is forged
+    for client_id, state in honest_host.client_states().items():
+        for name, value in vars(state).items():
+            np.testing.assert_array_equal(value, getattr(host.client_states()[client_id], name))
+
+
+def test_flame_server_sums_the_latest_forged_messages_over_rounds():
+    """FLAME uploads u_i^new - u_i^old; an attacker's delta must be taken from its previous FORGED u_i, so the
+    server's running sum stays the sum of the messages the clients sent last (eq. 14)."""
+    _, problem, host, coordinator = _setup("flame", {"kind": "gaussian", "fraction": 0.5})
+    latest = {}
+    for round_index in range(3):
+        selected = [0, 1, 2, 3, 4, 5] if round_index != 1 else [0, 3, 5]
+        partial, _ = host.train(round_index, selected, coordinator.broadcast())
+        coordinator.aggregate(partial)
+        latest |= {c: m for c, (m, _) in partial.messages.items()}
+        expected = np.sum([latest[c].astype(np.float64) for c in range(6)], axis=0)
+        np.testing.assert_allclose(coordinator.server_state().sum_u, expected, atol=1e-5)
+        np.testing.assert_allclose(coordinator.global_model(), expected / 6, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["flame", "fedavg"])
+def test_fraction_zero_changes_nothing(algorithm):
+    _, _, plain_host, plain_coordinator = _setup(algorithm)
+    _, problem, host, coordinator = _setup(algorithm, {"kind": "sign_flip", "fraction": 0.0})
+    assert problem.malicious == frozenset()
+    for round_index in range(2):
+        _round(plain_host, plain_coordinator, round_index)
+        _round(host, coordinator, round_index)
+    np.testing.assert_array_equal(plain_coordinator.global_model(), coordinator.global_model())
+
+
+def test_label_poisoning_redraws_labels_at_every_access_and_leaves_features():
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    y = np.zeros(20, dtype=np.int64)
+    data = ClientData(x, y, np.arange(20), np.arange(0), np.arange(0), random_labels=10)
+    generator = np.random.default_rng(0)
+    first, second = data.arrays("train", generator), data.arrays("train", generator)
+    np.testing.assert_array_equal(first[0], x)
+    assert set(first[1]) <= set(range(10)) and not np.array_equal(first[1], second[1])
+    with pytest.raises(ValueError, match="needs a generator"):
+        data.arrays("train")
+    clean = ClientData(x, y, np.arange(20), np.arange(0), np.arange(0))
+    np.testing.assert_array_equal(clean.arrays("train")[1], y)
+
+
+def test_quality_noise_is_gaussian_with_the_clients_std_and_fresh_per_access():
+    x = np.zeros((5000, 4), dtype=np.float32)
+    data = ClientData(x, np.zeros(5000, np.int64), np.arange(5000), np.arange(0), np.arange(0), noise_std=0.3)
+    generator = np.random.default_rng(0)
+    first, second = data.arrays("train", generator)[0], data.arrays("train", generator)[0]
+    assert first.std() == pytest.approx(0.3, rel=0.03) and not np.array_equal(first, second)
+
+
+def test_label_poisoning_changes_only_the_attackers_updates():
+    _, _, plain_host, plain_coordinator = _setup("fedavg")
+    _, problem, host, coordinator = _setup("fedavg", {"kind": "label_poisoning", "fraction": 0.5})
+    plain, poisoned = _round(plain_host, plain_coordinator, 0), _round(host, coordinator, 0)
+    for client_id in range(6):
+        same = np.array_equal(plain[client_id], poisoned[client_id])
+        assert same == (client_id not in problem.malicious)
+
+
+def test_metrics_exclude_attackers():
+    def scores(acc, loss):
+        return ModelScores(acc, loss, loss)
+
+    evaluations = [ClientEvaluation(c, scores(0.9, 0.2), scores(0.8, 0.3)) for c in range(3)]
+    evaluations.append(ClientEvaluation(3, scores(0.0, 9.0), scores(0.0, 9.0)))
+    summary = benign_summary(evaluations, frozenset({3}))
+    assert summary["pm/acc"] == pytest.approx(0.9) and summary["gm/loss"] == pytest.approx(0.3)
+    assert summary["pm/loss_var"] == pytest.approx(0.0, abs=1e-12) and summary["hm/acc_min"] == pytest.approx(0.9)
+    assert summary["pm/lagging_share"] == 0.0 and summary["gm/acc_std"] == pytest.approx(0.0, abs=1e-12)
+    assert benign_summary(evaluations, frozenset())["pm/acc"] == pytest.approx(0.675)
+
+
+def test_attack_plan_is_part_of_prepare_and_config_checks_the_message():
+    config = validate_config(tiny_config(clients={"count": 10}, attack={"kind": "gaussian", "fraction": 0.2}))
+    assert prepare(config).malicious == attack_plan(config.attack, 10, config.seed).malicious
+    with pytest.raises(ConfigError, match="attack.fraction"):
+        validate_config(tiny_config(attack={"kind": "gaussian", "fraction": 1.5}))
+
+
+def test_lagging_share_counts_clients_more_than_ten_points_below_the_mean():
+    accuracies = [0.9, 0.9, 0.9, 0.5]  # mean 0.8: only the last is below 0.7
+    evaluations = [
+        ClientEvaluation(c, ModelScores(a, 1.0, 1.0), ModelScores(a, 1.0, 1.0)) for c, a in enumerate(accuracies)
+    ]
+    summary = benign_summary(evaluations, frozenset())
+    assert summary["pm/lagging_share"] == 0.25
+    assert summary["pm/acc_std"] == pytest.approx(np.std(accuracies, ddof=1))
+    assert benign_summary(evaluations, frozenset({3}))["pm/lagging_share"] == 0.0
+
+
+@pytest.mark.slow
+def test_run_logs_attackers_partition_summary_and_benign_metrics(ray_local, mlflow_uri):
+    import mlflow
+    import pyarrow.parquet as pq
+
+    from raysim.runtime.driver import run_experiment
+
+    config = validate_config(
+        tiny_config(
+            clients={"count": 6},
+            attack={"kind": "label_poisoning", "fraction": 0.5},
+            aggregation={"rule": "multi_krum"},
+            tracking={"uri": mlflow_uri, "experiment": "attacks"},
+        )
+    )
+    result = run_experiment(config, show_progress=False)
+    assert len(result.malicious) == 3
+    client = mlflow.tracking.MlflowClient(mlflow_uri)
+    run = client.get_run(result.run_id)
+    assert run.data.tags["malicious_clients"] == ",".join(map(str, result.malicious))
+    benign = [e.pm.test_acc for e in result.final if e.client_id not in result.malicious]
+    assert result.summary["final/pm/acc"] == pytest.approx(np.mean(benign))
+    assert {"partition.parquet", "partition.png"} <= {a.path for a in client.list_artifacts(result.run_id)}
+    table = pq.read_table(client.download_artifacts(result.run_id, "partition.parquet")).to_pylist()
+    problem = prepare(config)
+    assert sum(r["train"] + r["test"] + r["val"] for r in table) == sum(s.num_samples for _, s in problem.clients)
+    assert {r["client_id"] for r in table if r["malicious"]} == set(result.malicious)
+
+
+def test_label_poisoning_needs_class_labels():
+    config = validate_config(
+        tiny_config(
+            dataset={"name": "synthetic_regression"},
+            partition={"scheme": "iid"},
+            model={"name": "linear"},
+            attack={"kind": "label_poisoning", "fraction": 0.5},
+        )
+    )
+    with pytest.raises(ConfigError, match="attack.kind=label_poisoning"):
+        prepare(config)
+
+
+def test_fixed_label_poisoning_draws_the_labels_once():
+    _, problem, host, _ = _setup("fedavg", {"kind": "label_poisoning", "fraction": 0.5, "labels": "fixed"})
+    attacker = min(problem.malicious)
+    benign = min(set(range(6)) - problem.malicious)
+    data = host.data[attacker]
+    first = data.arrays("train", np.random.default_rng(0))[1]
+    second = data.arrays("train", np.random.default_rng(1))[1]
+    np.testing.assert_array_equal(first, second)
+    assert not np.array_equal(first, problem.y[data.train])
+    np.testing.assert_array_equal(host.data[benign].arrays("train")[1], problem.y[host.data[benign].train])

@@ -1,0 +1,195 @@
+"""Robust aggregation: the rules themselves, and how they combine with averaging and running-sum servers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raysim.config import validate_config
+from raysim.errors import ConfigError
+from raysim.robust import RobustSettings, aggregate, multi_krum, norm_clip, trimmed_mean
+from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.driver import prepare
+from raysim.runtime.host import ClientHost
+from tests.conftest import tiny_config
+
+
+def _cluster_with_outlier(n: int = 10, d: int = 30, seed: int = 0) -> np.ndarray:
+    generator = np.random.default_rng(seed)
+    messages = generator.normal(0.0, 0.1, size=(n, d))
+    messages[3] = 50.0
+    return messages
+
+
+@pytest.mark.parametrize("variant", ["blanchard", "code"])
+def test_multi_krum_rejects_a_planted_outlier(variant):
+    messages = _cluster_with_outlier()
+    aggregate_, chosen = multi_krum(messages, byzantine=1, variant=variant)
+    assert 3 not in chosen and len(chosen) == 9
+    np.testing.assert_allclose(aggregate_, np.delete(messages, 3, axis=0).mean(axis=0))
+    _, five = multi_krum(messages, byzantine=1, selected=5, variant=variant)
+    assert len(five) == 5 and 3 not in five
+
+
+def test_median_and_trimmed_mean_ignore_a_planted_outlier():
+    messages = _cluster_with_outlier()
+    assert np.abs(aggregate(RobustSettings(rule="median"), messages, 1, np.zeros(30))).max() < 0.2
+    assert np.abs(trimmed_mean(messages, 0.1)).max() < 0.2
+    assert np.abs(messages.mean(axis=0)).min() > 4.0  # the plain mean is dragged away
+
+
+def test_trimmed_mean_without_trimming_and_the_mean_rule_are_the_mean():
+    messages = np.random.default_rng(1).normal(size=(7, 5))
+    np.testing.assert_allclose(trimmed_mean(messages, 0.0), messages.mean(axis=0))
+    np.testing.assert_allclose(aggregate(RobustSettings(), messages, 2, np.zeros(5)), messages.mean(axis=0))
+
+
+def test_norm_clip_bounds_each_change_and_keeps_small_ones():
+    reference = np.ones(4)
+    messages = reference + np.array([[0.1, 0, 0, 0], [0, 0.2, 0, 0], [30.0, 0, 0, 0]])
+    clipped = norm_clip(messages, reference, threshold=1.0)
+    np.testing.assert_allclose(clipped, reference + np.array([1.1, 0.2, 0, 0]) / 3)
+    default = norm_clip(messages, reference, threshold=None)  # median norm 0.2
+    np.testing.assert_allclose(default, reference + np.array([0.3, 0.2, 0, 0]) / 3)
+
+
+def test_multi_krum_degenerate_sizes():
+    one = np.ones((1, 3))
+    np.testing.assert_allclose(multi_krum(one, byzantine=0)[0], one[0])
+    two = np.array([[0.0, 0.0], [2.0, 2.0]])
+    assert len(multi_krum(two, byzantine=1)[1]) == 1
+
+
+def _system(algorithm: dict, rule: dict, attack: dict, clients: int = 8, per_round: int | None = None):
+    partial_personalization = algorithm["name"] in ("fedapm", "fedalt")  # needs a model of several layers
+    config = validate_config(
+        tiny_config(
+            algorithm=algorithm,
+            clients={"count": clients, "per_round": per_round},
+            attack=attack,
+            aggregation=rule,
+            model={"name": "mlp" if partial_personalization else "mlr"},
+        )
+    )
+    problem = prepare(config)
+    host = ClientHost(
+        config.algorithm,
+        problem.model_spec,
+        problem.x,
+        problem.y,
+        problem.clients,
+        problem.init_params,
+        config.seed,
+        attack=problem.attack,
+        send_messages=config.aggregation.active,
+    )
+    coordinator = Coordinator(
+        config.algorithm,
+        problem.model_spec,
+        problem.init_params,
+        clients,
+        robust=config.aggregation,
+        byzantine=len(problem.malicious),
+    )
+    return problem, host, coordinator
+
+
+FEDAVG = {"name": "fedavg", "lr": 0.05, "batch_size": 32, "aggregation": "uniform"}
+FLAME = {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32}
+ATTACK = {"kind": "gaussian", "fraction": 0.25, "std": 100.0}
+
+
+def test_averaging_server_takes_the_robust_aggregate_of_this_rounds_messages():
+    problem, host, coordinator = _system(FEDAVG, {"rule": "median"}, ATTACK)
+    partial, _ = host.train(0, host.client_ids, coordinator.broadcast())
+    rows = np.stack([partial.messages[c][0] for c in range(8)])
+    coordinator.aggregate(partial)
+    np.testing.assert_allclose(coordinator.global_model(), np.median(rows, axis=0), atol=1e-6)
+    assert np.abs(coordinator.global_model()).max() < 5.0  # the std-100 attackers are outvoted
+
+
+@pytest.mark.parametrize("rule", ["multi_krum", "median"])
+def test_running_sum_server_aggregates_the_latest_messages_of_all_clients(rule):
+    """FLAME (delta uploads): w becomes the robust aggregate over the m latest messages, clients not yet
+    selected counting with their initial message (the initial model), across partial participation."""
+    problem, host, coordinator = _system(FLAME, {"rule": rule}, ATTACK, per_round=4)
+    latest = {c: problem.init_params.astype(np.float32) for c in range(8)}
+    for round_index, selected in enumerate([[0, 1, 2, 3], [2, 4, 6, 7], [0, 5, 6, 1]]):
+        partial, _ = host.train(round_index, selected, coordinator.broadcast())
+        latest |= {c: m for c, (m, _) in partial.messages.items()}
+        coordinator.aggregate(partial)
+        rows = np.stack([latest[c] for c in range(8)])
+        expected = aggregate(RobustSettings(rule=rule), rows, len(problem.malicious), np.zeros(1))
+        np.testing.assert_allclose(coordinator.global_model(), expected, atol=1e-5)
+    if rule == "multi_krum":
+        chosen = multi_krum(rows, len(problem.malicious))[1]
+        assert not set(chosen.tolist()) & problem.malicious
+
+
+PARTIAL_AND_PFEDME = [
+    {"name": "fedapm", "lr": 0.05, "batch_size": 32, "epochs": 1},  # delta messages of the shared part only
+    {"name": "fedalt", "lr": 0.05, "batch_size": 32, "epochs": 1},  # weighted messages of the shared part only
+    {"name": "pfedme", "lambda": 1.0, "batch_size": 32, "aggregation": "all"},
+    {"name": "pfedme", "lambda": 1.0, "batch_size": 32, "aggregation": "selected"},
+]
+
+
+@pytest.mark.parametrize("algorithm", [FEDAVG, FLAME, *PARTIAL_AND_PFEDME])
+def test_a_robust_rule_equal_to_the_mean_reproduces_the_algorithms_own_step(algorithm):
+    _, plain_host, plain = _system(algorithm, {"rule": "mean"}, {"kind": "none"}, per_round=5)
+    _, host, robust = _system(algorithm, {"rule": "trimmed_mean", "trim_fraction": 0.0}, {"kind": "none"}, per_round=5)
+    for round_index, selected in enumerate([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7], [0, 2, 4, 6, 7]]):
+        plain.aggregate(plain_host.train(round_index, selected, plain.broadcast())[0])
+        robust.aggregate(host.train(round_index, selected, robust.broadcast())[0])
+        np.testing.assert_allclose(robust.global_model(), plain.global_model(), atol=1e-6)
+
+
+def test_robust_aggregation_without_messages_is_refused():
+    problem, host, _ = _system(FEDAVG, {"rule": "mean"}, {"kind": "none"})
+    coordinator = Coordinator(
+        validate_config(tiny_config(algorithm=FEDAVG)).algorithm,
+        problem.model_spec,
+        problem.init_params,
+        8,
+        robust=RobustSettings(rule="median"),
+    )
+    with pytest.raises(RuntimeError, match="send_messages"):
+        coordinator.aggregate(host.train(0, [0, 1], coordinator.broadcast())[0])
+
+
+def test_config_names_the_rule_and_its_allowed_values():
+    with pytest.raises(ConfigError, match="aggregation.rule"):
+        validate_config(tiny_config(aggregation={"rule": "krum"}))
+    with pytest.raises(ConfigError, match="aggregation.trim_fraction"):
+        validate_config(tiny_config(aggregation={"rule": "trimmed_mean", "trim_fraction": 0.5}))
+
+
+def test_suite_reports_plot_benign_accuracy_against_the_malicious_fraction(tmp_path):
+    from raysim.runtime.driver import RunResult
+    from raysim.suite import SuiteChild
+    from raysim.tracking.robustness import robustness_points, write_suite_reports
+
+    def child(name, algorithm, attack, acc):
+        config = validate_config(tiny_config(algorithm={"name": algorithm}, attack=attack))
+        summary = {f"final/{k}/acc": acc + d for k, d in (("pm", 0.0), ("gm", -0.1), ("hm", 0.05))}
+        summary |= {f"final/{k}/loss_var": 1.0 - acc for k in ("pm", "gm", "hm")}
+        return SuiteChild(name, config, RunResult(None, summary=summary))
+
+    children = [
+        child("flame/clean", "flame", {"kind": "none"}, 0.9),
+        child("flame/g/0.5", "flame", {"kind": "gaussian", "fraction": 0.5}, 0.7),
+        child("flame/g/0.2", "flame", {"kind": "gaussian", "fraction": 0.2}, 0.8),
+        child("flame/s/0.2", "flame", {"kind": "same_value", "fraction": 0.2}, 0.85),
+        child("fedavg/clean", "fedavg", {"kind": "none"}, 0.6),
+    ]
+    lines = robustness_points(children)
+    assert [(f, round(a["pm"], 6)) for f, a in lines[("flame", "mean", "gaussian")]] == [
+        (0.0, 0.9),
+        (0.2, 0.8),
+        (0.5, 0.7),
+    ]
+    assert [f for f, _ in lines[("flame", "mean", "same_value")]] == [0.0, 0.2]
+    assert [f for f, _ in lines[("fedavg", "mean", "gaussian")]] == [0.0]
+    assert write_suite_reports(children, "test", tmp_path) == ["robustness.png", "fairness.png"]
+    assert (tmp_path / "robustness.png").stat().st_size > 10_000
+    assert write_suite_reports(children[:1] + children[-1:], "clean", tmp_path) == ["fairness.png"]
