@@ -1,0 +1,109 @@
+"""The shared MLflow tracking server: a database backend store plus a served artifact store.
+
+`mlflow server` with its defaults starts 15 processes and 2.2 GB; one worker with job execution off
+starts in about 6 s with 0.4 GB (platform.md), so that is what `raysim server` runs. With
+`--artifacts-destination` the server proxies artifacts (clients need only the http:// tracking URI,
+no shared file system). Bind to 127.0.0.1 unless the cluster's nodes must reach it (then 0.0.0.0
+behind your network's protection: the server has no authentication).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from raysim.errors import RaysimError
+
+
+class ServerError(RaysimError):
+    """The tracking server did not come up."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    backend_store_uri: str = "sqlite:///mlflow.db"
+    """sqlite:///path, or postgresql://user:password@host:5432/db (needs psycopg2 on the server)"""
+    artifacts_destination: str | None = "./mlartifacts"
+    """where the server stores artifacts (a directory, s3://..., ...); None: no artifact serving"""
+    host: str = "127.0.0.1"
+    port: int = 5000
+    workers: int = 1
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_store_uri]
+        if self.artifacts_destination:
+            destination = self.artifacts_destination
+            if "://" not in destination:
+                destination = str(Path(destination).resolve())
+            command += ["--serve-artifacts", "--artifacts-destination", destination]
+        return command + ["--host", self.host, "--port", str(self.port), "--workers", str(self.workers)]
+
+
+def server_env() -> dict[str, str]:
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def is_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class TrackingServer:
+    """A tracking server in its own process group, stopped with everything it started."""
+
+    def __init__(self, settings: ServerSettings, log_path: Path | None = None):
+        self.settings = settings
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 90.0) -> TrackingServer:
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.settings.command(), env=server_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"mlflow server exited with code {self.process.returncode} (log: {self.log_path})")
+            if is_healthy(self.settings.url):
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise ServerError(f"mlflow server not healthy at {self.settings.url} after {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> TrackingServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def serve(settings: ServerSettings) -> int:
+    """Run the server in the foreground until interrupted."""
+    print(f"MLflow tracking server on {settings.url} (backend {settings.backend_store_uri}, "
+          f"artifacts {settings.artifacts_destination or 'not served'})", flush=True)  # fmt: skip
+    return subprocess.call(settings.command(), env=server_env())

@@ -1,0 +1,453 @@
+"""Sweeps: a grid and random draws over config keys, times seeds, run as concurrent trials on a Ray cluster.
+
+A sweep file has a `base` experiment (inline, or `base_config`: a path relative to the sweep file), a
+`grid` (dotted key -> list of values; every combination), optional `random` draws (count, seed and a
+distribution per dotted key; every draw is combined with every grid point) and `seeds`. A setting is
+one grid point with one draw; each setting runs once per seed. Each trial is a Ray task (no CPU of its
+own) running `run_experiment`, whose hosts and coordinator are nested actors; at most `max_concurrent`
+trials run at once (default: as many as the cluster's CPUs hold). The trials' MLflow runs are nested
+under one parent run, which only this process creates and which gets the summary table
+(summary.parquet) and the plots (accuracy vs round per trial; final accuracy mean +/- std over seeds per
+setting). A trial that fails is recorded as failed (status and error in the table, its MLflow run marked
+FAILED) and the others go on.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from raysim.config import ExperimentConfig, apply_override, validate_config
+from raysim.errors import ConfigError
+from raysim.runtime.driver import ray_session, run_experiment
+from raysim.suite import write_summary
+from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
+
+SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Distribution(_Model):
+    """Exactly one of: choice [values], uniform [low, high], loguniform [low, high], randint [low, high] (inclusive)."""
+
+    choice: list[Any] | None = Field(None, min_length=1)
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Distribution:
+        given = [k for k in ("choice", "uniform", "loguniform", "randint") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("set exactly one of choice, uniform, loguniform, randint")
+        low_high = getattr(self, given[0]) if given[0] != "choice" else None
+        if low_high is not None and low_high[0] > low_high[1]:
+            raise ValueError(f"{given[0]}: low {low_high[0]} exceeds high {low_high[1]}")
+        if self.loguniform is not None and self.loguniform[0] <= 0:
+            raise ValueError("loguniform: bounds must be positive")
+        return self
+
+    def draw(self, generator: np.random.Generator) -> Any:
+        if self.choice is not None:
+            return self.choice[int(generator.integers(len(self.choice)))]
+        if self.uniform is not None:
+            return float(generator.uniform(*self.uniform))
+        if self.loguniform is not None:
+            return float(math.exp(generator.uniform(math.log(self.loguniform[0]), math.log(self.loguniform[1]))))
+        low, high = self.randint  # type: ignore[misc]
+        return int(generator.integers(low, high + 1))
+
+
+class RandomSearch(_Model):
+    count: int = Field(ge=1, description="number of random draws")
+    seed: int = Field(0, ge=0, description="seed of the draws (not of the experiments)")
+    params: dict[str, Distribution] = Field(min_length=1, description="dotted key -> distribution")
+
+
+class SweepConfig(_Model):
+    name: str = Field(min_length=1, description="name of the parent MLflow run")
+    base: dict[str, Any] | None = Field(None, description="the base experiment config, inline")
+    base_config: str | None = Field(None, description="or: path of the base experiment YAML")
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values (all combinations)")
+    random: RandomSearch | None = None
+    seeds: list[int] | None = Field(None, min_length=1, description="run every setting with each seed")
+    max_concurrent: int | None = Field(None, ge=1, description="trials at once (default: what the cluster holds)")
+
+    @model_validator(mode="after")
+    def _check(self) -> SweepConfig:
+        if (self.base is None) == (self.base_config is None):
+            raise ValueError("set exactly one of `base` and `base_config`")
+        for key, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid.{key}: needs at least one value")
+        if self.random is not None and set(self.random.params) & set(self.grid):
+            raise ValueError(f"random.params: keys also in grid: {sorted(set(self.random.params) & set(self.grid))}")
+        return self
+
+    def base_tree(self) -> dict[str, Any]:
+        if self.base is not None:
+            return copy.deepcopy(self.base)
+        path = Path(self.base_config)  # type: ignore[arg-type]
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except OSError as error:
+            raise ConfigError(f"sweep.base_config: cannot read {path} ({error.strerror})") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"sweep.base_config: {path} must hold a mapping of sections")
+        return tree
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Every setting: grid point x random draw, as dotted key -> value."""
+        keys = list(self.grid)
+        points = [dict(zip(keys, values, strict=True)) for values in itertools.product(*self.grid.values())]
+        if self.random is None:
+            return points
+        generator = np.random.default_rng(self.random.seed)
+        draws = [{k: d.draw(generator) for k, d in self.random.params.items()} for _ in range(self.random.count)]
+        return [{**point, **draw} for point in points for draw in draws]
+
+    def trials(self, tracking_uri: str) -> list[Trial]:
+        """Every trial (setting x seed), validated; all log to `tracking_uri`."""
+        base = self.base_tree()
+        trials = []
+        for setting_index, setting in enumerate(self.settings()):
+            label = setting_label(setting) or "base"
+            for seed in self.seeds or [None]:
+                tree = copy.deepcopy(base)
+                for key, value in setting.items():
+                    apply_override(tree, f"{key}={json.dumps(value)}")
+                if seed is not None:
+                    tree["seed"] = seed
+                index = len(trials)
+                tracking = tree.setdefault("tracking", {})
+                if not isinstance(tracking, dict):
+                    raise ConfigError("sweep.base: tracking must be a section")
+                tracking["uri"] = tracking_uri
+                tracking["run_name"] = f"{self.name}/t{index:03d} {label} seed={tree.get('seed', 1)}"
+                try:
+                    config = validate_config(tree)
+                except ConfigError as error:
+                    raise ConfigError(f"sweep trial {index} ({label}): {error}") from None
+                trials.append(Trial(index, setting_index, label, setting, config))
+        return trials
+
+
+def setting_label(setting: dict[str, Any]) -> str:
+    """Short name of a setting: last key part = value, e.g. `rho=0.1,lr=0.003`."""
+    return ",".join(f"{k.rsplit('.', 1)[-1]}={f'{v:.4g}' if isinstance(v, float) else v}" for k, v in setting.items())
+
+
+@dataclass
+class Trial:
+    index: int
+    setting_index: int
+    label: str
+    setting: dict[str, Any]
+    config: ExperimentConfig
+
+
+@dataclass
+class TrialOutcome:
+    status: str
+    """finished or failed"""
+    run_id: str | None = None
+    history: dict[int, dict[str, float]] = field(default_factory=dict)
+    summary: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    node: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class SweepResult:
+    parent_run_id: str
+    tracking_uri: str
+    trials: list[Trial]
+    outcomes: list[TrialOutcome]
+    table: list[dict[str, Any]]
+
+    @property
+    def failed(self) -> list[int]:
+        return [t.index for t, o in zip(self.trials, self.outcomes, strict=True) if o.status != "finished"]
+
+
+def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
+    """Read a sweep YAML; `--set` overrides apply to its base experiment."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read sweep ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    if data.get("base_config") is not None:
+        data["base_config"] = str(path.parent / data["base_config"])
+    sweep = parse_sweep(data, str(path))
+    if not overrides:
+        return sweep
+    base = sweep.base_tree()
+    for assignment in overrides:
+        apply_override(base, assignment)
+    return sweep.model_copy(update={"base": base, "base_config": None})
+
+
+def parse_sweep(data: dict[str, Any], where: str = "sweep") -> SweepConfig:
+    try:
+        return SweepConfig.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(k) for k in first["loc"]) or "sweep"
+        raise ConfigError(f"{where}: {key}: {first['msg'].removeprefix('Value error, ')}") from None
+
+
+def absolute_tracking_uri(configured: str | None) -> str:
+    """The tracking URI every trial uses: a relative sqlite path is made absolute (trials run in other dirs)."""
+    uri = resolve_tracking_uri(configured)
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri.removeprefix(prefix)).resolve())
+    return uri
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _run_trial(config: ExperimentConfig, parent: str) -> TrialOutcome:
+    """One trial on the cluster: an ordinary experiment nested under the sweep's run; errors are returned."""
+    start = time.perf_counter()
+    node = ray.get_runtime_context().get_node_id()
+    try:
+        result = run_experiment(config, show_progress=False, parent=parent)
+    except Exception as error:  # noqa: BLE001 - a failed trial is a result, not the end of the sweep
+        message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+        return TrialOutcome("failed", error=message, node=node, seconds=time.perf_counter() - start)
+    return TrialOutcome(
+        "finished", result.run_id, result.history, result.summary, node=node, seconds=time.perf_counter() - start
+    )
+
+
+def trial_cpus(config: ExperimentConfig) -> float | None:
+    """CPUs one trial reserves, or None when its host count follows the cluster (then it takes all of them)."""
+    runtime = config.runtime
+    if runtime.num_hosts is None:
+        return None
+    return runtime.num_hosts * runtime.host_cpus + runtime.coordinator_cpus
+
+
+def concurrency(sweep: SweepConfig, trials: list[Trial]) -> int:
+    """`max_concurrent`, else as many trials as the cluster's CPUs hold at once (at least one)."""
+    if sweep.max_concurrent is not None:
+        return sweep.max_concurrent
+    needs = [trial_cpus(t.config) for t in trials]
+    if any(n is None or n == 0 for n in needs):
+        return 1
+    return max(1, int(ray.cluster_resources().get("CPU", 1) // max(needs)))  # type: ignore[type-var]
+
+
+def run_sweep(sweep: SweepConfig, show_progress: bool = True) -> SweepResult:
+    """Run every trial on the cluster under one parent MLflow run; log the summary table and the plots."""
+    base = validate_config(sweep.base_tree())
+    uri = absolute_tracking_uri(base.tracking.uri)
+    trials = sweep.trials(uri)
+    writer = MlflowWriter(uri, base.tracking.experiment)
+    params: dict[str, object] = {
+        "sweep.trials": len(trials),
+        "sweep.settings": len({t.setting_index for t in trials}),
+        "sweep.seeds": sweep.seeds or [base.seed],
+        **{f"sweep.grid.{k}": v for k, v in sweep.grid.items()},
+    }
+    if sweep.random is not None:
+        params |= {f"sweep.random.{k}": v.model_dump(exclude_none=True) for k, v in sweep.random.params.items()}
+    parent = writer.start(sweep.name, params, {"sweep": sweep.name, "git_commit": git_commit()})
+    say = print if show_progress else (lambda *_, **__: None)
+    say(f"sweep {sweep.name}: parent run {parent} at {uri}, {len(trials)} trials", flush=True)
+    try:
+        with ray_session(base):
+            limit = concurrency(sweep, trials)
+            say(f"running up to {limit} trials at once", flush=True)
+            outcomes = _schedule(trials, parent, limit, say)
+        _record_failures(writer, trials, outcomes, parent)
+        table = summary_rows(trials, outcomes)
+        _log_parent(writer, sweep, trials, outcomes, table)
+    except BaseException:
+        writer.finish("FAILED")
+        raise
+    writer.finish("FINISHED")
+    return SweepResult(parent, uri, trials, outcomes, table)
+
+
+def _schedule(trials: list[Trial], parent: str, limit: int, say) -> list[TrialOutcome]:
+    """Keep up to `limit` trial tasks in flight; a task that dies (worker crash, OOM) is a failed trial."""
+    outcomes: dict[int, TrialOutcome] = {}
+    queue = list(trials)
+    pending: dict[ray.ObjectRef, Trial] = {}
+    while queue or pending:
+        while queue and len(pending) < limit:
+            trial = queue.pop(0)
+            pending[_run_trial.remote(trial.config, parent)] = trial
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            trial = pending.pop(ref)
+            try:
+                outcome = ray.get(ref)
+            except Exception as error:  # noqa: BLE001 - the task itself died
+                outcome = TrialOutcome("failed", error=f"{type(error).__name__}: {error}".splitlines()[0][:500])
+            outcomes[trial.index] = outcome
+            final = outcome.summary.get("final/pm/acc")
+            shown = f"final PM {final:.4f}" if final is not None else outcome.error
+            say(f"trial {trial.index:3d} {trial.label} seed={trial.config.seed}: {outcome.status} {shown}", flush=True)
+    return [outcomes[t.index] for t in trials]
+
+
+def _record_failures(writer: MlflowWriter, trials: list[Trial], outcomes: list[TrialOutcome], parent: str) -> None:
+    """Every failed trial gets a FAILED child run with its error: the one it started, or a new one."""
+    failed = [(t, o) for t, o in zip(trials, outcomes, strict=True) if o.status != "finished"]
+    if not failed:
+        return
+    children = writer.client.search_runs(
+        [writer.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'", max_results=10000
+    )
+    by_name = {run.info.run_name: run.info.run_id for run in children}
+    for trial, outcome in failed:
+        name = trial.config.tracking.run_name
+        child = MlflowWriter(writer.tracking_uri, trial.config.tracking.experiment)
+        if name in by_name:
+            child.run_id = by_name[name]
+        else:
+            child.start(name, trial.config.flat(), {"algorithm": trial.config.algorithm.name}, parent=parent)
+        child.set_tags({"raysim.error": outcome.error or "failed"})
+        child.finish("FAILED")
+        outcome.run_id = child.run_id
+
+
+def summary_rows(trials: list[Trial], outcomes: list[TrialOutcome]) -> list[dict[str, Any]]:
+    """One row per trial: index, setting, seed, status, run id, swept values, final/best metrics."""
+    keys = list(dict.fromkeys(k for t in trials for k in t.setting))
+    rows = []
+    for trial, outcome in zip(trials, outcomes, strict=True):
+        row: dict[str, Any] = {
+            "trial": trial.index,
+            "setting": trial.label,
+            "seed": trial.config.seed,
+            "status": outcome.status,
+            "run_id": outcome.run_id or "",
+            "error": outcome.error,
+            "node": outcome.node,
+            "seconds": outcome.seconds,
+        }
+        row |= {k: json.dumps(trial.setting.get(k)) for k in keys}
+        row |= {k: outcome.summary.get(k, math.nan) for k in SUMMARY_METRICS}
+        rows.append(row)
+    return rows
+
+
+def setting_stats(
+    trials: list[Trial], outcomes: list[TrialOutcome], metric: str
+) -> list[tuple[str, float, float, int]]:
+    """(setting label, mean, std, finished seeds) of a final metric over the seeds of each setting."""
+    stats = []
+    for setting_index in dict.fromkeys(t.setting_index for t in trials):
+        values = [
+            o.summary[metric]
+            for t, o in zip(trials, outcomes, strict=True)
+            if t.setting_index == setting_index and o.status == "finished" and metric in o.summary
+        ]
+        label = next(t.label for t in trials if t.setting_index == setting_index)
+        mean = float(np.mean(values)) if values else math.nan
+        std = float(np.std(values)) if values else math.nan
+        stats.append((label, mean, std, len(values)))
+    return stats
+
+
+def _log_parent(writer, sweep: SweepConfig, trials, outcomes, table) -> None:
+    finished = sum(o.status == "finished" for o in outcomes)
+    metrics = {"trials/finished": finished, "trials/failed": len(outcomes) - finished}
+    for label, mean, _, _ in setting_stats(trials, outcomes, "final/pm/acc"):
+        metrics[re.sub(r"[^\w\-. :/]", "_", f"setting/{label}/final_pm_acc_mean")[:250]] = mean
+    writer.log_metrics(0, metrics)
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory)
+        write_summary(table, folder / "summary.parquet")
+        write_trial_curves(trials, outcomes, sweep.name, folder / "accuracy_vs_round.png")
+        write_setting_bars(trials, outcomes, sweep.name, folder / "final_accuracy.png")
+        for name in ("summary.parquet", "accuracy_vs_round.png", "final_accuracy.png"):
+            writer.log_artifact(folder / name)
+
+
+def write_trial_curves(trials: list[Trial], outcomes: list[TrialOutcome], title: str, path: Path) -> None:
+    """PM, GM and HM test accuracy against the round, one line per finished trial (colour = setting)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    colours = plt.get_cmap("tab10")
+    for trial, outcome in zip(trials, outcomes, strict=True):
+        rounds = sorted(r for r in outcome.history if "pm/acc" in outcome.history[r])
+        for axis, kind in zip(axes, ("pm", "gm", "hm"), strict=True):
+            axis.plot(
+                rounds,
+                [outcome.history[r][f"{kind}/acc"] for r in rounds],
+                color=colours(trial.setting_index % 10),
+                alpha=0.8,
+                label=f"{trial.label} s{trial.config.seed}",
+            )
+    for axis, kind in zip(axes, ("PM", "GM", "HM"), strict=True):
+        axis.set(title=f"{kind} test accuracy", xlabel="round")
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("mean over clients")
+    axes[-1].legend(fontsize=7)
+    figure.suptitle(f"{title}: accuracy per trial")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_setting_bars(trials: list[Trial], outcomes: list[TrialOutcome], title: str, path: Path) -> None:
+    """Final PM / GM / HM accuracy per setting: mean over seeds with +/- one standard deviation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [s[0] for s in setting_stats(trials, outcomes, "final/pm/acc")]
+    positions = np.arange(len(labels))
+    figure, axis = plt.subplots(figsize=(max(6, 1.2 * len(labels) + 2), 4.5))
+    for offset, kind in zip((-0.27, 0.0, 0.27), ("pm", "gm", "hm"), strict=True):
+        stats = setting_stats(trials, outcomes, f"final/{kind}/acc")
+        axis.bar(
+            positions + offset, [s[1] for s in stats], 0.27, yerr=[s[2] for s in stats], capsize=3, label=kind.upper()
+        )
+    axis.set_xticks(positions, labels, rotation=20, ha="right", fontsize=8)
+    axis.set(ylabel="final test accuracy (mean +/- std over seeds)", title=f"{title}: final accuracy per setting")
+    axis.grid(alpha=0.3, axis="y")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def is_sweep_file(path: str | Path) -> bool:
+    """Whether a YAML file is a sweep (it has a top-level `grid:` or `random:`)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and ("grid" in data or "random" in data)

@@ -1,0 +1,101 @@
+"""Sweeps: settings from grid and random draws, validation, and a real concurrent sweep on local Ray."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from mlflow.tracking import MlflowClient
+
+from raysim.errors import ConfigError
+from raysim.sweep import is_sweep_file, load_sweep, parse_sweep, run_sweep
+from tests.conftest import tiny_config
+
+
+def sweep_data(**extra) -> dict:
+    return {"name": "s", "base": tiny_config(), **extra}
+
+
+def test_grid_times_draws_times_seeds():
+    sweep = parse_sweep(
+        sweep_data(
+            grid={"algorithm.rho": [0.1, 0.2], "clients.count": [4, 6]},
+            random={"count": 3, "seed": 5, "params": {"algorithm.lr": {"loguniform": [0.001, 0.1]}}},
+            seeds=[1, 2],
+        )
+    )
+    settings = sweep.settings()
+    assert len(settings) == 2 * 2 * 3
+    assert all(0.001 <= s["algorithm.lr"] <= 0.1 for s in settings)
+    assert settings == parse_sweep(sweep.model_dump(exclude_none=True)).settings()  # draws are reproducible
+    trials = sweep.trials("sqlite:////tmp/x.db")
+    assert len(trials) == 24
+    assert {t.config.seed for t in trials} == {1, 2}
+    first = trials[0].config
+    assert (first.algorithm.rho, first.clients.count, first.tracking.uri) == (0.1, 4, "sqlite:////tmp/x.db")
+    assert len({t.config.tracking.run_name for t in trials}) == 24
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"base_config": "x.yaml"}, "exactly one of `base` and `base_config`"),
+        ({"grid": {"algorithm.rho": []}}, "grid.algorithm.rho: needs at least one value"),
+        ({"random": {"count": 1, "params": {"seed": {"uniform": [2, 1]}}}}, "low 2.0 exceeds high 1.0"),
+        ({"random": {"count": 1, "params": {"seed": {"choice": [1], "randint": [1, 2]}}}}, "exactly one of choice"),
+        ({"grid": {"seed": [1]}, "random": {"count": 1, "params": {"seed": {"randint": [1, 2]}}}}, "also in grid"),
+        ({"max_concurrent": 0}, "max_concurrent"),
+    ],
+)
+def test_bad_sweeps_are_rejected_with_the_key(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_sweep(sweep_data(**extra))
+
+
+def test_a_bad_trial_config_names_the_trial():
+    sweep = parse_sweep(sweep_data(grid={"algorithm.rho": [0.1, -1.0]}))
+    with pytest.raises(ConfigError, match=r"sweep trial 1 \(rho=-1\): algorithm.rho"):
+        sweep.trials("sqlite:////tmp/x.db")
+
+
+def test_load_sweep_resolves_base_config_and_overrides(tmp_path):
+    (tmp_path / "base.yaml").write_text(json.dumps(tiny_config()))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(json.dumps({"name": "s", "base_config": "base.yaml", "grid": {"algorithm.rho": [0.1]}}))
+    assert is_sweep_file(path) and not is_sweep_file(tmp_path / "base.yaml")
+    sweep = load_sweep(path, ["rounds=5"])
+    assert sweep.base_tree()["rounds"] == 5
+    assert sweep.trials("sqlite:////tmp/x.db")[0].config.rounds == 5
+
+
+@pytest.mark.slow
+def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_local, mlflow_uri, tmp_path):
+    """model.name=cnn on vector data fails inside its trial (after validation); the mlr trials still run."""
+    base = tiny_config(
+        rounds=2,
+        runtime={"num_hosts": 2, "host_cpus": 0.5},
+        tracking={"uri": mlflow_uri, "experiment": "sweep"},
+    )
+    sweep = parse_sweep({"name": "mixed", "base": base, "grid": {"model.name": ["mlr", "cnn"]}, "seeds": [1, 2]})
+    result = run_sweep(sweep, show_progress=False)
+    assert result.failed == [2, 3]
+    client = MlflowClient(mlflow_uri)
+    parent = client.get_run(result.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["trials/failed"] == 2 and parent.data.metrics["trials/finished"] == 2
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'"
+    )
+    status = sorted((r.info.run_name, r.info.status) for r in children)
+    assert [s for _, s in status] == ["FINISHED", "FINISHED", "FAILED", "FAILED"]
+    failed = [r for r in children if r.info.status == "FAILED"]
+    assert all("needs image input" in r.data.tags["raysim.error"] for r in failed)
+    finished = [r for r in children if r.info.status == "FINISHED"]
+    assert all(len(client.get_metric_history(r.info.run_id, "pm/acc")) == 3 for r in finished)
+    folder = client.download_artifacts(result.parent_run_id, "", str(tmp_path))
+    table = pq.read_table(f"{folder}/summary.parquet").to_pylist()
+    assert [row["status"] for row in table] == ["finished", "finished", "failed", "failed"]
+    assert [row["run_id"] for row in table] == [result.outcomes[i].run_id for i in range(4)]
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"accuracy_vs_round.png", "final_accuracy.png"} <= artifacts
