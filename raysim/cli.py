@@ -15,9 +15,12 @@ def _run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.runtime.driver import run_experiment
     from raysim.suite import is_suite_file
+    from raysim.sweep import is_sweep_file
 
     if is_suite_file(args.config):
         return _run_suite(args)
+    if is_sweep_file(args.config):
+        return _sweep(argparse.Namespace(**vars(args), sweep=args.config))
     config = load_config(args.config, args.set)
     result = run_experiment(config, show_progress=not args.quiet)
     final = result.summary
@@ -149,8 +152,10 @@ def _cluster_options(command: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="raysim", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run an experiment, or a suite (a file with `runs:`), from YAML")
-    run.add_argument("config", help="path of the experiment or suite YAML")
+    run = commands.add_parser(
+        "run", help="run an experiment, a suite (a file with `runs:`) or a sweep (`grid:`/`random:`) from YAML"
+    )
+    run.add_argument("config", help="path of the experiment, suite or sweep YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(handler=_run)

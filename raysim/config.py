@@ -6,9 +6,10 @@ Validation errors become one `ConfigError` line naming the key path, the bad val
 
 from __future__ import annotations
 
+import copy
 import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -216,17 +217,80 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(_format(error.errors()[0], data)) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
-    """Read a YAML experiment, apply `--set` overrides, validate."""
+def read_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """A YAML file whose top level is a mapping; a ConfigError naming the file otherwise."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as error:
-        raise ConfigError(f"{path}: cannot read config ({error.strerror})") from None
+        raise ConfigError(f"{path}: cannot read {what} ({error.strerror})") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({error})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        raise ConfigError(f"{path}: the top level of a {what} must be a mapping")
+    return data
+
+
+def top_level_keys(path: str | Path) -> set[str]:
+    """The top-level keys of a YAML file (empty if it is unreadable), to tell experiments, suites and sweeps apart."""
+    try:
+        return set(read_mapping(path))
+    except ConfigError:
+        return set()
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    """Read a YAML experiment, apply `--set` overrides, validate."""
+    data = read_mapping(path)
     for assignment in overrides:
         apply_override(data, assignment)
     return validate_config(data)
+
+
+class ExperimentFamily(BaseModel):
+    """A file of several experiments derived from one base experiment (suites and sweeps)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: ClassVar[str] = "family"
+    """What the file is called in error messages ("suite", "sweep")."""
+    name: str = Field(min_length=1, description="name of the parent MLflow run")
+    base: dict[str, Any] | None = Field(None, description="the base experiment config, inline")
+    base_config: str | None = Field(None, description="or: path of the base experiment YAML")
+
+    @model_validator(mode="after")
+    def _one_base(self) -> ExperimentFamily:
+        if (self.base is None) == (self.base_config is None):
+            raise ValueError("set exactly one of `base` and `base_config`")
+        return self
+
+    def base_tree(self) -> dict[str, Any]:
+        """The base experiment as a raw config tree (a copy)."""
+        if self.base is not None:
+            return copy.deepcopy(self.base)
+        return read_mapping(self.base_config, "base_config")  # type: ignore[arg-type]
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()):
+        """Read the file (`base_config` is relative to it); `--set` overrides apply to the base experiment."""
+        path = Path(path)
+        data = read_mapping(path, cls.kind)
+        if data.get("base_config") is not None:
+            data["base_config"] = str(path.parent / data["base_config"])
+        family = cls.parse(data, str(path))
+        if not overrides:
+            return family
+        base = family.base_tree()
+        for assignment in overrides:
+            apply_override(base, assignment)
+        return family.model_copy(update={"base": base, "base_config": None})
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], where: str):
+        """Validate a raw tree; the first error as one ConfigError line naming `where` and the key."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            key = ".".join(str(k) for k in first["loc"])
+            message = first["msg"].removeprefix("Value error, ")
+            raise ConfigError(f"{where}: {key}: {message}" if key else f"{where}: {message}") from None

@@ -16,12 +16,11 @@ import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from raysim.config import ExperimentConfig, apply_override, validate_config
+from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.errors import ConfigError
 from raysim.runtime.driver import RunResult, ray_session, run_experiment
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
@@ -34,35 +33,18 @@ class SuiteRun(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, alias="set", description="dotted key -> value")
 
 
-class SuiteConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = Field(min_length=1, description="name of the parent MLflow run")
-    base: dict[str, Any] | None = Field(None, description="the base experiment config, inline")
-    base_config: str | None = Field(None, description="or: path of the base experiment YAML")
+class SuiteConfig(ExperimentFamily):
+    kind: ClassVar[str] = "suite"
     runs: list[SuiteRun] = Field(min_length=1)
     seeds: list[int] | None = Field(None, min_length=1, description="repeat every run with each seed")
 
     @model_validator(mode="after")
     def _check(self) -> SuiteConfig:
-        if (self.base is None) == (self.base_config is None):
-            raise ValueError("suite: set exactly one of `base` and `base_config`")
         names = [r.name for r in self.runs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"suite.runs: duplicate run names {duplicates}")
         return self
-
-    def base_tree(self) -> dict[str, Any]:
-        if self.base is not None:
-            return copy.deepcopy(self.base)
-        path = Path(self.base_config)  # type: ignore[arg-type]
-        try:
-            tree = yaml.safe_load(path.read_text()) or {}
-        except OSError as error:
-            raise ConfigError(f"suite.base_config: cannot read {path} ({error.strerror})") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"suite.base_config: {path} must hold a mapping of sections")
-        return tree
 
     def experiments(self) -> list[tuple[str, ExperimentConfig]]:
         """(run name, validated config) for every run and seed, in order."""
@@ -106,38 +88,12 @@ class SuiteResult:
 
 def is_suite_file(path: str | Path) -> bool:
     """Whether a YAML file is a suite (it has a top-level `runs:`) rather than one experiment."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and "runs" in data
+    return "runs" in top_level_keys(path)
 
 
 def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SuiteConfig:
     """Read a suite YAML; `--set` overrides apply to its base experiment."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read suite ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({error})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    if data.get("base_config") is not None:
-        data["base_config"] = str(path.parent / data["base_config"])
-    try:
-        suite = SuiteConfig.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(k) for k in first["loc"]) or "suite"
-        raise ConfigError(f"{path}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
-    if not overrides:
-        return suite
-    base = suite.base_tree()
-    for assignment in overrides:
-        apply_override(base, assignment)
-    return suite.model_copy(update={"base": base, "base_config": None})
+    return SuiteConfig.load(path, overrides)
 
 
 def run_suite(suite: SuiteConfig, show_progress: bool = True) -> SuiteResult:

@@ -23,14 +23,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import ray
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from raysim.config import ExperimentConfig, apply_override, validate_config
+from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.errors import ConfigError
 from raysim.runtime.driver import ray_session, run_experiment
 from raysim.suite import write_summary
@@ -80,10 +79,8 @@ class RandomSearch(_Model):
     params: dict[str, Distribution] = Field(min_length=1, description="dotted key -> distribution")
 
 
-class SweepConfig(_Model):
-    name: str = Field(min_length=1, description="name of the parent MLflow run")
-    base: dict[str, Any] | None = Field(None, description="the base experiment config, inline")
-    base_config: str | None = Field(None, description="or: path of the base experiment YAML")
+class SweepConfig(ExperimentFamily):
+    kind: ClassVar[str] = "sweep"
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values (all combinations)")
     random: RandomSearch | None = None
     seeds: list[int] | None = Field(None, min_length=1, description="run every setting with each seed")
@@ -91,26 +88,12 @@ class SweepConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> SweepConfig:
-        if (self.base is None) == (self.base_config is None):
-            raise ValueError("set exactly one of `base` and `base_config`")
         for key, values in self.grid.items():
             if not values:
                 raise ValueError(f"grid.{key}: needs at least one value")
         if self.random is not None and set(self.random.params) & set(self.grid):
             raise ValueError(f"random.params: keys also in grid: {sorted(set(self.random.params) & set(self.grid))}")
         return self
-
-    def base_tree(self) -> dict[str, Any]:
-        if self.base is not None:
-            return copy.deepcopy(self.base)
-        path = Path(self.base_config)  # type: ignore[arg-type]
-        try:
-            tree = yaml.safe_load(path.read_text()) or {}
-        except OSError as error:
-            raise ConfigError(f"sweep.base_config: cannot read {path} ({error.strerror})") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"sweep.base_config: {path} must hold a mapping of sections")
-        return tree
 
     def settings(self) -> list[dict[str, Any]]:
         """Every setting: grid point x random draw, as dotted key -> value."""
@@ -189,33 +172,11 @@ class SweepResult:
 
 def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
     """Read a sweep YAML; `--set` overrides apply to its base experiment."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read sweep ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({error})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    if data.get("base_config") is not None:
-        data["base_config"] = str(path.parent / data["base_config"])
-    sweep = parse_sweep(data, str(path))
-    if not overrides:
-        return sweep
-    base = sweep.base_tree()
-    for assignment in overrides:
-        apply_override(base, assignment)
-    return sweep.model_copy(update={"base": base, "base_config": None})
+    return SweepConfig.load(path, overrides)
 
 
 def parse_sweep(data: dict[str, Any], where: str = "sweep") -> SweepConfig:
-    try:
-        return SweepConfig.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        key = ".".join(str(k) for k in first["loc"]) or "sweep"
-        raise ConfigError(f"{where}: {key}: {first['msg'].removeprefix('Value error, ')}") from None
+    return SweepConfig.parse(data, where)
 
 
 def absolute_tracking_uri(configured: str | None) -> str:
@@ -446,8 +407,4 @@ def write_setting_bars(trials: list[Trial], outcomes: list[TrialOutcome], title:
 
 def is_sweep_file(path: str | Path) -> bool:
     """Whether a YAML file is a sweep (it has a top-level `grid:` or `random:`)."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and ("grid" in data or "random" in data)
+    return bool({"grid", "random"} & top_level_keys(path))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -11,6 +14,8 @@ from mlflow.tracking import MlflowClient
 from raysim.errors import ConfigError
 from raysim.sweep import is_sweep_file, load_sweep, parse_sweep, run_sweep
 from tests.conftest import tiny_config
+
+RAYSIM = str(Path(sys.executable).parent / "raysim")
 
 
 def sweep_data(**extra) -> dict:
@@ -67,6 +72,15 @@ def test_load_sweep_resolves_base_config_and_overrides(tmp_path):
     sweep = load_sweep(path, ["rounds=5"])
     assert sweep.base_tree()["rounds"] == 5
     assert sweep.trials("sqlite:////tmp/x.db")[0].config.rounds == 5
+
+
+def test_raysim_run_takes_a_sweep_file_and_names_its_bad_key(tmp_path):
+    """`raysim run` dispatches on the file: the error is the sweep's, not an experiment's missing sections."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(json.dumps(sweep_data(grid={"algorithm.rho": []})))
+    done = subprocess.run([RAYSIM, "run", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip() == f"error: {path}: grid.algorithm.rho: needs at least one value"
 
 
 @pytest.mark.slow
