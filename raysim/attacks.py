@@ -9,7 +9,10 @@ local model; see `Upload`) with:
     gaussian:    N(0, gamma^2 I_d)
 
 gamma^2 = 0.1 in the paper; the authors' code uses std 0.01 (same_value), |N(0, 1)| (sign_flip) and
-N(0, 1) (gaussian): `noise: code`. Label poisoners train on uniformly random labels, redrawn at every
+N(0, 1) (gaussian): `noise: code`. The authors' code also attacks with max(int(f m), 1) clients (`count: code`)
+and its Byzantine clients skip local training (`training: skip`: every LocalSGD request returns its start
+point, the step's new state is discarded, so the honest message sign_flip scales is the untrained one, e.g.
+FedAvg's w^t as in the code). Label poisoners train on uniformly random labels, redrawn at every
 access (as the authors' code does), and then follow the protocol. Attackers are still aggregated; all
 accuracy and fairness metrics are over benign clients only.
 """
@@ -38,6 +41,14 @@ class AttackSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: AttackKind = Field("none", description="none, same_value, sign_flip, gaussian or label_poisoning")
     fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of malicious clients: floor(fraction * m)")
+    count: Literal["paper", "code"] = Field(
+        "paper", description="number of attackers: int(fraction * m) (paper) or max(int(fraction * m), 1) (code)"
+    )
+    training: Literal["train", "skip"] = Field(
+        "train",
+        description="Byzantine attackers run the honest client step before forging (paper: sign_flip scales the "
+        "honest message) or skip local training and keep their state (authors' code)",
+    )
     noise: Literal["paper", "code"] = Field(
         "paper", description="gamma: sqrt(0.1) for every attack (paper) or the authors' code's 0.01 / 1 / 1"
     )
@@ -51,7 +62,7 @@ class AttackSettings(BaseModel):
 
     @property
     def active(self) -> bool:
-        return self.kind != "none" and self.fraction > 0
+        return self.kind != "none" and (self.fraction > 0 or self.count == "code")
 
     @property
     def byzantine(self) -> bool:
@@ -63,7 +74,12 @@ class AttackSettings(BaseModel):
         return PAPER_STD if self.noise == "paper" else CODE_STD.get(self.kind, 1.0)
 
     def num_malicious(self, num_clients: int) -> int:
-        return int(math.floor(self.fraction * num_clients + 1e-9)) if self.kind != "none" else 0
+        """floor(fraction * m) (flame.md 4.2; the 1e-9 keeps e.g. 0.29 * 100 at 29 where Python's int() of the
+        float product gives 28), at least 1 with `count: code` (the authors' code attacks even at fraction 0)."""
+        if self.kind == "none":
+            return 0
+        count = int(math.floor(self.fraction * num_clients + 1e-9))
+        return max(count, 1) if self.count == "code" else count
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,10 @@ class AttackPlan:
 
     def byzantine(self, client_id: int) -> bool:
         return self.settings.byzantine and client_id in self.malicious
+
+    def skips_training(self, client_id: int) -> bool:
+        """A Byzantine client of `training: skip`: no local work, state kept, only the forged message goes up."""
+        return self.settings.training == "skip" and self.byzantine(client_id)
 
     def poisons_labels(self, client_id: int) -> bool:
         return self.settings.kind == "label_poisoning" and client_id in self.malicious

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from raysim.errors import RaysimError
 
@@ -31,6 +32,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resume(args: argparse.Namespace) -> int:
+    from raysim.runtime.driver import resume_experiment
+
+    result = resume_experiment(args.target, args.tracking_uri, show_progress=not args.quiet)
+    final = result.summary
+    print(f"run {result.run_id}: final PM {final['final/pm/acc']:.4f}  GM {final['final/gm/acc']:.4f}  "
+          f"HM {final['final/hm/acc']:.4f}  (best PM {final['best/pm/acc']:.4f})")  # fmt: skip
+    return 0
+
+
 def _run_suite(args: argparse.Namespace) -> int:
     from raysim.suite import load_suite, run_suite
 
@@ -41,6 +52,14 @@ def _run_suite(args: argparse.Namespace) -> int:
     for name in dict.fromkeys(c.name for c in result.children):
         accs = [result.mean_final(name, f"final/{k}/acc") for k in ("pm", "gm", "hm")]
         print(f"{name:24s} " + " ".join(f"{a:7.4f}" for a in accs))
+    return 0
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from raysim.config import load_config
+    from raysim.pretrain import pretrain_pm
+
+    print(pretrain_pm(load_config(args.config, args.set), args.epochs, args.lr, args.cache))
     return 0
 
 
@@ -159,6 +178,20 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(handler=_run)
+    resume = commands.add_parser("resume", help="continue a run from its last checkpoint (same MLflow run)")
+    resume.add_argument("target", help="MLflow run id, or a checkpoint folder (a run's or one round's)")
+    resume.add_argument("--tracking-uri", help="where to look the run id up (default: $MLFLOW_TRACKING_URI or sqlite)")
+    resume.add_argument("--quiet", action="store_true", help="no progress bar")
+    resume.set_defaults(handler=_resume)
+    pretrain = commands.add_parser(
+        "pretrain", help="train (or reuse the cached) AugFL PM on the meta partition's reserved pool; prints its path"
+    )
+    pretrain.add_argument("config", help="experiment YAML with partition.scheme = meta")
+    pretrain.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
+    pretrain.add_argument("--epochs", type=int, default=5)
+    pretrain.add_argument("--lr", type=float, default=0.05)
+    pretrain.add_argument("--cache", type=Path, default=Path("~/.cache/raysim/pm"), help="folder of cached PMs")
+    pretrain.set_defaults(handler=_pretrain)
     ui = commands.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the tracking store")
     ui.add_argument("--config", help="take the tracking URI from this experiment config")
     ui.add_argument(

@@ -82,6 +82,13 @@ class RuntimeSettings(_Section):
     )
     torch_threads: int = Field(1, ge=1, description="torch threads per actor (same value => same results)")
     object_store_mb: int = Field(1024, ge=64, description="object store size of a new local Ray instance")
+    max_restarts: int = Field(
+        3, ge=0, description="times Ray restarts a dead host/coordinator actor; the run then redoes rounds from "
+        "the last checkpoint (needs tracking.checkpoint_every > 0)"
+    )
+    on_nonfinite: Literal["stop", "drop_client"] = Field(
+        "stop", description="a NaN/inf client upload stops the run (run marked FAILED) or that upload is dropped"
+    )
 
 
 class TrackingSettings(_Section):
@@ -91,6 +98,12 @@ class TrackingSettings(_Section):
     eval_every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last)")
     auc_single_label: Literal["zero", "nan"] = Field(
         "zero", description="AUC of a test split with one label: 0 (FedAPM's code) or left out of the means"
+    )
+    checkpoint_every: int = Field(0, ge=0, description="checkpoint every N rounds (0: never); see `raysim resume`")
+    checkpoint_dir: str = Field("checkpoints", description="folder of the checkpoints (one subfolder per run)")
+    checkpoint_keep: int = Field(2, ge=1, description="complete checkpoints kept per run (older ones deleted)")
+    flush_timeout_s: float = Field(
+        600.0, ge=0, description="at the end, wait this long for metrics buffered during an MLflow outage"
     )
 
 
@@ -181,13 +194,20 @@ def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
+def _key_text(key: Any) -> str:
+    """A key as shown in an error: quoted when it is empty or has spaces or control characters, so the
+    message stays one readable line."""
+    text = str(key)
+    return text if text and text.isprintable() and " " not in text else repr(text)
+
+
 def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
     loc = tuple(error["loc"])
     # Drop the discriminator tag that pydantic inserts for tagged unions: ("algorithm", "flame", "rho").
     section = data.get(loc[0]) if loc and loc[0] in ("algorithm", "partition") else None
     if isinstance(section, dict) and len(loc) > 1 and loc[1] in (section.get("name"), section.get("scheme")):
         loc = (loc[0], *loc[2:])
-    path = ".".join(str(k) for k in loc) or "config"
+    path = ".".join(_key_text(k) for k in loc) or "config"
     kind = error["type"]
     if kind == "union_tag_invalid" and loc == ("algorithm",):
         return f"algorithm.name: unknown algorithm {error['input'].get('name')!r}; allowed: {', '.join(REGISTRY)}"

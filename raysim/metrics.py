@@ -9,7 +9,7 @@ authors do (an oracle choice); HM-val picks by accuracy on a held-out validation
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -54,6 +54,8 @@ class ClientEvaluation:
     client_id: int
     pm: ModelScores
     gm: ModelScores
+    extra: dict[str, ModelScores] = field(default_factory=dict)
+    """Scores of the algorithm's further models (Algorithm.extra_models), by name."""
 
     def hybrid(self) -> ModelScores:
         """HM: per client, the model with the higher test accuracy (loss: the lower of the two; F1 and AUC:
@@ -76,7 +78,8 @@ class ClientEvaluation:
     def row(self) -> dict[str, float]:
         """A flat record for the per-client table."""
         record: dict[str, float] = {"client_id": self.client_id}
-        for kind, scores in (("pm", self.pm), ("gm", self.gm), ("hm", self.hybrid())):
+        models = (("pm", self.pm), ("gm", self.gm), ("hm", self.hybrid()), *self.extra.items())
+        for kind, scores in models:
             record.update({f"{kind}_{k}": v for k, v in asdict(scores).items() if k != "val_acc" or kind != "hm"})
         val = self.hybrid_by_validation()
         if val is not None:
@@ -123,10 +126,17 @@ def summarize(evaluations: list[ClientEvaluation]) -> dict[str, float]:
     by_val = [e.hybrid_by_validation() for e in evaluations]
     if all(v is not None for v in by_val):
         summary |= summarize_scores("hm_val", by_val)  # type: ignore[arg-type]
+    for name in sorted({n for e in evaluations for n in e.extra}):
+        summary |= summarize_scores(name, [e.extra[name] for e in evaluations if name in e.extra])
     return summary
 
 
 def mean_client_metrics(records: list[dict[str, float]]) -> dict[str, float]:
-    """Mean over the selected clients of each metric their client steps reported (prefix `client/`)."""
-    names = sorted({k for r in records for k in r if k != "client_id"})
-    return {f"client/{n}": float(np.mean([r[n] for r in records if n in r])) for n in names}
+    """Mean over the selected clients of each metric their client steps reported (`client/<name>`) and its
+    spread across them (`client/<name>_std`, sample std; 0 for one client), e.g. FedSLR's p_i non-zeros."""
+    summary = {}
+    for name in sorted({k for r in records for k in r if k != "client_id"}):
+        values = np.array([r[name] for r in records if name in r], dtype=np.float64)
+        summary[f"client/{name}"] = float(values.mean())
+        summary[f"client/{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return summary

@@ -1,6 +1,7 @@
 """Pretrain AugFL's PM on the reserved pool of the `meta` partition (augfl.md 4.1), which no client holds.
 
-    python -m raysim.pretrain EXPERIMENT.yaml [--epochs 5] [--lr 0.05] [--cache ~/.cache/raysim/pm]
+    raysim pretrain EXPERIMENT.yaml [--epochs 5] [--lr 0.05] [--cache ~/.cache/raysim/pm]
+    (or python -m raysim.pretrain ...)
 
 trains the experiment's model architecture (the l2 regularizer needs the same one) with mini-batch SGD on
 the reserved samples and caches the flat float32 parameters as a .npy keyed by dataset, model, seed and
@@ -17,6 +18,7 @@ import numpy as np
 from raysim.algorithms.base import LocalSGD
 from raysim.config import ExperimentConfig, load_config
 from raysim.data.meta_partition import MetaSettings, reserved_indices
+from raysim.errors import ConfigError
 from raysim.runtime.driver import prepare
 from raysim.seeding import Stream, rng
 from raysim.training.local import ClientData, LocalTrainer
@@ -27,7 +29,9 @@ DEFAULT_CACHE = Path("~/.cache/raysim/pm")
 def pretrain_pm(config: ExperimentConfig, epochs: int = 5, lr: float = 0.05, cache: Path = DEFAULT_CACHE) -> Path:
     """Train (or reuse) the PM of `config` and return the path of its parameters."""
     if not isinstance(config.partition, MetaSettings):
-        raise ValueError("partition.scheme: pretraining needs the meta partition (its reserved pool)")
+        raise ConfigError(
+            f"partition.scheme: pretraining needs 'meta' (its reserved pool), not '{config.partition.scheme}'"
+        )
     path = cache.expanduser() / (
         f"{config.dataset.name}-{config.model.name}-seed{config.seed}-pool{config.partition.reserved}-e{epochs}.npy"
     )

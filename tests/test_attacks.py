@@ -255,3 +255,55 @@ def test_fixed_label_poisoning_draws_the_labels_once():
     np.testing.assert_array_equal(first, second)
     assert not np.array_equal(first, problem.y[data.train])
     np.testing.assert_array_equal(host.data[benign].arrays("train")[1], problem.y[host.data[benign].train])
+
+
+@pytest.mark.parametrize(
+    ("fraction", "m", "paper", "code"),
+    [(0.0, 10, 0, 1), (0.05, 10, 0, 1), (0.2, 50, 10, 10), (0.29, 100, 29, 29), (0.5, 7, 3, 3), (0.8, 7, 5, 5)],
+)
+def test_attacker_count_is_floor_f_m_and_at_least_one_with_the_codes_rule(fraction, m, paper, code):
+    """flame.md 4.2: int(f m) (paper; exact floor, where Python's int(0.29 * 100) would give 28) and the
+    authors' max(int(f m), 1), which attacks even at fraction 0."""
+    for rule, expected in (("paper", paper), ("code", code)):
+        settings = AttackSettings(kind="same_value", fraction=fraction, count=rule)
+        assert settings.num_malicious(m) == expected == len(malicious_clients(settings, m, seed=2))
+        if fraction == 0:
+            assert settings.active == (rule == "code")  # the robustness plot then shows it as attacked
+    assert AttackSettings(kind="none", fraction=0.5, count="code").num_malicious(10) == 0
+
+
+def test_skipping_attackers_keep_their_state_and_upload_only_the_forged_message():
+    """attack.training = skip (authors' code): no local work, the client's state stays as it was, its message is
+    the attack vector, and FLAME's running sum is still the sum of the latest messages sent (eq. 14)."""
+    _, problem, host, coordinator = _setup("flame", {"kind": "gaussian", "fraction": 0.5, "training": "skip"})
+    initial = host.client_states()
+    latest = {}
+    for round_index in range(3):
+        selected = [0, 1, 2, 3, 4, 5] if round_index != 1 else [0, 3, 5]
+        broadcast = coordinator.broadcast()
+        partial, records = host.train(round_index, selected, broadcast)
+        coordinator.aggregate(partial)
+        latest |= {c: m for c, (m, _) in partial.messages.items()}
+        for record in records:
+            assert ("train_loss" in record) == (record["client_id"] not in problem.malicious)
+        for client_id in problem.malicious & set(selected):
+            forged = problem.attack.corrupt(client_id, round_index, latest[client_id], broadcast)
+            np.testing.assert_array_equal(latest[client_id], forged)
+        expected = np.sum([latest.get(c, problem.init_params).astype(np.float64) for c in range(6)], axis=0)
+        np.testing.assert_allclose(coordinator.server_state().sum_u, expected, atol=1e-5)
+    states = host.client_states()
+    for client_id in range(6):
+        same = all(np.array_equal(v, getattr(states[client_id], k)) for k, v in vars(initial[client_id]).items())
+        assert same == (client_id in problem.malicious)
+
+
+def test_skipping_sign_flip_scales_the_untrained_message_the_received_global_model():
+    """FedAvg with training = skip: the 'honest' message is the local model after no training, i.e. w^t, so
+    -|p| u_i becomes the code's -|p| w^t."""
+    _, problem, host, coordinator = _setup("fedavg", {"kind": "sign_flip", "fraction": 0.5, "training": "skip"})
+    _round(host, coordinator, 0)
+    w = coordinator.global_model()
+    messages = _round(host, coordinator, 1)
+    for client_id in problem.malicious:
+        ratio = messages[client_id] / w
+        assert ratio[0] < 0 and np.allclose(ratio, ratio[0], rtol=1e-5)

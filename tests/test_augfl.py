@@ -4,6 +4,8 @@ point, and a CLI run."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -176,3 +178,21 @@ def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
     pm_loss, pm_acc = model.evaluate(np.load(path), problem.x[pool], problem.y[pool])
     init_loss, _ = model.evaluate(problem.init_params, problem.x[pool], problem.y[pool])
     assert pm_loss < 0.8 * init_loss and pm_acc > 0.5
+
+
+def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partitions(tmp_path):
+    config = tiny_config(partition={"scheme": "meta", "shots": 10, "reserved": 500})
+    (tmp_path / "meta.yaml").write_text(yaml.safe_dump(config))
+    args = ("pretrain", str(tmp_path / "meta.yaml"), "--epochs", "1", "--cache", str(tmp_path / "pm"))
+    first = _raysim(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    path = first.stdout.strip().splitlines()[-1]
+    from raysim.runtime.driver import prepare
+
+    assert np.load(path).shape == prepare(validate_config(config)).init_params.shape
+    created = os.stat(path).st_mtime_ns
+    again = _raysim(*args, cwd=tmp_path)
+    assert again.stdout.strip().splitlines()[-1] == path and os.stat(path).st_mtime_ns == created  # reused
+    (tmp_path / "dirichlet.yaml").write_text(yaml.safe_dump(tiny_config()))
+    refused = _raysim("pretrain", str(tmp_path / "dirichlet.yaml"), "--cache", str(tmp_path / "pm"), cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: partition.scheme")

@@ -13,7 +13,12 @@ from raysim.algorithms import ClientInfo, run_client_step
 from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
+from raysim.config import validate_config
+from raysim.metrics import mean_client_metrics, summarize
 from raysim.models.flat import FlatModel, ParamSpec
+from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.driver import prepare
+from raysim.runtime.host import ClientHost
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.test_cli import _raysim
@@ -278,4 +283,55 @@ def test_fedslr_runs_through_the_cli_and_logs_rank_sparsity_and_traffic(tmp_path
     assert 0 <= metrics["server/rank/1.weight"] < 4  # mlr 20 -> 4 classes: full rank would be 4
     assert 0 < metrics["client/p_density"] < 1 and metrics["server/svd_seconds"] > 0
     assert metrics["comm/downlink_bytes"] < metrics["comm/uplink_bytes"]  # factored GKR vs dense w_i
-    assert 0 <= metrics["pm/acc"] <= 1 and 0 <= metrics["gm/acc"] <= 1
+    assert 0 <= metrics["pm/acc"] <= 1 and 0 <= metrics["gm/acc"] <= 1 and 0 <= metrics["final/personal/acc"] <= 1
+    assert metrics["client/mixed_params"] > metrics["client/p_nonzeros"]  # + the received GKR's count
+    assert metrics["client/p_nonzeros_std"] >= 0
+
+
+def _fedslr_host_after_one_round(algorithm: dict):
+    config = validate_config(tiny_config(algorithm=algorithm))
+    problem = prepare(config)
+    host = ClientHost(
+        config.algorithm, problem.model_spec, problem.x, problem.y, problem.clients, problem.init_params, config.seed
+    )
+    coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, config.clients.count)
+    broadcast = coordinator.broadcast()
+    _, records = host.train(0, host.client_ids, broadcast)
+    return problem, host, broadcast, records
+
+
+def test_personal_only_accuracy_is_p_i_alone_scored_on_the_clients_test_split():
+    """`personal/acc` (Algorithm.extra_models) is the mean over clients of the test accuracy of p_i by itself,
+    next to PM = w + p_i and GM = w; algorithms without extra models log no such keys."""
+    settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 1e-4, "lr": 0.1, "batch_size": 32}
+    problem, host, broadcast, _ = _fedslr_host_after_one_round(settings)
+    evaluations = host.evaluate(broadcast.w)
+    accuracies = []
+    for (info, split), evaluation in zip(problem.clients, evaluations, strict=True):
+        p = host.client_states()[info.id].p
+        assert np.count_nonzero(p) > 0
+        x_test, y_test = problem.x[split.test], problem.y[split.test]
+        loss, acc = host.model.evaluate(p, x_test, y_test)
+        assert evaluation.extra["personal"].test_acc == acc and evaluation.extra["personal"].test_loss == loss
+        assert evaluation.pm.test_acc == host.model.evaluate(broadcast.w + p, x_test, y_test)[1]
+        accuracies.append(acc)
+    summary = summarize(evaluations)
+    assert summary["personal/acc"] == pytest.approx(np.mean(accuracies))
+    assert summary["personal/acc_std"] == pytest.approx(np.std(accuracies, ddof=1))
+    assert evaluations[0].row()["personal_test_acc"] == accuracies[0]
+    _, plain, broadcast, _ = _fedslr_host_after_one_round({"name": "fedavg", "lr": 0.1, "batch_size": 32})
+    assert not any(k.startswith("personal/") for k in summarize(plain.evaluate(broadcast)))
+
+
+def test_mixed_parameter_count_is_the_gkr_count_plus_the_nonzeros_of_p_and_spread_is_logged():
+    """fedslr.md 6.5: #params(mixed) = sum_l min(d1 d2, r (d1 + d2)) + 1-D params + nnz(p_i), with the std of
+    nnz(p_i) over the selected clients (Table 4 reports mean +- std)."""
+    settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 1e-3, "lr": 0.1, "batch_size": 32}
+    problem, host, broadcast, records = _fedslr_host_after_one_round(settings)
+    gkr = host.algorithm.global_parameter_count(broadcast.ranks)
+    nonzeros = [float(np.count_nonzero(host.client_states()[r["client_id"]].p)) for r in records]
+    assert [r["mixed_params"] for r in records] == [gkr + n for n in nonzeros]
+    logged = mean_client_metrics([{k: v for k, v in r.items() if k != "uplink_bytes"} for r in records])
+    assert logged["client/p_nonzeros"] == pytest.approx(np.mean(nonzeros))
+    assert logged["client/p_nonzeros_std"] == pytest.approx(np.std(nonzeros, ddof=1)) and np.std(nonzeros) > 0
+    assert mean_client_metrics([{"client_id": 0, "a": 2.0}]) == {"client/a": 2.0, "client/a_std": 0.0}

@@ -208,6 +208,11 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         """The PM scored at evaluation, given the current global model (default: `personalized_model`)."""
         return self.personalized_model(state)
 
+    def extra_models(self, state: C, global_params: Vector) -> dict[str, Vector]:
+        """Further per-client models to score at evaluation, by name (FedSLR: `personal`, p_i alone); each is
+        summarized as `<name>/acc`, `<name>/loss`, ... like PM and GM. Default: none."""
+        return {}
+
     def uplink_bytes(self, upload: U) -> int:
         """Bytes one client sends for `upload`: its vectors and numbers as float32 (override for compression)."""
         return payload_bytes(upload)

@@ -14,6 +14,8 @@ M clients (Alg. 3 in its partial-participation form, fedslr.md 2.8; gamma is nev
 layer-wise (SVT of linear and matrixized conv weights; biases and norm parameters pass unchanged). The
 SVD's thresholded factors U sqrt(S), sqrt(S) V^T are the downlink (fedslr.md 2.4): `downlink_bytes`
 counts min(dense, factored) per layer. With lambda = mu = 0, Phase I and the server are FedDyn's.
+Evaluation scores GM = w, PM = the mixed model w + p_i and `personal` = p_i alone (`extra_models`); the
+parameter counts of fedslr.md 6.5 are `server/global_params` and the per-client `client/mixed_params`.
 """
 
 from __future__ import annotations
@@ -158,7 +160,8 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
             p = second.params
             metrics["phase2_loss"] = second.mean_loss
         nonzeros = float(np.count_nonzero(p))
-        metrics |= {"p_nonzeros": nonzeros, "p_density": nonzeros / p.size, "lr": lr}
+        mixed = self.global_parameter_count(broadcast.ranks) + nonzeros  # fedslr.md 6.5: GKR + nnz(p_i)
+        metrics |= {"p_nonzeros": nonzeros, "p_density": nonzeros / p.size, "mixed_params": mixed, "lr": lr}
         received = w_t.copy() if s.eval_pairing == "received" else None
         new = FedSlrClientState(gamma.astype(np.float32), p.astype(np.float32), received)
         return ClientUpdate(new, FedSlrUpload(w_i.astype(np.float32)), metrics)
@@ -212,3 +215,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         """The mixed model w + p_i (eq. 3), paired as `eval_pairing` says."""
         w = global_params if self.settings.eval_pairing == "latest" or state.w is None else state.w
         return w + state.p
+
+    def extra_models(self, state: FedSlrClientState, global_params: Vector) -> dict[str, Vector]:
+        """`personal`: p_i alone, the pure personal component (fedslr.md B.3.3 reports its accuracy)."""
+        return {"personal": state.p}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 from raysim.algorithms import build_algorithm
 from raysim.algorithms.base import AlgorithmSettings, Vector
 from raysim.robust import RobustSettings, aggregate
+from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum
 from raysim.runtime.host import ModelSpec
 
@@ -49,6 +52,8 @@ class Coordinator:
     def aggregate(self, *partials: PartialSum | None) -> dict[str, float]:
         """Merge the hosts' exact partial sums and run the server step; returns its metrics."""
         present = [p for p in partials if p is not None]
+        if not present:  # every selected upload was dropped (runtime.on_nonfinite = drop_client)
+            return {}
         total = present[0]
         for partial in present[1:]:
             total = total + partial
@@ -92,3 +97,21 @@ class Coordinator:
 
     def server_state(self) -> object:
         return self.state
+
+    def pid(self) -> int:
+        """The actor's process id (fault-injection tests kill it)."""
+        return os.getpid()
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write the server state and the robust aggregator's memory to one .npz file."""
+        tree = {"state": self.state, "latest": self.latest, "served_sum": self.served_sum, "seen": self.seen}
+        checkpoint.save_tree(path, tree)
+
+    def restore_checkpoint(self, path: str) -> None:
+        tree = checkpoint.load_tree(path)
+        self.state, self.latest, self.served_sum, self.seen = (
+            tree["state"],
+            tree["latest"],
+            tree["served_sum"],
+            set(tree["seen"]),
+        )

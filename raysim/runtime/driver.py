@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import ray
+import yaml
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -34,10 +35,12 @@ from raysim.attacks import AttackPlan, attack_plan
 from raysim.config import ExperimentConfig
 from raysim.data import ClientSplit, load_dataset, partition_dataset
 from raysim.data.partitions import label_counts
-from raysim.errors import ConfigError
+from raysim.errors import ConfigError, RaysimError
 from raysim.metrics import ClientEvaluation, mean_client_metrics, summarize
+from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.host import UPLINK_BYTES, ClientHost, ModelSpec
+from raysim.runtime.exact_sum import UploadRangeError
+from raysim.runtime.host import DROPPED, UPLINK_BYTES, ClientHost, ModelSpec
 from raysim.runtime.placement import HostPlacement
 from raysim.seeding import Stream, rng, torch_seed
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
@@ -170,6 +173,7 @@ class Simulation:
             )
         by_id = {info.id: (info, split) for info, split in problem.clients}
         x_ref, y_ref, init_ref = ray.put(problem.x), ray.put(problem.y), ray.put(problem.init_params)
+        self._refs = (x_ref, y_ref, init_ref)  # kept alive: a restarted actor is built from them again
         self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
         host_actor = ray.remote(ClientHost)
         self.hosts = [
@@ -178,6 +182,8 @@ class Simulation:
                 num_gpus=runtime.host_gpus,
                 resources=runtime.host_resources,
                 scheduling_strategy=self.placement.strategy(index),
+                max_restarts=runtime.max_restarts,
+                max_task_retries=0,
             ).remote(
                 config.algorithm,
                 problem.model_spec,
@@ -190,6 +196,7 @@ class Simulation:
                 attack=problem.attack,
                 send_messages=config.aggregation.active,
                 auc_single_label=config.tracking.auc_single_label,
+                on_nonfinite=runtime.on_nonfinite,
             )
             for index, ids in enumerate(self.host_clients)
         ]
@@ -199,6 +206,8 @@ class Simulation:
                 num_cpus=runtime.coordinator_cpus,
                 num_gpus=runtime.coordinator_gpus,
                 resources=runtime.coordinator_resources,
+                max_restarts=runtime.max_restarts,
+                max_task_retries=0,
             )
             .remote(
                 config.algorithm,
@@ -232,6 +241,7 @@ class Simulation:
                 partials.append(partial)
                 record_refs.append(records)
         records = [r for host_records in ray.get(record_refs) for r in host_records]
+        self.dropped = [r["client_id"] for r in records if r.pop(DROPPED, 0.0)]
         trained = time.perf_counter()
         server_metrics = ray.get(self.coordinator.aggregate.remote(*partials))
         aggregated = time.perf_counter()
@@ -240,6 +250,7 @@ class Simulation:
             **mean_client_metrics(records),
             **{f"server/{k}": v for k, v in server_metrics.items()},
             "clients/selected": float(len(selected)),
+            **({"clients/dropped_nonfinite": float(len(self.dropped))} if self.dropped else {}),
             "time/clients": trained - start,
             "time/aggregation": aggregated - trained,
         }
@@ -270,6 +281,29 @@ class Simulation:
     def server_state(self) -> object:
         return ray.get(self.coordinator.server_state.remote())
 
+    def save_checkpoint(self, directory: Path) -> None:
+        """Every host writes its own clients' file in parallel; the coordinator writes the server state."""
+        directory.mkdir(parents=True, exist_ok=True)
+        ray.get(
+            [host.save_checkpoint.remote(str(directory / f"host-{i}.npz")) for i, host in enumerate(self.hosts)]
+            + [self.coordinator.save_checkpoint.remote(str(directory / "coordinator.npz"))]
+        )
+
+    def restore_checkpoint(self, directory: Path, wait_s: float = 120.0) -> None:
+        """Load a checkpoint into every actor, waiting for actors that Ray is restarting (max_restarts)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                ray.get(
+                    [host.restore_checkpoint.remote(str(directory)) for host in self.hosts]
+                    + [self.coordinator.restore_checkpoint.remote(str(directory / "coordinator.npz"))]
+                )
+                return
+            except ray.exceptions.RayActorError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+
     def close(self) -> None:
         for actor in [*self.hosts, self.coordinator]:
             ray.kill(actor)
@@ -289,50 +323,99 @@ def _progress(console: Console | None) -> Progress:
     )
 
 
+class DivergenceError(RaysimError):
+    """A client's upload had NaN/inf (runtime.on_nonfinite = stop); the message names the round and client."""
+
+
 def run_experiment(
-    config: ExperimentConfig, show_progress: bool = True, inspect=None, parent: str | None = None
+    config: ExperimentConfig,
+    show_progress: bool = True,
+    inspect=None,
+    parent: str | None = None,
+    resume: Path | None = None,
 ) -> RunResult:
     """Run one experiment end to end and log it to MLflow.
 
     `inspect(round_index, simulation)`, if given, is called after every round (tests use it to check
     invariants on live state). `parent` is the MLflow run id to nest this run under (raysim.suite).
+    `resume` is a checkpoint folder: the same MLflow run continues from it (see `resume_experiment`).
     """
     problem = prepare(config)
-    writer = MlflowWriter(resolve_tracking_uri(config.tracking.uri), config.tracking.experiment)
-    run_id = writer.start(
-        config.tracking.run_name,
-        config.flat(),
-        {
-            "algorithm": config.algorithm.name,
-            "dataset": config.dataset.name,
-            "partition": config.partition.scheme,
-            "attack": config.attack.kind,
-            "aggregation": config.aggregation.rule,
-            "malicious_clients": ",".join(str(c) for c in sorted(problem.malicious)),
-            "git_commit": git_commit(),
-        },
-        parent=parent,
-    )
+    manifest = checkpoint.read_manifest(resume) if resume is not None else None
+    uri = manifest["tracking_uri"] if manifest else resolve_tracking_uri(config.tracking.uri)
+    writer = MlflowWriter(uri, config.tracking.experiment)
+    if manifest is not None:
+        run_id = manifest["run_id"]
+        writer.reopen(run_id)
+    else:
+        run_id = writer.start(
+            config.tracking.run_name,
+            config.flat(),
+            {
+                "algorithm": config.algorithm.name,
+                "dataset": config.dataset.name,
+                "partition": config.partition.scheme,
+                "attack": config.attack.kind,
+                "aggregation": config.aggregation.rule,
+                "malicious_clients": ",".join(str(c) for c in sorted(problem.malicious)),
+                "git_commit": git_commit(),
+            },
+            parent=parent,
+        )
     result = RunResult(run_id, malicious=sorted(problem.malicious))
     console = Console(stderr=True) if show_progress else None
     if console:
+        verb = f"resuming from {resume}" if resume else "run"
         console.print(
-            f"[bold]raysim[/] {config.algorithm.name} on {config.dataset.name}: run {run_id} at {writer.tracking_uri}"
+            f"[bold]raysim[/] {config.algorithm.name} on {config.dataset.name}: {verb} {run_id} "
+            f"at {writer.tracking_uri}"
         )
+    rounds = _Rounds(config, writer, result, console, inspect, problem.malicious, resume)
+    timeout = config.tracking.flush_timeout_s
     try:
-        _write_partition_summary(config, problem, writer)
+        if manifest is None:
+            _write_partition_summary(config, problem, writer)
         with ray_session(config):
             simulation = Simulation(config, problem)
             try:
-                _run_rounds(config, simulation, writer, result, console, inspect, problem.malicious)
+                rounds.run(simulation)
             finally:
                 simulation.close()
         _write_artifacts(config, problem, writer, result)
+    except UploadRangeError as error:
+        message = str(getattr(error, "cause", None) or error).strip().splitlines()[-1]
+        writer.set_tags({"raysim.error": message})
+        writer.finish("FAILED", timeout)
+        kept = f"; last good checkpoint {rounds.latest}" if rounds.latest else ""
+        raise DivergenceError(f"run {run_id} stopped: {message}{kept} (runtime.on_nonfinite=stop)") from None
     except BaseException:
-        writer.finish("FAILED" if result.history else "KILLED")
+        writer.finish("FAILED" if result.history else "KILLED", timeout)
         raise
-    writer.finish("FINISHED")
+    writer.finish("FINISHED", timeout)
     return result
+
+
+def resume_experiment(target: str, tracking_uri: str | None = None, show_progress: bool = True, inspect=None):
+    """Continue a run from its last complete checkpoint: `target` is a checkpoint folder (a run's or one
+    round's) or an MLflow run id whose `raysim.checkpoint` tag names one."""
+    path = Path(target)
+    if not path.exists():
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        uri = resolve_tracking_uri(tracking_uri)
+        try:
+            tags = MlflowClient(uri).get_run(target).data.tags
+        except MlflowException:
+            raise checkpoint.CheckpointError(f"{target}: neither a checkpoint folder nor a run id in {uri}") from None
+        if "raysim.checkpoint" not in tags:
+            raise checkpoint.CheckpointError(f"run {target} has no checkpoint (tracking.checkpoint_every was 0)")
+        path = Path(tags["raysim.checkpoint"]).parent
+    directory = checkpoint.latest_checkpoint(path)
+    from raysim.config import validate_config
+
+    config = validate_config(yaml.safe_load(checkpoint.read_manifest(directory)["config"]))
+    return run_experiment(config, show_progress, inspect, resume=directory)
 
 
 def benign_summary(evaluations: list[ClientEvaluation], malicious: frozenset[int]) -> dict[str, float]:
@@ -340,34 +423,119 @@ def benign_summary(evaluations: list[ClientEvaluation], malicious: frozenset[int
     return summarize([e for e in evaluations if e.client_id not in malicious])
 
 
-def _run_rounds(config, simulation: Simulation, writer, result: RunResult, console, inspect, malicious) -> None:
-    evaluations = simulation.evaluate()
-    result.history[0] = benign_summary(evaluations, malicious)
-    writer.log_metrics(0, result.history[0])
-    with _progress(console) as progress:
-        task = progress.add_task("round", total=config.rounds, pm="-", gm="-", hm="-", secs="")
-        for round_index in range(config.rounds):
-            start = time.perf_counter()
-            metrics = simulation.train_round(round_index)
-            step = round_index + 1
-            if step % config.tracking.eval_every == 0 or step == config.rounds:
-                evaluated = time.perf_counter()
-                evaluations = simulation.evaluate()
-                metrics |= benign_summary(evaluations, malicious)
-                metrics["time/evaluation"] = time.perf_counter() - evaluated
-            metrics["time/round"] = time.perf_counter() - start
-            writer.log_metrics(step, metrics)
-            result.history[step] = metrics
-            if inspect is not None:
-                inspect(round_index, simulation)
-            shown = {k: f"{metrics[f'{k}/acc']:.4f}" for k in ("pm", "gm", "hm") if f"{k}/acc" in metrics}
-            progress.update(task, advance=1, **shown, secs=f"{metrics['time/round']:.2f}s/round")
-    result.final = evaluations
-    finals = benign_summary(evaluations, malicious)
-    evaluated_rounds = [r for r in result.history if "pm/acc" in result.history[r]]
-    best = {f"best/{k}": max(result.history[r][k] for r in evaluated_rounds) for k in ("pm/acc", "gm/acc", "hm/acc")}
-    result.summary = {f"final/{k}": v for k, v in finals.items()} | best
-    writer.log_metrics(config.rounds, result.summary)
+class _Rounds:
+    """The round loop with checkpoints, recovery from dead actors, and resume."""
+
+    def __init__(self, config, writer, result: RunResult, console, inspect, malicious, resume: Path | None):
+        self.config, self.writer, self.result = config, writer, result
+        self.console, self.inspect, self.malicious = console, inspect, malicious
+        self.resume = resume
+        tracking = config.tracking
+        self.folder = Path(tracking.checkpoint_dir).resolve() / result.run_id if tracking.checkpoint_every else None
+        if resume is not None:  # keep writing next to the checkpoint resumed from, wherever it was started
+            self.folder = resume.resolve().parent
+        self.latest: Path | None = resume
+        self.logged_through = -1
+        """Steps up to this one are in MLflow already (not logged again after a recovery or resume)."""
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        if step > self.logged_through:
+            self.writer.log_metrics(step, metrics)
+            self.logged_through = step
+
+    def _checkpoint(self, simulation: Simulation, step: int) -> None:
+        directory = checkpoint.round_dir(self.folder.parent, self.folder.name, step)
+        simulation.save_checkpoint(directory)
+        checkpoint.write_manifest(
+            directory,
+            {
+                "run_id": self.result.run_id,
+                "round": step,
+                "tracking_uri": self.writer.tracking_uri,
+                "config": self.config.to_yaml(),
+                "history": self.result.history,
+                "uplink_total": simulation.uplink_total,
+                "downlink_total": simulation.downlink_total,
+                "hosts": len(simulation.hosts),
+                "sampler": "none: clients are drawn from a stream keyed by (seed, round), no RNG state to keep",
+                "written": time.time(),
+            },
+        )
+        self.latest = directory
+        self.writer.set_tags({"raysim.checkpoint": str(directory)})
+        checkpoint.prune(self.folder, self.config.tracking.checkpoint_keep)
+
+    def _restore(self, simulation: Simulation, directory: Path) -> int:
+        """Every actor takes its state from the checkpoint; the driver its history; returns the round."""
+        simulation.restore_checkpoint(directory)
+        manifest = checkpoint.read_manifest(directory)
+        self.result.history = {int(k): v for k, v in manifest["history"].items()}
+        simulation.uplink_total = manifest["uplink_total"]
+        simulation.downlink_total = manifest["downlink_total"]
+        return int(manifest["round"])
+
+    def run(self, simulation: Simulation) -> None:
+        config, result = self.config, self.result
+        evaluations: list[ClientEvaluation] = []
+        if self.resume is not None:
+            round_index = self._restore(simulation, self.resume)
+            self.logged_through = max(self.writer.last_step("time/round"), self.writer.last_step("pm/acc"))
+            for step in sorted(result.history):  # what the dead driver had not yet sent
+                self._log(step, result.history[step])
+        else:
+            evaluations = simulation.evaluate()
+            result.history[0] = benign_summary(evaluations, self.malicious)
+            self._log(0, result.history[0])
+            round_index = 0
+            if self.folder is not None:
+                self._checkpoint(simulation, 0)
+        with _progress(self.console) as progress:
+            task = progress.add_task("round", total=config.rounds, pm="-", gm="-", hm="-", secs="")
+            progress.update(task, completed=round_index)
+            while round_index < config.rounds:
+                step = round_index + 1
+                try:
+                    metrics, evaluated = self._round(simulation, round_index)
+                    if self.folder is not None and (step % config.tracking.checkpoint_every == 0):
+                        self._checkpoint(simulation, step)
+                except ray.exceptions.RayActorError as error:
+                    if self.latest is None:
+                        raise
+                    if self.console:
+                        self.console.print(f"[yellow]round {step}: actor lost ({type(error).__name__}); "
+                                           f"restoring {self.latest}[/]")  # fmt: skip
+                    round_index = self._restore(simulation, self.latest)
+                    progress.update(task, completed=round_index)
+                    continue
+                evaluations = evaluated or evaluations
+                if self.inspect is not None:
+                    self.inspect(round_index, simulation)
+                shown = {k: f"{metrics[f'{k}/acc']:.4f}" for k in ("pm", "gm", "hm") if f"{k}/acc" in metrics}
+                progress.update(task, advance=1, **shown, secs=f"{metrics['time/round']:.2f}s/round")
+                round_index += 1
+        result.final = evaluations
+        finals = benign_summary(evaluations, self.malicious)
+        evaluated_rounds = [r for r in result.history if "pm/acc" in result.history[r]]
+        best = {
+            f"best/{k}": max(result.history[r][k] for r in evaluated_rounds) for k in ("pm/acc", "gm/acc", "hm/acc")
+        }
+        result.summary = {f"final/{k}": v for k, v in finals.items()} | best
+        self.writer.log_metrics(config.rounds, result.summary)
+
+    def _round(self, simulation: Simulation, round_index: int) -> tuple[dict[str, float], list[ClientEvaluation]]:
+        start = time.perf_counter()
+        metrics = simulation.train_round(round_index)
+        step = round_index + 1
+        evaluations: list[ClientEvaluation] = []
+        if step % self.config.tracking.eval_every == 0 or step == self.config.rounds:
+            evaluated = time.perf_counter()
+            evaluations = simulation.evaluate()
+            metrics |= benign_summary(evaluations, self.malicious)
+            metrics["time/evaluation"] = time.perf_counter() - evaluated
+        metrics["time/round"] = time.perf_counter() - start
+        self.result.history[step] = metrics
+        self._log(step, metrics)
+        return metrics, evaluations
 
 
 def _write_partition_summary(config: ExperimentConfig, problem: Problem, writer: MlflowWriter) -> None:

@@ -8,7 +8,10 @@ it with `ray.remote`, and tests may use it directly.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,12 +23,15 @@ from raysim.data.partitions import ClientSplit
 from raysim.data.sources import Task
 from raysim.metrics import ClientEvaluation, ModelScores, SingleLabelAuc, classification_scores
 from raysim.models.flat import FlatModel
-from raysim.runtime.exact_sum import PartialSum, encode
+from raysim.runtime import checkpoint
+from raysim.runtime.exact_sum import PartialSum, UploadRangeError, encode
 from raysim.seeding import Stream, rng
 from raysim.training.local import ClientData, LocalTrainer
 
 UPLINK_BYTES = "uplink_bytes"
 """Record key of the bytes a client sent this round (the driver sums it over clients)."""
+DROPPED = "dropped_nonfinite"
+"""Record key set when a client's upload had NaN/inf and was dropped (runtime.on_nonfinite = drop_client)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,14 @@ class ModelSpec:
 
     def build(self) -> FlatModel:
         return FlatModel(self.name, self.input_shape, self.outputs, self.task)
+
+
+def _untrained(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
+    """Executor of a Byzantine client that skips training: every SGD request returns its start point, every
+    gradient is zero."""
+    if isinstance(request, FullGradient):
+        return GradientResult(np.zeros_like(request.point), float("nan"))
+    return SGDResult(np.array(request.start, copy=True), float("nan"), 0)
 
 
 class ClientHost:
@@ -57,12 +71,15 @@ class ClientHost:
         attack: AttackPlan | None = None,
         send_messages: bool = False,
         auc_single_label: SingleLabelAuc = "zero",
+        on_nonfinite: str = "stop",
     ):
         """`attack` says which clients are malicious and how; `send_messages` adds each selected client's
         message to the partial sums, for a robust aggregator at the coordinator; `auc_single_label` is the
         AUC of a one-label test split (raysim.metrics.classification_scores)."""
         torch.set_num_threads(torch_threads)
         self.auc_single_label = auc_single_label
+        self.on_nonfinite = on_nonfinite
+        """runtime.on_nonfinite: `stop` raises UploadRangeError on a NaN/inf upload, `drop_client` skips it."""
         self.model = model_spec.build()
         self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
         self.trainer = LocalTrainer(self.model)
@@ -97,16 +114,22 @@ class ClientHost:
         total: PartialSum | None = None
         records: list[dict] = []
         for client_id in sorted(client_ids):
-            update = run_client_step(
-                self.algorithm,
-                self.info[client_id],
-                self.states[client_id],
-                broadcast,
-                self._executor(client_id, round_index),
-            )
+            idle = self.attack is not None and self.attack.skips_training(client_id)
+            execute = _untrained if idle else self._executor(client_id, round_index)
+            update = run_client_step(self.algorithm, self.info[client_id], self.states[client_id], broadcast, execute)
+            if idle:  # attack.training = skip: no local work, state kept; the step only shapes the upload
+                update = dataclasses.replace(update, state=self.states[client_id], metrics={})
+            previous_state = self.states[client_id]
             self.states[client_id] = update.state
             upload, message = self._outgoing(client_id, round_index, update, broadcast)
-            term = encode(upload, self.num_clients, client_id)
+            try:
+                term = encode(upload, self.num_clients, client_id)
+            except UploadRangeError as error:
+                if self.on_nonfinite != "drop_client":
+                    raise UploadRangeError(f"round {round_index}: {error}") from None
+                self.states[client_id] = previous_state  # runtime.on_nonfinite = drop_client: as if not selected
+                records.append({"client_id": client_id, DROPPED: 1.0, UPLINK_BYTES: 0.0})
+                continue
             if message is not None:
                 term.messages[client_id] = message
             total = term if total is None else total + term
@@ -161,7 +184,7 @@ class ClientHost:
         return ModelScores(test_acc, test_loss, train_loss, val_acc, f1, auc)
 
     def evaluate(self, global_params: Vector) -> list[ClientEvaluation]:
-        """PM and GM scores of every client of this host."""
+        """PM, GM (and the algorithm's extra models') scores of every client of this host."""
         self.evaluations += 1
         evaluations = []
         for client_id in self.client_ids:
@@ -169,8 +192,39 @@ class ClientHost:
             gm = self._scores(global_params, data, client_id)
             personal = self.algorithm.evaluated_model(self.states[client_id], global_params)
             pm = gm if personal is None else self._scores(personal, data, client_id)
-            evaluations.append(ClientEvaluation(client_id, pm, gm))
+            models = self.algorithm.extra_models(self.states[client_id], global_params)
+            extra = {name: self._scores(params, data, client_id) for name, params in models.items()}
+            evaluations.append(ClientEvaluation(client_id, pm, gm, extra))
         return evaluations
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write this host's clients' persistent state (states, Byzantine messages sent, evaluation count) to
+        one .npz file; hosts write in parallel, nothing goes through the driver."""
+        tree = {
+            "states": {c: self.states[c] for c in self.client_ids},
+            "sent": dict(self.sent),
+            "evaluations": self.evaluations,
+        }
+        checkpoint.save_tree(path, tree)
+
+    def restore_checkpoint(self, directory: str) -> None:
+        """Take this host's clients' state from a checkpoint folder (any number of hosts may have written it)."""
+        owned = set(self.client_ids)
+        found: set[int] = set()
+        for path in sorted(Path(directory).glob("host-*.npz")):
+            tree = checkpoint.load_tree(path)
+            for client_id, state in tree["states"].items():
+                if client_id in owned:
+                    self.states[client_id] = state
+                    found.add(client_id)
+            self.sent.update({c: m for c, m in tree["sent"].items() if c in owned})
+            self.evaluations = tree["evaluations"]
+        if found != owned:
+            raise checkpoint.CheckpointError(f"{directory}: no state for clients {sorted(owned - found)[:10]}")
+
+    def pid(self) -> int:
+        """The actor's process id (fault-injection tests kill it)."""
+        return os.getpid()
 
     def client_states(self, client_ids: list[int] | None = None) -> dict[int, object]:
         """Current state of the given (default: all) clients, for inspection and tests."""
