@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from raysim.algorithms.base import Vector
+from raysim.errors import ConfigError
 from raysim.seeding import Stream, rng
 
 AttackKind = Literal["none", "same_value", "sign_flip", "gaussian", "label_poisoning"]
@@ -121,7 +122,21 @@ def malicious_clients(settings: AttackSettings, num_clients: int, seed: int) -> 
     return frozenset(int(c) for c in chosen)
 
 
+def check_benign_left(settings: AttackSettings, num_clients: int) -> None:
+    """Refuse an attack that makes every client malicious: every metric is over benign clients, so such a
+    run could score nothing (checked before any Ray work)."""
+    count = settings.num_malicious(num_clients)
+    if count >= num_clients:
+        raise ConfigError(
+            f"attack.fraction={settings.fraction} (attack.count={settings.count}) makes all {num_clients} clients "
+            "malicious, so no benign client would be left to score; allowed: attack.fraction < 1 (with "
+            "attack.count=code also at least 2 clients)"
+        )
+
+
 def attack_plan(settings: AttackSettings, num_clients: int, seed: int) -> AttackPlan:
+    """The run's attackers; a ConfigError when they would be all the clients (see check_benign_left)."""
+    check_benign_left(settings, num_clients)
     return AttackPlan(settings, malicious_clients(settings, num_clients, seed), seed)
 
 

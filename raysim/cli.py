@@ -188,9 +188,11 @@ def parser() -> argparse.ArgumentParser:
     )
     pretrain.add_argument("config", help="experiment YAML with partition.scheme = meta")
     pretrain.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
-    pretrain.add_argument("--epochs", type=int, default=5)
-    pretrain.add_argument("--lr", type=float, default=0.05)
-    pretrain.add_argument("--cache", type=Path, default=Path("~/.cache/raysim/pm"), help="folder of cached PMs")
+    pretrain.add_argument("--epochs", type=int, default=None, help="default: algorithm.pm_epochs")
+    pretrain.add_argument("--lr", type=float, default=None, help="default: algorithm.pm_lr")
+    pretrain.add_argument(
+        "--cache", type=Path, default=None, help="folder of cached PMs (default: $RAYSIM_CACHE/pm, ~/.cache/raysim/pm)"
+    )
     pretrain.set_defaults(handler=_pretrain)
     ui = commands.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the tracking store")
     ui.add_argument("--config", help="take the tracking URI from this experiment config")

@@ -36,6 +36,7 @@ class DatasetSettings(_Section):
     name: Literal[SOURCES] = "fashion_mnist"  # type: ignore[valid-type]
     root: str | None = Field(None, description="directory holding the dataset files (else the default places)")
     download: bool = Field(True, description="let torchvision download when no local copy exists")
+    path: str | None = Field(None, description="name: npz: the .npz file holding x, y and optional groups")
 
 
 class ClientsSettings(_Section):
@@ -43,24 +44,45 @@ class ClientsSettings(_Section):
     per_round: int | None = Field(None, ge=1, description="s: clients sampled per round (uniform, no replacement)")
     fraction: float | None = Field(None, gt=0, le=1, description="or: this fraction of m per round")
     weighting: Literal["uniform", "samples"] = Field(
-        "uniform", description="alpha_i = 1/m (all FLAME experiments) or n_i/n"
+        "uniform", description="alpha_i = 1/m (all FLAME experiments) or n_i/n, over the training clients"
+    )
+    heldout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of clients (the last ids) that never train and are only evaluated, after the "
+        "algorithm's fast adaptation (AugFL's target clients: 0.2, augfl.md 2.3)",
     )
 
     @model_validator(mode="after")
     def _check_sampling(self) -> ClientsSettings:
         if self.per_round is not None and self.fraction is not None:
             raise ValueError("set at most one of clients.per_round and clients.fraction")
-        if self.per_round is not None and self.per_round > self.count:
-            raise ValueError(f"clients.per_round={self.per_round} exceeds clients.count={self.count}")
+        if self.training_count < 1:
+            raise ValueError(f"clients.heldout={self.heldout} leaves no training client of clients.count={self.count}")
+        if self.per_round is not None and self.per_round > self.training_count:
+            raise ValueError(
+                f"clients.per_round={self.per_round} exceeds the {self.training_count} training clients "
+                f"(clients.count={self.count}, clients.heldout={self.heldout})"
+            )
         return self
 
+    @property
+    def heldout_count(self) -> int:
+        return int(round(self.heldout * self.count))
+
+    @property
+    def training_count(self) -> int:
+        """m: the clients that train (ids 0..m-1); the held-out ones follow them."""
+        return self.count - self.heldout_count
+
     def per_round_count(self) -> int:
-        """How many clients take part in each round (all of them by default: full participation)."""
+        """How many clients take part in each round (all training clients by default: full participation)."""
         if self.per_round is not None:
             return self.per_round
         if self.fraction is not None:
-            return max(1, int(self.fraction * self.count))
-        return self.count
+            return max(1, int(self.fraction * self.training_count))
+        return self.training_count
 
 
 class RuntimeSettings(_Section):
@@ -83,8 +105,10 @@ class RuntimeSettings(_Section):
     torch_threads: int = Field(1, ge=1, description="torch threads per actor (same value => same results)")
     object_store_mb: int = Field(1024, ge=64, description="object store size of a new local Ray instance")
     max_restarts: int = Field(
-        3, ge=0, description="times Ray restarts a dead host/coordinator actor; the run then redoes rounds from "
-        "the last checkpoint (needs tracking.checkpoint_every > 0)"
+        3,
+        ge=0,
+        description="times Ray restarts a dead host/coordinator actor; the run then redoes rounds from "
+        "the last checkpoint (needs tracking.checkpoint_every > 0)",
     )
     on_nonfinite: Literal["stop", "drop_client"] = Field(
         "stop", description="a NaN/inf client upload stops the run (run marked FAILED) or that upload is dropped"

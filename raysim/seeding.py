@@ -20,6 +20,8 @@ class Stream(IntEnum):
     CLIENT_TRAINING = 4
     ATTACK = 5
     DATA_NOISE = 6
+    SERVER = 7
+    ADAPTATION = 8
 
 
 def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:

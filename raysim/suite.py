@@ -5,7 +5,8 @@ list of `runs`, each a name and `set`: dotted-key overrides of the base (`algori
 whole section, `algorithm.rho: 0.1` one value). With `seeds`, every run is repeated for each seed. Every
 child is an ordinary `run_experiment` whose MLflow run has `mlflow.parentRunId` = the suite's run, so the
 MLflow UI charts them side by side; the parent run gets a comparison plot and a Parquet summary table.
-All child configs are validated before anything runs, and one Ray instance serves every child.
+All child configs are validated, and their partitions made once (`check_partitions`), before anything runs;
+one Ray instance serves every child.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from raysim.attacks import check_benign_left
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
-from raysim.errors import ConfigError
+from raysim.data import load_dataset, partition_dataset
+from raysim.data.sources import SEEDED_SOURCES
+from raysim.errors import ConfigError, DataError, PartitionError
 from raysim.runtime.driver import RunResult, ray_session, run_experiment
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.robustness import write_suite_reports
@@ -96,9 +100,37 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     return SuiteConfig.load(path, overrides)
 
 
+def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
+    """Partition every distinct (dataset, partition, clients, seed) of a suite or sweep once, and check that
+    every attack leaves a benign client, so that an impossible request fails with the name of its run
+    (`experiments`: (name for the message, config)) before any MLflow run or Ray work; each child would only
+    find out inside its own run. Each dataset is loaded once (once per seed for the synthetic ones)."""
+    by_dataset: dict[tuple[str, int | None], list[tuple[str, ExperimentConfig]]] = {}
+    for where, config in experiments:
+        seed = config.seed if config.dataset.name in SEEDED_SOURCES else None
+        by_dataset.setdefault((config.dataset.model_dump_json(), seed), []).append((where, config))
+    done: set[tuple[str, str, int, int]] = set()
+    for (dataset_key, _), members in by_dataset.items():
+        dataset = None
+        for where, config in members:
+            key = (dataset_key, config.partition.model_dump_json(), config.clients.count, config.seed)
+            try:
+                check_benign_left(config.attack, config.clients.training_count)
+                if key in done:
+                    continue
+                if dataset is None:
+                    settings = config.dataset
+                    dataset = load_dataset(settings.name, settings.root, settings.download, config.seed, settings.path)
+                partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
+            except (ConfigError, DataError, PartitionError) as error:
+                raise type(error)(f"{where}: {error}") from None
+            done.add(key)
+
+
 def run_suite(suite: SuiteConfig, show_progress: bool = True) -> SuiteResult:
     """Run every child experiment under one parent MLflow run; log the comparison plot and summary table."""
     children = suite.experiments()
+    check_partitions([(f"suite run {c.tracking.run_name!r}", c) for _, c in children])
     first = children[0][1]
     writer = MlflowWriter(resolve_tracking_uri(first.tracking.uri), first.tracking.experiment)
     params = {"suite.runs": ",".join(r.name for r in suite.runs), "suite.seeds": suite.seeds or [first.seed]}

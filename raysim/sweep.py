@@ -8,8 +8,10 @@ own) running `run_experiment`, whose hosts and coordinator are nested actors; at
 trials run at once (default: as many as the cluster's CPUs hold). The trials' MLflow runs are nested
 under one parent run, which only this process creates and which gets the summary table
 (summary.parquet) and the plots (accuracy vs round per trial; final accuracy mean +/- std over seeds per
-setting). A trial that fails is recorded as failed (status and error in the table, its MLflow run marked
-FAILED) and the others go on.
+setting). Every trial's config is validated and every distinct partition made (`suite.check_partitions`)
+before the parent run or any Ray work, so an impossible request fails at once naming its trial. A trial
+that fails later is recorded as failed (status and error in the table, its MLflow run marked FAILED) and
+the others go on.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.errors import ConfigError
 from raysim.runtime.driver import ray_session, run_experiment
-from raysim.suite import write_summary
+from raysim.suite import check_partitions, write_summary
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 
 SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")
@@ -226,6 +228,7 @@ def run_sweep(sweep: SweepConfig, show_progress: bool = True) -> SweepResult:
     base = validate_config(sweep.base_tree())
     uri = absolute_tracking_uri(base.tracking.uri)
     trials = sweep.trials(uri)
+    check_partitions([(f"sweep trial {t.index} ({t.label}, seed {t.config.seed})", t.config) for t in trials])
     writer = MlflowWriter(uri, base.tracking.experiment)
     params: dict[str, object] = {
         "sweep.trials": len(trials),

@@ -16,11 +16,13 @@ class InProcess:
         self.problem = problem or prepare(config)
         p = self.problem
         self.host = ClientHost(config.algorithm, p.model_spec, p.x, p.y, p.clients, p.init_params, config.seed)
-        self.coordinator = Coordinator(config.algorithm, p.model_spec, p.init_params, len(p.clients))
+        self.coordinator = Coordinator(
+            config.algorithm, p.model_spec, p.init_params, p.num_training, server_data=p.server_data
+        )
 
     def round(self, round_index: int, selected: list[int] | None = None) -> dict[str, float]:
         if selected is None:
-            m = len(self.problem.clients)
+            m = self.problem.num_training
             selected = sample_clients(self.config.seed, round_index, m, self.config.clients.per_round_count())
         partial, _records = self.host.train(round_index, selected, self.coordinator.broadcast())
         return self.coordinator.aggregate(partial)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
+import yaml
 
 from raysim.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
 from raysim.config import validate_config
@@ -20,12 +22,21 @@ from tests.conftest import tiny_config
 ALGORITHMS = {
     "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
     "fedavg": {"name": "fedavg", "lr": 0.05, "batch_size": 32},
+    "fedapm": {"name": "fedapm", "lr": 0.05, "batch_size": 32, "epochs": 1},
 }
+STATEFUL = {"flame", "fedapm"}
+"""FedAvg keeps no client state, so only these can show that an attacker's state follows the protocol."""
+KINDS = ["same_value", "sign_flip", "gaussian", "label_poisoning"]
 
 
 def _setup(algorithm: str, attack: dict | None = None, clients: int = 6):
     config = validate_config(
-        tiny_config(algorithm=ALGORITHMS[algorithm], clients={"count": clients}, attack=attack or {"kind": "none"})
+        tiny_config(
+            algorithm=ALGORITHMS[algorithm],
+            clients={"count": clients},
+            attack=attack or {"kind": "none"},
+            model={"name": "mlp" if algorithm == "fedapm" else "mlr"},  # FedAPM splits off the last layer
+        )
     )
     problem = prepare(config)
     host = ClientHost(
@@ -44,9 +55,14 @@ def _setup(algorithm: str, attack: dict | None = None, clients: int = 6):
 
 
 def _round(host, coordinator, round_index: int):
-    partial, _ = host.train(round_index, host.client_ids, coordinator.broadcast())
+    return _round_with_records(host, coordinator, round_index)[0]
+
+
+def _round_with_records(host, coordinator, round_index: int):
+    """Every client's message and its client-step record (train_loss, ...)."""
+    partial, records = host.train(round_index, host.client_ids, coordinator.broadcast())
     coordinator.aggregate(partial)
-    return {c: message for c, (message, _) in partial.messages.items()}
+    return {c: message for c, (message, _) in partial.messages.items()}, {r["client_id"]: r for r in records}
 
 
 @pytest.mark.parametrize("kind", ["same_value", "sign_flip", "gaussian"])
@@ -93,15 +109,21 @@ def test_malicious_set_size_and_determinism(fraction, count):
     assert malicious_clients(AttackSettings(kind="none", fraction=0.5), 50, 3) == frozenset()
 
 
-@pytest.mark.parametrize("algorithm", ["flame", "fedavg"])
+@pytest.mark.parametrize("algorithm", ["flame", "fedavg", "fedapm"])
 @pytest.mark.parametrize("kind", ["same_value", "sign_flip", "gaussian"])
 def test_byzantine_attacks_change_exactly_the_attackers_messages(algorithm, kind):
+    """The message is what the paper says the client uploads: FLAME u_i, FedAvg the local model, FedAPM z_i of
+    the shared part only (its personal part v_i never leaves the client)."""
     _, _, honest_host, honest_coordinator = _setup(algorithm)
     _, problem, host, coordinator = _setup(algorithm, {"kind": kind, "fraction": 0.5})
     attackers = problem.malicious
     assert len(attackers) == 3
-    honest = _round(honest_host, honest_coordinator, 0)
-    attacked = _round(host, coordinator, 0)
+    honest, honest_records = _round_with_records(honest_host, honest_coordinator, 0)
+    attacked, records = _round_with_records(host, coordinator, 0)
+    shared = len(honest_coordinator.global_model()) if algorithm != "fedapm" else len(honest_coordinator.state.u)
+    assert all(len(m) == shared for m in attacked.values())
+    if algorithm == "fedapm":  # the shared part only
+        assert shared < len(problem.init_params)
     for client_id in range(6):
         if client_id in attackers:
             expected = problem.attack.corrupt(client_id, 0, honest[client_id], honest_coordinator.broadcast())
@@ -109,10 +131,19 @@ def test_byzantine_attacks_change_exactly_the_attackers_messages(algorithm, kind
             np.testing.assert_allclose(attacked[client_id], expected, rtol=1e-6)  # honest[...] was rounded to f32
         else:
             np.testing.assert_array_equal(attacked[client_id], honest[client_id])
-    # the attackers' own state follows the honest protocol; only what they send is forged
-    for client_id, state in honest_host.client_states().items():
-        for name, value in vars(state).items():
-            np.testing.assert_array_equal(value, getattr(host.client_states()[client_id], name))
+    # attackers run the honest step (training: train): the same local training loss as without the attack ...
+    for client_id in range(6):
+        assert records[client_id]["train_loss"] == honest_records[client_id]["train_loss"]
+    # ... and their own state follows the honest protocol; only what they send is forged
+    states, honest_states = host.client_states(), honest_host.client_states()
+    if algorithm not in STATEFUL:
+        assert all(vars(state) == {} for state in states.values())  # nothing kept, nothing to compare
+        return
+    for client_id in attackers:
+        fields = vars(honest_states[client_id])
+        assert fields
+        for name, value in fields.items():
+            np.testing.assert_array_equal(value, getattr(states[client_id], name))
 
 
 def test_flame_server_sums_the_latest_forged_messages_over_rounds():
@@ -130,15 +161,21 @@ def test_flame_server_sums_the_latest_forged_messages_over_rounds():
         np.testing.assert_allclose(coordinator.global_model(), expected / 6, atol=1e-6)
 
 
-@pytest.mark.parametrize("algorithm", ["flame", "fedavg"])
-def test_fraction_zero_changes_nothing(algorithm):
+@pytest.mark.parametrize("algorithm", ["flame", "fedavg", "fedapm"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fraction_zero_changes_nothing(algorithm, kind):
     _, _, plain_host, plain_coordinator = _setup(algorithm)
-    _, problem, host, coordinator = _setup(algorithm, {"kind": "sign_flip", "fraction": 0.0})
+    _, problem, host, coordinator = _setup(algorithm, {"kind": kind, "fraction": 0.0})
     assert problem.malicious == frozenset()
     for round_index in range(2):
-        _round(plain_host, plain_coordinator, round_index)
-        _round(host, coordinator, round_index)
+        plain = _round(plain_host, plain_coordinator, round_index)
+        attacked = _round(host, coordinator, round_index)
+        for client_id in range(6):
+            np.testing.assert_array_equal(attacked[client_id], plain[client_id])
     np.testing.assert_array_equal(plain_coordinator.global_model(), coordinator.global_model())
+    for client_id, state in plain_host.client_states().items():
+        for name, value in vars(state).items():
+            np.testing.assert_array_equal(value, getattr(host.client_states()[client_id], name))
 
 
 def test_label_poisoning_redraws_labels_at_every_access_and_leaves_features():
@@ -163,13 +200,21 @@ def test_quality_noise_is_gaussian_with_the_clients_std_and_fresh_per_access():
     assert first.std() == pytest.approx(0.3, rel=0.03) and not np.array_equal(first, second)
 
 
-def test_label_poisoning_changes_only_the_attackers_updates():
-    _, _, plain_host, plain_coordinator = _setup("fedavg")
-    _, problem, host, coordinator = _setup("fedavg", {"kind": "label_poisoning", "fraction": 0.5})
+@pytest.mark.parametrize("algorithm", ["fedavg", "flame"])
+def test_label_poisoning_changes_only_the_attackers_updates(algorithm):
+    """Poisoners train on random labels and then follow the protocol: their messages (and, for FLAME, their
+    state) differ from the clean run's, every benign client's are bit for bit the same."""
+    _, _, plain_host, plain_coordinator = _setup(algorithm)
+    _, problem, host, coordinator = _setup(algorithm, {"kind": "label_poisoning", "fraction": 0.5})
+    assert len(problem.malicious) == 3
     plain, poisoned = _round(plain_host, plain_coordinator, 0), _round(host, coordinator, 0)
     for client_id in range(6):
         same = np.array_equal(plain[client_id], poisoned[client_id])
         assert same == (client_id not in problem.malicious)
+    if algorithm == "flame":  # the messages follow the protocol from a poisoned theta-step: u_i = w_i + pi_i/rho
+        rho = ALGORITHMS["flame"]["rho"]
+        for client_id, state in host.client_states().items():
+            np.testing.assert_allclose(poisoned[client_id], state.w + state.pi / rho, rtol=1e-5, atol=1e-6)
 
 
 def test_metrics_exclude_attackers():
@@ -307,3 +352,40 @@ def test_skipping_sign_flip_scales_the_untrained_message_the_received_global_mod
     for client_id in problem.malicious:
         ratio = messages[client_id] / w
         assert ratio[0] < 0 and np.allclose(ratio, ratio[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("attack", "clients", "shown"),
+    [
+        ({"kind": "gaussian", "fraction": 1.0}, 6, "attack.fraction=1.0 (attack.count=paper) makes all 6 clients"),
+        ({"kind": "label_poisoning", "fraction": 1.0}, 4, "attack.fraction=1.0 (attack.count=paper) makes all 4"),
+        (
+            {"kind": "same_value", "fraction": 0.0, "count": "code"},
+            1,
+            "attack.fraction=0.0 (attack.count=code) makes all 1 clients",
+        ),
+    ],
+)
+def test_an_attack_without_benign_clients_is_refused_before_any_ray_work(attack, clients, shown, tmp_path, capsys):
+    """Every metric is over benign clients, so a run with none used to crash at its round-0 evaluation after
+    Ray had started; it is now one config error from prepare(), before MLflow or Ray are touched."""
+    import ray
+
+    from raysim.cli import main
+    from raysim.runtime.driver import run_experiment
+
+    store = tmp_path / "mlflow.db"
+    data = tiny_config(attack=attack, clients={"count": clients}, tracking={"uri": f"sqlite:///{store}"})
+    config = validate_config(data)
+    with pytest.raises(ConfigError, match=re.escape(shown)) as error:
+        prepare(config)
+    assert "no benign client would be left to score" in str(error.value) and "\n" not in str(error.value)
+    ray_was_up = ray.is_initialized()
+    with pytest.raises(ConfigError, match="no benign client"):
+        run_experiment(config, show_progress=False)
+    assert not store.exists() and ray.is_initialized() == ray_was_up  # no MLflow run, no Ray started
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"error: {shown}")
+    assert not store.exists()

@@ -12,17 +12,18 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from raysim.algorithms.augfl import AugFlSettings
 from raysim.algorithms.base import FullGradient
 from raysim.config import validate_config
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 from tests.test_cli import _raysim
 
+META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 256, "val_fraction": 0.5}
 
-def _sim(**algorithm) -> InProcess:
-    settings = {"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0, **algorithm}
-    partition = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
+
+def _sim(partition: dict | None = None, **algorithm) -> InProcess:
+    settings = {"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0, "query_split": "val", **algorithm}
+    partition = partition or {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
     return InProcess(validate_config(tiny_config(algorithm=settings, partition=partition, rounds=3)))
 
 
@@ -106,11 +107,11 @@ def test_pm_regularizer_reaches_the_stationary_point_of_the_regularized_objectiv
     """With R_h = ||theta - theta_p||^2 the fixed point of eq. 13 solves sum_i w_i d_i(theta) + 2 lambda (theta -
     theta_p) = 0 (estimated grad F of eq. 2 plus the regularizer); a larger lambda pulls theta closer to theta_p."""
     pm_path = tmp_path / "pm.npy"
-    theta_p = np.random.default_rng(1).normal(0, 0.5, size=_sim().problem.init_params.size).astype(np.float32)
+    theta_p = np.random.default_rng(1).normal(0, 0.5, size=_sim(META).problem.init_params.size).astype(np.float32)
     np.save(pm_path, theta_p)
     distances = {}
     for lam in (0.5, 1.0):
-        sim = _sim(regularizer="l2", pm_path=str(pm_path), rho=5.0, **{"lambda": lam})  # step 1/(m rho) stable
+        sim = _sim(META, regularizer="l2", pm_path=str(pm_path), rho=5.0, **{"lambda": lam})  # 1/(m rho) stable
         for round_index in range(200):
             sim.round(round_index, [0, 1, 2, 3])
         theta = sim.coordinator.broadcast().astype(np.float64)
@@ -120,12 +121,7 @@ def test_pm_regularizer_reaches_the_stationary_point_of_the_regularized_objectiv
         assert np.linalg.norm(residual) < 1e-3 * np.linalg.norm(gradient)
         distances[lam] = np.linalg.norm(theta - theta_p)
     assert distances[1.0] < distances[0.5]
-    assert not hasattr(sim.host.algorithm, "_pm") or sim.host.algorithm._pm is None  # the PM stayed on the server
-
-
-def test_l2_regularizer_needs_a_pm():
-    with pytest.raises(ValueError, match="algorithm.pm_path"):
-        AugFlSettings(regularizer="l2")
+    assert sim.coordinator.algorithm._pm is not None and sim.host.algorithm._pm is None  # the PM stays on the server
 
 
 @pytest.mark.slow
@@ -147,18 +143,20 @@ def test_augfl_runs_through_the_cli_and_logs_its_metrics(tmp_path, mlflow_uri):
     assert 0 <= metrics["pm/acc"] <= 1
 
 
-def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reserved_pool():
-    from raysim.data.meta_partition import reserved_indices
+def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reserved_pools():
+    from raysim.data.meta_partition import reserved_indices, server_indices
     from raysim.runtime.driver import prepare
 
-    partition = {"scheme": "meta", "shots": 10, "reserved": 500}
+    partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
     config = validate_config(tiny_config(partition=partition, clients={"count": 20}))
     problem = prepare(config)
     reserved = reserved_indices(len(problem.y), config.partition, config.seed)
     held = [np.concatenate([split.train, split.test, split.val]) for _, split in problem.clients]
     everything = np.concatenate(held)
-    assert len(reserved) == 500 and len(np.unique(everything)) == len(everything)
-    assert not np.intersect1d(everything, reserved).size
+    server = server_indices(len(problem.y), config.partition, config.seed)
+    assert len(reserved) == 500 and len(server) == 300 and len(np.unique(everything)) == len(everything)
+    assert not np.intersect1d(everything, reserved).size and not np.intersect1d(everything, server).size
+    assert not np.intersect1d(reserved, server).size  # the PM's pool and the transfer set D_s are disjoint too
     for (_, split), indices in zip(problem.clients, held, strict=True):
         assert 10 <= len(indices) <= 20 and len(np.unique(problem.y[indices])) == 2
         assert abs(len(split.train) - len(split.test)) <= 1  # support / query 50/50
@@ -169,7 +167,8 @@ def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
     from raysim.pretrain import pretrain_pm
     from raysim.runtime.driver import prepare
 
-    config = validate_config(tiny_config(partition={"scheme": "meta", "shots": 10, "reserved": 500}))
+    partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
+    config = validate_config(tiny_config(partition=partition))
     path = pretrain_pm(config, epochs=3, lr=0.1, cache=tmp_path)
     assert pretrain_pm(config, epochs=3, lr=0.1, cache=tmp_path) == path
     problem = prepare(config)
@@ -181,7 +180,7 @@ def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
 
 
 def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partitions(tmp_path):
-    config = tiny_config(partition={"scheme": "meta", "shots": 10, "reserved": 500})
+    config = tiny_config(partition={"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300})
     (tmp_path / "meta.yaml").write_text(yaml.safe_dump(config))
     args = ("pretrain", str(tmp_path / "meta.yaml"), "--epochs", "1", "--cache", str(tmp_path / "pm"))
     first = _raysim(*args, cwd=tmp_path)
@@ -196,3 +195,89 @@ def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partition
     (tmp_path / "dirichlet.yaml").write_text(yaml.safe_dump(tiny_config()))
     refused = _raysim("pretrain", str(tmp_path / "dirichlet.yaml"), "--cache", str(tmp_path / "pm"), cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.startswith("error: partition.scheme")
+
+
+def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_global_model():
+    """augfl.md 2.3: target clients (clients.heldout) take no part in training; at evaluation each takes one
+    step from theta^t on its support set and is scored on its query set; summaries go to heldout/..."""
+    from raysim.runtime.driver import benign_summary
+
+    config = validate_config(
+        tiny_config(
+            algorithm={"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0},
+            partition={**META, "val_fraction": 0.0},
+            clients={"count": 10, "heldout": 0.2},
+        )
+    )
+    sim = InProcess(config)
+    assert sim.problem.num_training == 8 and sim.problem.heldout == {8, 9}
+    initial = {c: sim.states[c] for c in (8, 9)}
+    for round_index in range(3):
+        sim.round(round_index)
+    assert all(sim.states[c] is initial[c] and sim.states[c].participations == 0 for c in (8, 9))
+    theta = sim.coordinator.global_model()
+    evaluations = {e.client_id: e for e in sim.host.evaluate(theta)}
+    model = sim.host.model
+    for client in (8, 9):
+        data = sim.host.data[client]
+        phi = theta.astype(np.float64) - 0.1 * _gradient(sim, client, theta, "train")  # one step on D^s
+        loss, accuracy = model.evaluate(phi.astype(np.float32), *data.arrays("test"))
+        assert evaluations[client].pm.test_acc == accuracy and evaluations[client].pm.test_loss == pytest.approx(loss)
+        assert evaluations[client].gm.test_acc == model.evaluate(theta, *data.arrays("test"))[1]
+    summary = benign_summary(list(evaluations.values()), frozenset(), sim.problem.heldout)
+    assert summary["heldout/pm/acc"] == pytest.approx(np.mean([evaluations[c].pm.test_acc for c in (8, 9)]))
+    assert summary["pm/acc"] == pytest.approx(np.mean([evaluations[c].pm.test_acc for c in range(8)]))
+    assert sum(sim.host.info[c].weight for c in range(8)) == pytest.approx(1.0)  # weights over training clients
+
+
+def test_the_pm_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, monkeypatch):
+    """The default PM is the next larger architecture (mlr -> mlp; mlp -> cnn on images), pretrained on first
+    use and cached; the CRD machinery, the PM and D_s live in the coordinator's algorithm only."""
+    from raysim.pretrain import pm_architecture
+
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
+    sim = _sim({**META, "val_fraction": 0.0}, regularizer="crd", query_split="test", **{"lambda": 5.0})
+    transfer = sim.coordinator.algorithm._transfer
+    assert transfer is not None and sim.host.algorithm._transfer is None and sim.host.algorithm._pm is None
+    assert sim.problem.server_data.pretrained_model == "mlp" and len(transfer.y) == META["server_samples"]
+    assert sim.problem.server_data.pretrained.size > sim.problem.init_params.size
+    assert list(tmp_path.glob("pm/*-mlp-*.npy"))  # pretrained on first use, cached
+    losses = [sim.coordinator.aggregate(sim.host.train(r, list(range(4)), sim.coordinator.broadcast())[0])
+              for r in range(15)]  # fmt: skip
+    assert losses[-1]["transfer_loss"] < losses[0]["transfer_loss"]  # theta and the heads learn the PM's structure
+    image = validate_config(tiny_config(algorithm={"name": "augfl"}, model={"name": "mlp"}))
+    assert pm_architecture(image, (1, 28, 28)) == "cnn" and pm_architecture(image, (20,)) == "mlp"
+
+
+def test_pm_settings_that_cannot_work_fail_before_any_ray_work():
+    from raysim.errors import ConfigError
+    from raysim.runtime.driver import prepare
+
+    with pytest.raises(ConfigError, match="partition.scheme=dirichlet"):
+        prepare(validate_config(tiny_config(algorithm={"name": "augfl", "regularizer": "crd"})))
+    mismatch = {"name": "augfl", "regularizer": "l2", "pm_model": "mlp"}
+    with pytest.raises(ConfigError, match="algorithm.pm_model=mlp: regularizer l2"):
+        prepare(validate_config(tiny_config(algorithm=mismatch, partition=META)))
+
+
+@pytest.mark.slow
+def test_augfl_with_crd_and_heldout_clients_runs_through_the_cli(tmp_path, mlflow_uri, monkeypatch):
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
+    settings = {"name": "augfl", "alpha": 0.1, "regularizer": "crd", "transfer": {"negatives": 64}}
+    config = tiny_config(
+        algorithm=settings,
+        partition={**META, "val_fraction": 0.0},
+        clients={"count": 10, "heldout": 0.2},
+        model={"name": "mlp"},  # hidden features for CRD (mlr's are its inputs)
+        tracking={"uri": mlflow_uri, "experiment": "augfl"},
+        rounds=3,
+    )
+    (tmp_path / "augfl.yaml").write_text(yaml.safe_dump(config))
+    done = _raysim("run", str(tmp_path / "augfl.yaml"), "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("augfl").experiment_id])
+    metrics = run.data.metrics
+    assert metrics["server/transfer_loss"] > 0 and metrics["server/regularizer_gradient_norm"] > 0
+    assert 0 <= metrics["heldout/pm/acc"] <= 1 and "final/heldout/pm/acc" in metrics
+    assert metrics["clients/selected"] == 8  # full participation of the training clients only

@@ -9,7 +9,7 @@ import pytest
 
 from raysim.data import fashion_mnist as fm
 from raysim.data import load_dataset, partition_dataset
-from raysim.data.partitions import DirichletSettings, IIDSettings, QLabelSettings
+from raysim.data.partitions import DirichletSettings, IIDSettings, NaturalSettings, QLabelSettings
 from raysim.errors import DataError, PartitionError
 
 
@@ -95,3 +95,152 @@ def test_too_many_shards_is_a_partition_error():
     labels = load_dataset("digits").y
     with pytest.raises(PartitionError, match="partition.q=4 .*clients.count"):
         partition_dataset(labels, 500, QLabelSettings(q=4), seed=1)
+
+
+def test_synthetic_writers_have_natural_groups_with_their_own_style_and_labels():
+    dataset = load_dataset("synthetic_writers", seed=3)
+    again = load_dataset("synthetic_writers", seed=3)
+    np.testing.assert_array_equal(dataset.x, again.x)
+    assert not np.array_equal(dataset.x[:100], load_dataset("synthetic_writers", seed=4).x[:100])
+    groups = dataset.groups
+    assert groups is not None and groups.shape == dataset.y.shape and dataset.num_classes == 10
+    assert np.unique(groups).tolist() == list(range(300)) and np.all(np.diff(groups) >= 0)  # writer by writer
+    sizes = np.bincount(groups)
+    assert sizes.min() >= 20 and sizes.max() <= 60 and 6_000 <= len(dataset) <= 18_000
+    # each writer prefers some labels: its top label share is far above the 1/10 of a uniform writer
+    top = [np.bincount(dataset.y[groups == g], minlength=10).max() / sizes[g] for g in range(300)]
+    assert np.mean(top) > 0.35
+    # and writes in its own style: per-writer feature means (class centres removed) differ across writers
+    centred = dataset.x.copy()
+    for k in range(10):
+        centred[dataset.y == k] -= dataset.x[dataset.y == k].mean(axis=0)
+    writer_means = np.stack([centred[groups == g].mean(axis=0) for g in range(300)])
+    assert writer_means.std(axis=0).mean() > 3 * (1 / np.sqrt(sizes.mean()))  # well above sampling noise
+
+
+def test_natural_partition_of_synthetic_writers_gives_each_client_whole_writers():
+    dataset = load_dataset("synthetic_writers", seed=1)
+    splits = partition_dataset(dataset.y, 10, NaturalSettings(), seed=1, groups=dataset.groups)
+    for client, split in enumerate(splits):
+        writers = np.unique(dataset.groups[np.concatenate([split.train, split.test])])
+        assert writers.tolist() == list(range(30 * client, 30 * (client + 1)))  # 300 // 10 writers each
+        assert abs(len(split.test) - 0.2 * split.num_samples) <= 1
+
+
+def _write_npz(path, **arrays) -> str:
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_npz_source_reads_features_labels_and_groups(tmp_path):
+    generator = np.random.default_rng(0)
+    x = generator.normal(size=(50, 3, 4)).astype(np.float64)
+    y = generator.integers(0, 5, size=50).astype(np.int32)
+    groups = np.arange(50) // 5
+    file = _write_npz(tmp_path / "mine.npz", x=x, y=y, groups=groups)
+    dataset = load_dataset("npz", path=file)
+    assert dataset.name == "mine" and dataset.task == "classification" and dataset.input_shape == (3, 4)
+    assert dataset.x.dtype == np.float32 and dataset.y.dtype == np.int64 and dataset.num_classes == int(y.max()) + 1
+    np.testing.assert_array_equal(dataset.groups, groups)
+    np.testing.assert_allclose(dataset.x, x.astype(np.float32))
+    assert load_dataset("npz", root=file).groups is not None  # dataset.root may name the file instead
+    plain = load_dataset("npz", path=_write_npz(tmp_path / "plain.npz", x=x, y=y))
+    assert plain.groups is None
+    regression = load_dataset("npz", path=_write_npz(tmp_path / "reg.npz", x=x, y=y.astype(np.float64) / 3))
+    assert regression.task == "regression" and regression.num_classes == 0 and regression.y.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"y": np.zeros(4, np.int64)}, "has no array 'x' (it has: y)"),
+        ({"x": np.zeros((4, 2))}, "has no array 'y' (it has: x)"),
+        ({"x": np.zeros((4, 2)), "y": np.zeros(3, np.int64)}, "'x' must have shape (3, features...), got (4, 2)"),
+        ({"x": np.zeros(4), "y": np.zeros(4, np.int64)}, "'x' must have shape (4, features...)"),
+        ({"x": np.zeros((4, 2)), "y": np.zeros((4, 2), np.int64)}, "'y' must be one non-empty row of labels"),
+        ({"x": np.zeros((4, 2)), "y": np.array([0, 1, -1, 2])}, "class labels 'y' must be >= 0, got -1"),
+        ({"x": np.full((2, 2), np.nan), "y": np.zeros(2, np.int64)}, "'x' must be finite numbers"),
+        ({"x": np.zeros((4, 2)), "y": np.zeros(4, np.int64), "groups": np.zeros(3, np.int64)}, "'groups' must be 4"),
+        ({"x": np.zeros((2, 2)), "y": np.array(["a", "b"])}, "'y' must be integer labels or finite float targets"),
+    ],
+)
+def test_npz_errors_name_the_key_the_file_and_what_is_expected(tmp_path, arrays, message):
+    file = _write_npz(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DataError) as error:
+        load_dataset("npz", path=file)
+    text = str(error.value)
+    assert text.startswith(f"dataset.path: {file}") and message in text and "\n" not in text
+
+
+def test_npz_file_problems_are_one_line_each(tmp_path):
+    with pytest.raises(DataError, match=r"^dataset.path: dataset.name=npz needs the path of a .npz file"):
+        load_dataset("npz")
+    with pytest.raises(DataError, match=rf"^dataset.path: {tmp_path / 'none.npz'}: no such file"):
+        load_dataset("npz", path=tmp_path / "none.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(DataError, match="not a readable .npz archive"):
+        load_dataset("npz", path=tmp_path / "junk.npz")
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    with pytest.raises(DataError, match="a single .npy array, not a .npz archive"):
+        load_dataset("npz", path=tmp_path / "one.npy")
+    np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}, None], dtype=object), y=np.zeros(2, np.int64))
+    with pytest.raises(DataError, match="arrays must be numeric, not objects"):
+        load_dataset("npz", path=tmp_path / "objects.npz")
+
+
+def test_config_takes_the_new_sources():
+    from raysim.config import validate_config
+    from raysim.errors import ConfigError
+    from tests.conftest import tiny_config
+
+    config = validate_config(tiny_config(dataset={"name": "npz", "path": "/data/mine.npz"}))
+    assert config.dataset.path == "/data/mine.npz"
+    assert validate_config(tiny_config(dataset={"name": "synthetic_writers"})).dataset.name == "synthetic_writers"
+    with pytest.raises(ConfigError, match="dataset.name: must be .*'synthetic_writers' or 'npz'"):
+        validate_config(tiny_config(dataset={"name": "femnist"}))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["synthetic_writers", "npz"])
+def test_natural_split_runs_end_to_end(source, tmp_path, ray_local, mlflow_uri):
+    """A real run on the natural split: writers dealt to clients, trained on Ray, logged to sqlite MLflow."""
+    import mlflow
+    import pyarrow.parquet as pq
+
+    from raysim.config import validate_config
+    from raysim.runtime.driver import prepare, run_experiment
+    from tests.conftest import tiny_config
+
+    dataset_section = {"name": "synthetic_writers"}
+    if source == "npz":  # the same writers, from a file
+        writers = load_dataset("synthetic_writers", seed=7)
+        keep = writers.groups < 120
+        file = _write_npz(tmp_path / "writers.npz", x=writers.x[keep], y=writers.y[keep], groups=writers.groups[keep])
+        dataset_section = {"name": "npz", "path": file}
+    config = validate_config(
+        tiny_config(
+            algorithm={"name": "fedavg", "lr": 0.1, "batch_size": 32},
+            dataset=dataset_section,
+            partition={"scheme": "natural"},
+            clients={"count": 8, "per_round": 4},
+            rounds=2,
+            tracking={"uri": mlflow_uri, "experiment": "natural"},
+        )
+    )
+    problem = prepare(config)
+    writers_per_client = (300 if source == "synthetic_writers" else 120) // 8
+    for info, split in problem.clients:
+        assert info.num_train == len(split.train) > 0
+    result = run_experiment(config, show_progress=False)
+    client = mlflow.tracking.MlflowClient(mlflow_uri)
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["partition"] == "natural"
+    assert len(client.get_metric_history(result.run_id, "pm/acc")) == 3  # rounds 0, 1, 2
+    assert result.summary["final/gm/acc"] > 0.3  # learnable: well above the 0.1 of chance
+    table = pq.read_table(client.download_artifacts(result.run_id, "partition.parquet", str(tmp_path)))
+    rows = table.to_pylist()
+    assert sum(r["train"] + r["test"] + r["val"] for r in rows) == sum(s.num_samples for _, s in problem.clients)
+    groups = load_dataset("synthetic_writers", seed=7).groups if source == "synthetic_writers" else None
+    if groups is not None:
+        for _, split in problem.clients:
+            assert len(np.unique(groups[np.concatenate([split.train, split.test])])) == writers_per_client

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -242,14 +244,27 @@ def test_full_participation_converges_to_a_stationary_point_of_p1():
     assert 0 < metrics["rank/conv"] < 4 or 0 < metrics["rank/fc"] < 4  # the penalty is active
 
 
-def test_downlink_counts_the_factored_form_where_it_is_smaller():
-    algorithm = FedSlr(FedSlrSettings(**{"lambda": 0.1, "eta_g": 1.0}), SPEC)
-    w0 = np.random.default_rng(11).normal(size=SPEC.size).astype(np.float32)
-    server = algorithm.init_server(w0, 2)
+def test_downlink_is_the_svd_factors_where_smaller_and_clients_rebuild_the_servers_model_exactly():
+    """fedslr.md 2.4: a low-rank layer travels as U sqrt(S), sqrt(S) V^T of the server's own SVD when that is
+    smaller than dense; the client's rebuilt w_t is bit for bit the server's GKR."""
+    generator = np.random.default_rng(11)
+    conv = np.outer(generator.normal(size=6), generator.normal(size=4))  # rank 1 as a 6 x 4 matrix
+    fc = generator.normal(size=(4, 3)) @ generator.normal(size=(3, 5))  # rank 3
+    flat = np.zeros(SPEC.size, dtype=np.float32)
+    flat[SPEC.slice("conv")] = dematrixize(torch.from_numpy(conv), (3, 2, 2, 2)).reshape(-1).numpy()
+    flat[SPEC.slice("fc")] = fc.reshape(-1)
+    flat[SPEC.slice("bias")] = generator.normal(size=4)
+    algorithm = FedSlr(FedSlrSettings(**{"lambda": 1e-6, "eta_g": 1.0}), SPEC)
+    server = algorithm.init_server(flat, 2)
     assert algorithm.downlink_bytes(algorithm.broadcast(server)) == 4 * (SPEC.size + 1)  # w_0 dense
-    server.ranks = {"conv": 1, "fc": 3}
-    # conv 6x4: rank 1 -> 10 < 24; fc 4x5: rank 3 -> 27 > 20 stays dense; bias 4.
-    assert algorithm.downlink_bytes(algorithm.broadcast(server)) == 4 * (10 + 20 + 4 + 1)
+    prox = layerwise_svt(flat, SPEC, 1e-6)
+    assert prox.ranks == {"conv": 1, "fc": 3}
+    assert set(prox.model.factors) == {"conv"}  # conv 6x4 at rank 1: 10 < 24; fc 4x5 at rank 3: 27 > 20 dense
+    server = dataclasses.replace(server, w=prox.params, model=prox.model, ranks=prox.ranks)
+    broadcast = algorithm.broadcast(server)
+    assert algorithm.downlink_bytes(broadcast) == 4 * (10 + 20 + 4 + 1)
+    assert broadcast.model.params(SPEC).tobytes() == algorithm.global_model(server).tobytes()
+    np.testing.assert_allclose(prox.params, flat, atol=1e-5)  # the threshold removed (almost) nothing
     assert algorithm.global_parameter_count({"conv": 0, "fc": 0}) == 4
 
 
@@ -305,7 +320,8 @@ def test_personal_only_accuracy_is_p_i_alone_scored_on_the_clients_test_split():
     next to PM = w + p_i and GM = w; algorithms without extra models log no such keys."""
     settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 1e-4, "lr": 0.1, "batch_size": 32}
     problem, host, broadcast, _ = _fedslr_host_after_one_round(settings)
-    evaluations = host.evaluate(broadcast.w)
+    w = broadcast.model.params(host.model.spec)
+    evaluations = host.evaluate(w)
     accuracies = []
     for (info, split), evaluation in zip(problem.clients, evaluations, strict=True):
         p = host.client_states()[info.id].p
@@ -313,7 +329,7 @@ def test_personal_only_accuracy_is_p_i_alone_scored_on_the_clients_test_split():
         x_test, y_test = problem.x[split.test], problem.y[split.test]
         loss, acc = host.model.evaluate(p, x_test, y_test)
         assert evaluation.extra["personal"].test_acc == acc and evaluation.extra["personal"].test_loss == loss
-        assert evaluation.pm.test_acc == host.model.evaluate(broadcast.w + p, x_test, y_test)[1]
+        assert evaluation.pm.test_acc == host.model.evaluate(w + p, x_test, y_test)[1]
         accuracies.append(acc)
     summary = summarize(evaluations)
     assert summary["personal/acc"] == pytest.approx(np.mean(accuracies))

@@ -89,7 +89,7 @@ def _system(algorithm: dict, rule: dict, attack: dict, clients: int = 8, per_rou
         problem.init_params,
         clients,
         robust=config.aggregation,
-        byzantine=len(problem.malicious),
+        attack=config.attack,
     )
     return problem, host, coordinator
 
@@ -124,6 +124,37 @@ def test_running_sum_server_aggregates_the_latest_messages_of_all_clients(rule):
     if rule == "multi_krum":
         chosen = multi_krum(rows, len(problem.malicious))[1]
         assert not set(chosen.tolist()) & problem.malicious
+
+
+@pytest.mark.parametrize(
+    ("per_round", "fraction", "explicit", "expected_f"),
+    [
+        (4, 0.25, None, 1),  # floor(0.25 * 4) = 1 of this round's 4 messages, not the 2 attackers of all 8
+        (3, 0.5, None, 1),  # the old default, the 4 attackers of all 8 clients, exceeded the 3 messages
+        (5, 0.5, None, 2),
+        (4, 0.25, 0, 0),  # an explicit aggregation.byzantine still wins
+    ],
+)
+def test_multi_krum_f_follows_the_messages_of_each_aggregation(per_round, fraction, explicit, expected_f):
+    """Averaging servers with partial participation: Multi-Krum's default f = floor(attack.fraction * n) for the
+    n messages of the round (flame.md 2.6), computed per aggregation by the coordinator."""
+    rule = {"rule": "multi_krum", "byzantine": explicit}
+    attack = {"kind": "gaussian", "fraction": fraction}
+    problem, host, coordinator = _system(FEDAVG, rule, attack, per_round=per_round)
+    assert len(problem.malicious) == int(fraction * 8) > expected_f
+    selections = [sorted((r * per_round + j) % 8 for j in range(per_round)) for r in range(3)]
+    for round_index, selected in enumerate(selections):
+        partial, _ = host.train(round_index, selected, coordinator.broadcast())
+        rows = np.stack([partial.messages[c][0] for c in sorted(partial.messages)])
+        assert len(rows) == per_round
+        coordinator.aggregate(partial)
+        expected, chosen = multi_krum(rows, expected_f)
+        assert len(chosen) == per_round - expected_f
+        np.testing.assert_allclose(coordinator.global_model(), expected, atol=1e-6)
+        old_default = multi_krum(rows, len(problem.malicious))  # f = attackers among all m clients
+        if explicit is None:  # it keeps fewer rows, so a different average
+            assert len(old_default[1]) < len(chosen)
+            assert not np.allclose(coordinator.global_model(), old_default[0], atol=1e-6)
 
 
 PARTIAL_AND_PFEDME = [

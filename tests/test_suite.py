@@ -12,7 +12,7 @@ from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.cli import main
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
-from raysim.suite import SuiteConfig, is_suite_file, load_suite
+from raysim.suite import SuiteConfig, check_partitions, is_suite_file, load_suite, run_suite
 from tests.conftest import tiny_config
 
 ISSUE_3 = ("flame", "fedavg", "fedprox", "fedadmm", "pfedme", "ditto", "fedapm", "fedalt", "fedsim", "local")
@@ -114,3 +114,51 @@ def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_lo
     assert {"summary.parquet", "comparison.png"} <= artifacts
     table = pq.read_table(client.download_artifacts(parent.info.run_id, "summary.parquet", str(tmp_path)))
     assert table.num_rows == len(ISSUE_3) and {"run", "seed", "run_id", "final/pm/acc"} <= set(table.column_names)
+
+
+def test_impossible_partitions_fail_before_any_run_naming_the_child(tmp_path, capsys):
+    """A suite child whose partition cannot be made fails at once, naming the run, before the parent MLflow run
+    or Ray exist (each child used to find out inside its own run, after the children before it had run)."""
+    store = tmp_path / "mlflow.db"
+    base = tiny_config(tracking={"uri": f"sqlite:///{store}", "experiment": "suite"})
+    runs = [
+        {"name": "fine", "set": {"algorithm.rho": 0.5}},
+        {"name": "no-writers", "set": {"partition": {"scheme": "natural"}}},
+    ]
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": base, "runs": runs, "seeds": [3, 4]}))
+    assert main(["run", str(path), "--quiet"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (
+        "error: suite run 'no-writers/seed3': partition.scheme=natural needs a dataset with a group id column "
+        "(e.g. writer ids)"
+    )
+    assert not store.exists()
+    attacked = [{"name": "all-bad", "set": {"attack": {"kind": "gaussian", "fraction": 1.0}}}]
+    path.write_text(yaml.safe_dump({"name": "s", "base": base, "runs": attacked}))
+    with pytest.raises(ConfigError, match=r"^suite run 'all-bad': attack.fraction=1.0 .*no benign client"):
+        run_suite(load_suite(path), show_progress=False)
+    assert not store.exists()
+
+
+def test_partition_check_makes_each_distinct_partition_once(monkeypatch):
+    import raysim.suite as suite_module
+
+    calls = {"load": 0, "partition": 0}
+    load, partition = suite_module.load_dataset, suite_module.partition_dataset
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(suite_module, "load_dataset", counted("load", load))
+    monkeypatch.setattr(suite_module, "partition_dataset", counted("partition", partition))
+    runs = [{"name": n, "set": {"algorithm.rho": r}} for n, r in (("a", 0.1), ("b", 0.2), ("c", 0.3))]
+    runs.append({"name": "more", "set": {"clients.count": 6}})
+    suite = SuiteConfig.model_validate(_suite(runs=runs, seeds=[1, 2]))
+    check_partitions([(name, config) for name, config in suite.experiments()])
+    # synthetic data depend on the seed: one load per seed; partitions: (4 or 6 clients) x 2 seeds
+    assert calls == {"load": 2, "partition": 4}

@@ -113,3 +113,25 @@ def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_loc
     assert [row["run_id"] for row in table] == [result.outcomes[i].run_id for i in range(4)]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"accuracy_vs_round.png", "final_accuracy.png"} <= artifacts
+
+
+def test_an_impossible_partition_fails_before_the_sweep_starts(tmp_path):
+    """Every distinct partition of the trials is made up front: the bad trial is named, and neither the parent
+    MLflow run nor Ray is started (a trial used to fail inside its own Ray task)."""
+    from raysim.errors import PartitionError
+
+    store = tmp_path / "mlflow.db"
+    base = tiny_config(tracking={"uri": f"sqlite:///{store}", "experiment": "sweep"})
+    sweep = parse_sweep({"name": "s", "base": base, "grid": {"clients.count": [4, 1500]}, "seeds": [1, 2]})
+    with pytest.raises(PartitionError) as error:
+        run_sweep(sweep, show_progress=False)
+    assert str(error.value) == (
+        "sweep trial 2 (count=1500, seed 1): clients.count=1500: the dataset has 2000 samples, fewer than 2 per "
+        "client (each client needs at least one training and one test sample)"
+    )
+    assert not store.exists()
+    writers = parse_sweep({"name": "s", "base": base, "grid": {"partition": [{"scheme": "natural"}]}})
+    assert len(writers.trials(f"sqlite:///{store}")) == 1  # a valid config: only making the partition fails
+    with pytest.raises(PartitionError, match=r"^sweep trial 0 \(partition=.*, seed 7\): partition.scheme=natural"):
+        run_sweep(writers, show_progress=False)
+    assert not store.exists()

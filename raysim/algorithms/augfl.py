@@ -13,29 +13,37 @@ with delta = 1/(10k + 100) at the client's k-th participation (k = 1, 2, ...). T
 over ALL clients of y_i + rho theta_i (unselected clients count with their last values, augfl.md 1.8(f))
 and sets theta^{t+1} = (sum_i (y_i + rho theta_i) - lambda grad R_h(theta^t, theta_p)) / (m rho)   (13).
 
-R_h here is `regularizer`: none (AugFL without PM, lambda R_h = 0) or l2 = ||theta - theta_p||^2 (the
-theory's same-architecture case) with theta_p read by the coordinator only, from `pm_path`.
+R_h is `regularizer`: `crd` (the paper: contrastive representation distillation from a larger
+pretrained model, `transfer.mode` paper or the authors' code; raysim.algorithms.crd), `l2` =
+||theta - theta_p||^2 (the theory's same-architecture case) or `none` (AugFL w/o PM). The PM and the
+transfer set reach the coordinator only, through `setup_server` (raysim.pretrain trains and caches the PM).
+Held-out target clients (`clients.heldout`, 0.2 in the paper) are scored after `adapt`: one step from the
+current theta on their support set (augfl.md 2.3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from raysim.algorithms.base import (
+    AdaptStep,
     Algorithm,
     AlgorithmSettings,
     ClientInfo,
     ClientStep,
     ClientUpdate,
     FullGradient,
+    ServerData,
     Upload,
     Vector,
 )
+from raysim.algorithms.crd import ContrastiveTransfer, CrdState, TransferSettings
+from raysim.models.flat import FlatModel
+from raysim.models.zoo import ModelName
 
 
 class AugFlSettings(AlgorithmSettings):
@@ -49,17 +57,21 @@ class AugFlSettings(AlgorithmSettings):
     delta_scale: float = Field(10.0, gt=0, description="delta_k = 1/(delta_scale k + delta_offset): 1/(10k + 100)")
     delta_offset: float = Field(100.0, gt=0)
     support_split: Literal["train", "val", "test"] = Field("train", description="the client's split used as D^s")
-    query_split: Literal["train", "val", "test"] = Field("val", description="the client's split used as D^q")
-    regularizer: Literal["none", "l2"] = Field(
-        "none", description="R_h: none (AugFL w/o PM) or ||theta - theta_p||^2 (same architecture as the PM)"
+    query_split: Literal["train", "val", "test"] = Field(
+        "test", description="the client's split used as D^q (the meta partition's test split is the query set)"
     )
-    pm_path: str | None = Field(None, description="flat float32 .npy of theta_p (regularizer = l2)")
-
-    @model_validator(mode="after")
-    def _pm_needed(self) -> AugFlSettings:
-        if self.regularizer == "l2" and self.pm_path is None:
-            raise ValueError("algorithm.pm_path: regularizer = l2 needs the PM's parameters (.npy)")
-        return self
+    regularizer: Literal["crd", "l2", "none"] = Field(
+        "crd",
+        description="R_h: contrastive distillation from the PM (paper), ||theta - theta_p||^2 (same architecture) "
+        "or none (AugFL w/o PM)",
+    )
+    transfer: TransferSettings = Field(default_factory=TransferSettings, description="CRD settings (regularizer crd)")
+    pm_model: ModelName | None = Field(
+        None, description="PM architecture; default: the next larger model (mlp -> cnn), the clients' model for l2"
+    )
+    pm_path: str | None = Field(None, description="flat float32 .npy of theta_p; default: pretrained and cached")
+    pm_epochs: int = Field(5, ge=1, description="PM pretraining epochs on the reserved pool (raysim pretrain)")
+    pm_lr: float = Field(0.05, gt=0, description="PM pretraining learning rate")
 
 
 @dataclass
@@ -79,6 +91,8 @@ class AugFlServerState:
     total: np.ndarray
     """float64 sum over all m clients of y_i + rho theta_i (their latest values)."""
     num_clients: int
+    transfer: CrdState | None = None
+    """The CRD heads and memory banks (regularizer crd)."""
 
 
 @dataclass
@@ -94,20 +108,33 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
     Settings = AugFlSettings
     Upload = AugFlUpload
     _pm: np.ndarray | None = None
+    _transfer: ContrastiveTransfer | None = None
 
-    def pm(self) -> np.ndarray:
-        """theta_p, loaded on first use by the server step only, so it never reaches a client host."""
-        if self._pm is None:
-            pm = np.load(Path(self.settings.pm_path).expanduser()).astype(np.float64)  # type: ignore[arg-type]
-            if pm.shape != (self.params.size,):
-                raise ValueError(f"algorithm.pm_path: PM has {pm.size} parameters, the model {self.params.size}")
-            self._pm = pm
-        return self._pm
+    def uses_server_data(self) -> bool:
+        return self.settings.regularizer != "none" and self.settings.lam > 0
+
+    def setup_server(self, data: ServerData) -> None:
+        """Keep theta_p (l2) or build the CRD machinery on the transfer set (crd); coordinator only."""
+        if data.pretrained is None:
+            raise ValueError("algorithm.regularizer: a pretrained model is needed")
+        if self.settings.regularizer == "l2":
+            if data.pretrained.shape != (self.params.size,):
+                raise ValueError(
+                    f"algorithm.pm_path: PM has {data.pretrained.size} parameters, the model {self.params.size}"
+                )
+            self._pm = data.pretrained.astype(np.float64)
+            return
+        student = FlatModel(data.model, data.input_shape, data.num_classes)
+        teacher = FlatModel(data.pretrained_model, data.input_shape, data.num_classes)
+        self._transfer = ContrastiveTransfer(
+            self.settings.transfer, student, teacher, data.pretrained, data.x, data.y, data.seed
+        )
 
     def init_server(self, init_params: Vector, num_clients: int) -> AugFlServerState:
         # y_i^{-1} = 0 (authors' code) and theta_i^{-1} = theta^0 for every client.
         total = num_clients * self.settings.rho * init_params.astype(np.float64)
-        return AugFlServerState(init_params.copy(), total, num_clients)
+        transfer = self._transfer.init_state() if self._transfer is not None else None
+        return AugFlServerState(init_params.copy(), total, num_clients, transfer)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> AugFlClientState:
         return AugFlClientState(np.zeros_like(init_params), init_params.copy(), init_params.copy(), 0)
@@ -148,24 +175,36 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
         )
         return ClientUpdate(new, upload, metrics)
 
-    def regularizer_gradient(self, theta: np.ndarray) -> np.ndarray:
-        """grad_theta R_h(theta, theta_p) at theta^t (eq. 13)."""
-        if self.settings.regularizer == "none" or self.settings.lam == 0:
-            return np.zeros_like(theta)
-        return 2.0 * (theta - self.pm())
+    def adapt(self, client: ClientInfo, global_params: Vector) -> AdaptStep:
+        """A target client's personalized model: one step from theta on its support set (eq. 7)."""
+        support = yield FullGradient(global_params, self.settings.support_split)
+        return (global_params.astype(np.float64) - self.settings.alpha * support.grad).astype(np.float32)
+
+    def regularizer_gradient(self, server: AugFlServerState) -> tuple[np.ndarray, CrdState | None, dict]:
+        """grad_theta R_h(theta^t, theta_p) (eq. 13), the transfer state after it, and its metrics."""
+        theta = server.theta.astype(np.float64)
+        if not self.uses_server_data():
+            return np.zeros_like(theta), server.transfer, {}
+        if self.settings.regularizer == "l2":
+            if self._pm is None:
+                raise RuntimeError("AugFL: setup_server was not called with the PM")
+            return 2.0 * (theta - self._pm), None, {}
+        if self._transfer is None or server.transfer is None:
+            raise RuntimeError("AugFL: setup_server was not called with the PM and transfer set")
+        return self._transfer.gradient(server.theta, server.transfer)
 
     def server_step(self, server: AugFlServerState, total: AugFlUpload, num_selected: int):
         s = self.settings
         summed = server.total + total.delta_y + s.rho * total.delta_theta
-        previous = server.theta.astype(np.float64)
-        reg = self.regularizer_gradient(previous)
+        reg, transfer, metrics = self.regularizer_gradient(server)
         theta = ((summed - s.lam * reg) / (server.num_clients * s.rho)).astype(np.float32)  # (13)
         metrics = {
+            **metrics,
             "global_change": float(np.linalg.norm(theta - server.theta)),
             "regularizer_gradient_norm": float(np.linalg.norm(reg)),
             "effective_step": 1.0 / (server.num_clients * s.rho),
         }
-        return AugFlServerState(theta, summed, server.num_clients), metrics
+        return AugFlServerState(theta, summed, server.num_clients, transfer), metrics
 
     def global_model(self, server: AugFlServerState) -> Vector:
         return server.theta

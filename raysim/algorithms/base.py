@@ -67,8 +67,14 @@ class ClientInfo:
     id: int
     num_train: int
     weight: float
-    """alpha_i: 1/m or n_i/n, from the config's `clients.weighting`."""
+    """alpha_i: 1/m or n_i/n, from the config's `clients.weighting` (0 for a held-out client)."""
     num_clients: int
+    """m, the number of training clients (ids 0..m-1)."""
+
+    @property
+    def heldout(self) -> bool:
+        """A held-out (target) client: it never trains and is only evaluated (`clients.heldout`)."""
+        return self.id >= self.num_clients
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,6 +168,25 @@ class GradientResult:
 
 
 ClientStep = Generator[LocalSGD | FullGradient, SGDResult | GradientResult, ClientUpdate[C, U]]
+AdaptStep = Generator[LocalSGD | FullGradient, SGDResult | GradientResult, Vector]
+
+
+@dataclass(frozen=True, eq=False)
+class ServerData:
+    """What a server step may need beyond the uploads, handed only to the coordinator (`setup_server`):
+    AugFL's pretrained model and its knowledge-transfer set, which never reach a client host."""
+
+    x: np.ndarray
+    y: np.ndarray
+    pretrained: Vector | None
+    """Flat parameters of the pretrained model (PM), if the algorithm uses one."""
+    pretrained_model: str | None
+    """The PM's architecture (raysim.models.zoo name); it may differ from the clients' model."""
+    model: str
+    """The clients' (and global) model architecture."""
+    input_shape: tuple[int, ...]
+    num_classes: int
+    seed: int
 
 
 class Algorithm(ABC, Generic[P, C, S, B, U]):
@@ -207,6 +232,19 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def evaluated_model(self, state: C, global_params: Vector) -> Vector | None:
         """The PM scored at evaluation, given the current global model (default: `personalized_model`)."""
         return self.personalized_model(state)
+
+    def adapt(self, client: ClientInfo, global_params: Vector) -> AdaptStep | None:
+        """How a held-out client (`clients.heldout`: it never trains) gets its model from the current global
+        one at evaluation, as a generator of requests like `client_step` (AugFL: one gradient step on its
+        support set, augfl.md 2.3); None: it deploys the global model."""
+        return None
+
+    def uses_server_data(self) -> bool:
+        """Whether the coordinator must call `setup_server` (with a pretrained model and server data)."""
+        return False
+
+    def setup_server(self, data: ServerData) -> None:
+        """Take the server-only data (called once, on the coordinator only)."""
 
     def extra_models(self, state: C, global_params: Vector) -> dict[str, Vector]:
         """Further per-client models to score at evaluation, by name (FedSLR: `personal`, p_i alone); each is
@@ -271,6 +309,16 @@ def payload_bytes(payload: object) -> int:
     raise TypeError(f"payload_bytes: cannot size a {type(payload).__name__}; override uplink/downlink_bytes")
 
 
+def drive(step: Generator, execute: Callable[[Any], Any]) -> Any:
+    """Run a generator of requests (a client step, an adaptation) to completion; returns its value."""
+    try:
+        request = next(step)
+        while True:
+            request = step.send(execute(request))
+    except StopIteration as finished:
+        return finished.value
+
+
 def run_client_step(
     algorithm: Algorithm,
     client: ClientInfo,
@@ -279,10 +327,4 @@ def run_client_step(
     execute: Callable[[Any], Any],
 ) -> ClientUpdate:
     """Drive a client step to completion, executing each yielded request with `execute`."""
-    step = algorithm.client_step(client, state, broadcast)
-    try:
-        request = next(step)
-        while True:
-            request = step.send(execute(request))
-    except StopIteration as finished:
-        return finished.value
+    return drive(algorithm.client_step(client, state, broadcast), execute)

@@ -38,7 +38,7 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
-from raysim.algorithms.prox import factored_size, layerwise_svt, matrix_shape
+from raysim.algorithms.prox import FactoredModel, factored_size, layerwise_svt, matrix_shape
 
 
 class FedSlrSettings(SGDSettings):
@@ -81,6 +81,9 @@ class FedSlrClientState:
 @dataclass
 class FedSlrServerState:
     w: Vector
+    """The GKR, = model.params: exactly what the clients rebuild from the downlink."""
+    model: FactoredModel
+    """The GKR as sent: low-rank layers as the factors of the server's SVD (fedslr.md 2.4)."""
     gamma_mean: np.ndarray
     """float64 mean over all M clients of their mirrored gamma_i."""
     round: int
@@ -88,13 +91,14 @@ class FedSlrServerState:
     num_clients: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FedSlrBroadcast:
-    w: Vector
+    model: FactoredModel
+    """The GKR w_t, factored where that is smaller; clients rebuild it with `model.params`."""
     round: int
     """t, for the local learning-rate decay."""
     ranks: dict[str, int]
-    """Per-layer rank of w (its factored downlink size)."""
+    """Per-layer rank of w (for the mixed model's parameter count)."""
 
 
 @dataclass
@@ -127,7 +131,8 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
     def init_server(self, init_params: Vector, num_clients: int) -> FedSlrServerState:
         # gamma_{i,0} = 0 (authors' code); w_0 is sent dense, so its ranks count as full.
         zeros = np.zeros(init_params.shape, dtype=np.float64)
-        return FedSlrServerState(init_params.copy(), zeros, 0, self._full_ranks(), num_clients)
+        w = np.asarray(init_params, dtype=np.float32)
+        return FedSlrServerState(w.copy(), FactoredModel.of_dense(w), zeros, 0, self._full_ranks(), num_clients)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedSlrClientState:
         p = np.zeros_like(init_params)
@@ -137,11 +142,11 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         return FedSlrClientState(np.zeros_like(init_params), p, None)
 
     def broadcast(self, server: FedSlrServerState) -> FedSlrBroadcast:
-        return FedSlrBroadcast(server.w, server.round, server.ranks)
+        return FedSlrBroadcast(server.model, server.round, server.ranks)
 
     def client_step(self, client: ClientInfo, state: FedSlrClientState, broadcast: FedSlrBroadcast) -> ClientStep:
         s = self.settings
-        w_t = broadcast.w
+        w_t = broadcast.model.params(self.params)
         lr = s.lr * s.lr_decay**broadcast.round
         phase1 = dataclasses.replace(
             s.local_sgd(w_t, prox_weight=1.0 / s.eta_g, prox_center=w_t, linear=-state.gamma), lr=lr
@@ -194,7 +199,8 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
             "global_params": float(self.global_parameter_count(prox.ranks)),
             **{f"rank/{name}": float(rank) for name, rank in prox.ranks.items()},
         }
-        return FedSlrServerState(w, gamma_mean, server.round + 1, prox.ranks, server.num_clients), metrics
+        new = FedSlrServerState(w, prox.model, gamma_mean, server.round + 1, prox.ranks, server.num_clients)
+        return new, metrics
 
     def global_parameter_count(self, ranks: dict[str, int]) -> int:
         """#params of the GKR (fedslr.md 6.5): min(d1 d2, r (d1 + d2)) per matrix plus the 1-D parameters."""
@@ -202,8 +208,8 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         return sum(factored_size(shape, ranks.get(name, 0)) for name, shape in layers)
 
     def downlink_bytes(self, broadcast: FedSlrBroadcast) -> int:
-        """The GKR as U sqrt(S), sqrt(S) V^T where that is smaller than dense (fedslr.md 2.4), plus the round."""
-        return 4 * (self.global_parameter_count(broadcast.ranks) + 1)
+        """What is sent: the GKR's dense layers and factors (fedslr.md 2.4), plus the round, as float32."""
+        return 4 * (broadcast.model.size + 1)
 
     def global_model(self, server: FedSlrServerState) -> Vector:
         return server.w

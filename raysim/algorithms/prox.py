@@ -84,25 +84,76 @@ def factored_size(shape: tuple[int, ...], rank: int) -> int:
     return min(dense, rank * (d1 + d2))
 
 
+@dataclass(frozen=True, eq=False)
+class FactoredModel:
+    """A flat parameter vector in the form it is sent (fedslr.md 2.4): every matrix layer whose factors
+    U sqrt(S) (d1 x r) and sqrt(S) V^T (r x d2) are smaller than the dense matrix travels as those factors,
+    everything else dense. Sender and receiver both take the parameters from `params`, so the model the
+    clients rebuild is exactly the server's."""
+
+    dense: np.ndarray
+    """The dense layers' entries, concatenated in parameter order."""
+    factors: dict[str, tuple[np.ndarray, np.ndarray]]
+    """Per factored layer: (U sqrt(S), sqrt(S) V^T), float32."""
+
+    @property
+    def size(self) -> int:
+        """Numbers sent."""
+        return self.dense.size + sum(left.size + right.size for left, right in self.factors.values())
+
+    def params(self, spec: ParamSpec) -> np.ndarray:
+        """The flat float32 parameter vector (factored layers rebuilt as (U sqrt(S)) (sqrt(S) V^T))."""
+        flat = np.empty(spec.size, dtype=np.float32)
+        cursor = 0
+        for name, shape in zip(spec.names, spec.shapes, strict=True):
+            target = spec.slice(name)
+            if name in self.factors:
+                left, right = self.factors[name]
+                matrix = torch.from_numpy(left @ right)
+                flat[target] = dematrixize(matrix, shape).reshape(-1).numpy()
+            else:
+                size = target.stop - target.start
+                flat[target] = self.dense[cursor : cursor + size]
+                cursor += size
+        return flat
+
+    @classmethod
+    def of_dense(cls, flat: np.ndarray) -> FactoredModel:
+        return cls(np.asarray(flat, dtype=np.float32).copy(), {})
+
+
 @dataclass(frozen=True)
 class LayerwiseSVT:
     params: np.ndarray
-    """The prox of lambda sum_l ||W_l||_* at the input, as a flat float32 vector."""
+    """The prox of lambda sum_l ||W_l||_* at the input, as a flat float32 vector (= `model.params`)."""
     ranks: dict[str, int]
     """Rank of every matrixized layer after thresholding."""
+    model: FactoredModel
+    """The same result as it is sent: low-rank layers as the factors of this very SVD."""
 
 
 def layerwise_svt(flat: np.ndarray, spec: ParamSpec, threshold: float, device: str | torch.device = "cpu"):
-    """SVT at `threshold` of every matrix parameter (ndim >= 2) of `flat`; 1-D parameters are left alone."""
-    source = torch.from_numpy(np.asarray(flat, dtype=np.float32))
-    result = source.clone()
+    """SVT at `threshold` of every matrix parameter (ndim >= 2) of `flat`; 1-D parameters are left alone.
+    The SVD runs on `device`; a layer whose factors are smaller than its dense matrix keeps them."""
+    source = np.asarray(flat, dtype=np.float32)
+    dense: list[np.ndarray] = []
+    factors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     ranks: dict[str, int] = {}
-    for name, shape, offset in zip(spec.names, spec.shapes, spec.offsets, strict=True):
+    for name, shape in zip(spec.names, spec.shapes, strict=True):
+        values = source[spec.slice(name)]
         if len(shape) < 2:
+            dense.append(values)
             continue
-        size = int(np.prod(shape))
-        weight = source[offset : offset + size].view(shape).to(device)
+        weight = torch.from_numpy(values.reshape(shape)).to(device)
         thresholded = svt(matrixize(weight), threshold)
         ranks[name] = thresholded.rank
-        result[offset : offset + size] = dematrixize(thresholded.matrix(), shape).reshape(-1).to("cpu", torch.float32)
-    return LayerwiseSVT(result.numpy(), ranks)
+        if factored_size(shape, thresholded.rank) < int(np.prod(shape)):
+            root = thresholded.s.sqrt()
+            left = (thresholded.u * root).to("cpu", torch.float32).numpy()
+            right = (root[:, None] * thresholded.vh).to("cpu", torch.float32).numpy()
+            factors[name] = (left, right)
+        else:
+            matrix = dematrixize(thresholded.matrix(), shape)
+            dense.append(matrix.reshape(-1).to("cpu", torch.float32).numpy())
+    model = FactoredModel(np.concatenate(dense) if dense else np.zeros(0, np.float32), factors)
+    return LayerwiseSVT(model.params(spec), ranks, model)

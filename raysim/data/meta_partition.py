@@ -26,14 +26,18 @@ class MetaSettings(BaseModel):
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of the support part held out as validation")
     classes_per_client: int = Field(2, ge=1)
     shots: int = Field(20, ge=2, description="M: each client holds D_i ~ U(M, 2M) samples")
-    reserved: int = Field(10_000, ge=0, description="samples held by no client (PM pretraining / server data)")
+    reserved: int = Field(10_000, ge=0, description="samples held by no client for pretraining the PM")
+    server_samples: int = Field(
+        10_000, ge=0, description="further samples held by no client: the server's knowledge-transfer set D_s"
+    )
 
     def noise_std(self, client: int, num_clients: int) -> float:
         return 0.0
 
     def assign(self, labels, num_clients, generator, groups):
         labels = np.asarray(labels)
-        clients_pool = np.setdiff1d(np.arange(len(labels)), reserved_pool(len(labels), self.reserved, generator))
+        held = reserved_pool(len(labels), self.reserved + self.server_samples, generator)
+        clients_pool = np.setdiff1d(np.arange(len(labels)), held)
         classes = np.unique(labels)
         if self.classes_per_client > len(classes):
             raise PartitionError(
@@ -55,12 +59,24 @@ class MetaSettings(BaseModel):
 
 
 def reserved_pool(num_samples: int, reserved: int, generator: np.random.Generator) -> np.ndarray:
-    """The indices no client holds: the first `reserved` of a seeded permutation (drawn first from `generator`)."""
+    """The indices no client holds, in draw order: the first `reserved` of a seeded permutation (drawn first
+    from `generator`)."""
     if reserved >= num_samples:
-        raise PartitionError(f"partition.reserved={reserved}: the dataset has only {num_samples} samples")
-    return np.sort(generator.permutation(num_samples)[:reserved])
+        raise PartitionError(
+            f"partition.reserved + partition.server_samples = {reserved}: the dataset has only {num_samples} samples"
+        )
+    return generator.permutation(num_samples)[:reserved]
 
 
 def reserved_indices(num_samples: int, settings: MetaSettings, seed: int) -> np.ndarray:
-    """The reserved pool of the partition `partition_dataset(labels, m, settings, seed)` makes (same stream)."""
-    return reserved_pool(num_samples, settings.reserved, rng(seed, Stream.PARTITION))
+    """The PM-pretraining pool of the partition `partition_dataset(labels, m, settings, seed)` makes (same
+    stream): the first `reserved` held-back samples."""
+    held = reserved_pool(num_samples, settings.reserved + settings.server_samples, rng(seed, Stream.PARTITION))
+    return np.sort(held[: settings.reserved])
+
+
+def server_indices(num_samples: int, settings: MetaSettings, seed: int) -> np.ndarray:
+    """The server's knowledge-transfer set D_s: the next `server_samples` held-back samples, disjoint from the
+    PM's pool and from every client (augfl.md 7.1 item 7)."""
+    held = reserved_pool(num_samples, settings.reserved + settings.server_samples, rng(seed, Stream.PARTITION))
+    return np.sort(held[settings.reserved :])

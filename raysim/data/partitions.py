@@ -4,7 +4,8 @@ Every scheme returns one index array per client and is a pure function of (label
 same seed, same partition. Each client's indices are then shuffled and split per client, as in
 FLAME's experiments (flame.md 6.1: 80/20 per client, so test data follow the client's distribution).
 
-The schemes are FLAME's six (flame.md 6.3) plus IID and a mixed IID/Dirichlet split. The paper's
+The schemes are FLAME's six (flame.md 6.3) plus IID, a mixed IID/Dirichlet split and FedSLR's per-client
+label prior with its own per-client test sets (fedslr.md 6.1). The paper's
 versions are disjoint (every sample goes to at most one client); where the authors' code draws each
 client's samples independently from the whole dataset (Dirichlet label skew, quantity skew, hybrid),
 `overlap: true` reproduces that instead. All checks run here, in the driver, before any Ray work.
@@ -12,6 +13,7 @@ client's samples independently from the whole dataset (Dirichlet label skew, qua
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -141,6 +143,23 @@ class MixedSettings(_Scheme):
         return mixed(labels, num_clients, self, generator)
 
 
+class LabelPriorSettings(_Scheme):
+    """FedSLR's split (fedslr.md 6.1): per-client class prior ~ Dir(alpha 1_C), balanced sizes N/M, samples dealt
+    one at a time to a random non-full client with the class drawn from its prior; a `test_samples` test set
+    per client with its training label proportions, drawn from a held-out pool that no client trains on.
+
+    Paper default: no sample repeats (an exhausted class is dropped from the client's prior, renormalized).
+    `refill: true` is the authors' code: an exhausted class pool is refilled, so samples can repeat."""
+
+    scheme: Literal["label_prior"] = "label_prior"
+    alpha: float = Field(0.1, gt=0.0, description="concentration of each client's class prior Dir(alpha 1_C)")
+    refill: bool = Field(False, description="refill an exhausted class pool, samples may repeat (authors' code)")
+    test_samples: int = Field(100, ge=1, description="per client: floor(label share * test_samples) per label")
+    test_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="share of the dataset held out as the test pool that no client trains on"
+    )
+
+
 AnyPartition = (
     IIDSettings
     | DirichletSettings
@@ -150,6 +169,7 @@ AnyPartition = (
     | NaturalSettings
     | HybridSettings
     | MixedSettings
+    | LabelPriorSettings
     | MetaSettings
 )
 PartitionSettings = Annotated[AnyPartition, Field(discriminator="scheme")]
@@ -324,6 +344,94 @@ def mixed(labels: np.ndarray, num_clients: int, settings: MixedSettings, generat
     return parts
 
 
+def _deal_by_prior(
+    labels: np.ndarray, pool: np.ndarray, num_clients: int, settings: LabelPriorSettings, generator
+) -> list[np.ndarray]:
+    """The training draw of `label_prior`: every client gets len(pool) // m samples (+1 for the first
+    len(pool) % m), one sample at a time to a uniformly random non-full client."""
+    classes = np.unique(labels[pool])
+    priors = generator.dirichlet(np.full(len(classes), settings.alpha), size=num_clients)
+    cumulative = [list(np.cumsum(p)) for p in priors]
+    members = [pool[labels[pool] == k] for k in classes]  # `pool` is shuffled, so each class pool is too
+    left = [len(m) for m in members]
+    sizes = np.full(num_clients, len(pool) // num_clients) + (np.arange(num_clients) < len(pool) % num_clients)
+    capacity = sizes.tolist()
+    open_clients = list(range(num_clients))
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    draws = generator.random((2, int(sizes.sum()))).tolist()
+    last = len(classes) - 1
+    for u_client, u_class in zip(*draws, strict=True):
+        position = int(u_client * len(open_clients))
+        client = open_clients[position]
+        capacity[client] -= 1
+        if capacity[client] == 0:  # swap-remove a full client
+            open_clients[position] = open_clients[-1]
+            open_clients.pop()
+        k = min(bisect.bisect_left(cumulative[client], u_class), last)
+        if settings.refill:
+            while left[k] == 0:  # the authors' code: refill the class pool, then draw the class again
+                left[k] = len(members[k])
+                k = min(bisect.bisect_left(cumulative[client], generator.random()), last)
+        elif left[k] == 0:  # the prior restricted to the classes left, renormalized
+            weights = priors[client] * (np.array(left) > 0)
+            total = weights.sum()
+            if total > 0:
+                k = min(int(np.searchsorted(np.cumsum(weights), generator.random() * total)), last)
+            else:  # the prior puts no mass on any class left: uniform over them
+                k = int(generator.choice(np.flatnonzero(np.array(left) > 0)))
+            while left[k] == 0:  # float rounding at a boundary
+                k = (k + 1) % len(classes)
+        left[k] -= 1
+        parts[client].append(int(members[k][left[k]]))
+    return [np.array(p, dtype=np.int64) for p in parts]
+
+
+def label_prior(
+    labels: np.ndarray, num_clients: int, settings: LabelPriorSettings, generator: np.random.Generator
+) -> list[ClientSplit]:
+    """FedSLR's split (see LabelPriorSettings); returns every client's train / test / val indices."""
+    order = generator.permutation(len(labels))
+    held = round(settings.test_fraction * len(labels))
+    test_pool, train_pool = order[:held], order[held:]
+    if held == 0 or len(train_pool) < num_clients:
+        raise PartitionError(
+            f"partition.test_fraction={settings.test_fraction} holds out {held} of {len(labels)} samples, leaving "
+            f"{len(train_pool)} to train on for clients.count={num_clients}; both parts must be non-empty and the "
+            "training part hold one sample per client"
+        )
+    parts = _deal_by_prior(labels, train_pool, num_clients, settings, generator)
+    by_class = {int(k): test_pool[labels[test_pool] == k] for k in np.unique(labels)}
+    splits = []
+    for client, drawn in enumerate(parts):
+        present, counts = np.unique(labels[drawn], return_counts=True)
+        wanted = counts * settings.test_samples // len(drawn)  # floor(share * test_samples), exactly
+        if wanted.sum() == 0:
+            raise PartitionError(
+                f"partition.test_samples={settings.test_samples} gives client {client} no test sample (its "
+                f"largest label share is {counts.max() / len(drawn):.3f}); raise partition.test_samples"
+            )
+        test = []
+        for k, count in zip(present.tolist(), wanted.tolist(), strict=True):
+            available = by_class[k]
+            if count > len(available):
+                raise PartitionError(
+                    f"partition.test_samples={settings.test_samples}: client {client} needs {count} test samples "
+                    f"of class {k} but the held-out pool (partition.test_fraction={settings.test_fraction}) has "
+                    f"{len(available)}; lower partition.test_samples or raise partition.test_fraction"
+                )
+            test.append(generator.choice(available, count, replace=False))
+        shuffled = generator.permutation(drawn)
+        n_val = max(1, round(settings.val_fraction * len(shuffled))) if settings.val_fraction > 0 else 0
+        if len(shuffled) - n_val < 1:
+            raise PartitionError(
+                f"client {client} holds {len(shuffled)} training samples, too few for partition.val_fraction="
+                f"{settings.val_fraction}"
+            )
+        val, train = np.split(shuffled, [n_val])
+        splits.append(ClientSplit(client, np.sort(train), np.sort(np.concatenate(test)), np.sort(val)))
+    return splits
+
+
 def split_client(client_id: int, indices: np.ndarray, settings: _Scheme, generator: np.random.Generator) -> ClientSplit:
     """Shuffle a client's samples and split them into train / test (/ validation)."""
     shuffled = generator.permutation(indices)
@@ -340,7 +448,7 @@ def split_client(client_id: int, indices: np.ndarray, settings: _Scheme, generat
     return ClientSplit(client_id, np.sort(train), np.sort(test), np.sort(val))
 
 
-_LABEL_SCHEMES = (DirichletSettings, QLabelSettings, HybridSettings, MixedSettings)
+_LABEL_SCHEMES = (DirichletSettings, QLabelSettings, HybridSettings, MixedSettings, LabelPriorSettings)
 # QualitySettings keeps the default IID `assign`: its skew is the noise applied at access time.
 
 
@@ -366,6 +474,8 @@ def partition_dataset(
             f"partition.scheme={settings.scheme} splits by class label; this dataset has no integer labels "
             "(use iid, quality or quantity)"
         )
+    if isinstance(settings, LabelPriorSettings):  # draws its own per-client test sets
+        return label_prior(labels, num_clients, settings, rng(seed, Stream.PARTITION))
     parts = settings.assign(labels, num_clients, rng(seed, Stream.PARTITION), groups)
     splits = []
     for client, indices in enumerate(parts):

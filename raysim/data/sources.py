@@ -86,11 +86,101 @@ def synthetic_regression(num_samples: int = 1000, num_features: int = 5, noise: 
     return Dataset("synthetic_regression", x.astype(np.float32), y.astype(np.float32), 0, "regression")
 
 
-SOURCES = ("fashion_mnist", "digits", "synthetic_classification", "synthetic_regression")
+def synthetic_writers(
+    num_writers: int = 300,
+    num_features: int = 20,
+    num_classes: int = 10,
+    samples: tuple[int, int] = (20, 60),
+    seed: int = 0,
+) -> Dataset:
+    """LEAF/FEMNIST-like data with natural groups, so the `natural` partition has something to split by.
+
+    Classes share Gaussian centres; every writer has its own style (a feature offset and a scale, as stroke
+    width and slant differ between FEMNIST writers), its own label preference ~ Dir(0.5) and U(samples)
+    samples. `groups` is the writer id; samples are stored writer by writer."""
+    generator = np.random.default_rng(seed)
+    centers = generator.normal(0.0, 2.0, size=(num_classes, num_features))
+    offsets = generator.normal(0.0, 0.75, size=(num_writers, num_features))
+    scales = np.exp(generator.normal(0.0, 0.2, size=num_writers))
+    preferences = generator.dirichlet(np.full(num_classes, 0.5), size=num_writers)
+    sizes = generator.integers(samples[0], samples[1] + 1, size=num_writers)
+    groups = np.repeat(np.arange(num_writers), sizes)
+    y = np.concatenate([generator.choice(num_classes, size, p=p) for size, p in zip(sizes, preferences, strict=True)])
+    noise = generator.normal(size=(len(y), num_features))
+    x = scales[groups, None] * (centers[y] + noise) + offsets[groups]
+    return Dataset("synthetic_writers", x.astype(np.float32), y.astype(np.int64), num_classes, groups=groups)
 
 
-def load_dataset(name: str, root: str | Path | None = None, download: bool = True, seed: int = 0) -> Dataset:
-    """Load a dataset by its config name (`dataset.name`)."""
+NPZ_KEYS = "x (features, n x ...), y (labels or targets, n) and optionally groups (natural ids, n)"
+
+
+def npz_dataset(path: str | Path | None) -> Dataset:
+    """A dataset from one .npz file: `x`, `y` and optional `groups`; integer `y` are class labels (the number
+    of classes is max(y) + 1), floating `y` regression targets."""
+    if path is None:
+        raise DataError(f"dataset.path: dataset.name=npz needs the path of a .npz file holding {NPZ_KEYS}")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataError(f"dataset.path: {file}: no such file (expected a .npz holding {NPZ_KEYS})")
+    try:
+        archive = np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise DataError(f"dataset.path: {file}: not a readable .npz archive ({error})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"dataset.path: {file}: a single .npy array, not a .npz archive holding {NPZ_KEYS}")
+    with archive:
+        for key in ("x", "y"):
+            if key not in archive.files:
+                raise DataError(
+                    f"dataset.path: {file} has no array {key!r} (it has: {', '.join(archive.files) or 'nothing'}); "
+                    f"expected {NPZ_KEYS}"
+                )
+        try:
+            x, y = archive["x"], archive["y"]
+            groups = archive["groups"] if "groups" in archive.files else None
+        except ValueError as error:  # object arrays need pickle, which is refused
+            raise DataError(f"dataset.path: {file}: arrays must be numeric, not objects ({error})") from None
+    n = len(y) if y.ndim else 0
+    if y.ndim != 1 or n == 0:
+        raise DataError(f"dataset.path: {file}: 'y' must be one non-empty row of labels, got shape {y.shape}")
+    if x.ndim < 2 or len(x) != n:
+        raise DataError(f"dataset.path: {file}: 'x' must have shape ({n}, features...), got {x.shape}")
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool) or not np.isfinite(x).all():
+        raise DataError(f"dataset.path: {file}: 'x' must be finite numbers, got dtype {x.dtype}")
+    if groups is not None and (groups.shape != (n,) or not np.issubdtype(groups.dtype, np.integer)):
+        raise DataError(f"dataset.path: {file}: 'groups' must be {n} integer ids, got {groups.dtype} {groups.shape}")
+    name = file.stem
+    if np.issubdtype(y.dtype, np.integer) or y.dtype == bool:
+        if y.min() < 0:
+            raise DataError(f"dataset.path: {file}: class labels 'y' must be >= 0, got {int(y.min())}")
+        labels = y.astype(np.int64)
+        return Dataset(name, x.astype(np.float32), labels, int(labels.max()) + 1, groups=groups)
+    if not np.issubdtype(y.dtype, np.floating) or not np.isfinite(y).all():
+        raise DataError(f"dataset.path: {file}: 'y' must be integer labels or finite float targets, got {y.dtype}")
+    return Dataset(name, x.astype(np.float32), y.astype(np.float32), 0, "regression", groups)
+
+
+SEEDED_SOURCES = ("synthetic_classification", "synthetic_regression", "synthetic_writers")
+"""Sources whose data are drawn from the experiment seed (the others load the same data whatever the seed)."""
+
+SOURCES = (
+    "fashion_mnist",
+    "digits",
+    "synthetic_classification",
+    "synthetic_regression",
+    "synthetic_writers",
+    "npz",
+)
+
+
+def load_dataset(
+    name: str,
+    root: str | Path | None = None,
+    download: bool = True,
+    seed: int = 0,
+    path: str | Path | None = None,
+) -> Dataset:
+    """Load a dataset by its config name (`dataset.name`); `npz` reads `path` (else `root`, naming the file)."""
     if name == "fashion_mnist":
         return fashion_mnist(root, download=download)
     if name == "digits":
@@ -99,4 +189,8 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Tru
         return synthetic_classification(seed=seed)
     if name == "synthetic_regression":
         return synthetic_regression(seed=seed)
+    if name == "synthetic_writers":
+        return synthetic_writers(seed=seed)
+    if name == "npz":
+        return npz_dataset(path if path is not None else root)
     raise DataError(f"dataset.name: unknown dataset {name!r}; allowed: {', '.join(SOURCES)}")

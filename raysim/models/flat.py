@@ -61,6 +61,7 @@ class FlatModel:
         self.task = task
         self.module = build_module(name, input_shape, outputs)
         self.spec = ParamSpec.of(self.module)
+        self._head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
 
     @property
     def size(self) -> int:
@@ -76,6 +77,17 @@ class FlatModel:
 
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, self.spec.unflatten(flat), (x,))
+
+    def features(self, flat: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(penultimate features, logits): the features are the input of the network's last linear layer
+        (what knowledge distillation compares, augfl.md 2.1)."""
+        captured: list[torch.Tensor] = []
+        handle = self._head.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
+        try:
+            logits = self.forward(flat, x)
+        finally:
+            handle.remove()
+        return captured[0], logits
 
     def loss_and_grad(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, torch.Tensor]:
         """Mean minibatch loss at `flat` and its gradient (a new flat tensor)."""

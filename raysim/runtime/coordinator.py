@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from raysim.algorithms import build_algorithm
-from raysim.algorithms.base import AlgorithmSettings, Vector
+from raysim.algorithms.base import AlgorithmSettings, ServerData, Vector
+from raysim.attacks import AttackSettings
 from raysim.robust import RobustSettings, aggregate
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum
@@ -24,16 +25,21 @@ class Coordinator:
         num_clients: int,
         torch_threads: int = 1,
         robust: RobustSettings | None = None,
-        byzantine: int = 0,
+        attack: AttackSettings | None = None,
+        server_data: ServerData | None = None,
     ):
         """`robust` replaces the mean of the messages by a robust aggregate (raysim.robust); the hosts must
-        then send messages. `byzantine` is the default f of Multi-Krum (the number of malicious clients)."""
+        then send messages. `attack` sets Multi-Krum's default f = floor(attack.fraction * n) for the n messages
+        of each aggregation (AttackSettings.num_malicious; `aggregation.byzantine` overrides it).
+        `server_data` (AugFL's PM and transfer set) is handed to the algorithm here and nowhere else."""
         torch.set_num_threads(torch_threads)
         self.model = model_spec.build()
         self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
+        if server_data is not None:
+            self.algorithm.setup_server(server_data)
         self.state = self.algorithm.init_server(init_params, num_clients)
         self.robust = robust if robust is not None and robust.active else None
-        self.byzantine = byzantine
+        self.attack = attack
         self.num_clients = num_clients
         self.init_params = np.asarray(init_params, dtype=np.float32)
         self.latest: np.ndarray | None = None
@@ -72,11 +78,15 @@ class Coordinator:
         clients (see raysim.robust), and the sum sent is what moves the server's running sum to m * aggregate.
         """
         reference = np.asarray(self.algorithm.message_coordinates(self.algorithm.global_model(self.state)), np.float64)
+
+        def byzantine(rows: int) -> int:  # Multi-Krum's default f: floor(attack.fraction * n) of these n rows
+            return self.attack.num_malicious(rows) if self.attack is not None else 0
+
         if not upload.delta:
             rows = np.stack([messages[c][0] for c in sorted(messages)])
             # the total carries sum(weight) * mean; without a weight field the weight is the count
             scale = 1.0 if upload.weight_field else float(len(rows))
-            robust = aggregate(self.robust, rows, self.byzantine, reference)
+            robust = aggregate(self.robust, rows, byzantine(len(rows)), reference)
             return self.algorithm.upload_from_message(upload, scale * robust)
         initial = np.asarray(self.algorithm.message_coordinates(self.init_params), dtype=np.float64)
         if self.latest is None:
@@ -87,7 +97,7 @@ class Coordinator:
                 self.served_sum += np.asarray(previous, dtype=np.float64) - initial
                 self.seen.add(client_id)
             self.latest[client_id] = message
-        target = self.num_clients * aggregate(self.robust, self.latest, self.byzantine, reference)
+        target = self.num_clients * aggregate(self.robust, self.latest, byzantine(len(self.latest)), reference)
         upload = self.algorithm.upload_from_message(upload, target, self.served_sum)
         self.served_sum = target
         return upload

@@ -30,11 +30,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from raysim.algorithms import ClientInfo
+from raysim.algorithms import ClientInfo, build_algorithm
+from raysim.algorithms.base import ServerData
 from raysim.attacks import AttackPlan, attack_plan
 from raysim.config import ExperimentConfig
 from raysim.data import ClientSplit, load_dataset, partition_dataset
+from raysim.data.meta_partition import MetaSettings, server_indices
 from raysim.data.partitions import label_counts
+from raysim.data.sources import Dataset
 from raysim.errors import ConfigError, RaysimError
 from raysim.metrics import ClientEvaluation, mean_client_metrics, summarize
 from raysim.runtime import checkpoint
@@ -63,10 +66,18 @@ class Problem:
     init_params: np.ndarray
     attack: AttackPlan | None = None
     """Who is malicious (drawn once per run from the seed) and how; None without an attack."""
+    server_data: ServerData | None = None
+    """The coordinator's private data (AugFL's PM and transfer set), if the algorithm needs any."""
+    num_training: int = 0
+    """m: clients 0..m-1 train; the rest are held out (evaluated only, `clients.heldout`)."""
 
     @property
     def malicious(self) -> frozenset[int]:
         return self.attack.malicious if self.attack is not None else frozenset()
+
+    @property
+    def heldout(self) -> frozenset[int]:
+        return frozenset(info.id for info, _ in self.clients if info.id >= self.num_training)
 
 
 @dataclass
@@ -83,7 +94,8 @@ class RunResult:
 
 def prepare(config: ExperimentConfig) -> Problem:
     """Load and partition the data and draw the initial model; raises RaysimError on bad input."""
-    dataset = load_dataset(config.dataset.name, config.dataset.root, config.dataset.download, config.seed)
+    settings = config.dataset
+    dataset = load_dataset(settings.name, settings.root, settings.download, config.seed, settings.path)
     splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
     spec = ModelSpec(config.model.name, dataset.input_shape, dataset.output_dim, dataset.task)
     try:
@@ -91,24 +103,40 @@ def prepare(config: ExperimentConfig) -> Problem:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     init = model.initial_parameters(torch_seed(config.seed, Stream.MODEL_INIT))
-    total_train = sum(len(s.train) for s in splits)
-    m = config.clients.count
-    clients = [
-        (
-            ClientInfo(
-                id=s.client_id,
-                num_train=len(s.train),
-                weight=1.0 / m if config.clients.weighting == "uniform" else len(s.train) / total_train,
-                num_clients=m,
-            ),
-            s,
-        )
-        for s in splits
-    ]
+    m = config.clients.training_count
+    total_train = sum(len(s.train) for s in splits[:m])
+
+    def weight(split: ClientSplit) -> float:
+        """alpha_i over the training clients; held-out clients never enter a server sum."""
+        if split.client_id >= m:
+            return 0.0
+        return 1.0 / m if config.clients.weighting == "uniform" else len(split.train) / total_train
+
+    clients = [(ClientInfo(s.client_id, len(s.train), weight(s), m), s) for s in splits]
+    algorithm = build_algorithm(config.algorithm, model.spec)
+    server_data = _server_data(config, dataset) if algorithm.uses_server_data() else None
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
     attack = attack_plan(config.attack, m, config.seed) if config.attack.kind != "none" else None
-    return Problem(dataset.x, dataset.y, spec, clients, init, attack)
+    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m)
+
+
+def _server_data(config: ExperimentConfig, dataset: Dataset) -> ServerData:
+    """The pretrained model (cached, trained on first use) and the transfer set D_s, both from the held-back
+    pools of the `meta` partition that no client holds."""
+    from raysim.pretrain import load_pm
+
+    if not isinstance(config.partition, MetaSettings):
+        raise ConfigError(
+            f"partition.scheme={config.partition.scheme}: algorithm {config.algorithm.name!r} with a pretrained "
+            "model needs 'meta' (its held-back pools feed the PM and the server's transfer set)"
+        )
+    pm, architecture = load_pm(config, dataset)
+    pool = server_indices(len(dataset.y), config.partition, config.seed)
+    return ServerData(
+        dataset.x[pool], dataset.y[pool], pm, architecture, config.model.name, dataset.input_shape,
+        dataset.output_dim, config.seed,
+    )  # fmt: skip
 
 
 def assign_to_hosts(clients: list[tuple[ClientInfo, ClientSplit]], num_hosts: int) -> list[list[int]]:
@@ -173,7 +201,8 @@ class Simulation:
             )
         by_id = {info.id: (info, split) for info, split in problem.clients}
         x_ref, y_ref, init_ref = ray.put(problem.x), ray.put(problem.y), ray.put(problem.init_params)
-        self._refs = (x_ref, y_ref, init_ref)  # kept alive: a restarted actor is built from them again
+        server_ref = ray.put(problem.server_data)
+        self._refs = (x_ref, y_ref, init_ref, server_ref)  # kept alive: a restarted actor is built from them again
         self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
         host_actor = ray.remote(ClientHost)
         self.hosts = [
@@ -213,10 +242,11 @@ class Simulation:
                 config.algorithm,
                 problem.model_spec,
                 init_ref,
-                config.clients.count,
+                problem.num_training,
                 runtime.torch_threads,
                 robust=config.aggregation,
-                byzantine=len(problem.malicious),
+                attack=config.attack,
+                server_data=server_ref,
             )
         )
 
@@ -227,7 +257,7 @@ class Simulation:
             sample_clients(
                 self.config.seed,
                 round_index,
-                self.config.clients.count,
+                self.config.clients.training_count,
                 self.config.clients.per_round_count(),
             )
         )
@@ -370,7 +400,7 @@ def run_experiment(
             f"[bold]raysim[/] {config.algorithm.name} on {config.dataset.name}: {verb} {run_id} "
             f"at {writer.tracking_uri}"
         )
-    rounds = _Rounds(config, writer, result, console, inspect, problem.malicious, resume)
+    rounds = _Rounds(config, writer, result, console, inspect, problem, resume)
     timeout = config.tracking.flush_timeout_s
     try:
         if manifest is None:
@@ -418,17 +448,23 @@ def resume_experiment(target: str, tracking_uri: str | None = None, show_progres
     return run_experiment(config, show_progress, inspect, resume=directory)
 
 
-def benign_summary(evaluations: list[ClientEvaluation], malicious: frozenset[int]) -> dict[str, float]:
-    """Across-client summaries over the benign clients only (flame.md 4.1: attackers are not scored)."""
-    return summarize([e for e in evaluations if e.client_id not in malicious])
+def benign_summary(
+    evaluations: list[ClientEvaluation], malicious: frozenset[int], heldout: frozenset[int] = frozenset()
+) -> dict[str, float]:
+    """Across-client summaries over the benign training clients (flame.md 4.1: attackers are not scored), and
+    over the held-out clients (`clients.heldout`) as `heldout/...`."""
+    summary = summarize([e for e in evaluations if e.client_id not in malicious | heldout])
+    held = [e for e in evaluations if e.client_id in heldout]
+    return summary | ({f"heldout/{k}": v for k, v in summarize(held).items()} if held else {})
 
 
 class _Rounds:
     """The round loop with checkpoints, recovery from dead actors, and resume."""
 
-    def __init__(self, config, writer, result: RunResult, console, inspect, malicious, resume: Path | None):
+    def __init__(self, config, writer, result: RunResult, console, inspect, problem: Problem, resume: Path | None):
         self.config, self.writer, self.result = config, writer, result
-        self.console, self.inspect, self.malicious = console, inspect, malicious
+        self.console, self.inspect = console, inspect
+        self.malicious, self.heldout = problem.malicious, problem.heldout
         self.resume = resume
         tracking = config.tracking
         self.folder = Path(tracking.checkpoint_dir).resolve() / result.run_id if tracking.checkpoint_every else None
@@ -484,7 +520,7 @@ class _Rounds:
                 self._log(step, result.history[step])
         else:
             evaluations = simulation.evaluate()
-            result.history[0] = benign_summary(evaluations, self.malicious)
+            result.history[0] = benign_summary(evaluations, self.malicious, self.heldout)
             self._log(0, result.history[0])
             round_index = 0
             if self.folder is not None:
@@ -514,7 +550,7 @@ class _Rounds:
                 progress.update(task, advance=1, **shown, secs=f"{metrics['time/round']:.2f}s/round")
                 round_index += 1
         result.final = evaluations
-        finals = benign_summary(evaluations, self.malicious)
+        finals = benign_summary(evaluations, self.malicious, self.heldout)
         evaluated_rounds = [r for r in result.history if "pm/acc" in result.history[r]]
         best = {
             f"best/{k}": max(result.history[r][k] for r in evaluated_rounds) for k in ("pm/acc", "gm/acc", "hm/acc")
@@ -530,7 +566,7 @@ class _Rounds:
         if step % self.config.tracking.eval_every == 0 or step == self.config.rounds:
             evaluated = time.perf_counter()
             evaluations = simulation.evaluate()
-            metrics |= benign_summary(evaluations, self.malicious)
+            metrics |= benign_summary(evaluations, self.malicious, self.heldout)
             metrics["time/evaluation"] = time.perf_counter() - evaluated
         metrics["time/round"] = time.perf_counter() - start
         self.result.history[step] = metrics
@@ -557,7 +593,12 @@ def _write_partition_summary(config: ExperimentConfig, problem: Problem, writer:
 
 def _write_artifacts(config: ExperimentConfig, problem: Problem, writer: MlflowWriter, result: RunResult) -> None:
     sizes = {
-        info.id: {"num_train": info.num_train, "num_test": len(split.test), "malicious": info.id in problem.malicious}
+        info.id: {
+            "num_train": info.num_train,
+            "num_test": len(split.test),
+            "malicious": info.id in problem.malicious,
+            "heldout": info.heldout,
+        }
         for info, split in problem.clients
     }
     with tempfile.TemporaryDirectory() as directory:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms import ClientInfo, build_algorithm, run_client_step
-from raysim.algorithms.base import AlgorithmSettings, FullGradient, GradientResult, LocalSGD, SGDResult, Vector
+from raysim.algorithms.base import AlgorithmSettings, FullGradient, GradientResult, LocalSGD, SGDResult, Vector, drive
 from raysim.attacks import AttackPlan
 from raysim.data.partitions import ClientSplit
 from raysim.data.sources import Task
@@ -154,12 +154,12 @@ class ClientHost:
             self.sent[client_id] = message
         return upload, ((np.asarray(message, np.float32), previous) if self.send_messages else None)
 
-    def _executor(self, client_id: int, round_index: int):
-        """Runs a client's requests with randomness keyed by (seed, client, round, request number)."""
+    def _executor(self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING):
+        """Runs a client's requests with randomness keyed by (seed, stream, client, round, request number)."""
         requests = iter(range(1_000_000))
 
         def execute(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
-            generator = rng(self.seed, Stream.CLIENT_TRAINING, client_id, round_index, next(requests))
+            generator = rng(self.seed, stream, client_id, round_index, next(requests))
             if isinstance(request, FullGradient):
                 return self.trainer.full_gradient(request, self.data[client_id], generator)
             return self.trainer.sgd(request, self.data[client_id], generator)
@@ -190,7 +190,12 @@ class ClientHost:
         for client_id in self.client_ids:
             data = self.data[client_id]
             gm = self._scores(global_params, data, client_id)
-            personal = self.algorithm.evaluated_model(self.states[client_id], global_params)
+            if self.info[client_id].heldout:  # a target client: adapted from the global model now (augfl.md 2.3)
+                adaptation = self.algorithm.adapt(self.info[client_id], global_params)
+                execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
+                personal = None if adaptation is None else drive(adaptation, execute)
+            else:
+                personal = self.algorithm.evaluated_model(self.states[client_id], global_params)
             pm = gm if personal is None else self._scores(personal, data, client_id)
             models = self.algorithm.extra_models(self.states[client_id], global_params)
             extra = {name: self._scores(params, data, client_id) for name, params in models.items()}

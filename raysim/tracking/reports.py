@@ -28,6 +28,8 @@ def write_convergence_plot(history: dict[int, dict[str, float]], title: str, pat
     for kind, style in (("pm", "-"), ("gm", "--"), ("hm", ":")):
         acc_axis.plot(rounds, [history[r][f"{kind}/acc"] for r in rounds], style, label=kind.upper())
         loss_axis.plot(rounds, [history[r][f"{kind}/train_loss"] for r in rounds], style, label=kind.upper())
+    if all("heldout/pm/acc" in history[r] for r in rounds):  # clients.heldout: the adapted target clients
+        acc_axis.plot(rounds, [history[r]["heldout/pm/acc"] for r in rounds], "-.", label="held-out PM")
     acc_axis.set(xlabel="round", ylabel="mean test accuracy over clients", title=title)
     loss_axis.set(xlabel="round", ylabel="mean training loss over clients", yscale="log")
     for axis in (acc_axis, loss_axis):

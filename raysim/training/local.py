@@ -94,6 +94,11 @@ class LocalTrainer:
         """The mean loss over the request's split and its gradient, in one batch."""
         if request.split not in ("train", "val", "test"):
             raise ValueError(f"FullGradient.split: {request.split!r}; allowed: train, val, test")
+        if not len(getattr(data, request.split)):
+            raise ValueError(
+                f"FullGradient: this client's {request.split!r} split is empty (check the algorithm's split settings "
+                "and partition.test_fraction / val_fraction)"
+            )
         xb, yb = (torch.from_numpy(a) for a in data.arrays(request.split, generator))
         point = torch.from_numpy(np.array(request.point, dtype=np.float32))
         loss, grad = self.model.loss_and_grad(point, xb, yb)

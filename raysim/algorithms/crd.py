@@ -1,0 +1,229 @@
+"""Knowledge transfer from a pretrained model (PM) to AugFL's meta-model on the server (augfl.md 2).
+
+Contrastive representation distillation (CRD, Tian et al.): the meta-model's penultimate features s =
+g^theta(x) and the PM's c = g^{theta_p}(x) on the server's transfer set D_s are mapped by heads f^s, f^c
+(Linear to `feat_dim`, then L2-normalized) into one space. Each side is contrasted against a memory bank
+of the other side's embeddings (|D_s| x feat_dim, updated with momentum 0.5): the positive is the same
+sample, `negatives` others are drawn uniformly. With P = exp(f^s(s)^T m / tau) / Z and Pn = 1/|D_s|,
+
+    loss = -[log P_pos / (P_pos + K Pn) + sum_neg log K Pn / (P_neg + K Pn)] / batch     (per side, summed)
+
+is R_h (augfl.md 2.1; Z is fixed from the first batch, as in the CRD code). Two ways to get the
+lambda * grad R_h that AugFL's server step (eq. 13) needs, `mode`:
+
+- `paper`: grad_theta R_h at theta^t itself: one pass over D_s in mini-batches with theta fixed, the heads
+  taking SGD steps (the critic's min over h); the theta-gradients are averaged.
+- `code` (augfl.md 2.2): one SGD epoch (lr 0.002, momentum 0.9, weight decay 5e-4) of a student copy
+  started at theta^t on ce_weight * CE + crd_weight * CRD; the average of the per-batch student
+  gradients along that epoch.
+
+The PM's features on D_s are computed once (the PM is frozen and the server data are not augmented).
+Heads, memory banks, Z and momentum buffers persist across rounds in `CrdState`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from raysim.algorithms.base import Vector
+from raysim.models.flat import FlatModel
+from raysim.seeding import Stream, rng, torch_seed
+
+
+class TransferSettings(BaseModel):
+    """`algorithm.transfer`: how the PM's knowledge reaches the meta-model (augfl.md 2, 8.5)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mode: Literal["paper", "code"] = Field(
+        "paper", description="grad of the CRD bound at theta^t (paper) or the code's epoch-averaged CE + CRD gradient"
+    )
+    feat_dim: int = Field(128, ge=1, description="dimension of the common embedding space of f^s and f^c")
+    temperature: float = Field(0.07, gt=0, description="tau, the NCE temperature")
+    negatives: int = Field(16384, ge=1, description="K negatives per positive (capped at |D_s| - 1)")
+    memory_momentum: float = Field(0.5, ge=0, lt=1, description="momentum of the memory-bank updates")
+    batch_size: int = Field(128, ge=1, description="knowledge-transfer batch size (Table I)")
+    lr: float = Field(0.002, gt=0, description="SGD rate of the heads (and, in code mode, of the student copy)")
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0)
+    ce_weight: float = Field(1.0, ge=0, description="code mode: weight of the cross-entropy on D_s's labels")
+    crd_weight: float = Field(0.8, ge=0, description="code mode: weight of the CRD term")
+
+
+@dataclass
+class CrdState:
+    """What persists between rounds on the server (all float32 arrays, checkpointable)."""
+
+    heads: Vector
+    """Flat parameters of f^s then f^c."""
+    head_velocity: Vector
+    student_velocity: Vector
+    """Momentum of the student copy (code mode; zeros otherwise)."""
+    memory_student: np.ndarray
+    memory_teacher: np.ndarray
+    normalizers: Vector
+    """(Z_student_side, Z_teacher_side); NaN until the first batch sets them."""
+    rounds: int
+
+
+class _Heads(nn.Module):
+    def __init__(self, student_dim: int, teacher_dim: int, feat_dim: int):
+        super().__init__()
+        self.student = nn.Linear(student_dim, feat_dim)
+        self.teacher = nn.Linear(teacher_dim, feat_dim)
+
+
+def nce_loss(scores: torch.Tensor, num_data: int) -> torch.Tensor:
+    """CRD's contrast loss of normalized scores [batch, 1 + K] (column 0: the positive)."""
+    negatives = scores.shape[1] - 1
+    noise = negatives / num_data
+    eps = 1e-7
+    positive = torch.log(scores[:, 0] / (scores[:, 0] + noise + eps))
+    negative = torch.log(noise / (scores[:, 1:] + noise + eps))
+    return -(positive.sum() + negative.sum()) / scores.shape[0]
+
+
+class ContrastiveTransfer:
+    """CRD between a student FlatModel (the meta-model) and a frozen PM on a server dataset."""
+
+    def __init__(
+        self,
+        settings: TransferSettings,
+        student: FlatModel,
+        teacher: FlatModel,
+        teacher_params: Vector,
+        x: np.ndarray,
+        y: np.ndarray,
+        seed: int,
+    ):
+        self.settings = settings
+        self.student = student
+        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        self.y = torch.from_numpy(np.asarray(y, dtype=np.int64))
+        self.seed = seed
+        with torch.no_grad():
+            self.teacher_features = torch.cat(
+                [teacher.features(torch.from_numpy(np.asarray(teacher_params, np.float32)), chunk)[0]
+                 for chunk in self.x.split(1024)]
+            )  # fmt: skip
+            student_dim = student.features(torch.zeros(student.size), self.x[:1])[0].shape[1]
+        self.heads = _Heads(student_dim, self.teacher_features.shape[1], settings.feat_dim)
+        self.head_spec = [(name, p.shape) for name, p in self.heads.named_parameters()]
+
+    @property
+    def num_data(self) -> int:
+        return len(self.y)
+
+    def init_state(self) -> CrdState:
+        """Heads from torch's default init and memory banks uniform in +-1/sqrt(feat_dim/3), as in CRD."""
+        with torch.random.fork_rng():
+            torch.manual_seed(torch_seed(self.seed, Stream.SERVER, 0))
+            for layer in self.heads.modules():
+                if isinstance(layer, nn.Linear):
+                    layer.reset_parameters()
+        heads = torch.cat([p.detach().reshape(-1) for p in self.heads.parameters()]).numpy()
+        bound = 1.0 / np.sqrt(self.settings.feat_dim / 3)
+        generator = rng(self.seed, Stream.SERVER, 0)
+        shape = (self.num_data, self.settings.feat_dim)
+        memories = [generator.uniform(-bound, bound, shape).astype(np.float32) for _ in range(2)]
+        return CrdState(
+            heads.astype(np.float32),
+            np.zeros_like(heads, dtype=np.float32),
+            np.zeros(self.student.size, np.float32),
+            memories[0],
+            memories[1],
+            np.full(2, np.nan, np.float32),
+            0,
+        )
+
+    def _head_params(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        params, offset = {}, 0
+        for name, shape in self.head_spec:
+            size = int(np.prod(shape))
+            params[name] = flat[offset : offset + size].view(shape)
+            offset += size
+        return params
+
+    def _crd(self, student_features, heads, indices, contrast, memories, normalizers):
+        """The symmetric CRD loss of one batch; updates `normalizers` in place on the first batch."""
+        student_head = nn.functional.linear(student_features, heads["student.weight"], heads["student.bias"])
+        teacher_head = nn.functional.linear(self.teacher_features[indices], heads["teacher.weight"],
+                                            heads["teacher.bias"])  # fmt: skip
+        embed_s = nn.functional.normalize(student_head, dim=1)
+        embed_t = nn.functional.normalize(teacher_head, dim=1)
+        memory_s, memory_t = memories
+        tau = self.settings.temperature
+        # student embedding against the teacher-side memory, and the teacher embedding against the student's;
+        # one matmul against the whole bank then a gather is far cheaper than gathering [batch, 1 + K, dim] rows
+        scores_s = torch.exp((embed_s @ memory_t.T).gather(1, contrast) / tau)
+        scores_t = torch.exp((embed_t @ memory_s.T).gather(1, contrast) / tau)
+        if torch.isnan(normalizers).any():
+            normalizers[0] = scores_s.mean().detach() * self.num_data
+            normalizers[1] = scores_t.mean().detach() * self.num_data
+        loss = nce_loss(scores_s / normalizers[0], self.num_data) + nce_loss(scores_t / normalizers[1], self.num_data)
+        return loss, embed_s.detach(), embed_t.detach()
+
+    def _update_memory(self, memory: torch.Tensor, indices: torch.Tensor, embedding: torch.Tensor) -> None:
+        momentum = self.settings.memory_momentum
+        memory[indices] = nn.functional.normalize(memory[indices] * momentum + embedding * (1 - momentum), dim=1)
+
+    def gradient(self, theta: Vector, state: CrdState) -> tuple[np.ndarray, CrdState, dict[str, float]]:
+        """grad R_h at theta (see the module docstring for the two modes), the new state and metrics."""
+        s = self.settings
+        generator = rng(self.seed, Stream.SERVER, state.rounds + 1)
+        order = torch.from_numpy(generator.permutation(self.num_data))
+        negatives = min(s.negatives, self.num_data - 1)
+        student = torch.from_numpy(np.array(theta, dtype=np.float32))
+        heads = torch.from_numpy(state.heads.copy())
+        head_velocity = torch.from_numpy(state.head_velocity.copy())
+        student_velocity = torch.from_numpy(state.student_velocity.copy())
+        memories = (torch.from_numpy(state.memory_student.copy()), torch.from_numpy(state.memory_teacher.copy()))
+        normalizers = torch.from_numpy(state.normalizers.copy())
+        gradient_sum = torch.zeros_like(student)
+        losses, batches = [], 0
+        for start in range(0, self.num_data, s.batch_size):
+            indices = order[start : start + s.batch_size]
+            drawn = generator.integers(0, self.num_data - 1, size=(len(indices), negatives))
+            drawn = drawn + (drawn >= indices.numpy()[:, None])  # uniform over the others: skip the positive
+            contrast = torch.cat([indices[:, None], torch.from_numpy(drawn)], dim=1)
+            point = student.detach().requires_grad_(True)
+            head_point = heads.detach().requires_grad_(True)
+            features, logits = self.student.features(point, self.x[indices])
+            loss, embed_s, embed_t = self._crd(features, self._head_params(head_point), indices, contrast, memories,
+                                               normalizers)  # fmt: skip
+            if s.mode == "code":
+                loss = s.crd_weight * loss + s.ce_weight * nn.functional.cross_entropy(logits, self.y[indices])
+            # a model without hidden layers (mlr) has the input as its features: then only CE reaches theta
+            student_grad, head_grad = torch.autograd.grad(loss, [point, head_point], materialize_grads=True)
+            gradient_sum += student_grad
+            losses.append(float(loss.detach()))
+            batches += 1
+            with torch.no_grad():
+                heads = _sgd(heads, head_grad, head_velocity, s.lr, s.momentum, s.weight_decay)
+                if s.mode == "code":  # the student copy moves too; the gradients are taken along its path
+                    student = _sgd(student, student_grad, student_velocity, s.lr, s.momentum, s.weight_decay)
+                self._update_memory(memories[0], indices, embed_s)
+                self._update_memory(memories[1], indices, embed_t)
+        new = replace(
+            state,
+            heads=heads.numpy(),
+            head_velocity=head_velocity.numpy(),
+            student_velocity=student_velocity.numpy(),
+            memory_student=memories[0].numpy(),
+            memory_teacher=memories[1].numpy(),
+            normalizers=normalizers.numpy(),
+            rounds=state.rounds + 1,
+        )
+        return (gradient_sum / batches).numpy().astype(np.float64), new, {"transfer_loss": float(np.mean(losses))}
+
+
+def _sgd(x: torch.Tensor, grad: torch.Tensor, velocity: torch.Tensor, lr: float, momentum: float, decay: float):
+    """torch.optim.SGD's update (weight decay added to the gradient, then momentum); `velocity` in place."""
+    step = grad + decay * x
+    velocity.mul_(momentum).add_(step)
+    return x - lr * velocity
