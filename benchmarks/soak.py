@@ -12,46 +12,15 @@ shows as steady growth after warm-up; the last line is the total over all proces
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from raysim.config import validate_config
+from raysim.procmem import sample
 from raysim.runtime.driver import run_experiment
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            tree.setdefault(parent, []).append(int(entry.name))
-    return tree
-
-
-def sample() -> dict[str, float]:
-    """RSS in MiB of this process and all its descendants, keyed by `name[pid]`."""
-    tree, found, todo = _children(), {}, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        todo.extend(tree.get(pid, []))
-        try:
-            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20
-            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            title = Path(f"/proc/{pid}/comm").read_text().strip()
-        except (OSError, IndexError):
-            continue
-        found[f"{title if title.startswith('ray::') else Path(name).name or title}[{pid}]"] = rss
-    return found
 
 
 def main() -> None:

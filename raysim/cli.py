@@ -163,6 +163,13 @@ def _server(args: argparse.Namespace) -> int:
     return serve(ServerSettings(args.backend_store_uri, destination, args.host, args.port, args.workers))
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from raysim.bench import WAYS, report, run_bench
+
+    report(run_bench(args.clients, args.rounds, args.model, args.hosts, tuple(args.ways or WAYS)), args.json)
+    return 0
+
+
 def _cluster_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--address", help="Ray dashboard URL (default: $RAY_ADDRESS if http, else :8265 on 127.0.0.1)")
     command.add_argument("--auth-token", help="Ray cluster token (default: $RAY_AUTH_TOKEN or ~/.ray/auth_token)")
@@ -201,6 +208,16 @@ def parser() -> argparse.ArgumentParser:
     )
     ui.add_argument("--port", type=int, default=5000)
     ui.set_defaults(handler=_ui)
+    bench = commands.add_parser(
+        "bench", help="time a FLAME round: plain torch loop vs raysim vs raysim vectorized (table and JSON)"
+    )
+    bench.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000], help="client counts")
+    bench.add_argument("--rounds", type=int, default=5, help="rounds per measurement (at least 3)")
+    bench.add_argument("--model", choices=["mlr", "mlp", "cnn"], default="mlp")
+    bench.add_argument("--hosts", type=int, default=None, help="raysim host actors (default: one per CPU)")
+    bench.add_argument("--ways", nargs="+", choices=["reference", "raysim", "vectorized"], help="default: all three")
+    bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
+    bench.set_defaults(handler=_bench)
     algorithms = commands.add_parser("algorithms", help="list the registered algorithms")
     algorithms.set_defaults(handler=_algorithms)
     sweep = commands.add_parser("sweep", help="run a sweep (grid / random draws x seeds) as concurrent trials")

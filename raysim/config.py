@@ -113,6 +113,29 @@ class RuntimeSettings(_Section):
     on_nonfinite: Literal["stop", "drop_client"] = Field(
         "stop", description="a NaN/inf client upload stops the run (run marked FAILED) or that upload is dropped"
     )
+    state_memory_mb: float | None = Field(
+        None,
+        ge=0,
+        description="client state each host keeps in memory (MiB of arrays); the least recently used clients' "
+        "states beyond it spill to disk and are read back exactly (None: no limit, all in memory)",
+    )
+    spill_dir: str | None = Field(
+        None,
+        description="folder for spilled client state, a path on each host's node (one subfolder per host, "
+        "removed when the run ends); default: the system temp folder",
+    )
+    client_training: Literal["sequential", "vectorized"] = Field(
+        "sequential",
+        description="how a host trains its selected clients: one at a time, or together with torch.func "
+        "(parameters stacked per layer, one batched step for all; same results up to float rounding, 1.5-3x "
+        "faster for small models such as mlp and mlr; the round's selected client states are all in memory)",
+    )
+    vectorize_chunk: int = Field(
+        16,
+        ge=1,
+        description="client_training=vectorized: at most this many clients train together (bounds memory; on a "
+        "CPU 8-16 keeps a chunk's batches in cache and is fastest, a GPU wants hundreds)",
+    )
 
 
 class TrackingSettings(_Section):

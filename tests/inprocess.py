@@ -15,7 +15,20 @@ class InProcess:
         self.config = config
         self.problem = problem or prepare(config)
         p = self.problem
-        self.host = ClientHost(config.algorithm, p.model_spec, p.x, p.y, p.clients, p.init_params, config.seed)
+        runtime = config.runtime
+        self.host = ClientHost(
+            config.algorithm,
+            p.model_spec,
+            p.x,
+            p.y,
+            p.clients,
+            p.init_params,
+            config.seed,
+            state_memory_mb=runtime.state_memory_mb,
+            spill_dir=runtime.spill_dir,
+            client_training=runtime.client_training,
+            vectorize_chunk=runtime.vectorize_chunk,
+        )
         self.coordinator = Coordinator(
             config.algorithm, p.model_spec, p.init_params, p.num_training, server_data=p.server_data
         )

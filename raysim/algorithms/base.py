@@ -11,14 +11,16 @@ its state and messages:
 `client_step` is a generator: every piece of local training it needs (e.g. "H epochs of SGD on
 f_i(theta) + lambda/2 ||theta - w_i||^2") is *yielded* as a `LocalSGD` request and the result is sent
 back. The algorithm thereby states *what* to optimise; the executor decides *how* (one client at a
-time, or many clients at once). `run_client_step` drives the generator with any executor.
+time, or many clients at once). `run_client_step` drives the generator with any executor;
+`run_client_steps` drives several clients' generators in lockstep, handing an executor every pending
+request of a turn together.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -169,6 +171,8 @@ class GradientResult:
 
 ClientStep = Generator[LocalSGD | FullGradient, SGDResult | GradientResult, ClientUpdate[C, U]]
 AdaptStep = Generator[LocalSGD | FullGradient, SGDResult | GradientResult, Vector]
+Request = LocalSGD | FullGradient
+Result = SGDResult | GradientResult
 
 
 @dataclass(frozen=True, eq=False)
@@ -328,3 +332,41 @@ def run_client_step(
 ) -> ClientUpdate:
     """Drive a client step to completion, executing each yielded request with `execute`."""
     return drive(algorithm.client_step(client, state, broadcast), execute)
+
+
+def run_client_steps(
+    algorithm: Algorithm,
+    clients: Sequence[ClientInfo],
+    states: Sequence[Any],
+    broadcast: Any,
+    execute_many: Callable[[list[tuple[int, Request]]], Sequence[Result]],
+) -> list[ClientUpdate]:
+    """Drive the client steps of several clients together, so that an executor can run their requests at once.
+
+    Every turn, the pending request of each unfinished client goes to `execute_many` in one list of
+    (client id, request), in the order of `clients`; it returns their results in the same order, and each
+    result is sent back to its client's step. A client's own requests come and go in the order that
+    `run_client_step` gives them, so an executor that keys its randomness by client and request number
+    gives the same results either way. Returns the updates in the order of `clients`.
+    """
+    steps = [algorithm.client_step(c, s, broadcast) for c, s in zip(clients, states, strict=True)]
+    updates: list[ClientUpdate | None] = [None] * len(steps)
+    pending: dict[int, Request] = {}
+
+    def advance(position: int, result: Result | None) -> None:
+        """Send a result (None: start) to a client's step; keep its next request, or its update when it ends."""
+        try:
+            pending[position] = steps[position].send(result)
+        except StopIteration as finished:
+            updates[position] = finished.value
+
+    for position in range(len(steps)):
+        advance(position, None)
+    while pending:
+        turn = sorted(pending)
+        results = execute_many([(clients[p].id, pending.pop(p)) for p in turn])
+        if len(results) != len(turn):
+            raise ValueError(f"run_client_steps: {len(turn)} requests but {len(results)} results")
+        for position, result in zip(turn, results, strict=True):
+            advance(position, result)
+    return updates  # type: ignore[return-value]

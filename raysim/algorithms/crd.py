@@ -103,14 +103,12 @@ class ContrastiveTransfer:
     ):
         self.settings = settings
         self.student = student
-        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-        self.y = torch.from_numpy(np.asarray(y, dtype=np.int64))
+        self.x = torch.tensor(x, dtype=torch.float32)  # copies: Ray's object store hands out read-only arrays
+        self.y = torch.tensor(y, dtype=torch.int64)
         self.seed = seed
+        pm = torch.tensor(teacher_params, dtype=torch.float32)
         with torch.no_grad():
-            self.teacher_features = torch.cat(
-                [teacher.features(torch.from_numpy(np.asarray(teacher_params, np.float32)), chunk)[0]
-                 for chunk in self.x.split(1024)]
-            )  # fmt: skip
+            self.teacher_features = torch.cat([teacher.features(pm, chunk)[0] for chunk in self.x.split(1024)])
             student_dim = student.features(torch.zeros(student.size), self.x[:1])[0].shape[1]
         self.heads = _Heads(student_dim, self.teacher_features.shape[1], settings.feat_dim)
         self.head_spec = [(name, p.shape) for name, p in self.heads.named_parameters()]

@@ -59,6 +59,7 @@ class FlatModel:
     def __init__(self, name: str, input_shape: tuple[int, ...], outputs: int, task: Task = "classification"):
         self.name = name
         self.task = task
+        self.input_shape = tuple(input_shape)
         self.module = build_module(name, input_shape, outputs)
         self.spec = ParamSpec.of(self.module)
         self._head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
@@ -74,6 +75,15 @@ class FlatModel:
         if self.task == "regression":
             return 0.5 * ((outputs.squeeze(-1) - targets) ** 2).mean()  # f_i = 1/(2N) ||X theta - y||^2
         return nn.functional.cross_entropy(outputs, targets)
+
+    def sample_losses(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of each sample (its mean is `_loss`), for batches padded with samples weighted zero.
+
+        `outputs` has the classes (or the one regression output) on dimension 1: [N, K] or [N, K, *more],
+        `targets` the remaining shape ([N] or [N, *more])."""
+        if self.task == "regression":
+            return 0.5 * (outputs.squeeze(1) - targets) ** 2
+        return nn.functional.cross_entropy(outputs, targets, reduction="none")
 
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, self.spec.unflatten(flat), (x,))

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import io
 import json
 import os
 import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 
@@ -33,14 +34,21 @@ class CheckpointError(RaysimError):
     """A checkpoint is missing, incomplete or unreadable; the message names the path."""
 
 
-def encode_tree(value: Any, arrays: dict[str, np.ndarray]) -> Any:
-    """A JSON-able description of `value`; numpy arrays go into `arrays` under generated keys."""
-    if isinstance(value, np.ndarray):
+class ArraySink(Protocol):
+    """Where `encode_tree` puts the arrays it meets: a dict, or an archive being written (`save_tree`)."""
+
+    def __len__(self) -> int: ...
+
+    def __setitem__(self, key: str, array: np.ndarray, /) -> None: ...
+
+
+def encode_tree(value: Any, arrays: ArraySink) -> Any:
+    """A JSON-able description of `value`; numpy arrays (and numpy scalars, as 0-d arrays, so that their
+    dtype survives) go into `arrays` under generated keys. Any Mapping is stored as a dict."""
+    if isinstance(value, (np.ndarray, np.generic)):
         key = f"a{len(arrays)}"
-        arrays[key] = value
-        return {"__array__": key}
-    if isinstance(value, np.generic):
-        return encode_tree(value.item(), arrays)
+        arrays[key] = np.asarray(value)
+        return {"__array__" if isinstance(value, np.ndarray) else "__scalar__": key}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -50,8 +58,8 @@ def encode_tree(value: Any, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(value, (tuple, list, set, frozenset)):
         items = sorted(value) if isinstance(value, (set, frozenset)) else value
         return {"__seq__": type(value).__name__, "items": [encode_tree(v, arrays) for v in items]}
-    if isinstance(value, dict):
-        return {"__dict__": [[encode_tree(k, arrays), encode_tree(v, arrays)] for k, v in value.items()]}
+    if isinstance(value, Mapping):  # value[k] in the loop: a lazily loaded value is let go once encoded
+        return {"__dict__": [[encode_tree(k, arrays), encode_tree(value[k], arrays)] for k in value]}
     raise TypeError(f"cannot checkpoint a value of type {type(value).__name__}")
 
 
@@ -59,11 +67,13 @@ _SEQUENCES = {"tuple": tuple, "list": list, "set": set, "frozenset": frozenset}
 
 
 def decode_tree(node: Any, arrays: Any) -> Any:
-    """Inverse of `encode_tree`."""
+    """Inverse of `encode_tree`; `arrays` maps keys to arrays (an open .npz reads each one when asked)."""
     if not isinstance(node, dict):
         return node
     if "__array__" in node:
-        return np.array(arrays[node["__array__"]])
+        return np.asarray(arrays[node["__array__"]])
+    if "__scalar__" in node:
+        return arrays[node["__scalar__"]][()]
     if "__dataclass__" in node:
         module, _, name = node["__dataclass__"].partition(":")
         kind: Any = importlib.import_module(module)
@@ -75,34 +85,96 @@ def decode_tree(node: Any, arrays: Any) -> Any:
     return {decode_tree(k, arrays): decode_tree(v, arrays) for k, v in node["__dict__"]}
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
+@contextmanager
+def _atomic_file(path: Path, durable: bool = True) -> Iterator[IO[bytes]]:
+    """A file to write that appears under `path` only once complete (write, then rename); `durable` also
+    fsyncs it first. On an error the partial file is removed."""
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temporary, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            yield handle
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
-def save_tree(path: str | Path, value: Any) -> None:
-    """Write a state tree to one .npz file atomically (write, then rename)."""
+class _NpzWriter:
+    """An ArraySink writing each array straight into an .npz archive (the layout np.savez writes), so a
+    tree is streamed to disk array by array instead of being copied whole into memory first."""
+
+    def __init__(self, archive: zipfile.ZipFile):
+        self.archive = archive
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __setitem__(self, key: str, array: np.ndarray) -> None:
+        with self.archive.open(f"{key}.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array(member, array, allow_pickle=False)
+        self.count += 1
+
+
+def save_tree(path: str | Path, value: Any, durable: bool = True) -> None:
+    """Write a state tree to one .npz file atomically (write, then rename), streaming its arrays: a Mapping
+    whose values load lazily (a spilling state store) is written holding one value at a time. `durable`
+    fsyncs before the rename (off for scratch files that never outlive the process)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    arrays: dict[str, np.ndarray] = {}
-    structure = encode_tree(value, arrays)
-    buffer = io.BytesIO()
-    np.savez(buffer, __structure__=np.frombuffer(json.dumps(structure).encode(), dtype=np.uint8), **arrays)
-    _atomic_write(path, buffer.getvalue())
+    with _atomic_file(path, durable) as handle, zipfile.ZipFile(handle, "w", allowZip64=True) as archive:
+        arrays = _NpzWriter(archive)
+        structure = encode_tree(value, arrays)
+        arrays["__structure__"] = np.frombuffer(json.dumps(structure).encode(), dtype=np.uint8)
+
+
+_UNREADABLE = (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError)
+
+
+class TreeFile:
+    """An open file written by `save_tree` whose parts are decoded on demand, reading only their arrays
+    (a host restores its clients one by one instead of holding a whole checkpoint file in memory)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        with self._readable():
+            self._arrays = np.load(self.path, allow_pickle=False)
+            self.structure: Any = json.loads(self._arrays["__structure__"].tobytes())
+
+    @contextmanager
+    def _readable(self) -> Iterator[None]:
+        try:
+            yield
+        except _UNREADABLE as error:
+            raise CheckpointError(f"{self.path}: unreadable checkpoint file ({error})") from None
+
+    def decode(self, node: Any) -> Any:
+        """The value a part of `structure` describes."""
+        with self._readable():
+            return decode_tree(node, self._arrays)
+
+    def entries(self, node: Any) -> list[tuple[Any, Any]]:
+        """The (key, undecoded value) pairs of a dict in `structure`."""
+        with self._readable():
+            return [(decode_tree(k, self._arrays), v) for k, v in node["__dict__"]]
+
+    def close(self) -> None:
+        self._arrays.close()
+
+    def __enter__(self) -> TreeFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def load_tree(path: str | Path) -> Any:
     """Read a state tree written by `save_tree`."""
-    try:
-        with np.load(path, allow_pickle=False) as arrays:
-            structure = json.loads(arrays["__structure__"].tobytes())
-            return decode_tree(structure, arrays)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as error:
-        raise CheckpointError(f"{path}: unreadable checkpoint file ({error})") from None
+    with TreeFile(path) as tree:
+        return tree.decode(tree.structure)
 
 
 def round_dir(root: str | Path, run_id: str, round_done: int) -> Path:
@@ -111,7 +183,8 @@ def round_dir(root: str | Path, run_id: str, round_done: int) -> Path:
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Complete a checkpoint: the manifest is written last, atomically."""
-    _atomic_write(directory / MANIFEST, json.dumps({"format": FORMAT, **manifest}, indent=1).encode())
+    with _atomic_file(directory / MANIFEST) as handle:
+        handle.write(json.dumps({"format": FORMAT, **manifest}, indent=1).encode())
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:

@@ -68,8 +68,12 @@ class Problem:
     """Who is malicious (drawn once per run from the seed) and how; None without an attack."""
     server_data: ServerData | None = None
     """The coordinator's private data (AugFL's PM and transfer set), if the algorithm needs any."""
-    num_training: int = 0
-    """m: clients 0..m-1 train; the rest are held out (evaluated only, `clients.heldout`)."""
+    num_training: int | None = None
+    """m: clients 0..m-1 train; the rest are held out (evaluated only, `clients.heldout`). Default: all."""
+
+    def __post_init__(self) -> None:
+        if self.num_training is None:
+            self.num_training = len(self.clients)
 
     @property
     def malicious(self) -> frozenset[int]:
@@ -226,6 +230,11 @@ class Simulation:
                 send_messages=config.aggregation.active,
                 auc_single_label=config.tracking.auc_single_label,
                 on_nonfinite=runtime.on_nonfinite,
+                state_memory_mb=runtime.state_memory_mb,
+                spill_dir=runtime.spill_dir,
+                client_training=runtime.client_training,
+                vectorize_chunk=runtime.vectorize_chunk,
+                gpus=runtime.host_gpus,
             )
             for index, ids in enumerate(self.host_clients)
         ]
@@ -281,9 +290,20 @@ class Simulation:
             **{f"server/{k}": v for k, v in server_metrics.items()},
             "clients/selected": float(len(selected)),
             **({"clients/dropped_nonfinite": float(len(self.dropped))} if self.dropped else {}),
+            **self._state_memory(),
             "time/clients": trained - start,
             "time/aggregation": aggregated - trained,
         }
+
+    def _state_memory(self) -> dict[str, float]:
+        """The hosts' state/* counts summed (runtime.state_memory_mb set: how many client states spilled)."""
+        if self.config.runtime.state_memory_mb is None:
+            return {}
+        totals: dict[str, float] = {}
+        for counts in ray.get([host.state_memory.remote() for host in self.hosts]):
+            for key, value in counts.items():
+                totals[key] = totals.get(key, 0.0) + value
+        return totals
 
     def _communication(self, records: list[dict], downlink: int) -> dict[str, float]:
         """Bytes sent this round (uplink: each selected client's upload; downlink: broadcast x selected) and
@@ -334,7 +354,10 @@ class Simulation:
                     raise
                 time.sleep(1.0)
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 10.0) -> None:
+        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup)."""
+        if self.config.runtime.state_memory_mb is not None:
+            ray.wait([host.close.remote() for host in self.hosts], num_returns=len(self.hosts), timeout=wait_s)
         for actor in [*self.hosts, self.coordinator]:
             ray.kill(actor)
         self.placement.release()

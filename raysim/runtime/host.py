@@ -9,15 +9,28 @@ it with `ray.remote`, and tests may use it directly.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from raysim.algorithms import ClientInfo, build_algorithm, run_client_step
-from raysim.algorithms.base import AlgorithmSettings, FullGradient, GradientResult, LocalSGD, SGDResult, Vector, drive
+from raysim.algorithms.base import (
+    AlgorithmSettings,
+    ClientUpdate,
+    FullGradient,
+    GradientResult,
+    LocalSGD,
+    SGDResult,
+    Vector,
+    drive,
+    run_client_steps,
+)
 from raysim.attacks import AttackPlan
 from raysim.data.partitions import ClientSplit
 from raysim.data.sources import Task
@@ -25,8 +38,10 @@ from raysim.metrics import ClientEvaluation, ModelScores, SingleLabelAuc, classi
 from raysim.models.flat import FlatModel
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, encode
+from raysim.runtime.state_store import ClientStateStore
 from raysim.seeding import Stream, rng
 from raysim.training.local import ClientData, LocalTrainer
+from raysim.training.vectorized import SGDJob, VectorizedTrainer
 
 UPLINK_BYTES = "uplink_bytes"
 """Record key of the bytes a client sent this round (the driver sums it over clients)."""
@@ -72,10 +87,18 @@ class ClientHost:
         send_messages: bool = False,
         auc_single_label: SingleLabelAuc = "zero",
         on_nonfinite: str = "stop",
+        state_memory_mb: float | None = None,
+        spill_dir: str | None = None,
+        client_training: str = "sequential",
+        vectorize_chunk: int = 16,
+        gpus: float = 0.0,
     ):
         """`attack` says which clients are malicious and how; `send_messages` adds each selected client's
         message to the partial sums, for a robust aggregator at the coordinator; `auc_single_label` is the
-        AUC of a one-label test split (raysim.metrics.classification_scores)."""
+        AUC of a one-label test split (raysim.metrics.classification_scores); client states beyond
+        `state_memory_mb` spill to a folder in `spill_dir` (runtime.state_memory_mb, runtime.spill_dir);
+        `client_training` = vectorized trains the selected clients together, `vectorize_chunk` at a time, on
+        the GPU when the host has `gpus` (runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus)."""
         torch.set_num_threads(torch_threads)
         self.auc_single_label = auc_single_label
         self.on_nonfinite = on_nonfinite
@@ -83,6 +106,11 @@ class ClientHost:
         self.model = model_spec.build()
         self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
         self.trainer = LocalTrainer(self.model)
+        device = torch.device("cuda" if gpus > 0 and torch.cuda.is_available() else "cpu")
+        self.vectorized = (
+            VectorizedTrainer(self.model, vectorize_chunk, device) if client_training == "vectorized" else None
+        )
+        """runtime.client_training = vectorized: the trainer of the selected clients' LocalSGD requests."""
         self.seed = seed
         self.attack = attack
         self.send_messages = send_messages
@@ -92,7 +120,11 @@ class ClientHost:
         self.num_clients = clients[0][0].num_clients if clients else 0
         self.info = {info.id: info for info, _ in clients}
         self.data = {info.id: self._client_data(x, y, info.id, split, model_spec.outputs) for info, split in clients}
-        self.states = {info.id: self.algorithm.init_client(info, init_params) for info, _ in clients}
+        self.states: MutableMapping[int, Any] = (
+            {} if state_memory_mb is None else ClientStateStore(int(state_memory_mb * 2**20), spill_dir)
+        )
+        for info, _ in clients:  # one at a time: a budgeted store spills while they are made
+            self.states[info.id] = self.algorithm.init_client(info, init_params)
 
     def _client_data(self, x: np.ndarray, y: np.ndarray, client_id: int, split: ClientSplit, classes: int):
         """A client's view of the data: its noise, and for a label poisoner random labels (flame.md 4.2)."""
@@ -113,13 +145,9 @@ class ClientHost:
         """Run the client step of each selected client; return the exact sum of their uploads and their metrics."""
         total: PartialSum | None = None
         records: list[dict] = []
-        for client_id in sorted(client_ids):
-            idle = self.attack is not None and self.attack.skips_training(client_id)
-            execute = _untrained if idle else self._executor(client_id, round_index)
-            update = run_client_step(self.algorithm, self.info[client_id], self.states[client_id], broadcast, execute)
-            if idle:  # attack.training = skip: no local work, state kept; the step only shapes the upload
-                update = dataclasses.replace(update, state=self.states[client_id], metrics={})
-            previous_state = self.states[client_id]
+        for client_id, previous_state, update in self._updates(round_index, sorted(client_ids), broadcast):
+            if self._idle(client_id):  # attack.training = skip: no local work, state kept; the step shapes the upload
+                update = dataclasses.replace(update, state=previous_state, metrics={})
             self.states[client_id] = update.state
             upload, message = self._outgoing(client_id, round_index, update, broadcast)
             try:
@@ -136,6 +164,35 @@ class ClientHost:
             uplink = float(self.algorithm.uplink_bytes(upload))
             records.append({"client_id": client_id, **update.metrics, UPLINK_BYTES: uplink})
         return total, records
+
+    def _idle(self, client_id: int) -> bool:
+        """A Byzantine client that skips training (attack.training = skip)."""
+        return self.attack is not None and self.attack.skips_training(client_id)
+
+    def _updates(
+        self, round_index: int, client_ids: list[int], broadcast: object
+    ) -> Iterator[tuple[int, Any, ClientUpdate]]:
+        """(client id, state before, update) of each client, in the order given. Sequentially each client's
+        step runs when its turn comes; vectorized, the steps of all training clients run first, in lockstep."""
+        done: dict[int, tuple[Any, ClientUpdate]] = {}
+        if self.vectorized is not None:
+            ids = [c for c in client_ids if not self._idle(c)]
+            states = [self.states[c] for c in ids]
+            infos = [self.info[c] for c in ids]
+            execute_many = self._execute_many(round_index, self.vectorized)
+            updates = run_client_steps(self.algorithm, infos, states, broadcast, execute_many)
+            done = {c: (state, update) for c, state, update in zip(ids, states, updates, strict=True)}
+        for client_id in client_ids:
+            if client_id in done:
+                yield client_id, *done.pop(client_id)
+                continue
+            execute = _untrained if self._idle(client_id) else self._executor(client_id, round_index)
+            previous_state = self.states[client_id]
+            yield (
+                client_id,
+                previous_state,
+                run_client_step(self.algorithm, self.info[client_id], previous_state, broadcast, execute),
+            )
 
     def _outgoing(self, client_id: int, round_index: int, update, broadcast) -> tuple[object, tuple | None]:
         """The upload actually sent (a Byzantine client's carries its forged message) and, for robust
@@ -154,17 +211,49 @@ class ClientHost:
             self.sent[client_id] = message
         return upload, ((np.asarray(message, np.float32), previous) if self.send_messages else None)
 
+    def _generators(
+        self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING
+    ) -> Iterator[np.random.Generator]:
+        """The generators of a client's successive requests, keyed by (seed, stream, client, round, request number)."""
+        return (rng(self.seed, stream, client_id, round_index, number) for number in itertools.count())
+
     def _executor(self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING):
         """Runs a client's requests with randomness keyed by (seed, stream, client, round, request number)."""
-        requests = iter(range(1_000_000))
+        generators = self._generators(client_id, round_index, stream)
 
         def execute(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
-            generator = rng(self.seed, stream, client_id, round_index, next(requests))
+            generator = next(generators)
             if isinstance(request, FullGradient):
                 return self.trainer.full_gradient(request, self.data[client_id], generator)
             return self.trainer.sgd(request, self.data[client_id], generator)
 
         return execute
+
+    def _execute_many(
+        self, round_index: int, trainer: VectorizedTrainer
+    ) -> Callable[[list[tuple[int, LocalSGD | FullGradient]]], list[SGDResult | GradientResult]]:
+        """The lockstep executor of a round (runtime.client_training = vectorized): each client's randomness is
+        keyed as by `_executor`; a turn's SGD requests train together, its gradient requests one at a time."""
+        generators: dict[int, Iterator[np.random.Generator]] = {}
+
+        def execute_many(requests: list[tuple[int, LocalSGD | FullGradient]]) -> list[SGDResult | GradientResult]:
+            results: list[SGDResult | GradientResult | None] = [None] * len(requests)
+            jobs: list[SGDJob] = []
+            positions: list[int] = []
+            for position, (client_id, request) in enumerate(requests):
+                if client_id not in generators:
+                    generators[client_id] = self._generators(client_id, round_index)
+                generator = next(generators[client_id])
+                if isinstance(request, FullGradient):
+                    results[position] = self.trainer.full_gradient(request, self.data[client_id], generator)
+                else:
+                    jobs.append((request, self.data[client_id], generator))
+                    positions.append(position)
+            for position, result in zip(positions, trainer.sgd(jobs), strict=True):
+                results[position] = result
+            return results  # type: ignore[return-value]
+
+        return execute_many
 
     def _scores(self, params: Vector, data: ClientData, client_id: int) -> ModelScores:
         """Scores on the data as the client sees it (its access-time noise drawn afresh, keyed by the
@@ -188,42 +277,40 @@ class ClientHost:
         self.evaluations += 1
         evaluations = []
         for client_id in self.client_ids:
-            data = self.data[client_id]
+            data, state = self.data[client_id], self.states[client_id]
             gm = self._scores(global_params, data, client_id)
             if self.info[client_id].heldout:  # a target client: adapted from the global model now (augfl.md 2.3)
                 adaptation = self.algorithm.adapt(self.info[client_id], global_params)
                 execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
                 personal = None if adaptation is None else drive(adaptation, execute)
             else:
-                personal = self.algorithm.evaluated_model(self.states[client_id], global_params)
+                personal = self.algorithm.evaluated_model(state, global_params)
             pm = gm if personal is None else self._scores(personal, data, client_id)
-            models = self.algorithm.extra_models(self.states[client_id], global_params)
+            models = self.algorithm.extra_models(state, global_params)
             extra = {name: self._scores(params, data, client_id) for name, params in models.items()}
             evaluations.append(ClientEvaluation(client_id, pm, gm, extra))
         return evaluations
 
     def save_checkpoint(self, path: str) -> None:
         """Write this host's clients' persistent state (states, Byzantine messages sent, evaluation count) to
-        one .npz file; hosts write in parallel, nothing goes through the driver."""
-        tree = {
-            "states": {c: self.states[c] for c in self.client_ids},
-            "sent": dict(self.sent),
-            "evaluations": self.evaluations,
-        }
-        checkpoint.save_tree(path, tree)
+        one .npz file; hosts write in parallel, nothing goes through the driver. States are streamed to the
+        file one by one (spilled ones read back one at a time)."""
+        checkpoint.save_tree(path, {"states": self.states, "sent": dict(self.sent), "evaluations": self.evaluations})
 
     def restore_checkpoint(self, directory: str) -> None:
-        """Take this host's clients' state from a checkpoint folder (any number of hosts may have written it)."""
+        """Take this host's clients' state from a checkpoint folder (any number of hosts may have written it),
+        decoding one client's state at a time."""
         owned = set(self.client_ids)
         found: set[int] = set()
         for path in sorted(Path(directory).glob("host-*.npz")):
-            tree = checkpoint.load_tree(path)
-            for client_id, state in tree["states"].items():
-                if client_id in owned:
-                    self.states[client_id] = state
-                    found.add(client_id)
-            self.sent.update({c: m for c, m in tree["sent"].items() if c in owned})
-            self.evaluations = tree["evaluations"]
+            with checkpoint.TreeFile(path) as tree:
+                parts = dict(tree.entries(tree.structure))
+                for client_id, node in tree.entries(parts["states"]):
+                    if client_id in owned:
+                        self.states[client_id] = tree.decode(node)
+                        found.add(client_id)
+                self.sent.update({c: m for c, m in tree.decode(parts["sent"]).items() if c in owned})
+                self.evaluations = tree.decode(parts["evaluations"])
         if found != owned:
             raise checkpoint.CheckpointError(f"{directory}: no state for clients {sorted(owned - found)[:10]}")
 
@@ -232,5 +319,23 @@ class ClientHost:
         return os.getpid()
 
     def client_states(self, client_ids: list[int] | None = None) -> dict[int, object]:
-        """Current state of the given (default: all) clients, for inspection and tests."""
+        """Current state of the given (default: all) clients, for inspection and tests (all in memory at once)."""
         return {c: self.states[c] for c in (self.client_ids if client_ids is None else client_ids)}
+
+    def state_memory(self) -> dict[str, float]:
+        """Where this host's client states are (runtime.state_memory_mb): clients spilled to disk, bytes in
+        memory and on disk; empty without a budget."""
+        if not isinstance(self.states, ClientStateStore):
+            return {}
+        stats = self.states.stats()
+        return {
+            "state/spilled_clients": float(stats.spilled),
+            "state/memory_bytes": float(stats.memory_bytes),
+            "state/disk_bytes": float(stats.disk_bytes),
+        }
+
+    def close(self) -> None:
+        """Remove the spilled client state (the driver calls this before it ends the actor, which skips
+        Python's cleanup); the host holds no client state afterwards."""
+        if isinstance(self.states, ClientStateStore):
+            self.states.close()

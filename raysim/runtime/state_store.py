@@ -1,0 +1,181 @@
+"""Client state that does not fit a memory budget: the least recently used states spill to disk.
+
+A host simulating many clients keeps one state per client across rounds (for FLAME three model-sized
+vectors each), which can exceed its memory long before its compute is the limit. `ClientStateStore` is a
+mapping client id -> state that keeps states in memory up to a byte budget and writes the least recently
+used ones to one file per client, in the checkpoint encoding (`checkpoint.save_tree`: .npz, no pickle,
+written to a temporary name and renamed), so that a state read back is bit for bit the one stored: dtypes,
+None, numbers and nested dataclasses included.
+
+Values are treated as immutable: a state changes by storing a new one (as `ClientHost.train` does), never
+by changing its arrays in place. So reading a spilled state loads a fresh copy without bringing it back
+into memory (the caller is about to replace it, or only evaluates it), which keeps reads from evicting
+other states; memory then holds at most the budget plus the one state being read.
+
+Spilled states are read whole rather than memory-mapped: np.load cannot map the members of an .npz, and
+a state is used whole (trained, evaluated) as soon as it is read.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim.runtime import checkpoint
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Where a store's states are and how much moved: counts of clients and bytes (array bytes in memory,
+    file bytes on disk), and files written (spills) and read (loads) since the store was made."""
+
+    in_memory: int
+    spilled: int
+    memory_bytes: int
+    disk_bytes: int
+    spills: int
+    loads: int
+
+
+class _ArrayBytes:
+    """An ArraySink that only adds up the bytes of the arrays `checkpoint.encode_tree` hands it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __setitem__(self, key: str, array: np.ndarray) -> None:
+        self.count += 1
+        self.nbytes += array.nbytes
+
+
+def state_nbytes(state: Any) -> int:
+    """Bytes of the numpy arrays in a state tree: what a state costs in memory (its Python objects aside)."""
+    sizes = _ArrayBytes()
+    checkpoint.encode_tree(state, sizes)
+    return sizes.nbytes
+
+
+class ClientStateStore(MutableMapping[int, Any]):
+    """Client id -> state, holding at most `budget_bytes` of states in memory (None: no limit) and the
+    rest in `directory` (default: a new folder in the system temp folder; a given folder gets a new
+    subfolder, so hosts can share it). The folder is removed by `close`, or when the store is collected."""
+
+    def __init__(self, budget_bytes: int | None = None, directory: str | Path | None = None):
+        if budget_bytes is not None and budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._parent = None if directory is None else Path(directory)
+        self._folder: Path | None = None
+        self._remove_folder: weakref.finalize | None = None
+        self._keys: dict[int, None] = {}
+        """Every key, in insertion order (iteration order does not depend on where a state lives)."""
+        self._memory: OrderedDict[int, tuple[Any, int]] = OrderedDict()
+        """Key -> (state, array bytes), least recently used first."""
+        self._disk: dict[int, int] = {}
+        """Key -> file bytes of a spilled state."""
+        self._memory_bytes = 0
+        self._spills = 0
+        self._loads = 0
+
+    @property
+    def folder(self) -> Path:
+        """The folder of the spill files, made on first use."""
+        if self._folder is None:
+            if self._parent is not None:
+                self._parent.mkdir(parents=True, exist_ok=True)
+            self._folder = Path(tempfile.mkdtemp(prefix="raysim-states-", dir=self._parent))
+            self._remove_folder = weakref.finalize(self, shutil.rmtree, self._folder, True)
+        return self._folder
+
+    def _path(self, key: int) -> Path:
+        return self.folder / f"client-{key}.npz"
+
+    def __getitem__(self, key: int) -> Any:
+        if key in self._memory:
+            self._memory.move_to_end(key)
+            return self._memory[key][0]
+        if key not in self._disk:
+            raise KeyError(key)
+        self._loads += 1
+        return checkpoint.load_tree(self._path(key))
+
+    def __setitem__(self, key: int, state: Any) -> None:
+        nbytes = state_nbytes(state)
+        self._drop(key)
+        self._keys[key] = None
+        self._memory[key] = (state, nbytes)
+        self._memory_bytes += nbytes
+        if self.budget_bytes is not None:
+            while self._memory_bytes > self.budget_bytes and self._memory:
+                self._spill()
+
+    def _spill(self) -> None:
+        """Write the least recently used state in memory to its file, then let go of it."""
+        key, (state, nbytes) = next(iter(self._memory.items()))
+        path = self._path(key)
+        checkpoint.save_tree(path, state, durable=False)  # scratch: a crash loses the host anyway
+        del self._memory[key]
+        self._memory_bytes -= nbytes
+        self._disk[key] = path.stat().st_size
+        self._spills += 1
+
+    def _drop(self, key: int) -> None:
+        """Forget the stored state of `key` (memory or file), keeping its place in the key order."""
+        if key in self._memory:
+            self._memory_bytes -= self._memory.pop(key)[1]
+        elif key in self._disk:
+            del self._disk[key]
+            self._path(key).unlink()
+
+    def __delitem__(self, key: int) -> None:
+        if key not in self._keys:
+            raise KeyError(key)
+        self._drop(key)
+        del self._keys[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def stats(self) -> StoreStats:
+        return StoreStats(
+            in_memory=len(self._memory),
+            spilled=len(self._disk),
+            memory_bytes=self._memory_bytes,
+            disk_bytes=sum(self._disk.values()),
+            spills=self._spills,
+            loads=self._loads,
+        )
+
+    def close(self) -> None:
+        """Forget every state and remove the spill folder."""
+        self._keys.clear()
+        self._memory.clear()
+        self._disk.clear()
+        self._memory_bytes = 0
+        if self._remove_folder is not None:
+            self._remove_folder()
+        self._folder = self._remove_folder = None
+
+    def __enter__(self) -> ClientStateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
