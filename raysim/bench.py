@@ -33,6 +33,7 @@ from rich.table import Table
 from torch import nn
 
 from raysim.config import ExperimentConfig, validate_config
+from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
 from raysim.procmem import PeakMemory, wait_for_children
 from raysim.runtime.driver import Problem, prepare, run_experiment
@@ -57,7 +58,7 @@ class Measurement:
 
 
 def workload(
-    clients: int, rounds: int, model: str, hosts: int | None, folder: Path, vectorized: bool
+    clients: int, rounds: int, model: str, hosts: int | None, folder: Path, vectorized: bool, host_gpus: float = 0.0
 ) -> ExperimentConfig:
     """The benchmark's FLAME experiment (evaluation only before round 1 and after the last)."""
     return validate_config(
@@ -69,7 +70,11 @@ def workload(
             "clients": {"count": clients},
             "rounds": rounds,
             "seed": 1,
-            "runtime": {"num_hosts": hosts, **({"client_training": "vectorized"} if vectorized else {})},
+            "runtime": {
+                "num_hosts": hosts,
+                "host_gpus": host_gpus,
+                "client_training": "vectorized" if vectorized else "sequential",
+            },
             "tracking": {"uri": f"sqlite:///{folder}/mlflow.db", "experiment": "bench", "eval_every": rounds},
         }
     )
@@ -139,8 +144,8 @@ def _measure_reference(clients: int, rounds: int, model: str, folder: Path) -> t
 
 
 def _measure_raysim(clients: int, rounds: int, model: str, hosts: int | None, folder: Path, vectorized: bool,
-                    reference: Measurement, w_ref: np.ndarray) -> Measurement:  # fmt: skip
-    config = workload(clients, rounds, model, hosts, folder, vectorized)
+                    reference: Measurement, w_ref: np.ndarray, host_gpus: float) -> Measurement:  # fmt: skip
+    config = workload(clients, rounds, model, hosts, folder, vectorized, host_gpus)
     ends: list[float] = []
     final: dict[str, np.ndarray] = {}
     used_hosts = [0]
@@ -172,11 +177,16 @@ def _measure_raysim(clients: int, rounds: int, model: str, hosts: int | None, fo
 
 
 def run_bench(
-    client_counts: list[int], rounds: int, model: str, hosts: int | None = None, ways: tuple[str, ...] = WAYS
+    client_counts: list[int],
+    rounds: int,
+    model: str,
+    hosts: int | None = None,
+    ways: tuple[str, ...] = WAYS,
+    host_gpus: float = 0.0,
 ) -> list[Measurement]:
-    """Measure every way for every client count (see the module docstring)."""
+    """Measure every way for every client count (see the module docstring); `host_gpus` per raysim host."""
     if rounds < 3:
-        raise ValueError(f"--rounds {rounds}: at least 3 (the first warms up, the last evaluates)")
+        raise RaysimError(f"--rounds {rounds}: at least 3 are needed (the first warms up, the last evaluates)")
     results = []
     for clients in client_counts:
         with tempfile.TemporaryDirectory() as folder:
@@ -186,7 +196,7 @@ def run_bench(
             for vectorized, way in ((False, WAYS[1]), (True, WAYS[2])):
                 if way in ways:
                     results.append(_measure_raysim(clients, rounds, model, hosts, Path(folder), vectorized,
-                                                   reference, w_ref))  # fmt: skip
+                                                   reference, w_ref, host_gpus))  # fmt: skip
     return results
 
 

@@ -128,7 +128,7 @@ class RuntimeSettings(_Section):
         "sequential",
         description="how a host trains its selected clients: one at a time, or together with torch.func "
         "(parameters stacked per layer, one batched step for all; same results up to float rounding, 1.5-3x "
-        "faster for small models such as mlp and mlr; the round's selected client states are all in memory)",
+        "faster for small models such as mlp and mlr; a chunk's client states are in memory while it trains)",
     )
     vectorize_chunk: int = Field(
         16,

@@ -173,16 +173,18 @@ class ClientHost:
         self, round_index: int, client_ids: list[int], broadcast: object
     ) -> Iterator[tuple[int, Any, ClientUpdate]]:
         """(client id, state before, update) of each client, in the order given. Sequentially each client's
-        step runs when its turn comes; vectorized, the steps of all training clients run first, in lockstep."""
+        step runs when its turn comes; vectorized, the steps of the next `vectorize_chunk` training clients run
+        together, in lockstep (one chunk at a time, so that only a chunk's updates are held at once)."""
         done: dict[int, tuple[Any, ClientUpdate]] = {}
-        if self.vectorized is not None:
-            ids = [c for c in client_ids if not self._idle(c)]
-            states = [self.states[c] for c in ids]
-            infos = [self.info[c] for c in ids]
-            execute_many = self._execute_many(round_index, self.vectorized)
-            updates = run_client_steps(self.algorithm, infos, states, broadcast, execute_many)
-            done = {c: (state, update) for c, state, update in zip(ids, states, updates, strict=True)}
-        for client_id in client_ids:
+        for index, client_id in enumerate(client_ids):
+            if self.vectorized is not None and index % self.vectorized.chunk == 0:
+                chunk = client_ids[index : index + self.vectorized.chunk]
+                ids = [c for c in chunk if not self._idle(c)]
+                states = [self.states[c] for c in ids]
+                infos = [self.info[c] for c in ids]
+                execute_many = self._execute_many(round_index, self.vectorized)
+                updates = run_client_steps(self.algorithm, infos, states, broadcast, execute_many)
+                done = {c: (state, update) for c, state, update in zip(ids, states, updates, strict=True)}
             if client_id in done:
                 yield client_id, *done.pop(client_id)
                 continue
