@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from raysim.algorithms import REGISTRY
 from raysim.attacks import AttackSettings
 from raysim.data.partitions import PartitionSettings, QLabelSettings
-from raysim.data.sources import SOURCES
+from raysim.data.sources import SOURCES, Dataset, load_dataset
 from raysim.errors import ConfigError
 from raysim.models.zoo import ModelSettings
 from raysim.robust import RobustSettings
@@ -37,6 +37,10 @@ class DatasetSettings(_Section):
     root: str | None = Field(None, description="directory holding the dataset files (else the default places)")
     download: bool = Field(True, description="let torchvision download when no local copy exists")
     path: str | None = Field(None, description="name: npz: the .npz file holding x, y and optional groups")
+
+    def load(self, seed: int) -> Dataset:
+        """The dataset these settings name (`seed` draws the synthetic ones)."""
+        return load_dataset(self.name, self.root, self.download, seed, self.path)
 
 
 class ClientsSettings(_Section):

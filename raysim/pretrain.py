@@ -23,7 +23,6 @@ import numpy as np
 from raysim.algorithms.augfl import AugFlSettings
 from raysim.algorithms.base import LocalSGD
 from raysim.config import ExperimentConfig, load_config
-from raysim.data import load_dataset
 from raysim.data.meta_partition import MetaSettings, reserved_indices
 from raysim.data.sources import Dataset
 from raysim.errors import ConfigError
@@ -92,8 +91,7 @@ def pretrain_pm(
             f"partition.scheme: pretraining needs 'meta' (its reserved pool), not '{config.partition.scheme}'"
         )
     if dataset is None:
-        settings = config.dataset
-        dataset = load_dataset(settings.name, settings.root, settings.download, config.seed, settings.path)
+        dataset = config.dataset.load(config.seed)
     architecture = pm_architecture(config, dataset.input_shape)
     epochs, lr = _pretraining(config, epochs, lr)
     path = pm_cache_path(config, architecture, epochs, lr, default_cache() if cache is None else cache)

@@ -26,12 +26,20 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def sample() -> dict[str, float]:
-    """RSS in MiB of this process and all its descendants, keyed by `name[pid]`."""
-    tree, found, todo = _children(), {}, [os.getpid()]
+def descendants(root: int) -> list[int]:
+    """`root` and every process below it (from /proc)."""
+    tree, found, todo = _children(), [], [root]
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo.extend(tree.get(pid, []))
+    return found
+
+
+def sample() -> dict[str, float]:
+    """RSS in MiB of this process and all its descendants, keyed by `name[pid]`."""
+    found = {}
+    for pid in descendants(os.getpid()):
         try:
             rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20
             name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from raysim.attacks import check_benign_left
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
-from raysim.data import load_dataset, partition_dataset
+from raysim.data import partition_dataset
 from raysim.data.sources import SEEDED_SOURCES
 from raysim.errors import ConfigError, DataError, PartitionError
 from raysim.runtime.driver import RunResult, ray_session, run_experiment
@@ -119,8 +119,7 @@ def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
                 if key in done:
                     continue
                 if dataset is None:
-                    settings = config.dataset
-                    dataset = load_dataset(settings.name, settings.root, settings.download, config.seed, settings.path)
+                    dataset = config.dataset.load(config.seed)
                 partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
             except (ConfigError, DataError, PartitionError) as error:
                 raise type(error)(f"{where}: {error}") from None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from raysim.procmem import descendants
 from tests.conftest import tiny_config
 from tests.test_cluster import ROOT, LocalCluster
 
@@ -40,24 +41,6 @@ def _config(uri: str, checkpoints: str) -> dict:
     )  # fmt: skip
 
 
-def _tree(root: int) -> list[int]:
-    """`root` and its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
 def probe(config_path: str, out_path: str, raylet_pid: str) -> None:
     """Driver: an uninterrupted run, then the same run with one worker node's raylet killed at round 2."""
     import ray
@@ -74,7 +57,7 @@ def probe(config_path: str, out_path: str, raylet_pid: str) -> None:
         if round_index == 1 and not nodes_before:
             where = [h.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for h in simulation.hosts]
             nodes_before.extend(ray.get(where))
-            for pid in _tree(int(raylet_pid)):  # the node vanishes: its raylet and every process under it
+            for pid in descendants(int(raylet_pid)):  # the node vanishes: its raylet and every process under it
                 os.kill(pid, signal.SIGKILL)
 
     survived = run_experiment(config, show_progress=False, inspect=kill_node)

@@ -34,7 +34,7 @@ from raysim.algorithms import ClientInfo, build_algorithm
 from raysim.algorithms.base import ServerData
 from raysim.attacks import AttackPlan, attack_plan
 from raysim.config import ExperimentConfig
-from raysim.data import ClientSplit, load_dataset, partition_dataset
+from raysim.data import ClientSplit, partition_dataset
 from raysim.data.meta_partition import MetaSettings, server_indices
 from raysim.data.partitions import label_counts
 from raysim.data.sources import Dataset
@@ -98,8 +98,7 @@ class RunResult:
 
 def prepare(config: ExperimentConfig) -> Problem:
     """Load and partition the data and draw the initial model; raises RaysimError on bad input."""
-    settings = config.dataset
-    dataset = load_dataset(settings.name, settings.root, settings.download, config.seed, settings.path)
+    dataset = config.dataset.load(config.seed)
     splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
     spec = ModelSpec(config.model.name, dataset.input_shape, dataset.output_dim, dataset.task)
     try:
