@@ -27,6 +27,20 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and two worker nodes started with `ray start` on 127.0.0.1 (tests.test_cluster.LocalCluster), for
+    the tests of one module; afterwards none of its processes is left."""
+    from tests.test_cluster import LocalCluster
+
+    started = LocalCluster()
+    try:
+        yield started.start()
+    finally:
+        started.stop()
+        assert not started.own_pids()
+
+
 @pytest.fixture
 def mlflow_uri(tmp_path) -> str:
     """A fresh sqlite tracking store for one test."""

@@ -8,6 +8,31 @@ from raysim.runtime.driver import Problem, prepare, sample_clients
 from raysim.runtime.host import ClientHost
 
 
+def make_host(config: ExperimentConfig, problem: Problem, clients: list | None = None, **options) -> ClientHost:
+    """A ClientHost set up from the config as the driver sets up its actors (all of `problem`'s clients unless
+    `clients` is given); `options` override ClientHost's keyword arguments."""
+    runtime = config.runtime
+    settings = {
+        "attack": problem.attack,
+        "send_messages": config.aggregation.active,
+        "state_memory_mb": runtime.state_memory_mb,
+        "spill_dir": runtime.spill_dir,
+        "client_training": runtime.client_training,
+        "vectorize_chunk": runtime.vectorize_chunk,
+        "gpus": runtime.host_gpus,
+    }
+    return ClientHost(
+        config.algorithm,
+        problem.model_spec,
+        problem.x,
+        problem.y,
+        problem.clients if clients is None else clients,
+        problem.init_params,
+        config.seed,
+        **(settings | options),
+    )
+
+
 class InProcess:
     """One ClientHost owning every client plus a Coordinator, stepped round by round."""
 
@@ -15,20 +40,7 @@ class InProcess:
         self.config = config
         self.problem = problem or prepare(config)
         p = self.problem
-        runtime = config.runtime
-        self.host = ClientHost(
-            config.algorithm,
-            p.model_spec,
-            p.x,
-            p.y,
-            p.clients,
-            p.init_params,
-            config.seed,
-            state_memory_mb=runtime.state_memory_mb,
-            spill_dir=runtime.spill_dir,
-            client_training=runtime.client_training,
-            vectorize_chunk=runtime.vectorize_chunk,
-        )
+        self.host = make_host(config, p)
         self.coordinator = Coordinator(
             config.algorithm, p.model_spec, p.init_params, p.num_training, server_data=p.server_data
         )

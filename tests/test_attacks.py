@@ -15,9 +15,9 @@ from raysim.errors import ConfigError
 from raysim.metrics import ClientEvaluation, ModelScores
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.driver import benign_summary, prepare
-from raysim.runtime.host import ClientHost
 from raysim.training.local import ClientData
 from tests.conftest import tiny_config
+from tests.inprocess import make_host
 
 ALGORITHMS = {
     "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
@@ -39,17 +39,7 @@ def _setup(algorithm: str, attack: dict | None = None, clients: int = 6):
         )
     )
     problem = prepare(config)
-    host = ClientHost(
-        config.algorithm,
-        problem.model_spec,
-        problem.x,
-        problem.y,
-        problem.clients,
-        problem.init_params,
-        config.seed,
-        attack=problem.attack,
-        send_messages=True,
-    )
+    host = make_host(config, problem, send_messages=True)
     coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, clients)
     return config, problem, host, coordinator
 

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from mlflow.tracking import MlflowClient
 
 from raysim.algorithms.base import FullGradient
 from raysim.config import validate_config
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
-from tests.test_cli import _raysim
+from tests.test_cli import _raysim, run_cli
 
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 256, "val_fraction": 0.5}
 
@@ -131,11 +130,7 @@ def test_augfl_runs_through_the_cli_and_logs_its_metrics(tmp_path, mlflow_uri):
     config = tiny_config(
         algorithm=settings, partition=partition, tracking={"uri": mlflow_uri, "experiment": "augfl"}, rounds=3
     )
-    (tmp_path / "augfl.yaml").write_text(yaml.safe_dump(config))
-    done = _raysim("run", str(tmp_path / "augfl.yaml"), "--quiet", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    client = MlflowClient(mlflow_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("augfl").experiment_id])
+    run = run_cli(tmp_path, config)
     metrics = run.data.metrics
     assert run.data.tags["algorithm"] == "augfl"
     assert metrics["client/query_loss"] > 0 and metrics["server/effective_step"] == pytest.approx(1 / (4 * 0.7))
@@ -272,11 +267,7 @@ def test_augfl_with_crd_and_heldout_clients_runs_through_the_cli(tmp_path, mlflo
         tracking={"uri": mlflow_uri, "experiment": "augfl"},
         rounds=3,
     )
-    (tmp_path / "augfl.yaml").write_text(yaml.safe_dump(config))
-    done = _raysim("run", str(tmp_path / "augfl.yaml"), "--quiet", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    client = MlflowClient(mlflow_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("augfl").experiment_id])
+    run = run_cli(tmp_path, config)
     metrics = run.data.metrics
     assert metrics["server/transfer_loss"] > 0 and metrics["server/regularizer_gradient_norm"] > 0
     assert 0 <= metrics["heldout/pm/acc"] <= 1 and "final/heldout/pm/acc" in metrics

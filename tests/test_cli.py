@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import tiny_config
@@ -28,13 +29,22 @@ def _raysim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*RAYSIM, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
+def run_cli(tmp_path: Path, config: dict, *options: str) -> Run:
+    """`raysim run` on the config (written to tmp_path), which must succeed; the one MLflow run it made in the
+    config's tracking store and experiment."""
+    done = _raysim("run", str(_write(tmp_path, config)), *options, "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    tracking = config["tracking"]
+    client = MlflowClient(tracking["uri"])
+    (run,) = client.search_runs([client.get_experiment_by_name(tracking["experiment"]).experiment_id])
+    return run
+
+
 @pytest.mark.slow
 def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, mlflow_uri):
     config = tiny_config(tracking={"uri": mlflow_uri, "experiment": "cli"}, rounds=3)
-    done = _raysim("run", str(_write(tmp_path, config)), "--set", "rounds=2", "--quiet", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    run = run_cli(tmp_path, config, "--set", "rounds=2")
     client = MlflowClient(mlflow_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("cli").experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.params["rounds"] == "2" and run.data.params["algorithm.lambda"] == "1.0"
     assert run.data.tags["algorithm"] == "flame" and run.data.tags["partition"] == "dirichlet"

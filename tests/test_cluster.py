@@ -146,16 +146,6 @@ class LocalCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    started = LocalCluster()
-    try:
-        yield started.start()
-    finally:
-        started.stop()
-        assert not started.own_pids()
-
-
 def placement_config(placement: str, uri: str) -> dict:
     return tiny_config(
         clients={"count": 6, "per_round": 4},

@@ -8,8 +8,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import yaml
-from mlflow.tracking import MlflowClient
 
 from raysim.algorithms import ClientInfo, run_client_step
 from raysim.algorithms.base import LocalSGD, SGDResult
@@ -20,10 +18,10 @@ from raysim.metrics import mean_client_metrics, summarize
 from raysim.models.flat import FlatModel, ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.driver import prepare
-from raysim.runtime.host import ClientHost
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
-from tests.test_cli import _raysim
+from tests.inprocess import make_host
+from tests.test_cli import run_cli
 
 SPEC = ParamSpec(names=("conv", "fc", "bias"), shapes=((3, 2, 2, 2), (4, 5), (4,)), offsets=(0, 24, 44))
 """A conv kernel (matrix 6 x 4), a linear weight (4 x 5) and a bias: 48 parameters."""
@@ -288,11 +286,7 @@ def test_fedslr_runs_through_the_cli_and_logs_rank_sparsity_and_traffic(tmp_path
     """A real Ray + MLflow run: per-layer ranks, p_i sparsity, factored downlink below FedAvg's dense one."""
     settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 0.01, "lr": 0.05, "batch_size": 32}
     config = tiny_config(algorithm=settings, tracking={"uri": mlflow_uri, "experiment": "fedslr"}, rounds=3)
-    (tmp_path / "fedslr.yaml").write_text(yaml.safe_dump(config))
-    done = _raysim("run", str(tmp_path / "fedslr.yaml"), "--quiet", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    client = MlflowClient(mlflow_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("fedslr").experiment_id])
+    run = run_cli(tmp_path, config)
     metrics = run.data.metrics
     assert run.data.tags["algorithm"] == "fedslr"
     assert 0 <= metrics["server/rank/1.weight"] < 4  # mlr 20 -> 4 classes: full rank would be 4
@@ -306,9 +300,7 @@ def test_fedslr_runs_through_the_cli_and_logs_rank_sparsity_and_traffic(tmp_path
 def _fedslr_host_after_one_round(algorithm: dict):
     config = validate_config(tiny_config(algorithm=algorithm))
     problem = prepare(config)
-    host = ClientHost(
-        config.algorithm, problem.model_spec, problem.x, problem.y, problem.clients, problem.init_params, config.seed
-    )
+    host = make_host(config, problem)
     coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, config.clients.count)
     broadcast = coordinator.broadcast()
     _, records = host.train(0, host.client_ids, broadcast)

@@ -19,16 +19,7 @@ import pytest
 
 from raysim.procmem import descendants
 from tests.conftest import tiny_config
-from tests.test_cluster import ROOT, LocalCluster
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    started = LocalCluster()
-    try:
-        yield started.start()
-    finally:
-        started.stop()
+from tests.test_cluster import ROOT
 
 
 def _config(uri: str, checkpoints: str) -> dict:

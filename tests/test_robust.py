@@ -10,8 +10,8 @@ from raysim.errors import ConfigError
 from raysim.robust import RobustSettings, aggregate, multi_krum, norm_clip, trimmed_mean
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.driver import prepare
-from raysim.runtime.host import ClientHost
 from tests.conftest import tiny_config
+from tests.inprocess import make_host
 
 
 def _cluster_with_outlier(n: int = 10, d: int = 30, seed: int = 0) -> np.ndarray:
@@ -72,17 +72,7 @@ def _system(algorithm: dict, rule: dict, attack: dict, clients: int = 8, per_rou
         )
     )
     problem = prepare(config)
-    host = ClientHost(
-        config.algorithm,
-        problem.model_spec,
-        problem.x,
-        problem.y,
-        problem.clients,
-        problem.init_params,
-        config.seed,
-        attack=problem.attack,
-        send_messages=config.aggregation.active,
-    )
+    host = make_host(config, problem)
     coordinator = Coordinator(
         config.algorithm,
         problem.model_spec,

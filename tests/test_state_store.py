@@ -22,10 +22,9 @@ from raysim.algorithms.flame import FlameClientState
 from raysim.config import validate_config
 from raysim.runtime import checkpoint
 from raysim.runtime.driver import run_experiment, sample_clients
-from raysim.runtime.host import ClientHost
 from raysim.runtime.state_store import ClientStateStore, state_nbytes
 from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.inprocess import InProcess, make_host
 
 ALGORITHMS = {
     "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
@@ -343,16 +342,7 @@ def test_a_checkpoint_of_one_spilling_host_restores_into_two(tmp_path):
     _save(sim, tmp_path)
     problem = sim.problem
     for part in (problem.clients[:2], problem.clients[2:]):
-        host = ClientHost(
-            sim.config.algorithm,
-            problem.model_spec,
-            problem.x,
-            problem.y,
-            part,
-            problem.init_params,
-            sim.config.seed,
-            state_memory_mb=0,
-        )
+        host = make_host(sim.config, problem, part, state_memory_mb=0)
         host.restore_checkpoint(str(tmp_path))
         assert_identical(host.client_states(), sim.host.client_states(host.client_ids))
         host.close()

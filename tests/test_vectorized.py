@@ -22,11 +22,10 @@ from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel, ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.driver import prepare, run_experiment
-from raysim.runtime.host import ClientHost
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
 from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.inprocess import InProcess, make_host
 
 INPUT = (2, 3, 4)
 CLASSES = 5
@@ -312,20 +311,8 @@ def test_attacked_hosts_match(attack):
     problem = prepare(config)
     results = {}
     for mode in ("sequential", "vectorized"):
-        host = ClientHost(  # a GPU share: the vectorized host trains there when this machine has one
-            config.algorithm,
-            problem.model_spec,
-            problem.x,
-            problem.y,
-            problem.clients,
-            problem.init_params,
-            config.seed,
-            attack=problem.attack,
-            send_messages=True,
-            client_training=mode,
-            vectorize_chunk=4,
-            gpus=0.5,
-        )
+        # a GPU share: the vectorized host trains there when this machine has one
+        host = make_host(config, problem, send_messages=True, client_training=mode, vectorize_chunk=4, gpus=0.5)
         if mode == "vectorized":
             assert host.vectorized.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
         coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, 6)
