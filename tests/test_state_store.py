@@ -8,6 +8,9 @@ import dataclasses
 import gc
 import json
 import math
+import signal
+import subprocess
+import sys
 import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,7 @@ from raysim.algorithms.flame import FlameClientState
 from raysim.config import validate_config
 from raysim.runtime import checkpoint
 from raysim.runtime.driver import run_experiment, sample_clients
-from raysim.runtime.state_store import ClientStateStore, state_nbytes
+from raysim.runtime.state_store import OWNER_LOCK, ClientStateStore, remove_orphaned_folders, state_nbytes
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess, make_host
 
@@ -162,13 +165,13 @@ def test_budget_keeps_the_most_recently_used_states_in_memory(tmp_path):
             store[client_id] = _flame(client_id)
         stats = store.stats()
         assert (stats.in_memory, stats.spilled, stats.memory_bytes, stats.spills) == (2, 3, 2 * one, 3)
-        spilled = {int(p.stem.split("-")[1]) for p in store.folder.iterdir()}
+        spilled = {int(p.stem.split("-")[1]) for p in store.folder.glob("client-*.npz")}
         assert spilled == {0, 1, 2}  # least recently set first
-        assert stats.disk_bytes == sum(p.stat().st_size for p in store.folder.iterdir())
+        assert stats.disk_bytes == sum(p.stat().st_size for p in store.folder.glob("client-*.npz"))
 
         assert store[3].theta[0] == 3  # in memory: 3 becomes the most recently used ...
         store[5] = _flame(5)  # ... so 4 spills, not 3
-        assert {int(p.stem.split("-")[1]) for p in store.folder.iterdir()} == {0, 1, 2, 4}
+        assert {int(p.stem.split("-")[1]) for p in store.folder.glob("client-*.npz")} == {0, 1, 2, 4}
 
         before = store.stats()
         assert store[0].theta[0] == 0  # reading a spilled state loads a copy and evicts nothing
@@ -176,7 +179,7 @@ def test_budget_keeps_the_most_recently_used_states_in_memory(tmp_path):
         assert (after.loads, after.spills, after.in_memory) == (before.loads + 1, before.spills, before.in_memory)
 
         store[0] = _flame(10)  # a new state for a spilled client: its file goes, the oldest in memory spills
-        assert {int(p.stem.split("-")[1]) for p in store.folder.iterdir()} == {1, 2, 3, 4}
+        assert {int(p.stem.split("-")[1]) for p in store.folder.glob("client-*.npz")} == {1, 2, 3, 4}
         assert store[0].theta[0] == 10 and store.stats().in_memory == 2
         assert list(store) == [0, 1, 2, 3, 4, 5]  # key order is insertion order, wherever a state lives
 
@@ -199,7 +202,7 @@ def test_files_are_written_whole_or_not_at_all(tmp_path):
     with ClientStateStore(0, tmp_path / "spill") as store:
         with pytest.raises(TypeError):
             store[1] = {"a": np.ones(3), "b": object()}
-        assert 1 not in store and len(store) == 0 and list(store.folder.iterdir()) == []
+        assert 1 not in store and len(store) == 0 and [p.name for p in store.folder.iterdir()] == [OWNER_LOCK]
 
 
 def test_spill_folders_are_removed_on_close_and_when_collected(tmp_path):
@@ -218,6 +221,37 @@ def test_spill_folders_are_removed_on_close_and_when_collected(tmp_path):
     unspilled = ClientStateStore(None, tmp_path)
     unspilled[0] = _flame(1.0)
     assert unspilled.stats().spilled == 0 and list(tmp_path.iterdir()) == []  # no folder until a spill
+
+
+_KILLED_HOST = """
+import os, signal, sys
+import numpy as np
+from raysim.runtime.state_store import ClientStateStore
+store = ClientStateStore(0, sys.argv[1])
+store[0] = {"w": np.ones(10)}
+print(store.folder, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_hosts_spill_folder_is_removed_by_the_next_store(tmp_path):
+    killed = subprocess.run([sys.executable, "-c", _KILLED_HOST, str(tmp_path)], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    orphan = Path(killed.stdout.strip())
+    assert (orphan / "client-0.npz").exists()  # SIGKILL skipped every cleanup
+    alive = ClientStateStore(0, tmp_path)
+    alive[0] = _flame(1.0)
+    stranger = tmp_path / "raysim-states-unlocked"  # no owner lock (being made, or not a store's): kept
+    stranger.mkdir()
+
+    with ClientStateStore(0, tmp_path) as newcomer:
+        newcomer[0] = _flame(2.0)  # its first spill makes its folder and sweeps the orphans
+        assert not orphan.exists()
+        assert alive.folder.exists() and stranger.exists()
+        assert remove_orphaned_folders(tmp_path) == []  # live owners keep their locks
+        assert_identical(alive[0], _flame(1.0))
+    alive.close()
+    assert list(tmp_path.iterdir()) == [stranger]
 
 
 _DTYPES = [np.float32, np.float64, np.int64, np.uint8]
@@ -259,7 +293,7 @@ def test_random_reads_writes_and_deletes_behave_like_a_dict(budget, operations):
             assert all(k in store for k in model) and (key in store) == (key in model)
             assert stats.in_memory + stats.spilled == len(model) and stats.memory_bytes <= budget
             if store.stats().spilled:
-                assert len(list(store.folder.iterdir())) == stats.spilled
+                assert len(list(store.folder.glob("client-*.npz"))) == stats.spilled
         assert_identical(dict(store.items()), model)
 
 

@@ -14,10 +14,16 @@ other states; memory then holds at most the budget plus the one state being read
 
 Spilled states are read whole rather than memory-mapped: np.load cannot map the members of an .npz, and
 a state is used whole (trained, evaluated) as soon as it is read.
+
+A host killed outright (SIGKILL, the OOM killer, a lost node) cannot remove its folder. So each folder
+holds an owner lock (an flock the owning process holds while it lives and the kernel releases when it
+dies), and a store that makes its folder first removes the sibling folders whose lock nobody holds.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import tempfile
 import weakref
@@ -30,6 +36,10 @@ from typing import Any
 import numpy as np
 
 from raysim.runtime import checkpoint
+
+FOLDER_PREFIX = "raysim-states-"
+OWNER_LOCK = ".owner.lock"
+"""File in a spill folder, flock-ed by the store's process for as long as it lives."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,8 @@ class ClientStateStore(MutableMapping[int, Any]):
         self._parent = None if directory is None else Path(directory)
         self._folder: Path | None = None
         self._remove_folder: weakref.finalize | None = None
+        self._owner_lock: int | None = None
+        """File descriptor holding the folder's owner lock."""
         self._keys: dict[int, None] = {}
         """Every key, in insertion order (iteration order does not depend on where a state lives)."""
         self._memory: OrderedDict[int, tuple[Any, int]] = OrderedDict()
@@ -93,10 +105,12 @@ class ClientStateStore(MutableMapping[int, Any]):
     def folder(self) -> Path:
         """The folder of the spill files, made on first use."""
         if self._folder is None:
-            if self._parent is not None:
-                self._parent.mkdir(parents=True, exist_ok=True)
-            self._folder = Path(tempfile.mkdtemp(prefix="raysim-states-", dir=self._parent))
-            self._remove_folder = weakref.finalize(self, shutil.rmtree, self._folder, True)
+            parent = Path(tempfile.gettempdir()) if self._parent is None else self._parent
+            parent.mkdir(parents=True, exist_ok=True)
+            remove_orphaned_folders(parent)
+            self._folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=parent))
+            self._owner_lock = _take_owner_lock(self._folder)
+            self._remove_folder = weakref.finalize(self, _remove_folder, self._folder, self._owner_lock)
         return self._folder
 
     def _path(self, key: int) -> Path:
@@ -172,10 +186,43 @@ class ClientStateStore(MutableMapping[int, Any]):
         self._memory_bytes = 0
         if self._remove_folder is not None:
             self._remove_folder()
-        self._folder = self._remove_folder = None
+        self._folder = self._remove_folder = self._owner_lock = None
 
     def __enter__(self) -> ClientStateStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _take_owner_lock(folder: Path) -> int:
+    """Lock a new file and only then give it its name in `folder`, so no sweep ever sees it unlocked."""
+    pending = folder / f"{OWNER_LOCK}.{os.getpid()}"
+    descriptor = os.open(pending, os.O_CREAT | os.O_WRONLY, 0o600)
+    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    pending.rename(folder / OWNER_LOCK)
+    return descriptor
+
+
+def _remove_folder(folder: Path, owner_lock: int) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    os.close(owner_lock)
+
+
+def remove_orphaned_folders(parent: Path) -> list[Path]:
+    """Remove the spill folders in `parent` whose owner lock no live process holds (their host was killed
+    before it could clean up); returns them. Folders without a lock (being made, or not ours) are kept."""
+    removed = []
+    for folder in parent.glob(f"{FOLDER_PREFIX}*"):
+        try:
+            descriptor = os.open(folder / OWNER_LOCK, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(descriptor)
+            continue
+        _remove_folder(folder, descriptor)
+        removed.append(folder)
+    return removed
