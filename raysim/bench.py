@@ -14,15 +14,23 @@ evaluates), client updates per second, start-up time (to the end of round 1, min
 actors, the round-0 evaluation), peak RSS of this process and every process it started, and the ratio of
 the seconds per round to the reference's (`ratio vs reference`, < 1 is faster). `max |w - w_ref|` checks
 that every way computed the reference's global model. Results go to a table and to JSON.
+
+On a GPU machine the raysim ways run once per `host_gpus` share asked for (0.25: four hosts per GPU), and
+nvidia-smi, asked every 200 ms, gives each way's mean GPU utilisation and peak GPU memory over the measured
+rounds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,6 +63,75 @@ class Measurement:
     peak_rss_mib: float
     ratio_vs_reference: float
     max_abs_diff_vs_reference: float
+    host_gpus: float = 0.0
+    device: str = "cpu"
+    gpu_utilisation_percent: float | None = None
+    """Mean over the nvidia-smi samples of the measured rounds (None: no GPU was sampled)."""
+    gpu_memory_mib: float | None = None
+    """Peak used memory of a GPU over the measured rounds, all processes."""
+
+
+NVIDIA_SMI = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
+
+GpuSample = tuple[float, float, float]
+"""(seconds since the epoch, utilisation %, used memory MiB) of one GPU."""
+
+
+def read_gpus(output: str) -> list[tuple[float, float]]:
+    """(utilisation %, used memory MiB) per GPU from NVIDIA_SMI's output; unreadable lines ([N/A]) left out."""
+    readings = []
+    for line in output.splitlines():
+        try:
+            utilisation, memory = (float(part) for part in line.split(","))
+        except ValueError:
+            continue
+        readings.append((utilisation, memory))
+    return readings
+
+
+def gpu_usage(samples: Iterable[GpuSample], start: float, end: float) -> tuple[float, float] | None:
+    """(mean utilisation %, peak memory MiB) over the samples taken between `start` and `end` (seconds since
+    the epoch); None without a sample in the window."""
+    inside = [(utilisation, memory) for stamp, utilisation, memory in samples if start <= stamp <= end]
+    if not inside:
+        return None
+    return statistics.fmean(u for u, _ in inside), max(m for _, m in inside)
+
+
+class GpuSampler:
+    """Asks nvidia-smi for every GPU's utilisation and memory every `period` seconds while a `with` block runs
+    (one query at a time from a thread, each stamped when it returns), where asked for and nvidia-smi exists."""
+
+    def __init__(self, enabled: bool, period: float = 0.2):
+        self.enabled = enabled and shutil.which(NVIDIA_SMI[0]) is not None
+        self.period = period
+        self.samples: list[GpuSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="gpu-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                output = subprocess.run(NVIDIA_SMI, capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            stamp = time.time()
+            self.samples.extend((stamp, utilisation, memory) for utilisation, memory in read_gpus(output))
+
+    def __enter__(self) -> GpuSampler:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+
+    def usage(self, start: float, end: float) -> tuple[float | None, float | None]:
+        """(mean utilisation %, peak memory MiB) between two epoch times, (None, None) if nothing was sampled."""
+        found = gpu_usage(self.samples, start, end)
+        return (None, None) if found is None else found
 
 
 def workload(
@@ -86,15 +163,16 @@ def _round_seconds(ends: list[float]) -> float:
     return float(statistics.median(gaps)) if len(gaps) else float("nan")
 
 
-def reference_loop(config: ExperimentConfig, problem: Problem) -> tuple[list[float], np.ndarray]:
+def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cpu") -> tuple[list[float], np.ndarray]:
     """FLAME (flame.md eqs. 11-14) as a researcher would write it without raysim; returns the end time of
-    every round and the final global model. Uses one torch thread, like each raysim host."""
+    every round and the final global model. Uses one torch thread, like each raysim host, and `device`."""
     torch.set_num_threads(1)
     s = config.algorithm
     module = FlatModel(config.model.name, problem.model_spec.input_shape, problem.model_spec.outputs).module
+    module = module.to(device)
     params = list(module.parameters())
-    x, y = torch.from_numpy(problem.x), torch.from_numpy(problem.y)
-    w = torch.from_numpy(problem.init_params.copy())
+    x, y = torch.from_numpy(problem.x).to(device), torch.from_numpy(problem.y).to(device)
+    w = torch.from_numpy(problem.init_params.copy()).to(device)
     m = len(problem.clients)
     theta = [w.clone() for _ in range(m)]
     w_local = [w.clone() for _ in range(m)]
@@ -110,7 +188,7 @@ def reference_loop(config: ExperimentConfig, problem: Problem) -> tuple[list[flo
             generator = rng(config.seed, Stream.CLIENT_TRAINING, i, round_index, 0)
             order = split.train[generator.permutation(len(split.train))]
             for start in range(0, len(order), s.batch_size):
-                batch = torch.from_numpy(order[start : start + s.batch_size])
+                batch = torch.from_numpy(order[start : start + s.batch_size]).to(device)
                 optimizer.zero_grad()
                 loss = nn.functional.cross_entropy(module(x[batch]), y[batch])
                 prox = sum(((p - c) ** 2).sum() for p, c in zip(params, center, strict=True))
@@ -122,24 +200,39 @@ def reference_loop(config: ExperimentConfig, problem: Problem) -> tuple[list[flo
             pi[i] = pi[i] + s.rho * (w_local[i] - w)
             sum_u += (w_local[i] + pi[i] / s.rho).double()
         w = (sum_u / m).float()
+        if device != "cpu":
+            torch.cuda.synchronize()
         ends.append(time.perf_counter())
-    return ends, w.numpy()
+    return ends, w.cpu().numpy()
 
 
 def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return [part.view_as(p) for part, p in zip(flat.split([p.numel() for p in like]), like, strict=True)]
 
 
-def _measure_reference(clients: int, rounds: int, model: str, folder: Path) -> tuple[Measurement, np.ndarray]:
+def _epoch(perf_time: float) -> float:
+    """A time.perf_counter() reading as seconds since the epoch (nvidia-smi stamps its samples so)."""
+    return time.time() - (time.perf_counter() - perf_time)
+
+
+def _measured_window(ends: list[float]) -> tuple[float, float]:
+    """Epoch times of the rounds that `_round_seconds` measures."""
+    last = -2 if len(ends) > 2 else -1
+    return _epoch(ends[0]), _epoch(ends[last])
+
+
+def _measure_reference(
+    clients: int, rounds: int, model: str, folder: Path, device: str
+) -> tuple[Measurement, np.ndarray]:
     config = workload(clients, rounds, model, None, folder, vectorized=False)
-    with PeakMemory() as memory:
+    with PeakMemory() as memory, GpuSampler(device != "cpu") as gpu:
         start = time.perf_counter()
         problem = prepare(config)
         ready = time.perf_counter()
-        ends, w = reference_loop(config, problem)
+        ends, w = reference_loop(config, problem, device)
     seconds = _round_seconds(ends)
     measured = Measurement("reference", clients, model, rounds, 1, seconds, clients / seconds, ready - start,
-                           memory.peak_mib, 1.0, 0.0)  # fmt: skip
+                           memory.peak_mib, 1.0, 0.0, 0.0, device, *gpu.usage(*_measured_window(ends)))  # fmt: skip
     return measured, w
 
 
@@ -156,7 +249,7 @@ def _measure_raysim(clients: int, rounds: int, model: str, hosts: int | None, fo
         if round_index == rounds - 1:
             final["w"] = np.asarray(simulation.server_state().w)
 
-    with PeakMemory() as memory:
+    with PeakMemory() as memory, GpuSampler(host_gpus > 0) as gpu:
         start = time.perf_counter()
         run_experiment(config, show_progress=False, inspect=inspect)
     wait_for_children()
@@ -173,6 +266,9 @@ def _measure_raysim(clients: int, rounds: int, model: str, hosts: int | None, fo
         memory.peak_mib,
         seconds / reference.seconds_per_round,
         float(np.max(np.abs(final["w"] - w_ref))),
+        host_gpus,
+        "cuda" if vectorized and host_gpus > 0 else "cpu",  # the sequential path trains on the CPU
+        *gpu.usage(*_measured_window(ends)),
     )
 
 
@@ -182,36 +278,50 @@ def run_bench(
     model: str,
     hosts: int | None = None,
     ways: tuple[str, ...] = WAYS,
-    host_gpus: float = 0.0,
+    host_gpus: Sequence[float] = (0.0,),
+    reference_device: str = "cpu",
 ) -> list[Measurement]:
-    """Measure every way for every client count (see the module docstring); `host_gpus` per raysim host."""
+    """Measure every way for every client count (see the module docstring), the raysim ways once per
+    `host_gpus` share; the reference loop runs on `reference_device`."""
     if rounds < 3:
         raise RaysimError(f"--rounds {rounds}: at least 3 are needed (the first warms up, the last evaluates)")
+    if reference_device != "cpu" and not torch.cuda.is_available():
+        raise RaysimError(f"--reference-device {reference_device}: torch sees no CUDA device here (allowed: cpu)")
     results = []
     for clients in client_counts:
         with tempfile.TemporaryDirectory() as folder:
-            reference, w_ref = _measure_reference(clients, rounds, model, Path(folder))
+            reference, w_ref = _measure_reference(clients, rounds, model, Path(folder), reference_device)
             if "reference" in ways:
                 results.append(reference)
-            for vectorized, way in ((False, WAYS[1]), (True, WAYS[2])):
-                if way in ways:
-                    results.append(_measure_raysim(clients, rounds, model, hosts, Path(folder), vectorized,
-                                                   reference, w_ref, host_gpus))  # fmt: skip
+            for share in host_gpus:
+                for vectorized, way in ((False, WAYS[1]), (True, WAYS[2])):
+                    if way in ways:
+                        results.append(_measure_raysim(clients, rounds, model, hosts, Path(folder), vectorized,
+                                                       reference, w_ref, share))  # fmt: skip
     return results
 
 
 def report(results: list[Measurement], json_path: Path | None, console: Console | None = None) -> None:
-    """Print the table and write the JSON (with the machine's CPU count and torch version)."""
-    console = console or Console(width=160)
+    """Print the table (GPU columns when a GPU was used) and write the JSON (with the machine's CPU count and
+    torch version)."""
+    console = console or Console(width=200)
+    gpus = any(r.host_gpus or r.device != "cpu" for r in results)
     table = Table(title=f"FLAME round on Fashion-MNIST ({os.cpu_count()} CPUs, torch {torch.__version__})")
-    columns = ("clients", "model", "way", "hosts", "s/round", "updates/s", "start-up s", "peak RSS MiB",
-               "ratio vs reference", "max |w - w_ref|")  # fmt: skip
+    columns = ["clients", "model", "way", "hosts", "s/round", "updates/s", "start-up s", "peak RSS MiB",
+               "ratio vs reference", "max |w - w_ref|"]  # fmt: skip
+    if gpus:
+        columns[4:4] = ["GPU/host", "device"]
+        columns += ["GPU util %", "GPU MiB"]
     for column in columns:
-        table.add_column(column, justify="left" if column in ("model", "way") else "right")
+        table.add_column(column, justify="left" if column in ("model", "way", "device") else "right")
     for r in results:
-        table.add_row(str(r.clients), r.model, r.way, str(r.hosts), f"{r.seconds_per_round:.3f}",
-                      f"{r.updates_per_second:.0f}", f"{r.startup_seconds:.1f}", f"{r.peak_rss_mib:.0f}",
-                      f"{r.ratio_vs_reference:.2f}", f"{r.max_abs_diff_vs_reference:.1e}")  # fmt: skip
+        row = [str(r.clients), r.model, r.way, str(r.hosts), f"{r.seconds_per_round:.3f}",
+               f"{r.updates_per_second:.0f}", f"{r.startup_seconds:.1f}", f"{r.peak_rss_mib:.0f}",
+               f"{r.ratio_vs_reference:.2f}", f"{r.max_abs_diff_vs_reference:.1e}"]  # fmt: skip
+        if gpus:
+            row[4:4] = [f"{r.host_gpus:g}", r.device]
+            row += [_optional(r.gpu_utilisation_percent), _optional(r.gpu_memory_mib)]
+        table.add_row(*row)
     console.print(table)
     if json_path is not None:
         payload = {"cpus": os.cpu_count(), "torch": torch.__version__, "results": [asdict(r) for r in results]}
@@ -220,3 +330,7 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
         tmp.write_text(json.dumps(payload, indent=2))
         tmp.replace(json_path)
         console.print(f"written {json_path}")
+
+
+def _optional(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"

@@ -167,7 +167,8 @@ def _bench(args: argparse.Namespace) -> int:
     from raysim.bench import WAYS, report, run_bench
 
     ways = tuple(args.ways or WAYS)
-    report(run_bench(args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus), args.json)
+    results = run_bench(args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus, args.reference_device)
+    report(results, args.json)
     return 0
 
 
@@ -216,7 +217,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=5, help="rounds per measurement (at least 3)")
     bench.add_argument("--model", choices=["mlr", "mlp", "cnn"], default="mlp")
     bench.add_argument("--hosts", type=int, default=None, help="raysim host actors (default: one per CPU)")
-    bench.add_argument("--host-gpus", type=float, default=0.0, help="GPUs per raysim host actor (e.g. 0.25)")
+    bench.add_argument("--host-gpus", type=float, nargs="+", default=[0.0],
+                       help="GPUs per raysim host actor; several values measure each (e.g. 0.25 0.5 1)")  # fmt: skip
+    bench.add_argument("--reference-device", choices=["cpu", "cuda"], default="cpu", help="the reference loop's")
     bench.add_argument("--ways", nargs="+", choices=["reference", "raysim", "vectorized"], help="default: all three")
     bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
     bench.set_defaults(handler=_bench)

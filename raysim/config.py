@@ -92,7 +92,10 @@ class ClientsSettings(_Section):
 class RuntimeSettings(_Section):
     address: str | None = Field(None, description="Ray cluster address; default: RAY_ADDRESS or a new local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a new local Ray instance (default: all)")
-    num_hosts: int | None = Field(None, ge=1, description="client-host actors (default: CPUs / host_cpus)")
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of a new local Ray instance (default: all detected)")
+    num_hosts: int | None = Field(
+        None, ge=1, description="client-host actors (default: CPUs / host_cpus, at most GPUs / host_gpus)"
+    )
     host_cpus: float = Field(1.0, gt=0, description="CPUs reserved per host actor (fractions allowed)")
     host_gpus: float = Field(0.0, ge=0, description="GPUs per host actor (fractions allowed)")
     coordinator_cpus: float = Field(0.0, ge=0)

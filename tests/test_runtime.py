@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from raysim.config import validate_config
+from raysim.config import RuntimeSettings, validate_config
+from raysim.errors import ConfigError
 from raysim.runtime.driver import run_experiment
+from raysim.runtime.placement import check_capacity, default_num_hosts
 from tests.conftest import tiny_config
+from tests.test_cli import _raysim, _write, run_cli
 
 
 def test_flame_invariants_hold_on_actor_state_after_every_round(ray_local, mlflow_uri):
@@ -87,3 +91,42 @@ def test_unselected_clients_keep_their_state_bit_for_bit(ray_local, mlflow_uri):
             assert same == (client_id not in selected), (round_index, client_id)
             unchanged_seen += same
     assert unchanged_seen == 3 * 4
+
+
+@pytest.mark.parametrize(
+    "settings, available, hosts",
+    [
+        ({}, {"CPU": 16.0, "GPU": 1.0}, 16),
+        ({"host_cpus": 0.5}, {"CPU": 3.0}, 6),
+        ({"host_gpus": 0.25}, {"CPU": 16.0, "GPU": 1.0}, 4),  # the GPU, not the 16 CPUs, bounds the hosts
+        ({"host_gpus": 0.3}, {"CPU": 16.0, "GPU": 1.0}, 3),
+        ({"host_gpus": 0.25, "coordinator_gpus": 0.5}, {"CPU": 16.0, "GPU": 1.0}, 2),
+        ({"host_gpus": 0.5, "host_cpus": 4.0}, {"CPU": 4.0, "GPU": 2.0}, 1),
+        ({"host_gpus": 1.0}, {"CPU": 2.0}, 1),  # none fits: one, which check_capacity then refuses
+    ],
+)
+def test_default_host_count_fits_the_free_cpus_and_gpus(settings, available, hosts):
+    assert default_num_hosts(RuntimeSettings(**settings), available) == hosts
+
+
+def test_capacity_errors_name_the_key_and_the_shortfall():
+    check_capacity(RuntimeSettings(host_gpus=0.25), 4, {"CPU": 4.0, "GPU": 1.0})
+    with pytest.raises(ConfigError, match=r"runtime.host_gpus=0.25 .* needs 1.25 GPUs but the Ray cluster has 1"):
+        check_capacity(RuntimeSettings(host_gpus=0.25, coordinator_gpus=0.25), 4, {"CPU": 8.0, "GPU": 1.0})
+    with pytest.raises(ConfigError, match=r"runtime.host_cpus=1 .* needs 3 CPUs but the Ray cluster has 2"):
+        check_capacity(RuntimeSettings(coordinator_cpus=1.0), 2, {"CPU": 2.0})
+
+
+@pytest.mark.slow
+def test_gpu_shares_bound_the_host_count_on_a_real_ray(tmp_path, mlflow_uri):
+    """A local Ray declaring one GPU (it need not exist: a host without CUDA trains on the CPU) takes two
+    hosts at 0.5 GPU each, though its CPUs would hold four; declaring none refuses the run with the key."""
+    runtime = {"num_cpus": 2, "num_gpus": 1, "host_cpus": 0.5, "host_gpus": 0.5, "client_training": "vectorized"}
+    tracking = {"uri": mlflow_uri, "experiment": "gpus"}
+    run = run_cli(tmp_path, tiny_config(runtime=runtime, tracking=tracking, rounds=2))
+    assert run.info.status == "FINISHED" and run.data.tags["raysim.hosts"] == "2"
+
+    refused = tiny_config(runtime={**runtime, "num_gpus": 0}, tracking=tracking, rounds=2)
+    done = _raysim("run", str(_write(tmp_path, refused)), "--quiet", cwd=tmp_path)
+    assert done.returncode != 0
+    assert "runtime.host_gpus=0.5 (+ coordinator 0) needs 0.5 GPUs but the Ray cluster has 0" in done.stderr

@@ -44,7 +44,7 @@ from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.exact_sum import UploadRangeError
 from raysim.runtime.host import DROPPED, UPLINK_BYTES, ClientHost, ModelSpec
-from raysim.runtime.placement import HostPlacement
+from raysim.runtime.placement import HostPlacement, check_capacity, default_num_hosts
 from raysim.seeding import Stream, rng, torch_seed
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.reports import (
@@ -174,6 +174,7 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
         ray.init(
             address="local",
             num_cpus=config.runtime.num_cpus,
+            num_gpus=config.runtime.num_gpus,
             object_store_memory=config.runtime.object_store_mb * 2**20,
             include_dashboard=False,
             logging_level=logging.WARNING,
@@ -192,16 +193,9 @@ class Simulation:
         self.uplink_total = 0
         self.downlink_total = 0
         runtime = config.runtime
-        cluster_cpus = ray.cluster_resources().get("CPU", 0.0)
-        num_hosts = runtime.num_hosts or max(1, int(ray.available_resources().get("CPU", 1) // runtime.host_cpus))
+        num_hosts = runtime.num_hosts or default_num_hosts(runtime, ray.available_resources())
         self.host_clients = assign_to_hosts(problem.clients, min(num_hosts, len(problem.clients)))
-        needed = len(self.host_clients) * runtime.host_cpus + runtime.coordinator_cpus
-        if needed > cluster_cpus:
-            raise ConfigError(
-                f"runtime.num_hosts={len(self.host_clients)} x runtime.host_cpus={runtime.host_cpus} (+ coordinator) "
-                f"needs {needed:g} CPUs but the Ray cluster has {cluster_cpus:g}; lower runtime.host_cpus "
-                "(fractions allowed) or runtime.num_hosts"
-            )
+        check_capacity(runtime, len(self.host_clients), ray.cluster_resources())
         by_id = {info.id: (info, split) for info, split in problem.clients}
         x_ref, y_ref, init_ref = ray.put(problem.x), ray.put(problem.y), ray.put(problem.init_params)
         server_ref = ray.put(problem.server_data)
@@ -429,6 +423,7 @@ def run_experiment(
             _write_partition_summary(config, problem, writer)
         with ray_session(config):
             simulation = Simulation(config, problem)
+            writer.set_tags({"raysim.hosts": str(len(simulation.hosts))})
             try:
                 rounds.run(simulation)
             finally:

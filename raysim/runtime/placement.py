@@ -9,6 +9,7 @@ group also queues concurrent sweep trials: a trial waits until the cluster can h
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import ray
@@ -32,6 +33,31 @@ def coordinator_resources(runtime: RuntimeSettings) -> dict[str, float]:
     if runtime.coordinator_gpus:
         bundle["GPU"] = runtime.coordinator_gpus
     return bundle
+
+
+def default_num_hosts(runtime: RuntimeSettings, available: dict[str, float]) -> int:
+    """As many hosts as the free CPUs hold at `host_cpus` each and, with `host_gpus`, the free GPUs (less the
+    coordinator's share) at `host_gpus` each: 4 hosts on one GPU at 0.25, however many CPUs (at least 1)."""
+    hosts = available.get("CPU", 1.0) / runtime.host_cpus
+    if runtime.host_gpus:
+        hosts = min(hosts, (available.get("GPU", 0.0) - runtime.coordinator_gpus) / runtime.host_gpus)
+    return max(1, math.floor(hosts + 1e-9))
+
+
+def check_capacity(runtime: RuntimeSettings, num_hosts: int, cluster: dict[str, float]) -> None:
+    """Fail at once, naming the keys, when the hosts and the coordinator need more CPUs or GPUs than the whole
+    cluster has (the placement group would wait forever)."""
+    for resource, key, per_host, coordinator in (
+        ("CPU", "runtime.host_cpus", runtime.host_cpus, runtime.coordinator_cpus),
+        ("GPU", "runtime.host_gpus", runtime.host_gpus, runtime.coordinator_gpus),
+    ):
+        needed = num_hosts * per_host + coordinator
+        if needed > cluster.get(resource, 0.0) + 1e-9:
+            raise ConfigError(
+                f"runtime.num_hosts={num_hosts} x {key}={per_host:g} (+ coordinator {coordinator:g}) needs "
+                f"{needed:g} {resource}s but the Ray cluster has {cluster.get(resource, 0.0):g}; lower {key} "
+                "(fractions allowed) or runtime.num_hosts"
+            )
 
 
 def check_feasible(key: str, needed: dict[str, float]) -> None:
