@@ -87,6 +87,13 @@ class VectorizedTrainer:
         """How requests run: batched matrix products (Flatten/Linear/ReLU stacks), vmap, or one at a time."""
         if self.unavailable is not None:
             logger.warning("vectorized client training falls back to one client at a time: %s", self.unavailable)
+        elif self.mode == "vmap" and self.device.type == "cpu":
+            logger.warning(
+                "vectorized client training of a %s on the CPU runs through vmap, usually slower than one client at "
+                "a time (cnn: 0.27-0.6x, benchmarks/vectorized_training.py); give hosts GPUs (runtime.host_gpus) "
+                "or use runtime.client_training: sequential",
+                model.name,
+            )
 
     def sgd(self, jobs: Sequence[SGDJob]) -> list[SGDResult]:
         """LocalTrainer.sgd of every job, in the order given."""
