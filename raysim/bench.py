@@ -211,7 +211,7 @@ def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _epoch(perf_time: float) -> float:
-    """A time.perf_counter() reading as seconds since the epoch (nvidia-smi stamps its samples so)."""
+    """A time.perf_counter() reading as seconds since the epoch (GpuSampler stamps its samples so)."""
     return time.time() - (time.perf_counter() - perf_time)
 
 
