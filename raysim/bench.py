@@ -7,7 +7,8 @@ rho = 0.1, lr = 0.01) is run three ways, in one process run, for each client cou
    math, as a plain sequential torch loop over `nn.Module`s with `torch.optim.SGD`: no Ray, no MLflow;
 2. `raysim`: `run_experiment` with the default runtime (local Ray, one host actor per CPU, MLflow in a
    temporary sqlite file);
-3. `vectorized`: raysim the same with `runtime.client_training = vectorized`.
+3. `vectorized`: raysim the same with `runtime.client_training = vectorized`, `chunk` clients at a time
+   (`runtime.vectorize_chunk`: 16 suits a CPU, a GPU wants hundreds).
 
 Reported per way: seconds per round (median over the rounds after the first, the last excluded as it
 evaluates), client updates per second, start-up time (to the end of round 1, minus one round: data, Ray,
@@ -40,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from raysim.config import ExperimentConfig, validate_config
+from raysim.config import ExperimentConfig, RuntimeSettings, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
 from raysim.procmem import PeakMemory, wait_for_children
@@ -48,6 +49,7 @@ from raysim.runtime.driver import Problem, prepare, run_experiment
 from raysim.seeding import Stream, rng
 
 WAYS = ("reference", "raysim", "vectorized")
+DEFAULT_CHUNK = RuntimeSettings.model_fields["vectorize_chunk"].default
 
 
 @dataclass
@@ -69,6 +71,8 @@ class Measurement:
     """Mean over the nvidia-smi samples of the measured rounds (None: no GPU was sampled)."""
     gpu_memory_mib: float | None = None
     """Peak used memory of a GPU over the measured rounds, all processes."""
+    chunk: int | None = None
+    """runtime.vectorize_chunk of the vectorized way (None: the way trains one client at a time)."""
 
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
@@ -135,7 +139,14 @@ class GpuSampler:
 
 
 def workload(
-    clients: int, rounds: int, model: str, hosts: int | None, folder: Path, vectorized: bool, host_gpus: float = 0.0
+    clients: int,
+    rounds: int,
+    model: str,
+    hosts: int | None,
+    folder: Path,
+    vectorized: bool,
+    host_gpus: float = 0.0,
+    chunk: int = DEFAULT_CHUNK,
 ) -> ExperimentConfig:
     """The benchmark's FLAME experiment (evaluation only before round 1 and after the last)."""
     return validate_config(
@@ -151,6 +162,7 @@ def workload(
                 "num_hosts": hosts,
                 "host_gpus": host_gpus,
                 "client_training": "vectorized" if vectorized else "sequential",
+                "vectorize_chunk": chunk,
             },
             "tracking": {"uri": f"sqlite:///{folder}/mlflow.db", "experiment": "bench", "eval_every": rounds},
         }
@@ -236,9 +248,19 @@ def _measure_reference(
     return measured, w
 
 
-def _measure_raysim(clients: int, rounds: int, model: str, hosts: int | None, folder: Path, vectorized: bool,
-                    reference: Measurement, w_ref: np.ndarray, host_gpus: float) -> Measurement:  # fmt: skip
-    config = workload(clients, rounds, model, hosts, folder, vectorized, host_gpus)
+def _measure_raysim(
+    clients: int,
+    rounds: int,
+    model: str,
+    hosts: int | None,
+    folder: Path,
+    vectorized: bool,
+    reference: Measurement,
+    w_ref: np.ndarray,
+    host_gpus: float,
+    chunk: int,
+) -> Measurement:
+    config = workload(clients, rounds, model, hosts, folder, vectorized, host_gpus, chunk)
     ends: list[float] = []
     final: dict[str, np.ndarray] = {}
     used_hosts = [0]
@@ -269,6 +291,7 @@ def _measure_raysim(clients: int, rounds: int, model: str, hosts: int | None, fo
         host_gpus,
         "cuda" if vectorized and host_gpus > 0 else "cpu",  # the sequential path trains on the CPU
         *gpu.usage(*_measured_window(ends)),
+        chunk if vectorized else None,
     )
 
 
@@ -280,13 +303,16 @@ def run_bench(
     ways: tuple[str, ...] = WAYS,
     host_gpus: Sequence[float] = (0.0,),
     reference_device: str = "cpu",
+    chunk: int | None = None,
 ) -> list[Measurement]:
     """Measure every way for every client count (see the module docstring), the raysim ways once per
-    `host_gpus` share; the reference loop runs on `reference_device`."""
+    `host_gpus` share; the reference loop runs on `reference_device`, the vectorized way `chunk` clients at
+    a time."""
     if rounds < 3:
         raise RaysimError(f"--rounds {rounds}: at least 3 are needed (the first warms up, the last evaluates)")
     if reference_device != "cpu" and not torch.cuda.is_available():
         raise RaysimError(f"--reference-device {reference_device}: torch sees no CUDA device here (allowed: cpu)")
+    chunk = DEFAULT_CHUNK if chunk is None else chunk
     results = []
     for clients in client_counts:
         with tempfile.TemporaryDirectory() as folder:
@@ -297,7 +323,7 @@ def run_bench(
                 for vectorized, way in ((False, WAYS[1]), (True, WAYS[2])):
                     if way in ways:
                         results.append(_measure_raysim(clients, rounds, model, hosts, Path(folder), vectorized,
-                                                       reference, w_ref, share))  # fmt: skip
+                                                       reference, w_ref, share, chunk))  # fmt: skip
     return results
 
 
@@ -307,19 +333,19 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
     console = console or Console(width=200)
     gpus = any(r.host_gpus or r.device != "cpu" for r in results)
     table = Table(title=f"FLAME round on Fashion-MNIST ({os.cpu_count()} CPUs, torch {torch.__version__})")
-    columns = ["clients", "model", "way", "hosts", "s/round", "updates/s", "start-up s", "peak RSS MiB",
+    columns = ["clients", "model", "way", "hosts", "chunk", "s/round", "updates/s", "start-up s", "peak RSS MiB",
                "ratio vs reference", "max |w - w_ref|"]  # fmt: skip
     if gpus:
-        columns[4:4] = ["GPU/host", "device"]
+        columns[5:5] = ["GPU/host", "device"]
         columns += ["GPU util %", "GPU MiB"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("model", "way", "device") else "right")
     for r in results:
-        row = [str(r.clients), r.model, r.way, str(r.hosts), f"{r.seconds_per_round:.3f}",
+        row = [str(r.clients), r.model, r.way, str(r.hosts), _optional(r.chunk), f"{r.seconds_per_round:.3f}",
                f"{r.updates_per_second:.0f}", f"{r.startup_seconds:.1f}", f"{r.peak_rss_mib:.0f}",
                f"{r.ratio_vs_reference:.2f}", f"{r.max_abs_diff_vs_reference:.1e}"]  # fmt: skip
         if gpus:
-            row[4:4] = [f"{r.host_gpus:g}", r.device]
+            row[5:5] = [f"{r.host_gpus:g}", r.device]
             row += [_optional(r.gpu_utilisation_percent), _optional(r.gpu_memory_mib)]
         table.add_row(*row)
     console.print(table)

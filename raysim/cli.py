@@ -167,7 +167,9 @@ def _bench(args: argparse.Namespace) -> int:
     from raysim.bench import WAYS, report, run_bench
 
     ways = tuple(args.ways or WAYS)
-    results = run_bench(args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus, args.reference_device)
+    results = run_bench(
+        args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus, args.reference_device, args.chunk
+    )
     report(results, args.json)
     return 0
 
@@ -220,6 +222,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--host-gpus", type=float, nargs="+", default=[0.0],
                        help="GPUs per raysim host actor; several values measure each (e.g. 0.25 0.5 1)")  # fmt: skip
     bench.add_argument("--reference-device", choices=["cpu", "cuda"], default="cpu", help="the reference loop's")
+    bench.add_argument(
+        "--chunk", type=int, default=None, help="clients the vectorized way trains together (runtime.vectorize_chunk)"
+    )
     bench.add_argument("--ways", nargs="+", choices=["reference", "raysim", "vectorized"], help="default: all three")
     bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
     bench.set_defaults(handler=_bench)

@@ -14,12 +14,13 @@ from tests.test_cli import _raysim
 @pytest.mark.slow
 def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path):
     out = tmp_path / "bench.json"
-    done = _raysim("bench", "--clients", "6", "--rounds", "3", "--model", "mlr", "--hosts", "2", "--json", str(out),
-                   cwd=tmp_path)  # fmt: skip
+    done = _raysim("bench", "--clients", "6", "--rounds", "3", "--model", "mlr", "--hosts", "2", "--chunk", "2",
+                   "--json", str(out), cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ratio vs reference" in done.stdout
     results = json.loads(out.read_text())["results"]
     assert [r["way"] for r in results] == ["reference", "raysim", "vectorized"]
+    assert [r["chunk"] for r in results] == [None, None, 2]  # 3 clients a host: chunks of 2 and 1
     reference = results[0]
     assert reference["ratio_vs_reference"] == 1.0 and reference["max_abs_diff_vs_reference"] == 0.0
     for result in results:
@@ -70,14 +71,15 @@ def test_report_adds_the_gpu_columns_when_a_way_used_a_gpu(tmp_path):
                     max_abs_diff_vs_reference=0.0, **common),
         Measurement("vectorized", hosts=4, seconds_per_round=0.5, updates_per_second=2000.0, ratio_vs_reference=0.05,
                     max_abs_diff_vs_reference=1e-6, host_gpus=0.25, device="cuda", gpu_utilisation_percent=63.4,
-                    gpu_memory_mib=5120.0, **common),
+                    gpu_memory_mib=5120.0, chunk=250, **common),
     ]  # fmt: skip
     console = Console(width=250, record=True)
     report(results, tmp_path / "bench.json", console)
     text = console.export_text()
     assert "GPU util %" in text and "GPU/host" in text
     rows = [line for line in text.splitlines() if line.startswith("│")]
-    assert "0.25" in rows[1] and "cuda" in rows[1] and "63" in rows[1] and "5120" in rows[1]
+    assert "0.25" in rows[1] and "cuda" in rows[1] and "63" in rows[1] and "5120" in rows[1] and "250" in rows[1]
     assert rows[0].rstrip("│ ").endswith("-")  # the reference sampled no GPU
     written = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert written[1]["gpu_utilisation_percent"] == 63.4 and written[1]["host_gpus"] == 0.25
+    assert written[0]["chunk"] is None and written[1]["chunk"] == 250
