@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from raysim.config import ExperimentConfig, RuntimeSettings, validate_config
+from raysim.config import ExperimentConfig, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
 from raysim.procmem import PeakMemory, wait_for_children
@@ -49,7 +49,6 @@ from raysim.runtime.driver import Problem, prepare, run_experiment
 from raysim.seeding import Stream, rng
 
 WAYS = ("reference", "raysim", "vectorized")
-DEFAULT_CHUNK = RuntimeSettings.model_fields["vectorize_chunk"].default
 
 
 @dataclass
@@ -146,9 +145,11 @@ def workload(
     folder: Path,
     vectorized: bool,
     host_gpus: float = 0.0,
-    chunk: int = DEFAULT_CHUNK,
+    chunk: int | None = None,
 ) -> ExperimentConfig:
-    """The benchmark's FLAME experiment (evaluation only before round 1 and after the last)."""
+    """The benchmark's FLAME experiment (evaluation only before round 1 and after the last); `chunk` None
+    keeps runtime.vectorize_chunk's default."""
+    chunking = {} if chunk is None else {"vectorize_chunk": chunk}
     return validate_config(
         {
             "algorithm": {"name": "flame", "lambda": 1.0, "rho": 0.1, "epochs": 1, "lr": 0.01, "batch_size": 100},
@@ -162,7 +163,7 @@ def workload(
                 "num_hosts": hosts,
                 "host_gpus": host_gpus,
                 "client_training": "vectorized" if vectorized else "sequential",
-                "vectorize_chunk": chunk,
+                **chunking,
             },
             "tracking": {"uri": f"sqlite:///{folder}/mlflow.db", "experiment": "bench", "eval_every": rounds},
         }
@@ -248,19 +249,10 @@ def _measure_reference(
     return measured, w
 
 
-def _measure_raysim(
-    clients: int,
-    rounds: int,
-    model: str,
-    hosts: int | None,
-    folder: Path,
-    vectorized: bool,
-    reference: Measurement,
-    w_ref: np.ndarray,
-    host_gpus: float,
-    chunk: int,
-) -> Measurement:
-    config = workload(clients, rounds, model, hosts, folder, vectorized, host_gpus, chunk)
+def _measure_raysim(config: ExperimentConfig, reference: Measurement, w_ref: np.ndarray) -> Measurement:
+    """Run the `workload` config once; its round times, memory and GPU use against the reference's."""
+    clients, rounds, runtime = config.clients.count, config.rounds, config.runtime
+    vectorized = runtime.client_training == "vectorized"
     ends: list[float] = []
     final: dict[str, np.ndarray] = {}
     used_hosts = [0]
@@ -271,7 +263,7 @@ def _measure_raysim(
         if round_index == rounds - 1:
             final["w"] = np.asarray(simulation.server_state().w)
 
-    with PeakMemory() as memory, GpuSampler(host_gpus > 0) as gpu:
+    with PeakMemory() as memory, GpuSampler(runtime.host_gpus > 0) as gpu:
         start = time.perf_counter()
         run_experiment(config, show_progress=False, inspect=inspect)
     wait_for_children()
@@ -279,7 +271,7 @@ def _measure_raysim(
     return Measurement(
         WAYS[2] if vectorized else WAYS[1],
         clients,
-        model,
+        config.model.name,
         rounds,
         used_hosts[0],
         seconds,
@@ -288,10 +280,10 @@ def _measure_raysim(
         memory.peak_mib,
         seconds / reference.seconds_per_round,
         float(np.max(np.abs(final["w"] - w_ref))),
-        host_gpus,
-        "cuda" if vectorized and host_gpus > 0 else "cpu",  # the sequential path trains on the CPU
+        runtime.host_gpus,
+        "cuda" if vectorized and runtime.host_gpus > 0 else "cpu",  # the sequential path trains on the CPU
         *gpu.usage(*_measured_window(ends)),
-        chunk if vectorized else None,
+        runtime.vectorize_chunk if vectorized else None,
     )
 
 
@@ -310,9 +302,10 @@ def run_bench(
     a time."""
     if rounds < 3:
         raise RaysimError(f"--rounds {rounds}: at least 3 are needed (the first warms up, the last evaluates)")
+    if chunk is not None and chunk < 1:
+        raise RaysimError(f"--chunk {chunk}: at least 1 client must train at a time")
     if reference_device != "cpu" and not torch.cuda.is_available():
         raise RaysimError(f"--reference-device {reference_device}: torch sees no CUDA device here (allowed: cpu)")
-    chunk = DEFAULT_CHUNK if chunk is None else chunk
     results = []
     for clients in client_counts:
         with tempfile.TemporaryDirectory() as folder:
@@ -322,8 +315,8 @@ def run_bench(
             for share in host_gpus:
                 for vectorized, way in ((False, WAYS[1]), (True, WAYS[2])):
                     if way in ways:
-                        results.append(_measure_raysim(clients, rounds, model, hosts, Path(folder), vectorized,
-                                                       reference, w_ref, share, chunk))  # fmt: skip
+                        config = workload(clients, rounds, model, hosts, Path(folder), vectorized, share, chunk)
+                        results.append(_measure_raysim(config, reference, w_ref))
     return results
 
 

@@ -37,11 +37,14 @@ def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path):
     assert "GPU util %" not in done.stdout  # no GPU asked for: no GPU columns
 
 
-def test_bench_rejects_too_few_rounds(tmp_path):
+def test_bench_rejects_too_few_rounds_and_an_empty_chunk_before_measuring(tmp_path):
     done = _raysim("bench", "--clients", "2", "--rounds", "2", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.strip() == (
         "error: --rounds 2: at least 3 are needed (the first warms up, the last evaluates)"
     )
+    done = _raysim("bench", "--clients", "2", "--chunk", "0", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip() == "error: --chunk 0: at least 1 client must train at a time"
+    assert not (tmp_path / "bench.json").exists()
 
 
 def test_gpu_usage_is_the_mean_utilisation_and_peak_memory_inside_the_measured_window():
