@@ -21,6 +21,7 @@ from raysim.data.sources import SOURCES, Dataset, load_dataset
 from raysim.errors import ConfigError
 from raysim.models.zoo import ModelSettings
 from raysim.robust import RobustSettings
+from raysim.tracking.credentials import redact
 
 AlgorithmConfig = Annotated[
     Union[tuple(cls.Settings for cls in REGISTRY.values())],  # noqa: UP007 - built from the registry
@@ -188,12 +189,20 @@ class ExperimentConfig(BaseModel):
                 )
         return self
 
+    def shown(self) -> dict[str, Any]:
+        """The resolved config as stored and shown anywhere (params, artifacts, manifests, jobs): the tracking
+        URI's credentials redacted (raysim.tracking.credentials)."""
+        tree = self.model_dump(mode="json", by_alias=True)
+        tree["tracking"]["uri"] = redact(tree["tracking"]["uri"])
+        return tree
+
     def flat(self) -> dict[str, Any]:
-        """The resolved config as dotted keys (MLflow params)."""
-        return flatten(self.model_dump(mode="json", by_alias=True))
+        """The resolved config as dotted keys (MLflow params), credentials redacted."""
+        return flatten(self.shown())
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+        """The resolved config as YAML, credentials redacted."""
+        return yaml.safe_dump(self.shown(), sort_keys=False)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
