@@ -121,6 +121,18 @@ class RuntimeSettings(_Section):
     on_nonfinite: Literal["stop", "drop_client"] = Field(
         "stop", description="a NaN/inf client upload stops the run (run marked FAILED) or that upload is dropped"
     )
+    max_empty_rounds: int = Field(
+        0,
+        ge=0,
+        description="on_nonfinite=drop_client: consecutive rounds in which every upload was dropped that the run "
+        "tolerates; one more stops it as on_nonfinite=stop would (0: the first such round stops it)",
+    )
+    restore_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="after an actor died, how long to wait for Ray to restart it before the run gives up (naming "
+        "the actor)",
+    )
     state_memory_mb: float | None = Field(
         None,
         ge=0,
@@ -159,6 +171,12 @@ class TrackingSettings(_Section):
     checkpoint_keep: int = Field(2, ge=1, description="complete checkpoints kept per run (older ones deleted)")
     flush_timeout_s: float = Field(
         600.0, ge=0, description="at the end, wait this long for metrics buffered during an MLflow outage"
+    )
+    connect_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="at the start, how long to try reaching the tracking server before the run fails (before Ray "
+        "starts); once the run has started, outages are ridden out (see flush_timeout_s)",
     )
 
 
