@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
 
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, sigterm_interrupts
+from raysim.tracking.credentials import redact, redact_text
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -35,10 +35,28 @@ def _run(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from raysim.runtime.driver import resume_experiment
 
+    if args.target is None:
+        return _resumable(args.tracking_uri)
     result = resume_experiment(args.target, args.tracking_uri, show_progress=not args.quiet)
     final = result.summary
     print(f"run {result.run_id}: final PM {final['final/pm/acc']:.4f}  GM {final['final/gm/acc']:.4f}  "
           f"HM {final['final/hm/acc']:.4f}  (best PM {final['best/pm/acc']:.4f})")  # fmt: skip
+    return 0
+
+
+def _resumable(tracking_uri: str | None) -> int:
+    """`raysim resume` without a target: the runs that can be continued, and whether their driver is gone."""
+    from raysim.runtime.driver import resumable_runs
+
+    runs = resumable_runs(tracking_uri)
+    if not runs:
+        print("no unfinished run with a checkpoint (runs need tracking.checkpoint_every > 0)")
+        return 0
+    print(f"{'run id':32s}  {'experiment':16s} {'status':8s} {'started':19s}  driver")
+    for run in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
+        print(f"{run.run_id:32s}  {run.experiment[:16]:16s} {run.status:8s} {started:19s}  {run.driver}")
+    print("continue one with `raysim resume RUN_ID`; a RUNNING run whose driver is gone was killed outright")
     return 0
 
 
@@ -47,7 +65,7 @@ def _run_suite(args: argparse.Namespace) -> int:
 
     suite = load_suite(args.config, args.set)
     result = run_suite(suite, show_progress=not args.quiet)
-    print(f"suite {suite.name}: parent run {result.parent_run_id} at {result.tracking_uri}")
+    print(f"suite {suite.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over seeds)")
     for name in dict.fromkeys(c.name for c in result.children):
         accs = [result.mean_final(name, f"final/{k}/acc") for k in ("pm", "gm", "hm")]
@@ -64,6 +82,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
+    from raysim.server import ServerSettings, serve
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
     uri = args.tracking_uri
@@ -71,24 +90,7 @@ def _ui(args: argparse.Namespace) -> int:
         from raysim.config import load_config
 
         uri = load_config(args.config).tracking.uri
-    uri = resolve_tracking_uri(uri)
-    print(f"MLflow UI for {uri} on http://127.0.0.1:{args.port}", flush=True)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(args.port),
-        "--workers",
-        "1",
-    ]
-    return subprocess.call(command, env=env)
+    return serve(ServerSettings(resolve_tracking_uri(uri), None, "127.0.0.1", args.port), what="MLflow UI")
 
 
 def _algorithms(args: argparse.Namespace) -> int:
@@ -105,7 +107,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     sweep = load_sweep(args.sweep, args.set)
     result = run_sweep(sweep, show_progress=not args.quiet)
-    print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {result.tracking_uri}")
+    print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")
     for label, mean, std, count in setting_stats(result.trials, result.outcomes, "final/pm/acc"):
         print(f"{label:32s} {count:5d} {mean:8.4f} {std:8.4f}")
@@ -122,6 +124,8 @@ def _submit(args: argparse.Namespace) -> int:
     kind = "sweep" if is_sweep_file(args.config) else "experiment"
     submission = submit(kind, args.config, args.set, args.address, args.tracking_uri, args.package, args.auth_token)
     print(f"submitted {kind} job {submission.job_id} to {submission.address}", flush=True)
+    if submission.warning:
+        print(f"warning: {submission.warning}", file=sys.stderr)
     if not submission.tracking_uri:
         print("warning: no tracking URI (--tracking-uri, tracking.uri or $MLFLOW_TRACKING_URI): the job logs to "
               "sqlite in its temporary working directory", file=sys.stderr)  # fmt: skip
@@ -176,7 +180,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _cluster_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--address", help="Ray dashboard URL (default: $RAY_ADDRESS if http, else :8265 on 127.0.0.1)")
-    command.add_argument("--auth-token", help="Ray cluster token (default: $RAY_AUTH_TOKEN or ~/.ray/auth_token)")
+    command.add_argument(
+        "--auth-token", help="Ray cluster token (default: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -190,7 +196,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(handler=_run)
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint (same MLflow run)")
-    resume.add_argument("target", help="MLflow run id, or a checkpoint folder (a run's or one round's)")
+    resume.add_argument(
+        "target", nargs="?", help="MLflow run id, or a checkpoint folder; none: list the runs that can be resumed"
+    )
     resume.add_argument("--tracking-uri", help="where to look the run id up (default: $MLFLOW_TRACKING_URI or sqlite)")
     resume.add_argument("--quiet", action="store_true", help="no progress bar")
     resume.set_defaults(handler=_resume)
@@ -263,12 +271,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Errors of input are one `error:` line (exit 2); Ctrl-C and SIGTERM one line saying what became of the
+    run (exit 128 + signal); credentials in URIs are redacted from both."""
     args = parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except RaysimError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    with sigterm_interrupts():
+        try:
+            return args.handler(args)
+        except KeyboardInterrupt as interrupt:
+            number = getattr(interrupt, "signal_number", signal.SIGINT)
+            print(redact_text(str(interrupt)) or f"interrupted by {signal.Signals(number).name}", file=sys.stderr)
+            return 128 + number
+        except RaysimError as error:
+            print(f"error: {redact_text(str(error))}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

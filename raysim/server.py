@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raysim.errors import RaysimError
+from raysim.tracking.credentials import redact
 
 
 class ServerError(RaysimError):
@@ -48,6 +49,16 @@ class ServerSettings:
                 destination = str(Path(destination).resolve())
             command += ["--serve-artifacts", "--artifacts-destination", destination]
         return command + ["--host", self.host, "--port", str(self.port), "--workers", str(self.workers)]
+
+
+def _group_alive(process: subprocess.Popen) -> bool:
+    """Whether any process of the group `process` leads is left (the leader reaped if it exited)."""
+    process.poll()
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def server_env() -> dict[str, str]:
@@ -85,15 +96,20 @@ class TrackingServer:
         self.stop()
         raise ServerError(f"mlflow server not healthy at {self.settings.url} after {timeout_s:.0f} s")
 
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+    def stop(self, wait_s: float = 15.0) -> None:
+        """SIGTERM to the server's whole process group (its workers too, even when the leader has already
+        exited), SIGKILL to whatever is left after `wait_s`."""
+        if self.process is None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and _group_alive(self.process):
+                time.sleep(0.1)
+        self.process.wait()
 
     def __enter__(self) -> TrackingServer:
         return self.start()
@@ -102,8 +118,17 @@ class TrackingServer:
         self.stop()
 
 
-def serve(settings: ServerSettings) -> int:
-    """Run the server in the foreground until interrupted."""
-    print(f"MLflow tracking server on {settings.url} (backend {settings.backend_store_uri}, "
-          f"artifacts {settings.artifacts_destination or 'not served'})", flush=True)  # fmt: skip
-    return subprocess.call(settings.command(), env=server_env())
+def serve(settings: ServerSettings, what: str = "MLflow tracking server") -> int:
+    """Run the server in the foreground until Ctrl-C or SIGTERM, then stop it with every process it started
+    (the server runs in its own process group, so nothing is left holding the port)."""
+    from raysim.errors import sigterm_interrupts
+
+    artifacts = f", artifacts {settings.artifacts_destination}" if settings.artifacts_destination else ""
+    print(f"{what} on {settings.url} (backend {redact(settings.backend_store_uri)}{artifacts})", flush=True)
+    server = TrackingServer(settings)
+    with sigterm_interrupts():
+        try:
+            server.process = subprocess.Popen(settings.command(), env=server_env(), start_new_session=True)
+            return server.process.wait()
+        finally:
+            server.stop()

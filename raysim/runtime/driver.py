@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import ray
+import torch
 import yaml
 from rich.console import Console
 from rich.progress import (
@@ -33,12 +37,12 @@ from rich.progress import (
 from raysim.algorithms import ClientInfo, build_algorithm
 from raysim.algorithms.base import ServerData
 from raysim.attacks import AttackPlan, attack_plan
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
 from raysim.data.meta_partition import MetaSettings, server_indices
 from raysim.data.partitions import label_counts
 from raysim.data.sources import Dataset
-from raysim.errors import ConfigError, RaysimError
+from raysim.errors import ConfigError, Interrupted, RaysimError, sigterm_interrupts
 from raysim.metrics import ClientEvaluation, mean_client_metrics, summarize
 from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
@@ -46,6 +50,7 @@ from raysim.runtime.exact_sum import UploadRangeError
 from raysim.runtime.host import DROPPED, UPLINK_BYTES, ClientHost, ModelSpec
 from raysim.runtime.placement import HostPlacement, check_capacity, default_num_hosts
 from raysim.seeding import Stream, rng, torch_seed
+from raysim.tracking.credentials import connect_uri, redact, redact_text
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.reports import (
     write_client_table,
@@ -153,6 +158,30 @@ def assign_to_hosts(clients: list[tuple[ClientInfo, ClientSplit]], num_hosts: in
     return [sorted(ids) for ids in owned if ids]
 
 
+def host_layout(
+    runtime: RuntimeSettings,
+    clients: list[tuple[ClientInfo, ClientSplit]],
+    available: dict[str, float],
+    cluster: dict[str, float],
+) -> list[list[int]]:
+    """The clients each host actor owns: `runtime.num_hosts` hosts (default: as many as the `available`
+    resources hold), refused with one line naming the keys when the `cluster` cannot hold them all."""
+    num_hosts = runtime.num_hosts or default_num_hosts(runtime, available)
+    layout = assign_to_hosts(clients, min(num_hosts, len(clients)))
+    check_capacity(runtime, len(layout), cluster)
+    return layout
+
+
+def new_local_ray(runtime: RuntimeSettings) -> dict[str, float] | None:
+    """The CPUs and GPUs of the local Ray this run will start, or None when it joins a running Ray or a
+    cluster (whose capacity is known only once connected)."""
+    if ray.is_initialized() or runtime.address or os.environ.get("RAY_ADDRESS"):
+        return None
+    cpus = runtime.num_cpus or len(os.sched_getaffinity(0))
+    gpus = runtime.num_gpus if runtime.num_gpus is not None else torch.cuda.device_count()
+    return {"CPU": float(cpus), "GPU": float(gpus)}
+
+
 def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list[int]:
     """S^t: uniform without replacement from a stream keyed by the round (full participation if s = m)."""
     if per_round >= num_clients:
@@ -168,38 +197,57 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
         yield
         return
     address = config.runtime.address or os.environ.get("RAY_ADDRESS")
-    if address:
+    local = new_local_ray(config.runtime)
+    main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main_thread else None
+    if local is None:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
         ray.init(
             address="local",
-            num_cpus=config.runtime.num_cpus,
+            num_cpus=int(local["CPU"]),
             num_gpus=config.runtime.num_gpus,
             object_store_memory=config.runtime.object_store_mb * 2**20,
             include_dashboard=False,
             logging_level=logging.WARNING,
         )
     try:
-        yield
+        with sigterm_interrupts():  # ray.init installed a SIGTERM handler that exits on the spot
+            yield
     finally:
         ray.shutdown()
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+class NoUsableUpload(RaysimError):
+    """Every selected client's upload was dropped for too many rounds in a row (runtime.max_empty_rounds)."""
+
+
+class RecoveryError(RaysimError):
+    """An actor that died was not back within runtime.restore_timeout_s; the message names it."""
 
 
 class Simulation:
     """The actors of one run and the round loop over them."""
 
-    def __init__(self, config: ExperimentConfig, problem: Problem):
+    def __init__(self, config: ExperimentConfig, problem: Problem, host_clients: list[list[int]]):
+        """`host_clients`: the clients each host owns (`host_layout`)."""
         self.config = config
         self.uplink_total = 0
         self.downlink_total = 0
+        self.empty_rounds = 0
+        """Consecutive rounds in which every selected upload was dropped (runtime.on_nonfinite = drop_client)."""
         runtime = config.runtime
-        num_hosts = runtime.num_hosts or default_num_hosts(runtime, ray.available_resources())
-        self.host_clients = assign_to_hosts(problem.clients, min(num_hosts, len(problem.clients)))
-        check_capacity(runtime, len(self.host_clients), ray.cluster_resources())
+        self.host_clients = host_clients
         by_id = {info.id: (info, split) for info, split in problem.clients}
         x_ref, y_ref, init_ref = ray.put(problem.x), ray.put(problem.y), ray.put(problem.init_params)
         server_ref = ray.put(problem.server_data)
-        self._refs = (x_ref, y_ref, init_ref, server_ref)  # kept alive: a restarted actor is built from them again
+        clients_refs = [ray.put([by_id[c] for c in ids]) for ids in host_clients]
+        # Every constructor argument is a reference the driver keeps alive: Ray re-runs a restarted actor's
+        # constructor with its original arguments, and a large inline argument (a host's client list is
+        # ~280 KB on Fashion-MNIST) would have been freed after the first construction.
+        self._refs = (x_ref, y_ref, init_ref, server_ref, *clients_refs)
         self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
         host_actor = ray.remote(ClientHost)
         self.hosts = [
@@ -215,7 +263,7 @@ class Simulation:
                 problem.model_spec,
                 x_ref,
                 y_ref,
-                [by_id[c] for c in ids],
+                clients_refs[index],
                 init_ref,
                 config.seed,
                 runtime.torch_threads,
@@ -274,6 +322,7 @@ class Simulation:
                 record_refs.append(records)
         records = [r for host_records in ray.get(record_refs) for r in host_records]
         self.dropped = [r["client_id"] for r in records if r.pop(DROPPED, 0.0)]
+        self._check_usable(round_index, len(selected))
         trained = time.perf_counter()
         server_metrics = ray.get(self.coordinator.aggregate.remote(*partials))
         aggregated = time.perf_counter()
@@ -287,6 +336,18 @@ class Simulation:
             "time/clients": trained - start,
             "time/aggregation": aggregated - trained,
         }
+
+    def _check_usable(self, round_index: int, selected: int) -> None:
+        """A round whose every upload was dropped moves nothing: after runtime.max_empty_rounds of them in a
+        row the run stops, as a non-finite upload stops it with on_nonfinite = stop."""
+        self.empty_rounds = self.empty_rounds + 1 if len(self.dropped) == selected else 0
+        limit = self.config.runtime.max_empty_rounds
+        if self.empty_rounds > limit:
+            raise NoUsableUpload(
+                f"round {round_index}: all {selected} selected uploads were non-finite and dropped"
+                + (f", {self.empty_rounds} rounds in a row" if limit else "")
+                + f" (runtime.on_nonfinite=drop_client, runtime.max_empty_rounds={limit})"
+            )
 
     def _state_memory(self) -> dict[str, float]:
         """The hosts' state/* counts summed (runtime.state_memory_mb set: how many client states spilled)."""
@@ -332,20 +393,36 @@ class Simulation:
             + [self.coordinator.save_checkpoint.remote(str(directory / "coordinator.npz"))]
         )
 
-    def restore_checkpoint(self, directory: Path, wait_s: float = 120.0) -> None:
-        """Load a checkpoint into every actor, waiting for actors that Ray is restarting (max_restarts)."""
+    def restore_checkpoint(self, directory: Path) -> None:
+        """Load a checkpoint into every actor, waiting up to runtime.restore_timeout_s for the actors Ray is
+        restarting (runtime.max_restarts); a RecoveryError names those that did not come back."""
+        wait_s = self.config.runtime.restore_timeout_s
+        actors = {f"host {i}": host for i, host in enumerate(self.hosts)} | {"coordinator": self.coordinator}
+
+        def restore(name: str) -> ray.ObjectRef:
+            if name == "coordinator":
+                return self.coordinator.restore_checkpoint.remote(str(directory / "coordinator.npz"))
+            return actors[name].restore_checkpoint.remote(str(directory))
+
+        pending = {name: restore(name) for name in actors}
         deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                ray.get(
-                    [host.restore_checkpoint.remote(str(directory)) for host in self.hosts]
-                    + [self.coordinator.restore_checkpoint.remote(str(directory / "coordinator.npz"))]
+        while pending:
+            done, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=1.0)
+            for name, ref in list(pending.items()):
+                if ref not in done:
+                    continue
+                try:
+                    ray.get(ref)
+                    del pending[name]
+                except ray.exceptions.RayActorError:  # still restarting: ask again shortly
+                    time.sleep(0.5)
+                    pending[name] = restore(name)
+            if pending and time.monotonic() > deadline:
+                raise RecoveryError(
+                    f"{', '.join(pending)} not back {wait_s:g} s after dying (Ray restarts an actor at most "
+                    f"runtime.max_restarts={self.config.runtime.max_restarts} times; wait longer with "
+                    "runtime.restore_timeout_s)"
                 )
-                return
-            except ray.exceptions.RayActorError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
 
     def close(self, wait_s: float = 10.0) -> None:
         """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup)."""
@@ -369,6 +446,10 @@ def _progress(console: Console | None) -> Progress:
     )
 
 
+DRIVER_TAG = "raysim.driver"
+"""Run tag: `host:pid` of the driver process that writes the run."""
+
+
 class DivergenceError(RaysimError):
     """A client's upload had NaN/inf (runtime.on_nonfinite = stop); the message names the round and client."""
 
@@ -379,17 +460,74 @@ def run_experiment(
     inspect=None,
     parent: str | None = None,
     resume: Path | None = None,
+    tracking_uri: str | None = None,
 ) -> RunResult:
     """Run one experiment end to end and log it to MLflow.
 
     `inspect(round_index, simulation)`, if given, is called after every round (tests use it to check
     invariants on live state). `parent` is the MLflow run id to nest this run under (raysim.suite).
-    `resume` is a checkpoint folder: the same MLflow run continues from it (see `resume_experiment`).
+    `resume` is a checkpoint folder: the same MLflow run continues from it (see `resume_experiment`), logged
+    to `tracking_uri` if given, else to the URI the checkpoint names.
+
+    Everything that can be refused is checked before Ray or MLflow work: the data and partition, the hosts
+    against a new local Ray's CPUs and GPUs, and the tracking store's reachability (joining a cluster, the
+    hosts are checked once connected, still before the MLflow run is created).
     """
     problem = prepare(config)
+    local = new_local_ray(config.runtime)
+    if local is not None:
+        host_layout(config.runtime, problem.clients, local, local)
     manifest = checkpoint.read_manifest(resume) if resume is not None else None
-    uri = manifest["tracking_uri"] if manifest else resolve_tracking_uri(config.tracking.uri)
-    writer = MlflowWriter(uri, config.tracking.experiment)
+    uri = tracking_uri or (manifest["tracking_uri"] if manifest else resolve_tracking_uri(config.tracking.uri))
+    writer = MlflowWriter(uri, config.tracking.experiment, connect_timeout_s=config.tracking.connect_timeout_s)
+    result = RunResult(None, malicious=sorted(problem.malicious))
+    console = Console(stderr=True) if show_progress else None
+    rounds: _Rounds | None = None
+    timeout = config.tracking.flush_timeout_s
+    try:
+        with ray_session(config):
+            layout = host_layout(config.runtime, problem.clients, ray.available_resources(), ray.cluster_resources())
+            result.run_id = _open_run(config, problem, writer, manifest, parent)
+            if console:
+                verb = f"resuming from {resume}" if resume else "run"
+                console.print(
+                    f"[bold]raysim[/] {config.algorithm.name} on {config.dataset.name}: {verb} {result.run_id} "
+                    f"at {writer.shown_uri}"
+                )
+            rounds = _Rounds(config, writer, result, console, inspect, problem, resume)
+            if manifest is None:
+                _write_partition_summary(config, problem, writer)
+            simulation = Simulation(config, problem, layout)
+            writer.set_tags({"raysim.hosts": str(len(simulation.hosts))})
+            try:
+                rounds.run(simulation)
+            finally:
+                simulation.close()
+        _write_artifacts(config, problem, writer, result)
+    except (UploadRangeError, NoUsableUpload) as error:
+        message = str(getattr(error, "cause", None) or error).strip().splitlines()[-1]
+        writer.set_tags({"raysim.error": message})
+        writer.finish("FAILED", timeout)
+        kept = f"; last good checkpoint {rounds.latest}" if rounds is not None and rounds.latest else ""
+        switch = "" if isinstance(error, NoUsableUpload) else " (runtime.on_nonfinite=stop)"
+        raise DivergenceError(f"run {result.run_id} stopped: {message}{kept}{switch}") from None
+    except KeyboardInterrupt as interrupt:
+        raise _interrupted(interrupt, config, writer, result, rounds) from None
+    except BaseException as error:
+        if result.run_id is not None:
+            writer.set_tags({"raysim.error": redact_text(str(error).strip().splitlines()[-1] if str(error) else
+                                                         type(error).__name__)})  # fmt: skip
+        writer.finish("FAILED", timeout)
+        raise
+    writer.finish("FINISHED", timeout)
+    return result
+
+
+def _open_run(
+    config: ExperimentConfig, problem: Problem, writer: MlflowWriter, manifest: dict | None, parent: str | None
+) -> str:
+    """Create the MLflow run (or reopen a resumed one), tagged with this driver's host and process id so that a
+    run whose driver was killed outright (it stays RUNNING) can be told apart (`raysim resume` lists them)."""
     if manifest is not None:
         run_id = manifest["run_id"]
         writer.reopen(run_id)
@@ -408,43 +546,35 @@ def run_experiment(
             },
             parent=parent,
         )
-    result = RunResult(run_id, malicious=sorted(problem.malicious))
-    console = Console(stderr=True) if show_progress else None
-    if console:
-        verb = f"resuming from {resume}" if resume else "run"
-        console.print(
-            f"[bold]raysim[/] {config.algorithm.name} on {config.dataset.name}: {verb} {run_id} "
-            f"at {writer.tracking_uri}"
-        )
-    rounds = _Rounds(config, writer, result, console, inspect, problem, resume)
-    timeout = config.tracking.flush_timeout_s
-    try:
-        if manifest is None:
-            _write_partition_summary(config, problem, writer)
-        with ray_session(config):
-            simulation = Simulation(config, problem)
-            writer.set_tags({"raysim.hosts": str(len(simulation.hosts))})
-            try:
-                rounds.run(simulation)
-            finally:
-                simulation.close()
-        _write_artifacts(config, problem, writer, result)
-    except UploadRangeError as error:
-        message = str(getattr(error, "cause", None) or error).strip().splitlines()[-1]
-        writer.set_tags({"raysim.error": message})
-        writer.finish("FAILED", timeout)
-        kept = f"; last good checkpoint {rounds.latest}" if rounds.latest else ""
-        raise DivergenceError(f"run {run_id} stopped: {message}{kept} (runtime.on_nonfinite=stop)") from None
-    except BaseException:
-        writer.finish("FAILED" if result.history else "KILLED", timeout)
-        raise
-    writer.finish("FINISHED", timeout)
-    return result
+    writer.set_tags({DRIVER_TAG: f"{socket.gethostname()}:{os.getpid()}"})
+    return run_id
+
+
+def _interrupted(
+    interrupt: KeyboardInterrupt, config: ExperimentConfig, writer: MlflowWriter, result: RunResult, rounds
+) -> Interrupted:
+    """Ctrl-C or SIGTERM: the run is marked KILLED (what it had logged stays) and the user is told how to go
+    on; one line, no traceback (raysim.cli)."""
+    number = getattr(interrupt, "signal_number", signal.SIGINT)
+    name = signal.Signals(number).name
+    done = max(result.history, default=0)
+    if result.run_id is None:
+        writer.finish("KILLED", 0)
+        return Interrupted(f"interrupted by {name} before the run started", number)
+    writer.set_tags({"raysim.error": f"interrupted by {name} after round {done}"})
+    writer.finish("KILLED", config.tracking.flush_timeout_s)
+    latest = rounds.latest if rounds is not None else None
+    hint = f"; continue with `raysim resume {result.run_id}`" if latest else ""
+    return Interrupted(
+        f"run {result.run_id} interrupted by {name} after round {done} of {config.rounds}: marked KILLED{hint}", number
+    )
 
 
 def resume_experiment(target: str, tracking_uri: str | None = None, show_progress: bool = True, inspect=None):
     """Continue a run from its last complete checkpoint: `target` is a checkpoint folder (a run's or one
-    round's) or an MLflow run id whose `raysim.checkpoint` tag names one."""
+    round's) or an MLflow run id whose `raysim.checkpoint` tag names one. `tracking_uri` is where to look the
+    run id up and, if given, where the run is logged (a checkpoint stores its URI with credentials redacted:
+    give them in MLflow's variables, or here)."""
     path = Path(target)
     if not path.exists():
         from mlflow.exceptions import MlflowException
@@ -452,9 +582,11 @@ def resume_experiment(target: str, tracking_uri: str | None = None, show_progres
 
         uri = resolve_tracking_uri(tracking_uri)
         try:
-            tags = MlflowClient(uri).get_run(target).data.tags
+            tags = MlflowClient(connect_uri(uri)).get_run(target).data.tags
         except MlflowException:
-            raise checkpoint.CheckpointError(f"{target}: neither a checkpoint folder nor a run id in {uri}") from None
+            raise checkpoint.CheckpointError(
+                f"{target}: neither a checkpoint folder nor a run id in {redact(uri)}"
+            ) from None
         if "raysim.checkpoint" not in tags:
             raise checkpoint.CheckpointError(f"run {target} has no checkpoint (tracking.checkpoint_every was 0)")
         path = Path(tags["raysim.checkpoint"]).parent
@@ -462,7 +594,57 @@ def resume_experiment(target: str, tracking_uri: str | None = None, show_progres
     from raysim.config import validate_config
 
     config = validate_config(yaml.safe_load(checkpoint.read_manifest(directory)["config"]))
-    return run_experiment(config, show_progress, inspect, resume=directory)
+    return run_experiment(config, show_progress, inspect, resume=directory, tracking_uri=tracking_uri)
+
+
+@dataclass(frozen=True)
+class ResumableRun:
+    """A run that did not finish and has a checkpoint to continue from."""
+
+    run_id: str
+    experiment: str
+    status: str
+    driver: str
+    """`alive (host:pid)`, `gone (host:pid)` (killed outright: the run still says RUNNING), or `on host` when
+    the driver ran on another machine."""
+    checkpoint: str
+    started: float
+
+
+def resumable_runs(tracking_uri: str | None = None) -> list[ResumableRun]:
+    """Every run of the tracking store that has a checkpoint and is not FINISHED, newest first. A driver
+    killed with SIGKILL cannot mark its run: it stays RUNNING, and `driver` says whether its process is gone."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(connect_uri(resolve_tracking_uri(tracking_uri)))
+    experiments = {e.experiment_id: e.name for e in client.search_experiments()}
+    found = []
+    for run in client.search_runs(list(experiments), "attributes.status != 'FINISHED'", max_results=1000):
+        tags = run.data.tags
+        if "raysim.checkpoint" not in tags:
+            continue
+        found.append(
+            ResumableRun(
+                run.info.run_id, experiments[run.info.experiment_id], run.info.status,
+                _driver_state(tags.get(DRIVER_TAG, "")), tags["raysim.checkpoint"], run.info.start_time / 1000,
+            )
+        )  # fmt: skip
+    return sorted(found, key=lambda r: -r.started)
+
+
+def _driver_state(tag: str) -> str:
+    host, _, pid = tag.rpartition(":")
+    if not pid.isdigit():
+        return "unknown"
+    if host != socket.gethostname():
+        return f"on {host}"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return f"gone ({tag})"
+    except PermissionError:
+        pass
+    return f"alive ({tag})"
 
 
 def benign_summary(
@@ -504,7 +686,7 @@ class _Rounds:
             {
                 "run_id": self.result.run_id,
                 "round": step,
-                "tracking_uri": self.writer.tracking_uri,
+                "tracking_uri": self.writer.shown_uri,
                 "config": self.config.to_yaml(),
                 "history": self.result.history,
                 "uplink_total": simulation.uplink_total,

@@ -6,6 +6,8 @@ exactly one process, the driver, writes, with one `log_batch` per round.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import math
 import os
@@ -15,10 +17,17 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from raysim.errors import RaysimError
+from raysim.tracking.credentials import connect_uri, redact
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # log_batch limits
@@ -27,6 +36,63 @@ MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # log_batch limits
 def resolve_tracking_uri(configured: str | None) -> str:
     """The config's `tracking.uri`, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir."""
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+class TrackingError(RaysimError):
+    """The tracking store cannot be reached or used; the message names the (redacted) URI."""
+
+
+def _auth_headers() -> dict[str, str]:
+    """The credentials MLflow itself would send (MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD)."""
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    if token:
+        return {"Authorization": f"Bearer {token}"}
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user is not None and password is not None:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    return {}
+
+
+def check_reachable(uri: str, timeout_s: float) -> None:
+    """Fail within `timeout_s` with one line naming the URI when the tracking store cannot be used, before a
+    run starts anything (MLflow's own client retries an unreachable server for minutes). `uri` is the one
+    MLflow is given (credentials already moved out of it, see credentials.connect_uri)."""
+    parts = urllib.parse.urlsplit(uri)
+    shown = redact(uri)
+    if parts.scheme in ("http", "https"):
+        query = urllib.parse.urlencode({"experiment_name": "Default"})
+        request = urllib.request.Request(
+            f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?{query}", headers=_auth_headers()
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s):
+                return
+        except urllib.error.HTTPError as error:
+            if error.code == 404 and _is_mlflow_answer(error):
+                return  # an MLflow server without that experiment: reachable
+            if error.code in (401, 403):
+                raise TrackingError(
+                    f"tracking.uri {shown}: the server refused the credentials (HTTP {error.code}); give them "
+                    "in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN"
+                ) from None
+            raise TrackingError(f"tracking.uri {shown}: not an MLflow tracking server (HTTP {error.code})") from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise TrackingError(
+                f"tracking.uri {shown}: MLflow server not reachable within {timeout_s:g} s ({reason}); start it "
+                "(`raysim server`) or fix tracking.uri / $MLFLOW_TRACKING_URI (wait: tracking.connect_timeout_s)"
+            ) from None
+    elif parts.scheme == "sqlite" and parts.path not in ("", "/", "/:memory:"):
+        folder = Path(parts.path[1:] if uri.startswith("sqlite:///") else parts.path).parent
+        if not folder.is_dir():
+            raise TrackingError(f"tracking.uri {shown}: folder {folder} does not exist")
+
+
+def _is_mlflow_answer(error: urllib.error.HTTPError) -> bool:
+    try:
+        return "error_code" in json.loads(error.read() or b"{}")
+    except ValueError:
+        return False
 
 
 def git_commit() -> str:
@@ -45,11 +111,19 @@ class MlflowWriter:
     retried (with backoff) until it succeeds, and before a metric batch is re-sent the writer asks the
     server whether the failed attempt landed after all, so every metric point arrives exactly once."""
 
-    def __init__(self, tracking_uri: str, experiment: str, retry_max_s: float = 10.0):
+    def __init__(self, tracking_uri: str, experiment: str, retry_max_s: float = 10.0, connect_timeout_s: float = 10.0):
+        """Checks at once that the store is usable (`check_reachable`, up to `connect_timeout_s`)."""
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        """As given (credentials included: other processes of the run connect with it); never shown."""
+        uri = connect_uri(tracking_uri)
+        check_reachable(uri, connect_timeout_s)
+        try:
+            self.client = MlflowClient(uri)
+            found = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        except MlflowException as error:
+            message = redact(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+            raise TrackingError(f"tracking.uri {self.shown_uri}: {message}") from None
         self.run_id: str | None = None
         self.retry_max_s = retry_max_s
         self.failures = 0
@@ -58,6 +132,11 @@ class MlflowWriter:
         self._files = tempfile.TemporaryDirectory(prefix="raysim-artifacts-")
         self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
         self._thread.start()
+
+    @property
+    def shown_uri(self) -> str:
+        """The tracking URI as printed and stored anywhere: credentials redacted."""
+        return redact(self.tracking_uri) or ""
 
     def start(
         self, run_name: str | None, params: dict[str, object], tags: dict[str, str], parent: str | None = None
@@ -117,7 +196,7 @@ class MlflowWriter:
         if not self.flush(timeout):
             logging.getLogger(__name__).warning(
                 "MLflow at %s unreachable: %d queued requests not sent (tracking.flush_timeout_s=%s)",
-                self.tracking_uri,
+                self.shown_uri,
                 self._queue.unfinished_tasks,
                 timeout,
             )

@@ -1,0 +1,150 @@
+"""Signals as users send them to real `raysim` processes: Ctrl-C (SIGINT to the process group, as a terminal
+does), SIGTERM (kill, a job scheduler, `ray job stop`), SIGKILL of the driver; and SIGTERM to `raysim ui` and
+`raysim server`, which must not leave the MLflow server holding its port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from raysim.cli import main
+from raysim.procmem import descendants
+from tests.conftest import tiny_config
+
+RAYSIM = str(Path(sys.executable).parent / "raysim")
+
+
+def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    """`raysim run` of a long tiny experiment with a checkpoint every round, in its own process group; returns
+    once a checkpoint of round 2 or later is complete."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    data = tiny_config(
+        rounds=10_000,
+        runtime={"num_hosts": 2, "num_cpus": 2},
+        tracking={"experiment": "signals", "uri": uri, "checkpoint_every": 1, "checkpoint_dir": str(tmp_path / "ck")},
+    )
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+    with open(tmp_path / "stderr.txt", "w") as stderr:  # a file: a pipe nobody reads would fill and block
+        driver = subprocess.Popen(
+            [RAYSIM, "run", str(tmp_path / "run.yaml")], stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while max((int(m.parent.name[6:]) for m in (tmp_path / "ck").glob("*/round-*/manifest.json")), default=0) < 2:
+        if driver.poll() is not None or time.monotonic() > deadline:
+            driver.kill()
+            raise AssertionError(f"run did not reach round 2: {_stderr(tmp_path)[-2000:]}")
+        time.sleep(0.2)
+    return driver, uri
+
+
+def _stderr(tmp_path: Path) -> str:
+    return (tmp_path / "stderr.txt").read_text()
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """The processes of `pids` still running (zombies awaiting their reaper do not count)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def _run_record(uri: str):
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("signals").experiment_id])
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_is_marked_killed_with_one_line(tmp_path, sig):
+    driver, uri = _start_run(tmp_path)
+    started = descendants(driver.pid)  # the driver, the local Ray it started, its actors
+    assert len(started) > 3
+    if sig == signal.SIGINT:
+        os.killpg(driver.pid, sig)  # Ctrl-C: the terminal signals the whole foreground process group
+    else:
+        os.kill(driver.pid, sig)
+    driver.wait(timeout=120)
+    err = _stderr(tmp_path)
+    assert driver.returncode == 128 + sig, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    run = _run_record(uri)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"run {run.info.run_id} interrupted by {sig.name} after round "), last
+    assert last.endswith(f"marked KILLED; continue with `raysim resume {run.info.run_id}`"), last
+    assert run.info.status == "KILLED"
+    assert run.data.tags["raysim.error"].startswith(f"interrupted by {sig.name}")
+    deadline = time.monotonic() + 30  # Ray's workers notice their raylet is gone within seconds
+    while _alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(started), "processes of the run left behind"
+
+
+@pytest.mark.slow
+def test_runs_of_killed_drivers_are_listed_for_resume(tmp_path, capsys):
+    driver, uri = _start_run(tmp_path)
+    os.killpg(driver.pid, signal.SIGKILL)  # nothing can catch this: the run stays RUNNING
+    driver.wait(timeout=60)
+    run = _run_record(uri)
+    assert run.info.status == "RUNNING"
+    assert main(["resume", "--tracking-uri", uri]) == 0
+    listing = capsys.readouterr().out
+    (line,) = [row for row in listing.splitlines() if row.startswith(run.info.run_id)]
+    assert "RUNNING" in line and f"gone ({socket.gethostname()}:{driver.pid})" in line
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["ui", "server"])
+def test_sigterm_stops_the_mlflow_server_and_frees_its_port(tmp_path, command):
+    port = _free_port()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = ["--tracking-uri", uri] if command == "ui" else ["--backend-store-uri", uri, "--artifacts-destination",
+                                                               str(tmp_path / "artifacts")]  # fmt: skip
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        process = subprocess.Popen([RAYSIM, command, "--port", str(port), *store], cwd=tmp_path,
+                                   stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not _listening(port):
+            assert process.poll() is None and time.monotonic() < deadline, _stderr(tmp_path)[-2000:]
+            time.sleep(0.3)
+        started = descendants(process.pid)
+        assert len(started) > 1  # the MLflow server and its workers
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    err = _stderr(tmp_path)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
+    assert not _listening(port)
+    assert not _alive(started), "server processes left"
