@@ -1,6 +1,7 @@
 """Ray job entrypoint: a sweep (concurrent trials), its config carried in $RAYSIM_JOB_CONFIG (see raysim.jobs).
 
-Run from the job's working directory (the shipped project), whose raysim package it imports first.
+Run from the job's working directory (the shipped project), whose raysim package it imports first and
+entirely (the job's log ends with `raysim code: FOLDER`, where its raysim modules came from).
 """
 
 import sys

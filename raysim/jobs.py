@@ -9,38 +9,50 @@ finds the cluster through $RAY_ADDRESS as any driver does.
 
 The MLflow tracking URI goes to the job as $MLFLOW_TRACKING_URI: `--tracking-uri`, else the config's
 `tracking.uri`, else the submitter's $MLFLOW_TRACKING_URI. Use a tracking server (`raysim server`) that
-the cluster's nodes can reach; a relative sqlite path would land in the job's temporary directory.
+the cluster's nodes can reach; a relative sqlite path would land in the job's temporary directory. Credentials
+in it are never shipped (Ray keeps a job's runtime env and shows it): see shipped_tracking_uri. The job's log
+ends with `raysim code: FOLDER`, where its raysim modules came from (the shipped working dir).
 
-Token authentication (on by default in Ray 2.60): the dashboard's job API wants the cluster's token as
+`python -m raysim.jobs stop-nodes DIR` stops the Ray nodes started on this machine with `ray start --temp-dir
+DIR` and nothing else (`ray stop` stops every Ray instance of the machine).
+
+Token authentication (Ray 2.60): the dashboard's job API of a cluster with a token wants it as
 `Authorization: Bearer TOKEN`. It is read from `--auth-token`, $RAY_AUTH_TOKEN, the file named by
-$RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (where `ray start` / `ray get-auth-token --generate` put it);
-with $RAY_AUTH_MODE=disabled no token is sent.
+$RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (where `ray get-auth-token --generate` puts one); with
+$RAY_AUTH_MODE=disabled no token is sent. A refused or missing token is a JobError naming these places.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
 
 from raysim.errors import RaysimError
+from raysim.tracking.credentials import connect_uri, has_credentials, redact, redact_text
 
 Kind = Literal["experiment", "sweep"]
 CONFIG_ENV = "RAYSIM_JOB_CONFIG"
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-EXCLUDES = [".venv", ".git", "mlruns", "mlartifacts", "*.db", "__pycache__", ".pytest_cache", ".ruff_cache",
-            ".hypothesis", "*.egg-info", "runs", "data"]  # fmt: skip
+# gitignore patterns (Ray's packaging, ray._private.runtime_env.packaging): a leading "/" anchors a pattern to
+# the project root, so that raysim/data/ (the dataset code) ships while ./data (downloaded datasets) does not.
+EXCLUDES = ["/.venv", "/.git", "/mlruns", "/mlartifacts", "*.db", "__pycache__", "/.pytest_cache", "/.ruff_cache",
+            "/.hypothesis", "*.egg-info", "/runs", "/data", "/checkpoints"]  # fmt: skip
 RUN_ID = re.compile(r"\brun ([0-9a-f]{32})\b")
+TOKEN_HELP = "give the cluster's token with --auth-token, $RAY_AUTH_TOKEN or ~/.ray/auth_token (`ray get-auth-token` on the head prints it)"  # noqa: E501
 
 
 class JobError(RaysimError):
@@ -49,47 +61,126 @@ class JobError(RaysimError):
 
 def auth_token(explicit: str | None = None) -> str | None:
     """The cluster token to send, or None (auth disabled, or no token anywhere)."""
+    return _token_and_source(explicit)[0]
+
+
+def _token_and_source(explicit: str | None) -> tuple[str | None, str]:
+    """(token or None, where it came from) in the order --auth-token, $RAY_AUTH_TOKEN, token file."""
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
-        return None
-    if explicit or os.environ.get("RAY_AUTH_TOKEN"):
-        return explicit or os.environ["RAY_AUTH_TOKEN"]
+        return None, "none sent: $RAY_AUTH_MODE=disabled"
+    if explicit:
+        return explicit, "--auth-token"
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"], "$RAY_AUTH_TOKEN"
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    return path.read_text().strip() if path.is_file() else None
+    if path.is_file():
+        return path.read_text().strip(), str(path)
+    return None, f"none sent: no --auth-token, no $RAY_AUTH_TOKEN, no {path}"
 
 
 def job_client(address: str | None = None, token: str | None = None):
-    """A JobSubmissionClient for `address` (default $RAY_ADDRESS if it is http(s), else 127.0.0.1:8265)."""
+    """A JobSubmissionClient for `address` (default $RAY_ADDRESS if it is http(s), else 127.0.0.1:8265); a
+    refused or missing token is a JobError saying where the token was looked for, not a Ray traceback."""
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     env_address = os.environ.get("RAY_ADDRESS", "")
     address = address or (env_address if env_address.startswith("http") else DEFAULT_ADDRESS)
-    found = auth_token(token)
+    found, source = _token_and_source(token)
     headers = {"Authorization": f"Bearer {found}"} if found else None
     try:
         return JobSubmissionClient(address, headers=headers)
+    except AuthenticationError:
+        what = f"the token from {source}" if found else f"the request (token: {source})"
+        raise JobError(f"--address {address}: the Ray cluster refused {what}; {TOKEN_HELP}") from None
     except (ConnectionError, RuntimeError) as error:
         raise JobError(f"--address {address}: cannot reach the Ray job API ({str(error).splitlines()[0]})") from None
 
 
+def _tracking_uri(explicit: str | None, configured: str | None) -> str:
+    return explicit or configured or os.environ.get("MLFLOW_TRACKING_URI", "")
+
+
+def shipped_tracking_uri(uri: str) -> tuple[str, str | None]:
+    """(the URI a job may carry, a warning or None). A job's runtime env and config are stored by Ray and shown
+    by its dashboard, so credentials never go in: an http(s) server's are dropped (the job gets them on the
+    cluster from MLflow's own variables), and a database password cannot reach a job at all."""
+    if not has_credentials(uri):
+        return uri, None
+    shown = redact(uri) or ""
+    if urlsplit(uri).scheme not in ("http", "https"):
+        raise JobError(
+            f"tracking URI {shown}: a database password cannot be shipped with a job; run a tracking server on "
+            "that database (`raysim server --backend-store-uri ...`) and submit with --tracking-uri http://SERVER:5000"
+        )
+    return shown, (
+        f"the tracking URI's credentials are not shipped (the job gets {shown}): set MLFLOW_TRACKING_USERNAME and "
+        "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment of `ray start` on the cluster's nodes"
+    )
+
+
 def job_config_yaml(kind: Kind, path: str | Path, overrides: list[str], tracking_uri: str | None) -> tuple[str, str]:
-    """(validated config as self-contained YAML, tracking URI for the job or '') for the job to carry."""
+    """(validated config as self-contained YAML, tracking URI for the job or '') for the job to carry; both
+    without credentials (see shipped_tracking_uri)."""
+    return _carried_config(kind, path, overrides, tracking_uri)[:2]
+
+
+def _carried_config(
+    kind: Kind, path: str | Path, overrides: list[str], tracking_uri: str | None
+) -> tuple[str, str, str | None]:
+    """job_config_yaml's pair plus the warning of shipped_tracking_uri."""
     if kind == "experiment":
         from raysim.config import load_config
 
         config = load_config(path, overrides)
-        uri = tracking_uri or config.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        uri, warning = shipped_tracking_uri(_tracking_uri(tracking_uri, config.tracking.uri))
         if uri:
             config = config.model_copy(update={"tracking": config.tracking.model_copy(update={"uri": uri})})
-        return config.to_yaml(), uri
+        return redact_text(config.to_yaml()), uri, warning
     from raysim.sweep import load_sweep
 
     sweep = load_sweep(path, overrides)
     base = sweep.base_tree()
-    uri = tracking_uri or (base.get("tracking") or {}).get("uri") or os.environ.get("MLFLOW_TRACKING_URI", "")
+    uri, warning = shipped_tracking_uri(_tracking_uri(tracking_uri, (base.get("tracking") or {}).get("uri")))
     if uri:
         base.setdefault("tracking", {})["uri"] = uri
     data = sweep.model_copy(update={"base": base, "base_config": None}).model_dump(mode="json", exclude_none=True)
-    return yaml.safe_dump(data, sort_keys=False), uri
+    return redact_text(yaml.safe_dump(data, sort_keys=False)), uri, warning
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a submission sends to the cluster (none of it may hold a credential) and what to tell the user."""
+
+    kind: Kind
+    entrypoint: str
+    runtime_env: dict[str, object]
+    tracking_uri: str
+    warning: str | None
+
+
+def job_spec(
+    kind: Kind,
+    path: str | Path,
+    overrides: list[str] | None = None,
+    tracking_uri: str | None = None,
+    package: bool = False,
+    env: dict[str, str] | None = None,
+) -> JobSpec:
+    """The job's entrypoint and runtime env, built without a cluster (so what is shipped can be checked)."""
+    text, uri, warning = _carried_config(kind, path, list(overrides or []), tracking_uri)
+    env_vars = {CONFIG_ENV: text, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
+    if uri:
+        env_vars["MLFLOW_TRACKING_URI"] = connect_uri(uri)  # a redacted URI loses its "***@"; nothing moves
+    runtime_env: dict[str, object] = {"env_vars": env_vars}
+    if package:
+        entrypoint = f"python -m raysim.jobs {kind}"
+    else:
+        if not (PROJECT_ROOT / "jobs" / f"{kind}.py").is_file():
+            raise JobError(f"{PROJECT_ROOT}: no jobs/{kind}.py here (an installed package? submit with --package)")
+        runtime_env |= {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES}
+        entrypoint = f"python jobs/{kind}.py"
+    return JobSpec(kind, entrypoint, runtime_env, uri, warning)
 
 
 @dataclass
@@ -97,6 +188,7 @@ class Submission:
     job_id: str
     address: str
     tracking_uri: str
+    warning: str | None = None
 
 
 def submit(
@@ -110,24 +202,14 @@ def submit(
     env: dict[str, str] | None = None,
 ) -> Submission:
     """Submit an experiment or a sweep as a Ray job; returns its id at once."""
-    text, uri = job_config_yaml(kind, path, list(overrides or []), tracking_uri)
-    env_vars = {CONFIG_ENV: text, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
-    if uri:
-        env_vars["MLFLOW_TRACKING_URI"] = uri
-    runtime_env: dict[str, object] = {"env_vars": env_vars}
-    if package:
-        entrypoint = f"python -m raysim.jobs {kind}"
-    else:
-        if not (PROJECT_ROOT / "jobs" / f"{kind}.py").is_file():
-            raise JobError(f"{PROJECT_ROOT}: no jobs/{kind}.py here (an installed package? submit with --package)")
-        runtime_env |= {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES}
-        entrypoint = f"python jobs/{kind}.py"
+    spec = job_spec(kind, path, overrides, tracking_uri, package, env)
     client = job_client(address, token)
     try:
-        job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, metadata={"raysim": kind})
+        job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env, metadata={"raysim": kind})
     except RuntimeError as error:
-        raise JobError(f"submitting to {client.get_address()} failed: {str(error).splitlines()[0]}") from None
-    return Submission(job_id, client.get_address(), uri)
+        message = redact_text(str(error).splitlines()[0])
+        raise JobError(f"submitting to {client.get_address()} failed: {message}") from None
+    return Submission(job_id, client.get_address(), spec.tracking_uri, spec.warning)
 
 
 def wait_for_run_id(client, job_id: str, timeout_s: float = 300.0) -> str | None:
@@ -171,9 +253,144 @@ def entrypoint(kind: Kind) -> int:
         return main(["run" if kind == "experiment" else "sweep", str(path)])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        print(f"raysim code: {', '.join(f'{root} ({count} modules)' for root, count in code_roots().items())}")
+
+
+def code_roots() -> dict[str, int]:
+    """The folders the loaded raysim modules came from, with how many each: one folder, the job's working dir,
+    when the shipped package is complete (a module missing from it would come from an installed raysim)."""
+    roots: dict[str, int] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if (name == "raysim" or name.startswith("raysim.")) and file:
+            where = Path(file).resolve()
+            where = where.parent if where.name == "__init__.py" else where
+            root = str(where.parents[name.count(".")])
+            roots[root] = roots.get(root, 0) + 1
+    return roots
+
+
+def _ray_package_dir() -> str:
+    import ray
+
+    return str(Path(ray.__file__).resolve().parent)
+
+
+def _is_ray_daemon(argv: list[str], ray_dir: str) -> bool:
+    """A program of the ray package, `python -m ray...`, or a process Ray renamed (`ray::...`, `ray-dashboard-...`):
+    not a user's `tail` of a log file in the temp dir."""
+    head = argv[0] if argv else ""
+    return head.startswith(("ray::", "ray-")) or any(ray_dir in arg or arg.startswith("ray.") for arg in argv[:3])
+
+
+def _parent(pid: int) -> int:
+    """The parent's pid (ValueError for a zombie: it has exited, only its exit status is left to collect)."""
+    state, parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    if state == "Z":
+        raise ValueError(f"{pid} is a zombie")
+    return int(parent)
+
+
+def _has_file_under(pid: int, root: str, only_output: bool = False) -> bool:
+    """Whether the process keeps a file open under `root` (only_output: as its stdout or stderr)."""
+    folder = Path(f"/proc/{pid}/fd")
+    try:
+        fds = [folder / "1", folder / "2"] if only_output else list(folder.iterdir())
+        links = [os.readlink(fd) for fd in fds if fd.is_symlink()]
+    except OSError:
+        return False
+    return any(link == root or link.startswith(root + "/") for link in links)
+
+
+def node_pids(temp_dir: str | Path) -> list[int]:
+    """Processes of the Ray nodes started on this machine with `ray start --temp-dir DIR`, and their children
+    (workers, agents, job drivers). Each Ray daemon of such a node names DIR on its command line or keeps its
+    log files open in it, and whatever a node starts writes its output to a log file there (a job driver, even
+    once orphaned); `ray stop` cannot tell nodes apart and stops every Ray instance of the machine."""
+    root = str(Path(temp_dir).resolve())
+    names_root = re.compile(re.escape(root) + r"(?=$|[/\s,;:'\"])")
+    ray_dir = _ray_package_dir()
+    own = {os.getpid()}
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        pid = os.getpid()
+        while pid > 1:
+            pid = _parent(pid)
+            own.add(pid)
+    children: dict[int, list[int]] = {}
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in own:
+            continue
+        pid = int(entry.name)
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            children.setdefault(_parent(pid), []).append(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+        daemon = _is_ray_daemon(argv, ray_dir)
+        if daemon and any(names_root.search(arg) for arg in argv) or _has_file_under(pid, root, only_output=not daemon):
+            found.add(pid)
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found and child not in own:
+                found.add(child)
+                stack.append(child)
+    return sorted(found)
+
+
+def stop_nodes(temp_dir: str | Path, grace_s: float = 10.0) -> int:
+    """Stop the Ray nodes started with `--temp-dir DIR` on this machine, and nothing else; returns how many
+    processes there were. In `ray stop`'s order: raylets, then the other daemons and workers, then the GCS (a
+    raylet whose GCS is already gone waits about 10 s before it exits); SIGKILL for what outlives `grace_s`."""
+    if not Path(temp_dir).is_dir():
+        raise JobError(f"{temp_dir}: no such folder (give the --temp-dir the nodes were started with)")
+    first = node_pids(temp_dir)
+    deadline = time.monotonic() + grace_s
+    for stage in ("raylet", None, "gcs_server"):
+        group = [pid for pid in node_pids(temp_dir) if stage is None or _program(pid) == stage]
+        group = [pid for pid in group if stage is not None or _program(pid) not in ("raylet", "gcs_server")]
+        _signal(group, signal.SIGTERM)
+        while set(group) & set(node_pids(temp_dir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    _signal(node_pids(temp_dir), signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while node_pids(temp_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = node_pids(temp_dir)
+    if left:
+        raise JobError(f"{temp_dir}: processes {left} of these nodes did not stop (another user's?)")
+    return len(first)
+
+
+def _program(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").rsplit("/", 1)[-1]
+    except OSError:
+        return ""
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m raysim.jobs experiment|sweep` (a job's entrypoint) or `stop-nodes TEMP_DIR`."""
+    if len(argv) == 2 and argv[0] == "stop-nodes":
+        try:
+            count = stop_nodes(argv[1])
+        except RaysimError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"stopped {count} Ray processes of the nodes in {argv[1]}")
+        return 0
+    if len(argv) != 1 or argv[0] not in ("experiment", "sweep"):
+        print("usage: python -m raysim.jobs experiment|sweep|stop-nodes TEMP_DIR", file=sys.stderr)
+        return 2
+    return entrypoint(argv[0])  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in ("experiment", "sweep"):
-        sys.exit("usage: python -m raysim.jobs experiment|sweep")
-    sys.exit(entrypoint(sys.argv[1]))  # type: ignore[arg-type]
+    sys.exit(_main(sys.argv[1:]))

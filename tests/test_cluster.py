@@ -1,9 +1,12 @@
-"""A real multi-node Ray cluster on 127.0.0.1: a head and two worker nodes, each its own `ray start`.
+"""A real multi-node Ray cluster on 127.0.0.1, each node its own `ray start`.
 
-The cluster runs with token authentication (a fresh random token) and a dedicated temp dir and ports,
-and the fixture stops exactly its own processes (found by its token in their environment), never
-other Ray instances on the machine. Drivers that connect to it run as
-subprocesses (a probe, or Ray Jobs), so this test process never joins it.
+The README's "Running on a cluster" recipe runs as written (read from README.md at test time) with only its
+ports, temp folder and $HOME replaced. A head and two worker nodes (LocalCluster: token authentication with a
+fresh random token, a dedicated temp dir and ports) check placement, bit-for-bit results, a submitted sweep and
+token errors. Clusters are stopped with raysim.jobs.stop_nodes (what the recipe uses), checked against an
+independent census of their processes (a marker in their environment), never touching other Ray instances
+on the machine. Drivers that connect to a cluster run as subprocesses (a probe, or Ray Jobs), so this test
+process never joins one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import secrets
 import shutil
 import signal
@@ -28,6 +32,7 @@ import numpy as np
 import pytest
 
 from raysim.config import validate_config
+from raysim.jobs import stop_nodes
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,30 +125,140 @@ class LocalCluster:
     def own_pids(self) -> list[int]:
         """Processes of this cluster: they (and every job driver, worker and agent they start) carry its
         unique token in their environment, or name its temp dir on their command line."""
-        token = f"RAY_AUTH_TOKEN={self.token}".encode()
-        marker = str(self.root).encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if token in environ.split(b"\0") or marker in cmdline:
-                found.append(int(entry.name))
-        return found
+        return processes_with(f"RAY_AUTH_TOKEN={self.token}", str(self.root))
 
     def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            for pid in self.own_pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + wait
-            while self.own_pids() and time.monotonic() < deadline:
-                time.sleep(0.3)
-        shutil.rmtree(self.root, ignore_errors=True)
+        """stop_nodes, as the README recipe does; whatever it missed is killed too and then reported."""
+        try:
+            stop_nodes(self.root)
+        finally:
+            missed = kill_all(self.own_pids)
+            shutil.rmtree(self.root, ignore_errors=True)
+        assert not missed, f"stop_nodes({self.root}) left processes {missed}"
+
+
+def processes_with(environ_entry: str, in_cmdline: str | None = None) -> list[int]:
+    """Processes (not this one) with `environ_entry` (NAME=value) in their environment, or `in_cmdline` on
+    their command line: an inherited marker finds everything a cluster started, independently of stop_nodes."""
+    wanted = environ_entry.encode()
+    marker = in_cmdline.encode() if in_cmdline else None
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0") or (marker and marker in cmdline):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_all(census, wait_s: float = 10.0) -> list[int]:
+    """Wait up to `wait_s` for the processes `census()` lists to go, SIGKILL what is left; returns those."""
+    deadline = time.monotonic() + wait_s
+    while census() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    left = census()
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while census() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    return left
+
+
+RECIPE_MARKER = "<!-- test: cluster-recipe"
+RECIPE_PORTS = {"6379": "GCS", "8265": "dashboard", "5000": "MLflow"}
+NODE_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+                   "--metrics-export-port")  # fmt: skip
+
+
+def readme_recipe() -> str:
+    """The ```bash block after the cluster-recipe marker in README.md, as written."""
+    text = (ROOT / "README.md").read_text()
+    after = text[text.index(RECIPE_MARKER) :]
+    return after.split("```bash\n", 1)[1].split("\n```", 1)[0]
+
+
+def localize(recipe: str, temp_dir: str) -> tuple[str, dict[str, int]]:
+    """The recipe with its ports (GCS, dashboard, MLflow) moved to free ports and its --temp-dir to `temp_dir`;
+    each `ray start` also gets its own agent ports (and the head its client-server port), which nodes sharing
+    one machine need and separate machines do not. Nothing else changes."""
+    script = recipe.replace("\\\n", " ")
+    ports = {old: free_port() for old in RECIPE_PORTS}
+    for old, new in ports.items():
+        assert re.search(rf"(?<![0-9]){old}(?![0-9])", script), f"README recipe lost its {RECIPE_PORTS[old]} port"
+        script = re.sub(rf"(?<![0-9]){old}(?![0-9])", str(new), script)
+    temp_dirs = set(re.findall(r"--temp-dir[ =](\S+)", script))
+    assert len(temp_dirs) == 1, f"README recipe: one --temp-dir for all nodes expected, got {temp_dirs}"
+    script = script.replace(temp_dirs.pop(), temp_dir)
+    lines = []
+    for line in script.splitlines():
+        if re.match(r"\s*ray start ", line):
+            extra = [f"{flag} {free_port()}" for flag in NODE_PORT_FLAGS]
+            if "--head" in line:
+                extra.append(f"--ray-client-server-port {free_port()}")
+            line = line.replace("ray start ", f"ray start {' '.join(extra)} ", 1)
+        lines.append(line)
+    return "\n".join(lines) + "\n", {RECIPE_PORTS[old]: new for old, new in ports.items()}
+
+
+@pytest.mark.slow
+def test_readme_cluster_recipe_runs_as_written(ray_local, tmp_path):
+    """The README recipe, from `ray start` to stopping: its job's run lands in its MLflow server with metrics,
+    imports raysim only from the shipped working dir, and stopping leaves none of its processes and every
+    other Ray process (this session's local Ray) running."""
+    from mlflow.tracking import MlflowClient
+
+    bystanders = [info.process.pid for infos in ray_local._private.worker._global_node.all_processes.values()
+                  for info in infos]  # fmt: skip
+    temp_dir = tempfile.mkdtemp(prefix="rsr-", dir="/tmp")  # short: Ray's socket paths live under it
+    home = tmp_path / "home"
+    home.mkdir()
+    script, ports = localize(readme_recipe(), temp_dir)
+    (tmp_path / "recipe.sh").write_text(script)
+    marker = f"RAYSIM_RECIPE_TEST={secrets.token_hex(8)}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+    env |= {
+        "HOME": str(home),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # as if activated
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(256 * 2**20),  # two nodes on one shared machine
+        marker.split("=")[0]: marker.split("=")[1],
+    }
+    try:
+        done = subprocess.run(["bash", "-ex", str(tmp_path / "recipe.sh")], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        out = done.stdout
+        assert done.returncode == 0, f"{out}\n{done.stderr[-5000:]}"
+        assert "Ray runtime started" in done.stderr + out
+        assert re.search(r"job \S+: SUCCEEDED", out), out
+        run_id = re.search(r"mlflow run ([0-9a-f]{32}) at http://127.0.0.1:" + str(ports["MLflow"]), out).group(1)
+        roots = re.search(r"raysim code: (.*)", out).group(1)
+        assert roots.startswith(str(Path(temp_dir).resolve())) and "," not in roots, roots  # the shipped copy only
+        assert re.search(r"stopped \d+ Ray processes", out), out
+
+        left = kill_all(lambda: processes_with(marker, temp_dir), wait_s=30)
+        assert not left, f"the recipe left processes {left}"
+        for pid in bystanders:
+            os.kill(pid, 0)  # raises if another Ray instance's process was stopped
+        assert ray_local.cluster_resources().get("CPU")
+
+        client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")  # the stopped server's store
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.tags.get("raysim.hosts") == "2"
+        history = client.get_metric_history(run_id, "pm/acc")
+        assert [m.step for m in history] == [0, 1, 2] and all(0.0 <= m.value <= 1.0 for m in history)
+        assert (home / "mlartifacts").is_dir()
+    finally:
+        with contextlib.suppress(Exception):
+            stop_nodes(temp_dir)
+        kill_all(lambda: processes_with(marker, temp_dir), wait_s=0)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def placement_config(placement: str, uri: str) -> dict:
@@ -256,6 +371,8 @@ def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
         parent = out.split("mlflow run ", 1)[1].split()[0]
         assert len(parent) == 32
         assert "sweep cluster-sweep: parent run" in out
+        roots = re.search(r"raysim code: (.*)", out).group(1)  # the job's shipped copy, not this checkout
+        assert roots.startswith(str(cluster.root.resolve())) and "," not in roots, roots
 
         assert main(["jobs", *args]) == 0
         listing = capsys.readouterr().out
@@ -281,6 +398,28 @@ def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
             assert all(0.0 <= m["value"] <= 1.0 for m in history["metrics"])
         files = {f["path"] for f in _rest(settings.url, "artifacts/list", run_id=parent).get("files", [])}
         assert {"summary.parquet", "accuracy_vs_round.png", "final_accuracy.png"} <= files
+
+
+@pytest.mark.slow
+def test_missing_or_wrong_token_is_one_error_line(cluster, tmp_path, monkeypatch, capsys):
+    from raysim.cli import main
+
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token of this machine's user
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token"))
+    (tmp_path / "exp.yaml").write_text(json.dumps(tiny_config()))
+    commands = [["jobs"], ["stop", "raysubmit_none"], ["submit", str(tmp_path / "exp.yaml")]]
+    for token in (["--auth-token", "wrong"], []):
+        for command in commands:
+            assert main([*command, "--address", cluster.dashboard, *token]) == 2, command
+            captured = capsys.readouterr()
+            assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+            assert captured.err.startswith(f"error: --address {cluster.dashboard}: the Ray cluster refused ")
+            assert all(place in captured.err for place in ("--auth-token", "$RAY_AUTH_TOKEN", "~/.ray/auth_token"))
+            assert ("the token from --auth-token" if token else "no $RAY_AUTH_TOKEN") in captured.err
+    monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
+    assert main(["jobs", "--address", cluster.dashboard]) == 0
 
 
 if __name__ == "__main__":
