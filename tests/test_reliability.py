@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
@@ -22,10 +24,11 @@ from raysim.config import validate_config
 from raysim.data import partition_dataset
 from raysim.errors import ConfigError, PartitionError
 from raysim.runtime import checkpoint
-from raysim.runtime.driver import DivergenceError, resume_experiment, run_experiment
+from raysim.runtime.driver import DivergenceError, RecoveryError, resume_experiment, run_experiment
 from tests.conftest import tiny_config
 
 ROUNDS = 5
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -152,10 +155,183 @@ def test_nonfinite_upload_stops_the_run_and_marks_it_failed(ray_local, mlflow_ur
 def test_nonfinite_uploads_can_be_dropped(ray_local, mlflow_uri, tmp_path):
     data = _config(mlflow_uri, tmp_path)
     data["algorithm"] = {**data["algorithm"], "lr": 1e30}
-    data["runtime"] = {**data["runtime"], "on_nonfinite": "drop_client"}
+    data["runtime"] = {**data["runtime"], "on_nonfinite": "drop_client", "max_empty_rounds": ROUNDS}
     result = run_experiment(validate_config(data), show_progress=False)
     assert result.history[1]["clients/dropped_nonfinite"] == 4.0
     assert np.isfinite(result.summary["final/gm/acc"])
+
+
+def test_a_round_without_a_usable_upload_stops_the_run(ray_local, mlflow_uri, tmp_path, capsys):
+    """drop_client must not let a run go on at chance accuracy when every upload is dropped: the first such
+    round (runtime.max_empty_rounds = 0) stops it with the one-line error of on_nonfinite = stop."""
+    data = _config(mlflow_uri, tmp_path)
+    data["algorithm"] = {**data["algorithm"], "lr": 1e30}
+    data["runtime"] = {**data["runtime"], "on_nonfinite": "drop_client"}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    from raysim.cli import main
+
+    assert main(["run", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [row for row in err.splitlines() if row.startswith("error:")]
+    assert re.fullmatch(
+        r"error: run \w{32} stopped: round 0: all 4 selected uploads were non-finite and dropped; last good "
+        r"checkpoint \S+round-000000 \(runtime.on_nonfinite=drop_client, runtime.max_empty_rounds=0\)", line
+    ), line
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert run.info.status == "FAILED" and "dropped" in run.data.tags["raysim.error"]
+
+
+def test_a_bounded_number_of_empty_rounds_is_tolerated(ray_local, mlflow_uri, tmp_path):
+    data = _config(mlflow_uri, tmp_path)
+    data["algorithm"] = {**data["algorithm"], "lr": 1e30}
+    data["runtime"] = {**data["runtime"], "on_nonfinite": "drop_client", "max_empty_rounds": 2}
+    with pytest.raises(DivergenceError, match=r"round 2: all 4 selected uploads .*, 3 rounds in a row"):
+        run_experiment(validate_config(data), show_progress=False)
+
+
+def test_restore_gives_up_after_restore_timeout_naming_the_actor(ray_local, mlflow_uri, tmp_path):
+    data = _config(mlflow_uri, tmp_path)
+    data["runtime"] = {**data["runtime"], "max_restarts": 0, "restore_timeout_s": 2}
+
+    def kill(round_index, simulation):
+        if round_index == 2:
+            os.kill(ray.get(simulation.hosts[1].pid.remote()), signal.SIGKILL)
+
+    started = time.monotonic()
+    with pytest.raises(RecoveryError, match=r"^host 1 not back 2 s after dying .*runtime.restore_timeout_s"):
+        run_experiment(validate_config(data), show_progress=False, inspect=kill)
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.slow
+def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
+    """The shipped quickstart on Fashion-MNIST (fewer rounds): a host's client list (~280 KB) is larger than
+    Ray's inline limit, so a restarted host is built from object-store arguments that must still be alive."""
+    from raysim.config import load_config
+
+    def config(name: str):
+        return load_config(ROOT / "configs" / "quickstart.yaml", [
+            "rounds=4", "tracking.checkpoint_every=2", f"tracking.uri=sqlite:///{tmp_path / name}.db",
+            f"tracking.checkpoint_dir={tmp_path / name}",
+        ])  # fmt: skip
+
+    baseline = run_experiment(config("baseline"), show_progress=False)
+    killed: list[int] = []
+
+    def kill(round_index, simulation):
+        if round_index == 2 and not killed:  # round 3 is logged; the last checkpoint is round 2's
+            killed.append(ray.get(simulation.hosts[0].pid.remote()))
+            os.kill(killed[0], signal.SIGKILL)
+
+    result = run_experiment(config("killed"), show_progress=False, inspect=kill)
+    assert killed
+    assert result.summary == baseline.summary
+    assert repr(result.final) == repr(baseline.final)
+    uri = f"sqlite:///{tmp_path / 'killed'}.db"
+    for key in ("time/round", "pm/acc"):
+        steps = _steps(uri, result.run_id, key)
+        assert sorted(steps) == list(range(0 if key == "pm/acc" else 1, 5)), (key, steps)
+
+
+def _cli(tmp_path: Path, data: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`raysim run` in a process of its own (this test process may have started Ray already)."""
+    (tmp_path / "cli.yaml").write_text(yaml.safe_dump(data))
+    raysim = str(Path(sys.executable).parent / "raysim")
+    return subprocess.run([raysim, "run", str(tmp_path / "cli.yaml"), "--quiet"], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("runtime", "expected"),
+    [
+        ({"host_cpus": 1000}, r"1 hosts \(runtime.num_hosts=default, .*\) x runtime.host_cpus=1000 .* needs 1000 "
+                              r"CPUs but the Ray cluster has 2; lower runtime.host_cpus"),
+        ({"num_hosts": 50}, r"6 hosts \(runtime.num_hosts=50, at most one per client\) x runtime.host_cpus=1 .* "
+                            r"needs 6 CPUs but the Ray cluster has 2"),
+    ],
+)  # fmt: skip
+def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, runtime, expected):
+    data = _config(f"sqlite:///{tmp_path / 'm.db'}", tmp_path)
+    data["runtime"] = {**runtime, "num_cpus": 2}
+    done = _cli(tmp_path, data)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting
+    assert re.fullmatch(f"error: {expected}.*", line), line
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
+    port = _free_port()
+    data = _config(f"http://127.0.0.1:{port}", tmp_path)
+    with socket.socket() as silent:  # accepts connections, never answers: the slow case
+        silent.bind(("127.0.0.1", port))
+        silent.listen()
+        data["tracking"] = {**data["tracking"], "connect_timeout_s": 2}
+        started = time.monotonic()
+        done = _cli(tmp_path, data)
+        elapsed = time.monotonic() - started
+    assert done.returncode == 2 and elapsed < 60, (elapsed, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: tracking.uri http://127.0.0.1:{port}: MLflow server not reachable within 2 s")
+    done = _cli(tmp_path, _config(f"http://127.0.0.1:{port}", tmp_path))  # nobody listens: refused at once
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "not reachable" in line and "Connection refused" in line, line
+
+
+@pytest.mark.slow
+def test_credentials_in_the_tracking_uri_are_stored_and_printed_nowhere(tmp_path):
+    from raysim.server import ServerSettings, TrackingServer
+
+    secret = "s3cret-pw"
+    settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts"), port=_free_port())
+    with TrackingServer(settings, tmp_path / "server.log"):
+        uri = f"http://alice:{secret}@127.0.0.1:{settings.port}"
+        data = _config(uri, tmp_path, checkpoint_every=1)
+        done = _cli(tmp_path, data, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert secret not in done.stdout + done.stderr
+        client = MlflowClient(settings.url)
+        (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+        stored = [*run.data.params.values(), *run.data.tags.values()]
+        assert run.data.params["tracking.uri"] == f"http://***@127.0.0.1:{settings.port}"
+        config_yaml = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text()
+    assert not [value for value in stored if secret in value]
+    assert secret not in config_yaml and "alice" not in config_yaml
+    manifests = list((tmp_path / "ckpt").glob("*/round-*/manifest.json"))
+    assert manifests and not [m for m in manifests if secret in m.read_text()]
+
+
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        ("http://user:pw@host:5000", "http://***@host:5000"),
+        ("https://token@host/mlflow", "https://***@host/mlflow"),
+        ("postgresql://user:p%40ss@db:5432/mlflow", "postgresql://***@db:5432/mlflow"),
+        ("postgresql+psycopg2://u:p@db/m?sslmode=require", "postgresql+psycopg2://***@db/m?sslmode=require"),
+        ("sqlite:///mlflow.db", "sqlite:///mlflow.db"),
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ],
+)
+def test_redact_hides_user_info_of_any_uri(uri, shown):
+    from raysim.tracking.credentials import redact, redact_text
+
+    assert redact(uri) == shown
+    assert redact_text(f"error: cannot reach {uri} (refused)") == f"error: cannot reach {shown} (refused)"
+
+
+def test_http_credentials_move_into_mlflow_variables(monkeypatch):
+    from raysim.tracking.credentials import connect_uri
+
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    assert connect_uri("http://al%40ice:p%3Aw@host:5000/x") == "http://host:5000/x"
+    assert (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]) == ("al@ice", "p:w")
+    assert connect_uri("https://tok@host") == "https://host" and os.environ["MLFLOW_TRACKING_TOKEN"] == "tok"
+    assert connect_uri("http://***@host:5000") == "http://host:5000"  # redacted: the variables must hold them
+    assert connect_uri("postgresql://u:p@db/m") == "postgresql://u:p@db/m"  # SQLAlchemy needs them
 
 
 def _free_port() -> int:
@@ -307,8 +483,6 @@ def test_writer_recognizes_a_batch_that_landed_despite_an_error(mlflow_uri):
 
 @pytest.mark.slow
 def test_raysim_resume_picks_up_after_the_driver_process_is_killed(baseline, mlflow_uri, tmp_path):
-    import yaml
-
     data = _config(mlflow_uri, tmp_path, checkpoint_every=1)
     data["runtime"] = {**data["runtime"], "num_cpus": 2}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))

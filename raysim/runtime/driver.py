@@ -346,7 +346,6 @@ class Simulation:
             raise NoUsableUpload(
                 f"round {round_index}: all {selected} selected uploads were non-finite and dropped"
                 + (f", {self.empty_rounds} rounds in a row" if limit else "")
-                + f" (runtime.on_nonfinite=drop_client, runtime.max_empty_rounds={limit})"
             )
 
     def _state_memory(self) -> dict[str, float]:
@@ -509,8 +508,10 @@ def run_experiment(
         writer.set_tags({"raysim.error": message})
         writer.finish("FAILED", timeout)
         kept = f"; last good checkpoint {rounds.latest}" if rounds is not None and rounds.latest else ""
-        switch = "" if isinstance(error, NoUsableUpload) else " (runtime.on_nonfinite=stop)"
-        raise DivergenceError(f"run {result.run_id} stopped: {message}{kept}{switch}") from None
+        switch = "runtime.on_nonfinite=stop"
+        if isinstance(error, NoUsableUpload):
+            switch = f"runtime.on_nonfinite=drop_client, runtime.max_empty_rounds={config.runtime.max_empty_rounds}"
+        raise DivergenceError(f"run {result.run_id} stopped: {message}{kept} ({switch})") from None
     except KeyboardInterrupt as interrupt:
         raise _interrupted(interrupt, config, writer, result, rounds) from None
     except BaseException as error:

@@ -54,7 +54,8 @@ def check_capacity(runtime: RuntimeSettings, num_hosts: int, cluster: dict[str, 
         needed = num_hosts * per_host + coordinator
         if needed > cluster.get(resource, 0.0) + 1e-9:
             raise ConfigError(
-                f"runtime.num_hosts={num_hosts} x {key}={per_host:g} (+ coordinator {coordinator:g}) needs "
+                f"{num_hosts} hosts (runtime.num_hosts={runtime.num_hosts or 'default'}, at most one per client) x "
+                f"{key}={per_host:g} (+ coordinator {coordinator:g}) needs "
                 f"{needed:g} {resource}s but the Ray cluster has {cluster.get(resource, 0.0):g}; lower {key} "
                 "(fractions allowed) or runtime.num_hosts"
             )
