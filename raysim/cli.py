@@ -160,6 +160,14 @@ def _stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_nodes(args: argparse.Namespace) -> int:
+    from raysim.jobs import stop_nodes
+
+    count = stop_nodes(args.temp_dir)
+    print(f"stopped {count} Ray processes of the nodes in {args.temp_dir}")
+    return 0
+
+
 def _server(args: argparse.Namespace) -> int:
     from raysim.server import ServerSettings, serve
 
@@ -259,6 +267,11 @@ def parser() -> argparse.ArgumentParser:
     stop.add_argument("job", help="the job (submission) id")
     _cluster_options(stop)
     stop.set_defaults(handler=_stop)
+    stop_nodes = commands.add_parser(
+        "stop-nodes", help="stop the Ray nodes started here with `ray start --temp-dir DIR`, and nothing else"
+    )
+    stop_nodes.add_argument("temp_dir", help="the --temp-dir the nodes were started with")
+    stop_nodes.set_defaults(handler=_stop_nodes)
     server = commands.add_parser("server", help="start an MLflow tracking server (database + artifact store)")
     server.add_argument("--backend-store-uri", default="sqlite:///mlflow.db", help="sqlite:///... or postgresql://...")
     server.add_argument("--artifacts-destination", default="./mlartifacts", help="artifact store (dir or s3://...)")

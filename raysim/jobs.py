@@ -13,7 +13,7 @@ the cluster's nodes can reach; a relative sqlite path would land in the job's te
 in it are never shipped (Ray keeps a job's runtime env and shows it): see shipped_tracking_uri. The job's log
 ends with `raysim code: FOLDER`, where its raysim modules came from (the shipped working dir).
 
-`python -m raysim.jobs stop-nodes DIR` stops the Ray nodes started on this machine with `ray start --temp-dir
+`raysim stop-nodes DIR` stops the Ray nodes started on this machine with `ray start --temp-dir
 DIR` and nothing else (`ray stop` stops every Ray instance of the machine).
 
 Token authentication (Ray 2.60): the dashboard's job API of a cluster with a token wants it as
@@ -377,17 +377,9 @@ def _signal(pids: list[int], sig: int) -> None:
 
 
 def _main(argv: list[str]) -> int:
-    """`python -m raysim.jobs experiment|sweep` (a job's entrypoint) or `stop-nodes TEMP_DIR`."""
-    if len(argv) == 2 and argv[0] == "stop-nodes":
-        try:
-            count = stop_nodes(argv[1])
-        except RaysimError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        print(f"stopped {count} Ray processes of the nodes in {argv[1]}")
-        return 0
+    """`python -m raysim.jobs experiment|sweep`: a job's entrypoint."""
     if len(argv) != 1 or argv[0] not in ("experiment", "sweep"):
-        print("usage: python -m raysim.jobs experiment|sweep|stop-nodes TEMP_DIR", file=sys.stderr)
+        print("usage: python -m raysim.jobs experiment|sweep", file=sys.stderr)
         return 2
     return entrypoint(argv[0])  # type: ignore[arg-type]
 

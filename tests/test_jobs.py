@@ -161,7 +161,7 @@ def test_submit_prints_no_credential_when_it_fails(tmp_path, monkeypatch, capsys
 
 
 def test_stop_nodes_stops_what_writes_into_its_folder_and_nothing_else(tmp_path):
-    """What `python -m raysim.jobs stop-nodes DIR` selects, on real processes (the Ray daemons themselves are
+    """What `raysim stop-nodes DIR` selects, on real processes (the Ray daemons themselves are
     covered by tests/test_cluster.py): output into DIR selects a process, a reader of DIR's logs or a process
     of a sibling folder (DIR2) is left alone."""
     import subprocess
