@@ -45,7 +45,8 @@ from raysim.config import ExperimentConfig, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
 from raysim.procmem import PeakMemory, wait_for_children
-from raysim.runtime.driver import Problem, prepare, run_experiment
+from raysim.runtime.driver import run_experiment
+from raysim.runtime.problem import Problem, prepare
 from raysim.seeding import Stream, rng
 
 WAYS = ("reference", "raysim", "vectorized")

@@ -46,7 +46,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 def _resumable(tracking_uri: str | None) -> int:
     """`raysim resume` without a target: the runs that can be continued, and whether their driver is gone."""
-    from raysim.runtime.driver import resumable_runs
+    from raysim.tracking.runs import resumable_runs
 
     runs = resumable_runs(tracking_uri)
     if not runs:

@@ -140,3 +140,11 @@ def mean_client_metrics(records: list[dict[str, float]]) -> dict[str, float]:
         summary[f"client/{name}"] = float(values.mean())
         summary[f"client/{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     return summary
+def benign_summary(
+    evaluations: list[ClientEvaluation], malicious: frozenset[int], heldout: frozenset[int] = frozenset()
+) -> dict[str, float]:
+    """Across-client summaries over the benign training clients (flame.md 4.1: attackers are not scored), and
+    over the held-out clients (`clients.heldout`) as `heldout/...`."""
+    summary = summarize([e for e in evaluations if e.client_id not in malicious | heldout])
+    held = [e for e in evaluations if e.client_id in heldout]
+    return summary | ({f"heldout/{k}": v for k, v in summarize(held).items()} if held else {})

@@ -26,7 +26,9 @@ from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, to
 from raysim.data import partition_dataset
 from raysim.data.sources import SEEDED_SOURCES
 from raysim.errors import ConfigError, DataError, PartitionError
-from raysim.runtime.driver import RunResult, ray_session, run_experiment
+from raysim.runtime.driver import run_experiment
+from raysim.runtime.rounds import RunResult
+from raysim.runtime.session import ray_session
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.robustness import write_suite_reports
 

@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.errors import ConfigError
-from raysim.runtime.driver import ray_session, run_experiment
+from raysim.runtime.driver import run_experiment
+from raysim.runtime.session import ray_session
 from raysim.suite import check_partitions, write_summary
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from raysim.config import ExperimentConfig
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.driver import Problem, prepare, sample_clients
 from raysim.runtime.host import ClientHost
+from raysim.runtime.problem import Problem, prepare, sample_clients
 
 
 def make_host(config: ExperimentConfig, problem: Problem, clients: list | None = None, **options) -> ClientHost:

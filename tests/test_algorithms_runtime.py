@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from raysim.config import validate_config
-from raysim.runtime.driver import run_experiment, sample_clients
+from raysim.runtime.driver import run_experiment
+from raysim.runtime.problem import sample_clients
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 

@@ -12,9 +12,9 @@ import yaml
 from raysim.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
 from raysim.config import validate_config
 from raysim.errors import ConfigError
-from raysim.metrics import ClientEvaluation, ModelScores
+from raysim.metrics import ClientEvaluation, ModelScores, benign_summary
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.driver import benign_summary, prepare
+from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData
 from tests.conftest import tiny_config
 from tests.inprocess import make_host

@@ -140,7 +140,7 @@ def test_augfl_runs_through_the_cli_and_logs_its_metrics(tmp_path, mlflow_uri):
 
 def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reserved_pools():
     from raysim.data.meta_partition import reserved_indices, server_indices
-    from raysim.runtime.driver import prepare
+    from raysim.runtime.problem import prepare
 
     partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
     config = validate_config(tiny_config(partition=partition, clients={"count": 20}))
@@ -160,7 +160,7 @@ def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reser
 def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
     from raysim.data.meta_partition import reserved_indices
     from raysim.pretrain import pretrain_pm
-    from raysim.runtime.driver import prepare
+    from raysim.runtime.problem import prepare
 
     partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
     config = validate_config(tiny_config(partition=partition))
@@ -181,7 +181,7 @@ def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partition
     first = _raysim(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     path = first.stdout.strip().splitlines()[-1]
-    from raysim.runtime.driver import prepare
+    from raysim.runtime.problem import prepare
 
     assert np.load(path).shape == prepare(validate_config(config)).init_params.shape
     created = os.stat(path).st_mtime_ns
@@ -195,7 +195,7 @@ def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partition
 def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_global_model():
     """augfl.md 2.3: target clients (clients.heldout) take no part in training; at evaluation each takes one
     step from theta^t on its support set and is scored on its query set; summaries go to heldout/..."""
-    from raysim.runtime.driver import benign_summary
+    from raysim.metrics import benign_summary
 
     config = validate_config(
         tiny_config(
@@ -246,7 +246,7 @@ def test_the_pm_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, mo
 
 def test_pm_settings_that_cannot_work_fail_before_any_ray_work():
     from raysim.errors import ConfigError
-    from raysim.runtime.driver import prepare
+    from raysim.runtime.problem import prepare
 
     with pytest.raises(ConfigError, match="partition.scheme=dirichlet"):
         prepare(validate_config(tiny_config(algorithm={"name": "augfl", "regularizer": "crd"})))

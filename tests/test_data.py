@@ -208,7 +208,8 @@ def test_natural_split_runs_end_to_end(source, tmp_path, ray_local, mlflow_uri):
     import pyarrow.parquet as pq
 
     from raysim.config import validate_config
-    from raysim.runtime.driver import prepare, run_experiment
+    from raysim.runtime.driver import run_experiment
+    from raysim.runtime.problem import prepare
     from tests.conftest import tiny_config
 
     dataset_section = {"name": "synthetic_writers"}

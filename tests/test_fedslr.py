@@ -17,7 +17,7 @@ from raysim.config import validate_config
 from raysim.metrics import mean_client_metrics, summarize
 from raysim.models.flat import FlatModel, ParamSpec
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.driver import prepare
+from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import make_host

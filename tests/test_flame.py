@@ -8,8 +8,8 @@ import pytest
 from raysim.algorithms import ClientInfo
 from raysim.config import validate_config
 from raysim.data.partitions import ClientSplit
-from raysim.runtime.driver import Problem
 from raysim.runtime.host import ModelSpec
+from raysim.runtime.problem import Problem
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 

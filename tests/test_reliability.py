@@ -24,7 +24,8 @@ from raysim.config import validate_config
 from raysim.data import partition_dataset
 from raysim.errors import ConfigError, PartitionError
 from raysim.runtime import checkpoint
-from raysim.runtime.driver import DivergenceError, RecoveryError, resume_experiment, run_experiment
+from raysim.runtime.driver import DivergenceError, resume_experiment, run_experiment
+from raysim.runtime.simulation import RecoveryError
 from tests.conftest import tiny_config
 
 ROUNDS = 5

@@ -9,7 +9,7 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.robust import RobustSettings, aggregate, multi_krum, norm_clip, trimmed_mean
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.driver import prepare
+from raysim.runtime.problem import prepare
 from tests.conftest import tiny_config
 from tests.inprocess import make_host
 
@@ -186,7 +186,7 @@ def test_config_names_the_rule_and_its_allowed_values():
 
 
 def test_suite_reports_plot_benign_accuracy_against_the_malicious_fraction(tmp_path):
-    from raysim.runtime.driver import RunResult
+    from raysim.runtime.rounds import RunResult
     from raysim.suite import SuiteChild
     from raysim.tracking.robustness import robustness_points, write_suite_reports
 

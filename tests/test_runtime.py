@@ -74,7 +74,7 @@ def test_same_seed_same_results_with_1_and_3_hosts(ray_local, mlflow_uri):
 def test_unselected_clients_keep_their_state_bit_for_bit(ray_local, mlflow_uri):
     """Algorithm 1 lines 17-18: clients outside S^t do nothing (checked across real rounds on the actors)."""
     config = validate_config(tiny_config(clients={"count": 6, "per_round": 2}, tracking={"uri": mlflow_uri}, rounds=4))
-    from raysim.runtime.driver import sample_clients
+    from raysim.runtime.problem import sample_clients
 
     snapshots = {}
 

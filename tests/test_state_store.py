@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from raysim.algorithms.flame import FlameClientState
 from raysim.config import validate_config
 from raysim.runtime import checkpoint
-from raysim.runtime.driver import run_experiment, sample_clients
+from raysim.runtime.driver import run_experiment
+from raysim.runtime.problem import sample_clients
 from raysim.runtime.state_store import OWNER_LOCK, ClientStateStore, remove_orphaned_folders, state_nbytes
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess, make_host

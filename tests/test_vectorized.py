@@ -22,7 +22,8 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel, ParamSpec
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.driver import prepare, run_experiment
+from raysim.runtime.driver import run_experiment
+from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
 from tests.conftest import tiny_config

@@ -1,0 +1,128 @@
+"""Everything a run prepares in the driver before any Ray work: the data, its partition into clients, the
+initial model, who attacks, the coordinator's private data; and which clients each host owns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.algorithms import ClientInfo, build_algorithm
+from raysim.algorithms.base import ServerData
+from raysim.attacks import AttackPlan, attack_plan
+from raysim.config import ExperimentConfig, RuntimeSettings
+from raysim.data import ClientSplit, partition_dataset
+from raysim.data.meta_partition import MetaSettings, server_indices
+from raysim.data.sources import Dataset
+from raysim.errors import ConfigError
+from raysim.runtime.host import ModelSpec
+from raysim.runtime.placement import check_capacity, default_num_hosts
+from raysim.seeding import Stream, rng, torch_seed
+
+
+@dataclass
+class Problem:
+    """Everything prepared in the driver before any Ray work: data, clients, initial model."""
+
+    x: np.ndarray
+    y: np.ndarray
+    model_spec: ModelSpec
+    clients: list[tuple[ClientInfo, ClientSplit]]
+    init_params: np.ndarray
+    attack: AttackPlan | None = None
+    """Who is malicious (drawn once per run from the seed) and how; None without an attack."""
+    server_data: ServerData | None = None
+    """The coordinator's private data (AugFL's PM and transfer set), if the algorithm needs any."""
+    num_training: int | None = None
+    """m: clients 0..m-1 train; the rest are held out (evaluated only, `clients.heldout`). Default: all."""
+
+    def __post_init__(self) -> None:
+        if self.num_training is None:
+            self.num_training = len(self.clients)
+
+    @property
+    def malicious(self) -> frozenset[int]:
+        return self.attack.malicious if self.attack is not None else frozenset()
+
+    @property
+    def heldout(self) -> frozenset[int]:
+        return frozenset(info.id for info, _ in self.clients if info.id >= self.num_training)
+
+
+def prepare(config: ExperimentConfig) -> Problem:
+    """Load and partition the data and draw the initial model; raises RaysimError on bad input."""
+    dataset = config.dataset.load(config.seed)
+    splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
+    spec = ModelSpec(config.model.name, dataset.input_shape, dataset.output_dim, dataset.task)
+    try:
+        model = spec.build()
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    init = model.initial_parameters(torch_seed(config.seed, Stream.MODEL_INIT))
+    m = config.clients.training_count
+    total_train = sum(len(s.train) for s in splits[:m])
+
+    def weight(split: ClientSplit) -> float:
+        """alpha_i over the training clients; held-out clients never enter a server sum."""
+        if split.client_id >= m:
+            return 0.0
+        return 1.0 / m if config.clients.weighting == "uniform" else len(split.train) / total_train
+
+    clients = [(ClientInfo(s.client_id, len(s.train), weight(s), m), s) for s in splits]
+    algorithm = build_algorithm(config.algorithm, model.spec)
+    server_data = _server_data(config, dataset) if algorithm.uses_server_data() else None
+    if config.attack.kind == "label_poisoning" and dataset.task != "classification":
+        raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
+    attack = attack_plan(config.attack, m, config.seed) if config.attack.kind != "none" else None
+    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m)
+
+
+def _server_data(config: ExperimentConfig, dataset: Dataset) -> ServerData:
+    """The pretrained model (cached, trained on first use) and the transfer set D_s, both from the held-back
+    pools of the `meta` partition that no client holds."""
+    from raysim.pretrain import load_pm
+
+    if not isinstance(config.partition, MetaSettings):
+        raise ConfigError(
+            f"partition.scheme={config.partition.scheme}: algorithm {config.algorithm.name!r} with a pretrained "
+            "model needs 'meta' (its held-back pools feed the PM and the server's transfer set)"
+        )
+    pm, architecture = load_pm(config, dataset)
+    pool = server_indices(len(dataset.y), config.partition, config.seed)
+    return ServerData(
+        dataset.x[pool], dataset.y[pool], pm, architecture, config.model.name, dataset.input_shape,
+        dataset.output_dim, config.seed,
+    )  # fmt: skip
+
+
+def assign_to_hosts(clients: list[tuple[ClientInfo, ClientSplit]], num_hosts: int) -> list[list[int]]:
+    """Balance work: largest clients first, each to the host with the least training data so far."""
+    loads = [0] * num_hosts
+    owned: list[list[int]] = [[] for _ in range(num_hosts)]
+    for info, _ in sorted(clients, key=lambda c: (-c[0].num_train, c[0].id)):
+        target = loads.index(min(loads))
+        owned[target].append(info.id)
+        loads[target] += info.num_train
+    return [sorted(ids) for ids in owned if ids]
+
+
+def host_layout(
+    runtime: RuntimeSettings,
+    clients: list[tuple[ClientInfo, ClientSplit]],
+    available: dict[str, float],
+    cluster: dict[str, float],
+) -> list[list[int]]:
+    """The clients each host actor owns: `runtime.num_hosts` hosts (default: as many as the `available`
+    resources hold), refused with one line naming the keys when the `cluster` cannot hold them all."""
+    num_hosts = runtime.num_hosts or default_num_hosts(runtime, available)
+    layout = assign_to_hosts(clients, min(num_hosts, len(clients)))
+    check_capacity(runtime, len(layout), cluster)
+    return layout
+
+
+def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list[int]:
+    """S^t: uniform without replacement from a stream keyed by the round (full participation if s = m)."""
+    if per_round >= num_clients:
+        return list(range(num_clients))
+    chosen = rng(seed, Stream.SAMPLING, round_index).choice(num_clients, per_round, replace=False)
+    return sorted(int(c) for c in chosen)

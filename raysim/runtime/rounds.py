@@ -1,0 +1,166 @@
+"""The round loop: rounds, evaluations, checkpoints, recovery from dead actors, and resume; it logs each
+step's metrics to MLflow exactly once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+
+from raysim.config import ExperimentConfig
+from raysim.metrics import ClientEvaluation, benign_summary
+from raysim.runtime import checkpoint
+from raysim.runtime.problem import Problem
+from raysim.runtime.simulation import Simulation
+from raysim.tracking.callbacks import RoundCallback
+from raysim.tracking.mlflow_writer import MlflowWriter
+
+
+@dataclass
+class RunResult:
+    run_id: str | None
+    history: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Metrics logged at each step (round number, 0 = before training)."""
+    final: list[ClientEvaluation] = field(default_factory=list)
+    """Every client's final scores, attackers included (the summaries exclude them)."""
+    summary: dict[str, float] = field(default_factory=dict)
+    """Final and best-round summaries (`final/...`, `best/...`) over benign clients, logged at the last step."""
+    malicious: list[int] = field(default_factory=list)
+
+
+class Rounds:
+    """The round loop of one run over a `Simulation`: checkpoints every `tracking.checkpoint_every` rounds,
+    back to the last one when an actor dies, and resume from one; callbacks watch (RoundCallback)."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        writer: MlflowWriter,
+        result: RunResult,
+        problem: Problem,
+        resume: Path | None = None,
+        callbacks: Sequence[RoundCallback] = (),
+        inspect: Callable[[int, Simulation], None] | None = None,
+    ):
+        """`inspect(round_index, simulation)`, if given, is called after every round (tests check invariants on
+        live state with it); `resume` is the checkpoint folder a resumed run continues from."""
+        self.config, self.writer, self.result = config, writer, result
+        self.callbacks, self.inspect = list(callbacks), inspect
+        self.malicious, self.heldout = problem.malicious, problem.heldout
+        self.resume = resume
+        tracking = config.tracking
+        self.folder = Path(tracking.checkpoint_dir).resolve() / result.run_id if tracking.checkpoint_every else None
+        if resume is not None:  # keep writing next to the checkpoint resumed from, wherever it was started
+            self.folder = resume.resolve().parent
+        self.latest: Path | None = resume
+        """The newest complete checkpoint of this run."""
+        self.logged_through = -1
+        """Steps up to this one are in MLflow already (not logged again after a recovery or resume)."""
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        if step > self.logged_through:
+            self.writer.log_metrics(step, metrics)
+            self.logged_through = step
+
+    def _checkpoint(self, simulation: Simulation, step: int) -> None:
+        directory = checkpoint.round_dir(self.folder.parent, self.folder.name, step)
+        simulation.save_checkpoint(directory)
+        checkpoint.write_manifest(
+            directory,
+            {
+                "run_id": self.result.run_id,
+                "round": step,
+                "tracking_uri": self.writer.shown_uri,
+                "config": self.config.to_yaml(),
+                "history": self.result.history,
+                "uplink_total": simulation.uplink_total,
+                "downlink_total": simulation.downlink_total,
+                "hosts": len(simulation.hosts),
+                "sampler": "none: clients are drawn from a stream keyed by (seed, round), no RNG state to keep",
+                "written": time.time(),
+            },
+        )
+        self.latest = directory
+        self.writer.set_tags({"raysim.checkpoint": str(directory)})
+        checkpoint.prune(self.folder, self.config.tracking.checkpoint_keep)
+
+    def _restore(self, simulation: Simulation, directory: Path) -> int:
+        """Every actor takes its state from the checkpoint; the driver its history; returns the round."""
+        simulation.restore_checkpoint(directory)
+        manifest = checkpoint.read_manifest(directory)
+        self.result.history = {int(k): v for k, v in manifest["history"].items()}
+        simulation.uplink_total = manifest["uplink_total"]
+        simulation.downlink_total = manifest["downlink_total"]
+        return int(manifest["round"])
+
+    def run(self, simulation: Simulation) -> None:
+        try:
+            self._run(simulation)
+        finally:
+            for callback in self.callbacks:
+                callback.close()
+
+    def _run(self, simulation: Simulation) -> None:
+        config, result = self.config, self.result
+        evaluations: list[ClientEvaluation] = []
+        if self.resume is not None:
+            round_index = self._restore(simulation, self.resume)
+            self.logged_through = max(self.writer.last_step("time/round"), self.writer.last_step("pm/acc"))
+            for step in sorted(result.history):  # what the dead driver had not yet sent
+                self._log(step, result.history[step])
+        else:
+            evaluations = simulation.evaluate()
+            result.history[0] = benign_summary(evaluations, self.malicious, self.heldout)
+            self._log(0, result.history[0])
+            round_index = 0
+            if self.folder is not None:
+                self._checkpoint(simulation, 0)
+        for callback in self.callbacks:
+            callback.on_start(result, round_index, self.resume is not None)
+        while round_index < config.rounds:
+            step = round_index + 1
+            try:
+                metrics, evaluated = self._round(simulation, round_index)
+                if self.folder is not None and (step % config.tracking.checkpoint_every == 0):
+                    self._checkpoint(simulation, step)
+            except ray.exceptions.RayActorError as error:
+                if self.latest is None:
+                    raise
+                round_index = self._restore(simulation, self.latest)
+                for callback in self.callbacks:
+                    callback.on_restore(step, self.latest, round_index, type(error).__name__)
+                continue
+            evaluations = evaluated or evaluations
+            if self.inspect is not None:
+                self.inspect(round_index, simulation)
+            for callback in self.callbacks:
+                callback.on_round(step, metrics)
+            round_index += 1
+        result.final = evaluations
+        finals = benign_summary(evaluations, self.malicious, self.heldout)
+        evaluated_rounds = [r for r in result.history if "pm/acc" in result.history[r]]
+        best = {
+            f"best/{k}": max(result.history[r][k] for r in evaluated_rounds) for k in ("pm/acc", "gm/acc", "hm/acc")
+        }
+        result.summary = {f"final/{k}": v for k, v in finals.items()} | best
+        self.writer.log_metrics(config.rounds, result.summary)
+        for callback in self.callbacks:
+            callback.on_end(result)
+
+    def _round(self, simulation: Simulation, round_index: int) -> tuple[dict[str, float], list[ClientEvaluation]]:
+        start = time.perf_counter()
+        metrics = simulation.train_round(round_index)
+        step = round_index + 1
+        evaluations: list[ClientEvaluation] = []
+        if step % self.config.tracking.eval_every == 0 or step == self.config.rounds:
+            evaluated = time.perf_counter()
+            evaluations = simulation.evaluate()
+            metrics |= benign_summary(evaluations, self.malicious, self.heldout)
+            metrics["time/evaluation"] = time.perf_counter() - evaluated
+        metrics["time/round"] = time.perf_counter() - start
+        self.result.history[step] = metrics
+        self._log(step, metrics)
+        return metrics, evaluations

@@ -1,0 +1,233 @@
+"""The actors of one run: client hosts and the coordinator, and what one round asks of them.
+
+Per round: the coordinator's broadcast goes to the hosts through the object store (one copy); each host
+runs its selected clients and sends the exact sum of their uploads straight to the coordinator, only
+per-client records come back to the driver; the coordinator runs the server step.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import ray
+
+from raysim.config import ExperimentConfig
+from raysim.errors import RaysimError
+from raysim.metrics import ClientEvaluation, mean_client_metrics
+from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.host import DROPPED, UPLINK_BYTES, ClientHost
+from raysim.runtime.placement import HostPlacement
+from raysim.runtime.problem import Problem, sample_clients
+
+
+class NoUsableUpload(RaysimError):
+    """Every selected client's upload was dropped for too many rounds in a row (runtime.max_empty_rounds)."""
+
+
+class RecoveryError(RaysimError):
+    """An actor that died was not back within runtime.restore_timeout_s; the message names it."""
+
+
+class Simulation:
+    """The actors of one run and the round loop over them."""
+
+    def __init__(self, config: ExperimentConfig, problem: Problem, host_clients: list[list[int]]):
+        """`host_clients`: the clients each host owns (`host_layout`)."""
+        self.config = config
+        self.uplink_total = 0
+        self.downlink_total = 0
+        self.empty_rounds = 0
+        """Consecutive rounds in which every selected upload was dropped (runtime.on_nonfinite = drop_client)."""
+        runtime = config.runtime
+        self.host_clients = host_clients
+        by_id = {info.id: (info, split) for info, split in problem.clients}
+        x_ref, y_ref, init_ref = ray.put(problem.x), ray.put(problem.y), ray.put(problem.init_params)
+        server_ref = ray.put(problem.server_data)
+        clients_refs = [ray.put([by_id[c] for c in ids]) for ids in host_clients]
+        # Every constructor argument is a reference the driver keeps alive: Ray re-runs a restarted actor's
+        # constructor with its original arguments, and a large inline argument (a host's client list is
+        # ~280 KB on Fashion-MNIST) would have been freed after the first construction.
+        self._refs = (x_ref, y_ref, init_ref, server_ref, *clients_refs)
+        self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
+        host_actor = ray.remote(ClientHost)
+        self.hosts = [
+            host_actor.options(
+                num_cpus=runtime.host_cpus,
+                num_gpus=runtime.host_gpus,
+                resources=runtime.host_resources,
+                scheduling_strategy=self.placement.strategy(index),
+                max_restarts=runtime.max_restarts,
+                max_task_retries=0,
+            ).remote(
+                config.algorithm,
+                problem.model_spec,
+                x_ref,
+                y_ref,
+                clients_refs[index],
+                init_ref,
+                config.seed,
+                runtime.torch_threads,
+                attack=problem.attack,
+                send_messages=config.aggregation.active,
+                auc_single_label=config.tracking.auc_single_label,
+                on_nonfinite=runtime.on_nonfinite,
+                state_memory_mb=runtime.state_memory_mb,
+                spill_dir=runtime.spill_dir,
+                client_training=runtime.client_training,
+                vectorize_chunk=runtime.vectorize_chunk,
+                gpus=runtime.host_gpus,
+            )
+            for index, ids in enumerate(self.host_clients)
+        ]
+        self.coordinator = (
+            ray.remote(Coordinator)
+            .options(
+                num_cpus=runtime.coordinator_cpus,
+                num_gpus=runtime.coordinator_gpus,
+                resources=runtime.coordinator_resources,
+                max_restarts=runtime.max_restarts,
+                max_task_retries=0,
+            )
+            .remote(
+                config.algorithm,
+                problem.model_spec,
+                init_ref,
+                problem.num_training,
+                runtime.torch_threads,
+                robust=config.aggregation,
+                attack=config.attack,
+                server_data=server_ref,
+            )
+        )
+
+    def train_round(self, round_index: int) -> dict[str, float]:
+        """One round of client steps and the server step; returns the round's metrics."""
+        start = time.perf_counter()
+        selected = set(
+            sample_clients(
+                self.config.seed,
+                round_index,
+                self.config.clients.training_count,
+                self.config.clients.per_round_count(),
+            )
+        )
+        broadcast = self.coordinator.broadcast.remote()
+        downlink = self.coordinator.broadcast_bytes.remote()
+        partials, record_refs = [], []
+        for host, owned in zip(self.hosts, self.host_clients, strict=True):
+            chosen = [c for c in owned if c in selected]
+            if chosen:
+                partial, records = host.train.options(num_returns=2).remote(round_index, chosen, broadcast)
+                partials.append(partial)
+                record_refs.append(records)
+        records = [r for host_records in ray.get(record_refs) for r in host_records]
+        self.dropped = [r["client_id"] for r in records if r.pop(DROPPED, 0.0)]
+        self._check_usable(round_index, len(selected))
+        trained = time.perf_counter()
+        server_metrics = ray.get(self.coordinator.aggregate.remote(*partials))
+        aggregated = time.perf_counter()
+        return {
+            **self._communication(records, ray.get(downlink) * len(selected)),
+            **mean_client_metrics(records),
+            **{f"server/{k}": v for k, v in server_metrics.items()},
+            "clients/selected": float(len(selected)),
+            **({"clients/dropped_nonfinite": float(len(self.dropped))} if self.dropped else {}),
+            **self._state_memory(),
+            "time/clients": trained - start,
+            "time/aggregation": aggregated - trained,
+        }
+
+    def _check_usable(self, round_index: int, selected: int) -> None:
+        """A round whose every upload was dropped moves nothing: after runtime.max_empty_rounds of them in a
+        row the run stops, as a non-finite upload stops it with on_nonfinite = stop."""
+        self.empty_rounds = self.empty_rounds + 1 if len(self.dropped) == selected else 0
+        limit = self.config.runtime.max_empty_rounds
+        if self.empty_rounds > limit:
+            raise NoUsableUpload(
+                f"round {round_index}: all {selected} selected uploads were non-finite and dropped"
+                + (f", {self.empty_rounds} rounds in a row" if limit else "")
+            )
+
+    def _state_memory(self) -> dict[str, float]:
+        """The hosts' state/* counts summed (runtime.state_memory_mb set: how many client states spilled)."""
+        if self.config.runtime.state_memory_mb is None:
+            return {}
+        totals: dict[str, float] = {}
+        for counts in ray.get([host.state_memory.remote() for host in self.hosts]):
+            for key, value in counts.items():
+                totals[key] = totals.get(key, 0.0) + value
+        return totals
+
+    def _communication(self, records: list[dict], downlink: int) -> dict[str, float]:
+        """Bytes sent this round (uplink: each selected client's upload; downlink: broadcast x selected) and
+        since the start; takes the per-client byte counts out of `records`."""
+        uplink = sum(r.pop(UPLINK_BYTES) for r in records)
+        self.uplink_total += uplink
+        self.downlink_total += downlink
+        return {
+            "comm/uplink_bytes": float(uplink),
+            "comm/downlink_bytes": float(downlink),
+            "comm/uplink_bytes_total": float(self.uplink_total),
+            "comm/downlink_bytes_total": float(self.downlink_total),
+        }
+
+    def evaluate(self) -> list[ClientEvaluation]:
+        global_params = self.coordinator.global_model.remote()
+        evaluations = [
+            e for host_evals in ray.get([h.evaluate.remote(global_params) for h in self.hosts]) for e in host_evals
+        ]
+        return sorted(evaluations, key=lambda e: e.client_id)
+
+    def client_states(self) -> dict[int, object]:
+        return {c: s for states in ray.get([h.client_states.remote() for h in self.hosts]) for c, s in states.items()}
+
+    def server_state(self) -> object:
+        return ray.get(self.coordinator.server_state.remote())
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Every host writes its own clients' file in parallel; the coordinator writes the server state."""
+        directory.mkdir(parents=True, exist_ok=True)
+        ray.get(
+            [host.save_checkpoint.remote(str(directory / f"host-{i}.npz")) for i, host in enumerate(self.hosts)]
+            + [self.coordinator.save_checkpoint.remote(str(directory / "coordinator.npz"))]
+        )
+
+    def restore_checkpoint(self, directory: Path) -> None:
+        """Load a checkpoint into every actor, waiting up to runtime.restore_timeout_s for the actors Ray is
+        restarting (runtime.max_restarts); a RecoveryError names those that did not come back."""
+        wait_s = self.config.runtime.restore_timeout_s
+        actors = {f"host {i}": host for i, host in enumerate(self.hosts)} | {"coordinator": self.coordinator}
+
+        def restore(name: str) -> ray.ObjectRef:
+            if name == "coordinator":
+                return self.coordinator.restore_checkpoint.remote(str(directory / "coordinator.npz"))
+            return actors[name].restore_checkpoint.remote(str(directory))
+
+        pending = {name: restore(name) for name in actors}
+        deadline = time.monotonic() + wait_s
+        while pending:
+            done, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=1.0)
+            for name, ref in list(pending.items()):
+                if ref not in done:
+                    continue
+                try:
+                    ray.get(ref)
+                    del pending[name]
+                except ray.exceptions.RayActorError:  # still restarting: ask again shortly
+                    time.sleep(0.5)
+                    pending[name] = restore(name)
+            if pending and time.monotonic() > deadline:
+                raise RecoveryError(
+                    f"{', '.join(pending)} not back {wait_s:g} s after dying (Ray restarts an actor at most "
+                    f"runtime.max_restarts={self.config.runtime.max_restarts} times; wait longer with "
+                    "runtime.restore_timeout_s)"
+                )
+
+    def close(self, wait_s: float = 10.0) -> None:
+        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup)."""
+        if self.config.runtime.state_memory_mb is not None:
+            ray.wait([host.close.remote() for host in self.hosts], num_returns=len(self.hosts), timeout=wait_s)
+        for actor in [*self.hosts, self.coordinator]:
+            ray.kill(actor)
+        self.placement.release()

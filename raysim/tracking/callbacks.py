@@ -1,0 +1,32 @@
+"""Round callbacks: what watches a run without steering it (the progress display, the artifact writers).
+
+The round loop (raysim.runtime.rounds) calls them in order at fixed points, as pfl-research's callbacks: a
+new display or report is a callback, not an edit of the loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raysim.runtime.rounds import RunResult
+
+
+class RoundCallback:
+    """Hooks of one run; every method does nothing unless overridden."""
+
+    def on_start(self, result: RunResult, rounds_done: int, resumed: bool) -> None:
+        """The MLflow run exists, the actors are up, `rounds_done` rounds are behind (0, or a resumed run's)."""
+
+    def on_round(self, step: int, metrics: dict[str, float]) -> None:
+        """Round `step` (1-based) is done and logged; `metrics` are its metrics."""
+
+    def on_restore(self, step: int, checkpoint: Path, rounds_done: int, reason: str) -> None:
+        """Round `step` lost an actor; the run went back to `checkpoint`, `rounds_done` rounds in."""
+
+    def on_end(self, result: RunResult) -> None:
+        """Every round is done; `result` holds the final evaluations and summaries."""
+
+    def close(self) -> None:
+        """The run is over, finished or not (called after on_end, and after a failure)."""

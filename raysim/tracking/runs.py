@@ -1,0 +1,63 @@
+"""The tracking store's unfinished runs: which can be continued (`raysim resume` without a run id)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from raysim.tracking.credentials import connect_uri
+from raysim.tracking.mlflow_writer import resolve_tracking_uri
+
+DRIVER_TAG = "raysim.driver"
+"""Run tag: `host:pid` of the driver process that writes the run."""
+
+
+@dataclass(frozen=True)
+class ResumableRun:
+    """A run that did not finish and has a checkpoint to continue from."""
+
+    run_id: str
+    experiment: str
+    status: str
+    driver: str
+    """`alive (host:pid)`, `gone (host:pid)` (killed outright: the run still says RUNNING), or `on host` when
+    the driver ran on another machine."""
+    checkpoint: str
+    started: float
+
+
+def resumable_runs(tracking_uri: str | None = None) -> list[ResumableRun]:
+    """Every run of the tracking store that has a checkpoint and is not FINISHED, newest first. A driver
+    killed with SIGKILL cannot mark its run: it stays RUNNING, and `driver` says whether its process is gone."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(connect_uri(resolve_tracking_uri(tracking_uri)))
+    experiments = {e.experiment_id: e.name for e in client.search_experiments()}
+    found = []
+    for run in client.search_runs(list(experiments), "attributes.status != 'FINISHED'", max_results=1000):
+        tags = run.data.tags
+        if "raysim.checkpoint" not in tags:
+            continue
+        found.append(
+            ResumableRun(
+                run.info.run_id, experiments[run.info.experiment_id], run.info.status,
+                _driver_state(tags.get(DRIVER_TAG, "")), tags["raysim.checkpoint"], run.info.start_time / 1000,
+            )
+        )  # fmt: skip
+    return sorted(found, key=lambda r: -r.started)
+
+
+def _driver_state(tag: str) -> str:
+    host, _, pid = tag.rpartition(":")
+    if not pid.isdigit():
+        return "unknown"
+    if host != socket.gethostname():
+        return f"on {host}"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return f"gone ({tag})"
+    except PermissionError:
+        pass
+    return f"alive ({tag})"
