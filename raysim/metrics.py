@@ -131,12 +131,25 @@ def summarize(evaluations: list[ClientEvaluation]) -> dict[str, float]:
     return summary
 
 
-def mean_client_metrics(records: list[dict[str, float]]) -> dict[str, float]:
+@dataclass(frozen=True)
+class ClientRecord:
+    """What a host reports of one selected client's round."""
+
+    client_id: int
+    metrics: dict[str, float]
+    """What the client step reported (logged as means across the selected clients, `mean_client_metrics`)."""
+    uplink_bytes: float
+    """Bytes the client sent (0 when its upload was dropped)."""
+    dropped: bool = False
+    """Its upload had NaN/inf and was left out of the round (runtime.on_nonfinite = drop_client)."""
+
+
+def mean_client_metrics(records: list[ClientRecord]) -> dict[str, float]:
     """Mean over the selected clients of each metric their client steps reported (`client/<name>`) and its
     spread across them (`client/<name>_std`, sample std; 0 for one client), e.g. FedSLR's p_i non-zeros."""
     summary = {}
-    for name in sorted({k for r in records for k in r if k != "client_id"}):
-        values = np.array([r[name] for r in records if name in r], dtype=np.float64)
+    for name in sorted({k for r in records for k in r.metrics}):
+        values = np.array([r.metrics[name] for r in records if name in r.metrics], dtype=np.float64)
         summary[f"client/{name}"] = float(values.mean())
         summary[f"client/{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     return summary

@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from raysim.config import ExperimentConfig
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.host import ClientHost
+from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.problem import Problem, prepare, sample_clients
 
 
 def make_host(config: ExperimentConfig, problem: Problem, clients: list | None = None, **options) -> ClientHost:
     """A ClientHost set up from the config as the driver sets up its actors (all of `problem`'s clients unless
-    `clients` is given); `options` override ClientHost's keyword arguments."""
-    runtime = config.runtime
-    settings = {
-        "attack": problem.attack,
-        "send_messages": config.aggregation.active,
-        "state_memory_mb": runtime.state_memory_mb,
-        "spill_dir": runtime.spill_dir,
-        "client_training": runtime.client_training,
-        "vectorize_chunk": runtime.vectorize_chunk,
-        "gpus": runtime.host_gpus,
-    }
-    return ClientHost(
-        config.algorithm,
-        problem.model_spec,
-        problem.x,
-        problem.y,
-        problem.clients if clients is None else clients,
-        problem.init_params,
-        config.seed,
-        **(settings | options),
-    )
+    `clients` is given); `options` override HostSettings fields."""
+    settings = dataclasses.replace(HostSettings.from_config(config, problem.model_spec, problem.attack), **options)
+    clients = problem.clients if clients is None else clients
+    return ClientHost(settings, problem.x, problem.y, clients, problem.init_params)
 
 
 class InProcess:

@@ -52,7 +52,7 @@ def _round_with_records(host, coordinator, round_index: int):
     """Every client's message and its client-step record (train_loss, ...)."""
     partial, records = host.train(round_index, host.client_ids, coordinator.broadcast())
     coordinator.aggregate(partial)
-    return {c: message for c, (message, _) in partial.messages.items()}, {r["client_id"]: r for r in records}
+    return {c: message for c, (message, _) in partial.messages.items()}, {r.client_id: r.metrics for r in records}
 
 
 @pytest.mark.parametrize("kind", ["same_value", "sign_flip", "gaussian"])
@@ -320,7 +320,7 @@ def test_skipping_attackers_keep_their_state_and_upload_only_the_forged_message(
         coordinator.aggregate(partial)
         latest |= {c: m for c, (m, _) in partial.messages.items()}
         for record in records:
-            assert ("train_loss" in record) == (record["client_id"] not in problem.malicious)
+            assert ("train_loss" in record.metrics) == (record.client_id not in problem.malicious)
         for client_id in problem.malicious & set(selected):
             forged = problem.attack.corrupt(client_id, round_index, latest[client_id], broadcast)
             np.testing.assert_array_equal(latest[client_id], forged)

@@ -14,7 +14,7 @@ from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
 from raysim.config import validate_config
-from raysim.metrics import mean_client_metrics, summarize
+from raysim.metrics import ClientRecord, mean_client_metrics, summarize
 from raysim.models.flat import FlatModel, ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
@@ -337,9 +337,9 @@ def test_mixed_parameter_count_is_the_gkr_count_plus_the_nonzeros_of_p_and_sprea
     settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 1e-3, "lr": 0.1, "batch_size": 32}
     problem, host, broadcast, records = _fedslr_host_after_one_round(settings)
     gkr = host.algorithm.global_parameter_count(broadcast.ranks)
-    nonzeros = [float(np.count_nonzero(host.client_states()[r["client_id"]].p)) for r in records]
-    assert [r["mixed_params"] for r in records] == [gkr + n for n in nonzeros]
-    logged = mean_client_metrics([{k: v for k, v in r.items() if k != "uplink_bytes"} for r in records])
+    nonzeros = [float(np.count_nonzero(host.client_states()[r.client_id].p)) for r in records]
+    assert [r.metrics["mixed_params"] for r in records] == [gkr + n for n in nonzeros]
+    logged = mean_client_metrics(records)
     assert logged["client/p_nonzeros"] == pytest.approx(np.mean(nonzeros))
     assert logged["client/p_nonzeros_std"] == pytest.approx(np.std(nonzeros, ddof=1)) and np.std(nonzeros) > 0
-    assert mean_client_metrics([{"client_id": 0, "a": 2.0}]) == {"client/a": 2.0, "client/a_std": 0.0}
+    assert mean_client_metrics([ClientRecord(0, {"a": 2.0}, 0.0)]) == {"client/a": 2.0, "client/a_std": 0.0}

@@ -32,9 +32,10 @@ from raysim.algorithms.base import (
     run_client_steps,
 )
 from raysim.attacks import AttackPlan
+from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
 from raysim.data.sources import Task
-from raysim.metrics import ClientEvaluation, ModelScores, SingleLabelAuc, classification_scores
+from raysim.metrics import ClientEvaluation, ClientRecord, ModelScores, SingleLabelAuc, classification_scores
 from raysim.models.flat import FlatModel
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, encode
@@ -42,11 +43,6 @@ from raysim.runtime.state_store import ClientStateStore
 from raysim.seeding import Stream, rng
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
-
-UPLINK_BYTES = "uplink_bytes"
-"""Record key of the bytes a client sent this round (the driver sums it over clients)."""
-DROPPED = "dropped_nonfinite"
-"""Record key set when a client's upload had NaN/inf and was dropped (runtime.on_nonfinite = drop_client)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +58,41 @@ class ModelSpec:
         return FlatModel(self.name, self.input_shape, self.outputs, self.task)
 
 
+@dataclass(frozen=True)
+class HostSettings:
+    """Everything a host needs besides its data and clients (`from_config`: as a run sets its hosts up)."""
+
+    algorithm: AlgorithmSettings
+    model: ModelSpec
+    seed: int
+    torch_threads: int = 1
+    attack: AttackPlan | None = None
+    """Which clients are malicious and how (None: no attack)."""
+    send_messages: bool = False
+    """Add each selected client's message to the partial sums, for a robust aggregator at the coordinator."""
+    auc_single_label: SingleLabelAuc = "zero"
+    """The AUC of a one-label test split (raysim.metrics.classification_scores)."""
+    on_nonfinite: str = "stop"
+    """`stop` raises UploadRangeError on a NaN/inf upload, `drop_client` leaves it out (runtime.on_nonfinite)."""
+    state_memory_mb: float | None = None
+    """Client states beyond this spill to a folder in `spill_dir` (runtime.state_memory_mb, runtime.spill_dir)."""
+    spill_dir: str | None = None
+    client_training: str = "sequential"
+    """`vectorized`: the selected clients train together, `vectorize_chunk` at a time (runtime.client_training)."""
+    vectorize_chunk: int = 16
+    gpus: float = 0.0
+    """The host's GPU share: vectorized training runs on the GPU when it has one (runtime.host_gpus)."""
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, model: ModelSpec, attack: AttackPlan | None) -> HostSettings:
+        runtime = config.runtime
+        return cls(
+            config.algorithm, model, config.seed, runtime.torch_threads, attack, config.aggregation.active,
+            config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb, runtime.spill_dir,
+            runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus,
+        )  # fmt: skip
+
+
 def _untrained(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
     """Executor of a Byzantine client that skips training: every SGD request returns its start point, every
     gradient is zero."""
@@ -75,53 +106,39 @@ class ClientHost:
 
     def __init__(
         self,
-        algorithm_settings: AlgorithmSettings,
-        model_spec: ModelSpec,
+        settings: HostSettings,
         x: np.ndarray,
         y: np.ndarray,
         clients: list[tuple[ClientInfo, ClientSplit]],
         init_params: Vector,
-        seed: int,
-        torch_threads: int = 1,
-        attack: AttackPlan | None = None,
-        send_messages: bool = False,
-        auc_single_label: SingleLabelAuc = "zero",
-        on_nonfinite: str = "stop",
-        state_memory_mb: float | None = None,
-        spill_dir: str | None = None,
-        client_training: str = "sequential",
-        vectorize_chunk: int = 16,
-        gpus: float = 0.0,
     ):
-        """`attack` says which clients are malicious and how; `send_messages` adds each selected client's
-        message to the partial sums, for a robust aggregator at the coordinator; `auc_single_label` is the
-        AUC of a one-label test split (raysim.metrics.classification_scores); client states beyond
-        `state_memory_mb` spill to a folder in `spill_dir` (runtime.state_memory_mb, runtime.spill_dir);
-        `client_training` = vectorized trains the selected clients together, `vectorize_chunk` at a time, on
-        the GPU when the host has `gpus` (runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus)."""
-        torch.set_num_threads(torch_threads)
-        self.auc_single_label = auc_single_label
-        self.on_nonfinite = on_nonfinite
-        """runtime.on_nonfinite: `stop` raises UploadRangeError on a NaN/inf upload, `drop_client` skips it."""
-        self.model = model_spec.build()
-        self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
+        """`x`, `y`: the whole dataset (one object-store copy shared by the hosts of a node); `clients`: the
+        (ClientInfo, ClientSplit) pairs this host owns, all starting from `init_params`."""
+        torch.set_num_threads(settings.torch_threads)
+        self.settings = settings
+        self.model = settings.model.build()
+        self.algorithm = build_algorithm(settings.algorithm, self.model.spec)
         self.trainer = LocalTrainer(self.model)
-        device = torch.device("cuda" if gpus > 0 and torch.cuda.is_available() else "cpu")
+        device = torch.device("cuda" if settings.gpus > 0 and torch.cuda.is_available() else "cpu")
         self.vectorized = (
-            VectorizedTrainer(self.model, vectorize_chunk, device) if client_training == "vectorized" else None
+            VectorizedTrainer(self.model, settings.vectorize_chunk, device)
+            if settings.client_training == "vectorized"
+            else None
         )
         """runtime.client_training = vectorized: the trainer of the selected clients' LocalSGD requests."""
-        self.seed = seed
-        self.attack = attack
-        self.send_messages = send_messages
+        self.seed = settings.seed
+        self.attack = settings.attack
         self.sent: dict[int, Vector] = {}
         """The last message each Byzantine client sent (delta uploads must be relative to it)."""
         self.evaluations = 0
         self.num_clients = clients[0][0].num_clients if clients else 0
         self.info = {info.id: info for info, _ in clients}
-        self.data = {info.id: self._client_data(x, y, info.id, split, model_spec.outputs) for info, split in clients}
+        classes = settings.model.outputs
+        self.data = {info.id: self._client_data(x, y, info.id, split, classes) for info, split in clients}
         self.states: MutableMapping[int, Any] = (
-            {} if state_memory_mb is None else ClientStateStore(int(state_memory_mb * 2**20), spill_dir)
+            {}
+            if settings.state_memory_mb is None
+            else ClientStateStore(int(settings.state_memory_mb * 2**20), settings.spill_dir)
         )
         for info, _ in clients:  # one at a time: a budgeted store spills while they are made
             self.states[info.id] = self.algorithm.init_client(info, init_params)
@@ -141,10 +158,12 @@ class ClientHost:
     def client_ids(self) -> list[int]:
         return sorted(self.info)
 
-    def train(self, round_index: int, client_ids: list[int], broadcast: object) -> tuple[PartialSum | None, list[dict]]:
+    def train(
+        self, round_index: int, client_ids: list[int], broadcast: object
+    ) -> tuple[PartialSum | None, list[ClientRecord]]:
         """Run the client step of each selected client; return the exact sum of their uploads and their metrics."""
         total: PartialSum | None = None
-        records: list[dict] = []
+        records: list[ClientRecord] = []
         for client_id, previous_state, update in self._updates(round_index, sorted(client_ids), broadcast):
             if self._idle(client_id):  # attack.training = skip: no local work, state kept; the step shapes the upload
                 update = dataclasses.replace(update, state=previous_state, metrics={})
@@ -153,16 +172,16 @@ class ClientHost:
             try:
                 term = encode(upload, self.num_clients, client_id)
             except UploadRangeError as error:
-                if self.on_nonfinite != "drop_client":
+                if self.settings.on_nonfinite != "drop_client":
                     raise UploadRangeError(f"round {round_index}: {error}") from None
                 self.states[client_id] = previous_state  # runtime.on_nonfinite = drop_client: as if not selected
-                records.append({"client_id": client_id, DROPPED: 1.0, UPLINK_BYTES: 0.0})
+                records.append(ClientRecord(client_id, {}, 0.0, dropped=True))
                 continue
             if message is not None:
                 term.messages[client_id] = message
             total = term if total is None else total + term
             uplink = float(self.algorithm.uplink_bytes(upload))
-            records.append({"client_id": client_id, **update.metrics, UPLINK_BYTES: uplink})
+            records.append(ClientRecord(client_id, dict(update.metrics), uplink))
         return total, records
 
     def _idle(self, client_id: int) -> bool:
@@ -200,7 +219,7 @@ class ClientHost:
         """The upload actually sent (a Byzantine client's carries its forged message) and, for robust
         aggregation, (message, previous message)."""
         byzantine = self.attack is not None and self.attack.byzantine(client_id)
-        if not (byzantine or self.send_messages):
+        if not (byzantine or self.settings.send_messages):
             return update.upload, None
         message = self.algorithm.message(update)
         previous = self.sent.get(client_id)
@@ -211,7 +230,7 @@ class ClientHost:
             message = self.attack.corrupt(client_id, round_index, message, broadcast)  # type: ignore[union-attr]
             upload = self.algorithm.upload_from_message(upload, message, previous)
             self.sent[client_id] = message
-        return upload, ((np.asarray(message, np.float32), previous) if self.send_messages else None)
+        return upload, ((np.asarray(message, np.float32), previous) if self.settings.send_messages else None)
 
     def _generators(
         self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING
@@ -271,7 +290,7 @@ class ClientHost:
         val_acc = self.model.evaluate(params, *arrays("val"))[1] if len(data.val) else float("nan")
         f1 = auc = float("nan")
         if self.model.task == "classification":
-            f1, auc = classification_scores(self.model.predict(params, x_test), y_test, self.auc_single_label)
+            f1, auc = classification_scores(self.model.predict(params, x_test), y_test, self.settings.auc_single_label)
         return ModelScores(test_acc, test_loss, train_loss, val_acc, f1, auc)
 
     def evaluate(self, global_params: Vector) -> list[ClientEvaluation]:

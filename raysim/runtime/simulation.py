@@ -14,9 +14,9 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.errors import RaysimError
-from raysim.metrics import ClientEvaluation, mean_client_metrics
+from raysim.metrics import ClientEvaluation, ClientRecord, mean_client_metrics
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.host import DROPPED, UPLINK_BYTES, ClientHost
+from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
 
@@ -49,6 +49,7 @@ class Simulation:
         # constructor with its original arguments, and a large inline argument (a host's client list is
         # ~280 KB on Fashion-MNIST) would have been freed after the first construction.
         self._refs = (x_ref, y_ref, init_ref, server_ref, *clients_refs)
+        settings = HostSettings.from_config(config, problem.model_spec, problem.attack)
         self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
         host_actor = ray.remote(ClientHost)
         self.hosts = [
@@ -59,25 +60,7 @@ class Simulation:
                 scheduling_strategy=self.placement.strategy(index),
                 max_restarts=runtime.max_restarts,
                 max_task_retries=0,
-            ).remote(
-                config.algorithm,
-                problem.model_spec,
-                x_ref,
-                y_ref,
-                clients_refs[index],
-                init_ref,
-                config.seed,
-                runtime.torch_threads,
-                attack=problem.attack,
-                send_messages=config.aggregation.active,
-                auc_single_label=config.tracking.auc_single_label,
-                on_nonfinite=runtime.on_nonfinite,
-                state_memory_mb=runtime.state_memory_mb,
-                spill_dir=runtime.spill_dir,
-                client_training=runtime.client_training,
-                vectorize_chunk=runtime.vectorize_chunk,
-                gpus=runtime.host_gpus,
-            )
+            ).remote(settings, x_ref, y_ref, clients_refs[index], init_ref)
             for index, ids in enumerate(self.host_clients)
         ]
         self.coordinator = (
@@ -122,7 +105,7 @@ class Simulation:
                 partials.append(partial)
                 record_refs.append(records)
         records = [r for host_records in ray.get(record_refs) for r in host_records]
-        self.dropped = [r["client_id"] for r in records if r.pop(DROPPED, 0.0)]
+        self.dropped = [r.client_id for r in records if r.dropped]
         self._check_usable(round_index, len(selected))
         trained = time.perf_counter()
         server_metrics = ray.get(self.coordinator.aggregate.remote(*partials))
@@ -159,10 +142,10 @@ class Simulation:
                 totals[key] = totals.get(key, 0.0) + value
         return totals
 
-    def _communication(self, records: list[dict], downlink: int) -> dict[str, float]:
+    def _communication(self, records: list[ClientRecord], downlink: int) -> dict[str, float]:
         """Bytes sent this round (uplink: each selected client's upload; downlink: broadcast x selected) and
-        since the start; takes the per-client byte counts out of `records`."""
-        uplink = sum(r.pop(UPLINK_BYTES) for r in records)
+        since the start."""
+        uplink = sum(r.uplink_bytes for r in records)
         self.uplink_total += uplink
         self.downlink_total += downlink
         return {
