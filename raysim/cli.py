@@ -3,33 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
 
-from raysim.errors import RaysimError, sigterm_interrupts
-from raysim.tracking.credentials import redact, redact_text
-
 
 def _run(args: argparse.Namespace) -> int:
-    from raysim.config import load_config
-    from raysim.runtime.driver import run_experiment
-    from raysim.suite import is_suite_file
-    from raysim.sweep import is_sweep_file
+    from raysim.launch import run_file
 
-    if is_suite_file(args.config):
-        return _run_suite(args)
-    if is_sweep_file(args.config):
-        return _sweep(argparse.Namespace(**vars(args), sweep=args.config))
-    config = load_config(args.config, args.set)
-    result = run_experiment(config, show_progress=not args.quiet)
-    final = result.summary
-    print(
-        f"run {result.run_id}: final PM {final['final/pm/acc']:.4f}  GM {final['final/gm/acc']:.4f}  "
-        f"HM {final['final/hm/acc']:.4f}  (best PM {final['best/pm/acc']:.4f})"
-    )
-    return 0
+    return run_file(args.config, args.set, args.quiet)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -37,10 +19,9 @@ def _resume(args: argparse.Namespace) -> int:
 
     if args.target is None:
         return _resumable(args.tracking_uri)
-    result = resume_experiment(args.target, args.tracking_uri, show_progress=not args.quiet)
-    final = result.summary
-    print(f"run {result.run_id}: final PM {final['final/pm/acc']:.4f}  GM {final['final/gm/acc']:.4f}  "
-          f"HM {final['final/hm/acc']:.4f}  (best PM {final['best/pm/acc']:.4f})")  # fmt: skip
+    from raysim.launch import print_run
+
+    print_run(resume_experiment(args.target, args.tracking_uri, show_progress=not args.quiet))
     return 0
 
 
@@ -57,19 +38,6 @@ def _resumable(tracking_uri: str | None) -> int:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
         print(f"{run.run_id:32s}  {run.experiment[:16]:16s} {run.status:8s} {started:19s}  {run.driver}")
     print("continue one with `raysim resume RUN_ID`; a RUNNING run whose driver is gone was killed outright")
-    return 0
-
-
-def _run_suite(args: argparse.Namespace) -> int:
-    from raysim.suite import load_suite, run_suite
-
-    suite = load_suite(args.config, args.set)
-    result = run_suite(suite, show_progress=not args.quiet)
-    print(f"suite {suite.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
-    print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over seeds)")
-    for name in dict.fromkeys(c.name for c in result.children):
-        accs = [result.mean_final(name, f"final/{k}/acc") for k in ("pm", "gm", "hm")]
-        print(f"{name:24s} " + " ".join(f"{a:7.4f}" for a in accs))
     return 0
 
 
@@ -103,17 +71,9 @@ def _algorithms(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from raysim.sweep import load_sweep, run_sweep, setting_stats
+    from raysim.launch import run_sweep_file
 
-    sweep = load_sweep(args.sweep, args.set)
-    result = run_sweep(sweep, show_progress=not args.quiet)
-    print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
-    print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")
-    for label, mean, std, count in setting_stats(result.trials, result.outcomes, "final/pm/acc"):
-        print(f"{label:32s} {count:5d} {mean:8.4f} {std:8.4f}")
-    if result.failed:
-        print(f"failed trials: {result.failed} (see summary.parquet / the runs' raysim.error tag)")
-    return 1 if result.failed else 0
+    return run_sweep_file(args.sweep, args.set, args.quiet)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -285,18 +245,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Errors of input are one `error:` line (exit 2); Ctrl-C and SIGTERM one line saying what became of the
-    run (exit 128 + signal); credentials in URIs are redacted from both."""
+    run (exit 128 + signal); see raysim.launch.guarded."""
+    from raysim.launch import guarded
+
     args = parser().parse_args(argv)
-    with sigterm_interrupts():
-        try:
-            return args.handler(args)
-        except KeyboardInterrupt as interrupt:
-            number = getattr(interrupt, "signal_number", signal.SIGINT)
-            print(redact_text(str(interrupt)) or f"interrupted by {signal.Signals(number).name}", file=sys.stderr)
-            return 128 + number
-        except RaysimError as error:
-            print(f"error: {redact_text(str(error))}", file=sys.stderr)
-            return 2
+    return guarded(lambda: args.handler(args))
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ def follow(client, job_id: str) -> str:
 
 def entrypoint(kind: Kind) -> int:
     """Inside the job: write the carried config to a file and run it as `raysim run` / `raysim sweep` would."""
-    from raysim.cli import main
+    from raysim.launch import guarded, run_file
 
     text = os.environ.get(CONFIG_ENV)
     if not text:
@@ -250,7 +250,7 @@ def entrypoint(kind: Kind) -> int:
     try:
         path = folder / f"{kind}.yaml"
         path.write_text(text)
-        return main(["run" if kind == "experiment" else "sweep", str(path)])
+        return guarded(lambda: run_file(path, []))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         print(f"raysim code: {', '.join(f'{root} ({count} modules)' for root, count in code_roots().items())}")

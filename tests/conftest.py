@@ -31,7 +31,7 @@ def ray_local():
 def cluster():
     """A head and two worker nodes started with `ray start` on 127.0.0.1 (tests.test_cluster.LocalCluster), for
     the tests of one module; afterwards none of its processes is left."""
-    from tests.test_cluster import LocalCluster
+    from tests.cluster import LocalCluster
 
     started = LocalCluster()
     try:

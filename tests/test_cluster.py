@@ -18,12 +18,9 @@ import pickle
 import re
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -33,143 +30,8 @@ import pytest
 
 from raysim.config import validate_config
 from raysim.jobs import stop_nodes
+from tests.cluster import ROOT, free_port, kill_all, processes_with
 from tests.conftest import tiny_config
-
-ROOT = Path(__file__).resolve().parent.parent
-RAY = str(Path(sys.executable).parent / "ray")
-NODES = {
-    "head": {"num_cpus": 1, "resources": {"coordinator": 1}},
-    "worker_a": {"num_cpus": 1, "resources": {"host_slot": 2, "worker_a": 1}},
-    "worker_b": {"num_cpus": 1, "resources": {"host_slot": 2, "worker_b": 1}},
-}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class LocalCluster:
-    """Head + workers as separate `ray start` processes; token auth on; stopped by process id."""
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="rs7-", dir="/tmp"))
-        self.token = secrets.token_hex(16)
-        self.gcs_port = free_port()
-        self.dashboard_port = free_port()
-        self.env = {
-            **os.environ,
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": self.token,
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # as if activated
-        }
-        self.env.pop("RAY_ADDRESS", None)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.gcs_port}"
-
-    @property
-    def dashboard(self) -> str:
-        return f"http://127.0.0.1:{self.dashboard_port}"
-
-    def driver_env(self) -> dict[str, str]:
-        """Environment of a driver process that connects to this cluster."""
-        return {**self.env, "RAY_ADDRESS": self.address}
-
-    def _start(self, name: str, head: bool) -> None:
-        spec = NODES[name]
-        command = [RAY, "start", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-        command += ["--num-cpus", str(spec["num_cpus"]), "--resources", json.dumps(spec["resources"])]
-        command += ["--object-store-memory", str(160 * 2**20), "--temp-dir", str(self.root)]
-        for flag in (
-            "--dashboard-agent-listen-port",
-            "--dashboard-agent-grpc-port",
-            "--runtime-env-agent-port",
-            "--metrics-export-port",
-        ):
-            command += [flag, str(free_port())]
-        if head:
-            command += ["--head", "--port", str(self.gcs_port), "--include-dashboard", "true"]
-            command += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port)]
-            command += ["--ray-client-server-port", str(free_port())]
-        else:
-            command += ["--address", self.address]
-        subprocess.run(command, env=self.env, check=True, capture_output=True, timeout=120)
-
-    def start(self) -> LocalCluster:
-        self._start("head", head=True)
-        for name in NODES:
-            if name != "head":
-                self._start(name, head=False)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if len(self.nodes()) == len(NODES):
-                return self
-            time.sleep(1)
-        raise RuntimeError(f"cluster did not reach {len(NODES)} nodes: {self.nodes()}")
-
-    def nodes(self) -> list[dict]:
-        request = urllib.request.Request(
-            f"{self.dashboard}/nodes?view=summary", headers={"Authorization": f"Bearer {self.token}"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                summary = json.load(response)["data"]["summary"]
-        except OSError:
-            return []
-        return [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
-
-    def own_pids(self) -> list[int]:
-        """Processes of this cluster: they (and every job driver, worker and agent they start) carry its
-        unique token in their environment, or name its temp dir on their command line."""
-        return processes_with(f"RAY_AUTH_TOKEN={self.token}", str(self.root))
-
-    def stop(self) -> None:
-        """stop_nodes, as the README recipe does; whatever it missed is killed too and then reported."""
-        try:
-            stop_nodes(self.root)
-        finally:
-            missed = kill_all(self.own_pids)
-            shutil.rmtree(self.root, ignore_errors=True)
-        assert not missed, f"stop_nodes({self.root}) left processes {missed}"
-
-
-def processes_with(environ_entry: str, in_cmdline: str | None = None) -> list[int]:
-    """Processes (not this one) with `environ_entry` (NAME=value) in their environment, or `in_cmdline` on
-    their command line: an inherited marker finds everything a cluster started, independently of stop_nodes."""
-    wanted = environ_entry.encode()
-    marker = in_cmdline.encode() if in_cmdline else None
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if wanted in environ.split(b"\0") or (marker and marker in cmdline):
-            found.append(int(entry.name))
-    return found
-
-
-def kill_all(census, wait_s: float = 10.0) -> list[int]:
-    """Wait up to `wait_s` for the processes `census()` lists to go, SIGKILL what is left; returns those."""
-    deadline = time.monotonic() + wait_s
-    while census() and time.monotonic() < deadline:
-        time.sleep(0.3)
-    left = census()
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while census() and time.monotonic() < deadline:
-        time.sleep(0.3)
-    return left
-
 
 RECIPE_MARKER = "<!-- test: cluster-recipe"
 RECIPE_PORTS = {"6379": "GCS", "8265": "dashboard", "5000": "MLflow"}

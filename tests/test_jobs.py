@@ -148,7 +148,7 @@ def test_database_password_is_refused_before_submitting(tmp_path, monkeypatch):
 
 def test_submit_prints_no_credential_when_it_fails(tmp_path, monkeypatch, capsys):
     from raysim.cli import main
-    from tests.test_cluster import free_port
+    from tests.cluster import free_port
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     path = tmp_path / "exp.yaml"

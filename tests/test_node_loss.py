@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from raysim.procmem import descendants
+from tests.cluster import ROOT
 from tests.conftest import tiny_config
-from tests.test_cluster import ROOT
 
 
 def _config(uri: str, checkpoints: str) -> dict:

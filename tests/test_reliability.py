@@ -26,6 +26,7 @@ from raysim.errors import ConfigError, PartitionError
 from raysim.runtime import checkpoint
 from raysim.runtime.driver import DivergenceError, resume_experiment, run_experiment
 from raysim.runtime.simulation import RecoveryError
+from tests.cluster import free_port
 from tests.conftest import tiny_config
 
 ROUNDS = 5
@@ -265,7 +266,7 @@ def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, run
 
 
 def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
-    port = _free_port()
+    port = free_port()
     data = _config(f"http://127.0.0.1:{port}", tmp_path)
     with socket.socket() as silent:  # accepts connections, never answers: the slow case
         silent.bind(("127.0.0.1", port))
@@ -287,7 +288,7 @@ def test_credentials_in_the_tracking_uri_are_stored_and_printed_nowhere(tmp_path
     from raysim.server import ServerSettings, TrackingServer
 
     secret = "s3cret-pw"
-    settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts"), port=_free_port())
+    settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts"), port=free_port())
     with TrackingServer(settings, tmp_path / "server.log"):
         uri = f"http://alice:{secret}@127.0.0.1:{settings.port}"
         data = _config(uri, tmp_path, checkpoint_every=1)
@@ -335,11 +336,6 @@ def test_http_credentials_move_into_mlflow_variables(monkeypatch):
     assert connect_uri("postgresql://u:p@db/m") == "postgresql://u:p@db/m"  # SQLAlchemy needs them
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _start_server(backend: str, port: int) -> subprocess.Popen:
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -361,7 +357,7 @@ def _start_server(backend: str, port: int) -> subprocess.Popen:
 def test_metrics_survive_a_tracking_server_outage_exactly_once(ray_local, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
-    backend, port = f"sqlite:///{tmp_path / 'server.db'}", _free_port()
+    backend, port = f"sqlite:///{tmp_path / 'server.db'}", free_port()
     uri = f"http://127.0.0.1:{port}"
     servers = [_start_server(backend, port)]
     outage: dict[str, float] = {}

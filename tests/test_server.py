@@ -9,7 +9,7 @@ import pytest
 
 from raysim.server import ServerSettings, TrackingServer, is_healthy
 from raysim.tracking.mlflow_writer import MlflowWriter
-from tests.test_cluster import free_port
+from tests.cluster import free_port
 
 
 def test_command_uses_one_worker_and_served_artifacts(tmp_path):

@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
 from raysim.procmem import descendants
+from tests.cluster import free_port
 from tests.conftest import tiny_config
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
@@ -109,11 +110,6 @@ def test_runs_of_killed_drivers_are_listed_for_resume(tmp_path, capsys):
     assert "RUNNING" in line and f"gone ({socket.gethostname()}:{driver.pid})" in line
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 def _listening(port: int) -> bool:
     try:
@@ -126,7 +122,7 @@ def _listening(port: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["ui", "server"])
 def test_sigterm_stops_the_mlflow_server_and_frees_its_port(tmp_path, command):
-    port = _free_port()
+    port = free_port()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = ["--tracking-uri", uri] if command == "ui" else ["--backend-store-uri", uri, "--artifacts-destination",
                                                                str(tmp_path / "artifacts")]  # fmt: skip

@@ -142,7 +142,7 @@ def _interrupted(
     rounds: Rounds | None,
 ) -> Interrupted:
     """Ctrl-C or SIGTERM: the run is marked KILLED (what it had logged stays) and the user is told how to go
-    on; one line, no traceback (raysim.cli)."""
+    on; one line, no traceback (raysim.launch)."""
     number = getattr(interrupt, "signal_number", signal.SIGINT)
     name = signal.Signals(number).name
     done = max(result.history, default=0)

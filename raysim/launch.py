@@ -1,0 +1,81 @@
+"""Run a YAML file (an experiment, a suite or a sweep) and print its outcome, with the command line's error
+and signal handling: what `raysim run` does, and what a Ray job's entrypoint runs (raysim.jobs), so that
+neither has to go through the other."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from raysim.errors import RaysimError, sigterm_interrupts
+from raysim.tracking.credentials import redact, redact_text
+
+
+def guarded(action: Callable[[], int]) -> int:
+    """`action()`'s exit code; an input error is one `error:` line (2), Ctrl-C or SIGTERM one line saying what
+    became of the run (128 + the signal); credentials in URIs are redacted from both."""
+    with sigterm_interrupts():
+        try:
+            return action()
+        except KeyboardInterrupt as interrupt:
+            number = getattr(interrupt, "signal_number", signal.SIGINT)
+            print(redact_text(str(interrupt)) or f"interrupted by {signal.Signals(number).name}", file=sys.stderr)
+            return 128 + number
+        except RaysimError as error:
+            print(f"error: {redact_text(str(error))}", file=sys.stderr)
+            return 2
+
+
+def run_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int:
+    """Run an experiment, a suite (a file with `runs:`) or a sweep (`grid:` / `random:`) and print its outcome."""
+    from raysim.config import load_config
+    from raysim.runtime.driver import run_experiment
+    from raysim.suite import is_suite_file
+    from raysim.sweep import is_sweep_file
+
+    if is_suite_file(path):
+        return run_suite_file(path, overrides, quiet)
+    if is_sweep_file(path):
+        return run_sweep_file(path, overrides, quiet)
+    result = run_experiment(load_config(path, overrides), show_progress=not quiet)
+    print_run(result)
+    return 0
+
+
+def print_run(result) -> None:
+    """The line a finished run ends with (`raysim submit` finds the run id in it)."""
+    final = result.summary
+    print(
+        f"run {result.run_id}: final PM {final['final/pm/acc']:.4f}  GM {final['final/gm/acc']:.4f}  "
+        f"HM {final['final/hm/acc']:.4f}  (best PM {final['best/pm/acc']:.4f})"
+    )
+
+
+def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int:
+    from raysim.suite import load_suite, run_suite
+
+    suite = load_suite(path, overrides)
+    result = run_suite(suite, show_progress=not quiet)
+    print(f"suite {suite.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
+    print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over seeds)")
+    for name in dict.fromkeys(c.name for c in result.children):
+        accs = [result.mean_final(name, f"final/{k}/acc") for k in ("pm", "gm", "hm")]
+        print(f"{name:24s} " + " ".join(f"{a:7.4f}" for a in accs))
+    return 0
+
+
+def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int:
+    """Exit code 1 when a trial failed (the others run to the end)."""
+    from raysim.sweep import load_sweep, run_sweep, setting_stats
+
+    sweep = load_sweep(path, overrides)
+    result = run_sweep(sweep, show_progress=not quiet)
+    print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
+    print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")
+    for label, mean, std, count in setting_stats(result.trials, result.outcomes, "final/pm/acc"):
+        print(f"{label:32s} {count:5d} {mean:8.4f} {std:8.4f}")
+    if result.failed:
+        print(f"failed trials: {result.failed} (see summary.parquet / the runs' raysim.error tag)")
+    return 1 if result.failed else 0
