@@ -337,20 +337,11 @@ def test_http_credentials_move_into_mlflow_variables(monkeypatch):
 
 
 
-def _start_server(backend: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend, "--host", "127.0.0.1",
-               "--port", str(port), "--workers", "1"]  # fmt: skip
-    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return server
-        except OSError:
-            time.sleep(0.3)
-    server.kill()
-    raise RuntimeError("mlflow server did not start")
+def _start_server(backend: str, port: int):
+    """An MLflow server in its own process group (stopped with its workers: nothing keeps the port)."""
+    from raysim.server import ServerSettings, TrackingServer
+
+    return TrackingServer(ServerSettings(backend, None, port=port)).start(timeout_s=60)
 
 
 @pytest.mark.slow
@@ -364,8 +355,7 @@ def test_metrics_survive_a_tracking_server_outage_exactly_once(ray_local, tmp_pa
 
     def toggle(round_index, simulation):
         if round_index == 0:  # the server goes away mid-run ...
-            servers[-1].terminate()
-            servers[-1].wait(30)
+            servers[-1].stop()
             outage["down"] = time.monotonic()
         elif round_index == 3:  # ... and comes back (same port, same backend)
             with pytest.raises(OSError):  # rounds 2-4 really ran with the server down
@@ -384,8 +374,7 @@ def test_metrics_survive_a_tracking_server_outage_exactly_once(ray_local, tmp_pa
         assert client.get_run(result.run_id).info.status == "FINISHED"
     finally:
         for server in servers:
-            server.kill()
-            server.wait(30)
+            server.stop()
 
 
 _HOSTILE = st.one_of(
