@@ -144,7 +144,7 @@ class ClientHost:
             self.states[info.id] = self.algorithm.init_client(info, init_params)
 
     def _client_data(self, x: np.ndarray, y: np.ndarray, client_id: int, split: ClientSplit, classes: int):
-        """A client's view of the data: its noise, and for a label poisoner random labels (flame.md 4.2)."""
+        """A client's view of the data: its noise, and for a label poisoner random labels (raysim.attacks)."""
         redraw = 0
         if self.attack is not None and self.attack.poisons_labels(client_id):
             if self.attack.settings.labels == "per_access":
@@ -300,7 +300,7 @@ class ClientHost:
         for client_id in self.client_ids:
             data, state = self.data[client_id], self.states[client_id]
             gm = self._scores(global_params, data, client_id)
-            if self.info[client_id].heldout:  # a target client: adapted from the global model now (augfl.md 2.3)
+            if self.info[client_id].heldout:  # a target client: adapted from the global model now (Algorithm.adapt)
                 adaptation = self.algorithm.adapt(self.info[client_id], global_params)
                 execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
                 personal = None if adaptation is None else drive(adaptation, execute)

@@ -3,7 +3,7 @@
 Host actors share one placement group, one bundle per host, with strategy PACK (few nodes, cheap
 transfers) or SPREAD (one host per node where possible: more memory and cores per host). Custom
 resources (`runtime.host_resources`, `runtime.coordinator_resources`) pin hosts or the coordinator to
-the nodes that offer them, e.g. the coordinator on a GPU node for FedSLR's SVD step. Reserving the
+the nodes that offer them, e.g. the coordinator on a GPU node for a server step with large SVDs. Reserving the
 group also queues concurrent sweep trials: a trial waits until the cluster can hold all its hosts.
 """
 

@@ -1,7 +1,7 @@
 """Client state that does not fit a memory budget: the least recently used states spill to disk.
 
-A host simulating many clients keeps one state per client across rounds (for FLAME three model-sized
-vectors each), which can exceed its memory long before its compute is the limit. `ClientStateStore` is a
+A host simulating many clients keeps one state per client across rounds (an ADMM method keeps three
+model-sized vectors each), which can exceed its memory long before its compute is the limit. `ClientStateStore` is a
 mapping client id -> state that keeps states in memory up to a byte budget and writes the least recently
 used ones to one file per client, in the checkpoint encoding (`checkpoint.save_tree`: .npz, no pickle,
 written to a temporary name and renamed), so that a state read back is bit for bit the one stored: dtypes,

@@ -22,9 +22,9 @@ class ClientData:
     test: np.ndarray
     val: np.ndarray
     noise_std: float = 0.0
-    """Gaussian feature noise redrawn at every access (quality skew, flame.md 6.3 scheme 3)."""
+    """Gaussian feature noise redrawn at every access (the quality-skew partition, raysim.data.partitions)."""
     random_labels: int = 0
-    """If > 0, labels are redrawn uniformly from this many classes at every access (label poisoning, 4.2)."""
+    """If > 0, labels are redrawn uniformly from this many classes at every access (label poisoning)."""
 
     def batch(self, indices: np.ndarray, generator: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The samples `indices` as this client sees them: with its noise and poisoned labels, freshly drawn."""
