@@ -23,6 +23,7 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
+from raysim.algorithms.servers import weighted_average
 
 
 class DittoSettings(SGDSettings):
@@ -84,8 +85,8 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
         return ClientUpdate(new, DittoUpload(new.w.astype(np.float64), 1.0), metrics)
 
     def server_step(self, server: DittoServerState, total: DittoUpload, num_selected: int):
-        w = (total.params / total.weight).astype(np.float32)
-        return DittoServerState(w), {"global_change": float(np.linalg.norm(w - server.w))}
+        w, metrics = weighted_average(total, server.w)  # uniform mean of the selected global-model copies
+        return DittoServerState(w), metrics
 
     def global_model(self, server: DittoServerState) -> Vector:
         return server.w

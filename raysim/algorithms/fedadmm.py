@@ -27,6 +27,7 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
+from raysim.algorithms.servers import running_mean
 
 
 class FedAdmmSettings(SGDSettings):
@@ -99,9 +100,8 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, FedAdmmServerState,
         return ClientUpdate(new, FedAdmmUpload(u - state.message(s.rho)), metrics, message=u)
 
     def server_step(self, server: FedAdmmServerState, total: FedAdmmUpload, num_selected: int):
-        sum_u = server.sum_u + total.delta_u
-        w = (sum_u / server.num_clients).astype(np.float32)
-        return FedAdmmServerState(w, sum_u, server.num_clients), {"global_change": float(np.linalg.norm(w - server.w))}
+        mean = running_mean(server.sum_u, total, server.num_clients, server.w)  # w = (1/m) sum_i u_i
+        return FedAdmmServerState(mean.model, mean.running_sum, server.num_clients), mean.metrics
 
     def global_model(self, server: FedAdmmServerState) -> Vector:
         return server.w

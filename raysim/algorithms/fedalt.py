@@ -24,6 +24,7 @@ from raysim.algorithms.base import (
     Vector,
 )
 from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
+from raysim.algorithms.servers import weighted_average
 from raysim.models.flat import ParamSpec
 
 
@@ -93,8 +94,8 @@ class FedAlt(Algorithm[FedAltSettings, PartialClientState, PartialServerState, V
         return ClientUpdate(PartialClientState(params), upload, metrics)
 
     def server_step(self, server: PartialServerState, total: PartialUpload, num_selected: int):
-        u = (total.weighted_shared / total.weight).astype(np.float32)
-        return PartialServerState(u, server.template), {"global_change": float(np.linalg.norm(u - server.u))}
+        u, metrics = weighted_average(total, server.u)  # weighted mean of the selected shared parts
+        return PartialServerState(u, server.template), metrics
 
     def message_coordinates(self, params: Vector) -> Vector:
         return params[self.shared]

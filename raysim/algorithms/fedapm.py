@@ -34,6 +34,7 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
+from raysim.algorithms.servers import running_mean
 from raysim.models.flat import ParamSpec
 
 SplitPreset = Literal["output", "last_layer", "first_layer"]
@@ -204,10 +205,8 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         return state.params[self.shared].astype(np.float64) + state.pi / self.settings.rho
 
     def server_step(self, server: FedApmServerState, total: FedApmUpload, num_selected: int):
-        sum_z = server.sum_z + total.delta_z
-        u = (sum_z / server.num_clients).astype(np.float32)  # (8)
-        state = FedApmServerState(u, sum_z, server.num_clients, server.template)
-        return state, {"global_change": float(np.linalg.norm(u - server.u))}
+        mean = running_mean(server.sum_z, total, server.num_clients, server.u)  # (8): u = (1/m) sum_i z_i
+        return FedApmServerState(mean.model, mean.running_sum, server.num_clients, server.template), mean.metrics
 
     def message_coordinates(self, params: Vector) -> Vector:
         return params[self.shared]

@@ -18,6 +18,7 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
+from raysim.algorithms.servers import weighted_average
 
 
 class FedAvgSettings(SGDSettings):
@@ -74,8 +75,8 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
         return ClientUpdate(state, FedAvgUpload(weight * result.params, weight), metrics)
 
     def server_step(self, server: FedAvgServerState, total: FedAvgUpload, num_selected: int):
-        w = (total.weighted_params / total.weight).astype(np.float32)
-        return FedAvgServerState(w), {"global_change": float(np.linalg.norm(w - server.w))}
+        w, metrics = weighted_average(total, server.w)  # w = sum_i n_i theta_i / sum_i n_i (or uniform)
+        return FedAvgServerState(w), metrics
 
     def global_model(self, server: FedAvgServerState) -> Vector:
         return server.w

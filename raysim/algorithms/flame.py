@@ -29,6 +29,7 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
+from raysim.algorithms.servers import running_mean
 
 
 class FlameSettings(SGDSettings):
@@ -111,10 +112,8 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         return ClientUpdate(new, FlameUpload(u - state.message(s.rho)), metrics, message=u)
 
     def server_step(self, server: FlameServerState, total: FlameUpload, num_selected: int):
-        sum_u = server.sum_u + total.delta_u
-        w = (sum_u / server.num_clients).astype(np.float32)  # (14): mean over ALL m clients
-        metrics = {"global_change": float(np.linalg.norm(w - server.w))}
-        return FlameServerState(w, sum_u, server.num_clients), metrics
+        mean = running_mean(server.sum_u, total, server.num_clients, server.w)  # (14): mean over ALL m clients
+        return FlameServerState(mean.model, mean.running_sum, server.num_clients), mean.metrics
 
     def global_model(self, server: FlameServerState) -> Vector:
         return server.w

@@ -24,6 +24,7 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
+from raysim.algorithms.servers import running_mean, server_metrics
 
 
 class PFedMeSettings(SGDSettings):
@@ -97,14 +98,12 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, PFedMeServerState, Vec
         return ClientUpdate(new, upload, metrics, message=new.w.astype(np.float64))
 
     def server_step(self, server: PFedMeServerState, total: PFedMeUpload, num_selected: int):
-        if self.settings.aggregation == "all":
-            sum_w = server.sum_w + total.delta_w
-            w = (sum_w / server.num_clients).astype(np.float32)
-        else:
-            beta = self.settings.beta
-            sum_w = server.sum_w
-            w = ((1 - beta) * server.w + beta * total.delta_w / num_selected).astype(np.float32)
-        return PFedMeServerState(w, sum_w, server.num_clients), {"global_change": float(np.linalg.norm(w - server.w))}
+        if self.settings.aggregation == "all":  # w = (1/m) sum_i w_i over all m clients
+            mean = running_mean(server.sum_w, total, server.num_clients, server.w)
+            return PFedMeServerState(mean.model, mean.running_sum, server.num_clients), mean.metrics
+        beta = self.settings.beta
+        w = ((1 - beta) * server.w + beta * total.delta_w / num_selected).astype(np.float32)
+        return PFedMeServerState(w, server.sum_w, server.num_clients), server_metrics(w, server.w)
 
     def global_model(self, server: PFedMeServerState) -> Vector:
         return server.w

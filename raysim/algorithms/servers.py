@@ -1,0 +1,69 @@
+"""The two server steps that several algorithms share, written once over the `Upload` contract (base.py).
+
+Robust aggregation and Byzantine attacks rewrite the upload field named by `Upload.message_field`
+(raysim.robust, raysim.attacks, the coordinator's `_robust_upload`); these helpers read the very same
+fields, so the server's mean and the robust rule that replaces it agree on what a message is.
+
+Running-mean servers (`Upload.delta = True`: FLAME, FedADMM, FedAPM, pFedMe with `aggregation: all`).
+The global model is the unweighted mean of the latest messages of ALL m clients, stale ones included:
+
+    w = (1/m) sum_{i=1..m} u_i        flame.md eq. (14) (u_i = w_i + pi_i/rho; FedADMM flame.md 2.2,
+                                      FedAPM fedapm.md eq. (8) with z_i, pFedMe flame.md 2.1 with w_i)
+
+A selected client uploads the change u_i^new - u_i^old, so the summed upload moves a float64 running sum
+S = sum_i u_i held by the server; the model is S / m (divided, not multiplied by 1/m), cast to float32.
+
+Weighted-average servers (`weight_field` set: FedAvg flame.md 2.3, FedProx, Ditto flame.md 2.4, FedAlt and
+FedSim fedapm.md 4.3). The global model is the weighted mean of this round's selected clients' messages:
+
+    w = sum_{i in S} a_i x_i / sum_{i in S} a_i
+
+Each client uploads a_i * x_i in `message_field` and a_i in `weight_field`; the runtime sums both exactly.
+
+Both report `global_change` = ||w_new - w_old||, the server metric every algorithm logs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from raysim.algorithms.base import Upload, Vector
+
+
+class RunningMean(NamedTuple):
+    """A running-mean server step's result."""
+
+    model: Vector
+    """float32: the running sum divided by m."""
+    running_sum: np.ndarray
+    """float64: the sum over all m clients of their latest messages."""
+    metrics: dict[str, float]
+
+
+def running_mean(running_sum: np.ndarray, total: Upload, num_clients: int, previous: Vector) -> RunningMean:
+    """Add the summed message changes of `total` to the running sum and average over ALL `num_clients`.
+
+    `previous` is the current global model (for `global_change`)."""
+    if not total.delta or total.message_field is None:
+        raise TypeError(f"running_mean needs an Upload with delta = True, got {type(total).__name__}")
+    new_sum = running_sum + getattr(total, total.message_field)
+    model = (new_sum / num_clients).astype(np.float32)
+    return RunningMean(model, new_sum, server_metrics(model, previous))
+
+
+def weighted_average(total: Upload, previous: Vector) -> tuple[Vector, dict[str, float]]:
+    """sum(weight * message) / sum(weight) over the selected clients (float32), and the server metrics.
+
+    `previous` is the current global model (for `global_change`)."""
+    if total.delta or total.message_field is None or total.weight_field is None:
+        kind = type(total).__name__
+        raise TypeError(f"weighted_average needs an Upload with message_field and weight_field, got {kind}")
+    model = (getattr(total, total.message_field) / getattr(total, total.weight_field)).astype(np.float32)
+    return model, server_metrics(model, previous)
+
+
+def server_metrics(model: Vector, previous: Vector) -> dict[str, float]:
+    """What every server step logs: how far the global model moved this round."""
+    return {"global_change": float(np.linalg.norm(model - previous))}
