@@ -33,12 +33,14 @@ ROUNDS = 5
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@checkpoint.register_state_class
 @dataclass
 class _Inner:
     v: np.ndarray
     count: int
 
 
+@checkpoint.register_state_class
 @dataclass
 class _State:
     theta: np.ndarray

@@ -63,6 +63,7 @@ def assert_identical(a: Any, b: Any, where: str = "state") -> None:
         assert a == b, where
 
 
+@checkpoint.register_state_class
 @dataclass
 class _Inner:
     scale: np.float32
@@ -70,6 +71,7 @@ class _Inner:
     counts: np.ndarray
 
 
+@checkpoint.register_state_class
 @dataclass
 class _Exotic:
     """Every kind of field a client state may hold."""

@@ -5,9 +5,11 @@ Layout of one run's checkpoints: `<tracking.checkpoint_dir>/<run_id>/round-00001
 driver: a checkpoint without a manifest is incomplete and ignored). Files are written to a temporary name
 and renamed, so a crash never leaves a half-written file under the final name.
 
-No pickle: a state tree is stored as a JSON description plus the arrays it references, so a checkpoint
-can be read without running code from it. Dataclasses are rebuilt from their `module:qualname`, which
-must be importable (raysim's own state classes are).
+No pickle: a state tree is stored as a JSON description plus the arrays it references, so reading a
+checkpoint runs no code named in it. A dataclass is stored by its `module:qualname` and rebuilt only if
+it is a state class: a dataclass defined in raysim's own modules, or one a plugin registered with
+`register_state_class`. Anything else a file names (`subprocess:Popen`, `builtins:eval`, a raysim
+function) is refused with a CheckpointError before any module outside raysim is imported.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -42,6 +45,39 @@ class ArraySink(Protocol):
     def __setitem__(self, key: str, array: np.ndarray, /) -> None: ...
 
 
+_SEQUENCES = {"tuple": tuple, "list": list, "set": set, "frozenset": frozenset}
+_REGISTERED: dict[str, type] = {}
+_RAYSIM_MODULE = re.compile(r"raysim(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def register_state_class(kind: type) -> type:
+    """Allow checkpoints to rebuild `kind`, a state dataclass defined outside raysim (an algorithm plugin's
+    client or server state). Usable as a class decorator."""
+    if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+        raise TypeError(f"register_state_class: {kind!r} is not a dataclass")
+    _REGISTERED[f"{kind.__module__}:{kind.__qualname__}"] = kind
+    return kind
+
+
+def state_class(name: str) -> type:
+    """The state dataclass a checkpoint names as `module:qualname`, if it is allowed (see module docstring).
+    Modules outside raysim are never imported from a name read in a file."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    module, _, qualname = name.partition(":")
+    if not _RAYSIM_MODULE.fullmatch(module):
+        raise CheckpointError(f"refusing to rebuild {name!r}: not a raysim state class (see register_state_class)")
+    try:
+        kind: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            kind = getattr(kind, part)
+    except (ImportError, AttributeError):
+        raise CheckpointError(f"cannot rebuild {name!r}: no such class in this raysim version") from None
+    if not (isinstance(kind, type) and dataclasses.is_dataclass(kind) and kind.__module__ == module):
+        raise CheckpointError(f"refusing to rebuild {name!r}: not a raysim state dataclass")
+    return kind
+
+
 def encode_tree(value: Any, arrays: ArraySink) -> Any:
     """A JSON-able description of `value`; numpy arrays (and numpy scalars, as 0-d arrays, so that their
     dtype survives) go into `arrays` under generated keys. Any Mapping is stored as a dict."""
@@ -53,17 +89,17 @@ def encode_tree(value: Any, arrays: ArraySink) -> Any:
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kind = type(value)
+        name = f"{kind.__module__}:{kind.__qualname__}"
+        if name not in _REGISTERED and not _RAYSIM_MODULE.fullmatch(kind.__module__):
+            raise TypeError(f"cannot checkpoint {name}: a state class outside raysim needs register_state_class")
         fields = {f.name: encode_tree(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
-        return {"__dataclass__": f"{kind.__module__}:{kind.__qualname__}", "fields": fields}
+        return {"__dataclass__": name, "fields": fields}
     if isinstance(value, (tuple, list, set, frozenset)):
         items = sorted(value) if isinstance(value, (set, frozenset)) else value
         return {"__seq__": type(value).__name__, "items": [encode_tree(v, arrays) for v in items]}
     if isinstance(value, Mapping):  # value[k] in the loop: a lazily loaded value is let go once encoded
         return {"__dict__": [[encode_tree(k, arrays), encode_tree(value[k], arrays)] for k in value]}
     raise TypeError(f"cannot checkpoint a value of type {type(value).__name__}")
-
-
-_SEQUENCES = {"tuple": tuple, "list": list, "set": set, "frozenset": frozenset}
 
 
 def decode_tree(node: Any, arrays: Any) -> Any:
@@ -75,12 +111,15 @@ def decode_tree(node: Any, arrays: Any) -> Any:
     if "__scalar__" in node:
         return arrays[node["__scalar__"]][()]
     if "__dataclass__" in node:
-        module, _, name = node["__dataclass__"].partition(":")
-        kind: Any = importlib.import_module(module)
-        for part in name.split("."):
-            kind = getattr(kind, part)
+        kind = state_class(str(node["__dataclass__"]))
+        names = {f.name for f in dataclasses.fields(kind)}
+        if not set(node["fields"]) <= names:
+            unknown = sorted(set(node["fields"]) - names)
+            raise CheckpointError(f"{node['__dataclass__']}: the checkpoint has fields it does not have: {unknown}")
         return kind(**{k: decode_tree(v, arrays) for k, v in node["fields"].items()})
     if "__seq__" in node:
+        if node["__seq__"] not in _SEQUENCES:
+            raise CheckpointError(f"unknown sequence kind {node['__seq__']!r}; allowed: {', '.join(_SEQUENCES)}")
         return _SEQUENCES[node["__seq__"]](decode_tree(v, arrays) for v in node["items"])
     return {decode_tree(k, arrays): decode_tree(v, arrays) for k, v in node["__dict__"]}
 
@@ -148,6 +187,8 @@ class TreeFile:
     def _readable(self) -> Iterator[None]:
         try:
             yield
+        except CheckpointError as error:
+            raise CheckpointError(f"{self.path}: {error}") from None
         except _UNREADABLE as error:
             raise CheckpointError(f"{self.path}: unreadable checkpoint file ({error})") from None
 
