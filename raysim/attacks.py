@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from raysim.algorithms.base import Vector
 from raysim.errors import ConfigError
 from raysim.seeding import Stream, rng
+from raysim.settings import Settings
 
 AttackKind = Literal["none", "same_value", "sign_flip", "gaussian", "label_poisoning"]
 BYZANTINE = ("same_value", "sign_flip", "gaussian")
@@ -36,10 +37,9 @@ PAPER_STD = math.sqrt(0.1)
 CODE_STD = {"same_value": 0.01, "sign_flip": 1.0, "gaussian": 1.0}
 
 
-class AttackSettings(BaseModel):
+class AttackSettings(Settings):
     """The config's `attack` section."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     kind: AttackKind = Field("none", description="none, same_value, sign_flip, gaussian or label_poisoning")
     fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of malicious clients: floor(fraction * m)")
     count: Literal["paper", "code"] = Field(

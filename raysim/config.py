@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from raysim.algorithms import REGISTRY
 from raysim.attacks import AttackSettings
@@ -21,6 +21,7 @@ from raysim.data.sources import SOURCES, Dataset, load_dataset
 from raysim.errors import ConfigError
 from raysim.models.zoo import ModelSettings
 from raysim.robust import RobustSettings
+from raysim.settings import Settings
 from raysim.tracking.credentials import redact
 
 AlgorithmConfig = Annotated[
@@ -29,8 +30,8 @@ AlgorithmConfig = Annotated[
 ]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Section(Settings):
+    """One section of an experiment config."""
 
 
 class DatasetSettings(_Section):
@@ -180,9 +181,7 @@ class TrackingSettings(_Section):
     )
 
 
-class ExperimentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ExperimentConfig(Settings):
     algorithm: AlgorithmConfig  # type: ignore[valid-type]
     dataset: DatasetSettings = DatasetSettings()
     partition: PartitionSettings = QLabelSettings()
@@ -234,19 +233,60 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+MAX_DEPTH = 50
+"""Levels of nested lists and mappings a config may have: far more than any real one, far fewer than what
+exhausts Python's recursion (in the YAML parser, copies, JSON dumps)."""
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists and mappings more than `limit` levels deep (or refers to itself, as YAML
+    anchors allow); without recursion, and linear in the size of a tree whose anchors repeat subtrees."""
+    deepest: dict[int, int] = {}
+    stack = [(value, 0)]
+    while stack:
+        node, level = stack.pop()
+        if not isinstance(node, dict | list | tuple | set):
+            continue
+        if level >= limit:
+            return True
+        if deepest.get(id(node), -1) >= level:
+            continue
+        deepest[id(node)] = level
+        stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+def _parse_yaml(text: str, where: str, limit: int = MAX_DEPTH) -> Any:
+    """YAML text as data; a ConfigError starting with `where` when it is not YAML or nested too deeply."""
+    too_deep = ConfigError(f"{where}: nested too deeply (at most {MAX_DEPTH} levels of lists and mappings)")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(error).split())})") from None
+    except RecursionError:
+        raise too_deep from None
+    if _too_deep(data, limit):
+        raise too_deep
+    return data
+
+
 def apply_override(tree: dict[str, Any], assignment: str) -> None:
     """Apply one `key.path=value` override in place; the value is parsed as YAML (3, 0.1, true, [a])."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected key.path=value")
     path, raw = assignment.split("=", 1)
     keys = path.strip().split(".")
+    if len(keys) > MAX_DEPTH:
+        raise ConfigError(f"--set {'.'.join(keys[:3])}...: a key path of {len(keys)} keys is nested too deeply "
+                          f"(at most {MAX_DEPTH} levels)")  # fmt: skip
+    value = _parse_yaml(raw, f"--set {path}", MAX_DEPTH - len(keys))
     node = tree
     for key in keys[:-1]:
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
             raise ConfigError(f"--set {path}: {key!r} is not a section")
         node = child
-    node[keys[-1]] = yaml.safe_load(raw)
+    node[keys[-1]] = value
 
 
 def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
@@ -282,7 +322,18 @@ def _key_text(key: Any) -> str:
     return text if text and text.isprintable() and " " not in text else repr(text)
 
 
+def _field_level(error: dict[str, Any]) -> dict[str, Any]:
+    """The error with a bool-for-number refusal (raysim.settings, raised for the whole model) located at its
+    key, as pydantic locates its own field errors."""
+    if error["type"] != "bool_for_number":
+        return error
+    ctx = error["ctx"]
+    message = f"must be {ctx['kind']}, not a bool (got {ctx['value']})"
+    return {**error, "loc": (*error["loc"], ctx["key"]), "msg": message}
+
+
 def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
+    error = _field_level(error)
     loc = tuple(error["loc"])
     # Drop the discriminator tag that pydantic inserts for tagged unions: ("algorithm", "flame", "rho").
     section = data.get(loc[0]) if loc and loc[0] in ("algorithm", "partition") else None
@@ -305,7 +356,7 @@ def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
         return message.removeprefix("Value error, ")
     if kind in ("literal_error", "enum"):
         message = message.replace("Input should be", "must be")
-    shown = "" if kind == "missing" else f" (got {error['input']!r})"
+    shown = "" if kind in ("missing", "bool_for_number") else f" (got {error['input']!r})"
     return f"{path}: {message}{shown}"
 
 
@@ -322,11 +373,16 @@ def read_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
     """A YAML file whose top level is a mapping; a ConfigError naming the file otherwise."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        raw = path.read_bytes()
     except OSError as error:
         raise ConfigError(f"{path}: cannot read {what} ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: {what} is not UTF-8 text (byte 0x{raw[error.start]:02x} at position {error.start})"
+        ) from None
+    data = _parse_yaml(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level of a {what} must be a mapping")
     return data
@@ -348,10 +404,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return validate_config(data)
 
 
-class ExperimentFamily(BaseModel):
+class ExperimentFamily(Settings):
     """A file of several experiments derived from one base experiment (suites and sweeps)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     kind: ClassVar[str] = "family"
     """What the file is called in error messages ("suite", "sweep")."""
     name: str = Field(min_length=1, description="name of the parent MLflow run")
@@ -391,7 +446,7 @@ class ExperimentFamily(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as error:
-            first = error.errors()[0]
+            first = _field_level(error.errors()[0])
             key = ".".join(str(k) for k in first["loc"])
             message = first["msg"].removeprefix("Value error, ")
             raise ConfigError(f"{where}: {key}: {message}" if key else f"{where}: {message}") from None

@@ -16,15 +16,15 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from raysim.algorithms.base import Vector
+from raysim.settings import Settings
 
 
-class RobustSettings(BaseModel):
+class RobustSettings(Settings):
     """The config's `aggregation` section."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     rule: Literal["mean", "multi_krum", "median", "trimmed_mean", "norm_clip"] = Field(
         "mean", description="how the server combines messages; `mean` is the algorithm's own step"
     )

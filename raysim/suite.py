@@ -19,22 +19,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from raysim.attacks import check_benign_left
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.data import partition_dataset
+from raysim.data.partitions import check_classes
 from raysim.data.sources import SEEDED_SOURCES
 from raysim.errors import ConfigError, DataError, PartitionError
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.rounds import RunResult
 from raysim.runtime.session import ray_session
+from raysim.settings import Settings
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.robustness import write_suite_reports
 
 
-class SuiteRun(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+class SuiteRun(Settings):
+    model_config = ConfigDict(populate_by_name=True)
     name: str = Field(min_length=1)
     overrides: dict[str, Any] = Field(default_factory=dict, alias="set", description="dotted key -> value")
 
@@ -122,6 +124,7 @@ def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
                     continue
                 if dataset is None:
                     dataset = config.dataset.load(config.seed)
+                check_classes(config.partition, dataset.y)
                 partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
             except (ConfigError, DataError, PartitionError) as error:
                 raise type(error)(f"{where}: {error}") from None

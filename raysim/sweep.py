@@ -29,20 +29,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 import ray
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.errors import ConfigError
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.session import ray_session
+from raysim.settings import Settings
 from raysim.suite import check_partitions, write_summary
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 
 SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Model(Settings):
+    """The sweep file's own sections."""
 
 
 class Distribution(_Model):

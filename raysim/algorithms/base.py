@@ -25,18 +25,19 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from raysim.models.flat import ParamSpec
+from raysim.settings import Settings
 
 Vector = np.ndarray
 """A flat float32 parameter vector (see raysim.models.flat.ParamSpec for its layout)."""
 
 
-class AlgorithmSettings(BaseModel):
+class AlgorithmSettings(Settings):
     """Hyperparameters of one algorithm; subclasses add theirs. Validated from the config's `algorithm`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
     name: str
 
 

@@ -28,18 +28,18 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from raysim.algorithms.base import Vector
 from raysim.models.flat import FlatModel
 from raysim.seeding import Stream, rng, torch_seed
+from raysim.settings import Settings
 
 
-class TransferSettings(BaseModel):
+class TransferSettings(Settings):
     """`algorithm.transfer`: how the PM's knowledge reaches the meta-model (augfl.md 2, 8.5)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     mode: Literal["paper", "code"] = Field(
         "paper", description="grad of the CRD bound at theta^t (paper) or the code's epoch-averaged CE + CRD gradient"
     )

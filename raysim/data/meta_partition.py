@@ -9,18 +9,18 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from raysim.errors import PartitionError
 from raysim.seeding import Stream, rng
+from raysim.settings import Settings
 
 
-class MetaSettings(BaseModel):
+class MetaSettings(Settings):
     """2 random classes per client, D_i ~ U(M, 2M) split evenly over them, none from the reserved pool.
 
     Its own base (not partitions._Scheme), so that partitions.py can list it without an import cycle."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     scheme: Literal["meta"] = "meta"
     test_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="query share of each client (50/50 in the paper)")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of the support part held out as validation")

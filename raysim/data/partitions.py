@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from raysim.data.meta_partition import MetaSettings
 from raysim.errors import PartitionError
 from raysim.seeding import Stream, rng
+from raysim.settings import Settings
 
 
-class _Scheme(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Scheme(Settings):
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="per-client share held out for testing")
     val_fraction: float = Field(
         0.0, ge=0.0, lt=1.0, description="share of each client's training part held out for the HM-val choice"
@@ -450,6 +450,20 @@ def split_client(client_id: int, indices: np.ndarray, settings: _Scheme, generat
 
 _LABEL_SCHEMES = (DirichletSettings, QLabelSettings, HybridSettings, MixedSettings, LabelPriorSettings)
 # QualitySettings keeps the default IID `assign`: its skew is the noise applied at access time.
+
+
+def check_classes(settings: AnyPartition, labels: np.ndarray) -> None:
+    """Refuse `partition.q` above the dataset's number of classes, in the driver before any Ray or MLflow work:
+    the shards could still be dealt, but a client could then hold every class, not the label skew asked for."""
+    labels = np.asarray(labels)
+    if not isinstance(settings, QLabelSettings | HybridSettings) or not np.issubdtype(labels.dtype, np.integer):
+        return  # a regression target is refused by partition_dataset, naming the scheme
+    num_classes = len(np.unique(labels))
+    if settings.q > num_classes:
+        raise PartitionError(
+            f"partition.q={settings.q}: the dataset has {num_classes} classes, so a client cannot hold "
+            f"{settings.q} of them; partition.q is at most {num_classes}"
+        )
 
 
 def partition_dataset(

@@ -15,15 +15,15 @@ import math
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch import nn
+
+from raysim.settings import Settings
 
 ModelName = Literal["mlr", "mlp", "cnn", "linear", "resnet18_gn"]
 MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "linear", "resnet18_gn")
 
 
-class ModelSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ModelSettings(Settings):
     name: ModelName = "mlp"
 
 

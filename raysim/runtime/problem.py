@@ -12,6 +12,7 @@ from raysim.algorithms.base import ServerData
 from raysim.attacks import AttackPlan, attack_plan
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
+from raysim.data.partitions import check_classes
 from raysim.data.meta_partition import MetaSettings, server_indices
 from raysim.data.sources import Dataset
 from raysim.errors import ConfigError
@@ -52,6 +53,7 @@ class Problem:
 def prepare(config: ExperimentConfig) -> Problem:
     """Load and partition the data and draw the initial model; raises RaysimError on bad input."""
     dataset = config.dataset.load(config.seed)
+    check_classes(config.partition, dataset.y)
     splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
     spec = ModelSpec(config.model.name, dataset.input_shape, dataset.output_dim, dataset.task)
     try:
