@@ -42,8 +42,8 @@ def _resumable(tracking_uri: str | None) -> int:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
+    from raysim.algorithms.augfl_pretrain import pretrain_pm
     from raysim.config import load_config
-    from raysim.pretrain import pretrain_pm
 
     print(pretrain_pm(load_config(args.config, args.set), args.epochs, args.lr, args.cache))
     return 0
@@ -171,14 +171,19 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("--quiet", action="store_true", help="no progress bar")
     resume.set_defaults(handler=_resume)
     pretrain = commands.add_parser(
-        "pretrain", help="train (or reuse the cached) AugFL PM on the meta partition's reserved pool; prints its path"
+        "pretrain",
+        help="train (or reuse the cached) pretrained model of AugFL on the meta partition's reserved pool; prints "
+        "its path",
     )
     pretrain.add_argument("config", help="experiment YAML with partition.scheme = meta")
     pretrain.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
     pretrain.add_argument("--epochs", type=int, default=None, help="default: algorithm.pm_epochs")
     pretrain.add_argument("--lr", type=float, default=None, help="default: algorithm.pm_lr")
     pretrain.add_argument(
-        "--cache", type=Path, default=None, help="folder of cached PMs (default: $RAYSIM_CACHE/pm, ~/.cache/raysim/pm)"
+        "--cache",
+        type=Path,
+        default=None,
+        help="folder of cached pretrained models (default: $RAYSIM_CACHE/pm, ~/.cache/raysim/pm)",
     )
     pretrain.set_defaults(handler=_pretrain)
     ui = commands.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the tracking store")

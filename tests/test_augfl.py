@@ -158,8 +158,8 @@ def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reser
 
 
 def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
+    from raysim.algorithms.augfl_pretrain import pretrain_pm
     from raysim.data.meta_partition import reserved_indices
-    from raysim.pretrain import pretrain_pm
     from raysim.runtime.problem import prepare
 
     partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
@@ -228,7 +228,7 @@ def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_gl
 def test_the_pm_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, monkeypatch):
     """The default PM is the next larger architecture (mlr -> mlp; mlp -> cnn on images), pretrained on first
     use and cached; the CRD machinery, the PM and D_s live in the coordinator's algorithm only."""
-    from raysim.pretrain import pm_architecture
+    from raysim.algorithms.augfl_pretrain import pm_architecture
 
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
     sim = _sim({**META, "val_fraction": 0.0}, regularizer="crd", query_split="test", **{"lambda": 5.0})
@@ -242,6 +242,33 @@ def test_the_pm_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, mo
     assert losses[-1]["transfer_loss"] < losses[0]["transfer_loss"]  # theta and the heads learn the PM's structure
     image = validate_config(tiny_config(algorithm={"name": "augfl"}, model={"name": "mlp"}))
     assert pm_architecture(image, (1, 28, 28)) == "cnn" and pm_architecture(image, (20,)) == "mlp"
+
+
+def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    """AugFL's server_data hook yields one TrainModel request on the first held-back pool (the runtime runs it) when
+    nothing is cached, none once the file exists; an algorithm without server data returns no generator."""
+    from raysim.algorithms import build_algorithm
+    from raysim.algorithms.base import TrainModel
+    from raysim.runtime.host import ModelSpec
+    from raysim.runtime.problem import run_server_requests, server_context
+
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
+    config = validate_config(tiny_config(algorithm={"name": "augfl", "regularizer": "crd"}, partition=META))
+    dataset = config.dataset.load(config.seed)
+    context = server_context(config, dataset)
+    assert [len(pool.y) for pool in context.pools] == [META["reserved"], META["server_samples"]]
+    spec = ModelSpec(config.model.name, dataset.input_shape, dataset.output_dim, dataset.task).build().spec
+    algorithm = build_algorithm(config.algorithm, spec)
+    request = next(algorithm.server_data(context))
+    assert isinstance(request, TrainModel) and request.model == "mlp" and len(request.y) == META["reserved"]
+    data = run_server_requests(algorithm.server_data(context), context)
+    assert list(tmp_path.glob("pm/*-mlp-*.npy")) and data.pretrained_model == "mlp"
+    assert len(data.y) == META["server_samples"]
+    with pytest.raises(StopIteration) as cached:  # no request: the file is read
+        next(algorithm.server_data(context))
+    np.testing.assert_array_equal(cached.value.value.pretrained, data.pretrained)
+    fedavg = validate_config(tiny_config(algorithm={"name": "fedavg"}, partition=META))
+    assert build_algorithm(fedavg.algorithm, spec).server_data(context) is None
 
 
 def test_pm_settings_that_cannot_work_fail_before_any_ray_work():

@@ -14,16 +14,26 @@ over ALL clients of y_i + rho theta_i (unselected clients count with their last 
 and sets theta^{t+1} = (sum_i (y_i + rho theta_i) - lambda grad R_h(theta^t, theta_p)) / (m rho)   (13).
 
 R_h is `regularizer`: `crd` (the paper: contrastive representation distillation from a larger
-pretrained model, `transfer.mode` paper or the authors' code; raysim.algorithms.crd), `l2` =
-||theta - theta_p||^2 (the theory's same-architecture case) or `none` (AugFL w/o PM). The PM and the
-transfer set reach the coordinator only, through `setup_server` (raysim.pretrain trains and caches the PM).
+pretrained model, the teacher, `transfer.mode` paper or the authors' code; raysim.algorithms.crd), `l2` =
+||theta - theta_p||^2 (the theory's same-architecture case) or `none` (AugFL without the pretrained model).
+
+The pretrained model theta_p and the transfer set D_s come from the two pools the `meta` partition keeps back
+from every client (augfl.md 4.1): `server_data` trains theta_p on the first pool by asking the runtime for a
+`TrainModel` request (mini-batch SGD, momentum 0.9, batch 64, `pm_epochs` at `pm_lr`) unless it is cached or
+given as `pm_path`, and returns it with D_s, the second pool, as `AugFlServerData`; the runtime hands that to
+`setup_server` on the coordinator only, never to a client host. The cache is `$RAYSIM_CACHE/pm/` (default
+~/.cache/raysim/pm/), one flat float32 .npy per dataset, architecture, seed, pool sizes, epochs and rate;
+`raysim pretrain CONFIG` (raysim.algorithms.augfl_pretrain) fills it ahead of time.
+
 Held-out target clients (`clients.heldout`, 0.2 in the paper) are scored after `adapt`: one step from the
 current theta on their support set (augfl.md 2.3).
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -37,20 +47,26 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     FullGradient,
-    ServerData,
+    LocalSGD,
+    ServerContext,
+    ServerDataStep,
+    SGDResult,
+    TrainModel,
     Upload,
     Vector,
 )
 from raysim.algorithms.crd import ContrastiveTransfer, CrdState, TransferSettings
+from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.models.zoo import ModelName
+from raysim.seeding import Stream, torch_seed
 
 
 class AugFlSettings(AlgorithmSettings):
     name: Literal["augfl"] = "augfl"
     alpha: float = Field(0.03, gt=0, description="alpha: one-step adaptation rate (0.03 in the paper, Table I)")
     rho: float = Field(0.7, gt=0, description="rho_i: ADMM penalty, the same for every client (Table I)")
-    lam: float = Field(5.0, ge=0, alias="lambda", description="lambda: weight of the PM regularizer R_h (Table I)")
+    lam: float = Field(5.0, ge=0, alias="lambda", description="lambda: weight of the regularizer R_h (Table I)")
     hessian: Literal["finite_difference", "first_order"] = Field(
         "finite_difference", description="g_i by eq. 10 (paper) or g_i = 0 (first-order ablation)"
     )
@@ -62,16 +78,101 @@ class AugFlSettings(AlgorithmSettings):
     )
     regularizer: Literal["crd", "l2", "none"] = Field(
         "crd",
-        description="R_h: contrastive distillation from the PM (paper), ||theta - theta_p||^2 (same architecture) "
-        "or none (AugFL w/o PM)",
+        description="R_h: contrastive distillation from the pretrained model (paper), ||theta - theta_p||^2 (same "
+        "architecture) or none (AugFL without the pretrained model)",
     )
     transfer: TransferSettings = Field(default_factory=TransferSettings, description="CRD settings (regularizer crd)")
     pm_model: ModelName | None = Field(
-        None, description="PM architecture; default: the next larger model (mlp -> cnn), the clients' model for l2"
+        None,
+        description="the pretrained model's architecture; default: the next larger model (mlp -> cnn), the "
+        "clients' model for l2",
     )
     pm_path: str | None = Field(None, description="flat float32 .npy of theta_p; default: pretrained and cached")
-    pm_epochs: int = Field(5, ge=1, description="PM pretraining epochs on the reserved pool (raysim pretrain)")
-    pm_lr: float = Field(0.05, gt=0, description="PM pretraining learning rate")
+    pm_epochs: int = Field(5, ge=1, description="pretraining epochs on the reserved pool (raysim pretrain)")
+    pm_lr: float = Field(0.05, gt=0, description="pretraining learning rate")
+
+
+LARGER = {"mlr": "mlp", "linear": "mlp", "mlp": "cnn", "cnn": "resnet18_gn", "resnet18_gn": "resnet18_gn"}
+"""The default architecture of the pretrained model for each client model: the next larger network of the zoo
+(the paper distils a ResNet32x4 into a ResNet8x4)."""
+
+
+def teacher_architecture(settings: AugFlSettings, model: str, input_shape: tuple[int, ...]) -> str:
+    """The pretrained model's architecture: `pm_model`, or by default the clients' `model` for the L2 regularizer
+    (it compares parameters) and the next larger network for CRD (mlp on non-image input)."""
+    explicit = settings.pm_model
+    if settings.regularizer == "l2":
+        if explicit not in (None, model):
+            raise ConfigError(
+                f"algorithm.pm_model={explicit}: regularizer l2 compares parameters, so the pretrained model must be "
+                f"the clients' model ({model}); use regularizer crd for a different architecture"
+            )
+        return model
+    if explicit is not None:
+        return explicit
+    larger = LARGER[model]
+    return larger if len(input_shape) == 3 or larger in ("mlp", "mlr") else "mlp"
+
+
+def _teacher_model(architecture: str, context: ServerContext) -> FlatModel:
+    try:
+        return FlatModel(architecture, context.input_shape, context.num_classes, context.task)
+    except ValueError as error:
+        raise ConfigError(f"algorithm.pm_model: {error}") from None
+
+
+def pretrained_cache_path(folder: Path, context: ServerContext, architecture: str, epochs: int, lr: float) -> Path:
+    """The cached pretrained model of this dataset, architecture, seed, pool sizes, epochs and rate in `folder`."""
+    pool, held = len(context.pools[0].y), sum(len(p.y) for p in context.pools)
+    name = f"{context.dataset}-{architecture}-seed{context.seed}-pool{pool}-held{held}-e{epochs}-lr{lr:g}.npy"
+    return folder.expanduser() / name
+
+
+def _check_pools(context: ServerContext, purpose: str) -> None:
+    if len(context.pools) != 2:
+        raise ConfigError(
+            f"partition.scheme={context.partition}: {purpose} needs 'meta' (its held-back pools feed the "
+            "pretrained model and the server's transfer set)"
+        )
+
+
+def pretrain(
+    context: ServerContext, architecture: str, epochs: int, lr: float, folder: Path
+) -> Generator[TrainModel, SGDResult, Path]:
+    """Train (or reuse) the pretrained model on the first held-back pool (augfl.md 4.1) and return the path of its
+    flat float32 parameters in `folder`: the training is one `TrainModel` request (mini-batch SGD, momentum 0.9,
+    batch 64, from an initialization of its own), yielded only when the file is not cached yet."""
+    _check_pools(context, "pretraining")
+    path = pretrained_cache_path(folder, context, architecture, epochs, lr)
+    if path.exists():
+        return path
+    model = _teacher_model(architecture, context)
+    start = model.initial_parameters(torch_seed(context.seed, Stream.MODEL_INIT, 1))
+    pool = context.pools[0]
+    result = yield TrainModel(architecture, pool.x, pool.y, LocalSGD(start, epochs, lr, 64, momentum=0.9))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp.npy")
+    np.save(temporary, result.params.astype(np.float32))
+    temporary.replace(path)  # never a half-written file under the final name
+    return path
+
+
+@dataclass(frozen=True, eq=False)
+class AugFlServerData:
+    """What only AugFL's coordinator holds: theta_p for R_h (eq. 13) and the transfer set D_s (augfl.md 2.1)."""
+
+    pretrained: Vector
+    """theta_p, the flat parameters of the pretrained model."""
+    pretrained_model: str
+    """Its architecture (raysim.models.zoo name); it may differ from the clients' model."""
+    x: np.ndarray
+    y: np.ndarray
+    """D_s: the samples of the knowledge transfer."""
+    model: str
+    """The clients' (and global) model architecture."""
+    input_shape: tuple[int, ...]
+    num_classes: int
+    seed: int
 
 
 @dataclass
@@ -110,17 +211,46 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
     _pm: np.ndarray | None = None
     _transfer: ContrastiveTransfer | None = None
 
-    def uses_server_data(self) -> bool:
+    def regularized(self) -> bool:
+        """Whether the server step has a regularizer R_h (lambda > 0), hence needs theta_p and D_s."""
         return self.settings.regularizer != "none" and self.settings.lam > 0
 
-    def setup_server(self, data: ServerData) -> None:
+    def server_data(self, context: ServerContext) -> ServerDataStep | None:
+        """theta_p (`pm_path`, or pretrained and cached, see `pretrain`) and D_s from the partition's held-back
+        pools; None without a regularizer."""
+        return self._server_data(context) if self.regularized() else None
+
+    def _server_data(self, context: ServerContext) -> ServerDataStep:
+        s = self.settings
+        _check_pools(context, f"algorithm {self.name!r} with a pretrained model")
+        architecture = teacher_architecture(s, context.model, context.input_shape)
+        if s.pm_path:
+            path = Path(s.pm_path).expanduser()
+        else:
+            path = yield from pretrain(context, architecture, s.pm_epochs, s.pm_lr, context.cache / "pm")
+        try:
+            params = np.load(path).astype(np.float32)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"algorithm.pm_path: cannot read {path} ({error})") from None
+        expected = _teacher_model(architecture, context).size
+        if params.shape != (expected,):
+            raise ConfigError(
+                f"algorithm.pm_path: {path} holds {params.size} parameters, the pretrained model's architecture "
+                f"{architecture} has {expected} (set algorithm.pm_model to its architecture)"
+            )
+        transfer = context.pools[1]
+        return AugFlServerData(
+            params, architecture, transfer.x, transfer.y, context.model, context.input_shape, context.num_classes,
+            context.seed,
+        )  # fmt: skip
+
+    def setup_server(self, data: AugFlServerData) -> None:
         """Keep theta_p (l2) or build the CRD machinery on the transfer set (crd); coordinator only."""
-        if data.pretrained is None:
-            raise ValueError("algorithm.regularizer: a pretrained model is needed")
         if self.settings.regularizer == "l2":
             if data.pretrained.shape != (self.params.size,):
                 raise ValueError(
-                    f"algorithm.pm_path: PM has {data.pretrained.size} parameters, the model {self.params.size}"
+                    f"algorithm.pm_path: the pretrained model has {data.pretrained.size} parameters, the model "
+                    f"{self.params.size}"
                 )
             self._pm = data.pretrained.astype(np.float64)
             return
@@ -183,14 +313,14 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
     def regularizer_gradient(self, server: AugFlServerState) -> tuple[np.ndarray, CrdState | None, dict]:
         """grad_theta R_h(theta^t, theta_p) (eq. 13), the transfer state after it, and its metrics."""
         theta = server.theta.astype(np.float64)
-        if not self.uses_server_data():
+        if not self.regularized():
             return np.zeros_like(theta), server.transfer, {}
         if self.settings.regularizer == "l2":
             if self._pm is None:
-                raise RuntimeError("AugFL: setup_server was not called with the PM")
+                raise RuntimeError("AugFL: setup_server was not called with the pretrained model")
             return 2.0 * (theta - self._pm), None, {}
         if self._transfer is None or server.transfer is None:
-            raise RuntimeError("AugFL: setup_server was not called with the PM and transfer set")
+            raise RuntimeError("AugFL: setup_server was not called with the pretrained model and transfer set")
         return self._transfer.gradient(server.theta, server.transfer)
 
     def server_step(self, server: AugFlServerState, total: AugFlUpload, num_selected: int):

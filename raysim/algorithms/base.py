@@ -22,6 +22,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -177,21 +178,53 @@ Result = SGDResult | GradientResult
 
 
 @dataclass(frozen=True, eq=False)
-class ServerData:
-    """What a server step may need beyond the uploads, handed only to the coordinator (`setup_server`):
-    AugFL's pretrained model and its knowledge-transfer set, which never reach a client host."""
+class ServerSamples:
+    """Samples that no client holds, kept back by the partition for the server's own use."""
 
     x: np.ndarray
     y: np.ndarray
-    pretrained: Vector | None
-    """Flat parameters of the pretrained model (PM), if the algorithm uses one."""
-    pretrained_model: str | None
-    """The PM's architecture (raysim.models.zoo name); it may differ from the clients' model."""
+
+
+@dataclass(frozen=True, eq=False)
+class ServerContext:
+    """What the runtime tells an algorithm preparing its server data (`Algorithm.server_data`), in the driver
+    before any Ray work."""
+
+    partition: str
+    """The partition's scheme (`partition.scheme`)."""
+    pools: tuple[ServerSamples, ...]
+    """The pools of samples the partition keeps back from every client for the server, in the scheme's order
+    (see its `server_pools`); empty for a scheme that keeps none back."""
+    dataset: str
+    """The dataset's name (`dataset.name`), e.g. to key cached files."""
     model: str
-    """The clients' (and global) model architecture."""
+    """The clients' (and global) model architecture, a raysim.models.zoo name."""
     input_shape: tuple[int, ...]
     num_classes: int
+    """The models' output size (the number of classes for classification)."""
+    task: str
     seed: int
+    """The experiment seed (`seed`)."""
+    cache: Path
+    """raysim's cache folder ($RAYSIM_CACHE, default ~/.cache/raysim); an algorithm keeps its files in a
+    subfolder of its own."""
+
+
+@dataclass(frozen=True, eq=False)
+class TrainModel:
+    """Request (server data only): `sgd` on a fresh model of architecture `model` over the samples (x, y) instead
+    of a client's training split, e.g. pretraining a model on a pool of `ServerContext.pools`."""
+
+    model: str
+    """A raysim.models.zoo name; it may differ from the clients' model. Input shape and output size are the
+    context's."""
+    x: np.ndarray
+    y: np.ndarray
+    sgd: LocalSGD
+
+
+ServerDataStep = Generator[TrainModel, SGDResult, Any]
+"""`Algorithm.server_data`: yields TrainModel requests, receives their results, returns the server data."""
 
 
 class Algorithm(ABC, Generic[P, C, S, B, U]):
@@ -244,12 +277,15 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         support set, augfl.md 2.3); None: it deploys the global model."""
         return None
 
-    def uses_server_data(self) -> bool:
-        """Whether the coordinator must call `setup_server` (with a pretrained model and server data)."""
-        return False
+    def server_data(self, context: ServerContext) -> ServerDataStep | None:
+        """The data only the coordinator holds (e.g. a pretrained model and its transfer set), prepared once in
+        the driver before any Ray work, as a generator that yields `TrainModel` requests (the runtime runs them
+        with the local trainer and sends the results back) and returns the algorithm's own server-data object;
+        it reaches `setup_server` on the coordinator and never a client host. None (default): no server data."""
+        return None
 
-    def setup_server(self, data: ServerData) -> None:
-        """Take the server-only data (called once, on the coordinator only)."""
+    def setup_server(self, data: Any) -> None:
+        """Take the server data that `server_data` returned (called once, on the coordinator only)."""
 
     def extra_models(self, state: C, global_params: Vector) -> dict[str, Vector]:
         """Further per-client models to score at evaluation, by name (FedSLR: `personal`, p_i alone); each is

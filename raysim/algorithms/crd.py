@@ -1,7 +1,7 @@
-"""Knowledge transfer from a pretrained model (PM) to AugFL's meta-model on the server (augfl.md 2).
+"""Knowledge transfer from a pretrained model (the teacher) to AugFL's meta-model on the server (augfl.md 2).
 
 Contrastive representation distillation (CRD, Tian et al.): the meta-model's penultimate features s =
-g^theta(x) and the PM's c = g^{theta_p}(x) on the server's transfer set D_s are mapped by heads f^s, f^c
+g^theta(x) and the teacher's c = g^{theta_p}(x) on the server's transfer set D_s are mapped by heads f^s, f^c
 (Linear to `feat_dim`, then L2-normalized) into one space. Each side is contrasted against a memory bank
 of the other side's embeddings (|D_s| x feat_dim, updated with momentum 0.5): the positive is the same
 sample, `negatives` others are drawn uniformly. With P = exp(f^s(s)^T m / tau) / Z and Pn = 1/|D_s|,
@@ -17,7 +17,7 @@ lambda * grad R_h that AugFL's server step (eq. 13) needs, `mode`:
   started at theta^t on ce_weight * CE + crd_weight * CRD; the average of the per-batch student
   gradients along that epoch.
 
-The PM's features on D_s are computed once (the PM is frozen and the server data are not augmented).
+The teacher's features on D_s are computed once (it is frozen and the server data are not augmented).
 Heads, memory banks, Z and momentum buffers persist across rounds in `CrdState`.
 """
 
@@ -38,7 +38,7 @@ from raysim.settings import Settings
 
 
 class TransferSettings(Settings):
-    """`algorithm.transfer`: how the PM's knowledge reaches the meta-model (augfl.md 2, 8.5)."""
+    """`algorithm.transfer`: how the teacher's knowledge reaches the meta-model (augfl.md 2, 8.5)."""
 
     mode: Literal["paper", "code"] = Field(
         "paper", description="grad of the CRD bound at theta^t (paper) or the code's epoch-averaged CE + CRD gradient"
@@ -89,7 +89,7 @@ def nce_loss(scores: torch.Tensor, num_data: int) -> torch.Tensor:
 
 
 class ContrastiveTransfer:
-    """CRD between a student FlatModel (the meta-model) and a frozen PM on a server dataset."""
+    """CRD between a student FlatModel (the meta-model) and a frozen teacher on a server dataset."""
 
     def __init__(
         self,

@@ -1,5 +1,6 @@
-"""AugFL's data layout (augfl.md 4.1): few-shot clients of 2 classes each, D_i ~ U(M, 2M), and a reserved pool
-that no client holds (the PM-pretraining / server-transfer data, which must stay disjoint from client data).
+"""AugFL's data layout (augfl.md 4.1): few-shot clients of 2 classes each, D_i ~ U(M, 2M), and held-back pools
+that no client holds (the pretrained model's training data and the server's transfer set, which must stay
+disjoint from client data); `MetaSettings.server_pools` hands them to the runtime.
 
 With `test_fraction = 0.5` a client's train split is its support set and its test split its query set.
 """
@@ -26,7 +27,7 @@ class MetaSettings(Settings):
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of the support part held out as validation")
     classes_per_client: int = Field(2, ge=1)
     shots: int = Field(20, ge=2, description="M: each client holds D_i ~ U(M, 2M) samples")
-    reserved: int = Field(10_000, ge=0, description="samples held by no client for pretraining the PM")
+    reserved: int = Field(10_000, ge=0, description="samples held by no client for pretraining the teacher model")
     server_samples: int = Field(
         10_000, ge=0, description="further samples held by no client: the server's knowledge-transfer set D_s"
     )
@@ -57,6 +58,11 @@ class MetaSettings(Settings):
             parts.append(np.sort(np.array(indices)))
         return parts
 
+    def server_pools(self, num_samples: int, seed: int) -> tuple[np.ndarray, ...]:
+        """The two held-back pools of the partition `partition_dataset(labels, m, self, seed)` makes: the
+        pretraining pool (`reserved`), then the server's knowledge-transfer set D_s (`server_samples`)."""
+        return reserved_indices(num_samples, self, seed), server_indices(num_samples, self, seed)
+
 
 def reserved_pool(num_samples: int, reserved: int, generator: np.random.Generator) -> np.ndarray:
     """The indices no client holds, in draw order: the first `reserved` of a seeded permutation (drawn first
@@ -69,14 +75,14 @@ def reserved_pool(num_samples: int, reserved: int, generator: np.random.Generato
 
 
 def reserved_indices(num_samples: int, settings: MetaSettings, seed: int) -> np.ndarray:
-    """The PM-pretraining pool of the partition `partition_dataset(labels, m, settings, seed)` makes (same
-    stream): the first `reserved` held-back samples."""
+    """The pretrained model's training pool of the partition `partition_dataset(labels, m, settings, seed)`
+    makes (same stream): the first `reserved` held-back samples."""
     held = reserved_pool(num_samples, settings.reserved + settings.server_samples, rng(seed, Stream.PARTITION))
     return np.sort(held[: settings.reserved])
 
 
 def server_indices(num_samples: int, settings: MetaSettings, seed: int) -> np.ndarray:
     """The server's knowledge-transfer set D_s: the next `server_samples` held-back samples, disjoint from the
-    PM's pool and from every client (augfl.md 7.1 item 7)."""
+    pretraining pool and from every client (augfl.md 7.1 item 7)."""
     held = reserved_pool(num_samples, settings.reserved + settings.server_samples, rng(seed, Stream.PARTITION))
     return np.sort(held[settings.reserved :])

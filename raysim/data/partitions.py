@@ -43,6 +43,10 @@ class _Scheme(Settings):
         """The sample indices of each client (before the per-client train/test split)."""
         return iid(labels, num_clients, generator)
 
+    def server_pools(self, num_samples: int, seed: int) -> tuple[np.ndarray, ...]:
+        """Pools of sample indices that no client holds, kept back for the server (none for these schemes)."""
+        return ()
+
 
 class IIDSettings(_Scheme):
     """Uniformly shuffled, equal-size (+-1) disjoint shares."""

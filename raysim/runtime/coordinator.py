@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import torch
 
 from raysim.algorithms import build_algorithm
-from raysim.algorithms.base import AlgorithmSettings, ServerData, Vector
+from raysim.algorithms.base import AlgorithmSettings, Vector
 from raysim.attacks import AttackSettings
 from raysim.robust import RobustSettings, aggregate
 from raysim.runtime import checkpoint
@@ -26,12 +27,13 @@ class Coordinator:
         torch_threads: int = 1,
         robust: RobustSettings | None = None,
         attack: AttackSettings | None = None,
-        server_data: ServerData | None = None,
+        server_data: Any = None,
     ):
         """`robust` replaces the mean of the messages by a robust aggregate (raysim.robust); the hosts must
         then send messages. `attack` sets Multi-Krum's default f = floor(attack.fraction * n) for the n messages
         of each aggregation (AttackSettings.num_malicious; `aggregation.byzantine` overrides it).
-        `server_data` (AugFL's PM and transfer set) is handed to the algorithm here and nowhere else."""
+        `server_data` (what `Algorithm.server_data` returned in the driver) is handed to the algorithm's
+        `setup_server` here and nowhere else."""
         torch.set_num_threads(torch_threads)
         self.model = model_spec.build()
         self.algorithm = build_algorithm(algorithm_settings, self.model.spec)

@@ -1,24 +1,37 @@
 """Everything a run prepares in the driver before any Ray work: the data, its partition into clients, the
-initial model, who attacks, the coordinator's private data; and which clients each host owns."""
+initial model, who attacks, the coordinator's private data (`Algorithm.server_data`, whose training requests run
+here); and which clients each host owns."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from raysim.algorithms import ClientInfo, build_algorithm
-from raysim.algorithms.base import ServerData
+from raysim.algorithms.base import ServerContext, ServerDataStep, ServerSamples, SGDResult, TrainModel, drive
 from raysim.attacks import AttackPlan, attack_plan
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
 from raysim.data.partitions import check_classes
-from raysim.data.meta_partition import MetaSettings, server_indices
 from raysim.data.sources import Dataset
 from raysim.errors import ConfigError
+from raysim.models.flat import FlatModel
 from raysim.runtime.host import ModelSpec
 from raysim.runtime.placement import check_capacity, default_num_hosts
 from raysim.seeding import Stream, rng, torch_seed
+from raysim.training.local import ClientData, LocalTrainer
+
+CACHE_VARIABLE = "RAYSIM_CACHE"
+"""Environment variable naming raysim's cache folder (default ~/.cache/raysim), handed to algorithms as
+`ServerContext.cache`."""
+
+SERVER_ID = 10**9
+"""The id under which the server's own requests draw from the client-training stream (SERVER_ID + the request's
+number), beyond any client's id, so that they never share a client's randomness."""
 
 
 @dataclass
@@ -32,8 +45,8 @@ class Problem:
     init_params: np.ndarray
     attack: AttackPlan | None = None
     """Who is malicious (drawn once per run from the seed) and how; None without an attack."""
-    server_data: ServerData | None = None
-    """The coordinator's private data (AugFL's PM and transfer set), if the algorithm needs any."""
+    server_data: Any = None
+    """The coordinator's private data (`Algorithm.server_data`), if the algorithm needs any."""
     num_training: int | None = None
     """m: clients 0..m-1 train; the rest are held out (evaluated only, `clients.heldout`). Default: all."""
 
@@ -72,29 +85,46 @@ def prepare(config: ExperimentConfig) -> Problem:
 
     clients = [(ClientInfo(s.client_id, len(s.train), weight(s), m), s) for s in splits]
     algorithm = build_algorithm(config.algorithm, model.spec)
-    server_data = _server_data(config, dataset) if algorithm.uses_server_data() else None
+    context = server_context(config, dataset)
+    step = algorithm.server_data(context)  # the coordinator's private data, prepared here before any Ray work
+    server_data = None if step is None else run_server_requests(step, context)
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
     attack = attack_plan(config.attack, m, config.seed) if config.attack.kind != "none" else None
     return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m)
 
 
-def _server_data(config: ExperimentConfig, dataset: Dataset) -> ServerData:
-    """The pretrained model (cached, trained on first use) and the transfer set D_s, both from the held-back
-    pools of the `meta` partition that no client holds."""
-    from raysim.pretrain import load_pm
+def cache_folder() -> Path:
+    """raysim's cache folder: $RAYSIM_CACHE, default ~/.cache/raysim."""
+    return Path(os.environ.get(CACHE_VARIABLE, "~/.cache/raysim")).expanduser()
 
-    if not isinstance(config.partition, MetaSettings):
-        raise ConfigError(
-            f"partition.scheme={config.partition.scheme}: algorithm {config.algorithm.name!r} with a pretrained "
-            "model needs 'meta' (its held-back pools feed the PM and the server's transfer set)"
-        )
-    pm, architecture = load_pm(config, dataset)
-    pool = server_indices(len(dataset.y), config.partition, config.seed)
-    return ServerData(
-        dataset.x[pool], dataset.y[pool], pm, architecture, config.model.name, dataset.input_shape,
-        dataset.output_dim, config.seed,
+
+def server_context(config: ExperimentConfig, dataset: Dataset) -> ServerContext:
+    """What an algorithm may use to prepare its server data: the samples the partition keeps back from every
+    client (`server_pools`, none for most schemes), the models' shapes, the seed and the cache folder."""
+    pools = config.partition.server_pools(len(dataset.y), config.seed)
+    return ServerContext(
+        config.partition.scheme, tuple(ServerSamples(dataset.x[pool], dataset.y[pool]) for pool in pools),
+        config.dataset.name, config.model.name, dataset.input_shape, dataset.output_dim, dataset.task,
+        config.seed, cache_folder(),
     )  # fmt: skip
+
+
+def run_server_requests(step: ServerDataStep, context: ServerContext) -> Any:
+    """Drive a server-data generator (`Algorithm.server_data`) to completion in this process: each `TrainModel`
+    request runs on the local trainer, as a client's LocalSGD would on its host, over the request's samples."""
+    number = 0
+
+    def execute(request: TrainModel) -> SGDResult:
+        nonlocal number
+        model = FlatModel(request.model, context.input_shape, context.num_classes, context.task)
+        none = np.arange(0)
+        data = ClientData(request.x, request.y, np.arange(len(request.y)), none, none)
+        generator = rng(context.seed, Stream.CLIENT_TRAINING, SERVER_ID + number)
+        number += 1
+        return LocalTrainer(model).sgd(request.sgd, data, generator)
+
+    return drive(step, execute)
 
 
 def assign_to_hosts(clients: list[tuple[ClientInfo, ClientSplit]], num_hosts: int) -> list[list[int]]:
