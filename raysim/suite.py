@@ -184,27 +184,18 @@ def write_summary(rows: list[dict[str, Any]], path: Path) -> None:
 
 def write_comparison_plot(children: list[SuiteChild], title: str, path: Path) -> None:
     """Mean test accuracy against the round, one line per run (mean over its seeds), for PM, GM and HM."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
-    names = list(dict.fromkeys(c.name for c in children))
-    for name in names:
+    from raysim.tracking import plots
+
+    curves: dict[str, list[plots.Series]] = {"pm": [], "gm": [], "hm": []}
+    for name in dict.fromkeys(c.name for c in children):
         histories = [c.result.history for c in children if c.name == name]
         rounds = sorted(set.intersection(*({r for r in h if "pm/acc" in h[r]} for h in histories)))
-        for axis, kind in zip(axes, ("pm", "gm", "hm"), strict=True):
-            values = [np.mean([h[r][f"{kind}/acc"] for h in histories]) for r in rounds]
-            axis.plot(rounds, values, label=name)
-    for axis, kind in zip(axes, ("PM", "GM", "HM"), strict=True):
-        axis.set_title(f"{kind} test accuracy")
-        axis.set_xlabel("round")
-        axis.grid(alpha=0.3)
-    axes[0].set_ylabel("mean over clients")
-    axes[-1].legend(fontsize=8)
-    figure.suptitle(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+        for kind, series in curves.items():
+            series.append(plots.Series(name, {r: np.mean([h[r][f"{kind}/acc"] for h in histories]) for r in rounds}))
+    panels = [
+        plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "")
+        for kind, series in curves.items()
+    ]
+    plots.save(plots.round_curves(panels, title=title, sharey=True), path)

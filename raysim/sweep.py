@@ -357,45 +357,36 @@ def _log_parent(writer, sweep: SweepConfig, trials, outcomes, table) -> None:
 
 
 def write_trial_curves(trials: list[Trial], outcomes: list[TrialOutcome], title: str, path: Path) -> None:
-    """PM, GM and HM test accuracy against the round, one line per finished trial (colour = setting)."""
-    import matplotlib
+    """PM, GM and HM test accuracy against the round, one line per finished trial (colour: setting; style: seed)."""
+    from raysim.tracking import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
-    colours = plt.get_cmap("tab10")
+    seeds = list(dict.fromkeys(trial.config.seed for trial in trials))
+    curves: dict[str, list[plots.Series]] = {"pm": [], "gm": [], "hm": []}
     for trial, outcome in zip(trials, outcomes, strict=True):
-        rounds = sorted(r for r in outcome.history if "pm/acc" in outcome.history[r])
-        for axis, kind in zip(axes, ("pm", "gm", "hm"), strict=True):
-            axis.plot(
-                rounds,
-                [outcome.history[r][f"{kind}/acc"] for r in rounds],
-                color=colours(trial.setting_index % 10),
-                alpha=0.8,
-                label=f"{trial.label} s{trial.config.seed}",
+        rounds = [r for r in sorted(outcome.history) if "pm/acc" in outcome.history[r]]
+        for kind, series in curves.items():
+            series.append(
+                plots.Series(
+                    f"{trial.label} s{trial.config.seed}",
+                    {r: outcome.history[r][f"{kind}/acc"] for r in rounds},
+                    color=f"C{trial.setting_index % 10}",
+                    linestyle=plots.LINE_STYLES[seeds.index(trial.config.seed) % len(plots.LINE_STYLES)],
+                )
             )
-    for axis, kind in zip(axes, ("PM", "GM", "HM"), strict=True):
-        axis.set(title=f"{kind} test accuracy", xlabel="round")
-        axis.grid(alpha=0.3)
-    axes[0].set_ylabel("mean over clients")
-    axes[-1].legend(fontsize=7)
-    figure.suptitle(f"{title}: accuracy per trial")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    panels = [
+        plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "")
+        for kind, series in curves.items()
+    ]
+    plots.save(plots.round_curves(panels, title=f"{title}: accuracy per trial", sharey=True), path)
 
 
 def write_setting_bars(trials: list[Trial], outcomes: list[TrialOutcome], title: str, path: Path) -> None:
     """Final PM / GM / HM accuracy per setting: mean over seeds with +/- one standard deviation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from raysim.tracking import plots
 
     labels = [s[0] for s in setting_stats(trials, outcomes, "final/pm/acc")]
     positions = np.arange(len(labels))
-    figure, axis = plt.subplots(figsize=(max(6, 1.2 * len(labels) + 2), 4.5))
+    figure, (axis,) = plots.figure(figsize=(max(6, 1.2 * len(labels) + 2), 4.5))
     for offset, kind in zip((-0.27, 0.0, 0.27), ("pm", "gm", "hm"), strict=True):
         stats = setting_stats(trials, outcomes, f"final/{kind}/acc")
         axis.bar(
@@ -404,10 +395,8 @@ def write_setting_bars(trials: list[Trial], outcomes: list[TrialOutcome], title:
     axis.set_xticks(positions, labels, rotation=20, ha="right", fontsize=8)
     axis.set(ylabel="final test accuracy (mean +/- std over seeds)", title=f"{title}: final accuracy per setting")
     axis.grid(alpha=0.3, axis="y")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    plots.legend_outside(figure, [axis])
+    plots.save(figure, path)
 
 
 def is_sweep_file(path: str | Path) -> bool:

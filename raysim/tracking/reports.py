@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
-from raysim.metrics import ClientEvaluation  # noqa: E402
+from raysim.metrics import ClientEvaluation
+from raysim.tracking import plots
 
 
 def write_client_table(evaluations: list[ClientEvaluation], extra: dict[int, dict[str, float]], path: Path) -> None:
@@ -22,22 +19,26 @@ def write_client_table(evaluations: list[ClientEvaluation], extra: dict[int, dic
 
 
 def write_convergence_plot(history: dict[int, dict[str, float]], title: str, path: Path) -> None:
-    """Mean test accuracy of PM (solid), GM (dashed) and HM (dotted) against the round."""
-    figure, (acc_axis, loss_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    rounds = sorted(r for r in history if "pm/acc" in history[r])
-    for kind, style in (("pm", "-"), ("gm", "--"), ("hm", ":")):
-        acc_axis.plot(rounds, [history[r][f"{kind}/acc"] for r in rounds], style, label=kind.upper())
-        loss_axis.plot(rounds, [history[r][f"{kind}/train_loss"] for r in rounds], style, label=kind.upper())
-    if all("heldout/pm/acc" in history[r] for r in rounds):  # clients.heldout: the adapted target clients
-        acc_axis.plot(rounds, [history[r]["heldout/pm/acc"] for r in rounds], "-.", label="held-out PM")
-    acc_axis.set(xlabel="round", ylabel="mean test accuracy over clients", title=title)
-    loss_axis.set(xlabel="round", ylabel="mean training loss over clients", yscale="log")
-    for axis in (acc_axis, loss_axis):
-        axis.grid(alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    """Mean test accuracy and training loss of PM (solid), GM (dotted) and HM (dashed: it often equals PM, which
+    then shows through its gaps) against the round."""
+    rounds = [r for r in sorted(history) if "pm/acc" in history[r]]
+
+    def series(label: str, key: str, style: str) -> plots.Series:
+        return plots.Series(label, {r: history[r][key] for r in rounds}, linestyle=style)
+
+    kinds = (("pm", "-"), ("gm", ":"), ("hm", "--"))
+    accuracy = [series(kind.upper(), f"{kind}/acc", style) for kind, style in kinds]
+    if rounds and all("heldout/pm/acc" in history[r] for r in rounds):  # clients.heldout: adapted target clients
+        accuracy.append(series("held-out PM", "heldout/pm/acc", "-."))
+    loss = [series(kind.upper(), f"{kind}/train_loss", style) for kind, style in kinds]
+    figure = plots.round_curves(
+        [
+            plots.Panel("test accuracy", accuracy, "mean test accuracy over clients"),
+            plots.Panel("training loss", loss, "mean training loss over clients", yscale="log"),
+        ],
+        title=title,
+    )
+    plots.save(figure, path)
 
 
 def write_partition_table(counts: dict[str, np.ndarray], extra: dict[int, dict[str, float]], path: Path) -> None:
@@ -57,13 +58,11 @@ def write_partition_heatmap(counts: dict[str, np.ndarray], title: str, path: Pat
     sizes = total.sum(axis=1)
     shares = total / np.maximum(sizes, 1)[:, None]
     clients, classes = total.shape
-    figure, axis = plt.subplots(figsize=(min(4 + 0.45 * classes, 14), min(2 + 0.22 * clients, 40)))
+    figure, (axis,) = plots.figure(figsize=(min(4 + 0.45 * classes, 14), min(2 + 0.22 * clients, 40)))
     image = axis.imshow(shares, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
     axis.set(xlabel="label", ylabel="client (samples)", title=title)
     axis.set_xticks(range(classes))
     step = max(1, clients // 40)
     axis.set_yticks(range(0, clients, step), [f"{c} ({sizes[c]})" for c in range(0, clients, step)], fontsize=7)
     figure.colorbar(image, ax=axis, label="share of the client's samples")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    plots.save(figure, path)

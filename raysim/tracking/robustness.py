@@ -1,9 +1,9 @@
 """Parent-run reports of a suite: robustness (benign accuracy vs malicious fraction) and fairness scatter.
 
-These are the plots FLAME draws (flame.md 4.2-4.4): final accuracy over benign clients against the
-fraction of malicious clients, one line per (algorithm, aggregation, attack), for PM, GM and HM; and the
-variance across benign clients of test loss against mean accuracy, one point per run and model ("closer
-to the bottom right is better"). Runs without an attack count as fraction 0 of every attack line.
+The robustness and fairness figures of the papers we reproduce: final accuracy over benign clients
+against the fraction of malicious clients, one line per (algorithm, aggregation, attack), for PM, GM and HM;
+and the variance across benign clients of test loss against mean accuracy, one point per run and model
+("closer to the bottom right is better"). Runs without an attack count as fraction 0 of every attack line.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from raysim.tracking import plots
 
 KINDS = ("pm", "gm", "hm")
 
@@ -56,27 +54,26 @@ def write_robustness_plot(children: list[Any], title: str, path: Path) -> bool:
     if not any(c.config.attack.active for c in children):
         return False
     lines = robustness_points(children)
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
-    for (algorithm, rule, attack), points in sorted(lines.items()):
+    figure, axes = plots.figure(3, figsize=(17, 4.2), sharey=True)
+    for index, ((algorithm, rule, attack), points) in enumerate(sorted(lines.items())):
         label = f"{algorithm}{'' if rule == 'mean' else f' +{rule}'} / {attack}"
+        style = plots.LINE_STYLES[index % len(plots.LINE_STYLES)]
         for axis, kind in zip(axes, KINDS, strict=True):
-            axis.plot([p[0] for p in points], [p[1][kind] for p in points], marker="o", label=label)
+            axis.plot([p[0] for p in points], [p[1][kind] for p in points], style, marker="o", label=label)
     for axis, kind in zip(axes, KINDS, strict=True):
         axis.set(title=f"{kind.upper()}: benign test accuracy", xlabel="fraction of malicious clients")
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("mean over benign clients (final)")
-    axes[-1].legend(fontsize=7)
+    plots.legend_outside(figure, axes)
     figure.suptitle(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    plots.save(figure, path)
     return True
 
 
 def write_fairness_scatter(children: list[Any], title: str, path: Path) -> None:
     """Variance of test loss across benign clients vs mean test accuracy, per run and model (PM/GM/HM)."""
     runs = _mean_over_seeds(children)
-    figure, axis = plt.subplots(figsize=(7, 5))
+    figure, (axis,) = plots.figure(figsize=(8, 5))
     for kind, marker in zip(KINDS, ("o", "s", "^"), strict=True):
         xs = [r["summary"].get(f"final/{kind}/acc", np.nan) for r in runs.values()]
         ys = [r["summary"].get(f"final/{kind}/loss_var", np.nan) for r in runs.values()]
@@ -85,10 +82,8 @@ def write_fairness_scatter(children: list[Any], title: str, path: Path) -> None:
             axis.annotate(name, (x, y), fontsize=6, alpha=0.8)
     axis.set(xlabel="mean test accuracy (benign clients)", ylabel="variance of test loss across clients", title=title)
     axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    plots.legend_outside(figure, [axis])
+    plots.save(figure, path)
 
 
 def write_suite_reports(children: list[Any], title: str, folder: Path) -> list[str]:
