@@ -1,6 +1,6 @@
 """AugFL's mathematics (augfl.md 1.6-1.8) on the real host/coordinator code: the finite-difference Hessian-vector
-product, the dual identity y_i = -w_i d_i, the closed-form global recursion, the PM-regularized stationary
-point, and a CLI run."""
+product, the dual identity y_i = -w_i d_i, the closed-form global recursion, the stationary point regularized by
+the pretrained model, and a CLI run."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_pm_regularizer_reaches_the_stationary_point_of_the_regularized_objectiv
         assert np.linalg.norm(residual) < 1e-3 * np.linalg.norm(gradient)
         distances[lam] = np.linalg.norm(theta - theta_p)
     assert distances[1.0] < distances[0.5]
-    assert sim.coordinator.algorithm._pm is not None and sim.host.algorithm._pm is None  # the PM stays on the server
+    assert sim.coordinator.algorithm._pm is not None and sim.host.algorithm._pm is None  # theta_p stays on the server
 
 
 @pytest.mark.slow
@@ -151,7 +151,7 @@ def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reser
     server = server_indices(len(problem.y), config.partition, config.seed)
     assert len(reserved) == 500 and len(server) == 300 and len(np.unique(everything)) == len(everything)
     assert not np.intersect1d(everything, reserved).size and not np.intersect1d(everything, server).size
-    assert not np.intersect1d(reserved, server).size  # the PM's pool and the transfer set D_s are disjoint too
+    assert not np.intersect1d(reserved, server).size  # the pretraining pool and D_s are disjoint too
     for (_, split), indices in zip(problem.clients, held, strict=True):
         assert 10 <= len(indices) <= 20 and len(np.unique(problem.y[indices])) == 2
         assert abs(len(split.train) - len(split.test)) <= 1  # support / query 50/50
@@ -226,8 +226,9 @@ def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_gl
 
 
 def test_the_pm_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, monkeypatch):
-    """The default PM is the next larger architecture (mlr -> mlp; mlp -> cnn on images), pretrained on first
-    use and cached; the CRD machinery, the PM and D_s live in the coordinator's algorithm only."""
+    """The default pretrained model (teacher) is the next larger architecture (mlr -> mlp; mlp -> cnn on images),
+    pretrained on first use and cached; the CRD machinery, the teacher and D_s live in the coordinator's algorithm
+    only."""
     from raysim.algorithms.augfl_pretrain import pm_architecture
 
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
@@ -239,7 +240,7 @@ def test_the_pm_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, mo
     assert list(tmp_path.glob("pm/*-mlp-*.npy"))  # pretrained on first use, cached
     losses = [sim.coordinator.aggregate(sim.host.train(r, list(range(4)), sim.coordinator.broadcast())[0])
               for r in range(15)]  # fmt: skip
-    assert losses[-1]["transfer_loss"] < losses[0]["transfer_loss"]  # theta and the heads learn the PM's structure
+    assert losses[-1]["transfer_loss"] < losses[0]["transfer_loss"]  # theta and the heads learn the teacher's structure
     image = validate_config(tiny_config(algorithm={"name": "augfl"}, model={"name": "mlp"}))
     assert pm_architecture(image, (1, 28, 28)) == "cnn" and pm_architecture(image, (20,)) == "mlp"
 

@@ -104,10 +104,16 @@ def server_context(config: ExperimentConfig, dataset: Dataset) -> ServerContext:
     client (`server_pools`, none for most schemes), the models' shapes, the seed and the cache folder."""
     pools = config.partition.server_pools(len(dataset.y), config.seed)
     return ServerContext(
-        config.partition.scheme, tuple(ServerSamples(dataset.x[pool], dataset.y[pool]) for pool in pools),
-        config.dataset.name, config.model.name, dataset.input_shape, dataset.output_dim, dataset.task,
-        config.seed, cache_folder(),
-    )  # fmt: skip
+        partition=config.partition.scheme,
+        pools=tuple(ServerSamples(dataset.x[pool], dataset.y[pool]) for pool in pools),
+        dataset=config.dataset.name,
+        model=config.model.name,
+        input_shape=dataset.input_shape,
+        num_classes=dataset.output_dim,
+        task=dataset.task,
+        seed=config.seed,
+        cache=cache_folder(),
+    )
 
 
 def run_server_requests(step: ServerDataStep, context: ServerContext) -> Any:
