@@ -42,10 +42,10 @@ def _resumable(tracking_uri: str | None) -> int:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from raysim.algorithms.augfl_pretrain import pretrain_pm
     from raysim.config import load_config
+    from raysim.launch import pretrain
 
-    print(pretrain_pm(load_config(args.config, args.set), args.epochs, args.lr, args.cache))
+    print(pretrain(load_config(args.config, args.set), args.epochs, args.lr, args.cache))
     return 0
 
 

@@ -158,8 +158,8 @@ def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reser
 
 
 def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
-    from raysim.algorithms.augfl_pretrain import pretrain_pm
     from raysim.data.meta_partition import reserved_indices
+    from raysim.launch import pretrain as pretrain_pm
     from raysim.runtime.problem import prepare
 
     partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
@@ -229,7 +229,7 @@ def test_the_pm_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, mo
     """The default pretrained model (teacher) is the next larger architecture (mlr -> mlp; mlp -> cnn on images),
     pretrained on first use and cached; the CRD machinery, the teacher and D_s live in the coordinator's algorithm
     only."""
-    from raysim.algorithms.augfl_pretrain import pm_architecture
+    from raysim.launch import pm_architecture
 
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
     sim = _sim({**META, "val_fraction": 0.0}, regularizer="crd", query_split="test", **{"lambda": 5.0})

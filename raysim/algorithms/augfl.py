@@ -23,7 +23,7 @@ from every client (augfl.md 4.1): `server_data` trains theta_p on the first pool
 given as `pm_path`, and returns it with D_s, the second pool, as `AugFlServerData`; the runtime hands that to
 `setup_server` on the coordinator only, never to a client host. The cache is `$RAYSIM_CACHE/pm/` (default
 ~/.cache/raysim/pm/), one flat float32 .npy per dataset, architecture, seed, pool sizes, epochs and rate;
-`raysim pretrain CONFIG` (raysim.algorithms.augfl_pretrain) fills it ahead of time.
+`raysim pretrain CONFIG` (raysim.launch.pretrain) fills it ahead of time.
 
 Held-out target clients (`clients.heldout`, 0.2 in the paper) are scored after `adapt`: one step from the
 current theta on their support set (augfl.md 2.3).
