@@ -50,8 +50,8 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    from raysim.server import ServerSettings, serve
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
+    from raysim.tracking.server import ServerSettings, serve
 
     uri = args.tracking_uri
     if uri is None and args.config:
@@ -79,7 +79,7 @@ def _sweep(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from raysim.jobs import follow as follow_job
     from raysim.jobs import job_client, submit, wait_for_run_id
-    from raysim.sweep import is_sweep_file
+    from raysim.studies.sweep import is_sweep_file
 
     kind = "sweep" if is_sweep_file(args.config) else "experiment"
     submission = submit(kind, args.config, args.set, args.address, args.tracking_uri, args.package, args.auth_token)
@@ -129,14 +129,14 @@ def _stop_nodes(args: argparse.Namespace) -> int:
 
 
 def _server(args: argparse.Namespace) -> int:
-    from raysim.server import ServerSettings, serve
+    from raysim.tracking.server import ServerSettings, serve
 
     destination = None if args.no_artifacts else args.artifacts_destination
     return serve(ServerSettings(args.backend_store_uri, destination, args.host, args.port, args.workers))
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from raysim.bench import WAYS, report, run_bench
+    from raysim.studies.bench import WAYS, report, run_bench
 
     ways = tuple(args.ways or WAYS)
     results = run_bench(

@@ -15,13 +15,13 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from raysim.algorithms import REGISTRY
-from raysim.attacks import AttackSettings
 from raysim.data.partitions import PartitionSettings, QLabelSettings
 from raysim.data.sources import SOURCES, Dataset, load_dataset
 from raysim.errors import ConfigError
 from raysim.models.zoo import ModelSettings
-from raysim.robust import RobustSettings
 from raysim.settings import Settings
+from raysim.threats.attacks import AttackSettings
+from raysim.threats.robust import RobustSettings
 from raysim.tracking.credentials import redact
 
 AlgorithmConfig = Annotated[

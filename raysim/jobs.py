@@ -137,7 +137,7 @@ def _carried_config(
         if uri:
             config = config.model_copy(update={"tracking": config.tracking.model_copy(update={"uri": uri})})
         return redact_text(config.to_yaml()), uri, warning
-    from raysim.sweep import load_sweep
+    from raysim.studies.sweep import load_sweep
 
     sweep = load_sweep(path, overrides)
     base = sweep.base_tree()

@@ -38,8 +38,8 @@ def run_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int
     """Run an experiment, a suite (a file with `runs:`) or a sweep (`grid:` / `random:`) and print its outcome."""
     from raysim.config import load_config
     from raysim.runtime.driver import run_experiment
-    from raysim.suite import is_suite_file
-    from raysim.sweep import is_sweep_file
+    from raysim.studies.suite import is_suite_file
+    from raysim.studies.sweep import is_sweep_file
 
     if is_suite_file(path):
         return run_suite_file(path, overrides, quiet)
@@ -60,7 +60,7 @@ def print_run(result) -> None:
 
 
 def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int:
-    from raysim.suite import load_suite, run_suite
+    from raysim.studies.suite import load_suite, run_suite
 
     suite = load_suite(path, overrides)
     result = run_suite(suite, show_progress=not quiet)
@@ -74,7 +74,7 @@ def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False) 
 
 def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int:
     """Exit code 1 when a trial failed (the others run to the end)."""
-    from raysim.sweep import load_sweep, run_sweep, setting_stats
+    from raysim.studies.sweep import load_sweep, run_sweep, setting_stats
 
     sweep = load_sweep(path, overrides)
     result = run_sweep(sweep, show_progress=not quiet)

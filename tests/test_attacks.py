@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import yaml
 
-from raysim.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
 from raysim.config import validate_config
 from raysim.errors import ConfigError
-from raysim.metrics import ClientEvaluation, ModelScores, benign_summary
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
+from raysim.threats.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
+from raysim.tracking.metrics import ClientEvaluation, ModelScores, benign_summary
 from raysim.training.local import ClientData
 from tests.conftest import tiny_config
 from tests.inprocess import make_host

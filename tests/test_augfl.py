@@ -195,7 +195,7 @@ def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partition
 def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_global_model():
     """augfl.md 2.3: target clients (clients.heldout) take no part in training; at evaluation each takes one
     step from theta^t on its support set and is scored on its query set; summaries go to heldout/..."""
-    from raysim.metrics import benign_summary
+    from raysim.tracking.metrics import benign_summary
 
     config = validate_config(
         tiny_config(

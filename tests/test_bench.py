@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
-from raysim.bench import GpuSampler, Measurement, gpu_usage, read_gpus, report
+from raysim.studies.bench import GpuSampler, Measurement, gpu_usage, read_gpus, report
 from tests.test_cli import _raysim
 
 

@@ -207,7 +207,7 @@ def _rest(server: str, endpoint: str, **query) -> dict:
 @pytest.mark.slow
 def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
     from raysim.cli import main
-    from raysim.server import ServerSettings, TrackingServer
+    from raysim.tracking.server import ServerSettings, TrackingServer
 
     sweep = {
         "name": "cluster-sweep",

@@ -14,10 +14,10 @@ from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
 from raysim.config import validate_config
-from raysim.metrics import ClientRecord, mean_client_metrics, summarize
 from raysim.models.flat import FlatModel, ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
+from raysim.tracking.metrics import ClientRecord, mean_client_metrics, summarize
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import make_host

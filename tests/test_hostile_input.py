@@ -14,8 +14,8 @@ import yaml
 
 from raysim.config import load_config
 from raysim.errors import ConfigError
-from raysim.suite import is_suite_file, load_suite
-from raysim.sweep import is_sweep_file, load_sweep
+from raysim.studies.suite import is_suite_file, load_suite
+from raysim.studies.sweep import is_sweep_file, load_sweep
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEEP = 5000

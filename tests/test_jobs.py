@@ -14,7 +14,7 @@ import yaml
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.jobs import EXCLUDES, PROJECT_ROOT, JobError, auth_token, job_config_yaml, job_spec
-from raysim.sweep import parse_sweep
+from raysim.studies.sweep import parse_sweep
 from tests.conftest import tiny_config
 
 

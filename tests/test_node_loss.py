@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from raysim.procmem import descendants
+from raysim.studies.procmem import descendants
 from tests.cluster import ROOT
 from tests.conftest import tiny_config
 

@@ -287,7 +287,7 @@ def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
 
 @pytest.mark.slow
 def test_credentials_in_the_tracking_uri_are_stored_and_printed_nowhere(tmp_path):
-    from raysim.server import ServerSettings, TrackingServer
+    from raysim.tracking.server import ServerSettings, TrackingServer
 
     secret = "s3cret-pw"
     settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts"), port=free_port())
@@ -341,7 +341,7 @@ def test_http_credentials_move_into_mlflow_variables(monkeypatch):
 
 def _start_server(backend: str, port: int):
     """An MLflow server in its own process group (stopped with its workers: nothing keeps the port)."""
-    from raysim.server import ServerSettings, TrackingServer
+    from raysim.tracking.server import ServerSettings, TrackingServer
 
     return TrackingServer(ServerSettings(backend, None, port=port)).start(timeout_s=60)
 

@@ -7,9 +7,9 @@ import pytest
 
 from raysim.config import validate_config
 from raysim.errors import ConfigError
-from raysim.robust import RobustSettings, aggregate, multi_krum, norm_clip, trimmed_mean
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
+from raysim.threats.robust import RobustSettings, aggregate, multi_krum, norm_clip, trimmed_mean
 from tests.conftest import tiny_config
 from tests.inprocess import make_host
 
@@ -187,7 +187,7 @@ def test_config_names_the_rule_and_its_allowed_values():
 
 def test_suite_reports_plot_benign_accuracy_against_the_malicious_fraction(tmp_path):
     from raysim.runtime.rounds import RunResult
-    from raysim.suite import SuiteChild
+    from raysim.studies.suite import SuiteChild
     from raysim.tracking.robustness import robustness_points, write_suite_reports
 
     def child(name, algorithm, attack, acc):

@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from raysim.server import ServerSettings, TrackingServer, is_healthy
 from raysim.tracking.mlflow_writer import MlflowWriter
+from raysim.tracking.server import ServerSettings, TrackingServer, is_healthy
 from tests.cluster import free_port
 
 

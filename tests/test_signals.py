@@ -17,7 +17,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
-from raysim.procmem import descendants
+from raysim.studies.procmem import descendants
 from tests.cluster import free_port
 from tests.conftest import tiny_config
 

@@ -12,7 +12,7 @@ from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.cli import main
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
-from raysim.suite import SuiteConfig, check_partitions, is_suite_file, load_suite, run_suite
+from raysim.studies.suite import SuiteConfig, check_partitions, is_suite_file, load_suite, run_suite
 from tests.conftest import tiny_config
 
 ISSUE_3 = ("flame", "fedavg", "fedprox", "fedadmm", "pfedme", "ditto", "fedapm", "fedalt", "fedsim", "local")
@@ -142,7 +142,7 @@ def test_impossible_partitions_fail_before_any_run_naming_the_child(tmp_path, ca
 
 
 def test_partition_check_makes_each_distinct_partition_once(monkeypatch):
-    import raysim.suite as suite_module
+    import raysim.studies.suite as suite_module
     from raysim.config import DatasetSettings
 
     calls = {"load": 0, "partition": 0}

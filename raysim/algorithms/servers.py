@@ -1,7 +1,7 @@
 """The two server steps that several algorithms share, written once over the `Upload` contract (base.py).
 
 Robust aggregation and Byzantine attacks rewrite the upload field named by `Upload.message_field`
-(raysim.robust, raysim.attacks, the coordinator's `_robust_upload`); these helpers read the very same
+(raysim.threats.robust, raysim.threats.attacks, the coordinator's `_robust_upload`); these helpers read the very same
 fields, so the server's mean and the robust rule that replaces it agree on what a message is.
 
 Running-mean servers (`Upload.delta = True`: FLAME, FedADMM, FedAPM, pFedMe with `aggregation: all`).

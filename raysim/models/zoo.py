@@ -44,7 +44,7 @@ def _cifar_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 
 
 def _resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    from raysim._torchvision import import_torchvision
+    from raysim.data._torchvision import import_torchvision
 
     if len(input_shape) != 3:
         raise ValueError(f"model.name=resnet18_gn needs image input (channels, height, width), got {input_shape}")

@@ -10,11 +10,11 @@ import torch
 
 from raysim.algorithms import build_algorithm
 from raysim.algorithms.base import AlgorithmSettings, Vector
-from raysim.attacks import AttackSettings
-from raysim.robust import RobustSettings, aggregate
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum
 from raysim.runtime.host import ModelSpec
+from raysim.threats.attacks import AttackSettings
+from raysim.threats.robust import RobustSettings, aggregate
 
 
 class Coordinator:
@@ -29,7 +29,7 @@ class Coordinator:
         attack: AttackSettings | None = None,
         server_data: Any = None,
     ):
-        """`robust` replaces the mean of the messages by a robust aggregate (raysim.robust); the hosts must
+        """`robust` replaces the mean of the messages by a robust aggregate (raysim.threats.robust); the hosts must
         then send messages. `attack` sets Multi-Krum's default f = floor(attack.fraction * n) for the n messages
         of each aggregation (AttackSettings.num_malicious; `aggregation.byzantine` overrides it).
         `server_data` (what `Algorithm.server_data` returned in the driver) is handed to the algorithm's
@@ -77,7 +77,7 @@ class Coordinator:
         """The summed upload changed so that the server's mean of messages becomes their robust aggregate.
 
         Averaging uploads: over this round's messages. Delta uploads: over the latest messages of all m
-        clients (see raysim.robust), and the sum sent is what moves the server's running sum to m * aggregate.
+        clients (see raysim.threats.robust), and the sum sent is what moves the server's running sum to m * aggregate.
         """
         reference = np.asarray(self.algorithm.message_coordinates(self.algorithm.global_model(self.state)), np.float64)
 

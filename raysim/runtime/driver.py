@@ -48,7 +48,7 @@ def run_experiment(
     """Run one experiment end to end and log it to MLflow.
 
     `inspect(round_index, simulation)`, if given, is called after every round (tests use it to check
-    invariants on live state). `parent` is the MLflow run id to nest this run under (raysim.suite).
+    invariants on live state). `parent` is the MLflow run id to nest this run under (raysim.studies.suite).
     `resume` is a checkpoint folder: the same MLflow run continues from it (see `resume_experiment`), logged
     to `tracking_uri` if given, else to the URI the checkpoint names.
 

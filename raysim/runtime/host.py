@@ -31,16 +31,16 @@ from raysim.algorithms.base import (
     drive,
     run_client_steps,
 )
-from raysim.attacks import AttackPlan
 from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
 from raysim.data.sources import Task
-from raysim.metrics import ClientEvaluation, ClientRecord, ModelScores, SingleLabelAuc, classification_scores
 from raysim.models.flat import FlatModel
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, encode
 from raysim.runtime.state_store import ClientStateStore
 from raysim.seeding import Stream, rng
+from raysim.threats.attacks import AttackPlan
+from raysim.tracking.metrics import ClientEvaluation, ClientRecord, ModelScores, SingleLabelAuc, classification_scores
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
 
@@ -71,7 +71,7 @@ class HostSettings:
     send_messages: bool = False
     """Add each selected client's message to the partial sums, for a robust aggregator at the coordinator."""
     auc_single_label: SingleLabelAuc = "zero"
-    """The AUC of a one-label test split (raysim.metrics.classification_scores)."""
+    """The AUC of a one-label test split (raysim.tracking.metrics.classification_scores)."""
     on_nonfinite: str = "stop"
     """`stop` raises UploadRangeError on a NaN/inf upload, `drop_client` leaves it out (runtime.on_nonfinite)."""
     state_memory_mb: float | None = None
@@ -144,7 +144,7 @@ class ClientHost:
             self.states[info.id] = self.algorithm.init_client(info, init_params)
 
     def _client_data(self, x: np.ndarray, y: np.ndarray, client_id: int, split: ClientSplit, classes: int):
-        """A client's view of the data: its noise, and for a label poisoner random labels (raysim.attacks)."""
+        """A client's view of the data: its noise, and for a label poisoner random labels (raysim.threats.attacks)."""
         redraw = 0
         if self.attack is not None and self.attack.poisons_labels(client_id):
             if self.attack.settings.labels == "per_access":

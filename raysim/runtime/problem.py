@@ -13,7 +13,6 @@ import numpy as np
 
 from raysim.algorithms import ClientInfo, build_algorithm
 from raysim.algorithms.base import ServerContext, ServerDataStep, ServerSamples, SGDResult, TrainModel, drive
-from raysim.attacks import AttackPlan, attack_plan
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
 from raysim.data.partitions import check_classes
@@ -23,6 +22,7 @@ from raysim.models.flat import FlatModel
 from raysim.runtime.host import ModelSpec
 from raysim.runtime.placement import check_capacity, default_num_hosts
 from raysim.seeding import Stream, rng, torch_seed
+from raysim.threats.attacks import AttackPlan, attack_plan
 from raysim.training.local import ClientData, LocalTrainer
 
 CACHE_VARIABLE = "RAYSIM_CACHE"

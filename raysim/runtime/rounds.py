@@ -11,11 +11,11 @@ from pathlib import Path
 import ray
 
 from raysim.config import ExperimentConfig
-from raysim.metrics import ClientEvaluation, benign_summary
 from raysim.runtime import checkpoint
 from raysim.runtime.problem import Problem
 from raysim.runtime.simulation import Simulation
 from raysim.tracking.callbacks import RoundCallback
+from raysim.tracking.metrics import ClientEvaluation, benign_summary
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 

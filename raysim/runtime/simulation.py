@@ -14,11 +14,11 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.errors import RaysimError
-from raysim.metrics import ClientEvaluation, ClientRecord, mean_client_metrics
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
+from raysim.tracking.metrics import ClientEvaluation, ClientRecord, mean_client_metrics
 
 
 class NoUsableUpload(RaysimError):

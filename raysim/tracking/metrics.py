@@ -1,7 +1,7 @@
 """Per-client evaluation records and their summaries across clients.
 
-Three models per client (flame.md 3): the personalized model (PM), the global model (GM) and the
-hybrid model (HM), the better of the two for that client. HM picks by test accuracy, as the FLAME
+Three models per client (the specs' metrics sections): the personalized model (PM), the global model (GM)
+and the hybrid model (HM), the better of the two for that client. HM picks by test accuracy, as the papers'
 authors do (an oracle choice); HM-val picks by accuracy on a held-out validation split instead
 (leakage-free; needs `partition.val_fraction > 0`) and reports the chosen model's test scores.
 """
@@ -25,17 +25,17 @@ class ModelScores:
     train_loss: float
     val_acc: float = math.nan
     test_f1: float = math.nan
-    """F1 averaged over classes weighted by their test support (fedapm.md 4.4)."""
+    """F1 averaged over classes weighted by their test support (as the specs' F1 is defined)."""
     test_auc: float = math.nan
     """One-vs-rest ROC AUC, macro over the classes present in the test split (see `classification_scores`)."""
 
 
 def classification_scores(logits: np.ndarray, labels: np.ndarray, single_label: SingleLabelAuc) -> tuple[float, float]:
-    """(weighted F1, one-vs-rest macro AUC) of a client's test split, as FedAPM reports them (fedapm.md 4.4).
+    """(weighted F1, one-vs-rest macro AUC) of a client's test split, as the specs define them.
 
     AUC averages, over the classes present in the split, the ROC AUC of that class's softmax probability
     against the rest. A split holding one label has no negatives, so AUC is undefined: `zero` scores it 0
-    as the FedAPM code does (it drags means down), `nan` leaves it out of the means.
+    as the authors' code does (it drags means down), `nan` leaves it out of the means.
     """
     if len(labels) == 0:
         return math.nan, math.nan
@@ -92,7 +92,7 @@ LAGGING_GAP = 0.10
 
 
 def summarize_scores(prefix: str, scores: list[ModelScores]) -> dict[str, float]:
-    """Mean over clients, plus fairness (flame.md 4.3): sample variance of test loss (the paper's measure) and
+    """Mean over clients, plus fairness: sample variance of test loss (the papers' measure) and
     of accuracy, accuracy std, min, 10th percentile and the share of clients lagging by more than 10 points."""
     acc = np.array([s.test_acc for s in scores])
     loss = np.array([s.test_loss for s in scores])
@@ -146,7 +146,8 @@ class ClientRecord:
 
 def mean_client_metrics(records: list[ClientRecord]) -> dict[str, float]:
     """Mean over the selected clients of each metric their client steps reported (`client/<name>`) and its
-    spread across them (`client/<name>_std`, sample std; 0 for one client), e.g. FedSLR's p_i non-zeros."""
+    spread across them (`client/<name>_std`, sample std; 0 for one client), e.g. the non-zeros of a sparse
+    personal part."""
     summary = {}
     for name in sorted({k for r in records for k in r.metrics}):
         values = np.array([r.metrics[name] for r in records if name in r.metrics], dtype=np.float64)
@@ -156,8 +157,8 @@ def mean_client_metrics(records: list[ClientRecord]) -> dict[str, float]:
 def benign_summary(
     evaluations: list[ClientEvaluation], malicious: frozenset[int], heldout: frozenset[int] = frozenset()
 ) -> dict[str, float]:
-    """Across-client summaries over the benign training clients (flame.md 4.1: attackers are not scored), and
-    over the held-out clients (`clients.heldout`) as `heldout/...`."""
+    """Across-client summaries over the benign training clients (attackers are not scored, as in the specs'
+    robustness settings), and over the held-out clients (`clients.heldout`) as `heldout/...`."""
     summary = summarize([e for e in evaluations if e.client_id not in malicious | heldout])
     held = [e for e in evaluations if e.client_id in heldout]
     return summary | ({f"heldout/{k}": v for k, v in summarize(held).items()} if held else {})

@@ -36,7 +36,7 @@ from raysim.errors import ConfigError
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
-from raysim.suite import check_partitions, write_summary
+from raysim.studies.suite import check_partitions, write_summary
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 
 SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")

@@ -44,10 +44,10 @@ from torch import nn
 from raysim.config import ExperimentConfig, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
-from raysim.procmem import PeakMemory, wait_for_children
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import Problem, prepare
 from raysim.seeding import Stream, rng
+from raysim.studies.procmem import PeakMemory, wait_for_children
 
 WAYS = ("reference", "raysim", "vectorized")
 

@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
-from raysim.attacks import check_benign_left
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.data import partition_dataset
 from raysim.data.partitions import check_classes
@@ -31,6 +30,7 @@ from raysim.runtime.driver import run_experiment
 from raysim.runtime.rounds import RunResult
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
+from raysim.threats.attacks import check_benign_left
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.robustness import write_suite_reports
 
