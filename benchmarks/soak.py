@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from raysim.config import validate_config
-from raysim.procmem import sample
 from raysim.runtime.driver import run_experiment
+from raysim.studies.procmem import sample
 
 
 def main() -> None:
