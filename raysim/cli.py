@@ -1,4 +1,4 @@
-"""The `raysim` command line: run an experiment, open the MLflow UI, list the algorithms."""
+"""The `raysim` command line: run an experiment, open the MLflow UI, list the algorithms and datasets."""
 
 from __future__ import annotations
 
@@ -67,6 +67,23 @@ def _algorithms(args: argparse.Namespace) -> int:
     for name, cls in REGISTRY.items():
         summary = (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         print(f"{name:12s} {summary}")
+    return 0
+
+
+def _datasets(args: argparse.Namespace) -> int:
+    """Each `dataset.name`: whether its files are here (and where), the layout it reads, how to get it."""
+    from raysim.data.catalog import CATALOG, default_root, found_at
+    from raysim.data.fashion_mnist import CACHE_DIR, DEBIAN_DIR
+
+    roots = [Path(args.root).expanduser()] if args.root else []
+    roots += [default_root(), CACHE_DIR, DEBIAN_DIR]
+    print(f"looked in: {', '.join(str(r) for r in roots)}")
+    for info in CATALOG.values():
+        found = found_at(info, roots)
+        where = "built in" if found == Path("-") else (f"found in {found}" if found else "missing")
+        print(f"{info.name:14s} {where}: {info.about}")
+        if found is None:
+            print(f"{'':14s}   reads {info.layout}; get it: {info.get}")
     return 0
 
 
@@ -209,6 +226,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--ways", nargs="+", choices=["reference", "raysim", "vectorized"], help="default: all three")
     bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
     bench.set_defaults(handler=_bench)
+    datasets = commands.add_parser(
+        "datasets", help="list the datasets: which are on this machine, the layout each reads, how to get it"
+    )
+    datasets.add_argument("--root", default=None, help="also look here (a dataset.root)")
+    datasets.set_defaults(handler=_datasets)
     algorithms = commands.add_parser("algorithms", help="list the registered algorithms")
     algorithms.set_defaults(handler=_algorithms)
     sweep = commands.add_parser("sweep", help="run a sweep (grid / random draws x seeds) as concurrent trials")

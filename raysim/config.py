@@ -38,11 +38,37 @@ class DatasetSettings(_Section):
     name: Literal[SOURCES] = "fashion_mnist"  # type: ignore[valid-type]
     root: str | None = Field(None, description="directory holding the dataset files (else the default places)")
     download: bool = Field(True, description="let torchvision download when no local copy exists")
-    path: str | None = Field(None, description="name: npz: the .npz file holding x, y and optional groups")
+    path: str | None = Field(
+        None, description="npz: the .npz file; huggingface: a saved dataset's folder or a hub name"
+    )
+    split: str | None = Field(None, description="emnist: byclass, bymerge, balanced, letters, digits, mnist; "
+                              "femnist: digits (FLAME's 10-class FEMNIST); huggingface: the split to load")
+    subset: str | None = Field(
+        None, description="medmnist: which MedMNIST set (pathmnist, organamnist, ...); huggingface: the hub config name"
+    )
+    image: str = Field("image", description="huggingface: the column holding the image or feature vector")
+    label: str = Field("label", description="huggingface: the column holding the class label")
+    size: int | None = Field(None, ge=1, description="resize images to size x size (e.g. 64 for Medical MNIST)")
+    channels: Literal[1, 3] | None = Field(
+        None, description="image_folder: convert every image to 1 (grey) or 3 (RGB) channels; default: RGB if any "
+        "image has colour (the FLAME authors read Medical MNIST as RGB)"
+    )
+    augment: Literal["none", "crop_flip"] = Field(
+        "none", description="training-time augmentation: crop_flip = random crop after zero padding and horizontal "
+        "flip (FedSLR on CIFAR and Tiny-ImageNet, fedslr.md 6.1), drawn from each client's seeded stream"
+    )
+    crop_padding: int = Field(4, ge=0, description="crop_flip: zero padding before the crop (Tiny-ImageNet: 8)")
+    crop_probability: float = Field(
+        0.5, ge=0, le=1, description="crop_flip: share of samples cropped (0.5 as FedSLR; 1: always)"
+    )
 
     def load(self, seed: int) -> Dataset:
         """The dataset these settings name (`seed` draws the synthetic ones)."""
-        return load_dataset(self.name, self.root, self.download, seed, self.path)
+        return load_dataset(
+            self.name, self.root, self.download, seed, self.path,
+            split=self.split, subset=self.subset, image=self.image, label=self.label, size=self.size,
+            channels=self.channels,
+        )
 
 
 class ClientsSettings(_Section):

@@ -196,8 +196,8 @@ def test_config_takes_the_new_sources():
     config = validate_config(tiny_config(dataset={"name": "npz", "path": "/data/mine.npz"}))
     assert config.dataset.path == "/data/mine.npz"
     assert validate_config(tiny_config(dataset={"name": "synthetic_writers"})).dataset.name == "synthetic_writers"
-    with pytest.raises(ConfigError, match="dataset.name: must be .*'synthetic_writers' or 'npz'"):
-        validate_config(tiny_config(dataset={"name": "femnist"}))
+    with pytest.raises(ConfigError, match="dataset.name: must be .*'synthetic_writers', 'npz', 'mnist'"):
+        validate_config(tiny_config(dataset={"name": "femnst"}))
 
 
 @pytest.mark.slow

@@ -9,12 +9,12 @@ Files may be gzipped or not. When none has the data, the error names every place
 
 from __future__ import annotations
 
-import gzip
 import os
 from pathlib import Path
 
 import numpy as np
 
+from raysim.data.idx import read_idx
 from raysim.errors import DataError
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -25,29 +25,6 @@ FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.int16, 0x0C: np.int32, 0x0D: np.float32}
-
-
-def read_idx(path: Path) -> np.ndarray:
-    """Read one IDX file (optionally gzipped) into a numpy array, checking its declared size."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rb") as handle:
-            raw = handle.read()
-    except (OSError, EOFError) as error:
-        raise DataError(f"{path}: cannot read IDX file ({error})") from error
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise DataError(f"{path}: not an IDX file (bad magic number)")
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * k : 8 + 4 * k], "big") for k in range(ndim)]
-    dtype = np.dtype(_IDX_DTYPES[raw[2]]).newbyteorder(">")
-    offset = 4 + 4 * ndim
-    expected = int(np.prod(dims)) * dtype.itemsize
-    if len(raw) - offset != expected:
-        raise DataError(
-            f"{path}: truncated or corrupt IDX file (header says {expected} data bytes, found {len(raw) - offset})"
-        )
-    return np.frombuffer(raw, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
 
 
 def _find(directory: Path, stem: str) -> Path | None:

@@ -6,6 +6,7 @@ ever receive index arrays for their clients.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -33,6 +34,26 @@ class Dataset:
     task: Task = "classification"
     groups: np.ndarray | None = None
     """A natural id per sample (writer, speaker) for the `natural` partition; None if the dataset has none."""
+    mean: tuple[float, ...] | None = None
+    """Per-channel mean for on-the-fly normalization when `x` is stored as uint8 images (None: `x` is ready)."""
+    std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        """Normalized on the fly means uint8 images (n, C, H, W) with one mean and std per channel: anything else
+        would be fed to the model unnormalized or fail deep inside a host."""
+        if self.mean is None and self.std is None:
+            return
+        channels = self.x.shape[1] if self.x.ndim == 4 else None
+        if self.mean is None or self.std is None or not len(self.mean) == len(self.std) == channels:
+            raise DataError(
+                f"dataset {self.name}: mean {self.mean} and std {self.std} need one value per channel of x "
+                f"{self.x.shape}"
+            )
+        if self.x.dtype != np.uint8 or min(self.std) <= 0:
+            raise DataError(
+                f"dataset {self.name}: per-channel mean/std normalize uint8 images with positive std, got x of dtype "
+                f"{self.x.dtype} and std {self.std}"
+            )
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -163,14 +184,40 @@ def npz_dataset(path: str | Path | None) -> Dataset:
 SEEDED_SOURCES = ("synthetic_classification", "synthetic_regression", "synthetic_writers")
 """Sources whose data are drawn from the experiment seed (the others load the same data whatever the seed)."""
 
-SOURCES = (
-    "fashion_mnist",
-    "digits",
-    "synthetic_classification",
-    "synthetic_regression",
-    "synthetic_writers",
-    "npz",
-)
+
+@dataclass(frozen=True)
+class DataRequest:
+    """What `dataset` in a config asks for; each file-backed source reads the fields it needs."""
+
+    name: str
+    root: str | Path | None = None
+    download: bool = True
+    seed: int = 0
+    path: str | Path | None = None
+    split: str | None = None
+    subset: str | None = None
+    image: str = "image"
+    label: str = "label"
+    size: int | None = None
+    channels: int | None = None
+
+
+_BUILTIN = ("fashion_mnist", "digits", "synthetic_classification", "synthetic_regression", "synthetic_writers", "npz")
+FILE_SOURCES: dict[str, str] = {
+    "mnist": "raysim.data.idx:mnist",
+    "emnist": "raysim.data.idx:emnist",
+    "cifar10": "raysim.data.cifar:cifar10",
+    "cifar100": "raysim.data.cifar:cifar100",
+    "medmnist": "raysim.data.medmnist:medmnist",
+    "image_folder": "raysim.data.image_folder:image_folder",
+    "tiny_imagenet": "raysim.data.image_folder:tiny_imagenet",
+    "femnist": "raysim.data.leaf:femnist",
+    "huggingface": "raysim.data.huggingface:huggingface",
+}
+"""Sources read from files in their publisher's layout: config name -> `module:function` taking a DataRequest
+(imported only when used, so a source's optional dependencies load only for its users)."""
+
+SOURCES = (*_BUILTIN, *FILE_SOURCES)
 
 
 def load_dataset(
@@ -179,8 +226,10 @@ def load_dataset(
     download: bool = True,
     seed: int = 0,
     path: str | Path | None = None,
+    **options: object,
 ) -> Dataset:
-    """Load a dataset by its config name (`dataset.name`); `npz` reads `path` (else `root`, naming the file)."""
+    """Load a dataset by its config name (`dataset.name`); `npz` reads `path` (else `root`, naming the file);
+    `options` are the other DataRequest fields (split, subset, image, label, size)."""
     if name == "fashion_mnist":
         return fashion_mnist(root, download=download)
     if name == "digits":
@@ -193,4 +242,8 @@ def load_dataset(
         return synthetic_writers(seed=seed)
     if name == "npz":
         return npz_dataset(path if path is not None else root)
+    if name in FILE_SOURCES:
+        module, _, function = FILE_SOURCES[name].partition(":")
+        loader = getattr(importlib.import_module(module), function)
+        return loader(DataRequest(name, root, download, seed, path, **options))  # type: ignore[arg-type]
     raise DataError(f"dataset.name: unknown dataset {name!r}; allowed: {', '.join(SOURCES)}")

@@ -3,6 +3,11 @@
 - `mlr`: multinomial logistic regression (784 -> 10: 7,850 parameters, Table II's count);
 - `mlp`: 784-128-64-10 with ReLU (109,386 parameters, the authors' code);
 - `cnn`: the CIFAR-10 CNN: conv3x3(16)-pool-conv3x3(32)-pool-FC128-FC (268,650 parameters on 3x32x32);
+- `cnn_mmnist`: CNN1 of the authors' code for Medical MNIST: conv3x3(32, no pad)-pool-conv3x3(16)-pool-FC64-FC
+  (206,678 parameters on 3x64x64 with 6 classes); their Dropout(0.2) before FC64 is left out, so that every
+  model here is a deterministic function of its parameters (training draws come from the per-client streams);
+- `cnn_femnist`: CNN2 of the authors' code for FEMNIST: conv7x7(32, pad 3)-pool-conv3x3(64, pad 1)-pool-FC
+  (214,590 parameters on 1x28x28 with 62 outputs);
 - `linear`: a bias-free linear model for regression (the convex analysis of flame.md 1.6);
 - `resnet18_gn`: torchvision's ResNet-18 with every BatchNorm replaced by GroupNorm(2) (FedSLR's model,
   fedslr.md 6.2); inputs of at most 32 px get the CIFAR stem of the authors' code (3x3 conv, stride 1,
@@ -19,8 +24,8 @@ from torch import nn
 
 from raysim.settings import Settings
 
-ModelName = Literal["mlr", "mlp", "cnn", "linear", "resnet18_gn"]
-MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "linear", "resnet18_gn")
+ModelName = Literal["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn"]
+MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn")
 
 
 class ModelSettings(Settings):
@@ -40,6 +45,36 @@ def _cifar_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
         nn.Linear(32 * (height // 4) * (width // 4), 128),
         nn.ReLU(),
         nn.Linear(128, outputs),
+    )
+
+
+def _mmnist_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    channels, height, width = input_shape
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 16, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * (((height - 2) // 2 - 2) // 2) * (((width - 2) // 2 - 2) // 2), 64),
+        nn.ReLU(),
+        nn.Linear(64, outputs),
+    )
+
+
+def _femnist_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    channels, height, width = input_shape
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 7, padding=3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * (height // 4) * (width // 4), outputs),
     )
 
 
@@ -77,6 +112,10 @@ def build_module(name: str, input_shape: tuple[int, ...], outputs: int) -> nn.Mo
         if len(input_shape) != 3 or input_shape[1] < 4 or input_shape[2] < 4:
             raise ValueError(f"model.name=cnn needs image input (channels, height>=4, width>=4), got {input_shape}")
         return _cifar_cnn(input_shape, outputs)
+    if name in ("cnn_mmnist", "cnn_femnist"):
+        if len(input_shape) != 3 or min(input_shape[1:]) < (10 if name == "cnn_mmnist" else 4):
+            raise ValueError(f"model.name={name} needs image input (channels, height, width), got {input_shape}")
+        return (_mmnist_cnn if name == "cnn_mmnist" else _femnist_cnn)(input_shape, outputs)
     if name == "linear":
         return nn.Sequential(nn.Flatten(), nn.Linear(features, outputs, bias=False))
     if name == "resnet18_gn":

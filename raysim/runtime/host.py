@@ -41,7 +41,7 @@ from raysim.runtime.state_store import ClientStateStore
 from raysim.seeding import Stream, rng
 from raysim.threats.attacks import AttackPlan
 from raysim.tracking.metrics import ClientEvaluation, ClientRecord, ModelScores, SingleLabelAuc, classification_scores
-from raysim.training.local import ClientData, LocalTrainer
+from raysim.training.local import ClientData, Inputs, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
 
 
@@ -82,14 +82,20 @@ class HostSettings:
     vectorize_chunk: int = 16
     gpus: float = 0.0
     """The host's GPU share: vectorized training runs on the GPU when it has one (runtime.host_gpus)."""
+    inputs: Inputs = Inputs()
+    """How the dataset's stored rows become model input: the dataset's normalization, dataset.augment."""
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, model: ModelSpec, attack: AttackPlan | None) -> HostSettings:
+    def from_config(
+        cls, config: ExperimentConfig, model: ModelSpec, attack: AttackPlan | None, inputs: Inputs | None = None
+    ) -> HostSettings:
+        """`inputs`: the run's (Problem.inputs); None for a dataset stored ready, augmented as the config says."""
         runtime = config.runtime
         return cls(
             config.algorithm, model, config.seed, runtime.torch_threads, attack, config.aggregation.active,
             config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb, runtime.spill_dir,
             runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus,
+            Inputs(augment=config.dataset.augment) if inputs is None else inputs,
         )  # fmt: skip
 
 
@@ -112,8 +118,9 @@ class ClientHost:
         clients: list[tuple[ClientInfo, ClientSplit]],
         init_params: Vector,
     ):
-        """`x`, `y`: the whole dataset (one object-store copy shared by the hosts of a node); `clients`: the
-        (ClientInfo, ClientSplit) pairs this host owns, all starting from `init_params`."""
+        """`x`, `y`: the whole dataset as stored (one object-store copy shared by the hosts of a node; rows
+        become model input through `settings.inputs`); `clients`: the (ClientInfo, ClientSplit) pairs this host
+        owns, all starting from `init_params`."""
         torch.set_num_threads(settings.torch_threads)
         self.settings = settings
         self.model = settings.model.build()
@@ -152,7 +159,9 @@ class ClientHost:
             else:  # a private copy of y with this client's labels drawn once
                 owned = np.concatenate([split.train, split.test, split.val])
                 y = self.attack.poisoned_labels(client_id, y, owned, classes)
-        return ClientData(x, y, split.train, split.test, split.val, noise_std=split.noise_std, random_labels=redraw)
+        return ClientData(
+            x, y, split.train, split.test, split.val, split.noise_std, redraw, inputs=self.settings.inputs
+        )
 
     @property
     def client_ids(self) -> list[int]:

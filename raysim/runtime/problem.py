@@ -23,7 +23,7 @@ from raysim.runtime.host import ModelSpec
 from raysim.runtime.placement import check_capacity, default_num_hosts
 from raysim.seeding import Stream, rng, torch_seed
 from raysim.threats.attacks import AttackPlan, attack_plan
-from raysim.training.local import ClientData, LocalTrainer
+from raysim.training.local import ClientData, Inputs, LocalTrainer
 
 CACHE_VARIABLE = "RAYSIM_CACHE"
 """Environment variable naming raysim's cache folder (default ~/.cache/raysim), handed to algorithms as
@@ -39,6 +39,7 @@ class Problem:
     """Everything prepared in the driver before any Ray work: data, clients, initial model."""
 
     x: np.ndarray
+    """The features as the dataset stores them (uint8 images for some); `inputs` makes rows model input."""
     y: np.ndarray
     model_spec: ModelSpec
     clients: list[tuple[ClientInfo, ClientSplit]]
@@ -49,6 +50,8 @@ class Problem:
     """The coordinator's private data (`Algorithm.server_data`), if the algorithm needs any."""
     num_training: int | None = None
     """m: clients 0..m-1 train; the rest are held out (evaluated only, `clients.heldout`). Default: all."""
+    inputs: Inputs = Inputs()
+    """The dataset's normalization (Dataset.mean/std) and dataset.augment, for the hosts."""
 
     def __post_init__(self) -> None:
         if self.num_training is None:
@@ -74,6 +77,14 @@ def prepare(config: ExperimentConfig) -> Problem:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     init = model.initial_parameters(torch_seed(config.seed, Stream.MODEL_INIT))
+    if config.dataset.augment != "none" and len(dataset.input_shape) != 3:
+        raise ConfigError(
+            f"dataset.augment={config.dataset.augment} crops and flips images (channels, height, width); "
+            f"dataset {config.dataset.name} has samples of shape {dataset.input_shape}"
+        )
+    inputs = Inputs(
+        dataset.mean, dataset.std, config.dataset.augment, config.dataset.crop_padding, config.dataset.crop_probability
+    )
     m = config.clients.training_count
     total_train = sum(len(s.train) for s in splits[:m])
 
@@ -91,7 +102,7 @@ def prepare(config: ExperimentConfig) -> Problem:
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
     attack = attack_plan(config.attack, m, config.seed) if config.attack.kind != "none" else None
-    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m)
+    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m, inputs)
 
 
 def cache_folder() -> Path:
@@ -101,11 +112,13 @@ def cache_folder() -> Path:
 
 def server_context(config: ExperimentConfig, dataset: Dataset) -> ServerContext:
     """What an algorithm may use to prepare its server data: the samples the partition keeps back from every
-    client (`server_pools`, none for most schemes), the models' shapes, the seed and the cache folder."""
+    client (`server_pools`, none for most schemes) as model input (normalized, never augmented), the models'
+    shapes, the seed and the cache folder."""
     pools = config.partition.server_pools(len(dataset.y), config.seed)
+    inputs = Inputs(dataset.mean, dataset.std)
     return ServerContext(
         partition=config.partition.scheme,
-        pools=tuple(ServerSamples(dataset.x[pool], dataset.y[pool]) for pool in pools),
+        pools=tuple(ServerSamples(inputs.rows(dataset.x, pool), dataset.y[pool]) for pool in pools),
         dataset=config.dataset.name,
         model=config.model.name,
         input_shape=dataset.input_shape,

@@ -49,7 +49,7 @@ class Simulation:
         # constructor with its original arguments, and a large inline argument (a host's client list is
         # ~280 KB on Fashion-MNIST) would have been freed after the first construction.
         self._refs = (x_ref, y_ref, init_ref, server_ref, *clients_refs)
-        settings = HostSettings.from_config(config, problem.model_spec, problem.attack)
+        settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
         self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
         host_actor = ray.remote(ClientHost)
         self.hosts = [

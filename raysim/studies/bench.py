@@ -48,6 +48,7 @@ from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import Problem, prepare
 from raysim.seeding import Stream, rng
 from raysim.studies.procmem import PeakMemory, wait_for_children
+from raysim.training.local import model_inputs
 
 WAYS = ("reference", "raysim", "vectorized")
 
@@ -185,7 +186,8 @@ def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cp
     module = FlatModel(config.model.name, problem.model_spec.input_shape, problem.model_spec.outputs).module
     module = module.to(device)
     params = list(module.parameters())
-    x, y = torch.from_numpy(problem.x).to(device), torch.from_numpy(problem.y).to(device)
+    features = model_inputs(problem.x, problem.inputs.mean, problem.inputs.std)  # uint8 images: normalized once
+    x, y = torch.from_numpy(features).to(device), torch.from_numpy(problem.y).to(device)
     w = torch.from_numpy(problem.init_params.copy()).to(device)
     m = len(problem.clients)
     theta = [w.clone() for _ in range(m)]

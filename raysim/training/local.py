@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 import torch
@@ -10,6 +12,92 @@ import torch
 from raysim.algorithms.base import FullGradient, GradientResult, LocalSGD, SGDResult
 from raysim.algorithms.prox import soft_threshold
 from raysim.models.flat import FlatModel
+
+Augment = Literal["none", "crop_flip"]
+"""Training-time augmentation (dataset.augment): crop_flip = with probability `crop_probability` a random crop of
+the original size from the image zero-padded on each side, then a horizontal flip with probability 0.5
+(torchvision's RandomCrop(padding) and RandomHorizontalFlip on the raw image, before Normalize)."""
+
+
+@lru_cache(maxsize=16)
+def pixel_table(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """((v / 255) - mean[c]) / std[c] in float32 for every channel c and pixel value v (C x 256): normalizing by
+    lookup gives the same bits wherever it runs."""
+    values = np.arange(256, dtype=np.float32) / np.float32(255.0)
+    table = (values[None, :] - np.asarray(mean, np.float32)[:, None]) / np.asarray(std, np.float32)[:, None]
+    table.setflags(write=False)
+    return table
+
+
+def model_inputs(rows: np.ndarray, mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> np.ndarray:
+    """Dataset rows as model input: uint8 images (n, C, H, W) normalized per channel to float32; rows of a dataset
+    without mean/std (stored ready, float32) are returned as they are."""
+    if mean is None or std is None:
+        return rows
+    if rows.dtype != np.uint8 or rows.ndim != 4 or rows.shape[1] != len(mean):
+        raise ValueError(
+            f"model_inputs: per-channel normalization needs uint8 images (n, {len(mean)}, H, W), got {rows.dtype} "
+            f"{rows.shape}"
+        )
+    return pixel_table(mean, std)[np.arange(len(mean))[:, None, None], rows]
+
+
+CropDraws = tuple[np.ndarray, np.ndarray]
+"""Per sample: the crop's top-left corner in the padded image (n x 2, each in 0..2 padding) and whether to flip (n)."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """How a dataset's stored rows become model input. Image datasets may be stored as uint8 so that CIFAR-100 or
+    Tiny-ImageNet fit the object store; `mean`/`std` (per channel, pixel units in [0, 1]) then normalize rows as
+    they are read. `augment` applies to training batches only (LocalSGD), never to evaluation or gradients."""
+
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    augment: Augment = "none"
+    padding: int = 4
+    """crop_flip: zeros added on each side before cropping (4 on CIFAR, 8 on Tiny-ImageNet, fedslr.md 6.1)."""
+    crop_probability: float = 0.5
+    """crop_flip: the share of samples that are cropped (0.5 in FedSLR's setting, fedslr.md 6.1; 1: always, as
+    torchvision's RandomCrop); the others keep the centred, uncropped image."""
+
+    @property
+    def plain(self) -> bool:
+        """Rows are model input as stored: no normalization and no augmentation."""
+        return self.mean is None and self.augment == "none"
+
+    def draw(self, count: int, generator: np.random.Generator | None) -> CropDraws | None:
+        """The augmentation of `count` training samples, drawn from the client's stream (corners, then flips)."""
+        if self.augment == "none":
+            return None
+        if generator is None:
+            raise ValueError("Inputs.draw: augmented training batches need the client's generator")
+        corners = generator.integers(0, 2 * self.padding + 1, size=(count, 2))
+        if self.crop_probability < 1:
+            cropped = generator.random(count) < self.crop_probability
+            corners = np.where(cropped[:, None], corners, self.padding)
+        flips = generator.random(count) < 0.5
+        return corners, flips
+
+    def rows(self, x: np.ndarray, indices: np.ndarray, draws: CropDraws | None = None) -> np.ndarray:
+        """The samples `indices` of the stored array `x` as model input, cropped and flipped as `draws` say."""
+        rows = x[indices]
+        if draws is not None:
+            rows = crop_flip(rows, *draws, self.padding)
+        return model_inputs(rows, self.mean, self.std)
+
+
+def crop_flip(rows: np.ndarray, corners: np.ndarray, flips: np.ndarray, padding: int) -> np.ndarray:
+    """Each image (n, C, H, W) zero-padded by `padding`, cropped back to H x W at its corner, flipped where asked."""
+    n, channels, height, width = rows.shape
+    padded = np.pad(rows, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    top = corners[:, :1] + np.arange(height)
+    left = corners[:, 1:] + np.arange(width)
+    left = np.where(flips[:, None], left[:, ::-1], left)
+    return padded[
+        np.arange(n)[:, None, None, None], np.arange(channels)[None, :, None, None], top[:, None, :, None],
+        left[:, None, None, :],
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -25,10 +113,16 @@ class ClientData:
     """Gaussian feature noise redrawn at every access (the quality-skew partition, raysim.data.partitions)."""
     random_labels: int = 0
     """If > 0, labels are redrawn uniformly from this many classes at every access (label poisoning)."""
+    inputs: Inputs = Inputs()
+    """How stored rows of `x` become model input (normalization of uint8 images, training augmentation)."""
 
-    def batch(self, indices: np.ndarray, generator: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The samples `indices` as this client sees them: with its noise and poisoned labels, freshly drawn."""
-        x, y = self.x[indices], self.y[indices]
+    def batch(
+        self, indices: np.ndarray, generator: np.random.Generator | None = None, training: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The samples `indices` as this client sees them: with its noise and poisoned labels, freshly drawn, and
+        for a `training` batch its augmentation (drawn first, then the noise, then the labels)."""
+        draws = self.inputs.draw(len(indices), generator) if training else None
+        x, y = self.inputs.rows(self.x, indices, draws), self.y[indices]
         if not (self.noise_std or self.random_labels):
             return x, y
         if generator is None:
@@ -69,7 +163,7 @@ class LocalTrainer:
             order = generator.permutation(len(indices))
             for start in range(0, len(order), request.batch_size):
                 batch = indices[order[start : start + request.batch_size]]
-                xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator))
+                xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
                 loss, grad = self.model.loss_and_grad(x if offset is None else offset + x, xb, yb)
                 losses.append(loss)
                 if request.weight_decay:

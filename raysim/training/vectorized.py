@@ -11,7 +11,7 @@ or the parameters; a model that cannot be vmapped falls back to LocalTrainer.
 
 The results are `LocalTrainer.sgd`'s, client by client, up to floating-point rounding:
 - each client's batches come from its own generator in LocalTrainer's order (an epoch's permutation, then
-  every batch's noise and labels as it is used), so every client sees the same samples;
+  every batch's augmentation, noise and labels as it is used), so every client sees the same samples;
 - batches are padded to the batch size with samples of weight zero, so a loss is the mean over real samples;
 - a client's steps run over its epochs back to back and the clients of a chunk are sorted by step count,
   so the clients still training are a prefix and a finished client's parameters and velocity stay as they are.
@@ -338,27 +338,32 @@ class _Batches:
     """The mini-batches of one chunk's clients, drawn as LocalTrainer.sgd draws them, one lockstep step at a time.
 
     A client without per-access randomness (no feature noise, no random labels) draws only its epochs'
-    permutations, so its whole index plan is made up front and gathered with the others' in one call; a
-    client with it draws each batch's noise and labels from its generator when the batch is used, after
-    that epoch's permutation and before the next, exactly as the sequential loop does.
+    permutations and, with augmented inputs, each batch's crops and flips right after its epoch's permutation,
+    so its whole plan is made up front (the features of clients with plain inputs gathered in one call); a
+    client with it draws each batch's augmentation, noise and labels from its generator when the batch is
+    used, after that epoch's permutation and before the next, exactly as the sequential loop does. Stored
+    rows that need normalization or augmentation become model input through the clients' `Inputs.rows`, the
+    function the sequential trainer uses, so both see the same bits.
     """
 
     def __init__(self, jobs: list[SGDJob], source: Callable[[np.ndarray], torch.Tensor], device: torch.device):
         request = jobs[0][0]
         self.jobs = jobs
         self.batch_size = width = request.batch_size
-        self.source = source
         self.sizes = [len(data.train) for _request, data, _generator in jobs]
         self.per_epoch = [-(-n // width) for n in self.sizes]
         self.totals = [request.epochs * p for p in self.per_epoch]
         length = max(self.totals, default=0)
         self.active = [sum(total > step for total in self.totals) for step in range(length)]
         """How many clients (a prefix: jobs come longest first) still train at each step."""
-        self.sources = [source(data.x) for _request, data, _generator in jobs]
-        self.shared = all(array is self.sources[0] for array in self.sources)
-        """Whether every client's features are one array (then one gather serves them all)."""
+        self.sources = [source(data.x) if data.inputs.plain else None for _request, data, _generator in jobs]
+        """Each client's features on the device, if they are model input as stored (else read through Inputs)."""
+        self.shared = all(array is not None and array is self.sources[0] for array in self.sources)
+        """Whether every client's features are one plain array (then one gather serves them all)."""
         self.fresh = [i for i, (_r, data, _g) in enumerate(jobs) if data.noise_std or data.random_labels]
         self.orders: dict[int, np.ndarray] = {}
+        self.draws: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """An augmenting client's crop corners [steps, batch, 2] and flips [steps, batch] (padding: no-ops)."""
         index = np.zeros((length, len(jobs), width), np.int64)
         weight = np.zeros((length, len(jobs), width), np.float32)
         labels = np.zeros((length, len(jobs), width), jobs[0][1].y.dtype)
@@ -373,14 +378,23 @@ class _Batches:
             weight[per_epoch - 1 : total : per_epoch, i, :last] = 1.0 / last
             if i in fresh:
                 continue
+            augments = data.inputs.augment != "none"
+            if augments:
+                corners = np.full((total, width, 2), data.inputs.padding, np.int64)
+                flips = np.zeros((total, width), bool)
+                self.draws[i] = (corners, flips)
             plan = np.empty((request.epochs, per_epoch * width), np.int64)
             for epoch in range(request.epochs):
                 plan[epoch, :n] = data.train[generator.permutation(n)]
+                for batch in range(per_epoch if augments else 0):
+                    count, at = min(width, n - batch * width), epoch * per_epoch + batch
+                    corners[at, :count], flips[at, :count] = data.inputs.draw(count, generator)  # type: ignore[misc]
             plan[:, n:] = plan[:, :1]  # padding: a real sample, weighted zero
             index[:total, i] = plan.reshape(total, width)
             labels[:total, i] = data.y[index[:total, i]]
+        self.plan = index
         self.index = torch.from_numpy(index).to(device)
-        self.buffer = torch.empty((len(jobs) * width, *self.sources[0].shape[1:]), device=device)
+        self.buffer = torch.empty((len(jobs) * width, *jobs[0][1].x.shape[1:]), device=device)
         """The gathered features of a step, one buffer for all steps."""
         self.weight = torch.from_numpy(weight).to(device)
         self.labels = torch.from_numpy(labels).to(device)
@@ -391,10 +405,16 @@ class _Batches:
         rows = self.buffer[: active * width]
         features = rows.view(active, width, *rows.shape[1:])
         if self.shared:
-            torch.index_select(self.sources[0], 0, self.index[step, :active].reshape(-1), out=rows)
+            torch.index_select(self.sources[0], 0, self.index[step, :active].reshape(-1), out=rows)  # type: ignore[arg-type]
         else:
             for i in range(active):
-                torch.index_select(self.sources[i], 0, self.index[step, i], out=features[i])
+                source, data = self.sources[i], self.jobs[i][1]
+                if source is not None:
+                    torch.index_select(source, 0, self.index[step, i], out=features[i])
+                elif not (data.noise_std or data.random_labels):  # a fresh client's batch is made below
+                    draws = self.draws.get(i)
+                    plan = data.inputs.rows(data.x, self.plan[step, i], None if draws is None else _at(draws, step))
+                    features[i].copy_(torch.from_numpy(plan))
         for i in self.fresh:
             if i >= active:
                 break
@@ -403,7 +423,14 @@ class _Batches:
             if epoch_step == 0:
                 self.orders[i] = generator.permutation(self.sizes[i])
             batch = data.train[self.orders[i][epoch_step * width : (epoch_step + 1) * width]]
-            xb, yb = data.batch(batch, generator)
+            xb, yb = data.batch(batch, generator, training=True)
             features[i, : len(batch)] = torch.from_numpy(xb)
+            if self.sources[i] is None:  # padding of a client read through Inputs: finite, weighted zero
+                features[i, len(batch) :] = 0.0
             self.labels[step, i, : len(batch)] = torch.from_numpy(yb)
         return features, self.labels[step, :active], self.weight[step, :active]
+
+
+def _at(draws: tuple[np.ndarray, np.ndarray], step: int) -> tuple[np.ndarray, np.ndarray]:
+    """One step's augmentation draws of a client."""
+    return draws[0][step], draws[1][step]

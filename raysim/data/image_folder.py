@@ -1,0 +1,210 @@
+"""Image datasets stored as image files: torchvision's ImageFolder layout, and Tiny-ImageNet-200.
+
+Images are decoded with Pillow into one preallocated uint8 array (n, C, H, W), so memory is the size of
+the dataset once, and normalized on the fly by the trainers with the Dataset's `mean`/`std`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from raysim.data.download import extract, fetch, resolve_root
+from raysim.data.sources import DataRequest, Dataset
+from raysim.errors import DataError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+"""The file types torchvision's ImageFolder reads (its IMG_EXTENSIONS)."""
+
+GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
+"""Pillow modes without colour; anything else (RGB, RGBA, P, CMYK, ...) counts as colour."""
+
+MEDICAL_MNIST_CLASSES = frozenset({"AbdomenCT", "BreastMRI", "CXR", "ChestCT", "Hand", "HeadCT"})
+MEDICAL_MNIST_MEAN_STD = 0.3
+"""The FLAME authors' Normalize(0.3, 0.3) for Kaggle's Medical MNIST (flame.md 6.1)."""
+
+TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
+"""The md5 that many public Tiny-ImageNet loaders pin for the cs231n zip (about 248 MB); not checked from
+here (offline), so a mismatch on a real download would need a second look, not a silent override."""
+TINY_IMAGENET_MEAN = (0.4802, 0.4481, 0.3975)
+TINY_IMAGENET_STD = (0.2302, 0.2265, 0.2262)
+"""Per-channel statistics of Tiny-ImageNet's training images, the values commonly used for it."""
+
+_STATS_CHUNK = 4096
+
+
+def _channels(paths: Sequence[Path]) -> str:
+    """'RGB' if any image has colour, else 'L' (only the headers are read)."""
+    from PIL import Image, UnidentifiedImageError
+
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                if image.mode not in GRAY_MODES:
+                    return "RGB"
+        except (OSError, UnidentifiedImageError) as error:
+            raise DataError(f"{path}: not a readable image ({error})") from None
+    return "L"
+
+
+def read_images(paths: Sequence[Path], size: int | None = None, mode: str | None = None) -> np.ndarray:
+    """Decode `paths` into uint8 (n, C, H, W): converted to `mode` ('L' or 'RGB'; None: RGB if any image has
+    colour, else L), resized to size x size when `size` is given, else all must share the first one's size."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not paths:
+        raise DataError("no images to read")
+    mode = mode or _channels(paths)
+    channels = 3 if mode == "RGB" else 1
+    out: np.ndarray | None = None
+    for index, path in enumerate(paths):
+        try:
+            with Image.open(path) as image:
+                picture = image.convert(mode)
+        except (OSError, UnidentifiedImageError) as error:
+            raise DataError(f"{path}: not a readable image ({error})") from None
+        if size is not None and picture.size != (size, size):
+            picture = picture.resize((size, size), Image.Resampling.BILINEAR)
+        if out is None:
+            width, height = picture.size
+            out = np.empty((len(paths), channels, height, width), dtype=np.uint8)
+        elif picture.size != (out.shape[3], out.shape[2]):
+            raise DataError(
+                f"{path}: {picture.size[0]}x{picture.size[1]} pixels, but {paths[0]} is "
+                f"{out.shape[3]}x{out.shape[2]}; set dataset.size to resize all images to one size"
+            )
+        pixels = np.asarray(picture, dtype=np.uint8)
+        out[index] = pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+    assert out is not None
+    return out
+
+
+def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images (n, C, H, W) in [0, 1] units, in chunks (no float copy of the
+    whole dataset); a constant channel gets std 1 so that normalizing never divides by zero."""
+    total = np.zeros(x.shape[1])
+    squares = np.zeros(x.shape[1])
+    for start in range(0, len(x), _STATS_CHUNK):
+        chunk = x[start : start + _STATS_CHUNK].astype(np.float64) / 255.0
+        total += chunk.sum(axis=(0, 2, 3))
+        squares += np.square(chunk).sum(axis=(0, 2, 3))
+    count = len(x) * x.shape[2] * x.shape[3]
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
+    std[std < 1e-6] = 1.0
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """Image files under `folder` (recursively, sorted, hidden entries skipped)."""
+    return sorted(
+        path
+        for path in folder.rglob("*")
+        if path.suffix.lower() in IMAGE_SUFFIXES
+        and path.is_file()
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+
+
+def image_folder(request: DataRequest) -> Dataset:
+    """torchvision's ImageFolder layout: `dataset.root/<class>/.../<image>`, class index = position of the
+    class folder in sorted order; images in any sub-folder of a class folder count.
+
+    All images are converted to one mode: `dataset.channels` (1: grey, 3: RGB), by default RGB if any image has
+    colour, else grayscale (L). Without
+    `dataset.size` all images must have one size; with it, each is resized (bilinear) to size x size.
+    Normalization constants: the FLAME authors' 0.3/0.3 when the classes are exactly Kaggle's Medical MNIST
+    ones (AbdomenCT, BreastMRI, CXR, ChestCT, Hand, HeadCT: 58,954 grayscale 64x64 JPEGs; flame.md 6.1 infers
+    the 64x64 input from the CNN's 3136-wide flatten, and the authors' ImageFolder loads them as 3-channel
+    RGB: `dataset.channels: 3`, which gives CNN1 Table II's 206,678 parameters), else each channel's mean and std
+    measured on the loaded images."""
+    if request.root is None:
+        raise DataError("dataset.root: dataset.name=image_folder needs the folder holding one sub-folder per class")
+    root = Path(request.root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"dataset.root: {root}: no such folder (expected one sub-folder of images per class)")
+    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    if not classes:
+        raise DataError(f"dataset.root: {root}: no class sub-folders (expected <root>/<class>/<image files>)")
+    paths: list[Path] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        files = _image_files(root / name)
+        if not files:
+            raise DataError(f"dataset.root: {root / name}: no image files ({', '.join(IMAGE_SUFFIXES)})")
+        paths += files
+        labels += [label] * len(files)
+    if request.channels not in (None, 1, 3):
+        raise DataError(f"dataset.channels: {request.channels}; allowed: 1 (grey), 3 (RGB)")
+    x = read_images(paths, request.size, mode={1: "L", 3: "RGB"}.get(request.channels or 0))
+    if set(classes) == MEDICAL_MNIST_CLASSES:
+        mean, std = (MEDICAL_MNIST_MEAN_STD,) * x.shape[1], (MEDICAL_MNIST_MEAN_STD,) * x.shape[1]
+    else:
+        mean, std = channel_stats(x)
+    return Dataset(root.name, x, np.asarray(labels, dtype=np.int64), len(classes), mean=mean, std=std)
+
+
+def _tiny_imagenet_dir(request: DataRequest) -> Path:
+    """The `tiny-imagenet-200` folder: `dataset.root` itself or its child, downloaded there if allowed."""
+    root = resolve_root(request.root)
+    for candidate in (root / "tiny-imagenet-200", root):
+        if (candidate / "wnids.txt").is_file():
+            return candidate
+    base = root / "tiny-imagenet-200"
+    if not request.download:
+        raise DataError(
+            f"dataset.root: {base}: no Tiny-ImageNet here (expected wnids.txt, train/ and val/; dataset.download "
+            f"is off; the zip is at {TINY_IMAGENET_URL})"
+        )
+    archive = fetch(TINY_IMAGENET_URL, root / "tiny-imagenet-200.zip", TINY_IMAGENET_MD5)
+    extract(archive, root)
+    if not (base / "wnids.txt").is_file():
+        raise DataError(f"{archive}: extracted, but {base / 'wnids.txt'} is missing (not the Tiny-ImageNet zip?)")
+    return base
+
+
+def _tiny_imagenet_files(base: Path) -> tuple[list[str], list[Path], list[int]]:
+    """(sorted wnids, image paths, labels) of train + val."""
+    wnids = sorted({line.strip() for line in (base / "wnids.txt").read_text().splitlines() if line.strip()})
+    index = {wnid: label for label, wnid in enumerate(wnids)}
+    paths: list[Path] = []
+    labels: list[int] = []
+    for wnid in wnids:
+        folder = base / "train" / wnid / "images"
+        files = sorted(p for p in folder.glob("*") if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+        if not files:
+            raise DataError(f"dataset.root: {folder}: no training images for class {wnid} listed in wnids.txt")
+        paths += files
+        labels += [index[wnid]] * len(files)
+    annotations = base / "val" / "val_annotations.txt"
+    if not annotations.is_file():
+        raise DataError(f"dataset.root: {annotations}: no such file (Tiny-ImageNet's validation labels)")
+    for number, line in enumerate(annotations.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) < 2 or fields[1] not in index:
+            raise DataError(f"{annotations}:{number}: expected '<file>\\t<wnid from wnids.txt>\\t...', got {line!r}")
+        paths.append(base / "val" / "images" / fields[0])
+        labels.append(index[fields[1]])
+    return wnids, paths, labels
+
+
+def tiny_imagenet(request: DataRequest) -> Dataset:
+    """Tiny-ImageNet-200: 200 classes of 64x64 RGB images (class index = sorted wnid), train (500 per class)
+    and val (50 per class, labelled in val/val_annotations.txt) pooled: 110,000 images. The unlabelled test
+    folder is not used. Grayscale JPEGs among them are converted to RGB; `dataset.size` resizes."""
+    base = _tiny_imagenet_dir(request)
+    wnids, paths, labels = _tiny_imagenet_files(base)
+    x = read_images(paths, request.size, mode="RGB")
+    return Dataset(
+        "tiny_imagenet",
+        x,
+        np.asarray(labels, dtype=np.int64),
+        len(wnids),
+        mean=TINY_IMAGENET_MEAN,
+        std=TINY_IMAGENET_STD,
+    )

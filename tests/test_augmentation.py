@@ -1,0 +1,233 @@
+"""uint8 image datasets normalized on the fly and crop_flip augmentation (dataset.augment, fedslr.md 6.1):
+the normalization helper, the augmentation's draws, and the runtime's determinism with augmented uint8 data."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from raysim.algorithms.base import LocalSGD
+from raysim.config import validate_config
+from raysim.data import sources
+from raysim.data.sources import DataRequest, Dataset
+from raysim.errors import ConfigError, DataError
+from raysim.models.flat import FlatModel
+from raysim.runtime.driver import run_experiment
+from raysim.runtime.problem import prepare
+from raysim.training.local import ClientData, Inputs, LocalTrainer, model_inputs
+from raysim.training.vectorized import VectorizedTrainer
+from tests.conftest import tiny_config
+from tests.inprocess import InProcess
+
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+SHAPE = (3, 8, 8)
+EMPTY = np.array([], np.int64)
+
+
+def _images(n: int, seed: int, low: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    generator = np.random.default_rng(seed)
+    x = generator.integers(low, 256, size=(n, *SHAPE), dtype=np.uint8)
+    y = (x[:, 0].mean(axis=(1, 2)) > 128).astype(np.int64) + 2 * (x[:, 2, :4].mean(axis=(1, 2)) > 128)
+    return x, y
+
+
+def tiny_images(request: DataRequest) -> Dataset:
+    """A small uint8 CIFAR-like dataset (stands in for the cifar10 source in the runtime tests)."""
+    x, y = _images(240, seed=request.seed)
+    return Dataset("tiny_images", x, y, 4, mean=MEAN, std=STD)
+
+
+def test_normalization_is_the_hand_computation_per_channel():
+    x, _ = _images(5, seed=0)
+    want = np.empty(x.shape, np.float32)
+    for c in range(3):
+        want[:, c] = (x[:, c].astype(np.float32) / np.float32(255) - np.float32(MEAN[c])) / np.float32(STD[c])
+    got = model_inputs(x, MEAN, STD)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    ready = want.copy()
+    assert model_inputs(ready, None, None) is ready  # float32 datasets pass through untouched
+
+
+def test_dataset_refuses_inconsistent_normalization():
+    x, y = _images(4, seed=0)
+    with pytest.raises(DataError, match="one value per channel"):
+        Dataset("bad", x, y, 4, mean=(0.5,), std=(0.5,))
+    with pytest.raises(DataError, match="uint8"):
+        Dataset("bad", x.astype(np.float32), y, 4, mean=MEAN, std=STD)
+
+
+def test_uint8_dataset_trains_as_its_float32_normalized_twin():
+    """Same seed: the sequential trainer on uint8 + mean/std and on the rows normalized up front agree bit for bit
+    (with feature noise too, which is drawn after normalization)."""
+    x, y = _images(90, seed=1)
+    model = FlatModel("mlp", SHAPE, 4)
+    start = model.initial_parameters(0)
+    request = LocalSGD(start=start, epochs=2, lr=0.05, batch_size=16, momentum=0.5)
+    for noise in (0.0, 0.2):
+        stored = ClientData(x, y, np.arange(70), np.arange(70, 90), EMPTY, noise, inputs=Inputs(MEAN, STD))
+        twin = ClientData(model_inputs(x, MEAN, STD), y, np.arange(70), np.arange(70, 90), EMPTY, noise)
+        results = [LocalTrainer(model).sgd(request, d, np.random.default_rng(5)) for d in (stored, twin)]
+        np.testing.assert_array_equal(results[0].params, results[1].params)
+        assert results[0].mean_loss == results[1].mean_loss
+        tests = [d.arrays("test", np.random.default_rng(6))[0] for d in (stored, twin)]
+        np.testing.assert_array_equal(tests[0], tests[1])
+
+
+def _candidates(image: np.ndarray, padding: int = 4) -> list[np.ndarray]:
+    """Every crop of the zero-padded image, unflipped and flipped (9 x 9 x 2 for padding 4)."""
+    _c, h, w = image.shape
+    padded = np.pad(image, ((0, 0), (padding, padding), (padding, padding)))
+    crops = [padded[:, i : i + h, j : j + w] for i in range(2 * padding + 1) for j in range(2 * padding + 1)]
+    return crops + [crop[:, :, ::-1] for crop in crops]
+
+
+@pytest.mark.parametrize("normalized", [False, True])
+def test_crop_flip_batches_are_crops_and_flips_of_the_padded_originals(normalized):
+    x, y = _images(40, seed=2, low=1)  # no zero pixels: padding shows
+    inputs = Inputs(MEAN, STD, "crop_flip") if normalized else Inputs(augment="crop_flip")
+    data = ClientData(x, y, np.arange(40), np.arange(0), EMPTY, inputs=inputs)
+    indices = np.arange(40)
+    xb, yb = data.batch(indices, np.random.default_rng(3), training=True)
+    np.testing.assert_array_equal(yb, y)
+    assert xb.dtype == (np.float32 if normalized else np.uint8)
+    moved = 0
+    for k, image in enumerate(xb):
+        options = [model_inputs(c[None], MEAN, STD)[0] if normalized else c for c in _candidates(x[k])]
+        matches = [i for i, candidate in enumerate(options) if np.array_equal(candidate, image)]
+        assert matches, f"sample {k} is no crop/flip of its padded original"
+        moved += matches != [40]  # the centred, unflipped crop is candidate 40
+    assert moved > 20  # about 3 in 4 (crop with p = .5, flip with p = .5)
+    plain, _ = data.batch(indices, np.random.default_rng(3))  # evaluation / gradients: never augmented
+    np.testing.assert_array_equal(plain, model_inputs(x, MEAN, STD) if normalized else x)
+
+
+def test_crop_flip_draws_are_uniform_and_seeded():
+    inputs = Inputs(augment="crop_flip", crop_probability=1.0)
+    corners, flips = inputs.draw(20000, np.random.default_rng(0))
+    assert abs(flips.mean() - 0.5) < 0.02
+    assert set(np.unique(corners)) == set(range(9))
+    counts = np.bincount(corners.ravel(), minlength=9) / corners.size
+    np.testing.assert_allclose(counts, 1 / 9, atol=0.01)
+    half = Inputs(augment="crop_flip", padding=8, crop_probability=0.5)  # FedSLR's: crop with p = .5, pad 8 on TIN
+    corners, flips = half.draw(20000, np.random.default_rng(0))
+    centred = (corners == 8).all(axis=1)
+    assert abs(centred.mean() - (0.5 + 0.5 / 17**2)) < 0.02 and corners.max() == 16
+    assert abs(flips.mean() - 0.5) < 0.02
+    x, y = _images(30, seed=4)
+    data = ClientData(x, y, np.arange(30), EMPTY, EMPTY, inputs=Inputs(MEAN, STD, "crop_flip"))
+    first = data.batch(np.arange(30), np.random.default_rng(9), training=True)[0]
+    again = data.batch(np.arange(30), np.random.default_rng(9), training=True)[0]
+    other = data.batch(np.arange(30), np.random.default_rng(10), training=True)[0]
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+def test_vectorized_trainer_draws_the_same_augmentation_as_the_sequential_one():
+    """Unequal clients, one with feature noise (its batches made step by step), one with its own uint8 array."""
+    x, y = _images(200, seed=6)
+    inputs = Inputs(MEAN, STD, "crop_flip")
+    owners = np.random.default_rng(7).permutation(200)
+    sizes, start, clients = [7, 33, 50, 1, 40], 0, []
+    for i, size in enumerate(sizes):
+        features = (255 - x) if i == 4 else x
+        clients.append(ClientData(features, y, owners[start : start + size], EMPTY, EMPTY, 0.3 * (i == 2), 0, inputs))
+        start += size
+    model = FlatModel("mlp", SHAPE, 4)
+    requests = [
+        LocalSGD(start=model.initial_parameters(i), epochs=2, lr=0.05, batch_size=16, momentum=0.5)
+        for i in range(len(sizes))
+    ]
+
+    def jobs():
+        return [(r, d, np.random.default_rng([3, i])) for i, (r, d) in enumerate(zip(requests, clients, strict=True))]
+
+    expected = [LocalTrainer(model).sgd(*job) for job in jobs()]
+    actual = VectorizedTrainer(model, chunk=3).sgd(jobs())
+    for want, got in zip(expected, actual, strict=True):
+        assert got.steps == want.steps
+        np.testing.assert_allclose(got.params, want.params, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.mean_loss, want.mean_loss, rtol=1e-5)
+
+
+@pytest.fixture
+def tiny_cifar(monkeypatch):
+    """dataset.name = cifar10 loads `tiny_images` (a uint8 source with mean/std) for this test."""
+    monkeypatch.setitem(sources.FILE_SOURCES, "cifar10", f"{__name__}:tiny_images")
+
+
+def _config(mode: str = "sequential", num_hosts: int = 2, augment: str = "crop_flip", rounds: int = 3, **sections):
+    return validate_config(
+        tiny_config(
+            dataset={"name": "cifar10", "augment": augment},
+            model={"name": "mlp"},
+            clients={"count": 5, "per_round": 3},
+            runtime={"num_hosts": num_hosts, "host_cpus": 0.5, "client_training": mode, "vectorize_chunk": 2},
+            rounds=rounds,
+            **sections,
+        )
+    )
+
+
+def test_in_process_vectorized_runs_match_sequential_runs_with_crop_flip(tiny_cifar):
+    problem = prepare(_config())
+    assert problem.x.dtype == np.uint8 and problem.inputs == Inputs(MEAN, STD, "crop_flip")
+    runs = {}
+    for mode in ("sequential", "vectorized"):
+        sim = InProcess(_config(mode), problem)
+        metrics = [sim.round(r) for r in range(3)]
+        w = sim.coordinator.global_model()
+        runs[mode] = (w, metrics, sim.states, sim.host.evaluate(w))
+    (w_s, metrics_s, states_s, evals_s), (w_v, metrics_v, states_v, evals_v) = runs["sequential"], runs["vectorized"]
+    np.testing.assert_allclose(w_v, w_s, atol=1e-5)
+    assert not np.array_equal(w_v, w_s)  # batched kernels sum in another order: the vectorized path ran
+    for want, got in zip(metrics_s, metrics_v, strict=True):
+        keys = [k for k in want if "seconds" not in k]
+        np.testing.assert_allclose([got[k] for k in keys], [want[k] for k in keys], rtol=1e-4, atol=1e-5)
+    for client, state in states_s.items():
+        for field in dataclasses.fields(state):
+            want, got = np.asarray(getattr(state, field.name)), np.asarray(getattr(states_v[client], field.name))
+            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=f"client {client} {field.name}")
+    for want, got in zip(evals_s, evals_v, strict=True):
+        np.testing.assert_allclose(got.gm.test_loss, want.gm.test_loss, rtol=1e-4)
+
+
+def test_augmentation_changes_training_but_not_evaluation(tiny_cifar):
+    """crop_flip moves the trained model; one global model scores the same whatever dataset.augment says."""
+    plain, augmented = (InProcess(_config(augment=a)) for a in ("none", "crop_flip"))
+    for sim in (plain, augmented):
+        sim.round(0)
+    assert not np.array_equal(plain.coordinator.global_model(), augmented.coordinator.global_model())
+    w = plain.coordinator.global_model()
+    scores = [[dataclasses.asdict(e.gm) for e in sim.host.evaluate(w)] for sim in (plain, augmented)]
+    np.testing.assert_equal(scores[0], scores[1])  # the global model's scores; personal models differ
+
+
+def test_augmentation_needs_images():
+    config = validate_config(tiny_config(dataset={"name": "synthetic_classification", "augment": "crop_flip"}))
+    with pytest.raises(ConfigError, match="dataset.augment"):
+        prepare(config)
+
+
+def _final(num_hosts: int, mlflow_uri: str):
+    config = _config(num_hosts=num_hosts, tracking={"uri": mlflow_uri, "experiment": "augmentation"}, rounds=2)
+    captured = {}
+
+    def inspect(round_index, simulation):
+        captured["states"] = simulation.client_states()
+        captured["w"] = simulation.server_state().w
+
+    result = run_experiment(config, show_progress=False, inspect=inspect)
+    return captured, result.final
+
+
+def test_ray_runs_with_crop_flip_are_identical_with_1_and_3_hosts(ray_local, mlflow_uri, tiny_cifar):
+    """Augmentation draws come from each client's keyed stream: packing into 1 or 3 hosts changes no bit."""
+    one, evaluations_one = _final(1, mlflow_uri)
+    three, evaluations_three = _final(3, mlflow_uri)
+    np.testing.assert_array_equal(one["w"], three["w"])
+    for client_id, state in one["states"].items():
+        np.testing.assert_array_equal(state.theta, three["states"][client_id].theta)
+    np.testing.assert_equal([e.row() for e in evaluations_one], [e.row() for e in evaluations_three])

@@ -1,0 +1,31 @@
+"""`raysim datasets`: every `dataset.name` has a catalog entry, the README lists it, and the command finds a
+dataset whose layout is under `--root`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from raysim.data.catalog import CATALOG, missing_from_catalog
+from raysim.data.sources import SOURCES
+from tests.cluster import ROOT
+
+
+def test_every_source_is_in_the_catalog_and_in_the_readme():
+    assert missing_from_catalog() == []
+    readme = (ROOT / "README.md").read_text()
+    for name in SOURCES:
+        assert f"`{name}`" in readme or (name.startswith("synthetic_") and "`synthetic_*`" in readme), name
+
+
+def test_the_datasets_command_finds_a_layout_under_root(tmp_path):
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"")
+    environment = {**os.environ, "RAYSIM_DATA": str(tmp_path / "empty")}
+    command = [sys.executable, "-m", "raysim.cli", "datasets", "--root", str(tmp_path)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=environment).stdout
+    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(" ")}
+    assert f"found in {tmp_path}" in lines["cifar10"]
+    assert "missing" in lines["cifar100"] and "built in" in lines["digits"]
+    assert "reads cifar-100-python/" in out and set(CATALOG) <= set(lines)

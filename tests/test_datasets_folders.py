@@ -1,0 +1,358 @@
+"""File-backed image datasets (MedMNIST .npz, ImageFolder, Tiny-ImageNet, LEAF FEMNIST) read from small files
+written here in each publisher's real layout, plus two runs through the CLI and a download from a local server."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import threading
+import zipfile
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from raysim.data import image_folder as image_folder_module
+from raysim.data import medmnist as medmnist_module
+from raysim.data.sources import load_dataset
+from raysim.errors import DataError
+from tests.conftest import tiny_config
+
+# ---------------------------------------------------------------- writers of the real formats
+
+
+def write_medmnist(folder: Path, subset: str, size: int = 28, rgb: bool = False, classes: int = 4) -> Path:
+    """A MedMNIST-style .npz: {train,val,test}_{images,labels}, images (n, H, W[, 3]) uint8, labels (n, 1)."""
+    generator = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", 6), ("val", 2), ("test", 3)):
+        shape = (n, size, size, 3) if rgb else (n, size, size)
+        arrays[f"{split}_images"] = generator.integers(0, 256, size=shape, dtype=np.uint8)
+        arrays[f"{split}_labels"] = (np.arange(n) % classes).reshape(n, 1).astype(np.uint8)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (f"{subset}.npz" if size == 28 else f"{subset}_{size}.npz")
+    np.savez_compressed(path, **arrays)
+    return path
+
+
+def _image(value: int, size: tuple[int, int], mode: str) -> Image.Image:
+    fill = value if mode == "L" else (value, 255 - value, value // 2)
+    return Image.new(mode, size, fill)
+
+
+def write_image_folder(root: Path, per_class: int = 4, size: tuple[int, int] = (12, 12), color: bool = False) -> Path:
+    """Three class folders (created out of order) of PNGs and JPEGs, one inside a nested folder."""
+    for label, name in enumerate(("cat", "ant", "bee")):  # sorted: ant=0, bee=1, cat=2
+        folder = root / name
+        (folder / "nested").mkdir(parents=True, exist_ok=True)
+        for k in range(per_class):
+            mode = "RGB" if color and k == 0 else "L"
+            target = folder / ("nested" if k == 0 else ".") / f"{name}{k}.{'jpg' if k % 2 else 'png'}"
+            _image(40 * label + k, size, mode).save(target)
+    return root
+
+
+def write_tiny_imagenet(root: Path, per_class: int = 3, val_per_class: int = 2) -> Path:
+    """Tiny-ImageNet-200's layout with three wnids (listed unsorted), one grayscale JPEG among them."""
+    base = root / "tiny-imagenet-200"
+    wnids = ["n03444034", "n01443537", "n02124075"]
+    (base / "val" / "images").mkdir(parents=True)
+    (base / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    lines = []
+    for wnid in wnids:
+        images = base / "train" / wnid / "images"
+        images.mkdir(parents=True)
+        (base / "train" / wnid / f"{wnid}_boxes.txt").write_text("")
+        for k in range(per_class):
+            _image(10 * k, (64, 64), "L" if k == 0 else "RGB").save(images / f"{wnid}_{k}.JPEG")
+        for _ in range(val_per_class):
+            name = f"val_{len(lines)}.JPEG"
+            _image(200, (64, 64), "RGB").save(base / "val" / "images" / name)
+            lines.append(f"{name}\t{wnid}\t0\t1\t62\t63")
+    (base / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    return base
+
+
+def write_leaf(root: Path, samples: int = 5) -> dict[str, int]:
+    """LEAF FEMNIST JSON for three writers split over train/ and test/ (two files per split); returns each
+    writer's total sample count."""
+    generator = np.random.default_rng(1)
+    writers = {"f3100_45": samples + 2, "f0001_12": samples, "f0420_07": samples + 4}
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        for part, names in enumerate((["f3100_45", "f0001_12"], ["f0420_07"])):
+            user_data, counts = {}, []
+            for name in names:
+                held_out = writers[name] // 4
+                n = held_out if split == "test" else writers[name] - held_out
+                x = np.round(generator.random((n, 784)) * 255) / 255
+                y = generator.integers(0, 62, size=n)
+                user_data[name] = {"x": x.tolist(), "y": y.tolist()}
+                counts.append(n)
+            content = {"users": names, "num_samples": counts, "user_data": user_data}
+            (root / split / f"all_data_{part}_niid_0_keep_0_{split}_9.json").write_text(json.dumps(content))
+    return writers
+
+
+# ---------------------------------------------------------------- MedMNIST
+
+
+@pytest.mark.parametrize(("rgb", "size"), [(False, 28), (True, 64)])
+def test_medmnist_pools_the_splits_as_uint8_nchw(tmp_path, rgb, size):
+    subset = "pathmnist" if rgb else "organamnist"
+    write_medmnist(tmp_path, subset, size=size, rgb=rgb)
+    data = load_dataset("medmnist", root=tmp_path, download=False, subset=subset, size=size if size != 28 else None)
+    channels = 3 if rgb else 1
+    assert data.x.shape == (11, channels, size, size) and data.x.dtype == np.uint8
+    assert data.y.dtype == np.int64 and data.y.tolist()[:8] == [0, 1, 2, 3, 0, 1, 0, 1]
+    assert data.num_classes == (9 if rgb else 11)
+    assert data.mean == (0.5,) * channels and data.std == (0.5,) * channels and data.groups is None
+    npz = np.load(tmp_path / (f"{subset}.npz" if size == 28 else f"{subset}_{size}.npz"))
+    first = npz["train_images"][0]
+    assert np.array_equal(data.x[0], first.transpose(2, 0, 1) if rgb else first[None])
+
+
+def test_medmnist_errors_name_the_field_and_allowed_values(tmp_path):
+    with pytest.raises(DataError, match=r"dataset\.subset: 'nosuchmnist'.*allowed: pathmnist, octmnist"):
+        load_dataset("medmnist", root=tmp_path, download=False, subset="nosuchmnist")
+    with pytest.raises(DataError, match=r"dataset\.subset: dataset\.name=medmnist needs it; allowed: pathmnist"):
+        load_dataset("medmnist", root=tmp_path, download=False)
+    with pytest.raises(DataError, match=r"dataset\.subset: chestmnist is multi-label.*allowed:"):
+        load_dataset("medmnist", root=tmp_path, download=False, subset="chestmnist")
+    with pytest.raises(DataError, match=r"dataset\.size: MedMNIST publishes 28, 64, 128, 224 pixels, not 32"):
+        load_dataset("medmnist", root=tmp_path, download=False, subset="bloodmnist", size=32)
+    with pytest.raises(DataError, match=f"dataset.root: {tmp_path / 'bloodmnist_128.npz'}: no such file") as error:
+        load_dataset("medmnist", root=tmp_path, download=False, subset="bloodmnist", size=128)
+    assert "\n" not in str(error.value)
+    write_medmnist(tmp_path, "breastmnist", classes=4)
+    with pytest.raises(DataError, match=r"breastmnist\.npz: labels must lie in 0\.\.1"):
+        load_dataset("medmnist", root=tmp_path, download=False, subset="breastmnist")
+
+
+def test_medmnist_resource_table_covers_every_subset_and_size():
+    for subset in medmnist_module.CLASSES:
+        for size in medmnist_module.SIZES:
+            url, md5 = medmnist_module.resource(subset, size)
+            assert url.endswith(f"/{medmnist_module.file_name(subset, size)}?download=1") and len(md5) == 32
+
+
+# ---------------------------------------------------------------- ImageFolder
+
+
+def test_image_folder_reads_classes_in_sorted_order(tmp_path):
+    root = write_image_folder(tmp_path / "pets")
+    data = load_dataset("image_folder", root=root, download=False)
+    assert data.x.shape == (12, 1, 12, 12) and data.x.dtype == np.uint8
+    assert data.y.tolist() == [0] * 4 + [1] * 4 + [2] * 4 and data.num_classes == 3
+    # ant (class 0) was written second, with values 40 + k; files sorted by path: ant1..ant3, nested/ant0
+    assert np.abs(data.x[:4, 0, 0, 0].astype(int) - [41, 42, 43, 40]).max() <= 1
+    assert len(data.mean) == 1 and abs(data.mean[0] - data.x.mean() / 255) < 1e-9
+    assert abs(data.std[0] - (data.x / 255).std()) < 1e-9
+
+
+def test_image_folder_uses_rgb_if_any_image_has_colour_and_resizes(tmp_path):
+    root = write_image_folder(tmp_path / "pets", size=(10, 14), color=True)
+    data = load_dataset("image_folder", root=root, download=False, size=8)
+    assert data.x.shape == (12, 3, 8, 8) and len(data.mean) == 3 and len(data.std) == 3
+    gray = data.x[1]  # ant1.jpg: grayscale, so the three channels are equal
+    assert np.array_equal(gray[0], gray[1]) and np.array_equal(gray[1], gray[2])
+
+
+def test_image_folder_channels_forces_grey_or_rgb(tmp_path):
+    """`dataset.channels: 3` reads grey images as RGB, as the FLAME authors' ImageFolder reads Medical MNIST."""
+    root = write_image_folder(tmp_path / "pets")
+    grey = load_dataset("image_folder", root=root, download=False)
+    rgb = load_dataset("image_folder", root=root, download=False, channels=3)
+    assert rgb.x.shape == (12, 3, 12, 12) and all(np.array_equal(rgb.x[:, c], grey.x[:, 0]) for c in range(3))
+    coloured = write_image_folder(tmp_path / "colour", color=True)
+    assert load_dataset("image_folder", root=coloured, download=False, channels=1).x.shape[1] == 1
+
+
+def test_image_folder_errors(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(DataError, match=f"dataset.root: {missing}: no such folder"):
+        load_dataset("image_folder", root=missing, download=False)
+    with pytest.raises(DataError, match=r"dataset\.root: dataset\.name=image_folder needs"):
+        load_dataset("image_folder", download=False)
+    root = write_image_folder(tmp_path / "pets")
+    odd = root / "cat" / "odd.png"
+    _image(1, (13, 12), "L").save(odd)
+    with pytest.raises(DataError, match=f"{re.escape(str(odd))}: 13x12 pixels, but .* is 12x12; set dataset.size"):
+        load_dataset("image_folder", root=root, download=False)
+    (root / "empty").mkdir()
+    with pytest.raises(DataError, match=f"dataset.root: {root / 'empty'}: no image files"):
+        load_dataset("image_folder", root=root, download=False)
+
+
+def test_medical_mnist_class_names_get_the_flame_constants(tmp_path):
+    for k, name in enumerate(sorted(image_folder_module.MEDICAL_MNIST_CLASSES)):
+        (tmp_path / name).mkdir()
+        _image(30 * k, (64, 64), "L").save(tmp_path / name / "000000.jpeg")
+    data = load_dataset("image_folder", root=tmp_path, download=False)
+    assert data.x.shape == (6, 1, 64, 64) and data.mean == (0.3,) and data.std == (0.3,)
+
+
+# ---------------------------------------------------------------- Tiny-ImageNet
+
+
+def test_tiny_imagenet_pools_train_and_val_with_sorted_wnids(tmp_path):
+    write_tiny_imagenet(tmp_path)
+    data = load_dataset("tiny_imagenet", root=tmp_path, download=False)
+    assert data.x.shape == (15, 3, 64, 64) and data.x.dtype == np.uint8 and data.num_classes == 3
+    # sorted wnids: n01443537=0, n02124075=1, n03444034=2; train class by class, then val in file order
+    assert data.y.tolist() == [0] * 3 + [1] * 3 + [2] * 3 + [2, 2, 0, 0, 1, 1]
+    assert data.mean == image_folder_module.TINY_IMAGENET_MEAN and len(data.std) == 3
+    same = load_dataset("tiny_imagenet", root=tmp_path / "tiny-imagenet-200", download=False, size=32)
+    assert same.x.shape == (15, 3, 32, 32)
+
+
+def test_tiny_imagenet_errors(tmp_path):
+    with pytest.raises(DataError, match=f"dataset.root: {tmp_path / 'tiny-imagenet-200'}: no Tiny-ImageNet here"):
+        load_dataset("tiny_imagenet", root=tmp_path, download=False)
+    base = write_tiny_imagenet(tmp_path)
+    annotations = base / "val" / "val_annotations.txt"
+    annotations.write_text("val_0.JPEG\tn99999999\t0\t1\t2\t3\n")
+    with pytest.raises(DataError, match=f"{annotations}:1: expected"):
+        load_dataset("tiny_imagenet", root=tmp_path, download=False)
+    annotations.unlink()
+    with pytest.raises(DataError, match=f"dataset.root: {annotations}: no such file"):
+        load_dataset("tiny_imagenet", root=tmp_path, download=False)
+
+
+# ---------------------------------------------------------------- LEAF FEMNIST
+
+
+def test_femnist_groups_are_sorted_writers_across_train_and_test(tmp_path):
+    writers = write_leaf(tmp_path)
+    data = load_dataset("femnist", root=tmp_path, download=False)
+    total = sum(writers.values())
+    assert data.x.shape == (total, 1, 28, 28) and data.x.dtype == np.uint8 and data.num_classes == 62
+    names = sorted(writers)  # f0001_12, f0420_07, f3100_45
+    assert data.groups.tolist() == [g for g, name in enumerate(names) for _ in range(writers[name])]
+    assert data.mean == (0.0,) and data.std == (1.0,)
+    # the first sample of f0001_12 is its first train row, stored as round(255 v)
+    content = json.loads((tmp_path / "train" / "all_data_0_niid_0_keep_0_train_9.json").read_text())
+    row = np.asarray(content["user_data"]["f0001_12"]["x"][0])
+    assert np.array_equal(data.x[0].reshape(-1), np.rint(row * 255).astype(np.uint8))
+    assert data.y[0] == content["user_data"]["f0001_12"]["y"][0]
+
+
+def test_femnist_digits_keeps_the_digit_samples_and_62_outputs(tmp_path):
+    write_leaf(tmp_path, samples=40)
+    everything = load_dataset("femnist", root=tmp_path, download=False)
+    digits = load_dataset("femnist", root=tmp_path, download=False, split="digits")
+    keep = everything.y < 10
+    assert np.array_equal(digits.x, everything.x[keep]) and np.array_equal(digits.y, everything.y[keep])
+    assert digits.num_classes == 62 and digits.groups.max() + 1 == len(np.unique(everything.groups[keep]))
+    with pytest.raises(DataError, match="dataset.split: 'letters' for femnist; allowed: all"):
+        load_dataset("femnist", root=tmp_path, download=False, split="letters")
+
+
+def test_femnist_reads_all_data_and_explains_how_to_get_it(tmp_path):
+    with pytest.raises(DataError, match=f"dataset.root: {tmp_path}: no LEAF FEMNIST JSON.*preprocess.sh"):
+        load_dataset("femnist", root=tmp_path, download=False)
+    with pytest.raises(DataError, match=f"dataset.root: {tmp_path / 'gone'}: no such folder.*preprocess.sh"):
+        load_dataset("femnist", root=tmp_path / "gone", download=False)
+    write_leaf(tmp_path / "data" / "staging")
+    (tmp_path / "data" / "staging" / "train").rename(tmp_path / "data" / "all_data")
+    data = load_dataset("femnist", root=tmp_path, download=False)
+    assert len(np.unique(data.groups)) == 3
+    bad = tmp_path / "data" / "all_data" / "broken.json"
+    bad.write_text(json.dumps({"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[2.0] * 784], "y": [1]}}}))
+    with pytest.raises(DataError, match=f"{bad}: writer u: pixel values must lie in"):
+        load_dataset("femnist", root=tmp_path, download=False)
+
+
+# ---------------------------------------------------------------- downloads from a local server
+
+
+@pytest.fixture
+def http_root(tmp_path):
+    """A folder served over HTTP on 127.0.0.1 (a thread of this process); yields (folder, base URL)."""
+    served = tmp_path / "served"
+    served.mkdir()
+    handler = partial(SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield served, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_medmnist_downloads_and_checks_the_md5(tmp_path, http_root, monkeypatch):
+    served, url = http_root
+    source = write_medmnist(served, "dermamnist", rgb=True, classes=7)
+    md5 = hashlib.md5(source.read_bytes()).hexdigest()
+    monkeypatch.setattr(medmnist_module, "RECORD", url)
+    monkeypatch.setitem(medmnist_module.MD5, "dermamnist", ("0" * 32, md5, md5, md5))
+    with pytest.raises(DataError, match="checksum mismatch"):
+        load_dataset("medmnist", root=tmp_path / "cache", subset="dermamnist")
+    assert not (tmp_path / "cache" / "dermamnist.npz").exists()
+    monkeypatch.setitem(medmnist_module.MD5, "dermamnist", (md5, md5, md5, md5))
+    data = load_dataset("medmnist", root=tmp_path / "cache", subset="dermamnist")
+    assert data.x.shape == (11, 3, 28, 28) and (tmp_path / "cache" / "dermamnist.npz").is_file()
+
+
+def test_tiny_imagenet_downloads_and_extracts_the_zip(tmp_path, http_root, monkeypatch):
+    served, url = http_root
+    tree = write_tiny_imagenet(tmp_path / "source")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        for path in sorted(tree.rglob("*")):
+            bundle.write(path, path.relative_to(tree.parent).as_posix())
+    (served / "tiny-imagenet-200.zip").write_bytes(buffer.getvalue())
+    monkeypatch.setattr(image_folder_module, "TINY_IMAGENET_URL", f"{url}/tiny-imagenet-200.zip")
+    monkeypatch.setattr(image_folder_module, "TINY_IMAGENET_MD5", hashlib.md5(buffer.getvalue()).hexdigest())
+    data = load_dataset("tiny_imagenet", root=tmp_path / "cache")
+    assert data.x.shape == (15, 3, 64, 64) and (tmp_path / "cache" / "tiny-imagenet-200" / "wnids.txt").is_file()
+
+
+# ---------------------------------------------------------------- end to end through the CLI
+
+
+def _run(tmp_path: Path, dataset: dict, partition: dict, model: str, clients: int) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from raysim.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = tiny_config(
+        dataset=dataset,
+        partition=partition,
+        model={"name": model},
+        clients={"count": clients},
+        rounds=2,
+        runtime={"num_hosts": 1},
+        tracking={"uri": uri, "experiment": "files"},
+    )
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["run", str(path), "--quiet"]) == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("files").experiment_id])
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "pm/acc")
+    assert [m.step for m in history] == [0, 1, 2] and all(0.0 <= m.value <= 1.0 for m in history)
+
+
+@pytest.mark.slow
+def test_femnist_by_writer_runs_through_the_cli(tmp_path, ray_local):
+    write_leaf(tmp_path / "femnist", samples=20)
+    _run(tmp_path, {"name": "femnist", "root": str(tmp_path / "femnist")}, {"scheme": "natural"}, "cnn_femnist", 3)
+
+
+@pytest.mark.slow
+def test_image_folder_runs_through_the_cli(tmp_path, ray_local):
+    write_image_folder(tmp_path / "pets", per_class=12, color=True)
+    _run(tmp_path, {"name": "image_folder", "root": str(tmp_path / "pets")}, {"scheme": "iid"}, "cnn", 2)
