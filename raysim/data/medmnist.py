@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from raysim.data.download import default_root, fetch
-from raysim.data.sources import DataRequest, Dataset
+from raysim.data.sources import DataRequest, Dataset, open_npz
 from raysim.errors import DataError
 
 RECORD = "https://zenodo.org/records/10519652/files"
@@ -157,14 +157,8 @@ def _images(array: np.ndarray, file: Path, key: str, size: int) -> np.ndarray:
 
 def _read(file: Path, subset: str, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Pooled (images (n, C, H, W) uint8, labels int64) from one MedMNIST file."""
-    try:
-        archive = np.load(file, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise DataError(f"{file}: not a readable .npz archive ({error})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataError(f"{file}: a single .npy array, not a MedMNIST .npz archive")
     expected = [f"{split}_{kind}" for split in SPLITS for kind in ("images", "labels")]
-    with archive:
+    with open_npz(file, str(file), "a MedMNIST .npz archive") as archive:
         missing = [key for key in expected if key not in archive.files]
         if missing:
             raise DataError(f"{file}: missing {', '.join(missing)} (MedMNIST files hold {', '.join(expected)})")

@@ -132,6 +132,18 @@ def synthetic_writers(
     return Dataset("synthetic_writers", x.astype(np.float32), y.astype(np.int64), num_classes, groups=groups)
 
 
+def open_npz(file: Path, where: str, expected: str) -> np.lib.npyio.NpzFile:
+    """An .npz archive opened without pickle; anything else is one DataError starting with `where` and saying
+    what was `expected`."""
+    try:
+        archive = np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{where}: not a readable .npz archive ({error})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"{where}: a single .npy array, not {expected}")
+    return archive
+
+
 NPZ_KEYS = "x (features, n x ...), y (labels or targets, n) and optionally groups (natural ids, n)"
 
 
@@ -143,13 +155,7 @@ def npz_dataset(path: str | Path | None) -> Dataset:
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(f"dataset.path: {file}: no such file (expected a .npz holding {NPZ_KEYS})")
-    try:
-        archive = np.load(file, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise DataError(f"dataset.path: {file}: not a readable .npz archive ({error})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataError(f"dataset.path: {file}: a single .npy array, not a .npz archive holding {NPZ_KEYS}")
-    with archive:
+    with open_npz(file, f"dataset.path: {file}", f"a .npz archive holding {NPZ_KEYS}") as archive:
         for key in ("x", "y"):
             if key not in archive.files:
                 raise DataError(
