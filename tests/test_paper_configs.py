@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
 from tests.cluster import ROOT
-from tests.test_datasets_files import MNIST_STEMS, _cifar_batch, _write_idx
-from tests.test_datasets_folders import write_leaf
+from tests.test_datasets_files import MNIST_STEMS, _cifar_batch, _write_cifar100, _write_emnist, _write_idx
+from tests.test_datasets_folders import write_leaf, write_medmnist, write_tiny_imagenet
 
 PAPER = ROOT / "configs" / "paper"
 
@@ -72,6 +73,34 @@ DATA = {
 }
 
 
+def _emnist(root: Path) -> list[str]:
+    rng = np.random.default_rng(0)
+    upright = {}
+    for part, n in (("train", 16), ("test", 4)):
+        upright[f"{part}_x"] = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        upright[f"{part}_y"] = rng.integers(1, 27, size=n).astype(np.uint8)
+    _write_emnist(root / "EMNIST" / "raw", "letters", upright, gz=True)
+    return ["dataset.name=emnist", "dataset.split=letters"]
+
+
+def _cifar100(root: Path) -> list[str]:
+    _write_cifar100(root)
+    return ["dataset.name=cifar100"]
+
+
+def _medmnist(root: Path) -> list[str]:
+    write_medmnist(root, "pathmnist", rgb=True)
+    return ["dataset.name=medmnist", "dataset.subset=pathmnist"]
+
+
+def _tiny_imagenet(root: Path) -> list[str]:
+    write_tiny_imagenet(root)
+    return ["dataset.name=tiny_imagenet"]
+
+
+OTHER_LOADERS = {"emnist": _emnist, "cifar100": _cifar100, "medmnist": _medmnist, "tiny_imagenet": _tiny_imagenet}
+
+
 def test_every_paper_config_has_a_test():
     assert sorted(p.name for p in PAPER.glob("*.yaml")) == sorted(DATA)
 
@@ -93,3 +122,23 @@ def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, 
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.info.status == "FINISHED"
     assert 0.0 <= run.data.metrics["pm/acc"] <= 1.0 and 0.0 <= run.data.metrics["gm/acc"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader", sorted(OTHER_LOADERS))
+def test_the_other_loaders_run_end_to_end_with_a_cnn(loader, tmp_path, ray_local, mlflow_uri):
+    """The loaders no paper config names, through `raysim run` on their written files, with the CIFAR CNN."""
+    root = tmp_path / "data"
+    root.mkdir()
+    config = yaml.safe_load((PAPER / "flame_cifar10.yaml").read_text())
+    config["partition"] = {"scheme": "iid"}
+    (tmp_path / "experiment.yaml").write_text(yaml.safe_dump(config))
+    sets = [*OTHER_LOADERS[loader](root), f"dataset.root={root}", "clients.count=2", "rounds=1"]
+    sets += [f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1"]
+    argv = ["run", str(tmp_path / "experiment.yaml"), "--quiet"]
+    for assignment in sets:
+        argv += ["--set", assignment]
+    assert main(argv) == 0
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FINISHED" and run.data.params["dataset.name"] == loader
