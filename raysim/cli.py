@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -276,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     from raysim.launch import guarded
 
     args = parser().parse_args(argv)
-    return guarded(lambda: args.handler(args))
+    try:
+        return guarded(lambda: args.handler(args))
+    except BrokenPipeError:  # `raysim datasets | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

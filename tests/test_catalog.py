@@ -29,3 +29,11 @@ def test_the_datasets_command_finds_a_layout_under_root(tmp_path):
     assert f"found in {tmp_path}" in lines["cifar10"]
     assert "missing" in lines["cifar100"] and "built in" in lines["digits"]
     assert "reads cifar-100-python/" in out and set(CATALOG) <= set(lines)
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    """`raysim datasets | head`: the command exits quietly when its reader has gone (here before any output)."""
+    errors = tmp_path / "stderr"
+    shell = f"{sys.executable} -m raysim.cli datasets 2>{errors} | true"
+    subprocess.run(shell, shell=True, check=True)
+    assert errors.read_text() == ""

@@ -5,11 +5,13 @@ The check is cheap (a file or folder that marks the layout exists); loading read
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from raysim.data.download import default_root
 from raysim.data.sources import SOURCES
+
+__all__ = ["CATALOG", "DatasetInfo", "default_root", "found_at", "missing_from_catalog"]
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,6 @@ CATALOG: dict[str, DatasetInfo] = {
         DatasetInfo("synthetic_writers", "FEMNIST-like groups (tests)", "generated", "always there"),
     )
 }
-
-
-def default_root() -> Path:
-    """Where datasets are looked for when `dataset.root` is not set: $RAYSIM_DATA, else ~/.cache/raysim/data."""
-    configured = os.environ.get("RAYSIM_DATA")
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "raysim" / "data"
 
 
 def found_at(info: DatasetInfo, roots: list[Path]) -> Path | None:
