@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raysim.data.idx import read_idx
+from raysim.data.idx import find_idx, read_train_test
 from raysim.errors import DataError
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -27,23 +27,12 @@ FILES = {
 }
 
 
-def _find(directory: Path, stem: str) -> Path | None:
-    for candidate in (directory / stem, directory / f"{stem}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def _read_dir(directory: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    paths = {key: _find(directory, stem) for key, stem in FILES.items()}
-    if any(p is None for p in paths.values()):
+    """The pooled train + test images and labels if `directory` holds all four IDX files, else None."""
+    stems = tuple(FILES.values())  # train images, train labels, test images, test labels
+    if any(find_idx([directory], stem) is None for stem in stems):
         return None
-    arrays = {key: read_idx(p) for key, p in paths.items()}  # type: ignore[arg-type]
-    images = np.concatenate([arrays["train_images"], arrays["test_images"]])
-    labels = np.concatenate([arrays["train_labels"], arrays["test_labels"]]).astype(np.int64)
-    if len(images) != len(labels):
-        raise DataError(f"{directory}: {len(images)} images but {len(labels)} labels")
-    return images, labels
+    return read_train_test("Fashion-MNIST", stems, [directory], directory)  # type: ignore[arg-type]
 
 
 def candidate_dirs(root: str | Path | None) -> list[Path]:

@@ -63,7 +63,7 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
 
 
-def _find(directories: list[Path], stem: str) -> Path | None:
+def find_idx(directories: list[Path], stem: str) -> Path | None:
     """The first of `directories` holding `stem` or `stem.gz`."""
     for directory in directories:
         for candidate in (directory / stem, directory / f"{stem}.gz"):
@@ -79,14 +79,14 @@ def _missing(what: str, primary: Path, stem: str, root: Path) -> DataError:
     )
 
 
-def _load_pair(
+def read_train_test(
     what: str, stems: tuple[str, str, str, str], directories: list[Path], root: Path
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read train+test images and labels (stems in that order: train images, train labels, test images, test
     labels) and pool them, train first."""
     paths = []
     for stem in stems:
-        path = _find(directories, stem)
+        path = find_idx(directories, stem)
         if path is None:
             raise _missing(what, directories[0], stem, root)
         paths.append(path)
@@ -118,11 +118,11 @@ def mnist(request: DataRequest) -> Dataset:
     raw = root / "MNIST" / "raw"
     stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
     directories = [raw, root]
-    if request.download and any(_find(directories, stem) is None for stem in stems):
+    if request.download and any(find_idx(directories, stem) is None for stem in stems):
         for file, (url, md5) in MNIST_RESOURCES.items():
-            if _find(directories, file.removesuffix(".gz")) is None:
+            if find_idx(directories, file.removesuffix(".gz")) is None:
                 fetch(url, raw / file, md5)
-    images, labels = _load_pair("mnist", stems, directories, root)
+    images, labels = read_train_test("mnist", stems, directories, root)
     return _dataset(request.name, images, labels, 10, raw)
 
 
@@ -155,9 +155,9 @@ def emnist(request: DataRequest) -> Dataset:
         for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
     )
     directories = [raw, root]
-    if request.download and any(_find(directories, stem) is None for stem in stems):
+    if request.download and any(find_idx(directories, stem) is None for stem in stems):
         _download_emnist(raw)
-    images, labels = _load_pair(f"emnist ({split})", stems, directories, root)  # type: ignore[arg-type]
+    images, labels = read_train_test(f"emnist ({split})", stems, directories, root)  # type: ignore[arg-type]
     images = images.transpose(0, 2, 1)
     if split == "letters":
         labels = labels - 1
