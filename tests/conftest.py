@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,3 +65,24 @@ def tiny_config(**sections: Any) -> dict[str, Any]:
     for key, value in sections.items():
         config[key] = value
     return config
+
+
+def run_through_cli(config: dict[str, Any] | Path, tracking_uri: str, *assignments: str) -> Any:
+    """`raysim run CONFIG --quiet --set ...` in this process (a config dict is written next to the tracking
+    store first); asserts exit 0 and returns the one MLflow run the store then holds."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from raysim.cli import main
+
+    if isinstance(config, dict):
+        path = Path(tracking_uri.removeprefix("sqlite:///")).parent / "experiment.yaml"
+        path.write_text(yaml.safe_dump(config))
+        config = path
+    argv = ["run", str(config), "--quiet"]
+    for assignment in assignments:
+        argv += ["--set", assignment]
+    assert main(argv) == 0
+    client = MlflowClient(tracking_uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return run

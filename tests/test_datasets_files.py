@@ -18,13 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from raysim.data import cifar, idx
 from raysim.data.download import extract, fetch
 from raysim.data.sources import load_dataset
 from raysim.errors import DataError
-from tests.conftest import tiny_config
+from tests.conftest import run_through_cli, tiny_config
 
 MNIST_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -348,8 +347,6 @@ def test_extract_refuses_members_escaping_the_folder(tmp_path):
 def test_fedavg_runs_two_rounds_on_written_cifar10_through_the_cli(tmp_path, ray_local, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    from raysim.cli import main
-
     root = tmp_path / "data"
     _write_cifar10(root, per_batch=20)
     config = tiny_config(
@@ -360,11 +357,8 @@ def test_fedavg_runs_two_rounds_on_written_cifar10_through_the_cli(tmp_path, ray
         clients={"count": 4},
         tracking={"uri": mlflow_uri, "experiment": "cifar"},
     )
-    path = tmp_path / "experiment.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert main(["run", str(path), "--set", "rounds=2", "--quiet"]) == 0
+    run = run_through_cli(config, mlflow_uri, "rounds=2")
     client = MlflowClient(mlflow_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("cifar").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["rounds"] == "2"
     history = client.get_metric_history(run.info.run_id, "gm/acc")
     assert history and all(0.0 <= m.value <= 1.0 for m in history)

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from PIL import Image
 
 from raysim.data import image_folder as image_folder_module
 from raysim.data import medmnist as medmnist_module
 from raysim.data.sources import load_dataset
 from raysim.errors import DataError
-from tests.conftest import tiny_config
+from tests.conftest import run_through_cli, tiny_config
 
 # ---------------------------------------------------------------- writers of the real formats
 
@@ -324,8 +323,6 @@ def test_tiny_imagenet_downloads_and_extracts_the_zip(tmp_path, http_root, monke
 def _run(tmp_path: Path, dataset: dict, partition: dict, model: str, clients: int) -> None:
     from mlflow.tracking import MlflowClient
 
-    from raysim.cli import main
-
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = tiny_config(
         dataset=dataset,
@@ -336,12 +333,9 @@ def _run(tmp_path: Path, dataset: dict, partition: dict, model: str, clients: in
         runtime={"num_hosts": 1},
         tracking={"uri": uri, "experiment": "files"},
     )
-    path = tmp_path / "experiment.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert main(["run", str(path), "--quiet"]) == 0
-    client = MlflowClient(uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("files").experiment_id])
+    run = run_through_cli(config, uri)
     assert run.info.status == "FINISHED"
+    client = MlflowClient(uri)
     history = client.get_metric_history(run.info.run_id, "pm/acc")
     assert [m.step for m in history] == [0, 1, 2] and all(0.0 <= m.value <= 1.0 for m in history)
 

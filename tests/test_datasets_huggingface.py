@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from raysim.data.sources import load_dataset
 from raysim.errors import DataError
-from tests.conftest import tiny_config
+from tests.conftest import run_through_cli, tiny_config
 
 datasets = pytest.importorskip("datasets")
 
@@ -146,8 +145,6 @@ def test_a_path_neither_saved_nor_on_the_hub_is_one_line_naming_dataset_path(tmp
 def test_fedavg_runs_two_rounds_on_a_saved_tabular_dataset_through_the_cli(tmp_path, ray_local, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    from raysim.cli import main
-
     path = _save(_tabular(240), tmp_path / "tabular")
     config = tiny_config(
         algorithm={"name": "fedavg", "lr": 0.05, "batch_size": 16},
@@ -158,11 +155,8 @@ def test_fedavg_runs_two_rounds_on_a_saved_tabular_dataset_through_the_cli(tmp_p
         rounds=2,
         tracking={"uri": mlflow_uri, "experiment": "huggingface"},
     )
-    config_path = tmp_path / "experiment.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    assert main(["run", str(config_path), "--quiet"]) == 0
+    run = run_through_cli(config, mlflow_uri)
     client = MlflowClient(mlflow_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("huggingface").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["rounds"] == "2"
     history = client.get_metric_history(run.info.run_id, "gm/acc")
     assert history and all(0.0 <= m.value <= 1.0 for m in history)

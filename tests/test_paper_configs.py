@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 
-from raysim.cli import main
 from tests.cluster import ROOT
+from tests.conftest import run_through_cli
 from tests.test_datasets_files import MNIST_STEMS, _cifar_batch, _write_cifar100, _write_emnist, _write_idx
 from tests.test_datasets_folders import write_leaf, write_medmnist, write_tiny_imagenet
 
@@ -114,12 +113,7 @@ def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, 
     sets = [f"dataset.root={root}", "rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", *overrides]
     if name == "flame_fmnist.yaml":
         sets.remove(f"dataset.root={root}")
-    argv = ["run", str(PAPER / name), "--quiet"]
-    for assignment in sets:
-        argv += ["--set", assignment]
-    assert main(argv) == 0
-    client = MlflowClient(mlflow_uri)
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    run = run_through_cli(PAPER / name, mlflow_uri, *sets)
     assert run.info.status == "FINISHED"
     assert 0.0 <= run.data.metrics["pm/acc"] <= 1.0 and 0.0 <= run.data.metrics["gm/acc"] <= 1.0
 
@@ -132,13 +126,6 @@ def test_the_other_loaders_run_end_to_end_with_a_cnn(loader, tmp_path, ray_local
     root.mkdir()
     config = yaml.safe_load((PAPER / "flame_cifar10.yaml").read_text())
     config["partition"] = {"scheme": "iid"}
-    (tmp_path / "experiment.yaml").write_text(yaml.safe_dump(config))
     sets = [*OTHER_LOADERS[loader](root), f"dataset.root={root}", "clients.count=2", "rounds=1"]
-    sets += [f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1"]
-    argv = ["run", str(tmp_path / "experiment.yaml"), "--quiet"]
-    for assignment in sets:
-        argv += ["--set", assignment]
-    assert main(argv) == 0
-    client = MlflowClient(mlflow_uri)
-    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    run = run_through_cli(config, mlflow_uri, *sets, f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1")
     assert run.info.status == "FINISHED" and run.data.params["dataset.name"] == loader
