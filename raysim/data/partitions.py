@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from raysim.data import authors_draw
 from raysim.data.meta_partition import MetaSettings
+from raysim.data.partition_file import FileSettings, read_partition
 from raysim.errors import PartitionError
 from raysim.seeding import Stream, rng
 from raysim.settings import Settings
@@ -48,13 +50,50 @@ class _Scheme(Settings):
         return ()
 
 
-class IIDSettings(_Scheme):
+class _FlameScheme(_Scheme):
+    """A scheme of FLAME's code, which `draw: authors` replays with the authors' own random calls."""
+
+    draw: Literal["raysim", "authors"] = Field(
+        "raysim",
+        description="raysim: seeded streams; authors: the FLAME authors' sampling.py calls on np.random.seed(seed) "
+        "and their per-client random.shuffle 80/20 split, so seed N deals what their seed N deals",
+    )
+
+    @model_validator(mode="after")
+    def _check_authors_draw(self):
+        if self.draw != "authors":
+            return self
+        if self.val_fraction:
+            raise ValueError(
+                f"partition.val_fraction={self.val_fraction}: partition.draw=authors splits each client into train "
+                "and test only, as the authors' code does; use val_fraction 0 or draw raysim"
+            )
+        if getattr(self, "overlap", True) is False:
+            raise ValueError(
+                f"partition.draw=authors replays the authors' {self.scheme} dealing, whose client shares overlap; "
+                "set partition.overlap: true (or use draw: raysim for the disjoint version)"
+            )
+        if getattr(self, "layout", "contiguous") != "contiguous":
+            raise ValueError(
+                "partition.draw=authors replays the authors' quality skew, which deals contiguous blocks; set "
+                "partition.layout: contiguous (or use draw: raysim)"
+            )
+        return self
+
+    def authors_assign(
+        self, labels: np.ndarray, num_clients: int, state: np.random.RandomState, groups: np.ndarray | None
+    ) -> list:
+        """The authors' dealing of this scheme (authors_draw), from their legacy generator."""
+        return authors_draw.iid(len(labels), num_clients, state)
+
+
+class IIDSettings(_FlameScheme):
     """Uniformly shuffled, equal-size (+-1) disjoint shares."""
 
     scheme: Literal["iid"] = "iid"
 
 
-class DirichletSettings(_Scheme):
+class DirichletSettings(_FlameScheme):
     """Distribution-based label skew (flame.md 6.3 scheme 2): per class k, p_k ~ Dir(beta)."""
 
     scheme: Literal["dirichlet"] = "dirichlet"
@@ -67,8 +106,11 @@ class DirichletSettings(_Scheme):
     def assign(self, labels, num_clients, generator, groups):
         return dirichlet(labels, num_clients, self, generator)
 
+    def authors_assign(self, labels, num_clients, state, groups):
+        return authors_draw.dirichlet(labels, num_clients, self.beta, state)
 
-class QLabelSettings(_Scheme):
+
+class QLabelSettings(_FlameScheme):
     """Quantity-based label imbalance, "#label = q" (flame.md 6.3 scheme 1)."""
 
     scheme: Literal["q_label"] = "q_label"
@@ -77,10 +119,16 @@ class QLabelSettings(_Scheme):
     def assign(self, labels, num_clients, generator, groups):
         return q_label(labels, num_clients, self.q, generator)
 
+    def authors_assign(self, labels, num_clients, state, groups):
+        return authors_draw.q_label(labels, num_clients, self.q, state)
 
-class QualitySettings(_Scheme):
-    """Noise-based quality skew "Gau(sigma)" (flame.md 6.3 scheme 3): IID equal blocks, client i's features get
-    N(0, s_i) noise at every access, with s_i = sigma * i / m as the variance (paper) or the std (authors' code)."""
+
+class QualitySettings(_FlameScheme):
+    """Noise-based quality skew "Gau(sigma)" (flame.md 6.3 scheme 3): equal blocks, client i's features get
+    N(0, s_i) noise at every access, with s_i = sigma * i / m as the variance (paper) or the std (authors' code).
+
+    The blocks are shuffled IID shares (paper) or, `layout: contiguous` (authors' code, flame.md 11), the i-th run
+    of N // m consecutive samples of the pooled dataset, the same for every seed."""
 
     scheme: Literal["quality"] = "quality"
     sigma: float = Field(0.1, ge=0.0)
@@ -88,12 +136,24 @@ class QualitySettings(_Scheme):
         "variance", description="sigma*i/m is the noise variance (paper) or its std (authors' code)"
     )
 
+    layout: Literal["shuffled", "contiguous"] = Field(
+        "shuffled", description="shuffled IID blocks (paper) or contiguous blocks of the pooled data (authors' code)"
+    )
+
     def noise_std(self, client: int, num_clients: int) -> float:
         scale = self.sigma * client / num_clients
         return math.sqrt(scale) if self.noise_scale == "variance" else scale
 
+    def assign(self, labels, num_clients, generator, groups):
+        if self.layout == "contiguous":
+            return authors_draw.contiguous(len(labels), num_clients)
+        return iid(labels, num_clients, generator)
 
-class QuantitySettings(_Scheme):
+    def authors_assign(self, labels, num_clients, state, groups):
+        return authors_draw.contiguous(len(labels), num_clients)
+
+
+class QuantitySettings(_FlameScheme):
     """Quantity skew "Dir(beta)" (flame.md 6.3 scheme 4): p ~ Dir(beta) over clients, client i gets a p_i share.
 
     Disjoint (paper): every client first gets `min_samples`, the rest is cut in Dir(beta) proportions.
@@ -107,8 +167,11 @@ class QuantitySettings(_Scheme):
     def assign(self, labels, num_clients, generator, groups):
         return quantity(np.arange(len(labels)), num_clients, self.beta, self.min_samples, self.overlap, generator)
 
+    def authors_assign(self, labels, num_clients, state, groups):
+        return authors_draw.quantity(len(labels), num_clients, self.beta, self.min_samples, state)
 
-class NaturalSettings(_Scheme):
+
+class NaturalSettings(_FlameScheme):
     """Feature skew by a natural id (flame.md 6.3 scheme 5: FEMNIST writers): the dataset's group ids, sorted,
     are dealt contiguously, (number of groups) // m per client; leftover groups are not used, as in the code."""
 
@@ -117,8 +180,11 @@ class NaturalSettings(_Scheme):
     def assign(self, labels, num_clients, generator, groups):
         return natural(groups, num_clients)
 
+    def authors_assign(self, labels, num_clients, state, groups):
+        return natural(groups, num_clients)
 
-class HybridSettings(_Scheme):
+
+class HybridSettings(_FlameScheme):
     """Hybrid skew (flame.md 6.3 scheme 6): ceil(m/2) clients get q-label shards, floor(m/2) quantity skew.
 
     Disjoint (paper): the samples are first split at random between the two groups in proportion to their
@@ -132,6 +198,9 @@ class HybridSettings(_Scheme):
 
     def assign(self, labels, num_clients, generator, groups):
         return hybrid(labels, num_clients, self, generator)
+
+    def authors_assign(self, labels, num_clients, state, groups):
+        return authors_draw.hybrid(labels, num_clients, self.q, self.beta, self.min_samples, state)
 
 
 class MixedSettings(_Scheme):
@@ -175,6 +244,7 @@ AnyPartition = (
     | MixedSettings
     | LabelPriorSettings
     | MetaSettings
+    | FileSettings
 )
 PartitionSettings = Annotated[AnyPartition, Field(discriminator="scheme")]
 """A scheme is one settings class with its own `assign`; adding it to this union makes it selectable."""
@@ -436,7 +506,9 @@ def label_prior(
     return splits
 
 
-def split_client(client_id: int, indices: np.ndarray, settings: _Scheme, generator: np.random.Generator) -> ClientSplit:
+def split_client(
+    client_id: int, indices: np.ndarray, settings: _Scheme | FileSettings, generator: np.random.Generator
+) -> ClientSplit:
     """Shuffle a client's samples and split them into train / test (/ validation)."""
     shuffled = generator.permutation(indices)
     n_test = max(1, round(settings.test_fraction * len(shuffled)))
@@ -494,13 +566,55 @@ def partition_dataset(
         )
     if isinstance(settings, LabelPriorSettings):  # draws its own per-client test sets
         return label_prior(labels, num_clients, settings, rng(seed, Stream.PARTITION))
-    parts = settings.assign(labels, num_clients, rng(seed, Stream.PARTITION), groups)
+    if isinstance(settings, FileSettings):
+        return replay_file(settings, labels, num_clients, seed)
+    if isinstance(settings, _FlameScheme) and settings.draw == "authors":
+        parts = settings.authors_assign(np.asarray(labels), num_clients, np.random.RandomState(seed), groups)
+        pairs = authors_draw.split(parts, 1.0 - settings.test_fraction, seed)
+        splits = [split_or_refuse(client, train, test) for client, (train, test) in enumerate(pairs)]
+    else:
+        parts = settings.assign(labels, num_clients, rng(seed, Stream.PARTITION), groups)
+        splits = [
+            split_client(client, indices, settings, rng(seed, Stream.PARTITION, 1, client))
+            for client, indices in enumerate(parts)
+        ]
+    return [
+        ClientSplit(s.client_id, s.train, s.test, s.val, noise)
+        if (noise := settings.noise_std(s.client_id, num_clients))
+        else s
+        for s in splits
+    ]
+
+
+def split_or_refuse(client_id: int, train: np.ndarray, test: np.ndarray) -> ClientSplit:
+    """A client of the authors' dealing, refused when a part is empty (their code would divide by zero)."""
+    if len(train) == 0 or len(test) == 0:
+        raise PartitionError(
+            f"partition.draw=authors: client {client_id} gets {len(train)} training and {len(test)} test samples; "
+            "every client needs both (use fewer clients or a larger partition.beta)"
+        )
+    empty = np.arange(0, dtype=np.int64)
+    return ClientSplit(client_id, np.sort(train), np.sort(test), empty)
+
+
+def replay_file(settings: FileSettings, labels: np.ndarray, num_clients: int, seed: int) -> list[ClientSplit]:
+    """The clients of a partition file (partition_file), a file with only `indices` split here per client."""
     splits = []
-    for client, indices in enumerate(parts):
-        split = split_client(client, indices, settings, rng(seed, Stream.PARTITION, 1, client))
-        noise = settings.noise_std(client, num_clients)
-        splits.append(ClientSplit(split.client_id, split.train, split.test, split.val, noise) if noise else split)
+    for row in read_partition(settings, np.asarray(labels), num_clients):
+        if row.indices is not None:
+            split = split_client(row.client_id, row.indices, settings, rng(seed, Stream.PARTITION, 1, row.client_id))
+        else:
+            split = ClientSplit(row.client_id, np.sort(row.train), np.sort(row.test), np.sort(row.val))
+        splits.append(ClientSplit(split.client_id, split.train, split.test, split.val, row.noise_std))
     return splits
+
+
+def marked_malicious(settings: AnyPartition, labels: np.ndarray, num_clients: int) -> frozenset[int] | None:
+    """The attackers a partition file marks (its `malicious` column), None for every other scheme."""
+    if not isinstance(settings, FileSettings):
+        return None
+    rows = read_partition(settings, np.asarray(labels), num_clients)
+    return frozenset(row.client_id for row in rows if row.malicious)
 
 
 def label_counts(splits: list[ClientSplit], labels: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:

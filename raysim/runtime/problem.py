@@ -15,7 +15,8 @@ from raysim.algorithms import ClientInfo, build_algorithm
 from raysim.algorithms.base import ServerContext, ServerDataStep, ServerSamples, SGDResult, TrainModel, drive
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
-from raysim.data.partitions import check_classes
+from raysim.data.partition_file import write_partition
+from raysim.data.partitions import check_classes, marked_malicious
 from raysim.data.sources import Dataset
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
@@ -101,7 +102,13 @@ def prepare(config: ExperimentConfig) -> Problem:
     server_data = None if step is None else run_server_requests(step, context)
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
-    attack = attack_plan(config.attack, m, config.seed) if config.attack.kind != "none" else None
+    marked = marked_malicious(config.partition, dataset.y, config.clients.count)
+    if marked and config.attack.kind == "none":
+        raise ConfigError(
+            f"partition.path={config.partition.path} marks clients {sorted(marked)[:10]} malicious, but attack.kind is "
+            "none; set attack.kind, or write the partition without an attack"
+        )
+    attack = attack_plan(config.attack, m, config.seed, marked) if config.attack.kind != "none" else None
     return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m, inputs)
 
 
@@ -177,3 +184,27 @@ def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int
         return list(range(num_clients))
     chosen = rng(seed, Stream.SAMPLING, round_index).choice(num_clients, per_round, replace=False)
     return sorted(int(c) for c in chosen)
+
+
+def save_partition(config: ExperimentConfig, out: Path) -> tuple[list[ClientSplit], frozenset[int]]:
+    """`raysim partition`: the config's partition (and attacker set) written as a Parquet file that
+    `partition: {scheme: file, path: OUT}` replays exactly; returns the clients and the attackers."""
+    dataset = config.dataset.load(config.seed)
+    check_classes(config.partition, dataset.y)
+    splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
+    marked = marked_malicious(config.partition, dataset.y, config.clients.count)
+    attack = config.attack
+    malicious = (
+        attack_plan(attack, config.clients.training_count, config.seed, marked).malicious
+        if attack.kind != "none"
+        else frozenset()
+    )
+    description = {
+        "dataset": config.dataset.name,
+        "scheme": config.partition.scheme,
+        "seed": config.seed,
+        "clients": config.clients.count,
+        "config": config.to_yaml(),
+    }
+    write_partition(out, splits, dataset.y, malicious, description)
+    return splits, malicious

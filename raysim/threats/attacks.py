@@ -134,8 +134,15 @@ def check_benign_left(settings: AttackSettings, num_clients: int) -> None:
         )
 
 
-def attack_plan(settings: AttackSettings, num_clients: int, seed: int) -> AttackPlan:
-    """The run's attackers; a ConfigError when they would be all the clients (see check_benign_left)."""
+def attack_plan(
+    settings: AttackSettings, num_clients: int, seed: int, marked: frozenset[int] | None = None
+) -> AttackPlan:
+    """The run's attackers: drawn from the seed, or the clients a partition file marks (`marked`, when it marks
+    any); a ConfigError when they would be all the clients (see check_benign_left)."""
+    if marked:
+        if len(marked) >= num_clients:
+            raise ConfigError(f"the partition file marks all {num_clients} clients malicious; no benign client is left")
+        return AttackPlan(settings, marked, seed)
     check_benign_left(settings, num_clients)
     return AttackPlan(settings, malicious_clients(settings, num_clients, seed), seed)
 
