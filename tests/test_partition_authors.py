@@ -23,6 +23,7 @@ from raysim.data.partitions import (
     QLabelSettings,
     QualitySettings,
     QuantitySettings,
+    authors_attackers,
     partition_dataset,
 )
 from raysim.errors import ConfigError
@@ -198,3 +199,14 @@ def test_authors_draw_refuses_settings_it_cannot_replay_in_one_line(partition, m
         validate_config({"algorithm": {"name": "flame"}, "partition": partition})
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("seed", [1, 100])
+def test_authors_draw_picks_the_attackers_their_main_draws_next(labels, seed):
+    """main.py: right after get_dataset, `np.random.choice(range(m), max(int(frac m), 1), replace=False)`."""
+    np.random.seed(seed)
+    _their_hybrid(labels, 50, 2)
+    theirs = np.random.choice(range(50), max(int(0.2 * 50), 1), replace=False)
+    ours = authors_attackers(SETTINGS["hybrid"], labels, 50, seed, 10)
+    assert ours == frozenset(int(c) for c in theirs)
+    assert authors_attackers(HybridSettings(q=2, overlap=True), labels, 50, seed, 10) is None

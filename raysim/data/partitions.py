@@ -609,6 +609,26 @@ def replay_file(settings: FileSettings, labels: np.ndarray, num_clients: int, se
     return splits
 
 
+def authors_attackers(
+    settings: AnyPartition,
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    count: int,
+    groups: np.ndarray | None = None,
+    among: int | None = None,
+) -> frozenset[int] | None:
+    """With `draw: authors`, the `count` attackers the authors' main.py draws next from the same generator
+    (uniform without replacement over the first `among` clients, default all, right after the partition);
+    None for every other draw."""
+    if not (isinstance(settings, _FlameScheme) and settings.draw == "authors"):
+        return None
+    state = np.random.RandomState(seed)
+    settings.authors_assign(np.asarray(labels), num_clients, state, groups)
+    chosen = state.choice(range(num_clients if among is None else among), count, replace=False)
+    return frozenset(int(c) for c in chosen)
+
+
 def marked_malicious(settings: AnyPartition, labels: np.ndarray, num_clients: int) -> frozenset[int] | None:
     """The attackers a partition file marks (its `malicious` column), None for every other scheme."""
     if not isinstance(settings, FileSettings):

@@ -16,7 +16,7 @@ from raysim.algorithms.base import ServerContext, ServerDataStep, ServerSamples,
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
 from raysim.data.partition_file import write_partition
-from raysim.data.partitions import check_classes, marked_malicious
+from raysim.data.partitions import authors_attackers, check_classes, marked_malicious
 from raysim.data.sources import Dataset
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
@@ -102,14 +102,25 @@ def prepare(config: ExperimentConfig) -> Problem:
     server_data = None if step is None else run_server_requests(step, context)
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
-    marked = marked_malicious(config.partition, dataset.y, config.clients.count)
+    attack = attack_of(config, dataset)
+    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m, inputs)
+
+
+def attack_of(config: ExperimentConfig, dataset: Dataset) -> AttackPlan | None:
+    """Who attacks: the clients a partition file marks, else with `partition.draw: authors` the authors' next
+    draw, else a draw from the seed; None without an attack."""
+    count, m = config.clients.count, config.clients.training_count
+    marked = marked_malicious(config.partition, dataset.y, count)
     if marked and config.attack.kind == "none":
         raise ConfigError(
             f"partition.path={config.partition.path} marks clients {sorted(marked)[:10]} malicious, but attack.kind is "
             "none; set attack.kind, or write the partition without an attack"
         )
-    attack = attack_plan(config.attack, m, config.seed, marked) if config.attack.kind != "none" else None
-    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m, inputs)
+    if config.attack.kind == "none":
+        return None
+    attackers = config.attack.num_malicious(m)
+    marked = marked or authors_attackers(config.partition, dataset.y, count, config.seed, attackers, dataset.groups, m)
+    return attack_plan(config.attack, m, config.seed, marked)
 
 
 def cache_folder() -> Path:
@@ -192,13 +203,8 @@ def save_partition(config: ExperimentConfig, out: Path) -> tuple[list[ClientSpli
     dataset = config.dataset.load(config.seed)
     check_classes(config.partition, dataset.y)
     splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
-    marked = marked_malicious(config.partition, dataset.y, config.clients.count)
-    attack = config.attack
-    malicious = (
-        attack_plan(attack, config.clients.training_count, config.seed, marked).malicious
-        if attack.kind != "none"
-        else frozenset()
-    )
+    attack = attack_of(config, dataset)
+    malicious = attack.malicious if attack is not None else frozenset()
     description = {
         "dataset": config.dataset.name,
         "scheme": config.partition.scheme,
