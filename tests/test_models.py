@@ -29,3 +29,49 @@ def test_parameter_counts_match_the_papers(name, input_shape, outputs, parameter
 def test_a_cnn_refuses_input_that_is_not_an_image():
     with pytest.raises(ValueError, match="model.name=cnn_femnist needs image input"):
         build_module("cnn_femnist", (784,), 10)
+
+
+class _TheirMLP(torch.nn.Module):
+    """The FLAME authors' MLP (src/models.py), built as their main.py builds it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(784, 128)
+        self.relu1 = torch.nn.ReLU()
+        self.fc2 = torch.nn.Linear(128, 64)
+        self.relu2 = torch.nn.ReLU()
+        self.fc3 = torch.nn.Linear(64, 10)
+
+
+class _TheirCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, kernel_size=3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, kernel_size=3, padding=1)
+        self.fc1 = torch.nn.Linear(32 * 8 * 8, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+
+@pytest.mark.parametrize(
+    ("name", "input_shape", "theirs"), [("mlp", (1, 28, 28), _TheirMLP), ("cnn", (3, 32, 32), _TheirCNN)]
+)
+@pytest.mark.parametrize("seed", [1, 10000])
+def test_the_authors_seed_gives_the_authors_initial_model(name, input_shape, theirs, seed):
+    """setup_seed(seed) (torch.manual_seed), then the model's constructor: the same draws in the same order."""
+    from raysim.models.zoo import initial_parameters
+
+    torch.manual_seed(seed)
+    expected = torch.cat([p.detach().reshape(-1) for p in theirs().parameters()])
+    assert torch.equal(initial_parameters(build_module(name, input_shape, 10), seed), expected)
+
+
+def test_model_init_authors_starts_the_run_from_the_authors_initial_model():
+    from raysim.config import validate_config
+    from raysim.runtime.problem import prepare
+
+    torch.manual_seed(10)
+    expected = torch.cat([p.detach().reshape(-1) for p in _TheirMLP().parameters()]).numpy()
+    tree = {"algorithm": {"name": "fedavg"}, "model": {"name": "mlp", "init": "authors"}, "seed": 10}
+    assert (prepare(validate_config(tree)).init_params == expected).all()
+    tree["model"]["init"] = "raysim"
+    assert not (prepare(validate_config(tree)).init_params == expected).all()

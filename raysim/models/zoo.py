@@ -20,6 +20,7 @@ import math
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from raysim.settings import Settings
@@ -30,6 +31,11 @@ MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "li
 
 class ModelSettings(Settings):
     name: ModelName = "mlp"
+    init: Literal["raysim", "authors"] = Field(
+        "raysim",
+        description="initial parameters from raysim's model-init stream, or as the FLAME authors' code draws them "
+        "(torch.manual_seed(seed), then the layers built in order: their seed N gives their initial model)",
+    )
 
 
 def _cifar_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
