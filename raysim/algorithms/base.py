@@ -107,10 +107,15 @@ class LocalSGD:
     """If given, f_i is evaluated at offset + x (FedSLR Phase II trains p with w_t frozen, fedslr.md eq. 7)."""
     l1: float | Vector | None = None
     """If given, proximal SGD for + l1 ||x||_1: soft-threshold at lr * l1 after every step (scalar or per entry)."""
+    max_steps: int | None = None
+    """If given, stop after this many steps: the first batches of the first epoch's shuffle, so one step is one
+    uniformly random mini-batch of `batch_size` samples (the whole split if it is smaller)."""
 
     def __post_init__(self) -> None:
         if self.prox_weight and self.prox_center is None:
             raise ValueError("LocalSGD: prox_weight > 0 needs a prox_center")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"LocalSGD: max_steps must be at least 1, got {self.max_steps}")
 
 
 @dataclass(frozen=True, eq=False)

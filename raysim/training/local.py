@@ -159,9 +159,12 @@ class LocalTrainer:
         velocity = torch.zeros_like(x) if request.momentum else None
         losses: list[float] = []
         indices = data.train
-        for _epoch in range(request.epochs):
+        budget = request.max_steps
+        for _epoch in range(request.epochs if budget is None else min(request.epochs, budget)):
             order = generator.permutation(len(indices))
             for start in range(0, len(order), request.batch_size):
+                if budget is not None and len(losses) == budget:
+                    break
                 batch = indices[order[start : start + request.batch_size]]
                 xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
                 loss, grad = self.model.loss_and_grad(x if offset is None else offset + x, xb, yb)

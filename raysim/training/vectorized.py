@@ -62,6 +62,7 @@ def group_key(request: LocalSGD) -> tuple:
         request.mask is not None,
         request.offset is not None,
         request.l1 is not None,
+        request.max_steps,
     )
 
 
@@ -101,8 +102,8 @@ class VectorizedTrainer:
         groups: dict[tuple, list[int]] = defaultdict(list)
         for position, (request, _data, _generator) in enumerate(jobs):
             groups[group_key(request)].append(position)
-        for members in groups.values():
-            if self.unavailable is not None:
+        for key, members in groups.items():
+            if self.unavailable is not None or key[-1] is not None:  # a few capped steps: no lockstep loop needed
                 for position in members:
                     results[position] = self._sequential.sgd(*jobs[position])
                 continue
