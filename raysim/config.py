@@ -205,6 +205,36 @@ class TrackingSettings(_Section):
         description="at the start, how long to try reaching the tracking server before the run fails (before Ray "
         "starts); once the run has started, outages are ridden out (see flush_timeout_s)",
     )
+    gm_scored: Literal["after_aggregation", "before_aggregation"] = Field(
+        "after_aggregation",
+        description="score the global model made by the round's server step, or the one broadcast at the round's "
+        "start, as the FLAME authors' clients score it (their GM series lags one round)",
+    )
+    loss_sum_batch: int = Field(
+        100,
+        ge=1,
+        description="batch size of the FLAME authors' fairness unit: per client, the sum over test batches of the "
+        "batch-mean loss (logged as */loss_sum_var, the variance of that sum across clients)",
+    )
+    train_loss: bool | int = Field(
+        True,
+        description="score every client's training loss at every evaluation (true), never (false), or at every "
+        "N-th evaluation (an integer N >= 1); the pass over the training data is 40-50 % of a small round",
+    )
+
+    @model_validator(mode="after")
+    def _check_train_loss(self) -> TrackingSettings:
+        if not isinstance(self.train_loss, bool) and self.train_loss < 1:
+            raise ValueError(
+                f"tracking.train_loss: must be true, false or an integer N >= 1 (every N-th evaluation), "
+                f"got {self.train_loss}"
+            )
+        return self
+
+    @property
+    def train_loss_every(self) -> int:
+        """Evaluations between training-loss passes: 1 every time, 0 never."""
+        return int(self.train_loss) if isinstance(self.train_loss, bool) else self.train_loss
 
 
 class ExperimentConfig(Settings):

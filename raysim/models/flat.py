@@ -113,18 +113,34 @@ class FlatModel:
         parts = [self.forward(params, torch.from_numpy(x[start : start + chunk])) for start in range(0, len(x), chunk)]
         return torch.cat(parts).numpy() if parts else np.zeros((0, 0), np.float32)
 
-    @torch.no_grad()
     def evaluate(self, flat: np.ndarray, x: np.ndarray, y: np.ndarray, chunk: int = 2048) -> tuple[float, float]:
         """(mean loss, accuracy) over the samples; accuracy is NaN for regression."""
+        loss, accuracy, _ = self.evaluate_with_sum(flat, x, y, None, chunk)
+        return loss, accuracy
+
+    @torch.no_grad()
+    def evaluate_with_sum(
+        self, flat: np.ndarray, x: np.ndarray, y: np.ndarray, sum_batch: int | None, chunk: int = 2048
+    ) -> tuple[float, float, float]:
+        """(mean loss, accuracy, loss sum) over the samples, from one forward pass: the loss sum is the FLAME
+        authors' fairness unit, the sum over consecutive batches of `sum_batch` samples of each batch's mean loss
+        (NaN without `sum_batch`)."""
         params = torch.tensor(flat, dtype=torch.float32)
         total_loss, correct = 0.0, 0
+        per_sample = []
         for start in range(0, len(y), chunk):
             xb = torch.from_numpy(x[start : start + chunk])
             yb = torch.from_numpy(y[start : start + chunk])
             outputs = self.forward(params, xb)
             total_loss += float(self._loss(outputs, yb)) * len(yb)
+            if sum_batch is not None:
+                per_sample.append(self.sample_losses(outputs, yb).to(torch.float64))
             if self.task == "classification":
                 correct += int((outputs.argmax(dim=1) == yb).sum())
         n = max(len(y), 1)
         accuracy = correct / n if self.task == "classification" else float("nan")
-        return total_loss / n, accuracy
+        loss_sum = float("nan")
+        if sum_batch is not None:
+            losses = torch.cat(per_sample) if per_sample else torch.zeros(0, dtype=torch.float64)
+            loss_sum = float(sum(part.mean() for part in torch.split(losses, sum_batch)))
+        return total_loss / n, accuracy, loss_sum

@@ -84,6 +84,10 @@ class HostSettings:
     """The host's GPU share: vectorized training runs on the GPU when it has one (runtime.host_gpus)."""
     inputs: Inputs = Inputs()
     """How the dataset's stored rows become model input: the dataset's normalization, dataset.augment."""
+    loss_sum_batch: int = 100
+    """Batch size of the summed test loss (tracking.loss_sum_batch)."""
+    train_loss_every: int = 1
+    """Score training losses at every N-th evaluation, 0: never (tracking.train_loss)."""
 
     @classmethod
     def from_config(
@@ -96,6 +100,7 @@ class HostSettings:
             config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb, runtime.spill_dir,
             runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus,
             Inputs(augment=config.dataset.augment) if inputs is None else inputs,
+            config.tracking.loss_sum_batch, config.tracking.train_loss_every,
         )  # fmt: skip
 
 
@@ -285,39 +290,43 @@ class ClientHost:
 
         return execute_many
 
-    def _scores(self, params: Vector, data: ClientData, client_id: int) -> ModelScores:
+    def _scores(self, params: Vector, data: ClientData, client_id: int, with_train: bool) -> ModelScores:
         """Scores on the data as the client sees it (its access-time noise drawn afresh, keyed by the
-        evaluation count, so PM and GM see the same draw)."""
+        evaluation count, so PM and GM see the same draw); the training loss only `with_train` (else NaN)."""
 
         def arrays(split: str):
             part = ("train", "test", "val").index(split)
             return data.arrays(split, rng(self.seed, Stream.DATA_NOISE, client_id, self.evaluations, part))
 
         x_test, y_test = arrays("test")
-        test_loss, test_acc = self.model.evaluate(params, x_test, y_test)
-        train_loss, _ = self.model.evaluate(params, *arrays("train"))
+        test_loss, test_acc, loss_sum = self.model.evaluate_with_sum(
+            params, x_test, y_test, self.settings.loss_sum_batch
+        )
+        train_loss = self.model.evaluate(params, *arrays("train"))[0] if with_train else float("nan")
         val_acc = self.model.evaluate(params, *arrays("val"))[1] if len(data.val) else float("nan")
         f1 = auc = float("nan")
         if self.model.task == "classification":
             f1, auc = classification_scores(self.model.predict(params, x_test), y_test, self.settings.auc_single_label)
-        return ModelScores(test_acc, test_loss, train_loss, val_acc, f1, auc)
+        return ModelScores(test_acc, test_loss, train_loss, val_acc, f1, auc, loss_sum)
 
     def evaluate(self, global_params: Vector) -> list[ClientEvaluation]:
         """PM, GM (and the algorithm's extra models') scores of every client of this host."""
         self.evaluations += 1
+        every = self.settings.train_loss_every
+        with_train = bool(every) and (self.evaluations - 1) % every == 0
         evaluations = []
         for client_id in self.client_ids:
             data, state = self.data[client_id], self.states[client_id]
-            gm = self._scores(global_params, data, client_id)
+            gm = self._scores(global_params, data, client_id, with_train)
             if self.info[client_id].heldout:  # a target client: adapted from the global model now (Algorithm.adapt)
                 adaptation = self.algorithm.adapt(self.info[client_id], global_params)
                 execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
                 personal = None if adaptation is None else drive(adaptation, execute)
             else:
                 personal = self.algorithm.evaluated_model(state, global_params)
-            pm = gm if personal is None else self._scores(personal, data, client_id)
+            pm = gm if personal is None else self._scores(personal, data, client_id, with_train)
             models = self.algorithm.extra_models(state, global_params)
-            extra = {name: self._scores(params, data, client_id) for name, params in models.items()}
+            extra = {name: self._scores(params, data, client_id, with_train) for name, params in models.items()}
             evaluations.append(ClientEvaluation(client_id, pm, gm, extra))
         return evaluations
 

@@ -39,6 +39,8 @@ class Simulation:
         self.downlink_total = 0
         self.empty_rounds = 0
         """Consecutive rounds in which every selected upload was dropped (runtime.on_nonfinite = drop_client)."""
+        self.broadcast_model: ray.ObjectRef | None = None
+        """The global model as the last round started (before its server step)."""
         runtime = config.runtime
         self.host_clients = host_clients
         by_id = {info.id: (info, split) for info, split in problem.clients}
@@ -108,6 +110,8 @@ class Simulation:
         self.dropped = [r.client_id for r in records if r.dropped]
         self._check_usable(round_index, len(selected))
         trained = time.perf_counter()
+        if self.config.tracking.gm_scored == "before_aggregation":  # the global model before the server step
+            self.broadcast_model = self.coordinator.global_model.remote()
         server_metrics = ray.get(self.coordinator.aggregate.remote(*partials))
         aggregated = time.perf_counter()
         return {
@@ -156,7 +160,11 @@ class Simulation:
         }
 
     def evaluate(self) -> list[ClientEvaluation]:
-        global_params = self.coordinator.global_model.remote()
+        """Every client's scores: PM, extra models and the GM, which is the coordinator's current global model, or
+        with tracking.gm_scored = before_aggregation the one of the last round's start (the current one before any
+        round of this process)."""
+        before = self.config.tracking.gm_scored == "before_aggregation" and self.broadcast_model is not None
+        global_params = self.broadcast_model if before else self.coordinator.global_model.remote()
         evaluations = [
             e for host_evals in ray.get([h.evaluate.remote(global_params) for h in self.hosts]) for e in host_evals
         ]

@@ -28,6 +28,8 @@ class ModelScores:
     """F1 averaged over classes weighted by their test support (as the specs' F1 is defined)."""
     test_auc: float = math.nan
     """One-vs-rest ROC AUC, macro over the classes present in the test split (see `classification_scores`)."""
+    test_loss_sum: float = math.nan
+    """The FLAME authors' fairness unit: the sum over test batches (tracking.loss_sum_batch) of the batch-mean loss."""
 
 
 def classification_scores(logits: np.ndarray, labels: np.ndarray, single_label: SingleLabelAuc) -> tuple[float, float]:
@@ -67,6 +69,7 @@ class ClientEvaluation:
             train_loss=min(self.pm.train_loss, self.gm.train_loss),
             test_f1=chosen.test_f1,
             test_auc=chosen.test_auc,
+            test_loss_sum=min(self.pm.test_loss_sum, self.gm.test_loss_sum),
         )
 
     def hybrid_by_validation(self) -> ModelScores | None:
@@ -92,8 +95,9 @@ LAGGING_GAP = 0.10
 
 
 def summarize_scores(prefix: str, scores: list[ModelScores]) -> dict[str, float]:
-    """Mean over clients, plus fairness: sample variance of test loss (the papers' measure) and
-    of accuracy, accuracy std, min, 10th percentile and the share of clients lagging by more than 10 points."""
+    """Mean over clients, plus fairness: sample variance of test loss (the papers' measure; also of the FLAME
+    authors' summed loss, `loss_sum_var`) and of accuracy, accuracy std, min, 10th percentile and the share of
+    clients lagging by more than 10 points. Scores left out of an evaluation (NaN) are not logged."""
     acc = np.array([s.test_acc for s in scores])
     loss = np.array([s.test_loss for s in scores])
     train = np.array([s.train_loss for s in scores])
@@ -114,6 +118,9 @@ def summarize_scores(prefix: str, scores: list[ModelScores]) -> dict[str, float]
         values = np.array([getattr(s, f"test_{name}") for s in scores])
         if np.isfinite(values).any():
             summary[f"{prefix}/{name}"] = float(np.nanmean(values))
+    sums = np.array([s.test_loss_sum for s in scores])
+    if np.isfinite(sums).all():
+        summary[f"{prefix}/loss_sum_var"] = float(sums.var(ddof=ddof))
     return {k: v for k, v in summary.items() if not math.isnan(v)}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -18,10 +19,19 @@ from raysim.tracking.callbacks import RoundCallback
 
 
 class ProgressBar(RoundCallback):
-    """Rounds done of all, the latest PM/GM/HM accuracy and seconds per round, on stderr."""
+    """Rounds done of all, the latest PM/GM/HM accuracy and seconds per round, on stderr: a live bar on a
+    terminal; elsewhere (Ray job logs, CI, nohup) one plain line every `total_rounds // 20` rounds (at least every
+    `LINE_EVERY_S` seconds), and after the last."""
+
+    LINE_EVERY_S = 60.0
 
     def __init__(self, console: Console, total_rounds: int):
         self.console = console
+        self.total = total_rounds
+        self.live = console.is_terminal
+        self.every = max(1, total_rounds // 20)
+        self.last_line = time.monotonic()
+        self.latest = {"pm": "-", "gm": "-", "hm": "-"}
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -35,15 +45,25 @@ class ProgressBar(RoundCallback):
 
     def on_start(self, result, rounds_done: int, resumed: bool) -> None:
         self.progress.update(self.task, completed=rounds_done)
-        self.progress.start()
+        if self.live:
+            self.progress.start()
 
     def on_round(self, step: int, metrics: dict[str, float]) -> None:
         shown = {k: f"{metrics[f'{k}/acc']:.4f}" for k in ("pm", "gm", "hm") if f"{k}/acc" in metrics}
-        self.progress.update(self.task, completed=step, **shown, secs=f"{metrics['time/round']:.2f}s/round")
+        self.latest |= shown
+        secs = f"{metrics['time/round']:.2f}s/round"
+        self.progress.update(self.task, completed=step, **shown, secs=secs)
+        now = time.monotonic()
+        due = step % self.every == 0 or step == self.total or now - self.last_line >= self.LINE_EVERY_S
+        if not self.live and due:
+            self.last_line = now
+            accuracy = "  ".join(f"{k.upper()} {v}" for k, v in self.latest.items())
+            self.console.print(f"round {step}/{self.total}  {accuracy}  {secs}", highlight=False, soft_wrap=True)
 
     def on_restore(self, step: int, checkpoint: Path, rounds_done: int, reason: str) -> None:
         self.console.print(f"[yellow]round {step}: actor lost ({reason}); restoring {checkpoint}[/]")
         self.progress.update(self.task, completed=rounds_done)
 
     def close(self) -> None:
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()

@@ -24,17 +24,19 @@ def write_convergence_plot(history: dict[int, dict[str, float]], title: str, pat
     rounds = [r for r in sorted(history) if "pm/acc" in history[r]]
 
     def series(label: str, key: str, style: str) -> plots.Series:
-        return plots.Series(label, {r: history[r][key] for r in rounds}, linestyle=style)
+        return plots.Series(label, {r: history[r][key] for r in rounds if key in history[r]}, linestyle=style)
 
     kinds = (("pm", "-"), ("gm", ":"), ("hm", "--"))
     accuracy = [series(kind.upper(), f"{kind}/acc", style) for kind, style in kinds]
     if rounds and all("heldout/pm/acc" in history[r] for r in rounds):  # clients.heldout: adapted target clients
         accuracy.append(series("held-out PM", "heldout/pm/acc", "-."))
-    loss = [series(kind.upper(), f"{kind}/train_loss", style) for kind, style in kinds]
+    scored = any("pm/train_loss" in history[r] for r in rounds)  # tracking.train_loss: false leaves it out
+    part, what = ("train_loss", "training") if scored else ("loss", "test")
+    loss = [series(kind.upper(), f"{kind}/{part}", style) for kind, style in kinds]
     figure = plots.round_curves(
         [
             plots.Panel("test accuracy", accuracy, "mean test accuracy over clients"),
-            plots.Panel("training loss", loss, "mean training loss over clients", yscale="log"),
+            plots.Panel(f"{what} loss", loss, f"mean {what} loss over clients", yscale="log"),
         ],
         title=title,
     )
