@@ -12,7 +12,37 @@ from pathlib import Path
 def _run(args: argparse.Namespace) -> int:
     from raysim.launch import run_file
 
-    return run_file(args.config, args.set, args.quiet)
+    return run_file(args.config, args.set, args.quiet, args.resume)
+
+
+def _table(args: argparse.Namespace) -> int:
+    from raysim.studies.table import make_table
+    from raysim.tracking.mlflow_writer import resolve_tracking_uri
+
+    table = make_table(resolve_tracking_uri(args.tracking_uri), args.target, args.metrics, args.at)
+    text = table.render(args.format)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def _partition(args: argparse.Namespace) -> int:
+    from raysim.config import load_config
+    from raysim.data.partition_file import is_disjoint
+    from raysim.runtime.problem import save_partition
+
+    splits, malicious = save_partition(load_config(args.config, args.set), Path(args.out))
+    train, test = [len(s.train) for s in splits], [len(s.test) for s in splits]
+    kind = "disjoint" if is_disjoint(splits) else "overlapping"
+    print(
+        f"wrote {args.out}: {len(splits)} clients, {kind}; per client {min(train)}-{max(train)} training and "
+        f"{min(test)}-{max(test)} test samples; attackers: {', '.join(map(str, sorted(malicious))) or 'none'}"
+    )
+    print(f"replay it with  partition: {{scheme: file, path: {args.out}}}")
+    return 0
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -91,7 +121,7 @@ def _datasets(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from raysim.launch import run_sweep_file
 
-    return run_sweep_file(args.sweep, args.set, args.quiet)
+    return run_sweep_file(args.sweep, args.set, args.quiet, args.resume)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -180,7 +210,38 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="path of the experiment, suite or sweep YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--resume", metavar="PARENT_RUN", help="suite or sweep: continue this stopped parent run (finished children "
+        "are kept, unfinished ones continue from their checkpoints or start again, missing ones start)"
+    )  # fmt: skip
     run.set_defaults(handler=_run)
+    table = commands.add_parser(
+        "table",
+        help="the result table of a suite or sweep (mean +/- std over seeds)",
+        description="One row per setting of a suite or sweep (parent run id), or per configuration of an "
+        "experiment's runs (experiment name); one column per metric; each cell the mean +/- sample std over "
+        "the seeds, at the final round or at each run's best round. Example: raysim table 3f2c... --at best "
+        "--metrics pm/acc gm/acc hm/acc pm/loss_var --format latex --out table.tex",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    table.add_argument("target", help="parent run id of a suite or sweep, or an experiment name")
+    table.add_argument("--metrics", nargs="+", default=None, help="logged metric keys (default: pm/acc gm/acc hm/acc)")
+    table.add_argument("--at", choices=["final", "best"], default="final", help="the last round, or each run's best")
+    table.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown")
+    table.add_argument("--out", help="write the table to this file instead of printing it")
+    table.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    table.set_defaults(handler=_table)
+    partition = commands.add_parser(
+        "partition",
+        help="write a config's partition as Parquet (replay: partition: {scheme: file, path: FILE})",
+        description="Partition the config's dataset as a run would (same seed, same clients, same attackers) and "
+        "write one row per client (train/test/val sample indices, noise level, malicious flag) as Parquet. "
+        "Example: raysim partition configs/quickstart.yaml --out q2.parquet",
+    )
+    partition.add_argument("config", help="experiment YAML")
+    partition.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
+    partition.add_argument("--out", required=True, help="the Parquet file to write")
+    partition.set_defaults(handler=_partition)
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint (same MLflow run)")
     resume.add_argument(
         "target", nargs="?", help="MLflow run id, or a checkpoint folder; none: list the runs that can be resumed"
@@ -238,6 +299,7 @@ def parser() -> argparse.ArgumentParser:
     sweep.add_argument("sweep", help="path of the sweep YAML")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override the base")
     sweep.add_argument("--quiet", action="store_true", help="no per-trial lines")
+    sweep.add_argument("--resume", metavar="PARENT_RUN", help="continue this stopped sweep's parent run")
     sweep.set_defaults(handler=_sweep)
     submit = commands.add_parser("submit", help="submit an experiment or sweep YAML as a Ray job")
     submit.add_argument("config", help="experiment or sweep YAML (shipped with the job)")

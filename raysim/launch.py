@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raysim.errors import RaysimError, sigterm_interrupts
+from raysim.errors import ConfigError, RaysimError, sigterm_interrupts
 from raysim.tracking.credentials import redact, redact_text
 
 if TYPE_CHECKING:
@@ -34,17 +34,20 @@ def guarded(action: Callable[[], int]) -> int:
             return 2
 
 
-def run_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int:
-    """Run an experiment, a suite (a file with `runs:`) or a sweep (`grid:` / `random:`) and print its outcome."""
+def run_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
+    """Run an experiment, a suite (a file with `runs:`) or a sweep (`grid:` / `random:`) and print its outcome;
+    `resume`: a stopped suite's or sweep's parent run to continue."""
     from raysim.config import load_config
     from raysim.runtime.driver import run_experiment
     from raysim.studies.suite import is_suite_file
     from raysim.studies.sweep import is_sweep_file
 
     if is_suite_file(path):
-        return run_suite_file(path, overrides, quiet)
+        return run_suite_file(path, overrides, quiet, resume)
     if is_sweep_file(path):
-        return run_sweep_file(path, overrides, quiet)
+        return run_sweep_file(path, overrides, quiet, resume)
+    if resume is not None:
+        raise ConfigError(f"--resume continues a suite or sweep; {path} is one experiment: use `raysim resume RUN_ID`")
     result = run_experiment(load_config(path, overrides), show_progress=not quiet)
     print_run(result)
     return 0
@@ -59,11 +62,11 @@ def print_run(result) -> None:
     )
 
 
-def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int:
+def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
     from raysim.studies.suite import load_suite, run_suite
 
     suite = load_suite(path, overrides)
-    result = run_suite(suite, show_progress=not quiet)
+    result = run_suite(suite, show_progress=not quiet, resume=resume)
     print(f"suite {suite.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over seeds)")
     for name in dict.fromkeys(c.name for c in result.children):
@@ -72,12 +75,12 @@ def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False) 
     return 0
 
 
-def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False) -> int:
+def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
     """Exit code 1 when a trial failed (the others run to the end)."""
     from raysim.studies.sweep import load_sweep, run_sweep, setting_stats
 
     sweep = load_sweep(path, overrides)
-    result = run_sweep(sweep, show_progress=not quiet)
+    result = run_sweep(sweep, show_progress=not quiet, resume=resume)
     print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")
     for label, mean, std, count in setting_stats(result.trials, result.outcomes, "final/pm/acc"):

@@ -26,10 +26,12 @@ from raysim.data import partition_dataset
 from raysim.data.partitions import check_classes
 from raysim.data.sources import SEEDED_SOURCES
 from raysim.errors import ConfigError, DataError, PartitionError
-from raysim.runtime.driver import run_experiment
+from raysim.runtime.driver import resume_experiment, run_experiment
 from raysim.runtime.rounds import RunResult
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
+from raysim.studies.resume import Previous, discard, kept_result, reopen_parent
+from raysim.studies.table import write_tables
 from raysim.threats.attacks import check_benign_left
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.robustness import write_suite_reports
@@ -131,19 +133,26 @@ def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
             done.add(key)
 
 
-def run_suite(suite: SuiteConfig, show_progress: bool = True) -> SuiteResult:
-    """Run every child experiment under one parent MLflow run; log the comparison plot and summary table."""
+def run_suite(suite: SuiteConfig, show_progress: bool = True, resume: str | None = None) -> SuiteResult:
+    """Run every child experiment under one parent MLflow run; log the comparison plot, the summary and the result
+    tables. `resume`: the parent run of this suite stopped earlier, continued (raysim.studies.resume)."""
     children = suite.experiments()
     check_partitions([(f"suite run {c.tracking.run_name!r}", c) for _, c in children])
     first = children[0][1]
     writer = MlflowWriter(resolve_tracking_uri(first.tracking.uri), first.tracking.experiment)
-    params = {"suite.runs": ",".join(r.name for r in suite.runs), "suite.seeds": suite.seeds or [first.seed]}
-    parent = writer.start(suite.name, params, {"suite": suite.name, "git_commit": git_commit()})
+    if resume is None:
+        params = {"suite.runs": ",".join(r.name for r in suite.runs), "suite.seeds": suite.seeds or [first.seed]}
+        parent = writer.start(suite.name, params, {"suite": suite.name, "git_commit": git_commit()})
+        previous = Previous({})
+    else:
+        previous, parent = reopen_parent(writer, resume, "suite", suite.name), resume
     result = SuiteResult(parent, writer.tracking_uri)
     try:
         with ray_session(first):
-            for name, config in children:
-                run = run_experiment(config, show_progress=show_progress, parent=parent)
+            for index, (name, config) in enumerate(children, start=1):
+                if show_progress:
+                    print(f"[{index}/{len(children)}] {config.tracking.run_name}", flush=True)
+                run = _child(writer, previous, config, parent, show_progress)
                 result.children.append(SuiteChild(name, config, run))
         result.table = summary_table(result.children)
         with tempfile.TemporaryDirectory() as directory:
@@ -151,13 +160,27 @@ def run_suite(suite: SuiteConfig, show_progress: bool = True) -> SuiteResult:
             write_summary(result.table, folder / "summary.parquet")
             write_comparison_plot(result.children, suite.name, folder / "comparison.png")
             reports = write_suite_reports(result.children, suite.name, folder)
-            for name in ("summary.parquet", "comparison.png", *reports):
+            tables = write_tables(writer.tracking_uri, parent, folder)
+            for name in ("summary.parquet", "comparison.png", *reports, *(t.name for t in tables)):
                 writer.log_artifact(folder / name)
     except BaseException:
         writer.finish("FAILED")
         raise
     writer.finish("FINISHED")
     return result
+
+
+def _child(writer: MlflowWriter, previous: Previous, config: ExperimentConfig, parent: str, show: bool) -> RunResult:
+    """Run one child, or with a resumed suite keep, continue or restart what the store holds of it."""
+    state = previous.state(config.tracking.run_name or "")
+    if state == "finished":
+        return kept_result(writer, previous.children[config.tracking.run_name])
+    if state == "checkpointed":
+        run_id = previous.children[config.tracking.run_name].info.run_id
+        return resume_experiment(run_id, writer.tracking_uri, show_progress=show)
+    if state == "restart":
+        discard(writer, previous.children[config.tracking.run_name])
+    return run_experiment(config, show_progress=show, parent=parent)
 
 
 def summary_table(children: list[SuiteChild]) -> list[dict[str, Any]]:

@@ -33,10 +33,12 @@ from pydantic import Field, model_validator
 
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.errors import ConfigError
-from raysim.runtime.driver import run_experiment
+from raysim.runtime.driver import resume_experiment, run_experiment
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
+from raysim.studies.resume import Previous, discard, kept_result, reopen_parent
 from raysim.studies.suite import check_partitions, write_summary
+from raysim.studies.table import write_tables
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 
 SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")
@@ -193,12 +195,16 @@ def absolute_tracking_uri(configured: str | None) -> str:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_trial(config: ExperimentConfig, parent: str) -> TrialOutcome:
-    """One trial on the cluster: an ordinary experiment nested under the sweep's run; errors are returned."""
+def _run_trial(config: ExperimentConfig, parent: str, resume_run: str | None = None) -> TrialOutcome:
+    """One trial on the cluster: an ordinary experiment nested under the sweep's run, or `resume_run` continued
+    from its checkpoint (a resumed sweep); errors are returned."""
     start = time.perf_counter()
     node = ray.get_runtime_context().get_node_id()
     try:
-        result = run_experiment(config, show_progress=False, parent=parent)
+        if resume_run is not None:
+            result = resume_experiment(resume_run, config.tracking.uri, show_progress=False)
+        else:
+            result = run_experiment(config, show_progress=False, parent=parent)
     except Exception as error:  # noqa: BLE001 - a failed trial is a result, not the end of the sweep
         message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
         return TrialOutcome("failed", error=message, node=node, seconds=time.perf_counter() - start)
@@ -225,8 +231,9 @@ def concurrency(sweep: SweepConfig, trials: list[Trial]) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1) // max(needs)))  # type: ignore[type-var]
 
 
-def run_sweep(sweep: SweepConfig, show_progress: bool = True) -> SweepResult:
-    """Run every trial on the cluster under one parent MLflow run; log the summary table and the plots."""
+def run_sweep(sweep: SweepConfig, show_progress: bool = True, resume: str | None = None) -> SweepResult:
+    """Run every trial on the cluster under one parent MLflow run; log the summary, the result tables and the
+    plots. `resume`: the parent run of this sweep stopped earlier, continued (raysim.studies.resume)."""
     base = validate_config(sweep.base_tree())
     uri = absolute_tracking_uri(base.tracking.uri)
     trials = sweep.trials(uri)
@@ -240,14 +247,21 @@ def run_sweep(sweep: SweepConfig, show_progress: bool = True) -> SweepResult:
     }
     if sweep.random is not None:
         params |= {f"sweep.random.{k}": v.model_dump(exclude_none=True) for k, v in sweep.random.params.items()}
-    parent = writer.start(sweep.name, params, {"sweep": sweep.name, "git_commit": git_commit()})
+    if resume is None:
+        parent = writer.start(sweep.name, params, {"sweep": sweep.name, "git_commit": git_commit()})
+        previous = Previous({})
+    else:
+        previous, parent = reopen_parent(writer, resume, "sweep", sweep.name), resume
     say = print if show_progress else (lambda *_, **__: None)
     say(f"sweep {sweep.name}: parent run {parent} at {uri}, {len(trials)} trials", flush=True)
     try:
         with ray_session(base):
             limit = concurrency(sweep, trials)
             say(f"running up to {limit} trials at once", flush=True)
-            outcomes = _schedule(trials, parent, limit, say)
+            kept, continued = _sort_previous(writer, previous, trials)
+            if kept or continued:
+                say(f"resuming: {len(kept)} finished trials kept, {len(continued)} continued from checkpoints")
+            outcomes = _schedule(trials, parent, limit, say, kept, continued)
         _record_failures(writer, trials, outcomes, parent)
         table = summary_rows(trials, outcomes)
         _log_parent(writer, sweep, trials, outcomes, table)
@@ -258,15 +272,43 @@ def run_sweep(sweep: SweepConfig, show_progress: bool = True) -> SweepResult:
     return SweepResult(parent, uri, trials, outcomes, table)
 
 
-def _schedule(trials: list[Trial], parent: str, limit: int, say) -> list[TrialOutcome]:
-    """Keep up to `limit` trial tasks in flight; a task that dies (worker crash, OOM) is a failed trial."""
-    outcomes: dict[int, TrialOutcome] = {}
-    queue = list(trials)
+def _sort_previous(
+    writer: MlflowWriter, previous: Previous, trials: list[Trial]
+) -> tuple[dict[int, TrialOutcome], dict[int, str]]:
+    """A resumed sweep's trials: the finished ones kept (index -> outcome) and the ones with a checkpoint to
+    continue (index -> run id); an unfinished trial without one is deleted and runs again."""
+    kept, continued = {}, {}
+    for trial in trials:
+        name = trial.config.tracking.run_name or ""
+        state = previous.state(name)
+        if state == "finished":
+            result = kept_result(writer, previous.children[name])
+            kept[trial.index] = TrialOutcome("finished", result.run_id, result.history, result.summary)
+        elif state == "checkpointed":
+            continued[trial.index] = previous.children[name].info.run_id
+        elif state == "restart":
+            discard(writer, previous.children[name])
+    return kept, continued
+
+
+def _schedule(
+    trials: list[Trial],
+    parent: str,
+    limit: int,
+    say,
+    kept: dict[int, TrialOutcome] | None = None,
+    continued: dict[int, str] | None = None,
+) -> list[TrialOutcome]:
+    """Keep up to `limit` trial tasks in flight; a task that dies (worker crash, OOM) is a failed trial. `kept`
+    trials (a resumed sweep's finished ones) do not run; `continued` ones resume their run from its checkpoint."""
+    outcomes: dict[int, TrialOutcome] = dict(kept or {})
+    continued = continued or {}
+    queue = [t for t in trials if t.index not in outcomes]
     pending: dict[ray.ObjectRef, Trial] = {}
     while queue or pending:
         while queue and len(pending) < limit:
             trial = queue.pop(0)
-            pending[_run_trial.remote(trial.config, parent)] = trial
+            pending[_run_trial.remote(trial.config, parent, continued.get(trial.index))] = trial
         done, _ = ray.wait(list(pending), num_returns=1)
         for ref in done:
             trial = pending.pop(ref)
@@ -352,7 +394,8 @@ def _log_parent(writer, sweep: SweepConfig, trials, outcomes, table) -> None:
         write_summary(table, folder / "summary.parquet")
         write_trial_curves(trials, outcomes, sweep.name, folder / "accuracy_vs_round.png")
         write_setting_bars(trials, outcomes, sweep.name, folder / "final_accuracy.png")
-        for name in ("summary.parquet", "accuracy_vs_round.png", "final_accuracy.png"):
+        tables = write_tables(writer.tracking_uri, writer.run_id, folder) if finished else []
+        for name in ("summary.parquet", "accuracy_vs_round.png", "final_accuracy.png", *(t.name for t in tables)):
             writer.log_artifact(folder / name)
 
 
