@@ -1,0 +1,127 @@
+"""A stopped suite resumes: `raysim run SUITE.yaml --resume PARENT_RUN` keeps finished children, continues the
+interrupted one from its checkpoint in the same MLflow run, starts the missing ones, and never duplicates one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from raysim.cli import main
+from raysim.config import validate_config
+from raysim.errors import ConfigError
+from raysim.runtime.driver import run_experiment
+from raysim.studies.resume import reopen_parent
+from raysim.tracking.mlflow_writer import MlflowWriter
+from tests.conftest import tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _suite(folder: Path, uri: str) -> Path:
+    base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "resume", "checkpoint_every": 1,
+                                           "checkpoint_dir": str(folder / "checkpoints")})  # fmt: skip
+    suite = {
+        "name": "stopped",
+        "base": base,
+        "runs": [
+            {"name": "first", "set": {}},
+            {"name": "long", "set": {"rounds": 25, "seed": 3}},
+            {"name": "last", "set": {"algorithm.lr": 0.1}},
+        ],
+    }
+    path = folder / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def _runs(client: MlflowClient, parent: str) -> dict[str, object]:
+    experiment = client.get_experiment_by_name("resume").experiment_id
+    return {r.info.run_name: r for r in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")}
+
+
+def _stop_during_the_second_child(path: Path, uri: str, folder: Path) -> str:
+    """Run the suite in its own process and SIGTERM it once the first child finished and the second has
+    checkpointed a few rounds; returns the parent run id."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    client = MlflowClient(uri)
+    client.search_experiments()  # the store's tables exist before two processes open it
+    with open(folder / "stderr", "w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "raysim.cli", "run", str(path), "--quiet"], cwd=folder, env=env,
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                time.sleep(0.2)
+                if client.get_experiment_by_name("resume") is None:
+                    continue
+                experiment = client.get_experiment_by_name("resume").experiment_id
+                parents = [r for r in client.search_runs([experiment]) if r.data.tags.get("suite") == "stopped"]
+                if not parents:
+                    continue
+                children = _runs(client, parents[0].info.run_id)
+                long = children.get("long")
+                if long is not None and len(client.get_metric_history(long.info.run_id, "pm/acc")) >= 4:
+                    assert children["first"].info.status == "FINISHED"
+                    process.send_signal(signal.SIGTERM)
+                    assert process.wait(120) == 143, (folder / "stderr").read_text()
+                    return parents[0].info.run_id
+            pytest.fail(f"the suite never reached its second child: {(folder / 'stderr').read_text()}")
+        finally:
+            if process.poll() is None:
+                process.kill()
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.slow
+def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted_one(tmp_path, ray_local):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = _suite(tmp_path, uri)
+    parent = _stop_during_the_second_child(path, uri, tmp_path)
+    client = MlflowClient(uri)
+    before = _runs(client, parent)
+    assert sorted(before) == ["first", "long"] and before["long"].info.status == "KILLED"
+    first_history = client.get_metric_history(before["first"].info.run_id, "pm/acc")
+
+    assert main(["run", str(path), "--quiet", "--resume", parent]) == 0
+
+    after = _runs(client, parent)
+    assert sorted(after) == ["first", "last", "long"]
+    assert all(r.info.status == "FINISHED" for r in after.values()) and client.get_run(parent).info.status == "FINISHED"
+    assert after["first"].info.run_id == before["first"].info.run_id  # kept, not logged again
+    assert client.get_metric_history(after["first"].info.run_id, "pm/acc") == first_history
+    assert after["long"].info.run_id == before["long"].info.run_id  # continued in the same MLflow run
+    steps = [m.step for m in client.get_metric_history(after["long"].info.run_id, "pm/acc")]
+    assert sorted(steps) == list(range(26))  # every round once
+
+    tree = yaml.safe_load(path.read_text())["base"] | {"rounds": 25, "seed": 3}
+    tree["tracking"] = {"uri": f"sqlite:///{tmp_path / 'fresh.db'}", "experiment": "fresh"}
+    fresh = run_experiment(validate_config(tree), show_progress=False)
+    for key in ("final/pm/acc", "final/gm/acc", "final/pm/loss"):
+        assert after["long"].data.metrics[key] == fresh.summary[key]
+    artifacts = {a.path for a in client.list_artifacts(parent)}
+    assert {"table_final.md", "table_best.csv", "comparison.png", "summary.parquet"} <= artifacts
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_run_that_is_not_this_suites_parent(tmp_path, ray_local):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    writer = MlflowWriter(uri, "resume")
+    other = writer.start("other", {}, {"suite": "other"})
+    single = writer.start("single", {}, {})
+    writer.finish()
+    for run, message in ((other, "parent run of the suite 'other', not of the suite 'stopped'"),
+                         (single, "parent run of no study"), ("0" * 32, "no such run")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            reopen_parent(MlflowWriter(uri, "resume"), run, "suite", "stopped")
+    path = _suite(tmp_path, uri)
+    assert main(["run", str(path), "--quiet", "--resume", other]) == 2
