@@ -125,3 +125,46 @@ def test_resume_refuses_a_run_that_is_not_this_suites_parent(tmp_path, ray_local
             reopen_parent(MlflowWriter(uri, "resume"), run, "suite", "stopped")
     path = _suite(tmp_path, uri)
     assert main(["run", str(path), "--quiet", "--resume", other]) == 2
+
+
+@pytest.mark.slow
+def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "resume"})
+    sweep = {"name": "swept", "base": base, "grid": {"algorithm.lr": [0.05, 0.1, 0.2]}, "max_concurrent": 1}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    client = MlflowClient(uri)
+    client.search_experiments()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(tmp_path / "stderr", "w") as err:
+        process = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", str(path), "--quiet"],
+                                   cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        try:
+            deadline, parent = time.monotonic() + 300, None
+            while time.monotonic() < deadline and parent is None:
+                time.sleep(0.2)
+                experiment = client.get_experiment_by_name("resume")
+                if experiment is None:
+                    continue
+                runs = client.search_runs([experiment.experiment_id])
+                if any(r.info.status == "FINISHED" for r in runs if "mlflow.parentRunId" in r.data.tags):
+                    parent = next(r.info.run_id for r in runs if r.data.tags.get("sweep") == "swept")
+            assert parent is not None, (tmp_path / "stderr").read_text()
+            process.send_signal(signal.SIGTERM)
+            process.wait(120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    experiment = client.get_experiment_by_name("resume").experiment_id
+    children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
+    kept = {r.info.run_name: r.info.run_id for r in children if r.info.status == "FINISHED"}
+    assert 1 <= len(kept) < 3
+
+    assert main(["sweep", str(path), "--quiet", "--resume", parent]) == 0
+
+    children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
+    names = sorted(r.info.run_name for r in children)
+    assert len(names) == 3 == len(set(names)) and all(r.info.status == "FINISHED" for r in children)
+    assert {r.info.run_name: r.info.run_id for r in children if r.info.run_name in kept} == kept
+    assert "table_final.md" in {a.path for a in client.list_artifacts(parent)}
