@@ -1,0 +1,68 @@
+"""The papers' tables as suites (`configs/paper/suites/`): each validates child by child, FLAME's make every
+partition they name, and a slice of FLAME's Table III suite runs from the shipped file and is summarized by
+`raysim table`, as the README says."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from raysim.cli import main
+from raysim.studies.suite import check_partitions, load_suite
+from raysim.studies.table import make_table
+from tests.cluster import ROOT
+
+SUITES = ROOT / "configs" / "paper" / "suites"
+CHILDREN = {
+    "flame_table3_fmnist.yaml": 135,  # 9 partitions x 3 methods x 5 seeds
+    "flame_robustness_fmnist.yaml": 260,  # 4 methods x (clean + 4 attacks x 3 fractions) x 5 seeds
+    "fedslr_vs_fedavg_cifar10.yaml": 6,
+    "fedapm_comparison_cifar10.yaml": 25,
+    "augfl_fmnist_table2.yaml": 15,
+}
+
+
+def test_every_paper_suite_is_listed_here():
+    assert sorted(p.name for p in SUITES.glob("*.yaml")) == sorted(CHILDREN)
+
+
+@pytest.mark.parametrize("name", sorted(CHILDREN))
+def test_every_child_of_a_paper_suite_validates(name):
+    children = load_suite(SUITES / name).experiments()
+    assert len(children) == CHILDREN[name]
+    assert len({c.tracking.run_name for _, c in children}) == len(children)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["flame_table3_fmnist.yaml", "flame_robustness_fmnist.yaml"])
+def test_the_flame_suites_partitions_and_attackers_can_all_be_made(name):
+    """Every distinct (partition, seed) of the suite dealt from the real Fashion-MNIST, as before a real run."""
+    children = load_suite(SUITES / name).experiments()
+    check_partitions([(c.tracking.run_name, c) for _, c in children])
+
+
+@pytest.mark.slow
+def test_a_slice_of_flames_table3_suite_runs_and_tabulates(tmp_path, ray_local):
+    """FLAME, pFedMe and Ditto on #label = 2 with every authors'-code switch, seed 1, 2 rounds: the shipped
+    file's own base and members, run by `raysim run` and summarized by `raysim table PARENT --at best`."""
+    shipped = yaml.safe_load((SUITES / "flame_table3_fmnist.yaml").read_text())
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    shipped["runs"] = [r for r in shipped["runs"] if r["name"].endswith("/q2")]
+    shipped["seeds"] = [1]
+    shipped["base"] |= {"rounds": 2}
+    shipped["base"]["tracking"] |= {"uri": uri}
+    path = tmp_path / "slice.yaml"
+    path.write_text(yaml.safe_dump(shipped))
+    assert main(["run", str(path), "--quiet"]) == 0
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("paper-flame-table3-fmnist").experiment_id
+    (parent,) = [r.info.run_id for r in client.search_runs([experiment]) if r.data.tags.get("suite")]
+    table = make_table(uri, parent, at="best")
+    assert [row[0] for row in table.rows] == ["flame/q2", "pfedme/q2", "ditto/q2"]
+    for _setting, seeds, cells in table.rows:
+        assert seeds == [1] and all(0.0 < cells[m].mean <= 1.0 for m in ("pm/acc", "gm/acc", "hm/acc"))
+    params = {r.info.run_name.removesuffix("/seed1"): r.data.params for r in client.search_runs([experiment])}
+    assert params["ditto/q2"]["algorithm.global_steps"] == "one_batch"
+    assert params["flame/q2"]["partition.draw"] == "authors" and params["flame/q2"]["model.init"] == "authors"
+    assert params["pfedme/q2"]["tracking.gm_scored"] == "before_aggregation"
