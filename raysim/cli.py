@@ -222,12 +222,13 @@ def parser() -> argparse.ArgumentParser:
         "experiment's runs (experiment name); one column per metric; each cell the mean +/- sample std over "
         "the seeds, at the final round or at each run's best round. Example: raysim table 3f2c... --at best "
         "--metrics pm/acc gm/acc hm/acc pm/loss_var --format latex --out table.tex",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     table.add_argument("target", help="parent run id of a suite or sweep, or an experiment name")
     table.add_argument("--metrics", nargs="+", default=None, help="logged metric keys (default: pm/acc gm/acc hm/acc)")
-    table.add_argument("--at", choices=["final", "best"], default="final", help="the last round, or each run's best")
-    table.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown")
+    table.add_argument(
+        "--at", choices=["final", "best"], default="final", help="the last round (default), or each run's best"
+    )
+    table.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown", help="default: markdown")
     table.add_argument("--out", help="write the table to this file instead of printing it")
     table.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     table.set_defaults(handler=_table)

@@ -239,7 +239,8 @@ def fetch_runs(tracking_uri: str, target: str, metrics: list[str], at: At) -> tu
 
 def _labels_by_configuration(runs: list[Any]) -> dict[str, str]:
     """A label per run of an experiment: the parameters that differ between its configurations (seed and
-    tracking aside), e.g. `algorithm.name=flame, partition.q=2`; the run name if there is one configuration."""
+    tracking aside), e.g. `algorithm.name=flame, partition.q=2`; the algorithm's name if there is one
+    configuration (all runs then make one row)."""
 
     def configuration(run) -> dict[str, str]:
         return {k: v for k, v in run.data.params.items() if k != "seed" and not k.startswith("tracking.")}
@@ -248,7 +249,7 @@ def _labels_by_configuration(runs: list[Any]) -> dict[str, str]:
     keys = sorted({k for c in configs for k in c})
     differing = [k for k in keys if len({c.get(k) for c in configs}) > 1]
     if not differing:
-        return {run.info.run_id: (run.info.run_name or "run") for run in runs}
+        return {run.info.run_id: run.data.params.get("algorithm.name", "runs") for run in runs}
     return {
         run.info.run_id: ", ".join(f"{k}={c.get(k, '-')}" for k in differing)
         for run, c in zip(runs, configs, strict=True)
