@@ -55,7 +55,8 @@ def test_loss_sum_is_the_sum_of_batch_mean_losses_by_hand():
     y = rng.integers(0, 3, 250).astype(np.int64)
     model = FlatModel("mlr", (5,), 3, "classification")
     flat = rng.standard_normal(model.size).astype(np.float32)
-    loss, accuracy, loss_sum = model.evaluate_with_sum(flat, x, y, 100, chunk=64)
+    scores = model.scores(flat, x, y, 100, keep_outputs=True, chunk=64)
+    loss, accuracy, loss_sum = scores.loss, scores.accuracy, scores.loss_sum
     logits = torch.from_numpy(x) @ torch.from_numpy(flat[:15]).reshape(3, 5).T + torch.from_numpy(flat[15:])
     targets = torch.from_numpy(y)
     batches = ((0, 100), (100, 200), (200, 250))
@@ -63,7 +64,8 @@ def test_loss_sum_is_the_sum_of_batch_mean_losses_by_hand():
     assert loss_sum == pytest.approx(by_hand, rel=1e-6)
     assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, targets)), rel=1e-6)
     assert (loss, accuracy) == model.evaluate(flat, x, y, chunk=64)
-    assert np.isnan(model.evaluate_with_sum(flat, x, y, None)[2])
+    assert np.isnan(model.scores(flat, x, y).loss_sum)
+    assert np.array_equal(scores.outputs, model.predict(flat, x))  # F1 and AUC read the same logits
 
 
 def test_loss_sum_variance_is_the_sample_variance_and_hm_takes_the_smaller_sum():

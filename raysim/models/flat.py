@@ -53,6 +53,20 @@ class ParamSpec:
         }
 
 
+@dataclass(frozen=True)
+class Scores:
+    """What one forward pass over some samples gives an evaluation."""
+
+    loss: float
+    accuracy: float
+    """NaN for regression."""
+    loss_sum: float
+    """The FLAME authors' fairness unit: the sum over consecutive batches of `sum_batch` samples of each batch's
+    mean loss (NaN without `sum_batch`)."""
+    outputs: np.ndarray | None
+    """The network's outputs (logits) when asked for (`keep_outputs`): the same as `predict` gives."""
+
+
 class FlatModel:
     """Loss, gradient and evaluation of a network at a flat parameter vector."""
 
@@ -115,19 +129,23 @@ class FlatModel:
 
     def evaluate(self, flat: np.ndarray, x: np.ndarray, y: np.ndarray, chunk: int = 2048) -> tuple[float, float]:
         """(mean loss, accuracy) over the samples; accuracy is NaN for regression."""
-        loss, accuracy, _ = self.evaluate_with_sum(flat, x, y, None, chunk)
-        return loss, accuracy
+        scores = self.scores(flat, x, y, chunk=chunk)
+        return scores.loss, scores.accuracy
 
     @torch.no_grad()
-    def evaluate_with_sum(
-        self, flat: np.ndarray, x: np.ndarray, y: np.ndarray, sum_batch: int | None, chunk: int = 2048
-    ) -> tuple[float, float, float]:
-        """(mean loss, accuracy, loss sum) over the samples, from one forward pass: the loss sum is the FLAME
-        authors' fairness unit, the sum over consecutive batches of `sum_batch` samples of each batch's mean loss
-        (NaN without `sum_batch`)."""
+    def scores(
+        self,
+        flat: np.ndarray,
+        x: np.ndarray,
+        y: np.ndarray,
+        sum_batch: int | None = None,
+        keep_outputs: bool = False,
+        chunk: int = 2048,
+    ) -> Scores:
+        """Everything an evaluation reads off one forward pass over the samples (see Scores)."""
         params = torch.tensor(flat, dtype=torch.float32)
         total_loss, correct = 0.0, 0
-        per_sample = []
+        per_sample, kept = [], []
         for start in range(0, len(y), chunk):
             xb = torch.from_numpy(x[start : start + chunk])
             yb = torch.from_numpy(y[start : start + chunk])
@@ -135,6 +153,8 @@ class FlatModel:
             total_loss += float(self._loss(outputs, yb)) * len(yb)
             if sum_batch is not None:
                 per_sample.append(self.sample_losses(outputs, yb).to(torch.float64))
+            if keep_outputs:
+                kept.append(outputs)
             if self.task == "classification":
                 correct += int((outputs.argmax(dim=1) == yb).sum())
         n = max(len(y), 1)
@@ -143,4 +163,5 @@ class FlatModel:
         if sum_batch is not None:
             losses = torch.cat(per_sample) if per_sample else torch.zeros(0, dtype=torch.float64)
             loss_sum = float(sum(part.mean() for part in torch.split(losses, sum_batch)))
-        return total_loss / n, accuracy, loss_sum
+        outputs = (torch.cat(kept).numpy() if kept else np.zeros((0, 0), np.float32)) if keep_outputs else None
+        return Scores(total_loss / n, accuracy, loss_sum, outputs)

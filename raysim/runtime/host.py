@@ -299,15 +299,14 @@ class ClientHost:
             return data.arrays(split, rng(self.seed, Stream.DATA_NOISE, client_id, self.evaluations, part))
 
         x_test, y_test = arrays("test")
-        test_loss, test_acc, loss_sum = self.model.evaluate_with_sum(
-            params, x_test, y_test, self.settings.loss_sum_batch
-        )
+        classifier = self.model.task == "classification"
+        test = self.model.scores(params, x_test, y_test, self.settings.loss_sum_batch, keep_outputs=classifier)
         train_loss = self.model.evaluate(params, *arrays("train"))[0] if with_train else float("nan")
         val_acc = self.model.evaluate(params, *arrays("val"))[1] if len(data.val) else float("nan")
         f1 = auc = float("nan")
-        if self.model.task == "classification":
-            f1, auc = classification_scores(self.model.predict(params, x_test), y_test, self.settings.auc_single_label)
-        return ModelScores(test_acc, test_loss, train_loss, val_acc, f1, auc, loss_sum)
+        if classifier:
+            f1, auc = classification_scores(test.outputs, y_test, self.settings.auc_single_label)
+        return ModelScores(test.accuracy, test.loss, train_loss, val_acc, f1, auc, test.loss_sum)
 
     def evaluate(self, global_params: Vector) -> list[ClientEvaluation]:
         """PM, GM (and the algorithm's extra models') scores of every client of this host."""
