@@ -37,7 +37,7 @@ def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     with open(tmp_path / "stderr.txt", "w") as stderr:  # a file: a pipe nobody reads would fill and block
         driver = subprocess.Popen(
             [RAYSIM, "run", str(tmp_path / "run.yaml")], stdout=subprocess.DEVNULL, stderr=stderr,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_as_from_a_terminal,
         )  # fmt: skip
     deadline = time.monotonic() + 180
     while max((int(m.parent.name[6:]) for m in (tmp_path / "ck").glob("*/round-*/manifest.json")), default=0) < 2:
@@ -46,6 +46,12 @@ def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:
             raise AssertionError(f"run did not reach round 2: {_stderr(tmp_path)[-2000:]}")
         time.sleep(0.2)
     return driver, uri
+
+
+def _as_from_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a test suite started in the background by a non-interactive shell
+    (`make test &`) has SIGINT ignored, and an ignored SIGINT stays ignored in every program it starts."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stderr(tmp_path: Path) -> str:
