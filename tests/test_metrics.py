@@ -41,9 +41,9 @@ def test_f1_and_auc_equal_scikit_learns(split):
 
 
 def test_scores_on_a_hand_checked_split():
-    """Predictions 0,1,1,1. Labels 0,0,1,1: class 0 has F1 2/3, class 1 4/5, weighted (2/3 + 4/5)/2, and both
-    classes' probabilities rank every positive above every negative (AUC 1). Labels 0,1,0,1: the same F1; class 1's positives
-    (0.6, 0.8) beat 3 of the 4 negative pairs (0.1, 0.7): AUC 3/4 for both classes."""
+    """Predictions 0,1,1,1. Labels 0,0,1,1: class 0 has F1 2/3, class 1 4/5, weighted (2/3 + 4/5)/2, and
+    both classes' probabilities rank every positive above every negative (AUC 1). Labels 0,1,0,1: the same
+    F1; class 1's positives (0.6, 0.8) beat 3 of the 4 negative pairs (0.1, 0.7): AUC 3/4 for both classes."""
     logits = np.log(np.array([[0.9, 0.1], [0.4, 0.6], [0.3, 0.7], [0.2, 0.8]]))
     f1, auc = classification_scores(logits, np.array([0, 0, 1, 1]), "zero")
     assert np.isclose(f1, (2 / 3 + 4 / 5) / 2) and np.isclose(auc, 1.0)
