@@ -75,3 +75,30 @@ def test_model_init_authors_starts_the_run_from_the_authors_initial_model():
     assert (prepare(validate_config(tree)).init_params == expected).all()
     tree["model"]["init"] = "raysim"
     assert not (prepare(validate_config(tree)).init_params == expected).all()
+
+
+@pytest.mark.parametrize(("name", "input_shape"), [("mlp", (1, 28, 28)), ("cnn", (3, 32, 32)), ("mlr", (1, 28, 28))])
+def test_scores_of_a_group_do_not_depend_on_the_groups_scored_with_it(name, input_shape):
+    """A host scores the global model on many clients' splits in shared passes (FlatModel.scores_many); each
+    client's scores must be exactly those of a pass over its own split, whatever its neighbours and the block
+    boundaries, or results would depend on how clients are spread over hosts."""
+    import numpy as np
+
+    from raysim.models.flat import FlatModel
+
+    torch.set_num_threads(1)
+    model = FlatModel(name, input_shape, 10)
+    params = model.initial_parameters(3)
+    generator = np.random.default_rng(0)
+    sizes = [1, 2, 3, 5, 17, 40, 0, 130, 7, 64]
+    groups = [
+        (generator.random((n, *input_shape), dtype=np.float32), generator.integers(0, 10, n).astype(np.int64))
+        for n in sizes
+    ]
+    alone = [model.scores(params, x, y, sum_batch=4, keep_outputs=True) for x, y in groups]
+    for chunk in (32, 100, 2048):
+        together = model.scores_many(params, groups, sum_batch=4, keep_outputs=True, chunk=chunk)
+        for a, b in zip(alone, together, strict=True):
+            assert (a.loss, a.loss_sum) == (b.loss, b.loss_sum)
+            assert a.accuracy == b.accuracy or (np.isnan(a.accuracy) and np.isnan(b.accuracy))
+            assert np.array_equal(a.outputs, b.outputs)

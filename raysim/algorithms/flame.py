@@ -81,8 +81,10 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         return FlameServerState(init_params.copy(), num_clients * init_params.astype(np.float64), num_clients)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FlameClientState:
-        # pi^0 = lambda alpha_i (theta^0 - w^0) = 0, the initialization Lemma 3 requires (eq. 33).
-        return FlameClientState(init_params.copy(), init_params.copy(), np.zeros_like(init_params))
+        # pi^0 = lambda alpha_i (theta^0 - w^0) = 0, the initialization Lemma 3 requires (eq. 33). theta and w
+        # share the host's read-only initial vector until the first step replaces them (steps never write into
+        # a state's vectors), so thousands of clients cost nothing before they train.
+        return FlameClientState(init_params, init_params, np.zeros(init_params.shape, init_params.dtype))
 
     def broadcast(self, server: FlameServerState) -> Vector:
         return server.w
@@ -101,7 +103,8 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
             theta = result.params
             w_i = (lam_alpha * theta + s.rho * w - pi) / (lam_alpha + s.rho)  # (12)
             pi = pi + s.rho * (w_i - w)  # (13)
-        new = FlameClientState(theta.astype(np.float32), w_i.astype(np.float32), pi.astype(np.float32))
+        f32 = np.float32
+        new = FlameClientState(theta.astype(f32, copy=False), w_i.astype(f32, copy=False), pi.astype(f32, copy=False))
         metrics = {
             "train_loss": float(np.mean(losses)),
             "primal_residual": float(np.linalg.norm(new.w - w)),

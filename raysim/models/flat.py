@@ -7,6 +7,7 @@ vectors: cheap to add, zero-copy through Ray's object store, and sliceable per l
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,7 +133,6 @@ class FlatModel:
         scores = self.scores(flat, x, y, chunk=chunk)
         return scores.loss, scores.accuracy
 
-    @torch.no_grad()
     def scores(
         self,
         flat: np.ndarray,
@@ -143,25 +143,83 @@ class FlatModel:
         chunk: int = 2048,
     ) -> Scores:
         """Everything an evaluation reads off one forward pass over the samples (see Scores)."""
+        return self.scores_many(flat, [(x, y)], sum_batch, keep_outputs, chunk)[0]
+
+    @torch.no_grad()
+    def scores_many(
+        self,
+        flat: np.ndarray,
+        groups: Sequence[tuple[np.ndarray, np.ndarray]],
+        sum_batch: int | None = None,
+        keep_outputs: bool = False,
+        chunk: int = 2048,
+    ) -> list[Scores]:
+        """`scores` of one parameter vector on each group of samples (e.g. the global model on every client's
+        test split), with the groups' samples going through the network together, `chunk` rows at a time.
+
+        A sample's output does not depend on which others share its pass: every pass has at least MIN_ROWS rows
+        (a short one is padded with copies of its first row), as MKL takes a different, differently rounded path
+        for up to 3 rows (measured with this machine's AVX-512 MKL; tests/test_models.py checks it). So the scores
+        of a group are the same whatever groups it is scored with."""
         params = torch.tensor(flat, dtype=torch.float32)
-        total_loss, correct = 0.0, 0
-        per_sample, kept = [], []
-        for start in range(0, len(y), chunk):
-            xb = torch.from_numpy(x[start : start + chunk])
-            yb = torch.from_numpy(y[start : start + chunk])
-            outputs = self.forward(params, xb)
-            total_loss += float(self._loss(outputs, yb)) * len(yb)
-            if sum_batch is not None:
-                per_sample.append(self.sample_losses(outputs, yb).to(torch.float64))
-            if keep_outputs:
-                kept.append(outputs)
+        sizes = [len(y) for _, y in groups]
+        losses = np.empty(sum(sizes), np.float64)
+        correct = np.empty(sum(sizes), np.int64)
+        outputs: list[np.ndarray] = []
+        filled = 0
+        for xs, ys in _blocks(groups, chunk):
+            logits = self._padded_forward(params, torch.from_numpy(xs))
+            targets = torch.from_numpy(ys)
+            sample_losses = self.sample_losses(logits, targets)
+            losses[filled : filled + len(ys)] = sample_losses.reshape(len(ys), -1).mean(dim=1).double().numpy()
             if self.task == "classification":
-                correct += int((outputs.argmax(dim=1) == yb).sum())
-        n = max(len(y), 1)
-        accuracy = correct / n if self.task == "classification" else float("nan")
-        loss_sum = float("nan")
-        if sum_batch is not None:
-            losses = torch.cat(per_sample) if per_sample else torch.zeros(0, dtype=torch.float64)
-            loss_sum = float(sum(part.mean() for part in torch.split(losses, sum_batch)))
-        outputs = (torch.cat(kept).numpy() if kept else np.zeros((0, 0), np.float32)) if keep_outputs else None
-        return Scores(total_loss / n, accuracy, loss_sum, outputs)
+                hits = (logits.argmax(dim=1) == targets).reshape(len(ys), -1).sum(dim=1)
+                correct[filled : filled + len(ys)] = hits.numpy()
+            if keep_outputs:
+                outputs.append(logits.numpy())
+            filled += len(ys)
+        kept = np.concatenate(outputs) if outputs else None
+        results, start = [], 0
+        for size in sizes:
+            part = losses[start : start + size]
+            n = max(size, 1)
+            accuracy = int(correct[start : start + size].sum()) / n if self.task == "classification" else float("nan")
+            loss_sum = float("nan")
+            if sum_batch is not None:
+                loss_sum = float(sum(part[i : i + sum_batch].mean() for i in range(0, size, sum_batch)))
+            group_outputs = None
+            if keep_outputs:
+                empty = np.zeros((0, self._head.out_features), np.float32)
+                group_outputs = kept[start : start + size] if kept is not None else empty
+            results.append(Scores(float(part.sum()) / n, accuracy, loss_sum, group_outputs))
+            start += size
+        return results
+
+    def _padded_forward(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The network's outputs on `x`, computed on at least MIN_ROWS rows (see scores_many)."""
+        if len(x) >= MIN_ROWS:
+            return self.forward(params, x)
+        padding = x[:1].expand(MIN_ROWS - len(x), *x.shape[1:])
+        return self.forward(params, torch.cat([x, padding]))[: len(x)]
+
+
+MIN_ROWS = 16
+"""The fewest rows an evaluation pass has (FlatModel.scores_many)."""
+
+
+def _blocks(groups: Sequence[tuple[np.ndarray, np.ndarray]], chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The groups' samples in order, as (x, y) blocks of `chunk` rows (the last may be shorter)."""
+    pending: list[tuple[np.ndarray, np.ndarray]] = []
+    rows = 0
+    for x, y in groups:
+        begin = 0
+        while begin < len(y):
+            take = min(chunk - rows, len(y) - begin)
+            pending.append((x[begin : begin + take], y[begin : begin + take]))
+            rows += take
+            begin += take
+            if rows == chunk:
+                yield np.concatenate([p[0] for p in pending]), np.concatenate([p[1] for p in pending])
+                pending, rows = [], 0
+    if rows:
+        yield np.concatenate([p[0] for p in pending]), np.concatenate([p[1] for p in pending])

@@ -13,6 +13,7 @@ beyond it (a diverged run, e.g. too large a learning rate) raises instead of wra
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,18 @@ class PartialSum:
         fields = {name: self.fields[name] + other.fields[name] for name in self.fields}
         return PartialSum(self.upload_type, fields, self.count + other.count, self.messages | other.messages)
 
+    def __iadd__(self, other: PartialSum) -> PartialSum:
+        """Add `other` into this sum in place (a host accumulating its clients' terms without a new array each)."""
+        assert self.upload_type is other.upload_type
+        for name, value in other.fields.items():
+            if isinstance(value, np.ndarray):
+                self.fields[name] += value  # type: ignore[operator]
+            else:
+                self.fields[name] = self.fields[name] + value
+        self.count += other.count
+        self.messages.update(other.messages)
+        return self
+
     def decode(self) -> Any:
         """The total as an upload of the original type, vectors as float64."""
         values = {name: np.asarray(v, dtype=np.float64) / SCALE for name, v in self.fields.items()}
@@ -53,15 +66,16 @@ def encode(upload: Any, max_terms: int, client_id: int) -> PartialSum:
     limit = TOTAL_LIMIT / max(max_terms, 1)
     fields: dict[str, np.ndarray | int] = {}
     for f in dataclasses.fields(upload):
-        value = np.asarray(getattr(upload, f.name), dtype=np.float64)
-        if not np.all(np.isfinite(value)):
+        value = np.asarray(getattr(upload, f.name))
+        peak = float(np.max(np.abs(value), initial=0.0))  # NaN and inf propagate to the peak
+        if not math.isfinite(peak):
             raise UploadRangeError(f"client {client_id}: upload field {f.name!r} has NaN or inf values")
-        peak = float(np.max(np.abs(value), initial=0.0))
         if peak >= limit:
             raise UploadRangeError(
                 f"client {client_id}: upload field {f.name!r} has |value| {peak:.3g} >= {limit:.3g}, beyond the "
                 "range of exact summation; the run has diverged (lower the learning rate or penalty)"
             )
-        scaled = np.rint(value * SCALE).astype(np.int64)
-        fields[f.name] = int(scaled) if scaled.ndim == 0 else scaled
+        scaled = np.multiply(value, SCALE, out=np.empty(value.shape))  # float64, in two passes over the entries
+        np.rint(scaled, out=scaled)
+        fields[f.name] = int(scaled) if scaled.ndim == 0 else scaled.astype(np.int64)
     return PartialSum(type(upload), fields, 1)

@@ -104,6 +104,20 @@ class HostSettings:
         )  # fmt: skip
 
 
+EVALUATION_CLIENTS = 64
+"""Clients whose splits the global model scores in one pass (ClientHost.evaluate); memory: their samples."""
+
+
+@dataclass(frozen=True)
+class EvaluationData:
+    """One client's (x, y) splits as scored at one evaluation; train only when its loss is scored, val when
+    the client has one."""
+
+    test: tuple[np.ndarray, np.ndarray]
+    train: tuple[np.ndarray, np.ndarray] | None
+    val: tuple[np.ndarray, np.ndarray] | None
+
+
 def _untrained(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
     """Executor of a Byzantine client that skips training: every SGD request returns its start point, every
     gradient is zero."""
@@ -152,6 +166,8 @@ class ClientHost:
             if settings.state_memory_mb is None
             else ClientStateStore(int(settings.state_memory_mb * 2**20), settings.spill_dir)
         )
+        init_params = np.array(init_params)
+        init_params.flags.writeable = False  # clients' initial states may share it: a write into one would raise
         for info, _ in clients:  # one at a time: a budgeted store spills while they are made
             self.states[info.id] = self.algorithm.init_client(info, init_params)
 
@@ -193,7 +209,10 @@ class ClientHost:
                 continue
             if message is not None:
                 term.messages[client_id] = message
-            total = term if total is None else total + term
+            if total is None:
+                total = term
+            else:
+                total += term
             uplink = float(self.algorithm.uplink_bytes(upload))
             records.append(ClientRecord(client_id, dict(update.metrics), uplink))
         return total, records
@@ -290,43 +309,61 @@ class ClientHost:
 
         return execute_many
 
-    def _scores(self, params: Vector, data: ClientData, client_id: int, with_train: bool) -> ModelScores:
-        """Scores on the data as the client sees it (its access-time noise drawn afresh, keyed by the
-        evaluation count, so PM and GM see the same draw); the training loss only `with_train` (else NaN)."""
+    def _evaluation_data(self, client_id: int, with_train: bool) -> EvaluationData:
+        """The client's splits as it sees them at this evaluation (its access-time noise drawn afresh, keyed by
+        the evaluation count, so that every model it scores sees the same draw)."""
+        data = self.data[client_id]
 
-        def arrays(split: str):
+        def arrays(split: str) -> tuple[np.ndarray, np.ndarray]:
             part = ("train", "test", "val").index(split)
             return data.arrays(split, rng(self.seed, Stream.DATA_NOISE, client_id, self.evaluations, part))
 
-        x_test, y_test = arrays("test")
-        classifier = self.model.task == "classification"
-        test = self.model.scores(params, x_test, y_test, self.settings.loss_sum_batch, keep_outputs=classifier)
-        train_loss = self.model.evaluate(params, *arrays("train"))[0] if with_train else float("nan")
-        val_acc = self.model.evaluate(params, *arrays("val"))[1] if len(data.val) else float("nan")
-        f1 = auc = float("nan")
-        if classifier:
-            f1, auc = classification_scores(test.outputs, y_test, self.settings.auc_single_label)
-        return ModelScores(test.accuracy, test.loss, train_loss, val_acc, f1, auc, test.loss_sum)
+        return EvaluationData(
+            arrays("test"), arrays("train") if with_train else None, arrays("val") if len(data.val) else None
+        )
+
+    def _scores(self, params: Vector, splits: list[EvaluationData]) -> list[ModelScores]:
+        """The scores of one model on each of some clients' splits, their samples through the network together
+        (FlatModel.scores_many); the training loss only where the train split is given (else NaN)."""
+        model, classifier = self.model, self.model.task == "classification"
+        tests = model.scores_many(params, [s.test for s in splits], self.settings.loss_sum_batch, classifier)
+        with_train = [s.train for s in splits if s.train is not None]
+        with_val = [s.val for s in splits if s.val is not None]
+        trains = iter(model.scores_many(params, with_train))
+        vals = iter(model.scores_many(params, with_val))
+        scores = []
+        for split, test in zip(splits, tests, strict=True):
+            train_loss = next(trains).loss if split.train is not None else float("nan")
+            val_acc = next(vals).accuracy if split.val is not None else float("nan")
+            f1 = auc = float("nan")
+            if classifier:
+                f1, auc = classification_scores(test.outputs, split.test[1], self.settings.auc_single_label)
+            scores.append(ModelScores(test.accuracy, test.loss, train_loss, val_acc, f1, auc, test.loss_sum))
+        return scores
 
     def evaluate(self, global_params: Vector) -> list[ClientEvaluation]:
-        """PM, GM (and the algorithm's extra models') scores of every client of this host."""
+        """PM, GM (and the algorithm's extra models') scores of every client of this host. The GM, shared by
+        all, scores EVALUATION_CLIENTS clients' splits in one pass; each client's own models score its own."""
         self.evaluations += 1
         every = self.settings.train_loss_every
         with_train = bool(every) and (self.evaluations - 1) % every == 0
         evaluations = []
-        for client_id in self.client_ids:
-            data, state = self.data[client_id], self.states[client_id]
-            gm = self._scores(global_params, data, client_id, with_train)
-            if self.info[client_id].heldout:  # a target client: adapted from the global model now (Algorithm.adapt)
-                adaptation = self.algorithm.adapt(self.info[client_id], global_params)
-                execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
-                personal = None if adaptation is None else drive(adaptation, execute)
-            else:
-                personal = self.algorithm.evaluated_model(state, global_params)
-            pm = gm if personal is None else self._scores(personal, data, client_id, with_train)
-            models = self.algorithm.extra_models(state, global_params)
-            extra = {name: self._scores(params, data, client_id, with_train) for name, params in models.items()}
-            evaluations.append(ClientEvaluation(client_id, pm, gm, extra))
+        ids = self.client_ids
+        for begin in range(0, len(ids), EVALUATION_CLIENTS):
+            chunk = ids[begin : begin + EVALUATION_CLIENTS]
+            splits = [self._evaluation_data(c, with_train) for c in chunk]
+            for client_id, split, gm in zip(chunk, splits, self._scores(global_params, splits), strict=True):
+                state = self.states[client_id]
+                if self.info[client_id].heldout:  # a target client: adapted from the global model now (Algorithm.adapt)
+                    adaptation = self.algorithm.adapt(self.info[client_id], global_params)
+                    execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
+                    personal = None if adaptation is None else drive(adaptation, execute)
+                else:
+                    personal = self.algorithm.evaluated_model(state, global_params)
+                pm = gm if personal is None else self._scores(personal, [split])[0]
+                models = self.algorithm.extra_models(state, global_params)
+                extra = {name: self._scores(params, [split])[0] for name, params in models.items()}
+                evaluations.append(ClientEvaluation(client_id, pm, gm, extra))
         return evaluations
 
     def save_checkpoint(self, path: str) -> None:
