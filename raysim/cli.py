@@ -188,8 +188,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     ways = tuple(args.ways or WAYS)
     results = run_bench(
-        args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus, args.reference_device, args.chunk
-    )
+        args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus, args.reference_device, args.chunk,
+        args.eval, args.set,
+    )  # fmt: skip
     report(results, args.json)
     return 0
 
@@ -287,6 +288,13 @@ def parser() -> argparse.ArgumentParser:
         "--chunk", type=int, default=None, help="clients the vectorized way trains together (runtime.vectorize_chunk)"
     )
     bench.add_argument("--ways", nargs="+", choices=["reference", "raysim", "vectorized"], help="default: all three")
+    bench.add_argument(
+        "--eval", action="store_true", help="evaluate every client after every round and time it apart from training"
+    )
+    bench.add_argument(
+        "--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+        help="override a value of the benchmark's FLAME config (e.g. runtime.state_memory_mb=2000)",
+    )  # fmt: skip
     bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
     bench.set_defaults(handler=_bench)
     datasets = commands.add_parser(

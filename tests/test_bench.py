@@ -86,3 +86,25 @@ def test_report_adds_the_gpu_columns_when_a_way_used_a_gpu(tmp_path):
     written = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert written[1]["gpu_utilisation_percent"] == 63.4 and written[1]["host_gpus"] == 0.25
     assert written[0]["chunk"] is None and written[1]["chunk"] == 250
+
+
+@pytest.mark.slow
+def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path):
+    """`--eval` evaluates after every round and reports its time beside the training round's; without the
+    reference way there are no ratios; `--set` reaches the workload (spilled client state here)."""
+    out = tmp_path / "bench.json"
+    done = _raysim("bench", "--clients", "8", "--rounds", "3", "--model", "mlr", "--hosts", "2", "--ways", "raysim",
+                   "--eval", "--set", "runtime.state_memory_mb=0.05", "--json", str(out), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "eval / round" in done.stdout
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["way"] == "raysim" and result["ratio_vs_reference"] is None
+    assert result["max_abs_diff_vs_reference"] is None
+    assert result["evaluation_seconds"] > 0 and result["seconds_per_round"] > 0
+    assert result["evaluation_vs_round"] == pytest.approx(result["evaluation_seconds"] / result["seconds_per_round"])
+
+
+def test_bench_refuses_a_bad_set_before_measuring(tmp_path):
+    done = _raysim("bench", "--clients", "2", "--set", "runtime.client_training=fast", cwd=tmp_path)
+    assert done.returncode == 2 and "runtime.client_training" in done.stderr and "vectorized" in done.stderr
+    assert not (tmp_path / "bench.json").exists()

@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from raysim.config import ExperimentConfig, validate_config
+from raysim.config import ExperimentConfig, apply_override, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
 from raysim.runtime.driver import run_experiment
@@ -64,8 +64,9 @@ class Measurement:
     updates_per_second: float
     startup_seconds: float
     peak_rss_mib: float
-    ratio_vs_reference: float
-    max_abs_diff_vs_reference: float
+    ratio_vs_reference: float | None
+    """None: the reference was not run (`--ways` without it)."""
+    max_abs_diff_vs_reference: float | None
     host_gpus: float = 0.0
     device: str = "cpu"
     gpu_utilisation_percent: float | None = None
@@ -74,6 +75,10 @@ class Measurement:
     """Peak used memory of a GPU over the measured rounds, all processes."""
     chunk: int | None = None
     """runtime.vectorize_chunk of the vectorized way (None: the way trains one client at a time)."""
+    evaluation_seconds: float | None = None
+    """`--eval`: median seconds of one evaluation of every client (PM, GM, HM), the rounds after the first."""
+    evaluation_vs_round: float | None = None
+    """evaluation_seconds / seconds_per_round (the target is at most 1)."""
 
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
@@ -148,11 +153,13 @@ def workload(
     vectorized: bool,
     host_gpus: float = 0.0,
     chunk: int | None = None,
+    evaluate: bool = False,
+    overrides: Sequence[str] = (),
 ) -> ExperimentConfig:
-    """The benchmark's FLAME experiment (evaluation only before round 1 and after the last); `chunk` None
-    keeps runtime.vectorize_chunk's default."""
+    """The benchmark's FLAME experiment: evaluation before round 1 and after the last, or with `evaluate` after
+    every round; `chunk` None keeps runtime.vectorize_chunk's default; `overrides` are `--set key.path=value`."""
     chunking = {} if chunk is None else {"vectorize_chunk": chunk}
-    return validate_config(
+    tree = (
         {
             "algorithm": {"name": "flame", "lambda": 1.0, "rho": 0.1, "epochs": 1, "lr": 0.01, "batch_size": 100},
             "dataset": {"name": "fashion_mnist"},
@@ -167,9 +174,16 @@ def workload(
                 "client_training": "vectorized" if vectorized else "sequential",
                 **chunking,
             },
-            "tracking": {"uri": f"sqlite:///{folder}/mlflow.db", "experiment": "bench", "eval_every": rounds},
+            "tracking": {
+                "uri": f"sqlite:///{folder}/mlflow.db",
+                "experiment": "bench",
+                "eval_every": 1 if evaluate else rounds,
+            },
         }
     )
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    return validate_config(tree)
 
 
 def _round_seconds(ends: list[float]) -> float:
@@ -238,9 +252,9 @@ def _measured_window(ends: list[float]) -> tuple[float, float]:
 
 
 def _measure_reference(
-    clients: int, rounds: int, model: str, folder: Path, device: str
+    clients: int, rounds: int, model: str, folder: Path, device: str, overrides: Sequence[str] = ()
 ) -> tuple[Measurement, np.ndarray]:
-    config = workload(clients, rounds, model, None, folder, vectorized=False)
+    config = workload(clients, rounds, model, None, folder, vectorized=False, overrides=overrides)
     with PeakMemory() as memory, GpuSampler(device != "cpu") as gpu:
         start = time.perf_counter()
         problem = prepare(config)
@@ -252,8 +266,11 @@ def _measure_reference(
     return measured, w
 
 
-def _measure_raysim(config: ExperimentConfig, reference: Measurement, w_ref: np.ndarray) -> Measurement:
-    """Run the `workload` config once; its round times, memory and GPU use against the reference's."""
+def _measure_raysim(
+    config: ExperimentConfig, reference: Measurement | None, w_ref: np.ndarray | None
+) -> Measurement:
+    """Run the `workload` config once; its round times, memory and GPU use against the reference's (None: the
+    reference was not run: no ratios)."""
     clients, rounds, runtime = config.clients.count, config.rounds, config.runtime
     vectorized = runtime.client_training == "vectorized"
     ends: list[float] = []
@@ -268,9 +285,16 @@ def _measure_raysim(config: ExperimentConfig, reference: Measurement, w_ref: np.
 
     with PeakMemory() as memory, GpuSampler(runtime.host_gpus > 0) as gpu:
         start = time.perf_counter()
-        run_experiment(config, show_progress=False, inspect=inspect)
+        result = run_experiment(config, show_progress=False, inspect=inspect)
     wait_for_children()
     seconds = _round_seconds(ends)
+    evaluation = None
+    if config.tracking.eval_every == 1:  # --eval: each round's time without its evaluation, and the evaluation's
+        steps = [result.history[step] for step in range(2, rounds + 1)]
+        seconds = statistics.median(m["time/round"] - m["time/evaluation"] for m in steps)
+        evaluation = statistics.median(m["time/evaluation"] for m in steps)
+    ratio = seconds / reference.seconds_per_round if reference is not None else None
+    difference = float(np.max(np.abs(final["w"] - w_ref))) if w_ref is not None else None
     return Measurement(
         WAYS[2] if vectorized else WAYS[1],
         clients,
@@ -281,12 +305,14 @@ def _measure_raysim(config: ExperimentConfig, reference: Measurement, w_ref: np.
         clients / seconds,
         ends[0] - start - seconds,
         memory.peak_mib,
-        seconds / reference.seconds_per_round,
-        float(np.max(np.abs(final["w"] - w_ref))),
+        ratio,
+        difference,
         runtime.host_gpus,
         "cuda" if vectorized and runtime.host_gpus > 0 else "cpu",  # the sequential path trains on the CPU
         *gpu.usage(*_measured_window(ends)),
         runtime.vectorize_chunk if vectorized else None,
+        evaluation,
+        None if evaluation is None else evaluation / seconds,
     )
 
 
@@ -299,26 +325,34 @@ def run_bench(
     host_gpus: Sequence[float] = (0.0,),
     reference_device: str = "cpu",
     chunk: int | None = None,
+    evaluate: bool = False,
+    overrides: Sequence[str] = (),
 ) -> list[Measurement]:
     """Measure every way for every client count (see the module docstring), the raysim ways once per
-    `host_gpus` share; the reference loop runs on `reference_device`, the vectorized way `chunk` clients at
-    a time."""
+    `host_gpus` share; the reference loop runs on `reference_device` (only when `ways` has it: without it no
+    ratios), the vectorized way `chunk` clients at a time. `evaluate`: evaluate after every round and
+    time it apart from training; `overrides`: `--set key.path=value` on the workload."""
     if rounds < 3:
         raise RaysimError(f"--rounds {rounds}: at least 3 are needed (the first warms up, the last evaluates)")
     if chunk is not None and chunk < 1:
         raise RaysimError(f"--chunk {chunk}: at least 1 client must train at a time")
     if reference_device != "cpu" and not torch.cuda.is_available():
         raise RaysimError(f"--reference-device {reference_device}: torch sees no CUDA device here (allowed: cpu)")
+    for clients in client_counts:  # refuse a bad --set before anything runs
+        workload(clients, rounds, model, hosts, Path("."), False, overrides=overrides)
     results = []
     for clients in client_counts:
         with tempfile.TemporaryDirectory() as folder:
-            reference, w_ref = _measure_reference(clients, rounds, model, Path(folder), reference_device)
+            reference, w_ref = None, None
             if "reference" in ways:
+                reference, w_ref = _measure_reference(clients, rounds, model, Path(folder), reference_device, overrides)
                 results.append(reference)
             for share in host_gpus:
                 for vectorized, way in ((False, WAYS[1]), (True, WAYS[2])):
                     if way in ways:
-                        config = workload(clients, rounds, model, hosts, Path(folder), vectorized, share, chunk)
+                        config = workload(
+                            clients, rounds, model, hosts, Path(folder), vectorized, share, chunk, evaluate, overrides
+                        )
                         results.append(_measure_raysim(config, reference, w_ref))
     return results
 
@@ -331,18 +365,23 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
     table = Table(title=f"FLAME round on Fashion-MNIST ({os.cpu_count()} CPUs, torch {torch.__version__})")
     columns = ["clients", "model", "way", "hosts", "chunk", "s/round", "updates/s", "start-up s", "peak RSS MiB",
                "ratio vs reference", "max |w - w_ref|"]  # fmt: skip
+    evaluated = any(r.evaluation_seconds is not None for r in results)
     if gpus:
         columns[5:5] = ["GPU/host", "device"]
         columns += ["GPU util %", "GPU MiB"]
+    if evaluated:
+        columns += ["eval s", "eval / round"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("model", "way", "device") else "right")
     for r in results:
         row = [str(r.clients), r.model, r.way, str(r.hosts), _optional(r.chunk), f"{r.seconds_per_round:.3f}",
                f"{r.updates_per_second:.0f}", f"{r.startup_seconds:.1f}", f"{r.peak_rss_mib:.0f}",
-               f"{r.ratio_vs_reference:.2f}", f"{r.max_abs_diff_vs_reference:.1e}"]  # fmt: skip
+               _optional(r.ratio_vs_reference, ".2f"), _optional(r.max_abs_diff_vs_reference, ".1e")]  # fmt: skip
         if gpus:
             row[5:5] = [f"{r.host_gpus:g}", r.device]
             row += [_optional(r.gpu_utilisation_percent), _optional(r.gpu_memory_mib)]
+        if evaluated:
+            row += [_optional(r.evaluation_seconds, ".3f"), _optional(r.evaluation_vs_round, ".2f")]
         table.add_row(*row)
     console.print(table)
     if json_path is not None:
@@ -354,5 +393,5 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
         console.print(f"written {json_path}")
 
 
-def _optional(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
+def _optional(value: float | None, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
