@@ -12,7 +12,40 @@ from pathlib import Path
 def _run(args: argparse.Namespace) -> int:
     from raysim.launch import run_file
 
-    return run_file(args.config, args.set, args.quiet, args.resume)
+    return run_file(args.config, [*args.set, *_tracking_overrides(args)], args.quiet, args.resume)
+
+
+def _tracking_overrides(args: argparse.Namespace) -> list[str]:
+    """`--tracking-uri` and `--experiment` as the `--set` overrides they stand for."""
+    overrides = []
+    if args.tracking_uri is not None:
+        overrides.append(f"tracking.uri={args.tracking_uri}")
+    if args.experiment is not None:
+        overrides.append(f"tracking.experiment={args.experiment}")
+    return overrides
+
+
+def _config(args: argparse.Namespace) -> int:
+    """The resolved, validated config as YAML: every default filled in, credentials redacted."""
+    from raysim.config import load_config
+
+    print(load_config(args.config, args.set).to_yaml(), end="")
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from raysim.jobs import JobError, job_client
+    from raysim.jobs import follow as follow_job
+
+    client = job_client(args.address, args.auth_token)
+    try:
+        if args.follow:
+            print(f"job {args.job}: {follow_job(client, args.job)}")
+        else:
+            print(client.get_job_logs(args.job), end="")
+    except RuntimeError as error:
+        raise JobError(f"job {args.job}: {str(error).splitlines()[0]}") from None
+    return 0
 
 
 def _table(args: argparse.Namespace) -> int:
@@ -148,15 +181,24 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from raysim.jobs import job_client
+    from raysim.jobs import RUN_ID, job_client
 
-    for job in job_client(args.address, args.auth_token).list_jobs():
+    client = job_client(args.address, args.auth_token)
+    jobs = sorted(client.list_jobs(), key=lambda job: job.start_time or 0)
+    if not jobs:
+        print(f"no jobs on {client.get_address()}")
+        return 0
+    print(f"{'job':28s} {'status':10s} {'started':19s}  {'mlflow run':32s}  entrypoint")
+    for job in jobs:
+        job_id = job.submission_id or job.job_id
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time / 1000)) if job.start_time else "-"
-        print(f"{job.submission_id or job.job_id:28s} {job.status.value:10s} {started:19s}  {job.entrypoint}")
+        found = RUN_ID.search(client.get_job_logs(job_id)) if job.submission_id else None
+        run_id = found.group(1) if found else "-"
+        print(f"{job_id:28s} {job.status.value:10s} {started:19s}  {run_id:32s}  {job.entrypoint}")
     return 0
 
 
-def _stop(args: argparse.Namespace) -> int:
+def _cancel(args: argparse.Namespace) -> int:
     from raysim.jobs import JobError, job_client
 
     client = job_client(args.address, args.auth_token)
@@ -164,7 +206,7 @@ def _stop(args: argparse.Namespace) -> int:
         stopped = client.stop_job(args.job)
     except RuntimeError as error:
         raise JobError(f"job {args.job}: {str(error).splitlines()[0]}") from None
-    print(f"job {args.job}: {'stop requested' if stopped else 'already finished'}")
+    print(f"job {args.job}: {'cancel requested' if stopped else 'already finished'}")
     return 0
 
 
@@ -202,20 +244,70 @@ def _cluster_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written (examples keep their lines); every option with a default shows it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, [], argparse.SUPPRESS) and "default" not in text
+        if shown and action.option_strings:
+            default = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+            text += f" (default: {default})"
+        return text
+
+
+RUN_DESCRIPTION = """Run one experiment (a FLAME/FedAPM/FedSLR/AugFL/baseline config), a suite (a file with `runs:`)
+or a sweep (`grid:` / `random:`) on a local Ray (or the cluster of runtime.address / $RAY_ADDRESS), logging to MLflow
+(tracking.uri, default sqlite:///mlflow.db here). Ctrl-C marks the run KILLED; `raysim resume` continues it.
+
+examples:
+  raysim run configs/quickstart.yaml
+  raysim run configs/quickstart.yaml --set rounds=5 --set partition.q=3 --experiment tryout
+  raysim run configs/quickstart.yaml --set partition.scheme=dirichlet --set partition.beta=0.3
+  raysim run configs/paper/suites/flame_table3_fmnist.yaml --tracking-uri http://127.0.0.1:5000
+  raysim config configs/quickstart.yaml --set algorithm.name=fedavg   # see what would run
+"""
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="raysim", description=__doc__)
-    commands = top.add_subparsers(dest="command", required=True)
+    from raysim import __version__
+
+    top = argparse.ArgumentParser(prog="raysim", description=__doc__, formatter_class=_Help)
+    top.add_argument("--version", action="version", version=f"raysim {__version__}")
+    subparsers = top.add_subparsers(dest="command", required=True)
+
+    class Commands:
+        """The subcommands, each with the same help formatter."""
+
+        @staticmethod
+        def add_parser(name: str, **options) -> argparse.ArgumentParser:
+            return subparsers.add_parser(name, formatter_class=_Help, **options)
+
+    commands = Commands()
     run = commands.add_parser(
-        "run", help="run an experiment, a suite (a file with `runs:`) or a sweep (`grid:`/`random:`) from YAML"
+        "run",
+        help="run an experiment, a suite (a file with `runs:`) or a sweep (`grid:`/`random:`) from YAML",
+        description=RUN_DESCRIPTION,
     )
     run.add_argument("config", help="path of the experiment, suite or sweep YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value")
+    run.add_argument("--tracking-uri", help="MLflow tracking URI (sets tracking.uri)")
+    run.add_argument("--experiment", help="MLflow experiment name (sets tracking.experiment)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
         "--resume", metavar="PARENT_RUN", help="suite or sweep: continue this stopped parent run (finished children "
         "are kept, unfinished ones continue from their checkpoints or start again, missing ones start)"
     )  # fmt: skip
     run.set_defaults(handler=_run)
+    config = commands.add_parser(
+        "config",
+        help="print the resolved, validated config (defaults filled in) without running it",
+        description="Load an experiment YAML with its --set overrides, validate it as `raysim run` would, and print "
+        "every setting. Example: raysim config configs/quickstart.yaml --set partition.scheme=iid",
+    )
+    config.add_argument("config", help="experiment YAML")
+    config.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
+    config.set_defaults(handler=_config)
     table = commands.add_parser(
         "table",
         help="the result table of a suite or sweep (mean +/- std over seeds)",
@@ -272,14 +364,14 @@ def parser() -> argparse.ArgumentParser:
     ui.add_argument(
         "--tracking-uri", help="explicit tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
     )
-    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1")
     ui.set_defaults(handler=_ui)
     bench = commands.add_parser(
         "bench", help="time a FLAME round: plain torch loop vs raysim vs raysim vectorized (table and JSON)"
     )
     bench.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000], help="client counts")
     bench.add_argument("--rounds", type=int, default=5, help="rounds per measurement (at least 3)")
-    bench.add_argument("--model", choices=["mlr", "mlp", "cnn"], default="mlp")
+    bench.add_argument("--model", choices=["mlr", "mlp", "cnn"], default="mlp", help="the clients' model")
     bench.add_argument("--hosts", type=int, default=None, help="raysim host actors (default: one per CPU)")
     bench.add_argument("--host-gpus", type=float, nargs="+", default=[0.0],
                        help="GPUs per raysim host actor; several values measure each (e.g. 0.25 0.5 1)")  # fmt: skip
@@ -322,10 +414,15 @@ def parser() -> argparse.ArgumentParser:
     jobs = commands.add_parser("jobs", help="list the cluster's jobs and their status")
     _cluster_options(jobs)
     jobs.set_defaults(handler=_jobs)
-    stop = commands.add_parser("stop", help="stop (cancel) a job")
-    stop.add_argument("job", help="the job (submission) id")
-    _cluster_options(stop)
-    stop.set_defaults(handler=_stop)
+    logs = commands.add_parser("logs", help="print a job's logs (--follow: stream them until it ends)")
+    logs.add_argument("job", help="the job (submission) id")
+    logs.add_argument("--follow", action="store_true", help="stream the logs until the job ends")
+    _cluster_options(logs)
+    logs.set_defaults(handler=_logs)
+    cancel = commands.add_parser("cancel", help="cancel a submitted job (its run is marked KILLED)")
+    cancel.add_argument("job", help="the job (submission) id")
+    _cluster_options(cancel)
+    cancel.set_defaults(handler=_cancel)
     stop_nodes = commands.add_parser(
         "stop-nodes", help="stop the Ray nodes started here with `ray start --temp-dir DIR`, and nothing else"
     )
@@ -336,8 +433,8 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--artifacts-destination", default="./mlartifacts", help="artifact store (dir or s3://...)")
     server.add_argument("--no-artifacts", action="store_true", help="do not serve artifacts")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to let cluster nodes reach it)")
-    server.add_argument("--port", type=int, default=5000)
-    server.add_argument("--workers", type=int, default=1)
+    server.add_argument("--port", type=int, default=5000, help="port to listen on")
+    server.add_argument("--workers", type=int, default=1, help="server worker processes")
     server.set_defaults(handler=_server)
     return top
 

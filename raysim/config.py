@@ -188,7 +188,9 @@ class RuntimeSettings(_Section):
 class TrackingSettings(_Section):
     uri: str | None = Field(None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite)")
     experiment: str = "raysim"
-    run_name: str | None = None
+    run_name: str | None = Field(
+        None, description="the MLflow run's name (default: algorithm-dataset-partition-seed, e.g. flame-fmnist-q2-s1)"
+    )
     eval_every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last)")
     auc_single_label: Literal["zero", "nan"] = Field(
         "zero", description="AUC of a test split with one label: 0 (FedAPM's code) or left out of the means"
@@ -345,6 +347,31 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = value
 
 
+SWITCHES = {"partition": "scheme", "algorithm": "name"}
+"""Sections whose settings depend on one key: switching it with --set drops the old choice's settings."""
+
+
+def apply_overrides(tree: dict[str, Any], assignments: list[str] | tuple[str, ...]) -> None:
+    """Apply `--set` overrides in order. One that switches `partition.scheme` or `algorithm.name` drops the
+    section's settings the new scheme or algorithm does not have (`q` when q_label becomes iid), unless another
+    override sets them too (then they are refused as unknown keys)."""
+    before = {section: (tree.get(section) or {}).get(key) for section, key in SWITCHES.items()
+              if isinstance(tree.get(section), dict)}  # fmt: skip
+    explicit: set[tuple[str, ...]] = set()
+    for assignment in assignments:
+        apply_override(tree, assignment)
+        explicit.add(tuple(assignment.split("=", 1)[0].strip().split(".")))
+    for section, key in SWITCHES.items():
+        node = tree.get(section)
+        if not isinstance(node, dict) or section not in before or node.get(key) == before[section]:
+            continue
+        allowed = set(_allowed_keys((section, key), tree))
+        if not allowed:  # an unknown scheme or algorithm: validation names the allowed ones
+            continue
+        for name in [name for name in node if name not in allowed and (section, name) not in explicit]:
+            del node[name]
+
+
 def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
     """Field names valid at the parent of `loc` (for "did you mean" hints)."""
     model: Any = ExperimentConfig
@@ -455,8 +482,7 @@ def top_level_keys(path: str | Path) -> set[str]:
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     """Read a YAML experiment, apply `--set` overrides, validate."""
     data = read_mapping(path)
-    for assignment in overrides:
-        apply_override(data, assignment)
+    apply_overrides(data, overrides)
     return validate_config(data)
 
 
@@ -492,8 +518,7 @@ class ExperimentFamily(Settings):
         if not overrides:
             return family
         base = family.base_tree()
-        for assignment in overrides:
-            apply_override(base, assignment)
+        apply_overrides(base, overrides)
         return family.model_copy(update={"base": base, "base_config": None})
 
     @classmethod

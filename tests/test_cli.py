@@ -100,3 +100,54 @@ def test_algorithms_lists_the_registry(tmp_path):
     done = _raysim("algorithms", cwd=tmp_path)
     names = {line.split()[0] for line in done.stdout.splitlines()}
     assert done.returncode == 0 and {"flame", "fedavg"} <= names
+
+
+def test_version_and_defaults_in_help(tmp_path):
+    from raysim import __version__
+
+    done = _raysim("--version", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == f"raysim {__version__}"
+    bench = _raysim("bench", "--help", cwd=tmp_path).stdout
+    assert "(default: 5)" in " ".join(bench.split()) and "(default: mlp)" in bench
+    run = _raysim("run", "--help", cwd=tmp_path).stdout
+    assert "examples:" in run and "raysim run configs/quickstart.yaml" in run and "--tracking-uri" in run
+
+
+def test_config_prints_the_resolved_config_that_run_would_use(tmp_path):
+    from raysim.config import load_config, validate_config
+
+    path = _write(tmp_path, tiny_config())
+    done = _raysim("config", str(path), "--set", "algorithm.name=fedavg", "--set", "rounds=9", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    printed = yaml.safe_load(done.stdout)
+    assert printed["rounds"] == 9 and printed["algorithm"]["name"] == "fedavg" and "rho" not in printed["algorithm"]
+    assert validate_config(printed) == load_config(path, ["algorithm.name=fedavg", "rounds=9"])
+    bad = _raysim("config", str(path), "--set", "partition.beta=-1", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: partition.beta") and bad.stdout == ""
+
+
+def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_path):
+    """The quickstart's `q: 2` belongs to q_label: switching to iid or dirichlet drops it, as switching FLAME to
+    FedAvg drops lambda and rho; a setting the new choice lacks is refused only when it is set explicitly."""
+    from raysim.config import ConfigError, load_config
+
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    assert load_config(quickstart, ["partition.scheme=iid"]).partition.scheme == "iid"
+    dirichlet = load_config(quickstart, ["partition.scheme=dirichlet", "partition.beta=0.3"]).partition
+    assert (dirichlet.scheme, dirichlet.beta) == ("dirichlet", 0.3)
+    fedavg = load_config(quickstart, ["algorithm.name=fedavg"]).algorithm
+    assert fedavg.name == "fedavg" and fedavg.lr == 0.01 and not hasattr(fedavg, "rho")
+    assert load_config(quickstart, ["partition.q=3"]).partition.q == 3  # same scheme: nothing dropped
+    with pytest.raises(ConfigError, match=r"partition\.q: unknown key"):
+        load_config(quickstart, ["partition.scheme=iid", "partition.q=3"])
+
+
+@pytest.mark.slow
+def test_run_takes_the_tracking_uri_and_experiment_from_the_command_line(tmp_path):
+    uri = f"sqlite:///{tmp_path}/elsewhere.db"
+    path = _write(tmp_path, tiny_config(rounds=1))
+    done = _raysim("run", str(path), "--quiet", "--tracking-uri", uri, "--experiment", "from-cli", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("from-cli").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["tracking.experiment"] == "from-cli"

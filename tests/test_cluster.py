@@ -238,8 +238,12 @@ def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
 
         assert main(["jobs", *args]) == 0
         listing = capsys.readouterr().out
-        assert job_id in listing and "SUCCEEDED" in listing
-        assert main(["stop", job_id, *args]) == 0
+        assert listing.splitlines()[0].split()[:4] == ["job", "status", "started", "mlflow"]
+        (row,) = [line for line in listing.splitlines() if line.startswith(job_id)]
+        assert "SUCCEEDED" in row and parent in row
+        assert main(["logs", job_id, *args]) == 0
+        assert "sweep cluster-sweep: parent run" in capsys.readouterr().out
+        assert main(["cancel", job_id, *args]) == 0
         assert "already finished" in capsys.readouterr().out
 
         experiment = _rest(settings.url, "experiments/get-by-name", experiment_name="cluster-sweep")
@@ -271,7 +275,8 @@ def test_missing_or_wrong_token_is_one_error_line(cluster, tmp_path, monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token of this machine's user
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token"))
     (tmp_path / "exp.yaml").write_text(json.dumps(tiny_config()))
-    commands = [["jobs"], ["stop", "raysubmit_none"], ["submit", str(tmp_path / "exp.yaml")]]
+    commands = [["jobs"], ["cancel", "raysubmit_none"], ["logs", "raysubmit_none"]]
+    commands.append(["submit", str(tmp_path / "exp.yaml")])
     for token in (["--auth-token", "wrong"], []):
         for command in commands:
             assert main([*command, "--address", cluster.dashboard, *token]) == 2, command

@@ -28,6 +28,7 @@ from raysim.runtime.session import new_local_ray, ray_session
 from raysim.runtime.simulation import NoUsableUpload, Simulation
 from raysim.tracking.artifacts import RunArtifacts
 from raysim.tracking.credentials import connect_uri, redact, redact_text
+from raysim.tracking.identity import default_run_name, log_dataset, standard_tags
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.progress import ProgressBar
 from raysim.tracking.runs import DRIVER_TAG
@@ -116,20 +117,19 @@ def _open_run(
         run_id = manifest["run_id"]
         writer.reopen(run_id)
     else:
-        run_id = writer.start(
-            config.tracking.run_name,
-            config.flat(),
-            {
-                "algorithm": config.algorithm.name,
-                "dataset": config.dataset.name,
-                "partition": config.partition.scheme,
-                "attack": config.attack.kind,
-                "aggregation": config.aggregation.rule,
-                "malicious_clients": ",".join(str(c) for c in sorted(problem.malicious)),
-                "git_commit": git_commit(),
-            },
-            parent=parent,
-        )
+        tags = {
+            "algorithm": config.algorithm.name,
+            "dataset": config.dataset.name,
+            "partition": config.partition.scheme,
+            "attack": config.attack.kind,
+            "aggregation": config.aggregation.rule,
+            **standard_tags(config, git_commit()),
+        }
+        if problem.malicious:
+            tags["malicious_clients"] = ",".join(str(c) for c in sorted(problem.malicious))
+        name = config.tracking.run_name or default_run_name(config)
+        run_id = writer.start(name, config.flat(), tags, parent=parent)
+        log_dataset(writer.client, run_id, config, problem.y, [split for _, split in problem.clients])
     writer.set_tags({DRIVER_TAG: f"{socket.gethostname()}:{os.getpid()}"})
     return run_id
 

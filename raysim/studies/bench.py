@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from raysim.config import ExperimentConfig, apply_override, validate_config
+from raysim.config import ExperimentConfig, apply_overrides, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
 from raysim.runtime.driver import run_experiment
@@ -181,8 +181,7 @@ def workload(
             },
         }
     )
-    for assignment in overrides:
-        apply_override(tree, assignment)
+    apply_overrides(tree, overrides)
     return validate_config(tree)
 
 

@@ -142,7 +142,7 @@ def run_suite(suite: SuiteConfig, show_progress: bool = True, resume: str | None
     writer = MlflowWriter(resolve_tracking_uri(first.tracking.uri), first.tracking.experiment)
     if resume is None:
         params = {"suite.runs": ",".join(r.name for r in suite.runs), "suite.seeds": suite.seeds or [first.seed]}
-        parent = writer.start(suite.name, params, {"suite": suite.name, "git_commit": git_commit()})
+        parent = writer.start(suite.name, params, {"suite": suite.name, "mlflow.source.git.commit": git_commit()})
         previous = Previous({})
     else:
         previous, parent = reopen_parent(writer, resume, "suite", suite.name), resume

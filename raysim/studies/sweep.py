@@ -248,7 +248,7 @@ def run_sweep(sweep: SweepConfig, show_progress: bool = True, resume: str | None
     if sweep.random is not None:
         params |= {f"sweep.random.{k}": v.model_dump(exclude_none=True) for k, v in sweep.random.params.items()}
     if resume is None:
-        parent = writer.start(sweep.name, params, {"sweep": sweep.name, "git_commit": git_commit()})
+        parent = writer.start(sweep.name, params, {"sweep": sweep.name, "mlflow.source.git.commit": git_commit()})
         previous = Previous({})
     else:
         previous, parent = reopen_parent(writer, resume, "sweep", sweep.name), resume

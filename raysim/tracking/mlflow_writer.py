@@ -29,6 +29,10 @@ from mlflow.tracking import MlflowClient
 from raysim.errors import RaysimError
 from raysim.tracking.credentials import connect_uri, redact
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""The experiment tag that makes MLflow 3's UI open raysim's experiments as model training (runs, charts),
+not as GenAI development (traces)."""
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # log_batch limits
 
@@ -120,7 +124,13 @@ class MlflowWriter:
         try:
             self.client = MlflowClient(uri)
             found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            if found is None:
+                self.experiment_id = self.client.create_experiment(experiment, tags=EXPERIMENT_KIND)
+            else:
+                self.experiment_id = found.experiment_id
+                if not EXPERIMENT_KIND.items() <= found.tags.items():  # made by another tool, or an older raysim
+                    for key, value in EXPERIMENT_KIND.items():
+                        self.client.set_experiment_tag(self.experiment_id, key, value)
         except MlflowException as error:
             message = redact(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
             raise TrackingError(f"tracking.uri {self.shown_uri}: {message}") from None
@@ -141,11 +151,12 @@ class MlflowWriter:
     def start(
         self, run_name: str | None, params: dict[str, object], tags: dict[str, str], parent: str | None = None
     ) -> str:
+        """Create the run; params whose value is None (options left unset) are not logged."""
         if parent:
             tags = {**tags, "mlflow.parentRunId": parent}
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        items = [Param(k, str(v)[:6000]) for k, v in params.items() if v is not None]
         for start in range(0, len(items), MAX_PARAMS):
             self.client.log_batch(self.run_id, params=items[start : start + MAX_PARAMS])
         return self.run_id

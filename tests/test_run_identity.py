@@ -1,0 +1,54 @@
+"""What the MLflow UI shows about a run before its metrics: the experiment opens as model training, the run has a
+name that says what ran, MLflow's standard tags, a description, and its dataset as an input with the partition's
+digest; options left unset are not logged as "None". Checked on the shipped quickstart, run as a user runs it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.test_cli import _raysim
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_a_quickstart_run_fills_mlflows_standard_fields(tmp_path):
+    config = tmp_path / "quickstart.yaml"
+    shutil.copy(ROOT / "configs" / "quickstart.yaml", config)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    done = _raysim("run", str(config), "--quiet", "--set", "rounds=1", "--set", f"tracking.uri={uri}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("quickstart")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    (run,) = client.search_runs([experiment.experiment_id])
+    tags, params = run.data.tags, run.data.params
+    assert run.info.run_name == "flame-fmnist-q2-s1"
+    assert tags["mlflow.source.name"] == f"raysim run {config} --quiet --set rounds=1 --set tracking.uri={uri}"
+    assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.user"]
+    assert len(tags["mlflow.source.git.commit"]) == 40
+    assert tags["mlflow.note.content"].startswith("flame on fashion_mnist, partition q_label, 10 clients, 1 rounds")
+    assert "malicious_clients" not in tags and "git_commit" not in tags  # no attack: no empty tag
+    assert "None" not in params.values() and "tracking.run_name" not in params
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == "fashion_mnist/q2" and len(dataset_input.dataset.digest) == 16
+    assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "training")]
+
+
+def test_the_partition_digest_changes_with_the_partition_and_only_with_it():
+    import numpy as np
+
+    from raysim.data.partitions import ClientSplit
+    from raysim.tracking.identity import partition_digest
+
+    labels = np.arange(10) % 3
+    split = [ClientSplit(0, np.array([0, 1]), np.array([2]), np.array([], np.int64))]
+    again = [ClientSplit(0, np.array([0, 1]), np.array([2]), np.array([], np.int64))]
+    moved = [ClientSplit(0, np.array([0]), np.array([1, 2]), np.array([], np.int64))]
+    assert partition_digest(labels, split) == partition_digest(labels, again)
+    assert partition_digest(labels, split) != partition_digest(labels, moved)
+    assert partition_digest(labels, split) != partition_digest(labels[::-1].copy(), split)
