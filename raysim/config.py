@@ -142,8 +142,8 @@ class RuntimeSettings(_Section):
     max_restarts: int = Field(
         3,
         ge=0,
-        description="times Ray restarts a dead host/coordinator actor; the run then redoes rounds from "
-        "the last checkpoint (needs tracking.checkpoint_every > 0)",
+        description="times a dead host/coordinator actor is replaced by a new one (per actor); the run then redoes "
+        "rounds from the last checkpoint (needs tracking.checkpoint_every > 0)",
     )
     on_nonfinite: Literal["stop", "drop_client"] = Field(
         "stop", description="a NaN/inf client upload stops the run (run marked FAILED) or that upload is dropped"

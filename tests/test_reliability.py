@@ -196,16 +196,25 @@ def test_a_bounded_number_of_empty_rounds_is_tolerated(ray_local, mlflow_uri, tm
         run_experiment(validate_config(data), show_progress=False)
 
 
-def test_restore_gives_up_after_restore_timeout_naming_the_actor(ray_local, mlflow_uri, tmp_path):
+@pytest.mark.parametrize(
+    ("restarts", "timeout", "message"),
+    [
+        (1, 0.01, r"^host 1 not back 0.01 s after dying .*runtime.restore_timeout_s"),
+        (0, 300, r"^host 1 died and cannot be replaced: runtime.max_restarts=0 replacements used up"),
+    ],
+)
+def test_restore_gives_up_naming_the_actor(ray_local, mlflow_uri, tmp_path, restarts, timeout, message):
+    """A replacement host that is not restored within runtime.restore_timeout_s, or a dead host with no
+    replacement left, stops the run with one line naming the host."""
     data = _config(mlflow_uri, tmp_path)
-    data["runtime"] = {**data["runtime"], "max_restarts": 0, "restore_timeout_s": 2}
+    data["runtime"] = {**data["runtime"], "max_restarts": restarts, "restore_timeout_s": timeout}
 
     def kill(round_index, simulation):
         if round_index == 2:
             os.kill(ray.get(simulation.hosts[1].pid.remote()), signal.SIGKILL)
 
     started = time.monotonic()
-    with pytest.raises(RecoveryError, match=r"^host 1 not back 2 s after dying .*runtime.restore_timeout_s"):
+    with pytest.raises(RecoveryError, match=message):
         run_experiment(validate_config(data), show_progress=False, inspect=kill)
     assert time.monotonic() - started < 120
 

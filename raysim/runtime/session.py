@@ -27,6 +27,21 @@ def new_local_ray(runtime: RuntimeSettings) -> dict[str, float] | None:
 
 
 @contextmanager
+def _environment(**variables: str) -> Iterator[None]:
+    """Set environment variables for the duration of the block (the processes started in it inherit them)."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
 def ray_session(config: ExperimentConfig) -> Iterator[None]:
     """Connect to `runtime.address` / $RAY_ADDRESS, or start a local Ray; leave Ray as it was found."""
     if ray.is_initialized():
@@ -39,14 +54,17 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
     if local is None:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
-        ray.init(
-            address="local",
-            num_cpus=int(local["CPU"]),
-            num_gpus=config.runtime.num_gpus,
-            object_store_memory=config.runtime.object_store_mb * 2**20,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+        with _environment(RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "token")):
+            # Ray's default for a new local instance, said explicitly: token authentication, a token generated
+            # once into ~/.ray (without it, ray.init warns on every run that it chose this default).
+            ray.init(
+                address="local",
+                num_cpus=int(local["CPU"]),
+                num_gpus=config.runtime.num_gpus,
+                object_store_memory=config.runtime.object_store_mb * 2**20,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
     try:
         with sigterm_interrupts():  # ray.init installed a SIGTERM handler that exits on the spot
             yield

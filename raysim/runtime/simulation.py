@@ -47,44 +47,76 @@ class Simulation:
         x_ref, y_ref, init_ref = ray.put(problem.x), ray.put(problem.y), ray.put(problem.init_params)
         server_ref = ray.put(problem.server_data)
         clients_refs = [ray.put([by_id[c] for c in ids]) for ids in host_clients]
-        # Every constructor argument is a reference the driver keeps alive: Ray re-runs a restarted actor's
-        # constructor with its original arguments, and a large inline argument (a host's client list is
-        # ~280 KB on Fashion-MNIST) would have been freed after the first construction.
-        self._refs = (x_ref, y_ref, init_ref, server_ref, *clients_refs)
-        settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
+        # The driver keeps every constructor argument alive: a host or coordinator that dies is replaced by a new
+        # actor built from the same references (`_replace`), at most runtime.max_restarts times. Ray's own
+        # restarts are off: with object-store arguments they are not reliable (ray-project/ray#53727).
+        self._host_arguments = [(x_ref, y_ref, clients_ref, init_ref) for clients_ref in clients_refs]
+        self._coordinator_arguments = (init_ref, server_ref)
+        self._settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
+        self._model_spec, self._num_training = problem.model_spec, problem.num_training
         self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
-        host_actor = ray.remote(ClientHost)
-        self.hosts = [
-            host_actor.options(
+        self.replacements: dict[str, int] = {}
+        """How many times each actor ("host 1", "coordinator") was replaced after dying."""
+        self.hosts = [self._start_host(index) for index in range(len(self.host_clients))]
+        self.coordinator = self._start_coordinator()
+
+    def _start_host(self, index: int) -> ray.actor.ActorHandle:
+        runtime = self.config.runtime
+        return (
+            ray.remote(ClientHost)
+            .options(
                 num_cpus=runtime.host_cpus,
                 num_gpus=runtime.host_gpus,
                 resources=runtime.host_resources,
                 scheduling_strategy=self.placement.strategy(index),
-                max_restarts=runtime.max_restarts,
+                max_restarts=0,
                 max_task_retries=0,
-            ).remote(settings, x_ref, y_ref, clients_refs[index], init_ref)
-            for index, ids in enumerate(self.host_clients)
-        ]
-        self.coordinator = (
+            )
+            .remote(self._settings, *self._host_arguments[index])
+        )
+
+    def _start_coordinator(self) -> ray.actor.ActorHandle:
+        runtime, config = self.config.runtime, self.config
+        init_ref, server_ref = self._coordinator_arguments
+        return (
             ray.remote(Coordinator)
             .options(
                 num_cpus=runtime.coordinator_cpus,
                 num_gpus=runtime.coordinator_gpus,
                 resources=runtime.coordinator_resources,
-                max_restarts=runtime.max_restarts,
+                max_restarts=0,
                 max_task_retries=0,
             )
             .remote(
                 config.algorithm,
-                problem.model_spec,
+                self._model_spec,
                 init_ref,
-                problem.num_training,
+                self._num_training,
                 runtime.torch_threads,
                 robust=config.aggregation,
                 attack=config.attack,
                 server_data=server_ref,
             )
         )
+
+    def _replace(self, name: str) -> None:
+        """Start a new actor in place of a dead one (`name`: "host 2" or "coordinator"), or raise RecoveryError
+        when runtime.max_restarts replacements of it are used up."""
+        limit = self.config.runtime.max_restarts
+        used = self.replacements.get(name, 0)
+        if used >= limit:
+            raise RecoveryError(
+                f"{name} died and cannot be replaced: runtime.max_restarts={limit} "
+                f"replacement{'s' if limit != 1 else ''} used up"
+            )
+        self.replacements[name] = used + 1
+        if name == "coordinator":
+            ray.kill(self.coordinator)
+            self.coordinator = self._start_coordinator()
+        else:
+            index = int(name.removeprefix("host "))
+            ray.kill(self.hosts[index])
+            self.hosts[index] = self._start_host(index)
 
     def train_round(self, round_index: int) -> dict[str, float]:
         """One round of client steps and the server step; returns the round's metrics."""
@@ -185,17 +217,17 @@ class Simulation:
         )
 
     def restore_checkpoint(self, directory: Path) -> None:
-        """Load a checkpoint into every actor, waiting up to runtime.restore_timeout_s for the actors Ray is
-        restarting (runtime.max_restarts); a RecoveryError names those that did not come back."""
+        """Load a checkpoint into every actor, replacing those that died (`_replace`) and waiting up to
+        runtime.restore_timeout_s for them; a RecoveryError names those that did not come back."""
         wait_s = self.config.runtime.restore_timeout_s
-        actors = {f"host {i}": host for i, host in enumerate(self.hosts)} | {"coordinator": self.coordinator}
+        names = [f"host {i}" for i in range(len(self.hosts))] + ["coordinator"]
 
         def restore(name: str) -> ray.ObjectRef:
             if name == "coordinator":
                 return self.coordinator.restore_checkpoint.remote(str(directory / "coordinator.npz"))
-            return actors[name].restore_checkpoint.remote(str(directory))
+            return self.hosts[int(name.removeprefix("host "))].restore_checkpoint.remote(str(directory))
 
-        pending = {name: restore(name) for name in actors}
+        pending = {name: restore(name) for name in names}
         deadline = time.monotonic() + wait_s
         while pending:
             done, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=1.0)
@@ -205,14 +237,13 @@ class Simulation:
                 try:
                     ray.get(ref)
                     del pending[name]
-                except ray.exceptions.RayActorError:  # still restarting: ask again shortly
-                    time.sleep(0.5)
+                except ray.exceptions.RayActorError:  # dead: a new actor takes its clients and state
+                    self._replace(name)
                     pending[name] = restore(name)
             if pending and time.monotonic() > deadline:
                 raise RecoveryError(
-                    f"{', '.join(pending)} not back {wait_s:g} s after dying (Ray restarts an actor at most "
-                    f"runtime.max_restarts={self.config.runtime.max_restarts} times; wait longer with "
-                    "runtime.restore_timeout_s)"
+                    f"{', '.join(pending)} not back {wait_s:g} s after dying (a replacement actor was started; "
+                    "wait longer with runtime.restore_timeout_s)"
                 )
 
     def close(self, wait_s: float = 10.0) -> None:
