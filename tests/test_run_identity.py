@@ -22,6 +22,8 @@ def test_a_quickstart_run_fills_mlflows_standard_fields(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     done = _raysim("run", str(config), "--quiet", "--set", "rounds=1", "--set", f"tracking.uri={uri}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
+    # a healthy run's console has no Ray warnings or errors (token-auth default, actor-restart caveat)
+    assert "WARNING" not in done.stderr and "ERROR" not in done.stderr and "core_worker" not in done.stderr, done.stderr
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("quickstart")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"

@@ -26,19 +26,16 @@ def new_local_ray(runtime: RuntimeSettings) -> dict[str, float] | None:
     return {"CPU": float(cpus), "GPU": float(gpus)}
 
 
-@contextmanager
-def _environment(**variables: str) -> Iterator[None]:
-    """Set environment variables for the duration of the block (the processes started in it inherit them)."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def _token_auth_explicitly() -> None:
+    """What ray.init does for a new local instance when RAY_AUTH_MODE is unset (token authentication, a token
+    generated once into ~/.ray, the mode left set for this process and its children, as Ray leaves it), done
+    before ray.init so that Ray does not warn on every run that it chose this default."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    from ray._raylet import Config
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")  # Ray's own step after setting the mode (ray._private.authentication)
 
 
 @contextmanager
@@ -54,17 +51,15 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
     if local is None:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
-        with _environment(RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "token")):
-            # Ray's default for a new local instance, said explicitly: token authentication, a token generated
-            # once into ~/.ray (without it, ray.init warns on every run that it chose this default).
-            ray.init(
-                address="local",
-                num_cpus=int(local["CPU"]),
-                num_gpus=config.runtime.num_gpus,
-                object_store_memory=config.runtime.object_store_mb * 2**20,
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-            )
+        _token_auth_explicitly()
+        ray.init(
+            address="local",
+            num_cpus=int(local["CPU"]),
+            num_gpus=config.runtime.num_gpus,
+            object_store_memory=config.runtime.object_store_mb * 2**20,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
     try:
         with sigterm_interrupts():  # ray.init installed a SIGTERM handler that exits on the spot
             yield
