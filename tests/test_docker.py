@@ -104,3 +104,19 @@ def test_docker_compose_config_accepts_the_file():
         env={"RAY_AUTH_TOKEN": "x", "PATH": "/usr/bin:/bin:/usr/local/bin"},
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_dockerignore_keeps_stores_out_and_what_the_images_copy_in():
+    patterns = [
+        line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]  # fmt: skip
+    assert {".venv", ".git", "mlruns", "mlflow.db"} <= set(patterns)
+    copied = set()
+    for dockerfile in DOCKER.glob("Dockerfile*"):
+        for line in dockerfile.read_text().splitlines():
+            if line.startswith("COPY") and "--from" not in line:
+                copied.update(part for part in line.split()[1:-1] if not part.startswith("--"))
+    assert {"raysim", "configs", "pyproject.toml"} <= copied
+    for source in copied:
+        assert not any(source == p or source.startswith(p + "/") for p in patterns), source
