@@ -51,9 +51,11 @@ def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, m
     history = client.get_metric_history(run.info.run_id, "pm/acc")
     assert [m.step for m in history] == [0, 1, 2]
     assert all(0.0 <= m.value <= 1.0 for m in history)
-    for name in ("gm/acc", "hm/acc", "pm/loss_var", "client/primal_residual", "server/global_change", "time/round"):
+    for name in ("gm/acc", "hm/acc", "pm/loss_var", "update/primal_residual", "server/global_change", "time/round"):
         assert client.get_metric_history(run.info.run_id, name), name
-    assert run.data.metrics["final/hm/acc"] >= max(run.data.metrics["final/pm/acc"], run.data.metrics["final/gm/acc"])
+    metrics = run.data.metrics
+    assert metrics["hm/acc"] >= max(metrics["pm/acc"], metrics["gm/acc"])
+    assert metrics["pm/best_acc"] >= metrics["pm/acc"] and not any(k.startswith(("final/", "best/")) for k in metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "clients.parquet", "convergence.png"} <= artifacts
     table = pq.read_table(client.download_artifacts(run.info.run_id, "clients.parquet", str(tmp_path)))

@@ -87,8 +87,8 @@ def test_loss_sum_variance_is_the_sample_variance_and_hm_takes_the_smaller_sum()
 @pytest.mark.slow
 def test_train_loss_false_never_scores_it_and_n_scores_every_nth_evaluation(ray_local, tmp_path):
     never = _history(f"sqlite:///{tmp_path / 'n.db'}", train_loss=False)
-    scored = [k for step in never.values() for k in step if k.endswith("/train_loss") and not k.startswith("client/")]
-    assert not scored  # client/train_loss is the training epoch's own mean loss, which costs nothing extra
+    scored = [k for step in never.values() for k in step if k.endswith("/train_loss") and not k.startswith("update/")]
+    assert not scored  # update/train_loss is the training epoch's own mean loss, which costs nothing extra
     assert all("pm/acc" in never[step] for step in range(4))
     second = _history(f"sqlite:///{tmp_path / 's.db'}", train_loss=2)
     scored = [step for step in range(4) if "pm/train_loss" in second[step]]

@@ -290,11 +290,11 @@ def test_fedslr_runs_through_the_cli_and_logs_rank_sparsity_and_traffic(tmp_path
     metrics = run.data.metrics
     assert run.data.tags["algorithm"] == "fedslr"
     assert 0 <= metrics["server/rank/1.weight"] < 4  # mlr 20 -> 4 classes: full rank would be 4
-    assert 0 < metrics["client/p_density"] < 1 and metrics["server/svd_seconds"] > 0
-    assert metrics["comm/downlink_bytes"] < metrics["comm/uplink_bytes"]  # factored GKR vs dense w_i
-    assert 0 <= metrics["pm/acc"] <= 1 and 0 <= metrics["gm/acc"] <= 1 and 0 <= metrics["final/personal/acc"] <= 1
-    assert metrics["client/mixed_params"] > metrics["client/p_nonzeros"]  # + the received GKR's count
-    assert metrics["client/p_nonzeros_std"] >= 0
+    assert 0 < metrics["update/p_density"] < 1 and metrics["server/svd_seconds"] > 0
+    assert metrics["traffic/downlink_bytes"] < metrics["traffic/uplink_bytes"]  # factored GKR vs dense w_i
+    assert 0 <= metrics["pm/acc"] <= 1 and 0 <= metrics["gm/acc"] <= 1 and 0 <= metrics["personal/acc"] <= 1
+    assert metrics["update/mixed_params"] > metrics["update/p_nonzeros"]  # + the received GKR's count
+    assert metrics["update/p_nonzeros_std"] >= 0
 
 
 def _fedslr_host_after_one_round(algorithm: dict):
@@ -340,6 +340,6 @@ def test_mixed_parameter_count_is_the_gkr_count_plus_the_nonzeros_of_p_and_sprea
     nonzeros = [float(np.count_nonzero(host.client_states()[r.client_id].p)) for r in records]
     assert [r.metrics["mixed_params"] for r in records] == [gkr + n for n in nonzeros]
     logged = mean_client_metrics(records)
-    assert logged["client/p_nonzeros"] == pytest.approx(np.mean(nonzeros))
-    assert logged["client/p_nonzeros_std"] == pytest.approx(np.std(nonzeros, ddof=1)) and np.std(nonzeros) > 0
-    assert mean_client_metrics([ClientRecord(0, {"a": 2.0}, 0.0)]) == {"client/a": 2.0, "client/a_std": 0.0}
+    assert logged["update/p_nonzeros"] == pytest.approx(np.mean(nonzeros))
+    assert logged["update/p_nonzeros_std"] == pytest.approx(np.std(nonzeros, ddof=1)) and np.std(nonzeros) > 0
+    assert mean_client_metrics([ClientRecord(0, {"a": 2.0}, 0.0)]) == {"update/a": 2.0, "update/a_std": 0.0}

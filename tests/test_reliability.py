@@ -116,7 +116,7 @@ def test_resumed_run_equals_uninterrupted_run(baseline, mlflow_uri, tmp_path):
     assert resumed.run_id == run_id
     assert resumed.summary == baseline.summary
     assert repr(resumed.final) == repr(baseline.final)  # repr: exact floats, and nan equals nan
-    for key in ("pm/acc", "time/round", "comm/uplink_bytes_total"):
+    for key in ("pm/acc", "time/round", "traffic/uplink_bytes_total"):
         steps = _steps(mlflow_uri, run_id, key)
         assert sorted(steps) == sorted(set(steps)), f"{key} logged twice at a step"
     assert sorted(_steps(mlflow_uri, run_id, "pm/acc")) == list(range(ROUNDS + 1))
@@ -161,7 +161,7 @@ def test_nonfinite_uploads_can_be_dropped(ray_local, mlflow_uri, tmp_path):
     data["algorithm"] = {**data["algorithm"], "lr": 1e30}
     data["runtime"] = {**data["runtime"], "on_nonfinite": "drop_client", "max_empty_rounds": ROUNDS}
     result = run_experiment(validate_config(data), show_progress=False)
-    assert result.history[1]["clients/dropped_nonfinite"] == 4.0
+    assert result.history[1]["round/dropped_clients"] == 4.0
     assert np.isfinite(result.summary["final/gm/acc"])
 
 
@@ -377,7 +377,7 @@ def test_metrics_survive_a_tracking_server_outage_exactly_once(ray_local, tmp_pa
         data = _config(uri, tmp_path, checkpoint_every=0)
         result = run_experiment(validate_config(data), show_progress=False, inspect=toggle)
         client = MlflowClient(uri)
-        for key in ("pm/acc", "time/round", "client/loss"):
+        for key in ("pm/acc", "time/round", "update/loss"):
             logged = {m.step: m.value for m in client.get_metric_history(result.run_id, key)}
             assert len(client.get_metric_history(result.run_id, key)) == len(logged), f"{key}: duplicates"
             expected = {s: v for s, v in result.history.items() if key in v}

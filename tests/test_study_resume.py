@@ -106,8 +106,8 @@ def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted
     tree = yaml.safe_load(path.read_text())["base"] | {"rounds": 25, "seed": 3}
     tree["tracking"] = {"uri": f"sqlite:///{tmp_path / 'fresh.db'}", "experiment": "fresh"}
     fresh = run_experiment(validate_config(tree), show_progress=False)
-    for key in ("final/pm/acc", "final/gm/acc", "final/pm/loss"):
-        assert after["long"].data.metrics[key] == fresh.summary[key]
+    for key in ("pm/acc", "gm/acc", "pm/loss"):
+        assert after["long"].data.metrics[key] == fresh.summary[f"final/{key}"]
     artifacts = {a.path for a in client.list_artifacts(parent)}
     assert {"table_final.md", "table_best.csv", "comparison.png", "summary.parquet"} <= artifacts
 

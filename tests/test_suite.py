@@ -106,10 +106,10 @@ def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_lo
     assert sorted(c.info.run_name for c in children) == sorted(ISSUE_3)
     for child in children:
         assert child.info.status == "FINISHED"
-        assert {"final/pm/acc", "final/gm/acc", "final/hm/acc", "pm/f1", "pm/auc"} <= set(child.data.metrics)
+        assert {"pm/acc", "gm/acc", "hm/acc", "pm/best_acc", "pm/f1", "pm/auc"} <= set(child.data.metrics)
         up, down = _bytes_per_client(child.info.run_name, "mlp" if child.info.run_name in split else "mlr")
-        assert child.data.metrics["comm/uplink_bytes_total"] == 2 * 3 * up  # 2 rounds, 3 clients
-        assert child.data.metrics["comm/downlink_bytes_total"] == 2 * 3 * down
+        assert child.data.metrics["traffic/uplink_bytes_total"] == 2 * 3 * up  # 2 rounds, 3 clients
+        assert child.data.metrics["traffic/downlink_bytes_total"] == 2 * 3 * down
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"summary.parquet", "comparison.png"} <= artifacts
     table = pq.read_table(client.download_artifacts(parent.info.run_id, "summary.parquet", str(tmp_path)))

@@ -15,7 +15,7 @@ layer-wise (SVT of linear and matrixized conv weights; biases and norm parameter
 SVD's thresholded factors U sqrt(S), sqrt(S) V^T are the downlink (fedslr.md 2.4): `downlink_bytes`
 counts min(dense, factored) per layer. With lambda = mu = 0, Phase I and the server are FedDyn's.
 Evaluation scores GM = w, PM = the mixed model w + p_i and `personal` = p_i alone (`extra_models`); the
-parameter counts of fedslr.md 6.5 are `server/global_params` and the per-client `client/mixed_params`.
+parameter counts of fedslr.md 6.5 are `server/global_params` and the per-client `update/mixed_params`.
 """
 
 from __future__ import annotations

@@ -19,6 +19,21 @@ from raysim.tracking.metrics import ClientEvaluation, benign_summary
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 
+def best_key(summary_key: str) -> str:
+    """The MLflow key of a best-round summary: `best/pm/acc` is logged as `pm/best_acc`."""
+    kind, metric = summary_key.removeprefix("best/").rsplit("/", 1)
+    return f"{kind}/best_{metric}"
+
+
+def summary_from_logged(metrics: dict[str, float]) -> dict[str, float]:
+    """A finished run's summary (`final/...`, `best/...`) rebuilt from its logged metrics' latest values."""
+    summary = {f"final/{k}": v for k, v in metrics.items() if "/best_" not in k}
+    for kind in ("pm", "gm", "hm"):
+        if f"{kind}/best_acc" in metrics:
+            summary[f"best/{kind}/acc"] = metrics[f"{kind}/best_acc"]
+    return summary
+
+
 @dataclass
 class RunResult:
     run_id: str | None
@@ -27,7 +42,8 @@ class RunResult:
     final: list[ClientEvaluation] = field(default_factory=list)
     """Every client's final scores, attackers included (the summaries exclude them)."""
     summary: dict[str, float] = field(default_factory=dict)
-    """Final and best-round summaries (`final/...`, `best/...`) over benign clients, logged at the last step."""
+    """Final and best-round summaries (`final/...`, `best/...`) over benign clients; in MLflow the final values
+    are the curves' latest ones and the best accuracies are `pm/best_acc`, `gm/best_acc`, `hm/best_acc`."""
     malicious: list[int] = field(default_factory=list)
 
 
@@ -146,7 +162,9 @@ class Rounds:
             f"best/{k}": max(result.history[r][k] for r in evaluated_rounds) for k in ("pm/acc", "gm/acc", "hm/acc")
         }
         result.summary = {f"final/{k}": v for k, v in finals.items()} | best
-        self.writer.log_metrics(config.rounds, result.summary)
+        # MLflow gets the best accuracies beside their curves (pm/best_acc, ...); the final values are the curves'
+        # latest ones, which the runs table shows already: no chart of single points ahead of the curves.
+        self.writer.log_metrics(config.rounds, {best_key(k): v for k, v in best.items()})
         for callback in self.callbacks:
             callback.on_end(result)
 

@@ -150,8 +150,8 @@ class Simulation:
             **self._communication(records, ray.get(downlink) * len(selected)),
             **mean_client_metrics(records),
             **{f"server/{k}": v for k, v in server_metrics.items()},
-            "clients/selected": float(len(selected)),
-            **({"clients/dropped_nonfinite": float(len(self.dropped))} if self.dropped else {}),
+            "round/selected_clients": float(len(selected)),
+            **({"round/dropped_clients": float(len(self.dropped))} if self.dropped else {}),
             **self._state_memory(),
             "time/clients": trained - start,
             "time/aggregation": aggregated - trained,
@@ -185,10 +185,10 @@ class Simulation:
         self.uplink_total += uplink
         self.downlink_total += downlink
         return {
-            "comm/uplink_bytes": float(uplink),
-            "comm/downlink_bytes": float(downlink),
-            "comm/uplink_bytes_total": float(self.uplink_total),
-            "comm/downlink_bytes_total": float(self.downlink_total),
+            "traffic/uplink_bytes": float(uplink),
+            "traffic/downlink_bytes": float(downlink),
+            "traffic/uplink_bytes_total": float(self.uplink_total),
+            "traffic/downlink_bytes_total": float(self.downlink_total),
         }
 
     def evaluate(self) -> list[ClientEvaluation]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from raysim.errors import ConfigError
 from raysim.runtime import checkpoint
-from raysim.runtime.rounds import RunResult
+from raysim.runtime.rounds import RunResult, summary_from_logged
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 HISTORY_METRICS = ("pm/acc", "gm/acc", "hm/acc", "heldout/pm/acc")
@@ -89,7 +89,7 @@ def kept_result(writer: MlflowWriter, run: Any) -> RunResult:
         if key in run.data.metrics:
             for metric in client.get_metric_history(run_id, key):
                 history.setdefault(metric.step, {})[key] = metric.value
-    summary = {k: v for k, v in run.data.metrics.items() if k.startswith(("final/", "best/"))}
+    summary = summary_from_logged(run.data.metrics)
     malicious = [int(c) for c in run.data.tags.get("malicious_clients", "").split(",") if c]
     return RunResult(run_id, history, [], summary, malicious)
 

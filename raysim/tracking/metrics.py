@@ -188,14 +188,14 @@ class ClientRecord:
 
 
 def mean_client_metrics(records: list[ClientRecord]) -> dict[str, float]:
-    """Mean over the selected clients of each metric their client steps reported (`client/<name>`) and its
-    spread across them (`client/<name>_std`, sample std; 0 for one client), e.g. the non-zeros of a sparse
+    """Mean over the selected clients of each metric their client steps reported (`update/<name>`) and its
+    spread across them (`update/<name>_std`, sample std; 0 for one client), e.g. the non-zeros of a sparse
     personal part."""
     summary = {}
     for name in sorted({k for r in records for k in r.metrics}):
         values = np.array([r.metrics[name] for r in records if name in r.metrics], dtype=np.float64)
-        summary[f"client/{name}"] = float(values.mean())
-        summary[f"client/{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+        summary[f"update/{name}"] = float(values.mean())
+        summary[f"update/{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     return summary
 def benign_summary(
     evaluations: list[ClientEvaluation], malicious: frozenset[int], heldout: frozenset[int] = frozenset()
