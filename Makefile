@@ -3,7 +3,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint setup data lock clean
+.PHONY: run test lint setup data tools docs lock clean
 
 run: setup
 	$(BIN)/raysim run configs/quickstart.yaml
@@ -15,7 +15,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check raysim tests jobs
 
-setup: $(STAMP) data
+setup: $(STAMP) data tools
 
 $(STAMP):
 	python3 -m venv $(VENV)
@@ -24,6 +24,12 @@ $(STAMP):
 
 data: $(STAMP)
 	$(BIN)/python -m raysim.data.fetch
+
+# Headless Chromium for the UI screenshots test (Debian's package; as root with apt-get, like Fashion-MNIST).
+tools:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } \
+	  || echo "note: tests/test_ui.py needs headless Chromium (Debian: apt-get install chromium)"
 
 # Re-resolve the full pinned dependency set after editing pyproject.toml.
 lock:

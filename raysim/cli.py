@@ -115,14 +115,17 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 def _ui(args: argparse.Namespace) -> int:
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
-    from raysim.tracking.server import ServerSettings, serve
+    from raysim.tracking.server import ServerSettings, runs_page, serve
 
-    uri = args.tracking_uri
-    if uri is None and args.config:
+    uri, experiment = args.tracking_uri, None
+    if args.config:
         from raysim.config import load_config
 
-        uri = load_config(args.config).tracking.uri
-    return serve(ServerSettings(resolve_tracking_uri(uri), None, "127.0.0.1", args.port), what="MLflow UI")
+        tracking = load_config(args.config).tracking
+        uri, experiment = uri or tracking.uri, tracking.experiment
+    settings = ServerSettings(resolve_tracking_uri(uri), None, "127.0.0.1", args.port)
+    landing = runs_page(settings.url, settings.backend_store_uri, experiment)
+    return serve(settings, what="MLflow UI", landing=landing)
 
 
 def _algorithms(args: argparse.Namespace) -> int:

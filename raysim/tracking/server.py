@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raysim.errors import RaysimError
-from raysim.tracking.credentials import redact
+from raysim.tracking.credentials import connect_uri, redact
 
 
 class ServerError(RaysimError):
@@ -118,13 +118,32 @@ class TrackingServer:
         self.stop()
 
 
-def serve(settings: ServerSettings, what: str = "MLflow tracking server") -> int:
+def runs_page(url: str, tracking_uri: str, experiment: str | None = None) -> str:
+    """The UI link that opens an experiment's runs table in MLflow's model-training view: `experiment` if
+    given and present, else the experiment whose runs changed last; the experiments list if there is none."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(connect_uri(tracking_uri))
+    view = "workflowType=machine_learning"  # MLflow 3 opens in its GenAI view unless told
+    found = client.get_experiment_by_name(experiment) if experiment else None
+    if found is None:
+        recent = client.search_experiments(order_by=["last_update_time DESC"])
+        found = next((e for e in recent if client.search_runs([e.experiment_id], max_results=1)), None)
+    if found is None:
+        return f"{url}/#/experiments?{view}"
+    return f"{url}/#/experiments/{found.experiment_id}/runs?{view}"
+
+
+def serve(settings: ServerSettings, what: str = "MLflow tracking server", landing: str | None = None) -> int:
     """Run the server in the foreground until Ctrl-C or SIGTERM, then stop it with every process it started
-    (the server runs in its own process group, so nothing is left holding the port)."""
+    (the server runs in its own process group, so nothing is left holding the port); `landing`: a link to
+    print for the user to open."""
     from raysim.errors import sigterm_interrupts
 
     artifacts = f", artifacts {settings.artifacts_destination}" if settings.artifacts_destination else ""
     print(f"{what} on {settings.url} (backend {redact(settings.backend_store_uri)}{artifacts})", flush=True)
+    if landing:
+        print(f"open {landing}", flush=True)
     server = TrackingServer(settings)
     with sigterm_interrupts():
         try:
