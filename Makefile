@@ -25,6 +25,10 @@ $(STAMP):
 data: $(STAMP)
 	$(BIN)/python -m raysim.data.fetch
 
+# The documentation site (MkDocs Material) into site/; the configuration reference is generated from the models.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # Headless Chromium for the UI screenshots test (Debian's package; as root with apt-get, like Fashion-MNIST).
 tools:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \

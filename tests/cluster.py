@@ -113,7 +113,7 @@ class LocalCluster:
         return processes_with(f"RAY_AUTH_TOKEN={self.token}", str(self.root))
 
     def stop(self) -> None:
-        """stop_nodes, as the README recipe does; whatever it missed is killed too and then reported."""
+        """stop_nodes, as the cluster guide's recipe does; whatever it missed is killed too and then reported."""
         try:
             stop_nodes(self.root)
         finally:

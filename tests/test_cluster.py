@@ -1,6 +1,6 @@
 """A real multi-node Ray cluster on 127.0.0.1, each node its own `ray start`.
 
-The README's "Running on a cluster" recipe runs as written (read from README.md at test time) with only its
+The cluster guide's recipe runs as written (read from docs/cluster.md at test time) with only its
 ports, temp folder and $HOME replaced. A head and two worker nodes (LocalCluster: token authentication with a
 fresh random token, a dedicated temp dir and ports) check placement, bit-for-bit results, a submitted sweep and
 token errors. Clusters are stopped with raysim.jobs.stop_nodes (what the recipe uses), checked against an
@@ -40,8 +40,8 @@ NODE_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port
 
 
 def readme_recipe() -> str:
-    """The ```bash block after the cluster-recipe marker in README.md, as written."""
-    text = (ROOT / "README.md").read_text()
+    """The ```bash block after the cluster-recipe marker in the cluster guide (docs/cluster.md), as written."""
+    text = (ROOT / "docs" / "cluster.md").read_text()
     after = text[text.index(RECIPE_MARKER) :]
     return after.split("```bash\n", 1)[1].split("\n```", 1)[0]
 
@@ -53,10 +53,10 @@ def localize(recipe: str, temp_dir: str) -> tuple[str, dict[str, int]]:
     script = recipe.replace("\\\n", " ")
     ports = {old: free_port() for old in RECIPE_PORTS}
     for old, new in ports.items():
-        assert re.search(rf"(?<![0-9]){old}(?![0-9])", script), f"README recipe lost its {RECIPE_PORTS[old]} port"
+        assert re.search(rf"(?<![0-9]){old}(?![0-9])", script), f"recipe lost its {RECIPE_PORTS[old]} port"
         script = re.sub(rf"(?<![0-9]){old}(?![0-9])", str(new), script)
     temp_dirs = set(re.findall(r"--temp-dir[ =](\S+)", script))
-    assert len(temp_dirs) == 1, f"README recipe: one --temp-dir for all nodes expected, got {temp_dirs}"
+    assert len(temp_dirs) == 1, f"cluster-guide recipe: one --temp-dir for all nodes expected, got {temp_dirs}"
     script = script.replace(temp_dirs.pop(), temp_dir)
     lines = []
     for line in script.splitlines():
@@ -71,7 +71,7 @@ def localize(recipe: str, temp_dir: str) -> tuple[str, dict[str, int]]:
 
 @pytest.mark.slow
 def test_readme_cluster_recipe_runs_as_written(ray_local, tmp_path):
-    """The README recipe, from `ray start` to stopping: its job's run lands in its MLflow server with metrics,
+    """The cluster-guide recipe, from `ray start` to stopping: its job's run lands in its MLflow server with metrics,
     imports raysim only from the shipped working dir, and stopping leaves none of its processes and every
     other Ray process (this session's local Ray) running."""
     from mlflow.tracking import MlflowClient

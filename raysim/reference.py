@@ -1,0 +1,132 @@
+"""The configuration reference, generated from the pydantic models that validate a config (the docs site's
+`reference/config.md` is built from it at every `make docs`, so it cannot drift from what `raysim run` accepts)."""
+
+from __future__ import annotations
+
+import sys
+import types
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from raysim.algorithms import REGISTRY
+from raysim.config import ExperimentConfig
+from raysim.data.partitions import AnyPartition
+
+VARIANTS: dict[str, tuple[str, list[type[BaseModel]]]] = {
+    "algorithm": ("name", [cls.Settings for cls in REGISTRY.values()]),
+    "partition": ("scheme", list(typing.get_args(AnyPartition))),
+}
+"""Sections whose keys depend on one choice: (the choosing key, one settings model per choice)."""
+
+
+def type_text(annotation: Any) -> str:
+    """A field's type as a reader wants it: allowed values for a Literal, `int | None`, `list[str]`."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return " \\| ".join(f"`{value}`" for value in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(type_text(arg) for arg in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return type_text(typing.get_args(annotation)[0])
+    if origin is not None:
+        inner = ", ".join(type_text(arg) for arg in typing.get_args(annotation))
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def default_text(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()  # type: ignore[call-arg]
+    elif field.default is PydanticUndefined:
+        return "required"
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return "see below"
+    return f"`{'null' if value is None else value}`"
+
+
+def bounds_text(field: FieldInfo) -> str:
+    """The numeric bounds pydantic enforces (`>= 1`, `> 0`, `< 1`)."""
+    parts = []
+    for item in field.metadata:
+        for name, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            value = getattr(item, name, None)
+            if value is not None:
+                parts.append(f"{sign} {value}")
+    return ", ".join(parts)
+
+
+def field_rows(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if key in skip:
+            continue
+        about = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        bounds = bounds_text(field)
+        about = f"{about} ({bounds})" if bounds and about else about or (f"({bounds})" if bounds else "")
+        rows.append(f"| `{prefix}{key}` | {type_text(field.annotation)} | {default_text(field)} | {about} |")
+    return rows
+
+
+TABLE_HEAD = ["| key | type / allowed values | default | what |", "|---|---|---|---|"]
+
+
+def config_reference() -> str:
+    """Every key of an experiment config, section by section, as Markdown."""
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from the pydantic models that validate a config (`raysim/config.py` and the algorithm and "
+        "partition settings they name), so it lists exactly what `raysim run` accepts. `raysim config FILE` prints "
+        "a file's resolved config with every default filled in.",
+        "",
+        "## Top level",
+        "",
+        *TABLE_HEAD,
+        *[row for row in field_rows(ExperimentConfig, "") if "see below" not in row and "required" not in row],
+    ]
+    for section, field in ExperimentConfig.model_fields.items():
+        if section in VARIANTS:
+            choice, models = VARIANTS[section]
+            out += ["", f"## `{section}`", "", f"`{section}.{choice}` chooses the settings below."]
+            for model in models:
+                value = typing.get_args(model.model_fields[choice].annotation)[0]
+                out += ["", f"### `{section}.{choice}: {value}`", "", summary(model), "", *TABLE_HEAD,
+                        *field_rows(model, f"{section}.", skip=(choice,))]  # fmt: skip
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            doc = (field.annotation.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+            out += ["", f"## `{section}`", "", doc, "", *TABLE_HEAD, *field_rows(field.annotation, f"{section}.")]
+    return "\n".join(out) + "\n"
+
+
+def summary(model: type[BaseModel]) -> str:
+    """A settings model's first paragraph; an algorithm's settings say nothing, its module's docstring does."""
+    text = model.__dict__.get("__doc__")
+    if not text:
+        owner = next((cls for cls in REGISTRY.values() if cls.Settings is model), None)
+        text = sys.modules[owner.__module__].__doc__ if owner is not None else ""
+    return (text or "").strip().split("\n\n")[0].replace("\n", " ")
+
+
+def config_keys() -> set[str]:
+    """Every dotted key the reference documents (tests check it against the models)."""
+    keys = {name for name, f in ExperimentConfig.model_fields.items() if not _is_model(f.annotation)}
+    for section, field in ExperimentConfig.model_fields.items():
+        if section in VARIANTS:
+            for model in VARIANTS[section][1]:
+                keys |= {f"{section}.{f.alias or n}" for n, f in model.model_fields.items()}
+        elif _is_model(field.annotation):
+            keys |= {f"{section}.{f.alias or n}" for n, f in field.annotation.model_fields.items()}
+    return keys
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
