@@ -133,6 +133,11 @@ class ClientData:
             y = generator.integers(0, self.random_labels, size=len(y)).astype(y.dtype)
         return x, y
 
+    @property
+    def redrawn(self) -> bool:
+        """Whether an access draws noise or labels: only then does an evaluation need the client's generator."""
+        return bool(self.noise_std or self.random_labels)
+
     def arrays(self, split: str, generator: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self.batch(getattr(self, split), generator)
 
