@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,7 +58,11 @@ def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, m
     assert metrics["hm/acc"] >= max(metrics["pm/acc"], metrics["gm/acc"])
     assert metrics["pm/best_acc"] >= metrics["pm/acc"] and not any(k.startswith(("final/", "best/")) for k in metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "clients.parquet", "convergence.png"} <= artifacts
+    assert {"config.yaml", "clients.parquet", "convergence.png", "clients.json", "partition.json"} <= artifacts
+    tables = json.loads(run.data.tags["mlflow.loggedArtifacts"])
+    assert {"path": "clients.json", "type": "table"} in tables and {"path": "partition.json", "type": "table"} in tables
+    shown = json.loads(Path(client.download_artifacts(run.info.run_id, "clients.json", str(tmp_path))).read_text())
+    assert len(shown["data"]) == 4 and "pm_test_acc" in shown["columns"]
     table = pq.read_table(client.download_artifacts(run.info.run_id, "clients.parquet", str(tmp_path)))
     assert table.num_rows == 4 and {"client_id", "pm_test_acc", "gm_test_acc", "hm_test_acc"} <= set(table.column_names)
     config_path = client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))

@@ -102,3 +102,22 @@ def test_scores_of_a_group_do_not_depend_on_the_groups_scored_with_it(name, inpu
             assert (a.loss, a.loss_sum) == (b.loss, b.loss_sum)
             assert a.accuracy == b.accuracy or (np.isnan(a.accuracy) and np.isnan(b.accuracy))
             assert np.array_equal(a.outputs, b.outputs)
+
+
+@pytest.mark.parametrize("name", ["mlr", "mlp"])
+def test_the_direct_forward_of_a_perceptron_equals_the_module_call(name):
+    """FlatModel runs Flatten/Linear/ReLU stacks as the torch ops their modules call, without functional_call:
+    outputs and gradients must be exactly the module's."""
+    from torch.func import functional_call
+
+    from raysim.models.flat import FlatModel
+
+    model = FlatModel(name, (1, 28, 28), 10)
+    flat = torch.from_numpy(model.initial_parameters(5)).requires_grad_(True)
+    x = torch.rand(37, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    ours = model.forward(flat, x)
+    theirs = functional_call(model.module, model.spec.unflatten(flat), (x,))
+    assert model._layers is not None and torch.equal(ours, theirs)
+    (grad_ours,) = torch.autograd.grad(ours.square().sum(), flat)
+    (grad_theirs,) = torch.autograd.grad(theirs.square().sum(), flat)
+    assert torch.equal(grad_ours, grad_theirs)

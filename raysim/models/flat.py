@@ -78,6 +78,8 @@ class FlatModel:
         self.module = build_module(name, input_shape, outputs)
         self.spec = ParamSpec.of(self.module)
         self._head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
+        self._layers = perceptron_layers(self.module, self.input_shape)
+        """(weight, bias) names of a Flatten/Linear/ReLU stack, which `forward` runs without functional_call."""
 
     @property
     def size(self) -> int:
@@ -101,7 +103,18 @@ class FlatModel:
         return nn.functional.cross_entropy(outputs, targets, reduction="none")
 
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.module, self.spec.unflatten(flat), (x,))
+        """The network's outputs at `flat`. A Flatten/Linear/ReLU stack runs as the same torch ops its modules call
+        (same results), without functional_call's per-call cost of swapping the module's parameters."""
+        if self._layers is None:
+            return functional_call(self.module, self.spec.unflatten(flat), (x,))
+        params = self.spec.unflatten(flat)
+        hidden = x.reshape(len(x), -1)
+        for weight, bias in self._layers:
+            if weight is None:
+                hidden = torch.relu(hidden)
+            else:
+                hidden = nn.functional.linear(hidden, params[weight], None if bias is None else params[bias])
+        return hidden
 
     def features(self, flat: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(penultimate features, logits): the features are the input of the network's last linear layer
@@ -161,6 +174,8 @@ class FlatModel:
         (a short one is padded with copies of its first row), as MKL takes a different, differently rounded path
         for up to 3 rows (measured with this machine's AVX-512 MKL; tests/test_models.py checks it). So the scores
         of a group are the same whatever groups it is scored with."""
+        if not groups:
+            return []
         params = torch.tensor(flat, dtype=torch.float32)
         sizes = [len(y) for _, y in groups]
         losses = np.empty(sum(sizes), np.float64)
@@ -201,6 +216,25 @@ class FlatModel:
             return self.forward(params, x)
         padding = x[:1].expand(MIN_ROWS - len(x), *x.shape[1:])
         return self.forward(params, torch.cat([x, padding]))[: len(x)]
+
+
+def perceptron_layers(module: nn.Module, input_shape: tuple[int, ...]) -> list[tuple[str | None, str | None]] | None:
+    """(weight, bias) parameter names of each Linear of an nn.Sequential of Flatten, Linear and ReLU layers
+    ((None, None) for a ReLU), or None for any other model."""
+    if not isinstance(module, nn.Sequential):
+        return None
+    layers: list[tuple[str | None, str | None]] = []
+    flat = len(input_shape) == 1
+    for name, layer in module.named_children():
+        if isinstance(layer, nn.Flatten) and layer.start_dim == 1 and layer.end_dim == -1:
+            flat = True
+        elif isinstance(layer, nn.Linear) and flat:
+            layers.append((f"{name}.weight", None if layer.bias is None else f"{name}.bias"))
+        elif isinstance(layer, nn.ReLU):
+            layers.append((None, None))
+        else:
+            return None
+    return layers
 
 
 MIN_ROWS = 16

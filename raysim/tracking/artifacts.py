@@ -15,6 +15,7 @@ from raysim.tracking.reports import (
     write_convergence_plot,
     write_partition_heatmap,
     write_partition_table,
+    write_table_json,
 )
 
 if TYPE_CHECKING:
@@ -48,10 +49,12 @@ class RunArtifacts(RoundCallback):
             folder = Path(directory)
             (folder / "config.yaml").write_text(self.config.to_yaml())
             write_client_table(result.final, sizes, folder / "clients.parquet")
+            write_table_json(folder / "clients.parquet", folder / "clients.json")
             title = f"{self.config.algorithm.name} on {self.config.dataset.name}"
             write_convergence_plot(result.history, title, folder / "convergence.png")
             for name in ("config.yaml", "clients.parquet", "convergence.png"):
                 self.writer.log_artifact(folder / name)
+            self.writer.log_table(folder / "clients.json")
 
     def write_partition(self) -> None:
         """partition.parquet (per client and label: train/test/val counts) and partition.png (label shares)."""
@@ -66,5 +69,7 @@ class RunArtifacts(RoundCallback):
             write_partition_table(counts, extra, folder / "partition.parquet")
             title = f"{self.config.partition.scheme} partition of {self.config.dataset.name}"
             write_partition_heatmap(counts, title, folder / "partition.png")
+            write_table_json(folder / "partition.parquet", folder / "partition.json")
             for name in ("partition.parquet", "partition.png"):
                 self.writer.log_artifact(folder / name)
+            self.writer.log_table(folder / "partition.json")

@@ -138,6 +138,8 @@ class MlflowWriter:
         self.retry_max_s = retry_max_s
         self.failures = 0
         """Failed requests so far (each was retried)."""
+        self._tables: list[dict[str, str]] = []
+        """The table artifacts logged so far (log_table)."""
         self._queue: queue.Queue = queue.Queue()
         self._files = tempfile.TemporaryDirectory(prefix="raysim-artifacts-")
         self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
@@ -188,6 +190,13 @@ class MlflowWriter:
         copy = folder / Path(path).name
         shutil.copyfile(path, copy)
         self._queue.put(("artifact", (copy, artifact_path)))
+
+    def log_table(self, path: Path) -> None:
+        """Queue a JSON table (raysim.tracking.reports.write_table_json) as an artifact the MLflow UI shows as a
+        table (MLflow lists a run's tables in its `mlflow.loggedArtifacts` tag)."""
+        self.log_artifact(path)
+        self._tables.append({"path": Path(path).name, "type": "table"})
+        self.set_tags({"mlflow.loggedArtifacts": json.dumps(self._tables)})
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued has reached the server; False if `timeout` ran out first."""

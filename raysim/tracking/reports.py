@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,14 @@ def write_client_table(evaluations: list[ClientEvaluation], extra: dict[int, dic
     """One row per client: its final PM/GM/HM scores plus `extra` columns (e.g. sample counts)."""
     rows = [{**e.row(), **extra.get(e.client_id, {})} for e in sorted(evaluations, key=lambda e: e.client_id)]
     pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def write_table_json(parquet: Path, path: Path) -> None:
+    """A Parquet table as MLflow's table artifact (`{"columns": [...], "data": [[...], ...]}`, NaN as null), which
+    the MLflow UI shows as a table."""
+    table = pq.read_table(parquet)
+    rows = [[None if isinstance(v, float) and math.isnan(v) else v for v in row.values()] for row in table.to_pylist()]
+    path.write_text(json.dumps({"columns": table.column_names, "data": rows}))
 
 
 def write_convergence_plot(history: dict[int, dict[str, float]], title: str, path: Path) -> None:

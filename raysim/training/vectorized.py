@@ -28,12 +28,11 @@ from typing import Literal
 
 import numpy as np
 import torch
-from torch import nn
 from torch.func import functional_call, vmap
 
 from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.prox import soft_threshold
-from raysim.models.flat import FlatModel
+from raysim.models.flat import FlatModel, perceptron_layers
 from raysim.training.local import ClientData, LocalTrainer
 
 SGDJob = tuple[LocalSGD, ClientData, np.random.Generator]
@@ -76,7 +75,7 @@ class VectorizedTrainer:
         self.chunk = chunk
         self.device = torch.device("cpu") if device is None else device
         self.module = copy.deepcopy(model.module).to(self.device)
-        self._layers = _perceptron_layers(self.module, model.input_shape)
+        self._layers = perceptron_layers(self.module, model.input_shape)
         self._batched = vmap(self._forward)
         self._sequential = LocalTrainer(model)
         self._sources: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
@@ -308,25 +307,6 @@ def _constant_term(request: LocalSGD, size: int) -> np.ndarray:
     if request.linear is not None:
         value = value - np.asarray(request.linear, np.float32)
     return value
-
-
-def _perceptron_layers(module: nn.Module, input_shape: tuple[int, ...]) -> list[tuple[str | None, str | None]] | None:
-    """(weight, bias) parameter names of each Linear of an nn.Sequential of Flatten, Linear and ReLU layers
-    ((None, None) for a ReLU), or None for any other model."""
-    if not isinstance(module, nn.Sequential):
-        return None
-    layers: list[tuple[str | None, str | None]] = []
-    flat = len(input_shape) == 1
-    for name, layer in module.named_children():
-        if isinstance(layer, nn.Flatten) and layer.start_dim == 1 and layer.end_dim == -1:
-            flat = True
-        elif isinstance(layer, nn.Linear) and flat:
-            layers.append((f"{name}.weight", None if layer.bias is None else f"{name}.bias"))
-        elif isinstance(layer, nn.ReLU):
-            layers.append((None, None))
-        else:
-            return None
-    return layers
 
 
 def _steps(job: SGDJob) -> int:
