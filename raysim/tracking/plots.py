@@ -26,6 +26,8 @@ LINE_STYLES = ("-", "--", ":", "-.")
 LINE_WIDTHS = {"-": 2.6, "--": 1.6, ":": 2.0, "-.": 1.5}
 """The solid line is the widest, so that an equal curve drawn over it in a broken style leaves it visible."""
 DPI = 110
+COLORS = tuple(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+"""Matplotlib's default colour cycle, for figures that colour by hand (one colour per model or series)."""
 
 
 @dataclass(frozen=True)

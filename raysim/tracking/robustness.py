@@ -71,15 +71,22 @@ def write_robustness_plot(children: list[Any], title: str, path: Path) -> bool:
 
 
 def write_fairness_scatter(children: list[Any], title: str, path: Path) -> None:
-    """Variance of test loss across benign clients vs mean test accuracy, per run and model (PM/GM/HM)."""
+    """Variance of test loss across benign clients vs mean test accuracy, per run and model (PM/GM/HM). Markers
+    shrink from PM to HM and PM/GM are hollow, so a model that lands on another (HM often equals PM) still shows;
+    each run is labelled once per distinct point."""
     runs = _mean_over_seeds(children)
     figure, (axis,) = plots.figure(figsize=(8, 5))
-    for kind, marker in zip(KINDS, ("o", "s", "^"), strict=True):
+    labelled: set[tuple[str, float, float]] = set()
+    shapes = (("o", 110, "none"), ("s", 60, "none"), ("^", 22, None))
+    for index, (kind, (marker, size, face)) in enumerate(zip(KINDS, shapes, strict=True)):
+        color = plots.COLORS[index % len(plots.COLORS)]
         xs = [r["summary"].get(f"final/{kind}/acc", np.nan) for r in runs.values()]
         ys = [r["summary"].get(f"final/{kind}/loss_var", np.nan) for r in runs.values()]
-        axis.scatter(xs, ys, marker=marker, label=kind.upper())
+        axis.scatter(xs, ys, marker=marker, s=size, facecolors=face or color, edgecolors=color, label=kind.upper())
         for name, x, y in zip(runs, xs, ys, strict=True):
-            axis.annotate(name, (x, y), fontsize=6, alpha=0.8)
+            if (name, round(x, 4), round(y, 6)) not in labelled:
+                labelled.add((name, round(x, 4), round(y, 6)))
+                axis.annotate(name, (x, y), xytext=(5, 3), textcoords="offset points", fontsize=7, alpha=0.8)
     axis.set(xlabel="mean test accuracy (benign clients)", ylabel="variance of test loss across clients", title=title)
     axis.grid(alpha=0.3)
     plots.legend_outside(figure, [axis])
