@@ -218,6 +218,11 @@ class TrackingSettings(_Section):
         description="batch size of the FLAME authors' fairness unit: per client, the sum over test batches of the "
         "batch-mean loss (logged as */loss_sum_var, the variance of that sum across clients)",
     )
+    system_metrics: bool = Field(
+        True,
+        description="MLflow's system metrics (CPU, memory, disk, network, GPU) of the driver's machine every 10 s "
+        "($MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL), in the run's System metrics tab",
+    )
     train_loss: bool | int = Field(
         True,
         description="score every client's training loss at every evaluation (true), never (false), or at every "

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_a_quickstart_run_fills_mlflows_standard_fields(tmp_path):
+def test_a_quickstart_run_fills_mlflows_standard_fields(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")  # MLflow's knob: samples in a short run
     config = tmp_path / "quickstart.yaml"
     shutil.copy(ROOT / "configs" / "quickstart.yaml", config)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -36,6 +37,7 @@ def test_a_quickstart_run_fills_mlflows_standard_fields(tmp_path):
     assert tags["mlflow.note.content"].startswith("flame on fashion_mnist, partition q_label, 10 clients, 1 rounds")
     assert "malicious_clients" not in tags and "git_commit" not in tags  # no attack: no empty tag
     assert "None" not in params.values() and "tracking.run_name" not in params
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.name == "fashion_mnist/q2" and len(dataset_input.dataset.digest) == 16
     assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "training")]

@@ -83,10 +83,13 @@ def run_experiment(
             rounds = Rounds(config, writer, result, problem, resume, callbacks, inspect)
             simulation = Simulation(config, problem, layout)
             writer.set_tags({"raysim.hosts": str(len(simulation.hosts))})
+            monitor = _system_metrics(config, uri, result.run_id, resumed=resume is not None)
             try:
                 rounds.run(simulation)
             finally:
                 simulation.close()
+                if monitor is not None:
+                    monitor.finish()
     except (UploadRangeError, NoUsableUpload) as error:
         message = str(getattr(error, "cause", None) or error).strip().splitlines()[-1]
         writer.set_tags({"raysim.error": message})
@@ -106,6 +109,20 @@ def run_experiment(
         raise
     writer.finish("FINISHED", timeout)
     return result
+
+
+def _system_metrics(config: ExperimentConfig, uri: str, run_id: str | None, resumed: bool):
+    """MLflow's own system-metrics monitor on the run (tracking.system_metrics), started; None when off."""
+    if not config.tracking.system_metrics or run_id is None:
+        return None
+    import logging
+
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop lines on the console
+    monitor = SystemMetricsMonitor(run_id, resume_logging=resumed, tracking_uri=connect_uri(uri))
+    monitor.start()
+    return monitor
 
 
 def _open_run(
