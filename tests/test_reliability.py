@@ -479,25 +479,36 @@ def test_writer_recognizes_a_batch_that_landed_despite_an_error(mlflow_uri):
 
 
 @pytest.mark.slow
-def test_raysim_resume_picks_up_after_the_driver_process_is_killed(baseline, mlflow_uri, tmp_path):
-    data = _config(mlflow_uri, tmp_path, checkpoint_every=1)
+def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, mlflow_uri, tmp_path):
+    """Long enough (30 rounds) that the driver is surely mid-run when a checkpoint of round 3 or later appears,
+    however fast rounds are; the resumed run must end exactly as an uninterrupted one."""
+    rounds = 30
+    data = _config(mlflow_uri, tmp_path, checkpoint_every=1) | {"rounds": rounds}
     data["runtime"] = {**data["runtime"], "num_cpus": 2}
+    reference = _config(f"sqlite:///{tmp_path / 'reference.db'}", tmp_path / "reference") | {"rounds": rounds}
+    expected = run_experiment(validate_config(reference), show_progress=False)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     raysim = str(Path(sys.executable).parent / "raysim")
     driver = subprocess.Popen([raysim, "run", str(tmp_path / "run.yaml"), "--quiet"], start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def checkpointed() -> int:
+        return max((int(p.parent.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("*/round-*/manifest.json")),
+                   default=0)  # fmt: skip
+
     try:
         deadline = time.monotonic() + 240
-        while not list((tmp_path / "ckpt").glob("*/round-000003/manifest.json")):
+        while checkpointed() < 3:
             assert driver.poll() is None and time.monotonic() < deadline, "driver ended before round 3"
-            time.sleep(0.2)
+            time.sleep(0.05)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started: a dead driver
         driver.wait(30)
+    assert checkpointed() < rounds  # killed mid-run
     run_id = next((tmp_path / "ckpt").iterdir()).name
     assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "RUNNING"
     resumed = resume_experiment(run_id, mlflow_uri, show_progress=False)
-    assert resumed.summary == baseline.summary
+    assert resumed.summary == expected.summary
     steps = _steps(mlflow_uri, run_id, "pm/acc")
-    assert sorted(steps) == list(range(ROUNDS + 1))
+    assert sorted(steps) == list(range(rounds + 1))
     assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "FINISHED"

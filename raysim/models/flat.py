@@ -121,8 +121,8 @@ class FlatModel:
         (what knowledge distillation compares, augfl.md 2.1)."""
         captured: list[torch.Tensor] = []
         handle = self._head.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
-        try:
-            logits = self.forward(flat, x)
+        try:  # through the module itself (not forward's direct path), so that the hook sees the head's input
+            logits = functional_call(self.module, self.spec.unflatten(flat), (x,))
         finally:
             handle.remove()
         return captured[0], logits
