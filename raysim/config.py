@@ -356,6 +356,15 @@ SWITCHES = {"partition": "scheme", "algorithm": "name"}
 """Sections whose settings depend on one key: switching it with --set drops the old choice's settings."""
 
 
+def choice_models(section: str) -> dict[str, type[Settings]]:
+    """The settings model of each choice of a SWITCHES section (`algorithm`: name -> its Settings, `partition`:
+    scheme -> its settings class)."""
+    if section == "algorithm":
+        return {name: cls.Settings for name, cls in REGISTRY.items()}
+    models = PartitionSettings.__origin__.__args__
+    return {model.model_fields["scheme"].default: model for model in models}
+
+
 def apply_overrides(tree: dict[str, Any], assignments: list[str] | tuple[str, ...]) -> None:
     """Apply `--set` overrides in order. One that switches `partition.scheme` or `algorithm.name` drops the
     section's settings the new scheme or algorithm does not have (`q` when q_label becomes iid), unless another
@@ -383,17 +392,8 @@ def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
     node: Any = data
     for key in loc[:-1]:
         node = node.get(key, {}) if isinstance(node, dict) else {}
-        if model is ExperimentConfig and key == "algorithm":
-            model = REGISTRY[node["name"]].Settings if node.get("name") in REGISTRY else None
-        elif model is ExperimentConfig and key == "partition":
-            model = next(
-                (
-                    a
-                    for a in PartitionSettings.__origin__.__args__
-                    if a.model_fields["scheme"].default == node.get("scheme")
-                ),
-                None,
-            )
+        if model is ExperimentConfig and key in SWITCHES:
+            model = choice_models(key).get(node.get(SWITCHES[key]))
         elif model is not None and key in getattr(model, "model_fields", {}):
             model = model.model_fields[key].annotation
         else:

@@ -13,14 +13,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from raysim.algorithms import REGISTRY
-from raysim.config import ExperimentConfig
-from raysim.data.partitions import AnyPartition
-
-VARIANTS: dict[str, tuple[str, list[type[BaseModel]]]] = {
-    "algorithm": ("name", [cls.Settings for cls in REGISTRY.values()]),
-    "partition": ("scheme", list(typing.get_args(AnyPartition))),
-}
-"""Sections whose keys depend on one choice: (the choosing key, one settings model per choice)."""
+from raysim.config import SWITCHES, ExperimentConfig, choice_models
 
 
 def type_text(annotation: Any) -> str:
@@ -94,11 +87,10 @@ def config_reference() -> str:
         *[row for row in field_rows(ExperimentConfig, "") if "see below" not in row and "required" not in row],
     ]
     for section, field in ExperimentConfig.model_fields.items():
-        if section in VARIANTS:
-            choice, models = VARIANTS[section]
+        if section in SWITCHES:
+            choice = SWITCHES[section]
             out += ["", f"## `{section}`", "", f"`{section}.{choice}` chooses the settings below."]
-            for model in models:
-                value = typing.get_args(model.model_fields[choice].annotation)[0]
+            for value, model in choice_models(section).items():
                 out += ["", f"### `{section}.{choice}: {value}`", "", summary(model), "", *TABLE_HEAD,
                         *field_rows(model, f"{section}.", skip=(choice,))]  # fmt: skip
         elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
@@ -120,8 +112,8 @@ def config_keys() -> set[str]:
     """Every dotted key the reference documents (tests check it against the models)."""
     keys = {name for name, f in ExperimentConfig.model_fields.items() if not _is_model(f.annotation)}
     for section, field in ExperimentConfig.model_fields.items():
-        if section in VARIANTS:
-            for model in VARIANTS[section][1]:
+        if section in SWITCHES:
+            for model in choice_models(section).values():
                 keys |= {f"{section}.{f.alias or n}" for n, f in model.model_fields.items()}
         elif _is_model(field.annotation):
             keys |= {f"{section}.{f.alias or n}" for n, f in field.annotation.model_fields.items()}

@@ -106,7 +106,7 @@ class FlatModel:
         """The network's outputs at `flat`. A Flatten/Linear/ReLU stack runs as the same torch ops its modules call
         (same results), without functional_call's per-call cost of swapping the module's parameters."""
         if self._layers is None:
-            return functional_call(self.module, self.spec.unflatten(flat), (x,))
+            return self._through_module(flat, x)
         params = self.spec.unflatten(flat)
         hidden = x.reshape(len(x), -1)
         for weight, bias in self._layers:
@@ -116,13 +116,17 @@ class FlatModel:
                 hidden = nn.functional.linear(hidden, params[weight], None if bias is None else params[bias])
         return hidden
 
+    def _through_module(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The module's own forward with its parameters taken from `flat` (hooks on its layers fire)."""
+        return functional_call(self.module, self.spec.unflatten(flat), (x,))
+
     def features(self, flat: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(penultimate features, logits): the features are the input of the network's last linear layer
         (what knowledge distillation compares, augfl.md 2.1)."""
         captured: list[torch.Tensor] = []
         handle = self._head.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
         try:  # through the module itself (not forward's direct path), so that the hook sees the head's input
-            logits = functional_call(self.module, self.spec.unflatten(flat), (x,))
+            logits = self._through_module(flat, x)
         finally:
             handle.remove()
         return captured[0], logits

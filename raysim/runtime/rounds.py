@@ -26,11 +26,12 @@ def best_key(summary_key: str) -> str:
 
 
 def summary_from_logged(metrics: dict[str, float]) -> dict[str, float]:
-    """A finished run's summary (`final/...`, `best/...`) rebuilt from its logged metrics' latest values."""
-    summary = {f"final/{k}": v for k, v in metrics.items() if "/best_" not in k}
-    for kind in ("pm", "gm", "hm"):
-        if f"{kind}/best_acc" in metrics:
-            summary[f"best/{kind}/acc"] = metrics[f"{kind}/best_acc"]
+    """A finished run's summary (`final/...`, `best/...`) rebuilt from its logged metrics' latest values (the
+    inverse of `best_key` for the best ones)."""
+    summary = {}
+    for key, value in metrics.items():
+        kind, best, metric = key.partition("/best_")
+        summary[f"best/{kind}/{metric}" if best else f"final/{key}"] = value
     return summary
 
 
