@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score, roc_auc_score
 
-from raysim.tracking.metrics import classification_scores
+from raysim.tracking.metrics import classification_scores, classification_scores_many
 
 
 @st.composite
@@ -49,3 +49,23 @@ def test_scores_on_a_hand_checked_split():
     assert np.isclose(f1, (2 / 3 + 4 / 5) / 2) and np.isclose(auc, 1.0)
     f1, auc = classification_scores(logits, np.array([0, 1, 0, 1]), "zero")
     assert np.isclose(f1, (2 / 3 + 4 / 5) / 2) and np.isclose(auc, 0.75)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(splits(), min_size=1, max_size=6), st.sampled_from(["zero", "nan"]))
+def test_scores_of_many_splits_together_are_each_splits_own(parts, single_label):
+    """A host scores a chunk of clients' test splits in one call (classification_scores_many): each split's F1
+    and AUC must be exactly its own, whatever splits it is computed with (empty ones included)."""
+    classes = max(logits.shape[1] for logits, _ in parts)
+    parts = [(np.pad(logits, ((0, 0), (0, classes - logits.shape[1])), constant_values=-1.0), y) for logits, y in parts]
+    empty = len(parts) // 2
+    parts.insert(empty, (np.zeros((0, classes)), np.zeros(0, np.int64)))
+    together = classification_scores_many(
+        np.concatenate([logits for logits, _ in parts]),
+        np.concatenate([y for _, y in parts]),
+        [len(y) for _, y in parts],
+        single_label,
+    )
+    alone = [classification_scores(logits, y, single_label) for logits, y in parts]
+    assert np.array_equal(np.array(together), np.array(alone), equal_nan=True)
+    assert np.isnan(together[empty]).all()

@@ -104,6 +104,35 @@ def test_scores_of_a_group_do_not_depend_on_the_groups_scored_with_it(name, inpu
             assert np.array_equal(a.outputs, b.outputs)
 
 
+@pytest.mark.parametrize(("name", "input_shape"), [("mlp", (1, 28, 28)), ("mlr", (1, 28, 28)), ("cnn", (3, 32, 32))])
+def test_each_group_scored_at_its_own_parameters_equals_scoring_it_alone(name, input_shape):
+    """Every client's PM is scored on its own split in batched products (FlatModel.scores_each): each group's
+    scores must be exactly those of `scores` on it alone, whatever groups share its pack and however they are
+    padded, or an evaluation would depend on how clients are spread over hosts."""
+    import numpy as np
+
+    from raysim.models.flat import FlatModel
+
+    torch.set_num_threads(1)
+    model = FlatModel(name, input_shape, 10)
+    generator = np.random.default_rng(1)
+    sizes = [1, 2, 3, 5, 17, 40, 0, 130, 7, 64, 300]
+    groups = [
+        (generator.random((n, *input_shape), dtype=np.float32), generator.integers(0, 10, n).astype(np.int64))
+        for n in sizes
+    ]
+    params = [model.initial_parameters(seed) * np.float32(1 + seed / 4) for seed in range(len(groups))]
+    alone = [model.scores(p, x, y, sum_batch=4, keep_outputs=True) for p, (x, y) in zip(params, groups, strict=True)]
+    for rows in (16, 200, 8192):
+        each = model.scores_each(params, groups, sum_batch=4, keep_outputs=True, rows=rows)
+        for a, b in zip(alone, each, strict=True):
+            assert (a.loss, a.loss_sum) == (b.loss, b.loss_sum)
+            assert np.array_equal(a.outputs, b.outputs)
+            assert a.accuracy == b.accuracy or (np.isnan(a.accuracy) and np.isnan(b.accuracy))
+    with pytest.raises(ValueError, match="2 parameter vectors for 11 groups"):
+        model.scores_each(params[:2], groups)
+
+
 @pytest.mark.parametrize("name", ["mlr", "mlp"])
 def test_the_direct_forward_of_a_perceptron_equals_the_module_call(name):
     """FlatModel runs Flatten/Linear/ReLU stacks as the torch ops their modules call, without functional_call:

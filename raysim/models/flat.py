@@ -46,6 +46,13 @@ class ParamSpec:
         index = self.names.index(name)
         return slice(self.offsets[index], self.offsets[index] + int(np.prod(self.shapes[index])))
 
+    def unflatten_stacked(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-layer views of stacked vectors [k, size]: name -> [k, *shape]."""
+        return {
+            name: flat[:, offset : offset + int(np.prod(shape))].reshape(len(flat), *shape)
+            for name, shape, offset in zip(self.names, self.shapes, self.offsets, strict=True)
+        }
+
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views of `flat` shaped like the module's parameters (gradients flow back into `flat`)."""
         return {
@@ -198,6 +205,73 @@ class FlatModel:
                 outputs.append(logits.numpy())
             filled += len(ys)
         kept = np.concatenate(outputs) if outputs else None
+        return self._group_scores(losses, correct, kept, sizes, sum_batch, keep_outputs)
+
+    @torch.no_grad()
+    def scores_each(
+        self,
+        params: Sequence[np.ndarray],
+        groups: Sequence[tuple[np.ndarray, np.ndarray]],
+        sum_batch: int | None = None,
+        keep_outputs: bool = False,
+        rows: int = 8192,
+    ) -> list[Scores]:
+        """`scores` of each group at its own parameter vector (every client's PM on its own split).
+
+        A Flatten/Linear/ReLU stack scores many groups in one batched product per layer: the groups, shortest
+        first, are packed `rows` padded rows at a time, each padded with zeros to the pack's longest (at least
+        MIN_ROWS rows). A group's scores are exactly those of `scores` on it alone (tests/test_models.py), so
+        they do not depend on which clients share a host. Other models score one group at a time."""
+        if len(params) != len(groups):
+            raise ValueError(f"scores_each: {len(params)} parameter vectors for {len(groups)} groups")
+        if self._layers is None:
+            return [self.scores(p, x, y, sum_batch, keep_outputs) for p, (x, y) in zip(params, groups, strict=True)]
+        sizes = [len(y) for _, y in groups]
+        nothing = self._group_scores(np.zeros(0), np.zeros(0, np.int64), None, [0], sum_batch, keep_outputs)[0]
+        results = [nothing] * len(groups)
+        for pack in _packs(sizes, rows):
+            logits = self._stacked_forward([params[g] for g in pack], [groups[g][0] for g in pack])
+            targets = torch.from_numpy(np.concatenate([groups[g][1] for g in pack]))
+            losses = self.sample_losses(logits, targets).reshape(len(targets), -1).mean(dim=1).double().numpy()
+            correct = np.zeros(len(targets), np.int64)
+            if self.task == "classification":
+                correct = (logits.argmax(dim=1) == targets).reshape(len(targets), -1).sum(dim=1).numpy()
+            kept = logits.numpy() if keep_outputs else None
+            pack_scores = self._group_scores(losses, correct, kept, [sizes[g] for g in pack], sum_batch, keep_outputs)
+            for g, scores in zip(pack, pack_scores, strict=True):
+                results[g] = scores
+        return results
+
+    def _stacked_forward(self, params: Sequence[np.ndarray], xs: Sequence[np.ndarray]) -> torch.Tensor:
+        """A perceptron's outputs on each group's samples at the group's own parameters, as the rows of every
+        group in order: nn.Linear's h W^T + b for all groups in one baddbmm per layer (MKL gives each group the
+        same rounding as its own F.linear on at least MIN_ROWS rows)."""
+        longest = max(MIN_ROWS, *(len(x) for x in xs))
+        features = int(np.prod(self.input_shape))
+        padded = np.zeros((len(xs), longest, features), np.float32)
+        for row, x in enumerate(xs):
+            padded[row, : len(x)] = x.reshape(len(x), -1)
+        stacked = self.spec.unflatten_stacked(torch.from_numpy(np.stack(params)))
+        hidden = torch.from_numpy(padded)
+        for weight, bias in self._layers:  # type: ignore[union-attr]
+            if weight is None:
+                hidden = torch.relu(hidden)
+            elif bias is None:
+                hidden = torch.bmm(hidden, stacked[weight].transpose(1, 2))
+            else:
+                hidden = torch.baddbmm(stacked[bias].unsqueeze(1), hidden, stacked[weight].transpose(1, 2))
+        return torch.cat([hidden[row, : len(x)] for row, x in enumerate(xs)])
+
+    def _group_scores(
+        self,
+        losses: np.ndarray,
+        correct: np.ndarray,
+        kept: np.ndarray | None,
+        sizes: Sequence[int],
+        sum_batch: int | None,
+        keep_outputs: bool,
+    ) -> list[Scores]:
+        """Scores of consecutive groups of `sizes` samples from their samples' losses, hits and outputs."""
         results, start = [], 0
         for size in sizes:
             part = losses[start : start + size]
@@ -243,6 +317,19 @@ def perceptron_layers(module: nn.Module, input_shape: tuple[int, ...]) -> list[t
 
 MIN_ROWS = 16
 """The fewest rows an evaluation pass has (FlatModel.scores_many)."""
+
+
+def _packs(sizes: Sequence[int], rows: int) -> Iterator[list[int]]:
+    """The indices of the non-empty groups, shortest first, in packs whose count times their longest (at least
+    MIN_ROWS) stays within `rows` (a longer group alone)."""
+    pack: list[int] = []
+    for g in sorted((g for g in range(len(sizes)) if sizes[g]), key=lambda g: sizes[g]):
+        if pack and (len(pack) + 1) * max(MIN_ROWS, sizes[g]) > rows:
+            yield pack
+            pack = []
+        pack.append(g)
+    if pack:
+        yield pack
 
 
 def _blocks(groups: Sequence[tuple[np.ndarray, np.ndarray]], chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

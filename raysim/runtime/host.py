@@ -34,13 +34,19 @@ from raysim.algorithms.base import (
 from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
 from raysim.data.sources import Task
-from raysim.models.flat import FlatModel
+from raysim.models.flat import FlatModel, Scores
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, encode
 from raysim.runtime.state_store import ClientStateStore
 from raysim.seeding import Stream, rng
 from raysim.threats.attacks import AttackPlan
-from raysim.tracking.metrics import ClientEvaluation, ClientRecord, ModelScores, SingleLabelAuc, classification_scores
+from raysim.tracking.metrics import (
+    ClientEvaluation,
+    ClientRecord,
+    ModelScores,
+    SingleLabelAuc,
+    classification_scores_many,
+)
 from raysim.training.local import ClientData, Inputs, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
 
@@ -324,28 +330,41 @@ class ClientHost:
             arrays("test"), arrays("train") if with_train else None, arrays("val") if len(data.val) else None
         )
 
-    def _scores(self, params: Vector, splits: list[EvaluationData]) -> list[ModelScores]:
-        """The scores of one model on each of some clients' splits, their samples through the network together
-        (FlatModel.scores_many); the training loss only where the train split is given (else NaN)."""
+    def _scores(self, params: Vector | list[Vector], splits: list[EvaluationData]) -> list[ModelScores]:
+        """The scores on each of some clients' splits of one model shared by all (a vector: FlatModel.scores_many)
+        or of each client's own (a list, one per split: FlatModel.scores_each), the splits' samples through the
+        network together; the training loss only where the train split is given (else NaN)."""
         model, classifier = self.model, self.model.task == "classification"
-        tests = model.scores_many(params, [s.test for s in splits], self.settings.loss_sum_batch, classifier)
-        with_train = [s.train for s in splits if s.train is not None]
-        with_val = [s.val for s in splits if s.val is not None]
-        trains = iter(model.scores_many(params, with_train))
-        vals = iter(model.scores_many(params, with_val))
+
+        def score(pairs: list[tuple[Vector, tuple[np.ndarray, np.ndarray]]], **options: Any) -> list[Scores]:
+            if isinstance(params, list):
+                return model.scores_each([p for p, _ in pairs], [g for _, g in pairs], **options)
+            return model.scores_many(params, [g for _, g in pairs], **options)
+
+        own = params if isinstance(params, list) else [params] * len(splits)
+        pairs = list(zip(own, splits, strict=True))
+        tests = score([(p, s.test) for p, s in pairs], sum_batch=self.settings.loss_sum_batch, keep_outputs=classifier)
+        trains = iter(score([(p, s.train) for p, s in pairs if s.train is not None]))
+        vals = iter(score([(p, s.val) for p, s in pairs if s.val is not None]))
+        f1_auc = [(float("nan"), float("nan"))] * len(splits)
+        if classifier and splits:
+            f1_auc = classification_scores_many(
+                np.concatenate([test.outputs for test in tests]),  # type: ignore[misc]
+                np.concatenate([split.test[1] for split in splits]),
+                [len(split.test[1]) for split in splits],
+                self.settings.auc_single_label,
+            )
         scores = []
-        for split, test in zip(splits, tests, strict=True):
+        for split, test, (f1, auc) in zip(splits, tests, f1_auc, strict=True):
             train_loss = next(trains).loss if split.train is not None else float("nan")
             val_acc = next(vals).accuracy if split.val is not None else float("nan")
-            f1 = auc = float("nan")
-            if classifier:
-                f1, auc = classification_scores(test.outputs, split.test[1], self.settings.auc_single_label)
             scores.append(ModelScores(test.accuracy, test.loss, train_loss, val_acc, f1, auc, test.loss_sum))
         return scores
 
     def evaluate(self, global_params: Vector) -> list[ClientEvaluation]:
-        """PM, GM (and the algorithm's extra models') scores of every client of this host. The GM, shared by
-        all, scores EVALUATION_CLIENTS clients' splits in one pass; each client's own models score its own."""
+        """PM, GM (and the algorithm's extra models') scores of every client of this host, EVALUATION_CLIENTS
+        clients at a time: the GM, shared by all, scores their splits in shared passes, and their own models
+        (PMs, extra models) score each its own split in batched passes."""
         self.evaluations += 1
         every = self.settings.train_loss_every
         with_train = bool(every) and (self.evaluations - 1) % every == 0
@@ -354,19 +373,32 @@ class ClientHost:
         for begin in range(0, len(ids), EVALUATION_CLIENTS):
             chunk = ids[begin : begin + EVALUATION_CLIENTS]
             splits = [self._evaluation_data(c, with_train) for c in chunk]
-            for client_id, split, gm in zip(chunk, splits, self._scores(global_params, splits), strict=True):
-                state = self.states[client_id]
-                if self.info[client_id].heldout:  # a target client: adapted from the global model now (Algorithm.adapt)
-                    adaptation = self.algorithm.adapt(self.info[client_id], global_params)
-                    execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
-                    personal = None if adaptation is None else drive(adaptation, execute)
-                else:
-                    personal = self.algorithm.evaluated_model(state, global_params)
-                pm = gm if personal is None else self._scores(personal, [split])[0]
-                models = self.algorithm.extra_models(state, global_params)
-                extra = {name: self._scores(params, [split])[0] for name, params in models.items()}
-                evaluations.append(ClientEvaluation(client_id, pm, gm, extra))
+            gms = self._scores(global_params, splits)
+            pms = self._own_scores({c: self._personal_model(c, global_params) for c in chunk}, chunk, splits)
+            models = {c: self.algorithm.extra_models(self.states[c], global_params) for c in chunk}
+            names = sorted({name for extra in models.values() for name in extra})
+            extras = {name: self._own_scores({c: models[c].get(name) for c in chunk}, chunk, splits) for name in names}
+            for client_id, gm in zip(chunk, gms, strict=True):
+                extra = {name: extras[name][client_id] for name in names if client_id in extras[name]}
+                evaluations.append(ClientEvaluation(client_id, pms.get(client_id, gm), gm, extra))
         return evaluations
+
+    def _personal_model(self, client_id: int, global_params: Vector) -> Vector | None:
+        """The PM a client deploys now (None: the global model). A held-out (target) client is adapted from the
+        global model at this evaluation (Algorithm.adapt)."""
+        if not self.info[client_id].heldout:
+            return self.algorithm.evaluated_model(self.states[client_id], global_params)
+        adaptation = self.algorithm.adapt(self.info[client_id], global_params)
+        execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
+        return None if adaptation is None else drive(adaptation, execute)
+
+    def _own_scores(
+        self, models: dict[int, Vector | None], chunk: list[int], splits: list[EvaluationData]
+    ) -> dict[int, ModelScores]:
+        """The scores of the clients' own models (None: the client has none) on their own splits."""
+        having = [(c, split) for c, split in zip(chunk, splits, strict=True) if models[c] is not None]
+        scores = self._scores([models[c] for c, _ in having], [split for _, split in having])  # type: ignore[misc]
+        return {c: s for (c, _), s in zip(having, scores, strict=True)}
 
     def save_checkpoint(self, path: str) -> None:
         """Write this host's clients' persistent state (states, Byzantine messages sent, evaluation count) to
