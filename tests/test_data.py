@@ -63,9 +63,16 @@ def test_missing_dataset_error_names_every_place(tmp_path, monkeypatch):
 
 
 def test_fashion_mnist_is_the_full_70000():
+    """Stored as uint8 and normalized as read, with the bits of the FLAME authors' normalization of the whole array
+    ((v / 255 - 0.1307) / 0.3081 in float32)."""
+    from raysim.training.local import model_inputs
+
     dataset = load_dataset("fashion_mnist")
-    assert dataset.x.shape == (70000, 1, 28, 28) and dataset.x.dtype == np.float32
+    assert dataset.x.shape == (70000, 1, 28, 28) and dataset.x.dtype == np.uint8
     assert np.bincount(dataset.y).tolist() == [7000] * 10
+    rows = dataset.x[::97]
+    expected = (rows.astype(np.float32) / np.float32(255.0) - np.float32(0.1307)) / np.float32(0.3081)
+    assert np.array_equal(model_inputs(rows, dataset.mean, dataset.std), expected)
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ rho = 0.1, lr = 0.01) is run three ways, in one process run, for each client cou
 
 Reported per way: seconds per round (median over the rounds after the first, the last excluded as it
 evaluates), client updates per second, start-up time (to the end of round 1, minus one round: data, Ray,
-actors, the round-0 evaluation), peak RSS of this process and every process it started, and the ratio of
-the seconds per round to the reference's (`ratio vs reference`, < 1 is faster). `max |w - w_ref|` checks
+actors, the round-0 evaluation), peak RSS (summed over the processes of the way, which runs in a fresh
+process: that process and every process it started), and the ratio of the seconds per round to the
+reference's (`ratio vs reference`, < 1 is faster). `max |w - w_ref|` checks
 that every way computed the reference's global model. Results go to a table and to JSON.
 
 On a GPU machine the raysim ways run once per `host_gpus` share asked for (0.25: four hosts per GPU), and
@@ -24,6 +25,7 @@ rounds.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -31,9 +33,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -51,6 +55,7 @@ from raysim.studies.procmem import PeakMemory, wait_for_children
 from raysim.training.local import model_inputs
 
 WAYS = ("reference", "raysim", "vectorized")
+T = TypeVar("T")
 
 
 @dataclass
@@ -344,7 +349,9 @@ def run_bench(
         with tempfile.TemporaryDirectory() as folder:
             reference, w_ref = None, None
             if "reference" in ways:
-                reference, w_ref = _measure_reference(clients, rounds, model, Path(folder), reference_device, overrides)
+                reference, w_ref = _isolated(
+                    _measure_reference, clients, rounds, model, Path(folder), reference_device, tuple(overrides)
+                )
                 results.append(reference)
             for share in host_gpus:
                 for vectorized, way in ((False, WAYS[1]), (True, WAYS[2])):
@@ -352,8 +359,15 @@ def run_bench(
                         config = workload(
                             clients, rounds, model, hosts, Path(folder), vectorized, share, chunk, evaluate, overrides
                         )
-                        results.append(_measure_raysim(config, reference, w_ref))
+                        results.append(_isolated(_measure_raysim, config, reference, w_ref))
     return results
+
+
+def _isolated(measure: Callable[..., T], *arguments: Any) -> T:
+    """Run one way's measurement in a fresh process, so that memory an earlier way leaves in this process (freed
+    but kept by the allocator) never counts in a later way's peak RSS."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure, *arguments).result()
 
 
 def report(results: list[Measurement], json_path: Path | None, console: Console | None = None) -> None:

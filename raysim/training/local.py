@@ -39,7 +39,11 @@ def model_inputs(rows: np.ndarray, mean: tuple[float, ...] | None, std: tuple[fl
             f"model_inputs: per-channel normalization needs uint8 images (n, {len(mean)}, H, W), got {rows.dtype} "
             f"{rows.shape}"
         )
-    return pixel_table(mean, std)[np.arange(len(mean))[:, None, None], rows]
+    table = pixel_table(mean, std)
+    normalized = np.empty(rows.shape, np.float32)
+    for channel in range(len(mean)):  # a 256-entry lookup per channel (np.take: a third of fancy indexing's time)
+        np.take(table[channel], rows[:, channel], out=normalized[:, channel], mode="clip")
+    return normalized
 
 
 CropDraws = tuple[np.ndarray, np.ndarray]

@@ -337,6 +337,12 @@ class _Batches:
         """Each client's features on the device, if they are model input as stored (else read through Inputs)."""
         self.shared = all(array is not None and array is self.sources[0] for array in self.sources)
         """Whether every client's features are one plain array (then one gather serves them all)."""
+        first = jobs[0][1]
+        self.read_together = not self.shared and all(
+            data.x is first.x and data.inputs == first.inputs and data.inputs.augment == "none"
+            for _request, data, _generator in jobs
+        )
+        """Whether every client reads one stored array through the same normalization (then one read serves all)."""
         self.fresh = [i for i, (_r, data, _g) in enumerate(jobs) if data.noise_std or data.random_labels]
         self.orders: dict[int, np.ndarray] = {}
         self.draws: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -383,6 +389,9 @@ class _Batches:
         features = rows.view(active, width, *rows.shape[1:])
         if self.shared:
             torch.index_select(self.sources[0], 0, self.index[step, :active].reshape(-1), out=rows)  # type: ignore[arg-type]
+        elif self.read_together:
+            data = self.jobs[0][1]
+            rows.copy_(torch.from_numpy(data.inputs.rows(data.x, self.plan[step, :active].reshape(-1))))
         else:
             for i in range(active):
                 source, data = self.sources[i], self.jobs[i][1]
