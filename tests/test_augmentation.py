@@ -152,6 +152,33 @@ def test_vectorized_trainer_draws_the_same_augmentation_as_the_sequential_one():
         np.testing.assert_allclose(got.mean_loss, want.mean_loss, rtol=1e-5)
 
 
+def test_vectorized_trainer_reads_normalized_uint8_rows_of_all_clients_together_like_the_sequential_one():
+    """Clients sharing one uint8 array and its normalization (Fashion-MNIST as stored): one read per step, of the
+    real samples only (padding rows keep old finite values, weighted zero), gives LocalTrainer's results."""
+    x, y = _images(200, seed=8)
+    owners = np.random.default_rng(9).permutation(200)
+    sizes, start, clients = [7, 33, 50, 1, 40, 16], 0, []
+    for size in sizes:
+        clients.append(ClientData(x, y, owners[start : start + size], EMPTY, EMPTY, inputs=Inputs(MEAN, STD)))
+        start += size
+    model = FlatModel("mlp", SHAPE, 4)
+    requests = [
+        LocalSGD(start=model.initial_parameters(i), epochs=2, lr=0.05, batch_size=16, momentum=0.5)
+        for i in range(len(sizes))
+    ]
+
+    def jobs():
+        return [(r, d, np.random.default_rng([4, i])) for i, (r, d) in enumerate(zip(requests, clients, strict=True))]
+
+    expected = [LocalTrainer(model).sgd(*job) for job in jobs()]
+    trainer = VectorizedTrainer(model, chunk=4)
+    actual = trainer.sgd(jobs())
+    for want, got in zip(expected, actual, strict=True):
+        assert got.steps == want.steps
+        np.testing.assert_allclose(got.params, want.params, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.mean_loss, want.mean_loss, rtol=1e-5)
+
+
 @pytest.fixture
 def tiny_cifar(monkeypatch):
     """dataset.name = cifar10 loads `tiny_images` (a uint8 source with mean/std) for this test."""

@@ -377,8 +377,11 @@ class _Batches:
             labels[:total, i] = data.y[index[:total, i]]
         self.plan = index
         self.index = torch.from_numpy(index).to(device)
-        self.buffer = torch.empty((len(jobs) * width, *jobs[0][1].x.shape[1:]), device=device)
-        """The gathered features of a step, one buffer for all steps."""
+        self.counts = (weight > 0).sum(axis=2)
+        """The real (weighted) samples of each client's batch at each step [steps, clients]: a prefix of the batch."""
+        self.buffer = torch.zeros((len(jobs) * width, *jobs[0][1].x.shape[1:]), device=device)
+        """The gathered features of a step, one buffer for all steps. Rows read through Inputs are read for real
+        samples only: a padding row keeps an earlier step's finite values, which its zero weight cancels exactly."""
         self.weight = torch.from_numpy(weight).to(device)
         self.labels = torch.from_numpy(labels).to(device)
 
@@ -391,16 +394,19 @@ class _Batches:
             torch.index_select(self.sources[0], 0, self.index[step, :active].reshape(-1), out=rows)  # type: ignore[arg-type]
         elif self.read_together:
             data = self.jobs[0][1]
-            rows.copy_(torch.from_numpy(data.inputs.rows(data.x, self.plan[step, :active].reshape(-1))))
+            real = np.flatnonzero(np.arange(width) < self.counts[step, :active, None])
+            inputs = data.inputs.rows(data.x, self.plan[step, :active].reshape(-1)[real])
+            rows[torch.from_numpy(real).to(rows.device)] = torch.from_numpy(inputs).to(rows.device)
         else:
             for i in range(active):
                 source, data = self.sources[i], self.jobs[i][1]
                 if source is not None:
                     torch.index_select(source, 0, self.index[step, i], out=features[i])
                 elif not (data.noise_std or data.random_labels):  # a fresh client's batch is made below
-                    draws = self.draws.get(i)
-                    plan = data.inputs.rows(data.x, self.plan[step, i], None if draws is None else _at(draws, step))
-                    features[i].copy_(torch.from_numpy(plan))
+                    count, draws = self.counts[step, i], self.draws.get(i)
+                    cropping = None if draws is None else tuple(d[:count] for d in _at(draws, step))
+                    plan = data.inputs.rows(data.x, self.plan[step, i, :count], cropping)  # type: ignore[arg-type]
+                    features[i, :count].copy_(torch.from_numpy(plan))
         for i in self.fresh:
             if i >= active:
                 break
