@@ -113,3 +113,55 @@ def test_per_epoch_dual_updates_coincide_with_per_round_when_h_is_1():
             sim.round(round_index)
         results.append(sim.server.w)
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def _exact_prox(targets: dict[int, np.ndarray]):
+    """An executor that solves FLAME's theta-step exactly for f_i(theta) = 1/2 ||theta - t_i||^2:
+    argmin f_i + lambda/2 ||theta - c||^2 = (t_i + lambda c) / (1 + lambda)."""
+    from raysim.algorithms.base import SGDResult
+
+    def execute_many(requests):
+        results = []
+        for client_id, request in requests:
+            theta = (targets[client_id] + request.prox_weight * request.prox_center) / (1 + request.prox_weight)
+            results.append(SGDResult(theta.astype(np.float32), float(client_id), 1))
+        return results
+
+    return execute_many
+
+
+@pytest.mark.parametrize("prox_center", ["local", "global"])
+@pytest.mark.parametrize("dual_updates", ["per_round", "per_epoch"])
+def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, dual_updates):
+    """FLAME's client step runs on a chunk's stacked rows (alpha_i a column, Algorithm.stacks): each row's new
+    theta_i, w_i, pi_i, upload, message and metrics equal the client's own step, and Lemma 3 holds row by row."""
+    from raysim.algorithms import build_algorithm
+    from raysim.algorithms.base import run_client_steps, run_stacked_step
+    from raysim.algorithms.flame import FlameClientState, FlameSettings
+    from raysim.models.flat import ParamSpec
+
+    options = {"lambda": 1.7, "rho": 0.3, "epochs": 2, "prox_center": prox_center, "dual_updates": dual_updates}
+    settings = FlameSettings(**options)
+    algorithm = build_algorithm(settings, ParamSpec(("w",), ((50,),), (0,)))
+    generator = np.random.default_rng(3)
+    clients = [ClientInfo(i, 10 + i, weight, 7) for i, weight in zip((0, 2, 3, 6), (0.1, 0.25, 0.05, 0.6), strict=True)]
+    targets = {c.id: generator.normal(size=50).astype(np.float32) for c in clients}
+    states = []
+    for _ in clients:
+        theta, w = generator.normal(size=(2, 50)).astype(np.float32)
+        states.append(FlameClientState(theta, w, (0.2 * generator.normal(size=50)).astype(np.float32)))
+    broadcast = generator.normal(size=50).astype(np.float32)
+    alone = run_client_steps(algorithm, clients, states, broadcast, _exact_prox(targets))
+    together = run_stacked_step(algorithm, clients, states, broadcast, _exact_prox(targets))
+    for client, want, got in zip(clients, alone, together, strict=True):
+        for name in ("theta", "w", "pi"):
+            np.testing.assert_allclose(getattr(got.state, name), getattr(want.state, name), rtol=1e-6, atol=1e-6)
+            assert getattr(got.state, name).dtype == np.float32
+        np.testing.assert_allclose(got.upload.delta_u, want.upload.delta_u, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.message, want.message, rtol=1e-6, atol=1e-6)
+        assert got.metrics.keys() == want.metrics.keys()
+        assert all(isinstance(value, float) for value in got.metrics.values())
+        np.testing.assert_allclose(list(got.metrics.values()), list(want.metrics.values()), rtol=1e-5, atol=1e-6)
+        assert got.metrics["train_loss"] == client.id  # each row's own result came back to it
+        lam_alpha = 1.7 * client.weight
+        np.testing.assert_allclose(got.state.pi, lam_alpha * (got.state.theta - got.state.w), atol=1e-5)

@@ -81,6 +81,29 @@ class ClientInfo:
         return self.id >= self.num_clients
 
 
+@dataclass(frozen=True)
+class ClientChunk:
+    """Several clients taken as one by a client step written over stacked state (`Algorithm.stacks`).
+
+    Their vectors are the rows of [clients, n] arrays and a per-client number is a [clients, 1] column, so
+    that the step's equations, written with broadcasting and reductions over the last axis, run on one
+    client's vectors (a ClientInfo) or on a chunk's rows alike."""
+
+    clients: tuple[ClientInfo, ...]
+
+    @property
+    def weight(self) -> np.ndarray:
+        """alpha_i of each client as a float32 column (the dtype of the vectors it scales)."""
+        return np.array([[c.weight] for c in self.clients], np.float32)
+
+    @property
+    def num_clients(self) -> int:
+        return self.clients[0].num_clients
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+
 @dataclass(frozen=True, eq=False)
 class LocalSGD:
     """Request: mini-batch SGD from `start` on the client's training split, minimising
@@ -238,6 +261,9 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     name: ClassVar[str]
     Settings: ClassVar[type[AlgorithmSettings]]
     Upload: ClassVar[type[Upload]]
+    stacks: ClassVar[bool] = False
+    """`client_step` also runs on a ClientChunk whose state is stacked (see ClientChunk and `run_stacked_step`):
+    a vectorized host then updates a chunk of clients in a few array operations instead of one client at a time."""
 
     def __init__(self, settings: P, params: ParamSpec):
         self.settings = settings
@@ -355,6 +381,60 @@ def payload_bytes(payload: object) -> int:
     raise TypeError(f"payload_bytes: cannot size a {type(payload).__name__}; override uplink/downlink_bytes")
 
 
+def stack(items: Sequence[Any]) -> Any:
+    """Dataclasses of vectors and numbers (client states, uploads, requests' results) as one of the same type whose
+    vectors are [len(items), n] arrays and whose numbers are [len(items)] arrays; None fields stay None."""
+    first = items[0]
+    values = {}
+    for f in dataclasses.fields(first):
+        column = [getattr(item, f.name) for item in items]
+        values[f.name] = None if column[0] is None else np.stack([np.asarray(v) for v in column])
+    return dataclasses.replace(first, **values)
+
+
+def row(stacked: Any, index: int) -> Any:
+    """Row `index` of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
+    ints; a one-dimensional vector field of a request (one vector shared by every row) stays as it is."""
+    values = {}
+    for f in dataclasses.fields(stacked):
+        value = getattr(stacked, f.name)
+        if isinstance(value, np.ndarray) and value.ndim == 2:
+            values[f.name] = value[index]
+        elif isinstance(value, np.ndarray) and value.ndim == 1 and not isinstance(stacked, LocalSGD | FullGradient):
+            values[f.name] = value[index].item()
+    return dataclasses.replace(stacked, **values)
+
+
+def run_stacked_step(
+    algorithm: Algorithm,
+    clients: Sequence[ClientInfo],
+    states: Sequence[Any],
+    broadcast: Any,
+    execute_many: Callable[[list[tuple[int, Request]]], Sequence[Result]],
+) -> list[ClientUpdate]:
+    """The client steps of several clients as ONE step over their stacked states (`Algorithm.stacks`): each
+    request it yields is split into the clients' own (rows, in the order of `clients`) for `execute_many`, as
+    `run_client_steps` hands them over, and their results are stacked back. Returns each client's update, its
+    vectors views of the rows of the step's arrays and its metrics numbers."""
+    chunk = ClientChunk(tuple(clients))
+    ids = [c.id for c in clients]
+
+    def execute(request: Request) -> Result:
+        results = execute_many([(client_id, row(request, i)) for i, client_id in enumerate(ids)])
+        return stack(results)
+
+    update: ClientUpdate = drive(algorithm.client_step(chunk, stack(states), broadcast), execute)  # type: ignore[arg-type]
+    return [
+        ClientUpdate(
+            row(update.state, i),
+            row(update.upload, i),
+            {name: float(np.broadcast_to(value, (len(ids),))[i]) for name, value in update.metrics.items()},
+            None if update.message is None else update.message[i],
+        )
+        for i in range(len(ids))
+    ]
+
+
 def drive(step: Generator, execute: Callable[[Any], Any]) -> Any:
     """Run a generator of requests (a client step, an adaptation) to completion; returns its value."""
     try:
@@ -373,7 +453,13 @@ def run_client_step(
     execute: Callable[[Any], Any],
 ) -> ClientUpdate:
     """Drive a client step to completion, executing each yielded request with `execute`."""
-    return drive(algorithm.client_step(client, state, broadcast), execute)
+    return _with_float_metrics(drive(algorithm.client_step(client, state, broadcast), execute))
+
+
+def _with_float_metrics(update: ClientUpdate) -> ClientUpdate:
+    """The update with its metrics as Python floats (a step may compute them as numpy numbers)."""
+    update.metrics = {name: float(value) for name, value in update.metrics.items()}
+    return update
 
 
 def run_client_steps(
@@ -400,7 +486,7 @@ def run_client_steps(
         try:
             pending[position] = steps[position].send(result)
         except StopIteration as finished:
-            updates[position] = finished.value
+            updates[position] = _with_float_metrics(finished.value)
 
     for position in range(len(steps)):
         advance(position, None)

@@ -10,6 +10,9 @@ Client i keeps theta_i (personalized model), w_i (local model) and pi_i (dual). 
 with prox centre c = w_i (paper) or the received w (authors' code). The server keeps the running sum
 of the latest u_i of all m clients, so w = (1/m) sum_i u_i (14) needs only the selected clients'
 changes u_i^new - u_i^old. Unselected clients keep all their state.
+
+The client step is written with broadcasting and reductions over the last axis, so the same lines update one
+client's vectors or a chunk's stacked rows (alpha_i then a column; `Algorithm.stacks`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pydantic import Field
 
 from raysim.algorithms.base import (
     Algorithm,
+    ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
@@ -75,6 +79,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
     name = "flame"
     Settings = FlameSettings
     Upload = FlameUpload
+    stacks = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FlameServerState:
         # theta_i^0 = w_i^0 = w^0 and pi_i^0 = 0 (authors' code), so every u_i^0 = w^0.
@@ -89,7 +94,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
     def broadcast(self, server: FlameServerState) -> Vector:
         return server.w
 
-    def client_step(self, client: ClientInfo, state: FlameClientState, broadcast: Vector) -> ClientStep:
+    def client_step(self, client: ClientInfo | ClientChunk, state: FlameClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
         w = broadcast
         lam_alpha = s.lam * client.weight
@@ -99,17 +104,17 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
             result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center)
-            losses.append(result.mean_loss)
+            losses.append(result.mean_loss)  # a number, or one per row
             theta = result.params
             w_i = (lam_alpha * theta + s.rho * w - pi) / (lam_alpha + s.rho)  # (12)
             pi = pi + s.rho * (w_i - w)  # (13)
         f32 = np.float32
         new = FlameClientState(theta.astype(f32, copy=False), w_i.astype(f32, copy=False), pi.astype(f32, copy=False))
         metrics = {
-            "train_loss": float(np.mean(losses)),
-            "primal_residual": float(np.linalg.norm(new.w - w)),
-            "dual_change": float(np.linalg.norm(new.pi - state.pi)),
-            "lemma3_error": float(np.max(np.abs(new.pi - lam_alpha * (new.theta - new.w)), initial=0.0)),
+            "train_loss": np.mean(losses, axis=0),
+            "primal_residual": np.linalg.norm(new.w - w, axis=-1),
+            "dual_change": np.linalg.norm(new.pi - state.pi, axis=-1),
+            "lemma3_error": np.max(np.abs(new.pi - lam_alpha * (new.theta - new.w)), axis=-1, initial=0.0),
         }
         u = new.message(s.rho)
         return ClientUpdate(new, FlameUpload(u - state.message(s.rho)), metrics, message=u)

@@ -30,6 +30,7 @@ from raysim.algorithms.base import (
     Vector,
     drive,
     run_client_steps,
+    run_stacked_step,
 )
 from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
@@ -232,7 +233,8 @@ class ClientHost:
     ) -> Iterator[tuple[int, Any, ClientUpdate]]:
         """(client id, state before, update) of each client, in the order given. Sequentially each client's
         step runs when its turn comes; vectorized, the steps of the next `vectorize_chunk` training clients run
-        together, in lockstep (one chunk at a time, so that only a chunk's updates are held at once)."""
+        together (one chunk at a time, so that only a chunk's updates are held at once): as one step over their
+        stacked states when the algorithm stacks (Algorithm.stacks), else in lockstep."""
         done: dict[int, tuple[Any, ClientUpdate]] = {}
         for index, client_id in enumerate(client_ids):
             if self.vectorized is not None and index % self.vectorized.chunk == 0:
@@ -241,7 +243,8 @@ class ClientHost:
                 states = [self.states[c] for c in ids]
                 infos = [self.info[c] for c in ids]
                 execute_many = self._execute_many(round_index, self.vectorized)
-                updates = run_client_steps(self.algorithm, infos, states, broadcast, execute_many)
+                run = run_stacked_step if self.algorithm.stacks and ids else run_client_steps
+                updates = run(self.algorithm, infos, states, broadcast, execute_many)
                 done = {c: (state, update) for c, state, update in zip(ids, states, updates, strict=True)}
             if client_id in done:
                 yield client_id, *done.pop(client_id)
