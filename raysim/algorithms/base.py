@@ -392,17 +392,21 @@ def stack(items: Sequence[Any]) -> Any:
     return dataclasses.replace(first, **values)
 
 
-def row(stacked: Any, index: int) -> Any:
-    """Row `index` of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
-    ints; a one-dimensional vector field of a request (one vector shared by every row) stays as it is."""
-    values = {}
+def unstack(stacked: Any, count: int) -> list[Any]:
+    """The `count` rows of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
+    ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row."""
+    request = isinstance(stacked, LocalSGD | FullGradient)
+    columns = {}
     for f in dataclasses.fields(stacked):
         value = getattr(stacked, f.name)
         if isinstance(value, np.ndarray) and value.ndim == 2:
-            values[f.name] = value[index]
-        elif isinstance(value, np.ndarray) and value.ndim == 1 and not isinstance(stacked, LocalSGD | FullGradient):
-            values[f.name] = value[index].item()
-    return dataclasses.replace(stacked, **values)
+            columns[f.name] = list(value)
+        elif isinstance(value, np.ndarray) and value.ndim == 1 and not request:
+            columns[f.name] = value.tolist()
+        else:
+            columns[f.name] = [value] * count
+    kind = type(stacked)
+    return [kind(**{name: column[i] for name, column in columns.items()}) for i in range(count)]
 
 
 def run_stacked_step(
@@ -418,20 +422,19 @@ def run_stacked_step(
     vectors views of the rows of the step's arrays and its metrics numbers."""
     chunk = ClientChunk(tuple(clients))
     ids = [c.id for c in clients]
+    count = len(ids)
 
     def execute(request: Request) -> Result:
-        results = execute_many([(client_id, row(request, i)) for i, client_id in enumerate(ids)])
-        return stack(results)
+        return stack(execute_many(list(zip(ids, unstack(request, count), strict=True))))
 
     update: ClientUpdate = drive(algorithm.client_step(chunk, stack(states), broadcast), execute)  # type: ignore[arg-type]
+    metrics = {name: np.broadcast_to(value, (count,)).tolist() for name, value in update.metrics.items()}
+    messages = [None] * count if update.message is None else list(update.message)
     return [
-        ClientUpdate(
-            row(update.state, i),
-            row(update.upload, i),
-            {name: float(np.broadcast_to(value, (len(ids),))[i]) for name, value in update.metrics.items()},
-            None if update.message is None else update.message[i],
+        ClientUpdate(state, upload, {name: float(values[i]) for name, values in metrics.items()}, message)
+        for i, (state, upload, message) in enumerate(
+            zip(unstack(update.state, count), unstack(update.upload, count), messages, strict=True)
         )
-        for i in range(len(ids))
     ]
 
 
