@@ -82,3 +82,28 @@ def test_unselected_clients_keep_their_state_bit_for_bit_on_actors(name, ray_loc
     watch = StateWatch(name, config.seed)
     run_experiment(config, show_progress=False, inspect=lambda r, sim: watch.check(r, sim.client_states()))
     assert watch.rounds == [0, 1, 2]
+
+
+def test_stacked_states_round_trip_and_a_chunk_of_consecutive_rows_is_stacked_without_a_copy():
+    """`stack`/`unstack` move client states between one-per-client and a chunk's rows (Algorithm.stacks): the
+    rows come back as they went in, numbers as numbers, and rows that are already consecutive rows of one array
+    (a chunk's states after its previous stacked step) are stacked as a view of it."""
+    from raysim.algorithms.base import stack, unstack
+
+    @dataclasses.dataclass
+    class State:
+        vector: np.ndarray
+        count: int
+        nothing: None = None
+
+    states = [State(np.full(3, i, np.float32), i) for i in range(4)]
+    stacked = stack(states)
+    assert stacked.vector.shape == (4, 3) and stacked.count.tolist() == [0, 1, 2, 3] and stacked.nothing is None
+    rows = unstack(stacked, 4)
+    assert [r.count for r in rows] == [0, 1, 2, 3] and all(isinstance(r.count, int) for r in rows)
+    assert all(np.array_equal(r.vector, s.vector) for r, s in zip(rows, states, strict=True))
+    again = stack(rows[1:3])
+    assert np.shares_memory(again.vector, stacked.vector) and np.array_equal(again.vector, stacked.vector[1:3])
+    shuffled = stack([rows[2], rows[0]])
+    assert not np.shares_memory(shuffled.vector, stacked.vector)
+    assert np.array_equal(shuffled.vector, stacked.vector[[2, 0]])

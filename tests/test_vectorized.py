@@ -392,6 +392,7 @@ def test_stacked_client_steps_give_the_same_bits_whatever_the_chunks():
     for chunk in (1, 2, 5):
         runtime = {"num_hosts": 1, "client_training": "vectorized", "vectorize_chunk": chunk}
         sim = InProcess(validate_config(tiny_config(algorithm=algorithm, runtime=runtime, **sections)))
+        assert sim.host.stacked
         runs.append(([sim.round(r) for r in range(3)], sim))
     (metrics, first), others = runs[0], runs[1:]
     for other_metrics, other in others:

@@ -388,8 +388,24 @@ def stack(items: Sequence[Any]) -> Any:
     values = {}
     for f in dataclasses.fields(first):
         column = [getattr(item, f.name) for item in items]
-        values[f.name] = None if column[0] is None else np.stack([np.asarray(v) for v in column])
+        values[f.name] = None if column[0] is None else _stacked([np.asarray(v) for v in column])
     return dataclasses.replace(first, **values)
+
+
+def _stacked(vectors: list[np.ndarray]) -> np.ndarray:
+    """The vectors as rows of one array: a view when they are already consecutive rows of one (a chunk's states
+    from its previous stacked step), else a stacked copy."""
+    base = vectors[0].base
+    if isinstance(base, np.ndarray) and base.ndim == 2 and base.flags.c_contiguous and vectors[0].ndim == 1:
+        row_bytes, begin = base.strides[0], vectors[0].ctypes.data - base.ctypes.data
+        start = begin // row_bytes
+        consecutive = all(
+            v.base is base and v.ctypes.data == base.ctypes.data + (start + i) * row_bytes and v.shape == base.shape[1:]
+            for i, v in enumerate(vectors)
+        )
+        if consecutive and begin % row_bytes == 0 and start + len(vectors) <= len(base):
+            return base[start : start + len(vectors)]
+    return np.stack(vectors)
 
 
 def unstack(stacked: Any, count: int) -> list[Any]:
