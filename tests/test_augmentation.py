@@ -125,6 +125,26 @@ def test_crop_flip_draws_are_uniform_and_seeded():
     assert not np.array_equal(first, other)
 
 
+def _assert_vectorized_equals_sequential(clients: list[ClientData], chunk: int, seed: int) -> None:
+    """MLP SGD of every client, vectorized `chunk` at a time, gives LocalTrainer's results client by client."""
+    model = FlatModel("mlp", SHAPE, 4)
+    requests = [
+        LocalSGD(start=model.initial_parameters(i), epochs=2, lr=0.05, batch_size=16, momentum=0.5)
+        for i in range(len(clients))
+    ]
+
+    def jobs():
+        pairs = enumerate(zip(requests, clients, strict=True))
+        return [(r, d, np.random.default_rng([seed, i])) for i, (r, d) in pairs]
+
+    expected = [LocalTrainer(model).sgd(*job) for job in jobs()]
+    actual = VectorizedTrainer(model, chunk=chunk).sgd(jobs())
+    for want, got in zip(expected, actual, strict=True):
+        assert got.steps == want.steps
+        np.testing.assert_allclose(got.params, want.params, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.mean_loss, want.mean_loss, rtol=1e-5)
+
+
 def test_vectorized_trainer_draws_the_same_augmentation_as_the_sequential_one():
     """Unequal clients, one with feature noise (its batches made step by step), one with its own uint8 array."""
     x, y = _images(200, seed=6)
@@ -135,21 +155,7 @@ def test_vectorized_trainer_draws_the_same_augmentation_as_the_sequential_one():
         features = (255 - x) if i == 4 else x
         clients.append(ClientData(features, y, owners[start : start + size], EMPTY, EMPTY, 0.3 * (i == 2), 0, inputs))
         start += size
-    model = FlatModel("mlp", SHAPE, 4)
-    requests = [
-        LocalSGD(start=model.initial_parameters(i), epochs=2, lr=0.05, batch_size=16, momentum=0.5)
-        for i in range(len(sizes))
-    ]
-
-    def jobs():
-        return [(r, d, np.random.default_rng([3, i])) for i, (r, d) in enumerate(zip(requests, clients, strict=True))]
-
-    expected = [LocalTrainer(model).sgd(*job) for job in jobs()]
-    actual = VectorizedTrainer(model, chunk=3).sgd(jobs())
-    for want, got in zip(expected, actual, strict=True):
-        assert got.steps == want.steps
-        np.testing.assert_allclose(got.params, want.params, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got.mean_loss, want.mean_loss, rtol=1e-5)
+    _assert_vectorized_equals_sequential(clients, chunk=3, seed=3)
 
 
 def test_vectorized_trainer_reads_normalized_uint8_rows_of_all_clients_together_like_the_sequential_one():
@@ -161,22 +167,7 @@ def test_vectorized_trainer_reads_normalized_uint8_rows_of_all_clients_together_
     for size in sizes:
         clients.append(ClientData(x, y, owners[start : start + size], EMPTY, EMPTY, inputs=Inputs(MEAN, STD)))
         start += size
-    model = FlatModel("mlp", SHAPE, 4)
-    requests = [
-        LocalSGD(start=model.initial_parameters(i), epochs=2, lr=0.05, batch_size=16, momentum=0.5)
-        for i in range(len(sizes))
-    ]
-
-    def jobs():
-        return [(r, d, np.random.default_rng([4, i])) for i, (r, d) in enumerate(zip(requests, clients, strict=True))]
-
-    expected = [LocalTrainer(model).sgd(*job) for job in jobs()]
-    trainer = VectorizedTrainer(model, chunk=4)
-    actual = trainer.sgd(jobs())
-    for want, got in zip(expected, actual, strict=True):
-        assert got.steps == want.steps
-        np.testing.assert_allclose(got.params, want.params, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got.mean_loss, want.mean_loss, rtol=1e-5)
+    _assert_vectorized_equals_sequential(clients, chunk=4, seed=4)
 
 
 @pytest.fixture
