@@ -389,8 +389,9 @@ class ClientHost:
             chunk = ids[begin : begin + EVALUATION_CLIENTS]
             splits = [self._evaluation_data(c, with_train) for c in chunk]
             gms = self._scores(global_params, splits)
-            pms = self._own_scores({c: self._personal_model(c, global_params) for c in chunk}, chunk, splits)
-            models = {c: self.algorithm.extra_models(self.states[c], global_params) for c in chunk}
+            states = {c: self.states[c] for c in chunk}  # each read once (a spilled state comes from disk)
+            pms = self._own_scores({c: self._personal_model(c, states[c], global_params) for c in chunk}, chunk, splits)
+            models = {c: self.algorithm.extra_models(states[c], global_params) for c in chunk}
             names = sorted({name for extra in models.values() for name in extra})
             extras = {name: self._own_scores({c: models[c].get(name) for c in chunk}, chunk, splits) for name in names}
             for client_id, gm in zip(chunk, gms, strict=True):
@@ -398,11 +399,11 @@ class ClientHost:
                 evaluations.append(ClientEvaluation(client_id, pms.get(client_id, gm), gm, extra))
         return evaluations
 
-    def _personal_model(self, client_id: int, global_params: Vector) -> Vector | None:
+    def _personal_model(self, client_id: int, state: Any, global_params: Vector) -> Vector | None:
         """The PM a client deploys now (None: the global model). A held-out (target) client is adapted from the
         global model at this evaluation (Algorithm.adapt)."""
         if not self.info[client_id].heldout:
-            return self.algorithm.evaluated_model(self.states[client_id], global_params)
+            return self.algorithm.evaluated_model(state, global_params)
         adaptation = self.algorithm.adapt(self.info[client_id], global_params)
         execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
         return None if adaptation is None else drive(adaptation, execute)
