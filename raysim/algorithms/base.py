@@ -96,13 +96,6 @@ class ClientChunk:
         """alpha_i of each client as a float32 column (the dtype of the vectors it scales)."""
         return np.array([[c.weight] for c in self.clients], np.float32)
 
-    @property
-    def num_clients(self) -> int:
-        return self.clients[0].num_clients
-
-    def __len__(self) -> int:
-        return len(self.clients)
-
 
 @dataclass(frozen=True, eq=False)
 class LocalSGD:

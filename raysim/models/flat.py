@@ -46,17 +46,12 @@ class ParamSpec:
         index = self.names.index(name)
         return slice(self.offsets[index], self.offsets[index] + int(np.prod(self.shapes[index])))
 
-    def unflatten_stacked(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-layer views of stacked vectors [k, size]: name -> [k, *shape]."""
-        return {
-            name: flat[:, offset : offset + int(np.prod(shape))].reshape(len(flat), *shape)
-            for name, shape, offset in zip(self.names, self.shapes, self.offsets, strict=True)
-        }
-
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Views of `flat` shaped like the module's parameters (gradients flow back into `flat`)."""
+        """`flat` shaped like the module's parameters: a vector [size] gives views (gradients flow back into it),
+        stacked vectors [k, size] give [k, *shape] per parameter."""
+        leading = tuple(flat.shape[:-1])
         return {
-            name: flat[offset : offset + int(np.prod(shape))].view(shape)
+            name: flat[..., offset : offset + int(np.prod(shape))].reshape(*leading, *shape)
             for name, shape, offset in zip(self.names, self.shapes, self.offsets, strict=True)
         }
 
@@ -195,12 +190,8 @@ class FlatModel:
         filled = 0
         for xs, ys in _blocks(groups, chunk):
             logits = self._padded_forward(params, torch.from_numpy(xs))
-            targets = torch.from_numpy(ys)
-            sample_losses = self.sample_losses(logits, targets)
-            losses[filled : filled + len(ys)] = sample_losses.reshape(len(ys), -1).mean(dim=1).double().numpy()
-            if self.task == "classification":
-                hits = (logits.argmax(dim=1) == targets).reshape(len(ys), -1).sum(dim=1)
-                correct[filled : filled + len(ys)] = hits.numpy()
+            block = slice(filled, filled + len(ys))
+            losses[block], correct[block] = self._sample_scores(logits, torch.from_numpy(ys))
             if keep_outputs:
                 outputs.append(logits.numpy())
             filled += len(ys)
@@ -232,15 +223,20 @@ class FlatModel:
         for pack in _packs(sizes, rows):
             logits = self._stacked_forward([params[g] for g in pack], [groups[g][0] for g in pack])
             targets = torch.from_numpy(np.concatenate([groups[g][1] for g in pack]))
-            losses = self.sample_losses(logits, targets).reshape(len(targets), -1).mean(dim=1).double().numpy()
-            correct = np.zeros(len(targets), np.int64)
-            if self.task == "classification":
-                correct = (logits.argmax(dim=1) == targets).reshape(len(targets), -1).sum(dim=1).numpy()
+            losses, correct = self._sample_scores(logits, targets)
             kept = logits.numpy() if keep_outputs else None
             pack_scores = self._group_scores(losses, correct, kept, [sizes[g] for g in pack], sum_batch, keep_outputs)
             for g, scores in zip(pack, pack_scores, strict=True):
                 results[g] = scores
         return results
+
+    def _sample_scores(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Each sample's mean loss (float64) and its correct outputs (0 for regression), from a pass's outputs."""
+        count = len(targets)
+        losses = self.sample_losses(logits, targets).reshape(count, -1).mean(dim=1).double().numpy()
+        if self.task != "classification":
+            return losses, np.zeros(count, np.int64)
+        return losses, (logits.argmax(dim=1) == targets).reshape(count, -1).sum(dim=1).numpy()
 
     def _stacked_forward(self, params: Sequence[np.ndarray], xs: Sequence[np.ndarray]) -> torch.Tensor:
         """A perceptron's outputs on each group's samples at the group's own parameters, as the rows of every
@@ -251,7 +247,7 @@ class FlatModel:
         padded = np.zeros((len(xs), longest, features), np.float32)
         for row, x in enumerate(xs):
             padded[row, : len(x)] = x.reshape(len(x), -1)
-        stacked = self.spec.unflatten_stacked(torch.from_numpy(np.stack(params)))
+        stacked = self.spec.unflatten(torch.from_numpy(np.stack(params)))
         hidden = torch.from_numpy(padded)
         for weight, bias in self._layers:  # type: ignore[union-attr]
             if weight is None:

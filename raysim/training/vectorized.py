@@ -203,7 +203,7 @@ class VectorizedTrainer:
     def _stack(self, vectors: Sequence[np.ndarray], dtype: torch.dtype) -> Layers:
         """Flat per-client vectors as contiguous per-layer stacks on the device."""
         flat = torch.from_numpy(np.stack([np.asarray(v) for v in vectors])).to(self.device, dtype)
-        return {name: p.contiguous() for name, p in self.model.spec.unflatten_stacked(flat).items()}
+        return {name: p.contiguous() for name, p in self.model.spec.unflatten(flat).items()}
 
     def _train(self, jobs: list[SGDJob]) -> list[SGDResult]:
         """One chunk of a group (same key, sorted by step count, longest first) in one lockstep loop."""
