@@ -84,26 +84,47 @@ def test_unselected_clients_keep_their_state_bit_for_bit_on_actors(name, ray_loc
     assert watch.rounds == [0, 1, 2]
 
 
-def test_stacked_states_round_trip_and_a_chunk_of_consecutive_rows_is_stacked_without_a_copy():
+@dataclasses.dataclass
+class _State:
+    vector: np.ndarray
+    count: int
+    nothing: None = None
+
+
+def test_stacked_states_round_trip():
     """`stack`/`unstack` move client states between one-per-client and a chunk's rows (Algorithm.stacks): the
-    rows come back as they went in, numbers as numbers, and rows that are already consecutive rows of one array
-    (a chunk's states after its previous stacked step) are stacked as a view of it."""
+    rows come back as they went in, numbers as numbers; a chunk of one is a view."""
     from raysim.algorithms.base import stack, unstack
 
-    @dataclasses.dataclass
-    class State:
-        vector: np.ndarray
-        count: int
-        nothing: None = None
-
-    states = [State(np.full(3, i, np.float32), i) for i in range(4)]
+    states = [_State(np.full(3, i, np.float32), i) for i in range(4)]
     stacked = stack(states)
     assert stacked.vector.shape == (4, 3) and stacked.count.tolist() == [0, 1, 2, 3] and stacked.nothing is None
     rows = unstack(stacked, 4)
     assert [r.count for r in rows] == [0, 1, 2, 3] and all(isinstance(r.count, int) for r in rows)
     assert all(np.array_equal(r.vector, s.vector) for r, s in zip(rows, states, strict=True))
-    again = stack(rows[1:3])
-    assert np.shares_memory(again.vector, stacked.vector) and np.array_equal(again.vector, stacked.vector[1:3])
-    shuffled = stack([rows[2], rows[0]])
-    assert not np.shares_memory(shuffled.vector, stacked.vector)
-    assert np.array_equal(shuffled.vector, stacked.vector[[2, 0]])
+    assert np.shares_memory(stack(states[2:3]).vector, states[2].vector)
+
+
+def test_state_table_gives_views_of_consecutive_rows_and_stores_only_what_is_not_in_place():
+    """A StateTable holds copies of a block's states (a read-only shared initial vector stays untouched); a chunk
+    of consecutive clients is a view of its rows, any other a copy; `store` writes new rows back, skips rows a
+    step wrote in place, and leaves a dropped client's row (kept False) as it was."""
+    from raysim.runtime.state_table import StateTable
+
+    shared = np.zeros(3, np.float32)
+    shared.flags.writeable = False
+    table = StateTable([7, 3, 5, 9], [_State(shared, i) for i in range(4)])
+    assert not np.shares_memory(table.stacked.vector, shared) and table.stacked.vector.flags.writeable
+    middle = table.rows([3, 5])
+    assert np.shares_memory(middle.vector, table.stacked.vector) and middle.count.tolist() == [1, 2]
+    middle.vector += 1.0  # a step writing in place
+    table.store([3, 5], middle)
+    assert table.state(3).vector.tolist() == [1.0] * 3 and table.state(9).vector.tolist() == [0.0] * 3
+    scattered = table.rows([9, 7])
+    assert not np.shares_memory(scattered.vector, table.stacked.vector)
+    new = _State(np.array([[4.0] * 3, [5.0] * 3], np.float32), np.array([40, 50]))
+    table.store([9, 7], new, kept=np.array([True, False]))
+    assert table.state(9).vector.tolist() == [4.0] * 3 and table.state(9).count == 40
+    assert table.state(7).vector.tolist() == [0.0] * 3 and table.state(7).count == 0
+    assert isinstance(table.state(7).count, int) and np.shares_memory(table.state(7).vector, table.stacked.vector)
+    assert not shared.any()

@@ -14,7 +14,7 @@ from raysim.errors import ConfigError
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
 from raysim.threats.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
-from raysim.tracking.metrics import ClientEvaluation, ModelScores, benign_summary
+from raysim.tracking.metrics import RECORD_COLUMNS, ClientEvaluation, ModelScores, benign_summary
 from raysim.training.local import ClientData
 from tests.conftest import tiny_config
 from tests.inprocess import make_host
@@ -52,7 +52,11 @@ def _round_with_records(host, coordinator, round_index: int):
     """Every client's message and its client-step record (train_loss, ...)."""
     partial, records = host.train(round_index, host.client_ids, coordinator.broadcast())
     coordinator.aggregate(partial)
-    return {c: message for c, (message, _) in partial.messages.items()}, {r.client_id: r.metrics for r in records}
+    reported = {
+        row["client_id"]: {k: v for k, v in row.items() if k not in RECORD_COLUMNS and v is not None}
+        for row in records.to_pylist()
+    }
+    return {c: message for c, (message, _) in partial.messages.items()}, reported
 
 
 @pytest.mark.parametrize("kind", ["same_value", "sign_flip", "gaussian"])
@@ -319,8 +323,8 @@ def test_skipping_attackers_keep_their_state_and_upload_only_the_forged_message(
         partial, records = host.train(round_index, selected, broadcast)
         coordinator.aggregate(partial)
         latest |= {c: m for c, (m, _) in partial.messages.items()}
-        for record in records:
-            assert ("train_loss" in record.metrics) == (record.client_id not in problem.malicious)
+        for client_id, loss in zip(records["client_id"].to_pylist(), records["train_loss"].to_pylist(), strict=True):
+            assert (loss is not None) == (client_id not in problem.malicious)
         for client_id in problem.malicious & set(selected):
             forged = problem.attack.corrupt(client_id, round_index, latest[client_id], broadcast)
             np.testing.assert_array_equal(latest[client_id], forged)

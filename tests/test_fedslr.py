@@ -17,7 +17,7 @@ from raysim.config import validate_config
 from raysim.models.flat import FlatModel, ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
-from raysim.tracking.metrics import ClientRecord, mean_client_metrics, summarize
+from raysim.tracking.metrics import ClientRecords, mean_client_metrics, summarize
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import make_host
@@ -337,9 +337,11 @@ def test_mixed_parameter_count_is_the_gkr_count_plus_the_nonzeros_of_p_and_sprea
     settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 1e-3, "lr": 0.1, "batch_size": 32}
     problem, host, broadcast, records = _fedslr_host_after_one_round(settings)
     gkr = host.algorithm.global_parameter_count(broadcast.ranks)
-    nonzeros = [float(np.count_nonzero(host.client_states()[r.client_id].p)) for r in records]
-    assert [r.metrics["mixed_params"] for r in records] == [gkr + n for n in nonzeros]
+    nonzeros = [float(np.count_nonzero(host.client_states()[c].p)) for c in records["client_id"].to_pylist()]
+    assert records["mixed_params"].to_pylist() == [gkr + n for n in nonzeros]
     logged = mean_client_metrics(records)
     assert logged["update/p_nonzeros"] == pytest.approx(np.mean(nonzeros))
     assert logged["update/p_nonzeros_std"] == pytest.approx(np.std(nonzeros, ddof=1)) and np.std(nonzeros) > 0
-    assert mean_client_metrics([ClientRecord(0, {"a": 2.0}, 0.0)]) == {"update/a": 2.0, "update/a_std": 0.0}
+    one = ClientRecords()
+    one.add([0], [0.0], {"a": np.array([2.0])})
+    assert mean_client_metrics(one.batch()) == {"update/a": 2.0, "update/a_std": 0.0}

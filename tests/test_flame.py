@@ -130,13 +130,25 @@ def _exact_prox(targets: dict[int, np.ndarray]):
     return execute_many
 
 
+def _exact_prox_rows(targets: dict[int, np.ndarray], ids: list[int]):
+    """`_exact_prox` for a stacked request whose rows are the clients `ids` (run_stacked_step's executor)."""
+    from raysim.algorithms.base import SGDResult
+
+    def execute(request):
+        target = np.stack([targets[c] for c in ids])
+        theta = (target + request.prox_weight * request.prox_center) / (1 + request.prox_weight)
+        return SGDResult(theta.astype(np.float32), np.array(ids, np.float64), np.ones(len(ids), np.int64))
+
+    return execute
+
+
 @pytest.mark.parametrize("prox_center", ["local", "global"])
 @pytest.mark.parametrize("dual_updates", ["per_round", "per_epoch"])
 def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, dual_updates):
     """FLAME's client step runs on a chunk's stacked rows (alpha_i a column, Algorithm.stacks): each row's new
     theta_i, w_i, pi_i, upload, message and metrics equal the client's own step, and Lemma 3 holds row by row."""
     from raysim.algorithms import build_algorithm
-    from raysim.algorithms.base import run_client_steps, run_stacked_step
+    from raysim.algorithms.base import run_client_steps, run_stacked_step, stack, unstack_update
     from raysim.algorithms.flame import FlameClientState, FlameSettings
     from raysim.models.flat import ParamSpec
 
@@ -152,13 +164,23 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
         states.append(FlameClientState(theta, w, (0.2 * generator.normal(size=50)).astype(np.float32)))
     broadcast = generator.normal(size=50).astype(np.float32)
     alone = run_client_steps(algorithm, clients, states, broadcast, _exact_prox(targets))
-    together = run_stacked_step(algorithm, clients, states, broadcast, _exact_prox(targets))
+    ids = [c.id for c in clients]
+    stacked = run_stacked_step(algorithm, clients, stack(states), broadcast, _exact_prox_rows(targets, ids))
+    assert stacked.state.theta.shape == (4, 50) and stacked.metrics["dual_change"].shape == (4,)
+    donated = stack(states)  # in place (ClientChunk.in_place): the same rows, written into the donated arrays
+    in_place = run_stacked_step(algorithm, clients, donated, broadcast, _exact_prox_rows(targets, ids), in_place=True)
+    for name in ("theta", "w", "pi"):
+        assert np.array_equal(getattr(in_place.state, name), getattr(stacked.state, name))
+    np.testing.assert_array_equal(in_place.upload.delta_u, stacked.upload.delta_u)
+    if dual_updates == "per_round":  # per epoch the round's starting w_i and pi_i are kept
+        assert in_place.state.w is donated.w and in_place.state.pi is donated.pi
+    together = unstack_update(stacked, len(clients))
     for client, want, got in zip(clients, alone, together, strict=True):
         for name in ("theta", "w", "pi"):
             np.testing.assert_allclose(getattr(got.state, name), getattr(want.state, name), rtol=1e-6, atol=1e-6)
             assert getattr(got.state, name).dtype == np.float32
         np.testing.assert_allclose(got.upload.delta_u, want.upload.delta_u, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got.message, want.message, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(algorithm.message(got), algorithm.message(want), rtol=1e-6, atol=1e-6)
         assert got.metrics.keys() == want.metrics.keys()
         assert all(isinstance(value, float) for value in got.metrics.values())
         np.testing.assert_allclose(list(got.metrics.values()), list(want.metrics.values()), rtol=1e-5, atol=1e-6)

@@ -320,7 +320,7 @@ def _run(sim: InProcess, rounds: range) -> list[str]:
         selected = sample_clients(sim.config.seed, round_index, 6, 4)
         partial, records = sim.host.train(round_index, selected, sim.coordinator.broadcast())
         metrics = {k: v for k, v in sim.coordinator.aggregate(partial).items() if not k.endswith("_seconds")}
-        seen.append(repr((records, metrics)))
+        seen.append(repr((records.to_pydict(), metrics)))
     return seen
 
 

@@ -80,21 +80,48 @@ class ClientInfo:
         """A held-out (target) client: it never trains and is only evaluated (`clients.heldout`)."""
         return self.id >= self.num_clients
 
+    @property
+    def in_place(self) -> bool:
+        """A single client's step never writes into its state's arrays (see ClientChunk.in_place)."""
+        return False
+
 
 @dataclass(frozen=True)
 class ClientChunk:
     """Several clients taken as one by a client step written over stacked state (`Algorithm.stacks`).
 
-    Their vectors are the rows of [clients, n] arrays and a per-client number is a [clients, 1] column, so
-    that the step's equations, written with broadcasting and reductions over the last axis, run on one
-    client's vectors (a ClientInfo) or on a chunk's rows alike."""
+    Their vectors are the rows of [clients, n] arrays and each per-client number is a [clients] array (`per_row`
+    shapes one to scale rows), so that the step's equations, written with broadcasting and reductions over the
+    last axis (or with raysim.jit kernels over rows), run on one client's vectors (a ClientInfo) or on a chunk's
+    rows alike."""
 
     clients: tuple[ClientInfo, ...]
+    in_place: bool = False
+    """The stacked state's arrays belong to this step: it may write the new state into them (and train in them,
+    LocalSGD.in_place) instead of new arrays, as the runtime needs the old values no more (buffer donation)."""
+
+    @property
+    def id(self) -> np.ndarray:
+        return np.array([c.id for c in self.clients], np.int64)
+
+    @property
+    def num_train(self) -> np.ndarray:
+        return np.array([c.num_train for c in self.clients], np.int64)
 
     @property
     def weight(self) -> np.ndarray:
-        """alpha_i of each client as a float32 column (the dtype of the vectors it scales)."""
-        return np.array([[c.weight] for c in self.clients], np.float32)
+        """alpha_i of each client (float64, as exact as a ClientInfo's)."""
+        return np.array([c.weight for c in self.clients], np.float64)
+
+    @property
+    def num_clients(self) -> int:
+        return self.clients[0].num_clients
+
+
+def per_row(value: float | np.ndarray) -> np.ndarray:
+    """A client's number, or a chunk's numbers [k], as float32 shaped to scale that client's vector or each row of
+    the chunk's [k, n] arrays (a trailing axis of 1)."""
+    return np.asarray(value, np.float32)[..., None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,6 +153,9 @@ class LocalSGD:
     max_steps: int | None = None
     """If given, stop after this many steps: the first batches of the first epoch's shuffle, so one step is one
     uniformly random mini-batch of `batch_size` samples (the whole split if it is smaller)."""
+    in_place: bool = False
+    """The executor may train in `start`'s memory and return it as the result (the step needs the old values no
+    more, ClientChunk.in_place); without it, or where it cannot, it trains a copy."""
 
     def __post_init__(self) -> None:
         if self.prox_weight and self.prox_center is None:
@@ -386,19 +416,18 @@ def stack(items: Sequence[Any]) -> Any:
 
 
 def _stacked(vectors: list[np.ndarray]) -> np.ndarray:
-    """The vectors as rows of one array: a view when they are already consecutive rows of one (a chunk's states
-    from its previous stacked step), else a stacked copy."""
-    base = vectors[0].base
-    if isinstance(base, np.ndarray) and base.ndim == 2 and base.flags.c_contiguous and vectors[0].ndim == 1:
-        row_bytes, begin = base.strides[0], vectors[0].ctypes.data - base.ctypes.data
-        start = begin // row_bytes
-        consecutive = all(
-            v.base is base and v.ctypes.data == base.ctypes.data + (start + i) * row_bytes and v.shape == base.shape[1:]
-            for i, v in enumerate(vectors)
-        )
-        if consecutive and begin % row_bytes == 0 and start + len(vectors) <= len(base):
-            return base[start : start + len(vectors)]
-    return np.stack(vectors)
+    """The vectors as rows of one array: a view of the one vector of a chunk of one, else a stacked copy."""
+    return vectors[0][None] if len(vectors) == 1 else np.stack(vectors)
+
+
+def one_row(item: Any) -> Any:
+    """One client's state, upload or update in the stacked form of a chunk of one, without a copy: vectors [1, n]
+    views, numbers (and an update's metrics) [1] arrays."""
+    if isinstance(item, ClientUpdate):
+        metrics = {name: np.atleast_1d(np.asarray(value, np.float64)) for name, value in item.metrics.items()}
+        message = None if item.message is None else np.asarray(item.message)[None]
+        return ClientUpdate(one_row(item.state), one_row(item.upload), metrics, message)
+    return stack([item])
 
 
 def unstack(stacked: Any, count: int) -> list[Any]:
@@ -421,26 +450,31 @@ def unstack(stacked: Any, count: int) -> list[Any]:
 def run_stacked_step(
     algorithm: Algorithm,
     clients: Sequence[ClientInfo],
-    states: Sequence[Any],
+    state: Any,
     broadcast: Any,
-    execute_many: Callable[[list[tuple[int, Request]]], Sequence[Result]],
-) -> list[ClientUpdate]:
-    """The client steps of several clients as ONE step over their stacked states (`Algorithm.stacks`): each
-    request it yields is split into the clients' own (rows, in the order of `clients`) for `execute_many`, as
-    `run_client_steps` hands them over, and their results are stacked back. Returns each client's update, its
-    vectors views of the rows of the step's arrays and its metrics numbers."""
-    chunk = ClientChunk(tuple(clients))
-    ids = [c.id for c in clients]
-    count = len(ids)
+    execute: Callable[[Request], Result],
+    in_place: bool = False,
+) -> ClientUpdate:
+    """The client steps of several clients as ONE step over their stacked state (`Algorithm.stacks`; `stack` makes
+    one from the clients' states, rows in the order of `clients`): every request it yields is a stacked one that
+    `execute` runs for all rows at once, returning a stacked result. `in_place`: the step may write into the
+    stacked state's arrays (ClientChunk.in_place). Returns the stacked update: state and upload with [k, ...]
+    fields, metrics as float64 arrays [k]; `unstack_update` splits it into the clients' own."""
+    chunk = ClientChunk(tuple(clients), in_place)
+    update: ClientUpdate = drive(algorithm.client_step(chunk, state, broadcast), execute)
+    count = len(clients)
+    update.metrics = {
+        name: np.broadcast_to(np.asarray(value, np.float64), (count,)) for name, value in update.metrics.items()
+    }
+    return update
 
-    def execute(request: Request) -> Result:
-        return stack(execute_many(list(zip(ids, unstack(request, count), strict=True))))
 
-    update: ClientUpdate = drive(algorithm.client_step(chunk, stack(states), broadcast), execute)  # type: ignore[arg-type]
-    metrics = {name: np.broadcast_to(value, (count,)).tolist() for name, value in update.metrics.items()}
+def unstack_update(update: ClientUpdate, count: int) -> list[ClientUpdate]:
+    """The clients' own updates from a stacked one (`run_stacked_step`): vectors are views of their row, metrics
+    floats."""
     messages = [None] * count if update.message is None else list(update.message)
     return [
-        ClientUpdate(state, upload, {name: float(values[i]) for name, values in metrics.items()}, message)
+        ClientUpdate(state, upload, {name: float(values[i]) for name, values in update.metrics.items()}, message)
         for i, (state, upload, message) in enumerate(
             zip(unstack(update.state, count), unstack(update.upload, count), messages, strict=True)
         )
@@ -469,8 +503,9 @@ def run_client_step(
 
 
 def _with_float_metrics(update: ClientUpdate) -> ClientUpdate:
-    """The update with its metrics as Python floats (a step may compute them as numpy numbers)."""
-    update.metrics = {name: float(value) for name, value in update.metrics.items()}
+    """The update with its metrics as Python floats (a step may compute them as numpy numbers, or as the one row
+    of a kernel over rows)."""
+    update.metrics = {name: float(np.asarray(value).reshape(-1)[0]) for name, value in update.metrics.items()}
     return update
 
 

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from raysim.algorithms.base import (
     Algorithm,
+    ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
@@ -17,8 +18,10 @@ from raysim.algorithms.base import (
     SGDSettings,
     Upload,
     Vector,
+    per_row,
 )
 from raysim.algorithms.servers import weighted_average
+from raysim.jit import distances
 
 
 class FedAvgSettings(SGDSettings):
@@ -51,6 +54,7 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
     name = "fedavg"
     Settings = FedAvgSettings
     Upload = FedAvgUpload
+    stacks = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedAvgServerState:
         return FedAvgServerState(init_params.copy())
@@ -65,14 +69,12 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
         """The local training of a round (FedProx adds its proximal term here)."""
         return self.settings.local_sgd(broadcast)
 
-    def client_step(self, client: ClientInfo, state: FedAvgClientState, broadcast: Vector) -> ClientStep:
+    def client_step(self, client: ClientInfo | ClientChunk, state: FedAvgClientState, broadcast: Vector) -> ClientStep:
         result = yield self.local_request(broadcast)
-        weight = float(client.num_train) if self.settings.aggregation == "samples" else 1.0
-        metrics = {
-            "train_loss": result.mean_loss,
-            "update_norm": float(np.linalg.norm(result.params - broadcast)),
-        }
-        return ClientUpdate(state, FedAvgUpload(weight * result.params, weight), metrics)
+        samples = np.asarray(client.num_train, np.float32)  # a number, or one per row of a chunk
+        weight = samples if self.settings.aggregation == "samples" else np.ones_like(samples)
+        metrics = {"train_loss": result.mean_loss, "update_norm": distances(result.params, broadcast)}
+        return ClientUpdate(state, FedAvgUpload(per_row(weight) * result.params, weight), metrics)
 
     def server_step(self, server: FedAvgServerState, total: FedAvgUpload, num_selected: int):
         w, metrics = weighted_average(total, server.w)  # w = sum_i n_i theta_i / sum_i n_i (or uniform)

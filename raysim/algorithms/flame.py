@@ -11,8 +11,9 @@ with prox centre c = w_i (paper) or the received w (authors' code). The server k
 of the latest u_i of all m clients, so w = (1/m) sum_i u_i (14) needs only the selected clients'
 changes u_i^new - u_i^old. Unselected clients keep all their state.
 
-The client step is written with broadcasting and reductions over the last axis, so the same lines update one
-client's vectors or a chunk's stacked rows (alpha_i then a column; `Algorithm.stacks`).
+The client step runs (12), (13) and the message change as one compiled pass over each client's vectors
+(`_admm_update`, a raysim.jit kernel over rows), so the same lines update one client's vectors or a chunk's
+stacked rows (`Algorithm.stacks`), reading theta_i, w_i and pi_i once.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from raysim.algorithms.base import (
     Vector,
 )
 from raysim.algorithms.servers import running_mean
+from raysim.jit import add_square, distances, kernel, rows
 
 
 class FlameSettings(SGDSettings):
@@ -97,27 +99,30 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
     def client_step(self, client: ClientInfo | ClientChunk, state: FlameClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
         w = broadcast
-        lam_alpha = s.lam * client.weight
+        lam_alpha = np.atleast_1d(s.lam * np.asarray(client.weight)).astype(np.float32)  # one per row
         theta, w_i, pi = state.theta, state.w, state.pi
         passes = [s.epochs] if s.dual_updates == "per_round" else [1] * s.epochs
+        # A donated state (ClientChunk.in_place) is trained and updated where it is; else w_i and pi_i are copied
+        # once and the copies updated. Dual updates per epoch need the round's starting state to the end.
+        own = client.in_place and len(passes) == 1
         losses = []
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
-            result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center)
+            result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=own)
             losses.append(result.mean_loss)  # a number, or one per row
-            theta = result.params
-            w_i = (lam_alpha * theta + s.rho * w - pi) / (lam_alpha + s.rho)  # (12)
-            pi = pi + s.rho * (w_i - w)  # (13)
-        f32 = np.float32
-        new = FlameClientState(theta.astype(f32, copy=False), w_i.astype(f32, copy=False), pi.astype(f32, copy=False))
-        metrics = {
-            "train_loss": np.mean(losses, axis=0),
-            "primal_residual": np.linalg.norm(new.w - w, axis=-1),
-            "dual_change": np.linalg.norm(new.pi - state.pi, axis=-1),
-            "lemma3_error": np.max(np.abs(new.pi - lam_alpha * (new.theta - new.w)), axis=-1, initial=0.0),
-        }
-        u = new.message(s.rho)
-        return ClientUpdate(new, FlameUpload(u - state.message(s.rho)), metrics, message=u)
+            theta = np.asarray(result.params, np.float32)
+            if not own:
+                w_i, pi, own = w_i.copy(), pi.copy(), True
+            delta_u, primal, dual = _admm_update(rows(theta), rows(w_i), rows(pi), w, lam_alpha, np.float32(s.rho))
+        new = FlameClientState(theta, w_i, pi)
+        if len(passes) > 1:  # the message's change and the dual's since the round's start, not the last epoch's
+            delta_u, dual = new.message(s.rho) - state.message(s.rho), distances(new.pi, state.pi)
+        metrics = {"train_loss": np.mean(losses, axis=0), "primal_residual": primal, "dual_change": dual}
+        return ClientUpdate(new, FlameUpload(delta_u.reshape(np.shape(theta))), metrics)
+
+    def message(self, update: ClientUpdate) -> Vector:
+        """u_i = w_i + pi_i / rho of the new state (asked for only by attacks and robust aggregation)."""
+        return update.state.message(self.settings.rho)
 
     def server_step(self, server: FlameServerState, total: FlameUpload, num_selected: int):
         mean = running_mean(server.sum_u, total, server.num_clients, server.w)  # (14): mean over ALL m clients
@@ -128,3 +133,32 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
 
     def personalized_model(self, state: FlameClientState) -> Vector:
         return state.theta
+
+
+@kernel
+def _admm_update(theta, w_i, pi, w, lam_alpha, rho):
+    """For every row i (client), eqs. (12) and (13), written into w_i and pi (each entry read before it is
+    written, one pass):
+
+        w_i  <- (lambda alpha_i theta_i + rho w - pi_i) / (lambda alpha_i + rho)
+        pi_i <- pi_i + rho (w_i - w)
+
+    Returns the change of the message u_i = w_i + pi_i / rho, ||w_i - w|| (primal residual) and the change of pi_i
+    in norm (dual change). float32 throughout, as numpy."""
+    count, n = theta.shape
+    delta_u = np.empty_like(theta)
+    primal, dual = np.empty(count), np.empty(count)
+    for i in range(count):
+        la = lam_alpha[i]
+        primal_sq = dual_sq = np.float32(0.0)
+        for j in range(n):
+            pi_old = pi[i, j]
+            u_old = w_i[i, j] + pi_old / rho
+            w_ij = (la * theta[i, j] + rho * w[j] - pi_old) / (la + rho)
+            pi_ij = pi_old + rho * (w_ij - w[j])
+            delta_u[i, j] = (w_ij + pi_ij / rho) - u_old
+            primal_sq = add_square(primal_sq, w_ij - w[j])
+            dual_sq = add_square(dual_sq, pi_ij - pi_old)
+            w_i[i, j], pi[i, j] = w_ij, pi_ij
+        primal[i], dual[i] = np.sqrt(primal_sq), np.sqrt(dual_sq)
+    return delta_u, primal, dual

@@ -8,6 +8,7 @@ it with `ray.remote`, and tests may use it directly.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import itertools
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from raysim.algorithms import ClientInfo, build_algorithm, run_client_step
@@ -26,24 +28,31 @@ from raysim.algorithms.base import (
     FullGradient,
     GradientResult,
     LocalSGD,
+    Request,
+    Result,
     SGDResult,
     Vector,
     drive,
+    one_row,
     run_client_steps,
     run_stacked_step,
+    stack,
+    unstack,
+    unstack_update,
 )
 from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
 from raysim.data.sources import Task
 from raysim.models.flat import FlatModel, Scores
 from raysim.runtime import checkpoint
-from raysim.runtime.exact_sum import PartialSum, UploadRangeError, encode
+from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.state_store import ClientStateStore
+from raysim.runtime.state_table import StateTable
 from raysim.seeding import Stream, rng
 from raysim.threats.attacks import AttackPlan
 from raysim.tracking.metrics import (
     ClientEvaluation,
-    ClientRecord,
+    ClientRecords,
     ModelScores,
     SingleLabelAuc,
     classification_scores_many,
@@ -111,11 +120,6 @@ class HostSettings:
         )  # fmt: skip
 
 
-STACKED_CHUNK_BYTES = 2 * 2**20
-"""A vectorized host steps a chunk of clients as one stacked step (Algorithm.stacks) when a stacked vector of the
-chunk takes at most this much. Measured on a 2-core EPYC (L2 1 MiB a core): FLAME's stacked algebra is faster
-for mlr (16 clients x 31 KB) and slower for mlp (16 x 436 KB), whose temporaries no longer stay in cache."""
-
 EVALUATION_CLIENTS = 64
 """Clients whose splits the global model scores in one pass (ClientHost.evaluate); memory: their samples."""
 
@@ -128,6 +132,37 @@ class EvaluationData:
     test: tuple[np.ndarray, np.ndarray]
     train: tuple[np.ndarray, np.ndarray] | None
     val: tuple[np.ndarray, np.ndarray] | None
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """The update of a chunk of clients, stacked over them (a chunk of one for a step run alone), and how to
+    commit their new states once their uploads are summed (`commit(kept)`: kept[i], whether client i's upload was
+    kept; a dropped client keeps its old state)."""
+
+    ids: list[int]
+    update: ClientUpdate
+    commit: Callable[[np.ndarray], None]
+
+
+def _own_arrays(state: Any) -> Any:
+    """A client state whose vectors are copies (a row view would keep the whole chunk's array alive)."""
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    copies = {name: np.array(value) for name, value in fields.items() if isinstance(value, np.ndarray)}
+    return dataclasses.replace(state, **copies)
+
+
+def _keep_freed_memory() -> None:
+    """Tell glibc's allocator (where there is one) to keep freed memory for reuse instead of returning it to the
+    system. A round allocates and frees every chunk's new state arrays (MBs each); returned to the system, each
+    would come back page by page, and those page faults cost more than the arithmetic (FLAME's update of one MLP
+    client: 0.24 ms instead of 0.1). A host process then holds its peak round's memory."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: large arrays from the heap, not from fresh mappings
+    libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never give the heap's free top back
 
 
 def _untrained(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
@@ -164,13 +199,10 @@ class ClientHost:
             else None
         )
         """runtime.client_training = vectorized: the trainer of the selected clients' LocalSGD requests."""
-        self.stacked = (
-            self.vectorized is not None
-            and self.algorithm.stacks
-            and self.vectorized.chunk * self.model.size * 4 <= STACKED_CHUNK_BYTES
-        )
-        """Whether a chunk's client steps run as one step over stacked states (Algorithm.stacks); decided by the
-        configured chunk, never by who shares a chunk, so that results do not depend on the number of hosts."""
+        self.stacked = self.vectorized is not None and self.algorithm.stacks
+        """Whether a chunk's client steps run as one step over their stacked states (Algorithm.stacks)."""
+        self.tables: dict[int, StateTable] = {}
+        """Stacked steps without a state budget: each block's states as a StateTable (made at its first step)."""
         self.seed = settings.seed
         self.attack = settings.attack
         self.sent: dict[int, Vector] = {}
@@ -189,6 +221,13 @@ class ClientHost:
         init_params.flags.writeable = False  # clients' initial states may share it: a write into one would raise
         for info, _ in clients:  # one at a time: a budgeted store spills while they are made
             self.states[info.id] = self.algorithm.init_client(info, init_params)
+        longest_first = sorted(self.info, key=lambda c: (-self.info[c].num_train, c))
+        size = settings.vectorize_chunk if self.vectorized is not None else 1
+        self.blocks = [longest_first[i : i + size] for i in range(0, len(longest_first), size)]
+        """The host's clients in fixed blocks of `vectorize_chunk` (1 without vectorized training), longest training
+        split first; a round's chunks are the selected clients of each block, so that a block selected whole keeps
+        its clients' states as the rows of one array per field from round to round (stacked without a copy)."""
+        _keep_freed_memory()
 
     def _client_data(self, x: np.ndarray, y: np.ndarray, client_id: int, split: ClientSplit, classes: int):
         """A client's view of the data: its noise, and for a label poisoner random labels (raysim.threats.attacks)."""
@@ -209,70 +248,130 @@ class ClientHost:
 
     def train(
         self, round_index: int, client_ids: list[int], broadcast: object
-    ) -> tuple[PartialSum | None, list[ClientRecord]]:
-        """Run the client step of each selected client; return the exact sum of their uploads and their metrics."""
+    ) -> tuple[PartialSum | None, pa.RecordBatch]:
+        """Run the client step of each selected client, a chunk at a time; return the exact sum of their uploads
+        and their records (ClientRecords: bytes sent and the steps' metrics as columns)."""
         total: PartialSum | None = None
-        records: list[ClientRecord] = []
-        for client_id, previous_state, update in self._updates(round_index, sorted(client_ids), broadcast):
-            if self._idle(client_id):  # attack.training = skip: no local work, state kept; the step shapes the upload
-                update = dataclasses.replace(update, state=previous_state, metrics={})
-            self.states[client_id] = update.state
-            upload, message = self._outgoing(client_id, round_index, update, broadcast)
-            try:
-                term = encode(upload, self.num_clients, client_id)
-            except UploadRangeError as error:
-                if self.settings.on_nonfinite != "drop_client":
-                    raise UploadRangeError(f"round {round_index}: {error}") from None
-                self.states[client_id] = previous_state  # runtime.on_nonfinite = drop_client: as if not selected
-                records.append(ClientRecord(client_id, {}, 0.0, dropped=True))
-                continue
-            if message is not None:
-                term.messages[client_id] = message
-            if total is None:
-                total = term
+        records = ClientRecords()
+        for chunk in self._chunks(round_index, client_ids, broadcast):
+            ids, update = chunk.ids, chunk.update
+            if self.settings.send_messages or any(self._byzantine(c) for c in ids):
+                # each upload on its own: forged by an attacker, or its message kept for robust aggregation
+                total, rejected, uploads = self._add_one_by_one(total, round_index, ids, update, broadcast)
             else:
-                total += term
-            uplink = float(self.algorithm.uplink_bytes(upload))
-            records.append(ClientRecord(client_id, dict(update.metrics), uplink))
-        return total, records
+                total, rejected = add_rows(total, update.upload, ids, self.num_clients)
+                uploads = unstack(update.upload, len(ids))
+            kept = np.array([c not in rejected for c in ids])
+            if rejected and self.settings.on_nonfinite != "drop_client":
+                position = ids.index(rejected[0])
+                reason = rejection(uploads[position], self.num_clients, ids[position])
+                raise UploadRangeError(f"round {round_index}: {reason}")
+            chunk.commit(kept)  # on_nonfinite = drop_client: a dropped client keeps its state, as if not selected
+            if rejected:
+                records.add(rejected, np.zeros(len(rejected)), dropped=True)
+            uplink = [float(self.algorithm.uplink_bytes(u)) for u, ok in zip(uploads, kept, strict=True) if ok]
+            metrics = {name: np.broadcast_to(values, (len(ids),))[kept] for name, values in update.metrics.items()}
+            records.add([c for c, ok in zip(ids, kept, strict=True) if ok], uplink, metrics)
+        return total, records.batch()
+
+    def _add_one_by_one(
+        self, total: PartialSum | None, round_index: int, ids: list[int], update: ClientUpdate, broadcast: object
+    ) -> tuple[PartialSum | None, list[int], list[Any]]:
+        """Add each client's upload of a (stacked) update to the sum, as sent (`_outgoing`: a Byzantine client's
+        forged); with robust aggregation its message too. Returns the sum, the clients left out, the uploads."""
+        rejected, uploads = [], []
+        for client_id, single in zip(ids, unstack_update(update, len(ids)), strict=True):
+            upload, message = self._outgoing(client_id, round_index, single, broadcast)
+            uploads.append(upload)
+            total, refused = add_rows(total, one_row(upload), [client_id], self.num_clients)
+            rejected += refused
+            if message is not None and not refused:
+                total.messages[client_id] = message  # type: ignore[union-attr]
+        return total, rejected, uploads
+
+    def _chunks(self, round_index: int, client_ids: list[int], broadcast: object) -> Iterator[_Chunk]:
+        """The updates of the selected clients, a chunk at a time: the selected clients of a block (`blocks`).
+        With vectorized training a chunk steps as one step over its stacked states when the algorithm stacks
+        (`_stacked_chunk`), else in lockstep, one update per client; sequentially each client steps alone. A
+        Byzantine client that skips training runs alone, untrained, and keeps its state."""
+        selected = set(client_ids)
+        for index, block in enumerate(self.blocks):
+            chosen = [c for c in block if c in selected]
+            for client_id in (c for c in chosen if self._idle(c)):
+                state = self.states[client_id]
+                update = run_client_step(self.algorithm, self.info[client_id], state, broadcast, _untrained)
+                yield _Chunk([client_id], one_row(dataclasses.replace(update, metrics={})), lambda kept: None)
+            chunk = [c for c in chosen if not self._idle(c)]
+            if not chunk:
+                continue
+            if self.stacked:
+                yield self._stacked_chunk(round_index, index, chunk, broadcast)
+                continue
+            states = [self.states[c] for c in chunk]
+            infos = [self.info[c] for c in chunk]
+            if self.vectorized is not None:
+                executor = self._execute_many(round_index, self.vectorized)
+                updates = run_client_steps(self.algorithm, infos, states, broadcast, executor)
+            else:
+                updates = [
+                    run_client_step(self.algorithm, info, state, broadcast, self._executor(c, round_index))
+                    for c, info, state in zip(chunk, infos, states, strict=True)
+                ]
+            for client_id, update in zip(chunk, updates, strict=True):
+                yield _Chunk([client_id], one_row(update), self._store(client_id, update.state))
+
+    def _store(self, client_id: int, state: Any) -> Callable[[np.ndarray], None]:
+        """Commit a single client's new state, if its upload was kept."""
+
+        def commit(kept: np.ndarray) -> None:
+            if kept[0]:
+                self.states[client_id] = state
+
+        return commit
+
+    def _stacked_chunk(self, round_index: int, block: int, chunk: list[int], broadcast: object) -> _Chunk:
+        """One step over the stacked states of a chunk of block `block` (Algorithm.stacks). Without a state budget
+        the block's states live in a StateTable: the chunk's rows are donated to the step (ClientChunk.in_place),
+        which updates them where they are, unless a dropped upload must leave its client's state as it was
+        (on_nonfinite = drop_client); a chunk of rows that are not consecutive is a copy, written back."""
+        infos = [self.info[c] for c in chunk]
+        executor = self._rows_executor(round_index, chunk)
+        in_place = self.settings.on_nonfinite != "drop_client"
+        if isinstance(self.states, ClientStateStore):  # states spill one by one: no table, each client its own copy
+            update = run_stacked_step(
+                self.algorithm, infos, stack([self.states[c] for c in chunk]), broadcast, executor, in_place
+            )
+
+            def commit_own(kept: np.ndarray) -> None:
+                for client_id, state, ok in zip(chunk, unstack(update.state, len(chunk)), kept, strict=True):
+                    if ok:
+                        self.states[client_id] = _own_arrays(state)
+
+            return _Chunk(chunk, update, commit_own)
+        table = self.tables.get(block)
+        if table is None:  # the block's first step (or the first after a restore): its states become one table
+            members = self.blocks[block]
+            table = self.tables[block] = StateTable(members, [self.states[c] for c in members])
+            self.states.update({c: table.state(c) for c in members})
+        update = run_stacked_step(self.algorithm, infos, table.rows(chunk), broadcast, executor, in_place)
+
+        def commit(kept: np.ndarray) -> None:
+            table.store(chunk, update.state, kept)
+            self.states.update({c: table.state(c) for c in chunk})
+
+        return _Chunk(chunk, update, commit)
 
     def _idle(self, client_id: int) -> bool:
         """A Byzantine client that skips training (attack.training = skip)."""
         return self.attack is not None and self.attack.skips_training(client_id)
 
-    def _updates(
-        self, round_index: int, client_ids: list[int], broadcast: object
-    ) -> Iterator[tuple[int, Any, ClientUpdate]]:
-        """(client id, state before, update) of each client, in the order given. Sequentially each client's
-        step runs when its turn comes; vectorized, the steps of the next `vectorize_chunk` training clients run
-        together (one chunk at a time, so that only a chunk's updates are held at once): as one step over their
-        stacked states when the algorithm stacks (Algorithm.stacks), else in lockstep."""
-        done: dict[int, tuple[Any, ClientUpdate]] = {}
-        for index, client_id in enumerate(client_ids):
-            if self.vectorized is not None and index % self.vectorized.chunk == 0:
-                chunk = client_ids[index : index + self.vectorized.chunk]
-                ids = [c for c in chunk if not self._idle(c)]
-                states = [self.states[c] for c in ids]
-                infos = [self.info[c] for c in ids]
-                execute_many = self._execute_many(round_index, self.vectorized)
-                run = run_stacked_step if self.stacked and ids else run_client_steps
-                updates = run(self.algorithm, infos, states, broadcast, execute_many)
-                done = {c: (state, update) for c, state, update in zip(ids, states, updates, strict=True)}
-            if client_id in done:
-                yield client_id, *done.pop(client_id)
-                continue
-            execute = _untrained if self._idle(client_id) else self._executor(client_id, round_index)
-            previous_state = self.states[client_id]
-            yield (
-                client_id,
-                previous_state,
-                run_client_step(self.algorithm, self.info[client_id], previous_state, broadcast, execute),
-            )
+    def _byzantine(self, client_id: int) -> bool:
+        return self.attack is not None and self.attack.byzantine(client_id)
 
     def _outgoing(self, client_id: int, round_index: int, update, broadcast) -> tuple[object, tuple | None]:
         """The upload actually sent (a Byzantine client's carries its forged message) and, for robust
         aggregation, (message, previous message)."""
-        byzantine = self.attack is not None and self.attack.byzantine(client_id)
+        byzantine = self._byzantine(client_id)
         if not (byzantine or self.settings.send_messages):
             return update.upload, None
         message = self.algorithm.message(update)
@@ -301,6 +400,21 @@ class ClientHost:
             if isinstance(request, FullGradient):
                 return self.trainer.full_gradient(request, self.data[client_id], generator)
             return self.trainer.sgd(request, self.data[client_id], generator)
+
+        return execute
+
+    def _rows_executor(self, round_index: int, client_ids: list[int]) -> Callable[[Request], Result]:
+        """Runs a chunk's stacked requests (row i: client `client_ids[i]`): SGD on the vectorized trainer, all rows
+        at once; gradients one row at a time. Each row's randomness is keyed as `_executor` keys it."""
+        generators = {c: self._generators(c, round_index) for c in client_ids}
+        data = [self.data[c] for c in client_ids]
+
+        def execute(request: Request) -> Result:
+            drawn = [next(generators[c]) for c in client_ids]
+            if isinstance(request, FullGradient):
+                rows = unstack(request, len(client_ids))
+                return stack([self.trainer.full_gradient(*job) for job in zip(rows, data, drawn, strict=True)])
+            return self.vectorized.sgd_rows(request, data, drawn)  # type: ignore[union-attr]
 
         return execute
 
@@ -438,14 +552,16 @@ class ClientHost:
                 self.evaluations = tree.decode(parts["evaluations"])
         if found != owned:
             raise checkpoint.CheckpointError(f"{directory}: no state for clients {sorted(owned - found)[:10]}")
+        self.tables.clear()  # the restored states are the clients' own arrays; tables are made again when stepped
 
     def pid(self) -> int:
         """The actor's process id (fault-injection tests kill it)."""
         return os.getpid()
 
     def client_states(self, client_ids: list[int] | None = None) -> dict[int, object]:
-        """Current state of the given (default: all) clients, for inspection and tests (all in memory at once)."""
-        return {c: self.states[c] for c in (self.client_ids if client_ids is None else client_ids)}
+        """A copy of the current state of the given (default: all) clients, for inspection and tests (all in memory
+        at once; copies, as a table's rows change in place)."""
+        return {c: _own_arrays(self.states[c]) for c in (self.client_ids if client_ids is None else client_ids)}
 
     def state_memory(self) -> dict[str, float]:
         """Where this host's client states are (runtime.state_memory_mb): clients spilled to disk, bytes in

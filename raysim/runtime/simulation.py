@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import ray
 
 from raysim.config import ExperimentConfig
@@ -18,7 +19,7 @@ from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
-from raysim.tracking.metrics import ClientEvaluation, ClientRecord, mean_client_metrics
+from raysim.tracking.metrics import ClientEvaluation, mean_client_metrics, round_records
 
 
 class NoUsableUpload(RaysimError):
@@ -138,8 +139,8 @@ class Simulation:
                 partial, records = host.train.options(num_returns=2).remote(round_index, chosen, broadcast)
                 partials.append(partial)
                 record_refs.append(records)
-        records = [r for host_records in ray.get(record_refs) for r in host_records]
-        self.dropped = [r.client_id for r in records if r.dropped]
+        records = round_records(ray.get(record_refs))
+        self.dropped = records.filter(records["dropped"])["client_id"].to_pylist()
         self._check_usable(round_index, len(selected))
         trained = time.perf_counter()
         if self.config.tracking.gm_scored == "before_aggregation":  # the global model before the server step
@@ -178,10 +179,10 @@ class Simulation:
                 totals[key] = totals.get(key, 0.0) + value
         return totals
 
-    def _communication(self, records: list[ClientRecord], downlink: int) -> dict[str, float]:
+    def _communication(self, records: pa.Table, downlink: int) -> dict[str, float]:
         """Bytes sent this round (uplink: each selected client's upload; downlink: broadcast x selected) and
         since the start."""
-        uplink = sum(r.uplink_bytes for r in records)
+        uplink = float(sum(records["uplink_bytes"].to_pylist()))
         self.uplink_total += uplink
         self.downlink_total += downlink
         return {

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
+import pyarrow as pa
 
 SingleLabelAuc = Literal["zero", "nan"]
 
@@ -193,29 +194,81 @@ def summarize(evaluations: list[ClientEvaluation]) -> dict[str, float]:
     return summary
 
 
-@dataclass(frozen=True)
-class ClientRecord:
-    """What a host reports of one selected client's round."""
-
-    client_id: int
-    metrics: dict[str, float]
-    """What the client step reported (logged as means across the selected clients, `mean_client_metrics`)."""
-    uplink_bytes: float
-    """Bytes the client sent (0 when its upload was dropped)."""
-    dropped: bool = False
-    """Its upload had NaN/inf and was left out of the round (runtime.on_nonfinite = drop_client)."""
+RECORD_COLUMNS = ("client_id", "uplink_bytes", "dropped")
+"""The columns every round's client records have; the client steps' metrics follow, one column each."""
 
 
-def mean_client_metrics(records: list[ClientRecord]) -> dict[str, float]:
+class ClientRecords:
+    """What a host reports of its selected clients' round, built chunk by chunk as columns: client id, bytes
+    sent (0 when the upload was dropped), whether the upload was dropped (NaN/inf, runtime.on_nonfinite =
+    drop_client), and one column per metric the client steps reported (null where a client reported none)."""
+
+    def __init__(self) -> None:
+        self._ids: list[np.ndarray] = []
+        self._uplink: list[np.ndarray] = []
+        self._dropped: list[np.ndarray] = []
+        self._metrics: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self._count = 0
+
+    def add(
+        self,
+        client_ids: Sequence[int],
+        uplink_bytes: Sequence[float] | np.ndarray,
+        metrics: dict[str, np.ndarray] | None = None,
+        dropped: bool = False,
+    ) -> None:
+        """Records of some clients: their bytes sent and their metrics, one value per client each."""
+        count = len(client_ids)
+        self._ids.append(np.asarray(client_ids, np.int64))
+        self._uplink.append(np.asarray(uplink_bytes, np.float64).reshape(count))
+        self._dropped.append(np.full(count, dropped))
+        for name, values in (metrics or {}).items():
+            column = np.broadcast_to(np.asarray(values, np.float64), (count,))
+            self._metrics.setdefault(name, []).append((self._count, column))
+        self._count += count
+
+    def batch(self) -> pa.RecordBatch:
+        """The records as one Arrow record batch, by client id."""
+        columns: dict[str, pa.Array] = {
+            "client_id": pa.array(_joined(self._ids, np.int64)),
+            "uplink_bytes": pa.array(_joined(self._uplink, np.float64)),
+            "dropped": pa.array(_joined(self._dropped, bool)),
+        }
+        for name in sorted(self._metrics):
+            values, reported = np.full(self._count, np.nan), np.zeros(self._count, bool)
+            for start, part in self._metrics[name]:
+                values[start : start + len(part)] = part
+                reported[start : start + len(part)] = True
+            columns[name] = pa.array(values, mask=~reported)
+        batch = pa.RecordBatch.from_pydict(columns)
+        return batch.take(pa.array(np.argsort(_joined(self._ids, np.int64), kind="stable")))
+
+
+def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def round_records(batches: Sequence[pa.RecordBatch]) -> pa.Table:
+    """The hosts' record batches of one round as one table (a metric column one host lacks is null there)."""
+    tables = [pa.Table.from_batches([batch]) for batch in batches] or [pa.Table.from_batches([ClientRecords().batch()])]
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def mean_client_metrics(records: pa.Table | pa.RecordBatch) -> dict[str, float]:
     """Mean over the selected clients of each metric their client steps reported (`update/<name>`) and its
     spread across them (`update/<name>_std`, sample std; 0 for one client), e.g. the non-zeros of a sparse
-    personal part."""
+    personal part; a client that reported none (null) is left out."""
     summary = {}
-    for name in sorted({k for r in records for k in r.metrics}):
-        values = np.array([r.metrics[name] for r in records if name in r.metrics], dtype=np.float64)
+    for name in sorted(set(records.column_names) - set(RECORD_COLUMNS)):
+        column = records.column(name)
+        values = column.drop_null().to_numpy(zero_copy_only=False).astype(np.float64)
+        if not len(values):
+            continue
         summary[f"update/{name}"] = float(values.mean())
         summary[f"update/{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     return summary
+
+
 def benign_summary(
     evaluations: list[ClientEvaluation], malicious: frozenset[int], heldout: frozenset[int] = frozenset()
 ) -> dict[str, float]:

@@ -9,6 +9,10 @@ Perceptrons (Flatten/Linear/ReLU stacks: mlr, mlp, linear) are written out as ba
 with their backward pass by hand, which lets a weight's gradient product land straight in the velocity
 or the parameters; a model that cannot be vmapped falls back to LocalTrainer.
 
+The unit of work is a chunk's rows (`sgd_rows`): a request whose vectors are [clients, n] (or one [n] vector
+shared by all, such as a received global model) trains in one buffer [clients, n] whose per-layer views are
+the stacked parameters, so nothing is stacked or unstacked per layer and the result is that buffer.
+
 The results are `LocalTrainer.sgd`'s, client by client, up to floating-point rounding:
 - each client's batches come from its own generator in LocalTrainer's order (an epoch's permutation, then
   every batch's augmentation, noise and labels as it is used), so every client sees the same samples;
@@ -20,6 +24,7 @@ The results are `LocalTrainer.sgd`'s, client by client, up to floating-point rou
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import warnings
 from collections import defaultdict
@@ -30,7 +35,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from raysim.algorithms.base import LocalSGD, SGDResult
+from raysim.algorithms.base import LocalSGD, SGDResult, unstack
 from raysim.algorithms.prox import soft_threshold
 from raysim.models.flat import FlatModel, perceptron_layers
 from raysim.training.local import ClientData, LocalTrainer
@@ -79,6 +84,7 @@ class VectorizedTrainer:
         self._batched = vmap(self._forward)
         self._sequential = LocalTrainer(model)
         self._sources: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        self._buffer: torch.Tensor | None = None
         self.unavailable = self._probe()
         """Why this model cannot be trained vectorized (every request then runs on LocalTrainer), or None."""
         self.mode: Literal["perceptron", "vmap", "sequential"] = (
@@ -96,23 +102,53 @@ class VectorizedTrainer:
             )
 
     def sgd(self, jobs: Sequence[SGDJob]) -> list[SGDResult]:
-        """LocalTrainer.sgd of every job, in the order given."""
+        """LocalTrainer.sgd of every job, in the order given (each result its own array)."""
         results: list[SGDResult | None] = [None] * len(jobs)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for position, (request, _data, _generator) in enumerate(jobs):
             groups[group_key(request)].append(position)
-        for key, members in groups.items():
-            if self.unavailable is not None or key[-1] is not None:  # a few capped steps: no lockstep loop needed
-                for position in members:
-                    results[position] = self._sequential.sgd(*jobs[position])
-                continue
+        for members in groups.values():
             # Longest first: within a chunk the clients still training are then always a prefix.
-            members.sort(key=lambda position: -_steps(jobs[position]))
+            members.sort(key=lambda position: -_steps(jobs[position][0], jobs[position][1]))
             for start in range(0, len(members), self.chunk):
                 part = members[start : start + self.chunk]
-                for position, result in zip(part, self._train([jobs[p] for p in part]), strict=True):
-                    results[position] = result
+                stacked = self.sgd_rows(
+                    stack_requests([jobs[p][0] for p in part]), [jobs[p][1] for p in part], [jobs[p][2] for p in part]
+                )
+                for row, position in enumerate(part):  # its own array, as LocalTrainer's: a state must not keep
+                    results[position] = SGDResult(  # the chunk's buffer alive
+                        stacked.params[row].copy(), float(stacked.mean_loss[row]), int(stacked.steps[row])
+                    )
         return results  # type: ignore[return-value]
+
+    def sgd_rows(
+        self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[np.random.Generator]
+    ) -> SGDResult:
+        """LocalTrainer.sgd of each row of a stacked request: its vectors are [k, n] (row i is client i's, whose
+        data and generator are `data[i]` and `generators[i]`) or one [n] vector shared by every row; its numbers
+        are shared. Returns params [k, n] (one new array), mean_loss [k] and steps [k]."""
+        count = len(data)
+        if self.unavailable is not None or request.max_steps is not None:  # a few capped steps: no lockstep loop
+            results = [
+                self._sequential.sgd(row, d, g)
+                for row, d, g in zip(unstack(request, count), data, generators, strict=True)
+            ]
+            return SGDResult(
+                np.stack([r.params for r in results]) if results else np.empty((0, self.model.size), np.float32),
+                np.array([r.mean_loss for r in results]),
+                np.array([r.steps for r in results]),
+            )
+        steps = np.array([_steps(request, d) for d in data], np.int64)
+        order = np.argsort(-steps, kind="stable")  # longest first: the clients still training are a prefix
+        ordered = not np.any(order != np.arange(count))
+        if not ordered:
+            request = _rows_of(request, order, count)
+            data, generators = [data[i] for i in order], [generators[i] for i in order]
+        result = self._train(request, data, generators)
+        if ordered:
+            return result
+        back = np.argsort(order)
+        return SGDResult(result.params[back], result.mean_loss[back], result.steps[back])
 
     def _forward(self, params: Layers, x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, params, (x,))
@@ -200,92 +236,128 @@ class VectorizedTrainer:
             cached = self._sources[id(array)] = (array, tensor)
         return cached[1]
 
-    def _stack(self, vectors: Sequence[np.ndarray], dtype: torch.dtype) -> Layers:
-        """Flat per-client vectors as contiguous per-layer stacks on the device."""
-        flat = torch.from_numpy(np.stack([np.asarray(v) for v in vectors])).to(self.device, dtype)
-        return {name: p.contiguous() for name, p in self.model.spec.unflatten(flat).items()}
+    def _rows(self, vectors: np.ndarray | None, count: int, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+        """A request's [k, n] rows (or one [n] vector for every row, expanded without a copy) as a tensor on the
+        device: on the CPU a view of the array (only ever read), on a GPU a copy."""
+        if vectors is None:
+            return None
+        array = np.asarray(vectors)
+        with warnings.catch_warnings():  # read-only arrays (object store, shared initial states): only read here
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(array).to(self.device, dtype)
+        return tensor.expand(count, -1) if tensor.ndim == 1 else tensor
 
-    def _train(self, jobs: list[SGDJob]) -> list[SGDResult]:
-        """One chunk of a group (same key, sorted by step count, longest first) in one lockstep loop."""
-        requests = [request for request, _data, _generator in jobs]
-        params = self._stack([r.start for r in requests], torch.float32)
-        offset = self._stack([r.offset for r in requests], torch.float32) if requests[0].offset is not None else None
-        update = _Update(requests, params, self._stack)
-        batches = _Batches(jobs, self._source, self.device)
-        losses = torch.zeros((len(jobs), len(batches.active)), dtype=torch.float32, device=self.device)
+    def _train(
+        self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[np.random.Generator]
+    ) -> SGDResult:
+        """One chunk of rows, sorted by step count (longest first), in one lockstep loop."""
+        count = len(data)
+        start = np.asarray(request.start)
+        if request.in_place and self._trainable_in_place(start):
+            flat = torch.from_numpy(start)  # the rows themselves (LocalSGD.in_place): no copy
+        else:
+            flat = torch.empty((count, self.model.size), dtype=torch.float32, device=self.device)
+            flat.copy_(self._rows(start, count))  # type: ignore[arg-type]
+        params = self.model.spec.unflatten(flat)  # per-layer views [k, *shape] of the one buffer
+        offset = self._rows(request.offset, count)
+        shift = None if offset is None else self.model.spec.unflatten(offset)
+        update = _Update(request, params, lambda v, dtype=torch.float32: self._layers_of(v, count, dtype))
+        batches = _Batches(request, data, generators, self._source, self._features)
+        losses = torch.zeros((count, len(batches.active)), dtype=torch.float32, device=self.device)
         for step, active in enumerate(batches.active):
             x, y, weight = batches.step(step, active)
             now = {name: p[:active] for name, p in params.items()}
-            shift = None if offset is None else {name: o[:active] for name, o in offset.items()}
-            losses[:active, step], gradients = self._gradients(now, shift, x, y, weight)
+            moved = None if shift is None else {name: o[:active] for name, o in shift.items()}
+            losses[:active, step], gradients = self._gradients(now, moved, x, y, weight)
             for name, p in now.items():
                 update(name, p, gradients[name])
-        flat = np.empty((len(jobs), self.model.size), np.float32)
-        for name, p in params.items():
-            torch.from_numpy(flat)[:, self.model.spec.slice(name)] = p.reshape(len(jobs), -1)
         seen = losses.cpu().numpy().astype(np.float64)
-        return [
-            SGDResult(
-                params=flat[i].copy(),  # its own array, as LocalTrainer's: a state must not keep the chunk alive
-                mean_loss=float(np.mean(seen[i, :steps])) if steps else float("nan"),
-                steps=steps,
-            )
-            for i, steps in enumerate(batches.totals)
-        ]
+        totals = np.asarray(batches.totals)
+        mean_loss = np.array([np.mean(seen[i, :steps]) if steps else np.nan for i, steps in enumerate(totals)])
+        return SGDResult(start if flat.data_ptr() == start.ctypes.data else flat.cpu().numpy(), mean_loss, totals)
+
+    def _trainable_in_place(self, start: np.ndarray) -> bool:
+        """Whether a request's rows can be trained where they are: writable float32 rows [k, n] in one block of
+        memory, on a CPU device."""
+        return (
+            self.device.type == "cpu"
+            and start.ndim == 2
+            and start.dtype == np.float32
+            and start.flags.c_contiguous
+            and start.flags.writeable
+        )
+
+    def _features(self, rows: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """A buffer of `rows` samples of `shape` for a chunk's batches, kept from chunk to chunk (made of zeros
+        once, grown when needed): its rows always hold finite values (see _Batches.buffer)."""
+        size = rows * int(np.prod(shape))
+        if self._buffer is None or self._buffer.numel() < size:
+            self._buffer = torch.zeros(size, device=self.device)
+        return self._buffer[:size].view(rows, *shape)
+
+    def _layers_of(self, vectors: np.ndarray | None, count: int, dtype: torch.dtype) -> Layers | None:
+        """A request's rows (or shared vector) as per-layer views [k, *shape] on the device."""
+        rows = self._rows(vectors, count, dtype)
+        return None if rows is None else self.model.spec.unflatten(rows)
 
 
 class _Update:
     """LocalTrainer.sgd's parameter update for one chunk's stacked layers (its velocity lives here).
 
-    The gradient terms LocalTrainer adds one by one are folded (the same values up to rounding):
-    weight_decay x + prox_weight (x - center) + linear = decay x - constant, with constant =
-    prox_weight center - linear made once. A weight gradient given as a product (a perceptron's) is
-    computed straight into the velocity (momentum) or, for plain SGD, into the parameters."""
+    The gradient of the objective's extra terms, weight_decay x + prox_weight (x - center) + linear, is
+    decay x - prox_weight center + linear with decay = weight_decay + prox_weight, read from the request's rows
+    (views, no copies). A weight gradient given as a product (a perceptron's) is computed straight into the
+    velocity (momentum) or, without momentum or mask, into the parameters: x <- (1 - lr decay) x - lr delta
+    input^T in one product, then + lr prox_weight center - lr linear (the same values as LocalTrainer's up to
+    rounding)."""
 
-    def __init__(self, requests: list[LocalSGD], params: Layers, stack: Callable[[list, torch.dtype], Layers]):
-        """`stack` makes per-layer stacks of flat per-client vectors (VectorizedTrainer._stack)."""
-        first = requests[0]
-        size = sum(p[0].numel() for p in params.values())
-        self.lr, self.momentum = first.lr, first.momentum
-        self.decay = first.weight_decay + first.prox_weight
-        self.constant = None
-        if first.prox_weight or first.linear is not None:
-            self.constant = stack([_constant_term(r, size) for r in requests], torch.float32)
-        self.frozen = None
-        if first.mask is not None:
-            self.frozen = {name: ~m for name, m in stack([r.mask for r in requests], torch.bool).items()}
+    def __init__(self, request: LocalSGD, params: Layers, layers: Callable[..., Layers | None]):
+        """`layers(vectors, dtype)` views a request's rows (or shared vector) per layer (VectorizedTrainer)."""
+        self.lr, self.momentum = request.lr, request.momentum
+        self.decay = request.weight_decay + request.prox_weight
+        self.prox_weight = request.prox_weight
+        self.center = layers(request.prox_center) if request.prox_weight else None
+        self.linear = layers(request.linear)
+        mask = layers(request.mask, torch.bool)
+        self.frozen = None if mask is None else {name: ~m for name, m in mask.items()}
         self.threshold = None
-        if first.l1 is not None:
-            l1 = stack([np.broadcast_to(np.asarray(r.l1, np.float32), (size,)) for r in requests], torch.float32)
-            self.threshold = {name: first.lr * value for name, value in l1.items()}
-        self.velocity = {name: torch.zeros_like(p) for name, p in params.items()} if first.momentum else None
+        if request.l1 is not None:
+            size = sum(p[0].numel() for p in params.values())
+            l1 = np.broadcast_to(np.asarray(request.l1, np.float32), (size,)) if np.ndim(request.l1) < 2 else request.l1
+            self.threshold = {name: request.lr * value for name, value in layers(l1).items()}  # type: ignore[union-attr]
+        self.velocity = {name: torch.zeros_like(p) for name, p in params.items()} if request.momentum else None
 
     def __call__(self, name: str, p: torch.Tensor, gradient: Gradient) -> None:
         """One SGD step of layer `name` for the active clients (the first len(p) of the chunk)."""
         active = len(p)
         frozen = None if self.frozen is None else self.frozen[name][:active]
         moving = None if self.velocity is None else self.velocity[name][:active]
-        fused = False
-        if isinstance(gradient, tuple):
+        if isinstance(gradient, tuple) and moving is None and frozen is None:
+            p.baddbmm_(gradient[0], gradient[1].transpose(1, 2), beta=1.0 - self.lr * self.decay, alpha=-self.lr)
+            self._add_terms(name, p, -self.lr)
+            self._shrink(name, p, frozen)
+            return
+        if isinstance(gradient, tuple):  # with momentum: v = momentum v + delta input^T, the other terms below
             product = (gradient[0], gradient[1].transpose(1, 2))
-            if moving is not None:  # v = momentum v + delta input^T; the other terms are added to v below
-                gradient, fused = moving.baddbmm_(*product, beta=self.momentum), True
-            elif self.decay or self.constant is not None or frozen is not None:
-                gradient = torch.bmm(*product)
-            else:  # plain SGD: x -= lr delta input^T, in the product itself
-                p.baddbmm_(*product, alpha=-self.lr)
-                self._shrink(name, p, frozen)
-                return
+            gradient = moving.baddbmm_(*product, beta=self.momentum) if moving is not None else torch.bmm(*product)
+            moving = None  # already folded in
+        elif moving is not None:
+            gradient = torch.add(gradient, moving, alpha=self.momentum, out=moving)
         if self.decay:
             gradient.add_(p, alpha=self.decay)
-        if self.constant is not None:
-            gradient.sub_(self.constant[name][:active])
+        self._add_terms(name, gradient, 1.0)
         if frozen is not None:  # a frozen coordinate's gradient, hence also its velocity, stays 0
             gradient.masked_fill_(frozen, 0.0)
-        if moving is not None and not fused:
-            gradient = torch.add(gradient, moving, alpha=self.momentum, out=moving)
         p.sub_(gradient, alpha=self.lr)
         self._shrink(name, p, frozen)
+
+    def _add_terms(self, name: str, target: torch.Tensor, scale: float) -> None:
+        """target += scale (linear - prox_weight center), the gradient terms that do not depend on x."""
+        active = len(target)
+        if self.center is not None:
+            target.add_(self.center[name][:active], alpha=-scale * self.prox_weight)
+        if self.linear is not None:
+            target.add_(self.linear[name][:active], alpha=scale)
 
     def _shrink(self, name: str, p: torch.Tensor, frozen: torch.Tensor | None) -> None:
         """The l1 proximal step after the gradient step (soft-thresholding, only where not frozen)."""
@@ -295,19 +367,37 @@ class _Update:
         p.copy_(shrunk if frozen is None else torch.where(frozen, p, shrunk))
 
 
-def _constant_term(request: LocalSGD, size: int) -> np.ndarray:
-    """prox_weight center - linear: the part of the objective's extra gradient terms that does not move."""
-    value = np.zeros(size, np.float32)
-    if request.prox_weight:
-        value = np.float32(request.prox_weight) * np.asarray(request.prox_center, np.float32)
-    if request.linear is not None:
-        value = value - np.asarray(request.linear, np.float32)
-    return value
+def stack_requests(requests: Sequence[LocalSGD]) -> LocalSGD:
+    """Requests of the same group (`group_key`) as one request over their rows: vectors [k, n], numbers shared."""
+    first = requests[0]
+    vectors = {}
+    for name in ROW_FIELDS:
+        values = [getattr(r, name) for r in requests]
+        if values[0] is not None and (name != "l1" or np.ndim(values[0]) > 0):
+            vectors[name] = np.stack([np.broadcast_to(np.asarray(v), (_size(first),)) for v in values])
+    return dataclasses.replace(first, **vectors)
 
 
-def _steps(job: SGDJob) -> int:
-    """How many SGD steps LocalTrainer.sgd takes for a job."""
-    request, data, _generator = job
+ROW_FIELDS = ("start", "prox_center", "linear", "mask", "offset", "l1")
+"""The LocalSGD fields that are vectors, one row per client in a stacked request (l1 also as a shared number)."""
+
+
+def _size(request: LocalSGD) -> int:
+    return int(np.asarray(request.start).shape[-1])
+
+
+def _rows_of(request: LocalSGD, order: np.ndarray, count: int) -> LocalSGD:
+    """The request with its [k, n] row fields permuted by `order` (shared vectors and numbers as they are)."""
+    permuted = {}
+    for name in ROW_FIELDS:
+        value = getattr(request, name)
+        if value is not None and np.ndim(value) == 2:
+            permuted[name] = np.asarray(value)[order]
+    return dataclasses.replace(request, **permuted)
+
+
+def _steps(request: LocalSGD, data: ClientData) -> int:
+    """How many SGD steps LocalTrainer.sgd takes for a request on a client's data."""
     return request.epochs * -(-len(data.train) // request.batch_size)
 
 
@@ -323,35 +413,42 @@ class _Batches:
     function the sequential trainer uses, so both see the same bits.
     """
 
-    def __init__(self, jobs: list[SGDJob], source: Callable[[np.ndarray], torch.Tensor], device: torch.device):
-        request = jobs[0][0]
-        self.jobs = jobs
+    def __init__(
+        self,
+        request: LocalSGD,
+        data: Sequence[ClientData],
+        generators: Sequence[np.random.Generator],
+        source: Callable[[np.ndarray], torch.Tensor],
+        features: Callable[[int, tuple[int, ...]], torch.Tensor],
+    ):
+        """The batches of the rows of `request` (longest first), row i drawn from `data[i]` with `generators[i]`;
+        `features(rows, shape)` gives the buffer of a step's samples (VectorizedTrainer._features)."""
+        self.data, self.generators = data, generators
         self.batch_size = width = request.batch_size
-        self.sizes = [len(data.train) for _request, data, _generator in jobs]
+        self.sizes = [len(d.train) for d in data]
         self.per_epoch = [-(-n // width) for n in self.sizes]
         self.totals = [request.epochs * p for p in self.per_epoch]
         length = max(self.totals, default=0)
         self.active = [sum(total > step for total in self.totals) for step in range(length)]
-        """How many clients (a prefix: jobs come longest first) still train at each step."""
-        self.sources = [source(data.x) if data.inputs.plain else None for _request, data, _generator in jobs]
+        """How many clients (a prefix: rows come longest first) still train at each step."""
+        self.sources = [source(d.x) if d.inputs.plain else None for d in data]
         """Each client's features on the device, if they are model input as stored (else read through Inputs)."""
         self.shared = all(array is not None and array is self.sources[0] for array in self.sources)
         """Whether every client's features are one plain array (then one gather serves them all)."""
-        first = jobs[0][1]
+        first = data[0]
         self.read_together = not self.shared and all(
-            data.x is first.x and data.inputs == first.inputs and data.inputs.augment == "none"
-            for _request, data, _generator in jobs
+            d.x is first.x and d.inputs == first.inputs and d.inputs.augment == "none" for d in data
         )
         """Whether every client reads one stored array through the same normalization (then one read serves all)."""
-        self.fresh = [i for i, (_r, data, _g) in enumerate(jobs) if data.noise_std or data.random_labels]
+        self.fresh = [i for i, d in enumerate(data) if d.noise_std or d.random_labels]
         self.orders: dict[int, np.ndarray] = {}
         self.draws: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         """An augmenting client's crop corners [steps, batch, 2] and flips [steps, batch] (padding: no-ops)."""
-        index = np.zeros((length, len(jobs), width), np.int64)
-        weight = np.zeros((length, len(jobs), width), np.float32)
-        labels = np.zeros((length, len(jobs), width), jobs[0][1].y.dtype)
+        index = np.zeros((length, len(data), width), np.int64)
+        weight = np.zeros((length, len(data), width), np.float32)
+        labels = np.zeros((length, len(data), width), first.y.dtype)
         fresh = set(self.fresh)
-        for i, (_request, data, generator) in enumerate(jobs):
+        for i, (client, generator) in enumerate(zip(data, generators, strict=True)):
             n, per_epoch, total = self.sizes[i], self.per_epoch[i], self.totals[i]
             if not total:
                 continue
@@ -361,27 +458,29 @@ class _Batches:
             weight[per_epoch - 1 : total : per_epoch, i, :last] = 1.0 / last
             if i in fresh:
                 continue
-            augments = data.inputs.augment != "none"
+            augments = client.inputs.augment != "none"
             if augments:
-                corners = np.full((total, width, 2), data.inputs.padding, np.int64)
+                corners = np.full((total, width, 2), client.inputs.padding, np.int64)
                 flips = np.zeros((total, width), bool)
                 self.draws[i] = (corners, flips)
             plan = np.empty((request.epochs, per_epoch * width), np.int64)
             for epoch in range(request.epochs):
-                plan[epoch, :n] = data.train[generator.permutation(n)]
+                plan[epoch, :n] = client.train[generator.permutation(n)]
                 for batch in range(per_epoch if augments else 0):
                     count, at = min(width, n - batch * width), epoch * per_epoch + batch
-                    corners[at, :count], flips[at, :count] = data.inputs.draw(count, generator)  # type: ignore[misc]
+                    corners[at, :count], flips[at, :count] = client.inputs.draw(count, generator)  # type: ignore[misc]
             plan[:, n:] = plan[:, :1]  # padding: a real sample, weighted zero
             index[:total, i] = plan.reshape(total, width)
-            labels[:total, i] = data.y[index[:total, i]]
+            labels[:total, i] = client.y[index[:total, i]]
         self.plan = index
+        self.buffer = features(len(data) * width, tuple(first.x.shape[1:]))
+        """The gathered features of a step, one buffer for all steps (and chunks). Rows read through Inputs are read
+        for real samples only: a padding row keeps an earlier step's finite values, which its zero weight cancels
+        exactly."""
+        device = self.buffer.device
         self.index = torch.from_numpy(index).to(device)
         self.counts = (weight > 0).sum(axis=2)
         """The real (weighted) samples of each client's batch at each step [steps, clients]: a prefix of the batch."""
-        self.buffer = torch.zeros((len(jobs) * width, *jobs[0][1].x.shape[1:]), device=device)
-        """The gathered features of a step, one buffer for all steps. Rows read through Inputs are read for real
-        samples only: a padding row keeps an earlier step's finite values, which its zero weight cancels exactly."""
         self.weight = torch.from_numpy(weight).to(device)
         self.labels = torch.from_numpy(labels).to(device)
 
@@ -393,13 +492,16 @@ class _Batches:
         if self.shared:
             torch.index_select(self.sources[0], 0, self.index[step, :active].reshape(-1), out=rows)  # type: ignore[arg-type]
         elif self.read_together:
-            data = self.jobs[0][1]
+            data = self.data[0]
             real = np.flatnonzero(np.arange(width) < self.counts[step, :active, None])
-            inputs = data.inputs.rows(data.x, self.plan[step, :active].reshape(-1)[real])
-            rows[torch.from_numpy(real).to(rows.device)] = torch.from_numpy(inputs).to(rows.device)
+            indices = self.plan[step, :active].reshape(-1)[real]
+            if rows.device.type == "cpu":  # straight into the buffer
+                data.inputs.rows_into(data.x, indices, rows.numpy().reshape(len(rows), -1), real)
+            else:
+                rows[torch.from_numpy(real).to(rows.device)] = torch.from_numpy(data.inputs.rows(data.x, indices))
         else:
             for i in range(active):
-                source, data = self.sources[i], self.jobs[i][1]
+                source, data = self.sources[i], self.data[i]
                 if source is not None:
                     torch.index_select(source, 0, self.index[step, i], out=features[i])
                 elif not (data.noise_std or data.random_labels):  # a fresh client's batch is made below
@@ -410,7 +512,7 @@ class _Batches:
         for i in self.fresh:
             if i >= active:
                 break
-            _request, data, generator = self.jobs[i]
+            data, generator = self.data[i], self.generators[i]
             epoch_step = step % self.per_epoch[i]
             if epoch_step == 0:
                 self.orders[i] = generator.permutation(self.sizes[i])
