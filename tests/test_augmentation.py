@@ -51,6 +51,19 @@ def test_normalization_is_the_hand_computation_per_channel():
     assert model_inputs(ready, None, None) is ready  # float32 datasets pass through untouched
 
 
+def test_rows_read_through_the_compiled_normalization_are_model_inputs_bits():
+    """Inputs.rows and rows_into (gather and normalize uint8 images in one compiled pass, straight into a batch
+    buffer) give exactly model_inputs' float32 bits, at the rows asked for, and leave the other rows alone."""
+    x, _ = _images(30, seed=1)
+    inputs = Inputs(MEAN, STD)
+    indices = np.array([4, 29, 4, 0, 17])
+    np.testing.assert_array_equal(inputs.rows(x, indices), model_inputs(x[indices], MEAN, STD))
+    out = np.full((8, int(np.prod(x.shape[1:]))), 7.0, np.float32)
+    inputs.rows_into(x, indices, out, np.array([6, 0, 2, 3, 1]))
+    np.testing.assert_array_equal(out[[6, 0, 2, 3, 1]], model_inputs(x[indices], MEAN, STD).reshape(5, -1))
+    assert (out[[4, 5, 7]] == 7.0).all()
+
+
 def test_dataset_refuses_inconsistent_normalization():
     x, y = _images(4, seed=0)
     with pytest.raises(DataError, match="one value per channel"):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raysim.algorithms.base import Upload
-from raysim.runtime.exact_sum import UploadRangeError, encode
+from raysim.runtime.exact_sum import UploadRangeError, add_rows, encode, rejection
 
 
 @dataclass
@@ -46,3 +46,38 @@ def test_non_finite_or_out_of_range_uploads_raise():
         encode(Message(np.array([0.0, np.nan]), 1.0), 10, 3)
     with pytest.raises(UploadRangeError, match="diverged"):
         encode(Message(np.array([1e9]), 1.0), 10, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(vectors, st.randoms(use_true_random=False), st.integers(1, 4))
+def test_a_chunk_of_rows_adds_up_exactly_as_its_uploads_one_by_one(rows, random, chunk):
+    """`add_rows` (a host's chunk of uploads in one pass) gives the integer total of encoding every upload alone
+    and adding them, whatever the chunks, and counts every client."""
+    uploads = np.array(rows, np.float32)
+    weights = np.arange(len(rows), dtype=np.float64)
+    terms = [encode(Message(u, w), 100, i) for i, (u, w) in enumerate(zip(uploads, weights, strict=True))]
+    alone = reduce(lambda a, b: a + b, terms)
+    total, start = None, 0
+    while start < len(rows):
+        size = random.randint(1, chunk)
+        ids = list(range(start, min(start + size, len(rows))))
+        total, rejected = add_rows(total, Message(uploads[ids], weights[ids]), ids, 100)
+        assert rejected == []
+        start += size
+    assert total.count == alone.count == len(rows)
+    assert all(np.array_equal(total.fields[name], alone.fields[name]) for name in alone.fields)
+
+
+def test_rows_that_cannot_be_summed_are_left_out_and_named():
+    """A NaN, an inf or a too large entry in any field leaves that client out of the sum (and only it); the
+    others are added as if it had not been there."""
+    uploads = np.ones((4, 3), np.float32)
+    uploads[1, 2] = np.nan
+    uploads[3, 0] = 1e9
+    weights = np.array([1.0, 1.0, np.inf, 1.0])
+    total, rejected = add_rows(None, Message(uploads, weights), [10, 11, 12, 13], 10)
+    assert rejected == [11, 12, 13] and total.count == 1
+    assert total.decode().vector.tolist() == [1.0, 1.0, 1.0] and total.decode().weight == 1.0
+    assert add_rows(None, Message(uploads[1:2], weights[1:2]), [11], 10) == (None, [11])
+    assert rejection(Message(uploads[1], 1.0), 10, 11) == "client 11: upload field 'vector' has NaN or inf values"
+    assert "diverged" in rejection(Message(uploads[3], 1.0), 10, 13)

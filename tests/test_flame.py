@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from raysim.algorithms import ClientInfo
 from raysim.config import validate_config
@@ -187,3 +189,37 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
         assert got.metrics["train_loss"] == client.id  # each row's own result came back to it
         lam_alpha = 1.7 * client.weight
         np.testing.assert_allclose(got.state.pi, lam_alpha * (got.state.theta - got.state.w), atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    size=st.integers(1, 70),
+    rho=st.floats(0.125, 10.0, width=32),
+    lam=st.floats(0.125, 10.0, width=32),
+    seed=st.integers(0, 2**16),
+)
+def test_the_compiled_update_is_equations_12_and_13_bit_for_bit(rows, size, rho, lam, seed):
+    """`_admm_update` (one compiled pass, in place) gives exactly the float32 bits of (12), (13) and the message
+    change written in numpy, for every row alone or together (a row never depends on its neighbours), and its
+    norms are those of the differences."""
+    from raysim.algorithms.flame import _admm_update
+
+    generator = np.random.default_rng(seed)
+    theta, w_i, pi = (generator.normal(size=(rows, size)).astype(np.float32) for _ in range(3))
+    w = generator.normal(size=size).astype(np.float32)
+    lam_alpha = (lam * generator.uniform(0.01, 1.0, rows)).astype(np.float32)
+    rho32, la = np.float32(rho), lam_alpha[:, None]
+    want_w = (la * theta + rho32 * w - pi) / (la + rho32)  # (12)
+    want_pi = pi + rho32 * (want_w - w)  # (13)
+    want_delta = (want_w + want_pi / rho32) - (w_i + pi / rho32)
+    new_w, new_pi = w_i.copy(), pi.copy()
+    delta, primal, dual = _admm_update(theta, new_w, new_pi, w, lam_alpha, rho32)
+    for got, want in ((new_w, want_w), (new_pi, want_pi), (delta, want_delta)):
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+    np.testing.assert_allclose(primal, np.linalg.norm(want_w - w, axis=1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dual, np.linalg.norm(want_pi - pi, axis=1), rtol=1e-5, atol=1e-6)
+    alone_w, alone_pi = w_i[-1:].copy(), pi[-1:].copy()
+    alone = _admm_update(theta[-1:], alone_w, alone_pi, w, lam_alpha[-1:], rho32)
+    assert np.array_equal(alone_w, new_w[-1:]) and np.array_equal(alone[0], delta[-1:])
+    assert alone[1][0] == primal[-1] and alone[2][0] == dual[-1]

@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score, roc_auc_score
 
-from raysim.tracking.metrics import classification_scores, classification_scores_many
+from raysim.tracking.metrics import (
+    ClientRecords,
+    classification_scores,
+    classification_scores_many,
+    mean_client_metrics,
+    round_records,
+)
 
 
 @st.composite
@@ -69,3 +75,21 @@ def test_scores_of_many_splits_together_are_each_splits_own(parts, single_label)
     alone = [classification_scores(logits, y, single_label) for logits, y in parts]
     assert np.array_equal(np.array(together), np.array(alone), equal_nan=True)
     assert np.isnan(together[empty]).all()
+
+
+def test_client_records_are_columns_whose_missing_metrics_are_null_and_left_out_of_the_means():
+    """A host's records of a round (chunk by chunk, by client id) as Arrow columns; the driver's table of all hosts
+    has every metric column, null where a client (a dropped one, another host's) reported none."""
+    first = ClientRecords()
+    first.add([5, 3], [40.0, 40.0], {"loss": np.array([1.0, 3.0]), "norm": np.array([2.0, 2.0])})
+    first.add([9], [0.0], dropped=True)
+    second = ClientRecords()
+    second.add([4], [40.0], {"loss": np.array([5.0])})
+    batch = first.batch()
+    assert batch["client_id"].to_pylist() == [3, 5, 9] and batch["dropped"].to_pylist() == [False, False, True]
+    assert batch["loss"].to_pylist() == [3.0, 1.0, None]
+    table = round_records([batch, second.batch()])
+    assert table.num_rows == 4 and table["norm"].to_pylist() == [2.0, 2.0, None, None]
+    summary = mean_client_metrics(table)
+    assert summary == {"update/loss": 3.0, "update/loss_std": 2.0, "update/norm": 2.0, "update/norm_std": 0.0}
+    assert mean_client_metrics(round_records([])) == {}

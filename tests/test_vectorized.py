@@ -23,6 +23,7 @@ from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel, ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.driver import run_experiment
+from raysim.runtime.exact_sum import UploadRangeError
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
@@ -189,6 +190,43 @@ def test_any_sizes_and_batches_match_local_trainer(sizes, batch_size, epochs, mo
     clients = _clients(sizes, seed, noisy=seed % 7, poisoned=seed % 5)
     requests = _requests(model, len(sizes), seed, epochs=epochs, batch_size=batch_size, momentum=momentum)
     _assert_matches_local(model, requests, clients, chunk, seed)
+
+
+@pytest.mark.parametrize("objective", ["fedavg", "flame", "admm"])
+def test_a_stacked_request_trains_its_rows_as_the_requests_one_by_one(objective):
+    """`sgd_rows` (a chunk's rows in one request, the unit of a stacked step) gives the per-request results of
+    `sgd`: rows in any order (sorted longest first inside and back), trained in place in the request's rows
+    (LocalSGD.in_place: the result is those rows, with the same bits as a copy) or on a copy of them, and a
+    start vector shared by all rows (a received global model)."""
+    from raysim.training.vectorized import stack_requests
+
+    model = FlatModel("mlp", INPUT, CLASSES)
+    clients = _clients([9, 40, 17, 40, 3], seed=13, noisy=2)
+    requests = _requests(model, len(clients), seed=14, **OBJECTIVES[objective])
+    jobs = _jobs(requests, clients, 0)
+    alone = VectorizedTrainer(model, chunk=8).sgd(jobs)
+    stacked = stack_requests(requests)
+    generators = [generator for _r, _d, generator in _jobs(requests, clients, 0)]
+    copied = VectorizedTrainer(model, chunk=8).sgd_rows(stacked, clients, generators)
+    assert not np.shares_memory(copied.params, stacked.start)
+    for row, want in enumerate(alone):
+        assert np.array_equal(copied.params[row], want.params) and copied.steps[row] == want.steps
+        assert copied.mean_loss[row] == want.mean_loss
+    order = [1, 3, 2, 0, 4]  # longest first: trained where they are
+    rows = dataclasses.replace(stack_requests([requests[i] for i in order]), in_place=True)
+    start = rows.start
+    generators = [generator for _r, _d, generator in _jobs(requests, clients, 0)]
+    trainer = VectorizedTrainer(model, chunk=8)
+    in_place = trainer.sgd_rows(rows, [clients[i] for i in order], [generators[i] for i in order])
+    assert in_place.params is start
+    assert all(np.array_equal(in_place.params[k], alone[i].params) for k, i in enumerate(order))
+    shared = dataclasses.replace(stacked, start=requests[0].start)
+    generators = [generator for _r, _d, generator in _jobs(requests, clients, 0)]
+    from_one = VectorizedTrainer(model, chunk=8).sgd_rows(shared, clients, generators)
+    same_start = VectorizedTrainer(model, chunk=8).sgd(
+        _jobs([dataclasses.replace(r, start=requests[0].start) for r in requests], clients, 0)
+    )
+    assert all(np.array_equal(from_one.params[i], want.params) for i, want in enumerate(same_start))
 
 
 class _Uneven(FedAvg):
@@ -409,3 +447,34 @@ def test_stacked_client_steps_give_the_same_bits_whatever_the_chunks():
             assert {k: v for k, v in want.items() if "seconds" not in k} == {
                 k: v for k, v in got.items() if "seconds" not in k
             }
+
+
+@pytest.mark.parametrize("mode", ["sequential", "vectorized"])
+def test_a_dropped_upload_leaves_its_clients_state_as_it_was_in_a_stacked_chunk(mode):
+    """runtime.on_nonfinite = drop_client: a client whose upload is NaN (its training data is) is left out of the
+    sum and keeps its state, row of a chunk or not; the others of its chunk move on as in a round without it."""
+    config = validate_config(
+        tiny_config(
+            clients={"count": 6},
+            runtime={"client_training": mode, "vectorize_chunk": 4, "on_nonfinite": "drop_client"},
+        )
+    )
+    problem = prepare(config)
+    bad = problem.clients[2][1]
+    problem.x = problem.x.copy()
+    problem.x[bad.train] = np.nan
+    host = make_host(config, problem)
+    assert host.stacked == (mode == "vectorized")
+    coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, 6)
+    before = host.client_states()
+    partial, records = host.train(0, host.client_ids, coordinator.broadcast())
+    assert partial.count == 5 and records["dropped"].to_pylist() == [False, False, True, False, False, False]
+    assert records["uplink_bytes"][2].as_py() == 0.0 and records["train_loss"][2].as_py() is None
+    after = host.client_states()
+    for client in range(6):
+        old, new = before[client], after[client]
+        unchanged = all(np.array_equal(getattr(new, f), getattr(old, f)) for f in ("theta", "w", "pi"))
+        assert unchanged == (client == 2), client
+    with pytest.raises(UploadRangeError, match="round 1: client 2: upload field 'delta_u' has NaN"):
+        make_host(config.model_copy(update={"runtime": config.runtime.model_copy(update={"on_nonfinite": "stop"})}),
+                  problem).train(1, [0, 1, 2, 3], coordinator.broadcast())  # fmt: skip

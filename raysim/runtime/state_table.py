@@ -26,8 +26,9 @@ class StateTable:
         """`states`: the clients' states; the table holds copies (never a view of a state it was given, which may
         be read-only or shared, as clients' initial states are)."""
         self.position = {client: row for row, client in enumerate(clients)}
-        stacked = stack(list(states))
-        self.stacked = dataclasses.replace(stacked, **{name: np.array(value) for name, value in _arrays(stacked)})
+        stacked = stack(list(states))  # new arrays, but for a block of one: views of its state's
+        owned = {name: value if value.base is None else np.array(value) for name, value in _arrays(stacked)}
+        self.stacked = dataclasses.replace(stacked, **owned)
 
     def rows(self, clients: Sequence[int]) -> Any:
         """The stacked state of `clients`: views of the table's rows when consecutive, else a copy."""

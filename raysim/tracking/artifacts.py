@@ -3,7 +3,9 @@ per-client table and the convergence plot at the end."""
 
 from __future__ import annotations
 
+import logging
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,17 +27,40 @@ if TYPE_CHECKING:
 
 
 class RunArtifacts(RoundCallback):
-    """partition.parquet and partition.png when a run starts (not again on resume); config.yaml (credentials
-    redacted), clients.parquet and convergence.png when it ends."""
+    """partition.parquet and partition.png as a run starts (not again on resume), made in a thread while the actors
+    start and the first rounds run; config.yaml (credentials redacted), clients.parquet and convergence.png when
+    it ends."""
 
-    def __init__(self, config: ExperimentConfig, problem: Problem, writer: MlflowWriter):
+    def __init__(self, config: ExperimentConfig, problem: Problem, writer: MlflowWriter, resumed: bool = False):
         self.config, self.problem, self.writer = config, problem, writer
-
-    def on_start(self, result: RunResult, rounds_done: int, resumed: bool) -> None:
+        self._failure: BaseException | None = None
+        self._partition = threading.Thread(target=self._write_partition, name="partition-artifacts", daemon=True)
         if not resumed:
+            self._partition.start()
+
+    def _write_partition(self) -> None:
+        try:
             self.write_partition()
+        except BaseException as error:  # noqa: BLE001 - raised again in the round loop's thread (`_wait`)
+            self._failure = error
+
+    def _wait(self) -> None:
+        """Wait for the partition artifacts; raise what writing them raised."""
+        if self._partition.ident is not None:  # started
+            self._partition.join()
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+    def close(self) -> None:
+        """The thread is done when the run is (a failure of it is reported, never raised over the run's own)."""
+        if self._partition.ident is not None:
+            self._partition.join()
+        if self._failure is not None:
+            logging.getLogger(__name__).warning("partition artifacts not logged: %s", self._failure)
 
     def on_end(self, result: RunResult) -> None:
+        self._wait()  # one writer of figures at a time
         sizes = {
             info.id: {
                 "num_train": info.num_train,

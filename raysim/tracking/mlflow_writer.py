@@ -115,25 +115,29 @@ class MlflowWriter:
     retried (with backoff) until it succeeds, and before a metric batch is re-sent the writer asks the
     server whether the failed attempt landed after all, so every metric point arrives exactly once."""
 
-    def __init__(self, tracking_uri: str, experiment: str, retry_max_s: float = 10.0, connect_timeout_s: float = 10.0):
-        """Checks at once that the store is usable (`check_reachable`, up to `connect_timeout_s`)."""
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        retry_max_s: float = 10.0,
+        connect_timeout_s: float = 10.0,
+        background: bool = False,
+    ):
+        """Checks at once that the store can be reached (`check_reachable`, up to `connect_timeout_s`); then opens
+        it and its experiment (a new sqlite store creates its tables: about 1.5 s), with `background` in a thread
+        while the caller goes on (a run starts Ray meanwhile): the first use of the store waits for it, and raises
+        the TrackingError if opening failed."""
         self.tracking_uri = tracking_uri
         """As given (credentials included: other processes of the run connect with it); never shown."""
         uri = connect_uri(tracking_uri)
         check_reachable(uri, connect_timeout_s)
-        try:
-            self.client = MlflowClient(uri)
-            found = self.client.get_experiment_by_name(experiment)
-            if found is None:
-                self.experiment_id = self.client.create_experiment(experiment, tags=EXPERIMENT_KIND)
-            else:
-                self.experiment_id = found.experiment_id
-                if not EXPERIMENT_KIND.items() <= found.tags.items():  # made by another tool, or an older raysim
-                    for key, value in EXPERIMENT_KIND.items():
-                        self.client.set_experiment_tag(self.experiment_id, key, value)
-        except MlflowException as error:
-            message = redact(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
-            raise TrackingError(f"tracking.uri {self.shown_uri}: {message}") from None
+        self._client: MlflowClient | None = None
+        self._experiment_id: str | None = None
+        self._open_error: TrackingError | None = None
+        self._opening = threading.Thread(target=self._open, args=(uri, experiment), name="mlflow-open", daemon=True)
+        self._opening.start()
+        if not background:
+            self._ready()
         self.run_id: str | None = None
         self.retry_max_s = retry_max_s
         self.failures = 0
@@ -144,6 +148,40 @@ class MlflowWriter:
         self._files = tempfile.TemporaryDirectory(prefix="raysim-artifacts-")
         self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
         self._thread.start()
+
+    def _open(self, uri: str, experiment: str) -> None:
+        """Open the store and the experiment (made if new, tagged as model training)."""
+        try:
+            client = MlflowClient(uri)
+            found = client.get_experiment_by_name(experiment)
+            if found is None:
+                self._experiment_id = client.create_experiment(experiment, tags=EXPERIMENT_KIND)
+            else:
+                self._experiment_id = found.experiment_id
+                if not EXPERIMENT_KIND.items() <= found.tags.items():  # made by another tool, or an older raysim
+                    for key, value in EXPERIMENT_KIND.items():
+                        client.set_experiment_tag(self._experiment_id, key, value)
+            self._client = client
+        except MlflowException as error:
+            message = redact(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+            self._open_error = TrackingError(f"tracking.uri {self.shown_uri}: {message}")
+
+    def _ready(self) -> None:
+        """Wait until the store is open; raise what opening it raised."""
+        self._opening.join()
+        if self._open_error is not None:
+            raise self._open_error
+
+    @property
+    def client(self) -> MlflowClient:
+        """The MLflow client of the store (waits for it to be open)."""
+        self._ready()
+        return self._client  # type: ignore[return-value]
+
+    @property
+    def experiment_id(self) -> str:
+        self._ready()
+        return self._experiment_id  # type: ignore[return-value]
 
     @property
     def shown_uri(self) -> str:
