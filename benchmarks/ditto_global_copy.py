@@ -37,7 +37,7 @@ def main() -> None:
         problem = prepare(config)
         settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
         host = ClientHost(settings, problem.x, problem.y, problem.clients, problem.init_params)
-        coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, problem.num_training)
+        coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, problem.num_training)
         start = time.perf_counter()
         everyone = list(range(problem.num_training))
         for round_index in range(args.rounds):

@@ -30,7 +30,7 @@ def main() -> None:
     problem = prepare(config)
     settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
     host = ClientHost(settings, problem.x, problem.y, problem.clients, problem.init_params)
-    coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, problem.num_training)
+    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, problem.num_training)
     timings: dict[str, list[float]] = {"training round": [], "evaluation with train loss": [], "evaluation without": []}
     per_round = config.clients.per_round_count()
     for round_index in range(args.rounds):

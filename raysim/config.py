@@ -18,7 +18,7 @@ from raysim.algorithms import REGISTRY
 from raysim.data.partitions import PartitionSettings, QLabelSettings
 from raysim.data.sources import SOURCES, Dataset, load_dataset
 from raysim.errors import ConfigError
-from raysim.models.zoo import ModelSettings
+from raysim.models.spec import ModelSettings
 from raysim.settings import Settings
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings

@@ -8,9 +8,12 @@ what order. That is what makes results independent of the number of host actors.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Stream(IntEnum):
@@ -35,4 +38,6 @@ def torch_seed(seed: int, stream: Stream, *keys: int) -> int:
 
 
 def torch_generator(seed: int, stream: Stream, *keys: int) -> torch.Generator:
+    import torch  # only where torch runs: processes that merely draw numbers never import it
+
     return torch.Generator().manual_seed(torch_seed(seed, stream, *keys))

@@ -28,7 +28,7 @@ class InProcess:
         p = self.problem
         self.host = make_host(config, p)
         self.coordinator = Coordinator(
-            config.algorithm, p.model_spec, p.init_params, p.num_training, server_data=p.server_data
+            config.algorithm, p.params, p.init_params, p.num_training, server_data=p.server_data
         )
 
     def round(self, round_index: int, selected: list[int] | None = None) -> dict[str, float]:

@@ -40,7 +40,7 @@ def _setup(algorithm: str, attack: dict | None = None, clients: int = 6):
     )
     problem = prepare(config)
     host = make_host(config, problem, send_messages=True)
-    coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, clients)
+    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, clients)
     return config, problem, host, coordinator
 
 

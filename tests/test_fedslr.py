@@ -14,7 +14,8 @@ from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
 from raysim.config import validate_config
-from raysim.models.flat import FlatModel, ParamSpec
+from raysim.models.flat import FlatModel
+from raysim.models.spec import ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
 from raysim.tracking.metrics import ClientRecords, mean_client_metrics, summarize
@@ -301,7 +302,7 @@ def _fedslr_host_after_one_round(algorithm: dict):
     config = validate_config(tiny_config(algorithm=algorithm))
     problem = prepare(config)
     host = make_host(config, problem)
-    coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, config.clients.count)
+    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, config.clients.count)
     broadcast = coordinator.broadcast()
     _, records = host.train(0, host.client_ids, broadcast)
     return problem, host, broadcast, records

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from raysim.algorithms import ClientInfo
 from raysim.config import validate_config
 from raysim.data.partitions import ClientSplit
-from raysim.runtime.host import ModelSpec
+from raysim.models.spec import ModelSpec
 from raysim.runtime.problem import Problem
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
@@ -152,7 +152,7 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
     from raysim.algorithms import build_algorithm
     from raysim.algorithms.base import run_client_steps, run_stacked_step, stack, unstack_update
     from raysim.algorithms.flame import FlameClientState, FlameSettings
-    from raysim.models.flat import ParamSpec
+    from raysim.models.spec import ParamSpec
 
     options = {"lambda": 1.7, "rho": 0.3, "epochs": 2, "prox_center": prox_center, "dual_updates": dual_updates}
     settings = FlameSettings(**options)

@@ -20,7 +20,7 @@ from raysim.algorithms.base import ClientInfo, ClientUpdate, LocalSGD, run_clien
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings, FedAvgUpload
 from raysim.config import validate_config
 from raysim.errors import ConfigError
-from raysim.models.flat import FlatModel, ParamSpec
+from raysim.models.flat import FlatModel, param_spec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.exact_sum import UploadRangeError
@@ -166,7 +166,7 @@ def test_model_that_cannot_be_vmapped_falls_back_to_one_client_at_a_time():
     gives LocalTrainer's results exactly."""
     model = FlatModel("mlr", INPUT, CLASSES)
     model.module = nn.Sequential(nn.Flatten(), nn.Linear(24, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 5))
-    model.spec = ParamSpec.of(model.module)
+    model.spec = param_spec(model.module)
     clients = _clients([30, 18], seed=10)  # no one-sample batch, which BatchNorm refuses in training
     requests = _requests(model, 2, seed=11)
     trainer = VectorizedTrainer(model)
@@ -369,7 +369,7 @@ def test_attacked_hosts_match(attack):
         host = make_host(config, problem, send_messages=True, client_training=mode, vectorize_chunk=4, gpus=0.5)
         if mode == "vectorized":
             assert host.vectorized.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-        coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, 6)
+        coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, 6)
         records = []
         for round_index in range(2):
             partial, round_records = host.train(round_index, host.client_ids, coordinator.broadcast())
@@ -465,7 +465,7 @@ def test_a_dropped_upload_leaves_its_clients_state_as_it_was_in_a_stacked_chunk(
     problem.x[bad.train] = np.nan
     host = make_host(config, problem)
     assert host.stacked == (mode == "vectorized")
-    coordinator = Coordinator(config.algorithm, problem.model_spec, problem.init_params, 6)
+    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, 6)
     before = host.client_states()
     partial, records = host.train(0, host.client_ids, coordinator.broadcast())
     assert partial.count == 5 and records["dropped"].to_pylist() == [False, False, True, False, False, False]

@@ -15,7 +15,7 @@ from raysim.algorithms.fedslr import FedSlr
 from raysim.algorithms.flame import Flame
 from raysim.algorithms.local import Local
 from raysim.algorithms.pfedme import PFedMe
-from raysim.models.flat import ParamSpec
+from raysim.models.spec import ParamSpec
 
 REGISTRY: dict[str, type[Algorithm]] = {
     cls.name: cls

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
@@ -55,11 +55,48 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
-from raysim.algorithms.crd import ContrastiveTransfer, CrdState, TransferSettings
 from raysim.errors import ConfigError
-from raysim.models.flat import FlatModel
-from raysim.models.zoo import ModelName
+from raysim.models.spec import ModelName
 from raysim.seeding import Stream, torch_seed
+from raysim.settings import Settings
+
+if TYPE_CHECKING:
+    from raysim.algorithms.crd import ContrastiveTransfer
+    from raysim.models.flat import FlatModel
+
+
+class TransferSettings(Settings):
+    """`algorithm.transfer`: how the teacher's knowledge reaches the meta-model (augfl.md 2, 8.5)."""
+
+    mode: Literal["paper", "code"] = Field(
+        "paper", description="grad of the CRD bound at theta^t (paper) or the code's epoch-averaged CE + CRD gradient"
+    )
+    feat_dim: int = Field(128, ge=1, description="dimension of the common embedding space of f^s and f^c")
+    temperature: float = Field(0.07, gt=0, description="tau, the NCE temperature")
+    negatives: int = Field(16384, ge=1, description="K negatives per positive (capped at |D_s| - 1)")
+    memory_momentum: float = Field(0.5, ge=0, lt=1, description="momentum of the memory-bank updates")
+    batch_size: int = Field(128, ge=1, description="knowledge-transfer batch size (Table I)")
+    lr: float = Field(0.002, gt=0, description="SGD rate of the heads (and, in code mode, of the student copy)")
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0)
+    ce_weight: float = Field(1.0, ge=0, description="code mode: weight of the cross-entropy on D_s's labels")
+    crd_weight: float = Field(0.8, ge=0, description="code mode: weight of the CRD term")
+
+
+@dataclass
+class CrdState:
+    """What persists between rounds on the server (all float32 arrays, checkpointable)."""
+
+    heads: Vector
+    """Flat parameters of f^s then f^c."""
+    head_velocity: Vector
+    student_velocity: Vector
+    """Momentum of the student copy (code mode; zeros otherwise)."""
+    memory_student: np.ndarray
+    memory_teacher: np.ndarray
+    normalizers: Vector
+    """(Z_student_side, Z_teacher_side); NaN until the first batch sets them."""
+    rounds: int
 
 
 class AugFlSettings(AlgorithmSettings):
@@ -115,6 +152,8 @@ def teacher_architecture(settings: AugFlSettings, model: str, input_shape: tuple
 
 
 def _teacher_model(architecture: str, context: ServerContext) -> FlatModel:
+    from raysim.models.flat import FlatModel  # in the driver, which prepares the server data
+
     try:
         return FlatModel(architecture, context.input_shape, context.num_classes, context.task)
     except ValueError as error:
@@ -254,6 +293,9 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
                 )
             self._pm = data.pretrained.astype(np.float64)
             return
+        from raysim.algorithms.crd import ContrastiveTransfer  # torch: on the coordinator only
+        from raysim.models.flat import FlatModel
+
         student = FlatModel(data.model, data.input_shape, data.num_classes)
         teacher = FlatModel(data.pretrained_model, data.input_shape, data.num_classes)
         self._transfer = ContrastiveTransfer(

@@ -28,11 +28,11 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import ConfigDict, Field
 
-from raysim.models.flat import ParamSpec
+from raysim.models.spec import ParamSpec
 from raysim.settings import Settings
 
 Vector = np.ndarray
-"""A flat float32 parameter vector (see raysim.models.flat.ParamSpec for its layout)."""
+"""A flat float32 parameter vector (see raysim.models.spec.ParamSpec for its layout)."""
 
 
 class AlgorithmSettings(Settings):

@@ -18,57 +18,22 @@ lambda * grad R_h that AugFL's server step (eq. 13) needs, `mode`:
   gradients along that epoch.
 
 The teacher's features on D_s are computed once (it is frozen and the server data are not augmented).
-Heads, memory banks, Z and momentum buffers persist across rounds in `CrdState`.
+Heads, memory banks, Z and momentum buffers persist across rounds in `CrdState` (raysim.algorithms.augfl, with the
+settings: this module imports torch, and only the coordinator of an AugFL run imports it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import replace
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch import nn
 
+from raysim.algorithms.augfl import CrdState, TransferSettings
 from raysim.algorithms.base import Vector
 from raysim.models.flat import FlatModel
 from raysim.seeding import Stream, rng, torch_seed
-from raysim.settings import Settings
-
-
-class TransferSettings(Settings):
-    """`algorithm.transfer`: how the teacher's knowledge reaches the meta-model (augfl.md 2, 8.5)."""
-
-    mode: Literal["paper", "code"] = Field(
-        "paper", description="grad of the CRD bound at theta^t (paper) or the code's epoch-averaged CE + CRD gradient"
-    )
-    feat_dim: int = Field(128, ge=1, description="dimension of the common embedding space of f^s and f^c")
-    temperature: float = Field(0.07, gt=0, description="tau, the NCE temperature")
-    negatives: int = Field(16384, ge=1, description="K negatives per positive (capped at |D_s| - 1)")
-    memory_momentum: float = Field(0.5, ge=0, lt=1, description="momentum of the memory-bank updates")
-    batch_size: int = Field(128, ge=1, description="knowledge-transfer batch size (Table I)")
-    lr: float = Field(0.002, gt=0, description="SGD rate of the heads (and, in code mode, of the student copy)")
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(5e-4, ge=0)
-    ce_weight: float = Field(1.0, ge=0, description="code mode: weight of the cross-entropy on D_s's labels")
-    crd_weight: float = Field(0.8, ge=0, description="code mode: weight of the CRD term")
-
-
-@dataclass
-class CrdState:
-    """What persists between rounds on the server (all float32 arrays, checkpointable)."""
-
-    heads: Vector
-    """Flat parameters of f^s then f^c."""
-    head_velocity: Vector
-    student_velocity: Vector
-    """Momentum of the student copy (code mode; zeros otherwise)."""
-    memory_student: np.ndarray
-    memory_teacher: np.ndarray
-    normalizers: Vector
-    """(Z_student_side, Z_teacher_side); NaN until the first batch sets them."""
-    rounds: int
 
 
 class _Heads(nn.Module):

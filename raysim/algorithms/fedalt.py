@@ -25,7 +25,7 @@ from raysim.algorithms.base import (
 )
 from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
 from raysim.algorithms.servers import weighted_average
-from raysim.models.flat import ParamSpec
+from raysim.models.spec import ParamSpec
 
 
 class FedAltSettings(SGDSettings, SplitSettings):

@@ -35,7 +35,7 @@ from raysim.algorithms.base import (
     Vector,
 )
 from raysim.algorithms.servers import running_mean
-from raysim.models.flat import ParamSpec
+from raysim.models.spec import ParamSpec
 
 SplitPreset = Literal["output", "last_layer", "first_layer"]
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from raysim.algorithms.base import (
@@ -172,6 +171,8 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         return ClientUpdate(new, FedSlrUpload(w_i.astype(np.float32)), metrics)
 
     def _device(self) -> str:
+        import torch  # the server step's SVD runs in torch (only this coordinator imports it)
+
         device = self.settings.svd_device
         if device == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"

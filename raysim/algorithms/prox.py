@@ -6,22 +6,29 @@
 - `svt`: the prox of a*||.||_* (singular value thresholding, eq. 15), returning the thresholded SVD so
   the same factorization serves the low-rank downlink (fedslr.md 2.4).
 - `layerwise_svt`: SVT of every >= 2-D tensor of a flat parameter vector; 1-D tensors pass unchanged.
+
+torch is imported where a function needs it: importing this module (every algorithm's process does) costs none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from raysim.models.flat import ParamSpec
+if TYPE_CHECKING:
+    import torch
+
+from raysim.models.spec import ParamSpec
 
 
 def soft_threshold(x: torch.Tensor | np.ndarray, a: float | torch.Tensor | np.ndarray):
     """S_a(x) = sign(x) max(|x| - a, 0), elementwise (a may be a scalar or per coordinate, a >= 0)."""
     if isinstance(x, np.ndarray):
         return np.sign(x) * np.maximum(np.abs(x) - a, 0.0)
+    import torch
+
     return torch.sign(x) * torch.clamp(torch.abs(x) - a, min=0.0)
 
 
@@ -69,6 +76,8 @@ class ThresholdedSVD:
 
 def svt(matrix: torch.Tensor, threshold: float) -> ThresholdedSVD:
     """Prox_{threshold ||.||_*}(X) = U diag(max(d - threshold, 0)) V^T (fedslr.md eq. 15), computed in float64."""
+    import torch
+
     u, d, vh = torch.linalg.svd(matrix.to(torch.float64), full_matrices=False)
     shrunk = torch.clamp(d - threshold, min=0.0)
     keep = shrunk > 0
@@ -103,6 +112,8 @@ class FactoredModel:
 
     def params(self, spec: ParamSpec) -> np.ndarray:
         """The flat float32 parameter vector (factored layers rebuilt as (U sqrt(S)) (sqrt(S) V^T))."""
+        import torch
+
         flat = np.empty(spec.size, dtype=np.float32)
         cursor = 0
         for name, shape in zip(spec.names, spec.shapes, strict=True):
@@ -135,6 +146,8 @@ class LayerwiseSVT:
 def layerwise_svt(flat: np.ndarray, spec: ParamSpec, threshold: float, device: str | torch.device = "cpu"):
     """SVT at `threshold` of every matrix parameter (ndim >= 2) of `flat`; 1-D parameters are left alone.
     The SVD runs on `device`; a layer whose factors are smaller than its dense matrix keeps them."""
+    import torch
+
     source = np.asarray(flat, dtype=np.float32)
     dense: list[np.ndarray] = []
     factors: dict[str, tuple[np.ndarray, np.ndarray]] = {}

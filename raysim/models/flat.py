@@ -2,7 +2,7 @@
 
 Everything outside this module (client state, messages, server sums) handles parameters as flat numpy
 vectors: cheap to add, zero-copy through Ray's object store, and sliceable per layer through
-`ParamSpec`. Only here do vectors become torch parameters, via `torch.func.functional_call`.
+`ParamSpec` (raysim.models.spec). Only here do vectors become torch parameters.
 """
 
 from __future__ import annotations
@@ -16,44 +16,8 @@ from torch import nn
 from torch.func import functional_call
 
 from raysim.data.sources import Task
+from raysim.models.spec import ParamSpec
 from raysim.models.zoo import build_module, initial_parameters
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """Name, shape and offset of every parameter tensor inside the flat vector."""
-
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    offsets: tuple[int, ...]
-
-    @classmethod
-    def of(cls, module: nn.Module) -> ParamSpec:
-        names, shapes, offsets, offset = [], [], [], 0
-        for name, param in module.named_parameters():
-            names.append(name)
-            shapes.append(tuple(param.shape))
-            offsets.append(offset)
-            offset += param.numel()
-        return cls(tuple(names), tuple(shapes), tuple(offsets))
-
-    @property
-    def size(self) -> int:
-        last = self.shapes[-1] if self.shapes else ()
-        return (self.offsets[-1] + int(np.prod(last))) if self.offsets else 0
-
-    def slice(self, name: str) -> slice:
-        index = self.names.index(name)
-        return slice(self.offsets[index], self.offsets[index] + int(np.prod(self.shapes[index])))
-
-    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """`flat` shaped like the module's parameters: a vector [size] gives views (gradients flow back into it),
-        stacked vectors [k, size] give [k, *shape] per parameter."""
-        leading = tuple(flat.shape[:-1])
-        return {
-            name: flat[..., offset : offset + int(np.prod(shape))].reshape(*leading, *shape)
-            for name, shape, offset in zip(self.names, self.shapes, self.offsets, strict=True)
-        }
 
 
 @dataclass(frozen=True)
@@ -78,7 +42,7 @@ class FlatModel:
         self.task = task
         self.input_shape = tuple(input_shape)
         self.module = build_module(name, input_shape, outputs)
-        self.spec = ParamSpec.of(self.module)
+        self.spec = param_spec(self.module)
         self._head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
         self._layers = perceptron_layers(self.module, self.input_shape)
         """(weight, bias) names of a Flatten/Linear/ReLU stack, which `forward` runs without functional_call."""
@@ -290,6 +254,17 @@ class FlatModel:
             return self.forward(params, x)
         padding = x[:1].expand(MIN_ROWS - len(x), *x.shape[1:])
         return self.forward(params, torch.cat([x, padding]))[: len(x)]
+
+
+def param_spec(module: nn.Module) -> ParamSpec:
+    """The layout of a module's parameters in the flat vector, in `named_parameters` order."""
+    names, shapes, offsets, offset = [], [], [], 0
+    for name, param in module.named_parameters():
+        names.append(name)
+        shapes.append(tuple(param.shape))
+        offsets.append(offset)
+        offset += param.numel()
+    return ParamSpec(tuple(names), tuple(shapes), tuple(offsets))
 
 
 def perceptron_layers(module: nn.Module, input_shape: tuple[int, ...]) -> list[tuple[str | None, str | None]] | None:

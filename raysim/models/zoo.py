@@ -17,25 +17,11 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from pydantic import Field
 from torch import nn
 
-from raysim.settings import Settings
-
-ModelName = Literal["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn"]
-MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn")
-
-
-class ModelSettings(Settings):
-    name: ModelName = "mlp"
-    init: Literal["raysim", "authors"] = Field(
-        "raysim",
-        description="initial parameters from raysim's model-init stream, or as the FLAME authors' code draws them "
-        "(torch.manual_seed(seed), then the layers built in order: their seed N gives their initial model)",
-    )
+from raysim.models.spec import MODELS
 
 
 def _cifar_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:

@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
-import torch
 
 from raysim.algorithms import build_algorithm
 from raysim.algorithms.base import AlgorithmSettings, Vector
+from raysim.models.spec import ParamSpec
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum
-from raysim.runtime.host import ModelSpec
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings, aggregate
 
 
 class Coordinator:
+    """Holds the server state and runs the server step. It imports torch only if its algorithm's server step needs
+    it (FedSLR's SVD, AugFL's knowledge transfer): most coordinators only add vectors, and a process that imports
+    torch starts a second later and holds 200 MB more."""
+
     def __init__(
         self,
         algorithm_settings: AlgorithmSettings,
-        model_spec: ModelSpec,
+        params: ParamSpec,
         init_params: Vector,
         num_clients: int,
         torch_threads: int = 1,
@@ -33,10 +37,9 @@ class Coordinator:
         then send messages. `attack` sets Multi-Krum's default f = floor(attack.fraction * n) for the n messages
         of each aggregation (AttackSettings.num_malicious; `aggregation.byzantine` overrides it).
         `server_data` (what `Algorithm.server_data` returned in the driver) is handed to the algorithm's
-        `setup_server` here and nowhere else."""
-        torch.set_num_threads(torch_threads)
-        self.model = model_spec.build()
-        self.algorithm = build_algorithm(algorithm_settings, self.model.spec)
+        `setup_server` here and nowhere else; `params`: the layout of the model's flat vector."""
+        _use_threads(torch_threads)
+        self.algorithm = build_algorithm(algorithm_settings, params)
         if server_data is not None:
             self.algorithm.setup_server(server_data)
         self.state = self.algorithm.init_server(init_params, num_clients)
@@ -127,3 +130,11 @@ class Coordinator:
             tree["served_sum"],
             set(tree["seen"]),
         )
+
+
+def _use_threads(count: int) -> None:
+    """The intra-op threads of torch in this process: set now if torch is imported, else when it is (torch takes
+    OMP_NUM_THREADS at import)."""
+    os.environ["OMP_NUM_THREADS"] = str(count)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(count)

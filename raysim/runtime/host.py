@@ -42,8 +42,8 @@ from raysim.algorithms.base import (
 )
 from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
-from raysim.data.sources import Task
-from raysim.models.flat import FlatModel, Scores
+from raysim.models.flat import Scores
+from raysim.models.spec import ModelSpec
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.state_store import ClientStateStore
@@ -59,19 +59,6 @@ from raysim.tracking.metrics import (
 )
 from raysim.training.local import ClientData, Inputs, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What a host needs to build the model: name, input shape, outputs, task."""
-
-    name: str
-    input_shape: tuple[int, ...]
-    outputs: int
-    task: Task
-
-    def build(self) -> FlatModel:
-        return FlatModel(self.name, self.input_shape, self.outputs, self.task)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from raysim.data.partitions import authors_attackers, check_classes, marked_mali
 from raysim.data.sources import Dataset
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
-from raysim.runtime.host import ModelSpec
+from raysim.models.spec import ModelSpec, ParamSpec
 from raysim.runtime.placement import check_capacity, default_num_hosts
 from raysim.seeding import Stream, rng, torch_seed
 from raysim.threats.attacks import AttackPlan, attack_plan
@@ -53,10 +53,14 @@ class Problem:
     """m: clients 0..m-1 train; the rest are held out (evaluated only, `clients.heldout`). Default: all."""
     inputs: Inputs = Inputs()
     """The dataset's normalization (Dataset.mean/std) and dataset.augment, for the hosts."""
+    params: ParamSpec | None = None
+    """The layout of the model's flat parameter vector (what the coordinator needs of the model)."""
 
     def __post_init__(self) -> None:
         if self.num_training is None:
             self.num_training = len(self.clients)
+        if self.params is None:
+            self.params = self.model_spec.build().spec
 
     @property
     def malicious(self) -> frozenset[int]:
@@ -104,7 +108,7 @@ def prepare(config: ExperimentConfig) -> Problem:
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
     attack = attack_of(config, dataset)
-    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m, inputs)
+    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m, inputs, model.spec)
 
 
 def attack_of(config: ExperimentConfig, dataset: Dataset) -> AttackPlan | None:

@@ -54,7 +54,7 @@ class Simulation:
         self._host_arguments = [(x_ref, y_ref, clients_ref, init_ref) for clients_ref in clients_refs]
         self._coordinator_arguments = (init_ref, server_ref)
         self._settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
-        self._model_spec, self._num_training = problem.model_spec, problem.num_training
+        self._params, self._num_training = problem.params, problem.num_training
         self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
         self.replacements: dict[str, int] = {}
         """How many times each actor ("host 1", "coordinator") was replaced after dying."""
@@ -90,7 +90,7 @@ class Simulation:
             )
             .remote(
                 config.algorithm,
-                self._model_spec,
+                self._params,
                 init_ref,
                 self._num_training,
                 runtime.torch_threads,
