@@ -370,7 +370,7 @@ def parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1")
     ui.set_defaults(handler=_ui)
     bench = commands.add_parser(
-        "bench", help="time a FLAME round: plain torch loop vs raysim vs raysim vectorized (table and JSON)"
+        "bench", help="time a FLAME round: plain torch loop vs raysim sequential vs vectorized (table and JSON)"
     )
     bench.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000], help="client counts")
     bench.add_argument("--rounds", type=int, default=5, help="rounds per measurement (at least 3)")
@@ -382,7 +382,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--chunk", type=int, default=None, help="clients the vectorized way trains together (runtime.vectorize_chunk)"
     )
-    bench.add_argument("--ways", nargs="+", choices=["reference", "raysim", "vectorized"], help="default: all three")
+    bench.add_argument(
+        "--ways", nargs="+", choices=["reference", "sequential", "vectorized"], help="default: all three"
+    )
     bench.add_argument(
         "--eval", action="store_true", help="evaluate every client after every round and time it apart from training"
     )

@@ -171,11 +171,13 @@ class RuntimeSettings(_Section):
         description="folder for spilled client state, a path on each host's node (one subfolder per host, "
         "removed when the run ends); default: the system temp folder",
     )
-    client_training: Literal["sequential", "vectorized"] = Field(
-        "sequential",
-        description="how a host trains its selected clients: one at a time, or together with torch.func "
-        "(parameters stacked per layer, one batched step for all; same results up to float rounding, 1.5-3x "
-        "faster for small models such as mlp and mlr; a chunk's client states are in memory while it trains)",
+    client_training: Literal["auto", "sequential", "vectorized"] = Field(
+        "auto",
+        description="how a host trains its selected clients: one at a time, or a chunk of them together "
+        "(parameters stacked per layer, one batched step for all; same results up to float rounding, 2-3x faster "
+        "for mlr, mlp and linear models; a stacking algorithm such as FLAME then updates a chunk's states as rows in "
+        "place); auto: vectorized for Flatten/Linear/ReLU models and on hosts with GPUs, else sequential (a CNN "
+        "trains faster one client at a time on a CPU)",
     )
     vectorize_chunk: int = Field(
         16,

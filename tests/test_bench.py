@@ -19,7 +19,7 @@ def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ratio vs reference" in done.stdout
     results = json.loads(out.read_text())["results"]
-    assert [r["way"] for r in results] == ["reference", "raysim", "vectorized"]
+    assert [r["way"] for r in results] == ["reference", "sequential", "vectorized"]
     assert [r["chunk"] for r in results] == [None, None, 2]  # 3 clients a host: chunks of 2 and 1
     reference = results[0]
     assert reference["ratio_vs_reference"] == 1.0 and reference["max_abs_diff_vs_reference"] == 0.0
@@ -93,12 +93,12 @@ def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path):
     """`--eval` evaluates after every round and reports its time beside the training round's; without the
     reference way there are no ratios; `--set` reaches the workload (spilled client state here)."""
     out = tmp_path / "bench.json"
-    done = _raysim("bench", "--clients", "8", "--rounds", "3", "--model", "mlr", "--hosts", "2", "--ways", "raysim",
+    done = _raysim("bench", "--clients", "8", "--rounds", "3", "--model", "mlr", "--hosts", "2", "--ways", "sequential",
                    "--eval", "--set", "runtime.state_memory_mb=0.05", "--json", str(out), cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "eval / round" in done.stdout
     (result,) = json.loads(out.read_text())["results"]
-    assert result["way"] == "raysim" and result["ratio_vs_reference"] is None
+    assert result["way"] == "sequential" and result["ratio_vs_reference"] is None
     assert result["max_abs_diff_vs_reference"] is None
     assert result["evaluation_seconds"] > 0 and result["seconds_per_round"] > 0
     assert result["evaluation_vs_round"] == pytest.approx(result["evaluation_seconds"] / result["seconds_per_round"])

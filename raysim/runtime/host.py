@@ -80,8 +80,9 @@ class HostSettings:
     state_memory_mb: float | None = None
     """Client states beyond this spill to a folder in `spill_dir` (runtime.state_memory_mb, runtime.spill_dir)."""
     spill_dir: str | None = None
-    client_training: str = "sequential"
-    """`vectorized`: the selected clients train together, `vectorize_chunk` at a time (runtime.client_training)."""
+    client_training: str = "auto"
+    """`vectorized`: the selected clients train together, `vectorize_chunk` at a time; `auto`: so for perceptrons
+    and on GPUs (runtime.client_training)."""
     vectorize_chunk: int = 16
     gpus: float = 0.0
     """The host's GPU share: vectorized training runs on the GPU when it has one (runtime.host_gpus)."""
@@ -180,12 +181,14 @@ class ClientHost:
         self.algorithm = build_algorithm(settings.algorithm, self.model.spec)
         self.trainer = LocalTrainer(self.model)
         device = torch.device("cuda" if settings.gpus > 0 and torch.cuda.is_available() else "cpu")
+        mode = settings.client_training
+        if mode == "auto":
+            mode = "vectorized" if self.model.perceptron or device.type == "cuda" else "sequential"
         self.vectorized = (
-            VectorizedTrainer(self.model, settings.vectorize_chunk, device)
-            if settings.client_training == "vectorized"
-            else None
+            VectorizedTrainer(self.model, settings.vectorize_chunk, device) if mode == "vectorized" else None
         )
-        """runtime.client_training = vectorized: the trainer of the selected clients' LocalSGD requests."""
+        """runtime.client_training = vectorized (or auto, for a perceptron or on a GPU): the trainer of the selected
+        clients' LocalSGD requests."""
         self.stacked = self.vectorized is not None and self.algorithm.stacks
         """Whether a chunk's client steps run as one step over their stacked states (Algorithm.stacks)."""
         self.tables: dict[int, StateTable] = {}

@@ -5,10 +5,11 @@ rho = 0.1, lr = 0.01) is run three ways, in one process run, for each client cou
 
 1. `reference`: the same clients, the same mini-batches (drawn from the same seeded streams), the same
    math, as a plain sequential torch loop over `nn.Module`s with `torch.optim.SGD`: no Ray, no MLflow;
-2. `raysim`: `run_experiment` with the default runtime (local Ray, one host actor per CPU, MLflow in a
-   temporary sqlite file);
-3. `vectorized`: raysim the same with `runtime.client_training = vectorized`, `chunk` clients at a time
-   (`runtime.vectorize_chunk`: 16 suits a CPU, a GPU wants hundreds).
+2. `sequential`: `run_experiment` (local Ray, one host actor per CPU, MLflow in a temporary sqlite file) with
+   `runtime.client_training = sequential`, each host training its clients one at a time;
+3. `vectorized`: the same with `runtime.client_training = vectorized`, `chunk` clients at a time
+   (`runtime.vectorize_chunk`: 16 suits a CPU, a GPU wants hundreds), a stacking algorithm such as FLAME
+   updating each chunk's states as rows in place. The default, `auto`, is this for mlr, mlp and linear models.
 
 Reported per way: seconds per round (median over the rounds after the first, the last excluded as it
 evaluates), client updates per second, start-up time (to the end of round 1, minus one round: data, Ray,
@@ -54,7 +55,7 @@ from raysim.seeding import Stream, rng
 from raysim.studies.procmem import PeakMemory, wait_for_children
 from raysim.training.local import model_inputs
 
-WAYS = ("reference", "raysim", "vectorized")
+WAYS = ("reference", "sequential", "vectorized")
 T = TypeVar("T")
 
 
