@@ -214,12 +214,14 @@ def test_the_compiled_update_is_equations_12_and_13_bit_for_bit(rows, size, rho,
     want_pi = pi + rho32 * (want_w - w)  # (13)
     want_delta = (want_w + want_pi / rho32) - (w_i + pi / rho32)
     new_w, new_pi = w_i.copy(), pi.copy()
-    delta, primal, dual = _admm_update(theta, new_w, new_pi, w, lam_alpha, rho32)
+    delta, primal, dual, lemma3 = _admm_update(theta, new_w, new_pi, w, lam_alpha, rho32)
     for got, want in ((new_w, want_w), (new_pi, want_pi), (delta, want_delta)):
         assert got.dtype == np.float32 and np.array_equal(got, want)
     np.testing.assert_allclose(primal, np.linalg.norm(want_w - w, axis=1), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dual, np.linalg.norm(want_pi - pi, axis=1), rtol=1e-5, atol=1e-6)
+    residual = np.linalg.norm(want_pi - la * (theta - want_w), axis=1)  # Lemma 3's: rounding only
+    np.testing.assert_allclose(lemma3, residual, rtol=1e-3, atol=1e-6)
     alone_w, alone_pi = w_i[-1:].copy(), pi[-1:].copy()
     alone = _admm_update(theta[-1:], alone_w, alone_pi, w, lam_alpha[-1:], rho32)
     assert np.array_equal(alone_w, new_w[-1:]) and np.array_equal(alone[0], delta[-1:])
-    assert alone[1][0] == primal[-1] and alone[2][0] == dual[-1]
+    assert alone[1][0] == primal[-1] and alone[2][0] == dual[-1] and alone[3][0] == lemma3[-1]

@@ -113,11 +113,18 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
             theta = np.asarray(result.params, np.float32)
             if not own:
                 w_i, pi, own = w_i.copy(), pi.copy(), True
-            delta_u, primal, dual = _admm_update(rows(theta), rows(w_i), rows(pi), w, lam_alpha, np.float32(s.rho))
+            delta_u, primal, dual, lemma3 = _admm_update(
+                rows(theta), rows(w_i), rows(pi), w, lam_alpha, np.float32(s.rho)
+            )
         new = FlameClientState(theta, w_i, pi)
         if len(passes) > 1:  # the message's change and the dual's since the round's start, not the last epoch's
             delta_u, dual = new.message(s.rho) - state.message(s.rho), distances(new.pi, state.pi)
-        metrics = {"train_loss": np.mean(losses, axis=0), "primal_residual": primal, "dual_change": dual}
+        metrics = {
+            "train_loss": np.mean(losses, axis=0),
+            "primal_residual": primal,
+            "dual_change": dual,
+            "lemma3_error": lemma3,
+        }
         return ClientUpdate(new, FlameUpload(delta_u.reshape(np.shape(theta))), metrics)
 
     def message(self, update: ClientUpdate) -> Vector:
@@ -143,14 +150,15 @@ def _admm_update(theta, w_i, pi, w, lam_alpha, rho):
         w_i  <- (lambda alpha_i theta_i + rho w - pi_i) / (lambda alpha_i + rho)
         pi_i <- pi_i + rho (w_i - w)
 
-    Returns the change of the message u_i = w_i + pi_i / rho, ||w_i - w|| (primal residual) and the change of pi_i
-    in norm (dual change). float32 throughout, as numpy."""
+    Returns the change of the message u_i = w_i + pi_i / rho, ||w_i - w|| (primal residual), the change of pi_i in
+    norm (dual change) and ||pi_i - lambda alpha_i (theta_i - w_i)||, Lemma 3's residual (eq. 33: zero in exact
+    arithmetic, so it measures rounding). float32 throughout, as numpy."""
     count, n = theta.shape
     delta_u = np.empty_like(theta)
-    primal, dual = np.empty(count), np.empty(count)
+    primal, dual, lemma = np.empty(count), np.empty(count), np.empty(count)
     for i in range(count):
         la = lam_alpha[i]
-        primal_sq = dual_sq = np.float32(0.0)
+        primal_sq = dual_sq = lemma_sq = np.float32(0.0)
         for j in range(n):
             pi_old = pi[i, j]
             u_old = w_i[i, j] + pi_old / rho
@@ -159,6 +167,7 @@ def _admm_update(theta, w_i, pi, w, lam_alpha, rho):
             delta_u[i, j] = (w_ij + pi_ij / rho) - u_old
             primal_sq = add_square(primal_sq, w_ij - w[j])
             dual_sq = add_square(dual_sq, pi_ij - pi_old)
+            lemma_sq = add_square(lemma_sq, pi_ij - la * (theta[i, j] - w_ij))
             w_i[i, j], pi[i, j] = w_ij, pi_ij
-        primal[i], dual[i] = np.sqrt(primal_sq), np.sqrt(dual_sq)
-    return delta_u, primal, dual
+        primal[i], dual[i], lemma[i] = np.sqrt(primal_sq), np.sqrt(dual_sq), np.sqrt(lemma_sq)
+    return delta_u, primal, dual, lemma
