@@ -35,7 +35,7 @@ def main() -> None:
             }
         )  # fmt: skip
         problem = prepare(config)
-        settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
+        settings = HostSettings.from_config(config, problem)
         host = ClientHost(settings, problem.x, problem.y, problem.clients, problem.init_params)
         coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, problem.num_training)
         start = time.perf_counter()

@@ -28,7 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(args.config, [])
     problem = prepare(config)
-    settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
+    settings = HostSettings.from_config(config, problem)
     host = ClientHost(settings, problem.x, problem.y, problem.clients, problem.init_params)
     coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, problem.num_training)
     timings: dict[str, list[float]] = {"training round": [], "evaluation with train loss": [], "evaluation without": []}

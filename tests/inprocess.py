@@ -13,7 +13,7 @@ from raysim.runtime.problem import Problem, prepare, sample_clients
 def make_host(config: ExperimentConfig, problem: Problem, clients: list | None = None, **options) -> ClientHost:
     """A ClientHost set up from the config as the driver sets up its actors (all of `problem`'s clients unless
     `clients` is given); `options` override HostSettings fields."""
-    settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
+    settings = HostSettings.from_config(config, problem)
     settings = dataclasses.replace(settings, **options)
     clients = problem.clients if clients is None else clients
     return ClientHost(settings, problem.x, problem.y, clients, problem.init_params)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,30 @@ def test_gpu_shares_bound_the_host_count_on_a_real_ray(tmp_path, mlflow_uri):
     done = _raysim("run", str(_write(tmp_path, refused)), "--quiet", cwd=tmp_path)
     assert done.returncode != 0
     assert "runtime.host_gpus=0.5 (+ coordinator 0) needs 0.5 GPUs but the Ray cluster has 0" in done.stderr
+
+
+def _loads_torch(pid: int) -> bool:
+    """Whether a process has torch's library mapped (read from /proc, as it is, not as the process reports)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "on_coordinator"),
+    [({"name": "flame", "lr": 0.05}, False), ({"name": "fedslr", "lambda": 0.05, "lr": 0.05}, True)],
+)
+def test_only_a_coordinator_whose_server_step_needs_torch_loads_it(ray_local, mlflow_uri, algorithm, on_coordinator):
+    """The coordinator of most algorithms only adds vectors: it never loads torch (it starts about a second sooner
+    and holds 200 MB less); FedSLR's server step (an SVD in torch) loads it there; hosts train with it."""
+    import ray
+
+    config = validate_config(
+        tiny_config(algorithm=algorithm, rounds=2, tracking={"uri": mlflow_uri, "experiment": "coordinator-torch"})
+    )
+    seen: dict[str, object] = {}
+
+    def inspect(round_index, simulation):
+        seen["coordinator"] = _loads_torch(ray.get(simulation.coordinator.pid.remote()))
+        seen["hosts"] = [_loads_torch(ray.get(host.pid.remote())) for host in simulation.hosts]
+
+    run_experiment(config, show_progress=False, inspect=inspect)
+    assert seen == {"coordinator": on_coordinator, "hosts": [True, True]}

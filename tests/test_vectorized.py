@@ -192,8 +192,18 @@ def test_any_sizes_and_batches_match_local_trainer(sizes, batch_size, epochs, mo
     _assert_matches_local(model, requests, clients, chunk, seed)
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread, as every host runs (runtime.torch_threads): a multi-threaded product splits its work by
+    the size of the whole chunk, so only one thread gives each client the same bits whatever shares its chunk."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("objective", ["fedavg", "flame", "admm"])
-def test_a_stacked_request_trains_its_rows_as_the_requests_one_by_one(objective):
+def test_a_stacked_request_trains_its_rows_as_the_requests_one_by_one(objective, one_thread):
     """`sgd_rows` (a chunk's rows in one request, the unit of a stacked step) gives the per-request results of
     `sgd`: rows in any order (sorted longest first inside and back), trained in place in the request's rows
     (LocalSGD.in_place: the result is those rows, with the same bits as a copy) or on a copy of them, and a
@@ -478,3 +488,24 @@ def test_a_dropped_upload_leaves_its_clients_state_as_it_was_in_a_stacked_chunk(
     with pytest.raises(UploadRangeError, match="round 1: client 2: upload field 'delta_u' has NaN"):
         make_host(config.model_copy(update={"runtime": config.runtime.model_copy(update={"on_nonfinite": "stop"})}),
                   problem).train(1, [0, 1, 2, 3], coordinator.broadcast())  # fmt: skip
+
+
+def test_batches_are_padded_to_the_widest_split_and_a_clients_bits_do_not_depend_on_its_neighbours(one_thread):
+    """With `widest` (the run's largest training split, the same on every host) a step pads batches only to
+    min(batch size, widest) samples: a client's result is then the same bits alone or beside clients of other
+    sizes (products over a batch round differently at another width, so the width must not follow the chunk), and
+    LocalTrainer's up to rounding. A client with more samples than `widest` is refused."""
+    model = FlatModel("mlp", INPUT, CLASSES)
+    clients = _clients([12, 40, 3, 25], seed=15)
+    objective = {"momentum": 0.5, "prox_weight": 1.0, "prox_center": "vector"}
+    requests = _requests(model, 4, seed=16, epochs=2, batch_size=64, **objective)
+    trainer = VectorizedTrainer(model, chunk=4, widest=40)
+    together = trainer.sgd(_jobs(requests, clients, 0))
+    for i in range(4):
+        (alone,) = trainer.sgd([_jobs(requests, clients, 0)[i]])
+        assert np.array_equal(alone.params, together[i].params) and alone.mean_loss == together[i].mean_loss
+    wide = VectorizedTrainer(model, chunk=4).sgd(_jobs(requests, clients, 0))  # padded to the batch size, 64
+    for narrow, padded in zip(together, wide, strict=True):
+        np.testing.assert_allclose(narrow.params, padded.params, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="more than 20 training samples"):
+        VectorizedTrainer(model, chunk=4, widest=20).sgd(_jobs(requests, clients, 0))

@@ -237,22 +237,35 @@ class FlatModel:
         sum_batch: int | None,
         keep_outputs: bool,
     ) -> list[Scores]:
-        """Scores of consecutive groups of `sizes` samples from their samples' losses, hits and outputs."""
-        results, start = [], 0
-        for size in sizes:
-            part = losses[start : start + size]
-            n = max(size, 1)
-            accuracy = int(correct[start : start + size].sum()) / n if self.task == "classification" else float("nan")
-            loss_sum = float("nan")
-            if sum_batch is not None:
-                loss_sum = float(sum(part[i : i + sum_batch].mean() for i in range(0, size, sum_batch)))
-            group_outputs = None
-            if keep_outputs:
-                empty = np.zeros((0, self._head.out_features), np.float32)
-                group_outputs = kept[start : start + size] if kept is not None else empty
-            results.append(Scores(float(part.sum()) / n, accuracy, loss_sum, group_outputs))
-            start += size
-        return results
+        """Scores of consecutive groups of `sizes` samples from their samples' losses, hits and outputs (each group's
+        sums in a few array operations over all groups, none depending on another group)."""
+        sizes = np.asarray(sizes, np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        counts = np.maximum(sizes, 1)
+        mean_loss = _segment_sums(losses, starts, sizes) / counts
+        if self.task == "classification":
+            accuracy = _segment_sums(correct, starts, sizes) / counts
+        else:
+            accuracy = np.full(len(sizes), np.nan)
+        loss_sum = np.full(len(sizes), np.nan)
+        if sum_batch is not None:  # per group: the sum over its consecutive batches of `sum_batch` of the batch means
+            batches = -(-sizes // sum_batch)
+            offsets = np.arange(int(batches.sum())) - np.repeat(np.cumsum(batches) - batches, batches)
+            batch_starts = np.repeat(starts, batches) + offsets * sum_batch
+            batch_sizes = np.minimum(sum_batch, np.repeat(sizes, batches) - offsets * sum_batch)
+            means = _segment_sums(losses, batch_starts, batch_sizes) / np.maximum(batch_sizes, 1)
+            group_starts = np.cumsum(batches) - batches
+            loss_sum = np.where(batches > 0, _segment_sums(means, group_starts, batches), 0.0)
+        empty = np.zeros((0, self._head.out_features), np.float32)
+        return [
+            Scores(
+                float(mean_loss[g]),
+                float(accuracy[g]),
+                float(loss_sum[g]),
+                (kept[starts[g] : starts[g] + sizes[g]] if kept is not None else empty) if keep_outputs else None,
+            )
+            for g in range(len(sizes))
+        ]
 
     def _padded_forward(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The network's outputs on `x`, computed on at least MIN_ROWS rows (see scores_many)."""
@@ -294,6 +307,16 @@ def perceptron_layers(module: nn.Module, input_shape: tuple[int, ...]) -> list[t
 
 MIN_ROWS = 16
 """The fewest rows an evaluation pass has (FlatModel.scores_many)."""
+
+
+def _segment_sums(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The sum of each of the consecutive segments values[start : start + size] (0 for an empty one), each reduced
+    on its own (np.add.reduceat over the non-empty segments, which tile the values)."""
+    sums = np.zeros(len(starts), np.float64 if values.dtype.kind == "f" else np.int64)
+    filled = sizes > 0
+    if filled.any():
+        sums[filled] = np.add.reduceat(values, starts[filled])
+    return sums
 
 
 def _packs(sizes: Sequence[int], rows: int) -> Iterator[list[int]]:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +60,9 @@ from raysim.tracking.metrics import (
 from raysim.training.local import ClientData, Inputs, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
 
+if TYPE_CHECKING:
+    from raysim.runtime.problem import Problem
+
 
 @dataclass(frozen=True)
 class HostSettings:
@@ -92,19 +95,20 @@ class HostSettings:
     """Batch size of the summed test loss (tracking.loss_sum_batch)."""
     train_loss_every: int = 1
     """Score training losses at every N-th evaluation, 0: never (tracking.train_loss)."""
+    widest_split: int | None = None
+    """The largest training split of any client of the run: vectorized batches are padded to no more samples
+    (VectorizedTrainer.widest; the same for every host, so results do not depend on the hosts)."""
 
     @classmethod
-    def from_config(
-        cls, config: ExperimentConfig, model: ModelSpec, attack: AttackPlan | None, inputs: Inputs | None = None
-    ) -> HostSettings:
-        """`inputs`: the run's (Problem.inputs); None for a dataset stored ready, augmented as the config says."""
+    def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:
+        """The hosts' settings of a run of `config` on the prepared `problem` (model, attackers, inputs, clients)."""
         runtime = config.runtime
         return cls(
-            config.algorithm, model, config.seed, runtime.torch_threads, attack, config.aggregation.active,
-            config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb, runtime.spill_dir,
-            runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus,
-            Inputs(augment=config.dataset.augment) if inputs is None else inputs,
+            config.algorithm, problem.model_spec, config.seed, runtime.torch_threads, problem.attack,
+            config.aggregation.active, config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb,
+            runtime.spill_dir, runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus, problem.inputs,
             config.tracking.loss_sum_batch, config.tracking.train_loss_every,
+            max((info.num_train for info, _ in problem.clients), default=None),
         )  # fmt: skip
 
 
@@ -185,7 +189,9 @@ class ClientHost:
         if mode == "auto":
             mode = "vectorized" if self.model.perceptron or device.type == "cuda" else "sequential"
         self.vectorized = (
-            VectorizedTrainer(self.model, settings.vectorize_chunk, device) if mode == "vectorized" else None
+            VectorizedTrainer(self.model, settings.vectorize_chunk, device, settings.widest_split)
+            if mode == "vectorized"
+            else None
         )
         """runtime.client_training = vectorized (or auto, for a perceptron or on a GPU): the trainer of the selected
         clients' LocalSGD requests."""

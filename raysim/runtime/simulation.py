@@ -53,7 +53,7 @@ class Simulation:
         # restarts are off: with object-store arguments they are not reliable (ray-project/ray#53727).
         self._host_arguments = [(x_ref, y_ref, clients_ref, init_ref) for clients_ref in clients_refs]
         self._coordinator_arguments = (init_ref, server_ref)
-        self._settings = HostSettings.from_config(config, problem.model_spec, problem.attack, problem.inputs)
+        self._settings = HostSettings.from_config(config, problem)
         self._params, self._num_training = problem.params, problem.num_training
         self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
         self.replacements: dict[str, int] = {}
