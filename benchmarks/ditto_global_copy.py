@@ -18,6 +18,7 @@ from raysim.config import validate_config
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.problem import prepare
+from raysim.tracking.metrics import client_evaluations
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
             partial, _ = host.train(round_index, everyone, coordinator.broadcast())
             coordinator.aggregate(partial)
             if (round_index + 1) % args.every == 0 or round_index + 1 == args.rounds:
-                scores = host.evaluate(coordinator.global_model())
+                scores = client_evaluations(host.evaluate(coordinator.global_model()))
                 gm = np.mean([s.gm.test_acc for s in scores])
                 pm = np.mean([s.pm.test_acc for s in scores])
                 print(f"global_steps={steps:9s} round {round_index + 1:4d}  GM {gm:.3f}  PM {pm:.3f}  "

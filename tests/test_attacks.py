@@ -14,7 +14,7 @@ from raysim.errors import ConfigError
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
 from raysim.threats.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
-from raysim.tracking.metrics import RECORD_COLUMNS, ClientEvaluation, ModelScores, benign_summary
+from raysim.tracking.metrics import RECORD_COLUMNS, ClientEvaluation, ModelScores, benign_summary, evaluation_batch
 from raysim.training.local import ClientData
 from tests.conftest import tiny_config
 from tests.inprocess import make_host
@@ -217,11 +217,11 @@ def test_metrics_exclude_attackers():
 
     evaluations = [ClientEvaluation(c, scores(0.9, 0.2), scores(0.8, 0.3)) for c in range(3)]
     evaluations.append(ClientEvaluation(3, scores(0.0, 9.0), scores(0.0, 9.0)))
-    summary = benign_summary(evaluations, frozenset({3}))
+    summary = benign_summary(evaluation_batch(evaluations), frozenset({3}))
     assert summary["pm/acc"] == pytest.approx(0.9) and summary["gm/loss"] == pytest.approx(0.3)
     assert summary["pm/loss_var"] == pytest.approx(0.0, abs=1e-12) and summary["hm/acc_min"] == pytest.approx(0.9)
     assert summary["pm/lagging_share"] == 0.0 and summary["gm/acc_std"] == pytest.approx(0.0, abs=1e-12)
-    assert benign_summary(evaluations, frozenset())["pm/acc"] == pytest.approx(0.675)
+    assert benign_summary(evaluation_batch(evaluations), frozenset())["pm/acc"] == pytest.approx(0.675)
 
 
 def test_attack_plan_is_part_of_prepare_and_config_checks_the_message():
@@ -236,10 +236,10 @@ def test_lagging_share_counts_clients_more_than_ten_points_below_the_mean():
     evaluations = [
         ClientEvaluation(c, ModelScores(a, 1.0, 1.0), ModelScores(a, 1.0, 1.0)) for c, a in enumerate(accuracies)
     ]
-    summary = benign_summary(evaluations, frozenset())
+    summary = benign_summary(evaluation_batch(evaluations), frozenset())
     assert summary["pm/lagging_share"] == 0.25
     assert summary["pm/acc_std"] == pytest.approx(np.std(accuracies, ddof=1))
-    assert benign_summary(evaluations, frozenset({3}))["pm/lagging_share"] == 0.0
+    assert benign_summary(evaluation_batch(evaluations), frozenset({3}))["pm/lagging_share"] == 0.0
 
 
 @pytest.mark.slow

@@ -196,7 +196,7 @@ def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partition
 def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_global_model():
     """augfl.md 2.3: target clients (clients.heldout) take no part in training; at evaluation each takes one
     step from theta^t on its support set and is scored on its query set; summaries go to heldout/..."""
-    from raysim.tracking.metrics import benign_summary
+    from raysim.tracking.metrics import benign_summary, client_evaluations
 
     config = validate_config(
         tiny_config(
@@ -215,7 +215,8 @@ def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_gl
             assert np.array_equal(getattr(sim.states[c], field.name), getattr(initial[c], field.name)), (c, field)
         assert sim.states[c].participations == 0
     theta = sim.coordinator.global_model()
-    evaluations = {e.client_id: e for e in sim.host.evaluate(theta)}
+    table = sim.host.evaluate(theta)
+    evaluations = {e.client_id: e for e in client_evaluations(table)}
     model = sim.host.model
     for client in (8, 9):
         data = sim.host.data[client]
@@ -223,7 +224,7 @@ def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_gl
         loss, accuracy = model.evaluate(phi.astype(np.float32), *data.arrays("test"))
         assert evaluations[client].pm.test_acc == accuracy and evaluations[client].pm.test_loss == pytest.approx(loss)
         assert evaluations[client].gm.test_acc == model.evaluate(theta, *data.arrays("test"))[1]
-    summary = benign_summary(list(evaluations.values()), frozenset(), sim.problem.heldout)
+    summary = benign_summary(table, frozenset(), sim.problem.heldout)
     assert summary["heldout/pm/acc"] == pytest.approx(np.mean([evaluations[c].pm.test_acc for c in (8, 9)]))
     assert summary["pm/acc"] == pytest.approx(np.mean([evaluations[c].pm.test_acc for c in range(8)]))
     assert sum(sim.host.info[c].weight for c in range(8)) == pytest.approx(1.0)  # weights over training clients

@@ -16,6 +16,7 @@ from raysim.errors import ConfigError, DataError
 from raysim.models.flat import FlatModel
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import prepare
+from raysim.tracking.metrics import client_evaluations
 from raysim.training.local import ClientData, Inputs, LocalTrainer, model_inputs
 from raysim.training.vectorized import VectorizedTrainer
 from tests.conftest import tiny_config
@@ -210,7 +211,7 @@ def test_in_process_vectorized_runs_match_sequential_runs_with_crop_flip(tiny_ci
         sim = InProcess(_config(mode), problem)
         metrics = [sim.round(r) for r in range(3)]
         w = sim.coordinator.global_model()
-        runs[mode] = (w, metrics, sim.states, sim.host.evaluate(w))
+        runs[mode] = (w, metrics, sim.states, client_evaluations(sim.host.evaluate(w)))
     (w_s, metrics_s, states_s, evals_s), (w_v, metrics_v, states_v, evals_v) = runs["sequential"], runs["vectorized"]
     np.testing.assert_allclose(w_v, w_s, atol=1e-5)
     assert not np.array_equal(w_v, w_s)  # batched kernels sum in another order: the vectorized path ran
@@ -232,7 +233,8 @@ def test_augmentation_changes_training_but_not_evaluation(tiny_cifar):
         sim.round(0)
     assert not np.array_equal(plain.coordinator.global_model(), augmented.coordinator.global_model())
     w = plain.coordinator.global_model()
-    scores = [[dataclasses.asdict(e.gm) for e in sim.host.evaluate(w)] for sim in (plain, augmented)]
+    tables = [sim.host.evaluate(w) for sim in (plain, augmented)]
+    scores = [[dataclasses.asdict(e.gm) for e in client_evaluations(table)] for table in tables]
     np.testing.assert_equal(scores[0], scores[1])  # the global model's scores; personal models differ
 
 

@@ -16,7 +16,7 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.runtime.driver import run_experiment
-from raysim.tracking.metrics import ClientEvaluation, ModelScores, summarize_scores
+from raysim.tracking.metrics import ClientEvaluation, ModelScores, score_columns, summarize_scores
 from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,11 +77,11 @@ def test_loss_sum_variance_is_the_sample_variance_and_hm_takes_the_smaller_sum()
         ClientEvaluation(1, scores(7.0, 0.4), scores(4.0, 0.6)),
         ClientEvaluation(2, scores(2.0, 0.8), scores(9.0, 0.3)),
     ]
-    pm = summarize_scores("pm", [c.pm for c in clients])
+    pm = summarize_scores("pm", score_columns([c.pm for c in clients]))
     assert pm["pm/loss_sum_var"] == pytest.approx(np.var([3, 7, 2], ddof=1))
     hybrid = [c.hybrid() for c in clients]
     assert [h.test_loss_sum for h in hybrid] == [3.0, 4.0, 2.0]
-    assert summarize_scores("hm", hybrid)["hm/loss_sum_var"] == pytest.approx(np.var([3, 4, 2], ddof=1))
+    assert summarize_scores("hm", score_columns(hybrid))["hm/loss_sum_var"] == pytest.approx(np.var([3, 4, 2], ddof=1))
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from raysim.models.flat import FlatModel
 from raysim.models.spec import ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
-from raysim.tracking.metrics import ClientRecords, mean_client_metrics, summarize
+from raysim.tracking.metrics import ClientRecords, client_evaluations, mean_client_metrics, summarize
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import make_host
@@ -314,7 +314,8 @@ def test_personal_only_accuracy_is_p_i_alone_scored_on_the_clients_test_split():
     settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 1e-4, "lr": 0.1, "batch_size": 32}
     problem, host, broadcast, _ = _fedslr_host_after_one_round(settings)
     w = broadcast.model.params(host.model.spec)
-    evaluations = host.evaluate(w)
+    table = host.evaluate(w)
+    evaluations = client_evaluations(table)
     accuracies = []
     for (info, split), evaluation in zip(problem.clients, evaluations, strict=True):
         p = host.client_states()[info.id].p
@@ -324,7 +325,7 @@ def test_personal_only_accuracy_is_p_i_alone_scored_on_the_clients_test_split():
         assert evaluation.extra["personal"].test_acc == acc and evaluation.extra["personal"].test_loss == loss
         assert evaluation.pm.test_acc == host.model.evaluate(w + p, x_test, y_test)[1]
         accuracies.append(acc)
-    summary = summarize(evaluations)
+    summary = summarize(table)
     assert summary["personal/acc"] == pytest.approx(np.mean(accuracies))
     assert summary["personal/acc_std"] == pytest.approx(np.std(accuracies, ddof=1))
     assert evaluations[0].row()["personal_test_acc"] == accuracies[0]

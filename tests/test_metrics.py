@@ -93,3 +93,52 @@ def test_client_records_are_columns_whose_missing_metrics_are_null_and_left_out_
     summary = mean_client_metrics(table)
     assert summary == {"update/loss": 3.0, "update/loss_std": 2.0, "update/norm": 2.0, "update/norm_std": 0.0}
     assert mean_client_metrics(round_records([])) == {}
+
+
+def _reference_summary(evaluations: list) -> dict[str, float]:
+    """The across-client summaries computed client by client from the objects (ClientEvaluation.hybrid and
+    hybrid_by_validation), to check the columnar `summarize` against."""
+    from raysim.tracking.metrics import score_columns, summarize_scores
+
+    summary = summarize_scores("pm", score_columns([e.pm for e in evaluations]))
+    summary |= summarize_scores("gm", score_columns([e.gm for e in evaluations]))
+    summary |= summarize_scores("hm", score_columns([e.hybrid() for e in evaluations]))
+    summary["hm/pm_chosen_share"] = float(np.mean([e.pm.test_acc >= e.gm.test_acc for e in evaluations]))
+    by_val = [e.hybrid_by_validation() for e in evaluations]
+    if all(v is not None for v in by_val):
+        summary |= summarize_scores("hm_val", score_columns(by_val))
+    for name in sorted({n for e in evaluations for n in e.extra}):
+        summary |= summarize_scores(name, score_columns([e.extra[name] for e in evaluations if name in e.extra]))
+    return summary
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(1, 12),
+    with_val=st.booleans(),
+    extra_share=st.sampled_from([0.0, 0.5, 1.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_evaluations_as_columns_round_trip_and_summarize_as_the_objects_do(count, with_val, extra_share, seed):
+    """A host sends its clients' evaluations as columns (evaluation_batch); the driver's summaries, HM and HM-val
+    computed over the columns, equal those computed client by client from the objects, and the objects come back
+    (client_evaluations), a further model only for the clients that have one."""
+    from raysim.tracking.metrics import ClientEvaluation, ModelScores, client_evaluations, evaluation_batch, summarize
+
+    generator = np.random.default_rng(seed)
+
+    def scores() -> ModelScores:
+        acc = float(generator.choice([0.25, 0.5, 0.75, generator.random()]))  # ties between PM and GM too
+        val = float(generator.random()) if with_val else float("nan")
+        return ModelScores(acc, *generator.random(2).tolist(), val, *generator.random(3).tolist())
+
+    evaluations = [
+        ClientEvaluation(c, scores(), scores(), {"personal": scores()} if generator.random() < extra_share else {})
+        for c in generator.permutation(40)[:count].tolist()
+    ]
+    batch = evaluation_batch(evaluations)
+    assert batch["client_id"].to_pylist() == sorted(e.client_id for e in evaluations)
+    assert repr(client_evaluations(batch)) == repr(sorted(evaluations, key=lambda e: e.client_id))
+    got, want = summarize(batch), _reference_summary(evaluations)
+    assert got.keys() == want.keys()
+    np.testing.assert_allclose([got[k] for k in want], list(want.values()), rtol=1e-12, atol=1e-12)

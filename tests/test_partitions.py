@@ -485,6 +485,7 @@ def test_label_prior_answers_any_request_with_splits_or_one_error_line(fields, c
 def test_label_prior_clients_train_and_are_scored_on_their_own_test_sets():
     """Through prepare() and the real host and coordinator: the per-client test sets are what is scored."""
     from raysim.config import validate_config
+    from raysim.tracking.metrics import client_evaluations
     from tests.conftest import tiny_config
     from tests.inprocess import InProcess
 
@@ -494,7 +495,7 @@ def test_label_prior_clients_train_and_are_scored_on_their_own_test_sets():
     run = InProcess(config)
     for round_index in range(2):
         run.round(round_index)
-    evaluations = run.host.evaluate(run.coordinator.global_model())
+    evaluations = client_evaluations(run.host.evaluate(run.coordinator.global_model()))
     splits = {split.client_id: split for _, split in run.problem.clients}
     assert len(evaluations) == 8
     for evaluation in evaluations:

@@ -326,7 +326,7 @@ def _run(sim: InProcess, rounds: range) -> list[str]:
 
 def _final(sim: InProcess) -> tuple[np.ndarray, str, dict[int, Any]]:
     global_model = sim.coordinator.global_model()
-    return global_model, repr(sim.host.evaluate(global_model)), sim.states
+    return global_model, repr(sim.host.evaluate(global_model).to_pydict()), sim.states
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

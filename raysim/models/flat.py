@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +19,28 @@ from torch.func import functional_call
 from raysim.data.sources import Task
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import build_module, initial_parameters
+
+
+@dataclass(frozen=True)
+class SampleScores:
+    """What passes give for each of their samples: its mean loss (float64), its correct outputs (0 for regression),
+    and the network's outputs when kept."""
+
+    losses: np.ndarray
+    correct: np.ndarray
+    outputs: np.ndarray | None
+
+    @classmethod
+    def empty(cls, count: int, classes: int | None) -> SampleScores:
+        outputs = None if classes is None else np.empty((count, classes), np.float32)
+        return cls(np.empty(count, np.float64), np.empty(count, np.int64), outputs)
+
+    def fill(self, at: int, losses: np.ndarray, correct: np.ndarray, outputs: Any = None) -> None:
+        """Write a pass's samples from position `at` (outputs: an array or tensor, kept only if this keeps them)."""
+        part = slice(at, at + len(losses))
+        self.losses[part], self.correct[part] = losses, correct
+        if self.outputs is not None and outputs is not None:
+            self.outputs[part] = np.asarray(outputs)
 
 
 @dataclass(frozen=True)
@@ -134,7 +157,6 @@ class FlatModel:
         """Everything an evaluation reads off one forward pass over the samples (see Scores)."""
         return self.scores_many(flat, [(x, y)], sum_batch, keep_outputs, chunk)[0]
 
-    @torch.no_grad()
     def scores_many(
         self,
         flat: np.ndarray,
@@ -144,31 +166,10 @@ class FlatModel:
         chunk: int = 2048,
     ) -> list[Scores]:
         """`scores` of one parameter vector on each group of samples (e.g. the global model on every client's
-        test split), with the groups' samples going through the network together, `chunk` rows at a time.
+        test split), with the groups' samples going through the network together (`sample_scores_many`)."""
+        samples = self.sample_scores_many(flat, groups, keep_outputs, chunk)
+        return self.group_scores(samples, [len(y) for _, y in groups], sum_batch, keep_outputs)
 
-        A sample's output does not depend on which others share its pass: every pass has at least MIN_ROWS rows
-        (a short one is padded with copies of its first row), as MKL takes a different, differently rounded path
-        for up to 3 rows (measured with this machine's AVX-512 MKL; tests/test_models.py checks it). So the scores
-        of a group are the same whatever groups it is scored with."""
-        if not groups:
-            return []
-        params = torch.tensor(flat, dtype=torch.float32)
-        sizes = [len(y) for _, y in groups]
-        losses = np.empty(sum(sizes), np.float64)
-        correct = np.empty(sum(sizes), np.int64)
-        outputs: list[np.ndarray] = []
-        filled = 0
-        for xs, ys in _blocks(groups, chunk):
-            logits = self._padded_forward(params, torch.from_numpy(xs))
-            block = slice(filled, filled + len(ys))
-            losses[block], correct[block] = self._sample_scores(logits, torch.from_numpy(ys))
-            if keep_outputs:
-                outputs.append(logits.numpy())
-            filled += len(ys)
-        kept = np.concatenate(outputs) if outputs else None
-        return self._group_scores(losses, correct, kept, sizes, sum_batch, keep_outputs)
-
-    @torch.no_grad()
     def scores_each(
         self,
         params: Sequence[np.ndarray],
@@ -177,7 +178,43 @@ class FlatModel:
         keep_outputs: bool = False,
         rows: int = 8192,
     ) -> list[Scores]:
-        """`scores` of each group at its own parameter vector (every client's PM on its own split).
+        """`scores` of each group at its own parameter vector (every client's PM on its own split), the groups in
+        batched products (`sample_scores_each`)."""
+        samples = self.sample_scores_each(params, groups, keep_outputs, rows)
+        return self.group_scores(samples, [len(y) for _, y in groups], sum_batch, keep_outputs)
+
+    @torch.no_grad()
+    def sample_scores_many(
+        self,
+        flat: np.ndarray,
+        groups: Sequence[tuple[np.ndarray, np.ndarray]],
+        keep_outputs: bool = False,
+        chunk: int = 2048,
+    ) -> SampleScores:
+        """Each sample's scores at one parameter vector, the samples of all groups in order, `chunk` rows a pass.
+
+        A sample's output does not depend on which others share its pass: every pass has at least MIN_ROWS rows
+        (a short one is padded with copies of its first row), as MKL takes a different, differently rounded path
+        for up to 3 rows (measured with this machine's AVX-512 MKL; tests/test_models.py checks it). So the scores
+        of a group are the same whatever groups it is scored with."""
+        samples = SampleScores.empty(sum(len(y) for _, y in groups), self._outputs_kept(keep_outputs))
+        params = torch.tensor(flat, dtype=torch.float32)
+        filled = 0
+        for xs, ys in _blocks(groups, chunk):
+            logits = self._padded_forward(params, torch.from_numpy(xs))
+            samples.fill(filled, *self._sample_scores(logits, torch.from_numpy(ys)), logits if keep_outputs else None)
+            filled += len(ys)
+        return samples
+
+    @torch.no_grad()
+    def sample_scores_each(
+        self,
+        params: Sequence[np.ndarray],
+        groups: Sequence[tuple[np.ndarray, np.ndarray]],
+        keep_outputs: bool = False,
+        rows: int = 8192,
+    ) -> SampleScores:
+        """Each sample's scores at its group's own parameter vector, the samples of all groups in order.
 
         A Flatten/Linear/ReLU stack scores many groups in one batched product per layer: the groups, shortest
         first, are packed `rows` padded rows at a time, each padded with zeros to the pack's longest (at least
@@ -185,20 +222,28 @@ class FlatModel:
         they do not depend on which clients share a host. Other models score one group at a time."""
         if len(params) != len(groups):
             raise ValueError(f"scores_each: {len(params)} parameter vectors for {len(groups)} groups")
-        if self._layers is None:
-            return [self.scores(p, x, y, sum_batch, keep_outputs) for p, (x, y) in zip(params, groups, strict=True)]
         sizes = [len(y) for _, y in groups]
-        nothing = self._group_scores(np.zeros(0), np.zeros(0, np.int64), None, [0], sum_batch, keep_outputs)[0]
-        results = [nothing] * len(groups)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        samples = SampleScores.empty(int(starts[-1]), self._outputs_kept(keep_outputs))
+        if self._layers is None:  # one group at a time, as `scores` scores it alone
+            for g, (group, own) in enumerate(zip(groups, params, strict=True)):
+                alone = self.sample_scores_many(own, [group], keep_outputs)
+                samples.fill(int(starts[g]), alone.losses, alone.correct, alone.outputs)
+            return samples
         for pack in _packs(sizes, rows):
             logits = self._stacked_forward([params[g] for g in pack], [groups[g][0] for g in pack])
             targets = torch.from_numpy(np.concatenate([groups[g][1] for g in pack]))
             losses, correct = self._sample_scores(logits, targets)
             kept = logits.numpy() if keep_outputs else None
-            pack_scores = self._group_scores(losses, correct, kept, [sizes[g] for g in pack], sum_batch, keep_outputs)
-            for g, scores in zip(pack, pack_scores, strict=True):
-                results[g] = scores
-        return results
+            at = 0
+            for g in pack:  # back to the groups' own order
+                part = slice(at, at + sizes[g])
+                samples.fill(int(starts[g]), losses[part], correct[part], None if kept is None else kept[part])
+                at += sizes[g]
+        return samples
+
+    def _outputs_kept(self, keep_outputs: bool) -> int | None:
+        return self._head.out_features if keep_outputs else None
 
     def _sample_scores(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's mean loss (float64) and its correct outputs (0 for regression), from a pass's outputs."""
@@ -228,19 +273,14 @@ class FlatModel:
                 hidden = torch.baddbmm(stacked[bias].unsqueeze(1), hidden, stacked[weight].transpose(1, 2))
         return torch.cat([hidden[row, : len(x)] for row, x in enumerate(xs)])
 
-    def _group_scores(
-        self,
-        losses: np.ndarray,
-        correct: np.ndarray,
-        kept: np.ndarray | None,
-        sizes: Sequence[int],
-        sum_batch: int | None,
-        keep_outputs: bool,
+    def group_scores(
+        self, samples: SampleScores, sizes: Sequence[int], sum_batch: int | None = None, keep_outputs: bool = False
     ) -> list[Scores]:
         """Scores of consecutive groups of `sizes` samples from their samples' losses, hits and outputs (each group's
         sums in a few array operations over all groups, none depending on another group)."""
+        losses, correct, kept = samples.losses, samples.correct, samples.outputs
         sizes = np.asarray(sizes, np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        starts = np.cumsum(sizes) - sizes
         counts = np.maximum(sizes, 1)
         mean_loss = _segment_sums(losses, starts, sizes) / counts
         if self.task == "classification":

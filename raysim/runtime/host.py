@@ -42,7 +42,6 @@ from raysim.algorithms.base import (
 )
 from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
-from raysim.models.flat import Scores
 from raysim.models.spec import ModelSpec
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
@@ -56,6 +55,7 @@ from raysim.tracking.metrics import (
     ModelScores,
     SingleLabelAuc,
     classification_scores_many,
+    evaluation_batch,
 )
 from raysim.training.local import ClientData, Inputs, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
@@ -115,15 +115,23 @@ class HostSettings:
 EVALUATION_CLIENTS = 64
 """Clients whose splits the global model scores in one pass (ClientHost.evaluate); memory: their samples."""
 
+SPLITS = ("train", "test", "val")
+"""A client's splits, in the order whose position keys a split's access-time draws at an evaluation."""
+
 
 @dataclass(frozen=True)
 class EvaluationData:
-    """One client's (x, y) splits as scored at one evaluation; train only when its loss is scored, val when
-    the client has one."""
+    """The samples some clients are scored on at one evaluation, each client's in one block (x, y): its test split,
+    its train split when training losses are scored, its val split; `parts` [clients, 3] their sizes."""
 
-    test: tuple[np.ndarray, np.ndarray]
-    train: tuple[np.ndarray, np.ndarray] | None
-    val: tuple[np.ndarray, np.ndarray] | None
+    x: list[np.ndarray]
+    y: list[np.ndarray]
+    parts: np.ndarray
+    with_train: bool
+
+    def subset(self, keep: list[int]) -> EvaluationData:
+        """The data of the clients at positions `keep`."""
+        return EvaluationData([self.x[i] for i in keep], [self.y[i] for i in keep], self.parts[keep], self.with_train)
 
 
 @dataclass(frozen=True)
@@ -440,56 +448,74 @@ class ClientHost:
 
         return execute_many
 
-    def _evaluation_data(self, client_id: int, with_train: bool) -> EvaluationData:
-        """The client's splits as it sees them at this evaluation (its access-time noise drawn afresh, keyed by
-        the evaluation count, so that every model it scores sees the same draw)."""
-        data = self.data[client_id]
-
-        def arrays(split: str) -> tuple[np.ndarray, np.ndarray]:
+    def _evaluation_data(self, client_ids: list[int], with_train: bool) -> EvaluationData:
+        """The clients' splits as they see them at this evaluation: the samples of every client without per-access
+        randomness read (and normalized) in one call; a client with it draws its noise and labels afresh, keyed by
+        the evaluation count and split, so that every model it scores sees the same draw."""
+        names = ("test", "train", "val") if with_train else ("test", "val")
+        parts = np.zeros((len(client_ids), 3), np.int64)
+        xs: list[np.ndarray] = [np.zeros(0)] * len(client_ids)
+        ys: list[np.ndarray] = [np.zeros(0)] * len(client_ids)
+        plain: dict[int, np.ndarray] = {}
+        for position, client_id in enumerate(client_ids):
+            data = self.data[client_id]
+            parts[position] = [len(data.test), len(data.train) if with_train else 0, len(data.val)]
             if not data.redrawn:  # nothing to draw: no generator to make (10,000 clients make 30,000 of them)
-                return data.arrays(split)
-            part = ("train", "test", "val").index(split)
-            return data.arrays(split, rng(self.seed, Stream.DATA_NOISE, client_id, self.evaluations, part))
+                plain[position] = np.concatenate([getattr(data, name) for name in names])
+                ys[position] = data.y[plain[position]]
+                continue
+            drawn = [
+                data.arrays(name, rng(self.seed, Stream.DATA_NOISE, client_id, self.evaluations, SPLITS.index(name)))
+                for name in names
+            ]
+            xs[position] = np.concatenate([x for x, _ in drawn])
+            ys[position] = np.concatenate([y for _, y in drawn])
+        if plain:  # one read of the stored rows for all of them (one dataset, one normalization on a host)
+            data = self.data[client_ids[next(iter(plain))]]
+            rows = data.inputs.rows(data.x, np.concatenate(list(plain.values())))
+            blocks = np.split(rows, np.cumsum([len(indices) for indices in plain.values()])[:-1])
+            for position, block in zip(plain, blocks, strict=True):
+                xs[position] = block
+        return EvaluationData(xs, ys, parts, with_train)
 
-        return EvaluationData(
-            arrays("test"), arrays("train") if with_train else None, arrays("val") if len(data.val) else None
-        )
-
-    def _scores(self, params: Vector | list[Vector], splits: list[EvaluationData]) -> list[ModelScores]:
-        """The scores on each of some clients' splits of one model shared by all (a vector: FlatModel.scores_many)
-        or of each client's own (a list, one per split: FlatModel.scores_each), the splits' samples through the
-        network together; the training loss only where the train split is given (else NaN)."""
+    def _scores(self, params: Vector | list[Vector], data: EvaluationData) -> list[ModelScores]:
+        """The scores on each client's splits of one model shared by all (a vector: FlatModel.sample_scores_many) or
+        of each client's own (a list, one per client: FlatModel.sample_scores_each): every sample of every split in
+        one pass per model; the training loss only where the train split is scored (else NaN)."""
         model, classifier = self.model, self.model.task == "classification"
-
-        def score(pairs: list[tuple[Vector, tuple[np.ndarray, np.ndarray]]], **options: Any) -> list[Scores]:
-            if isinstance(params, list):
-                return model.scores_each([p for p, _ in pairs], [g for _, g in pairs], **options)
-            return model.scores_many(params, [g for _, g in pairs], **options)
-
-        own = params if isinstance(params, list) else [params] * len(splits)
-        pairs = list(zip(own, splits, strict=True))
-        tests = score([(p, s.test) for p, s in pairs], sum_batch=self.settings.loss_sum_batch, keep_outputs=classifier)
-        trains = iter(score([(p, s.train) for p, s in pairs if s.train is not None]))
-        vals = iter(score([(p, s.val) for p, s in pairs if s.val is not None]))
-        f1_auc = [(float("nan"), float("nan"))] * len(splits)
-        if classifier and splits:
+        groups = list(zip(data.x, data.y, strict=True))
+        if isinstance(params, list):
+            samples = model.sample_scores_each(params, groups, keep_outputs=classifier)
+        else:
+            samples = model.sample_scores_many(params, groups, keep_outputs=classifier)
+        scores = model.group_scores(samples, data.parts.reshape(-1), self.settings.loss_sum_batch, classifier)
+        tests, trains, vals = scores[0::3], scores[1::3], scores[2::3]
+        f1_auc = [(float("nan"), float("nan"))] * len(groups)
+        if classifier and groups:
             f1_auc = classification_scores_many(
                 np.concatenate([test.outputs for test in tests]),  # type: ignore[misc]
-                np.concatenate([split.test[1] for split in splits]),
-                [len(split.test[1]) for split in splits],
+                np.concatenate([y[:size] for y, size in zip(data.y, data.parts[:, 0], strict=True)]),
+                data.parts[:, 0].tolist(),
                 self.settings.auc_single_label,
             )
-        scores = []
-        for split, test, (f1, auc) in zip(splits, tests, f1_auc, strict=True):
-            train_loss = next(trains).loss if split.train is not None else float("nan")
-            val_acc = next(vals).accuracy if split.val is not None else float("nan")
-            scores.append(ModelScores(test.accuracy, test.loss, train_loss, val_acc, f1, auc, test.loss_sum))
-        return scores
+        return [
+            ModelScores(
+                test.accuracy,
+                test.loss,
+                train.loss if data.with_train else float("nan"),
+                val.accuracy if size else float("nan"),
+                f1,
+                auc,
+                test.loss_sum,
+            )
+            for test, train, val, size, (f1, auc) in zip(tests, trains, vals, data.parts[:, 2], f1_auc, strict=True)
+        ]
 
-    def evaluate(self, global_params: Vector) -> list[ClientEvaluation]:
-        """PM, GM (and the algorithm's extra models') scores of every client of this host, EVALUATION_CLIENTS
-        clients at a time: the GM, shared by all, scores their splits in shared passes, and their own models
-        (PMs, extra models) score each its own split in batched passes."""
+    def evaluate(self, global_params: Vector) -> pa.RecordBatch:
+        """PM, GM (and the algorithm's extra models') scores of every client of this host as columns
+        (raysim.tracking.metrics.evaluation_batch), EVALUATION_CLIENTS clients at a time: the GM, shared by all,
+        scores their splits in shared passes, and their own models (PMs, extra models) score each its own split in
+        batched passes."""
         self.evaluations += 1
         every = self.settings.train_loss_every
         with_train = bool(every) and (self.evaluations - 1) % every == 0
@@ -497,7 +523,7 @@ class ClientHost:
         ids = self.client_ids
         for begin in range(0, len(ids), EVALUATION_CLIENTS):
             chunk = ids[begin : begin + EVALUATION_CLIENTS]
-            splits = [self._evaluation_data(c, with_train) for c in chunk]
+            splits = self._evaluation_data(chunk, with_train)
             gms = self._scores(global_params, splits)
             states = {c: self.states[c] for c in chunk}  # each read once (a spilled state comes from disk)
             pms = self._own_scores({c: self._personal_model(c, states[c], global_params) for c in chunk}, chunk, splits)
@@ -507,7 +533,7 @@ class ClientHost:
             for client_id, gm in zip(chunk, gms, strict=True):
                 extra = {name: extras[name][client_id] for name in names if client_id in extras[name]}
                 evaluations.append(ClientEvaluation(client_id, pms.get(client_id, gm), gm, extra))
-        return evaluations
+        return evaluation_batch(evaluations)
 
     def _personal_model(self, client_id: int, state: Any, global_params: Vector) -> Vector | None:
         """The PM a client deploys now (None: the global model). A held-out (target) client is adapted from the
@@ -519,12 +545,12 @@ class ClientHost:
         return None if adaptation is None else drive(adaptation, execute)
 
     def _own_scores(
-        self, models: dict[int, Vector | None], chunk: list[int], splits: list[EvaluationData]
+        self, models: dict[int, Vector | None], chunk: list[int], splits: EvaluationData
     ) -> dict[int, ModelScores]:
         """The scores of the clients' own models (None: the client has none) on their own splits."""
-        having = [(c, split) for c, split in zip(chunk, splits, strict=True) if models[c] is not None]
-        scores = self._scores([models[c] for c, _ in having], [split for _, split in having])  # type: ignore[misc]
-        return {c: s for (c, _), s in zip(having, scores, strict=True)}
+        having = [i for i, c in enumerate(chunk) if models[c] is not None]
+        scores = self._scores([models[chunk[i]] for i in having], splits.subset(having))  # type: ignore[misc]
+        return {chunk[i]: score for i, score in zip(having, scores, strict=True)}
 
     def save_checkpoint(self, path: str) -> None:
         """Write this host's clients' persistent state (states, Byzantine messages sent, evaluation count) to

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import ray
 
 from raysim.config import ExperimentConfig
@@ -15,7 +16,7 @@ from raysim.runtime import checkpoint
 from raysim.runtime.problem import Problem
 from raysim.runtime.simulation import Simulation
 from raysim.tracking.callbacks import RoundCallback
-from raysim.tracking.metrics import ClientEvaluation, benign_summary
+from raysim.tracking.metrics import ClientEvaluation, benign_summary, client_evaluations
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 
@@ -122,7 +123,7 @@ class Rounds:
 
     def _run(self, simulation: Simulation) -> None:
         config, result = self.config, self.result
-        evaluations: list[ClientEvaluation] = []
+        evaluations: pa.Table | None = None
         if self.resume is not None:
             round_index = self._restore(simulation, self.resume)
             self.logged_through = max(self.writer.last_step("time/round"), self.writer.last_step("pm/acc"))
@@ -150,14 +151,14 @@ class Rounds:
                 for callback in self.callbacks:
                     callback.on_restore(step, self.latest, round_index, type(error).__name__)
                 continue
-            evaluations = evaluated or evaluations
+            evaluations = evaluated if evaluated is not None else evaluations
             if self.inspect is not None:
                 self.inspect(round_index, simulation)
             for callback in self.callbacks:
                 callback.on_round(step, metrics)
             round_index += 1
-        result.final = evaluations
-        finals = benign_summary(evaluations, self.malicious, self.heldout)
+        result.final = client_evaluations(evaluations) if evaluations is not None else []
+        finals = benign_summary(evaluations, self.malicious, self.heldout) if evaluations is not None else {}
         evaluated_rounds = [r for r in result.history if "pm/acc" in result.history[r]]
         best = {
             f"best/{k}": max(result.history[r][k] for r in evaluated_rounds) for k in ("pm/acc", "gm/acc", "hm/acc")
@@ -169,11 +170,11 @@ class Rounds:
         for callback in self.callbacks:
             callback.on_end(result)
 
-    def _round(self, simulation: Simulation, round_index: int) -> tuple[dict[str, float], list[ClientEvaluation]]:
+    def _round(self, simulation: Simulation, round_index: int) -> tuple[dict[str, float], pa.Table | None]:
         start = time.perf_counter()
         metrics = simulation.train_round(round_index)
         step = round_index + 1
-        evaluations: list[ClientEvaluation] = []
+        evaluations: pa.Table | None = None
         if step % self.config.tracking.eval_every == 0 or step == self.config.rounds:
             evaluated = time.perf_counter()
             evaluations = simulation.evaluate()

@@ -19,7 +19,7 @@ from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
-from raysim.tracking.metrics import ClientEvaluation, mean_client_metrics, round_records
+from raysim.tracking.metrics import evaluation_table, mean_client_metrics, round_records
 
 
 class NoUsableUpload(RaysimError):
@@ -192,16 +192,13 @@ class Simulation:
             "traffic/downlink_bytes_total": float(self.downlink_total),
         }
 
-    def evaluate(self) -> list[ClientEvaluation]:
-        """Every client's scores: PM, extra models and the GM, which is the coordinator's current global model, or
-        with tracking.gm_scored = before_aggregation the one of the last round's start (the current one before any
-        round of this process)."""
+    def evaluate(self) -> pa.Table:
+        """Every client's scores as one table (raysim.tracking.metrics.evaluation_batch): PM, extra models and the GM,
+        which is the coordinator's current global model, or with tracking.gm_scored = before_aggregation the one of
+        the last round's start (the current one before any round of this process)."""
         before = self.config.tracking.gm_scored == "before_aggregation" and self.broadcast_model is not None
         global_params = self.broadcast_model if before else self.coordinator.global_model.remote()
-        evaluations = [
-            e for host_evals in ray.get([h.evaluate.remote(global_params) for h in self.hosts]) for e in host_evals
-        ]
-        return sorted(evaluations, key=lambda e: e.client_id)
+        return evaluation_table(ray.get([host.evaluate.remote(global_params) for host in self.hosts]))
 
     def client_states(self) -> dict[int, object]:
         return {c: s for states in ray.get([h.client_states.remote() for h in self.hosts]) for c, s in states.items()}

@@ -150,14 +150,98 @@ LAGGING_GAP = 0.10
 """A client lags when its test accuracy is more than 10 points below the mean over clients."""
 
 
-def summarize_scores(prefix: str, scores: list[ModelScores]) -> dict[str, float]:
+SCORE_FIELDS = ("test_acc", "test_loss", "train_loss", "val_acc", "test_f1", "test_auc", "test_loss_sum")
+"""ModelScores' fields: a model's scores of a client are the columns `<model>_<field>` of an evaluation table."""
+
+Columns = dict[str, np.ndarray]
+"""One model's scores over clients: SCORE_FIELDS -> one value per client (NaN: not scored)."""
+
+
+def evaluation_batch(evaluations: Sequence[ClientEvaluation]) -> pa.RecordBatch:
+    """Clients' evaluations as columns (what a host sends): `client_id`, then `pm_<field>`, `gm_<field>` and
+    `<name>_<field>` for each further model (null for a client without it), by client id."""
+    ordered = sorted(evaluations, key=lambda e: e.client_id)
+    columns: dict[str, pa.Array] = {"client_id": pa.array([e.client_id for e in ordered], pa.int64())}
+    for kind in ("pm", "gm"):
+        for name in SCORE_FIELDS:
+            columns[f"{kind}_{name}"] = pa.array([getattr(getattr(e, kind), name) for e in ordered], pa.float64())
+    for extra in sorted({name for e in ordered for name in e.extra}):
+        for name in SCORE_FIELDS:
+            values = [getattr(e.extra[extra], name) if extra in e.extra else None for e in ordered]
+            columns[f"{extra}_{name}"] = pa.array(values, pa.float64())
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def evaluation_table(batches: Sequence[pa.RecordBatch]) -> pa.Table:
+    """The hosts' evaluation batches as one table, by client id (a further model one host lacks is null there)."""
+    tables = [pa.Table.from_batches([batch]) for batch in batches] or [
+        pa.Table.from_batches([evaluation_batch([])])
+    ]
+    table = pa.concat_tables(tables, promote_options="default")
+    return table.take(pa.array(np.argsort(table["client_id"].to_numpy(), kind="stable")))
+
+
+def client_evaluations(evaluations: pa.Table | pa.RecordBatch) -> list[ClientEvaluation]:
+    """The per-client objects of an evaluation table (`evaluation_batch` undone)."""
+    rows = evaluations.to_pylist()
+
+    def scores(row: dict, kind: str) -> ModelScores:
+        return ModelScores(**{name: row[f"{kind}_{name}"] for name in SCORE_FIELDS})
+
+    extras = _extra_models(evaluations)
+    return [
+        ClientEvaluation(
+            row["client_id"],
+            scores(row, "pm"),
+            scores(row, "gm"),
+            {name: scores(row, name) for name in extras if row[f"{name}_test_acc"] is not None},
+        )
+        for row in rows
+    ]
+
+
+def _extra_models(evaluations: pa.Table | pa.RecordBatch) -> list[str]:
+    """The further models (Algorithm.extra_models) an evaluation table has columns of."""
+    suffix = "_test_acc"
+    names = [c.removesuffix(suffix) for c in evaluations.column_names if c.endswith(suffix)]
+    return sorted(name for name in names if name not in ("pm", "gm"))
+
+
+def _columns(evaluations: pa.Table | pa.RecordBatch, kind: str) -> Columns:
+    return {
+        name: evaluations.column(f"{kind}_{name}").to_numpy(zero_copy_only=False).astype(np.float64)
+        for name in SCORE_FIELDS
+    }
+
+
+def score_columns(scores: Sequence[ModelScores]) -> Columns:
+    """Per-client ModelScores as columns."""
+    return {name: np.array([getattr(s, name) for s in scores], np.float64) for name in SCORE_FIELDS}
+
+
+def hybrid(pm: Columns, gm: Columns) -> Columns:
+    """HM (ClientEvaluation.hybrid) of every client at once: the better test accuracy, the lower losses, the F1 and
+    AUC of the more accurate model; no validation accuracy."""
+    chosen = pm["test_acc"] >= gm["test_acc"]
+    return {
+        "test_acc": np.maximum(pm["test_acc"], gm["test_acc"]),
+        "test_loss": np.minimum(pm["test_loss"], gm["test_loss"]),
+        "train_loss": np.minimum(pm["train_loss"], gm["train_loss"]),
+        "val_acc": np.full(len(chosen), np.nan),
+        "test_f1": np.where(chosen, pm["test_f1"], gm["test_f1"]),
+        "test_auc": np.where(chosen, pm["test_auc"], gm["test_auc"]),
+        "test_loss_sum": np.minimum(pm["test_loss_sum"], gm["test_loss_sum"]),
+    }
+
+
+def summarize_scores(prefix: str, scores: Columns) -> dict[str, float]:
     """Mean over clients, plus fairness: sample variance of test loss (the papers' measure; also of the FLAME
     authors' summed loss, `loss_sum_var`) and of accuracy, accuracy std, min, 10th percentile and the share of
     clients lagging by more than 10 points. Scores left out of an evaluation (NaN) are not logged."""
-    acc = np.array([s.test_acc for s in scores])
-    loss = np.array([s.test_loss for s in scores])
-    train = np.array([s.train_loss for s in scores])
-    ddof = 1 if len(scores) > 1 else 0
+    acc, loss, train = scores["test_acc"], scores["test_loss"], scores["train_loss"]
+    if not len(acc):
+        return {}
+    ddof = 1 if len(acc) > 1 else 0
     summary = {
         f"{prefix}/acc": float(acc.mean()),
         f"{prefix}/loss": float(loss.mean()),
@@ -171,26 +255,28 @@ def summarize_scores(prefix: str, scores: list[ModelScores]) -> dict[str, float]
         f"{prefix}/lagging_share": float(np.mean(acc < acc.mean() - LAGGING_GAP)),
     }
     for name in ("f1", "auc"):
-        values = np.array([getattr(s, f"test_{name}") for s in scores])
+        values = scores[f"test_{name}"]
         if np.isfinite(values).any():
             summary[f"{prefix}/{name}"] = float(np.nanmean(values))
-    sums = np.array([s.test_loss_sum for s in scores])
+    sums = scores["test_loss_sum"]
     if np.isfinite(sums).all():
         summary[f"{prefix}/loss_sum_var"] = float(sums.var(ddof=ddof))
     return {k: v for k, v in summary.items() if not math.isnan(v)}
 
 
-def summarize(evaluations: list[ClientEvaluation]) -> dict[str, float]:
-    """All across-client summaries of one evaluation round (unweighted over clients, as the papers)."""
-    summary = summarize_scores("pm", [e.pm for e in evaluations])
-    summary |= summarize_scores("gm", [e.gm for e in evaluations])
-    summary |= summarize_scores("hm", [e.hybrid() for e in evaluations])
-    summary["hm/pm_chosen_share"] = float(np.mean([e.pm.test_acc >= e.gm.test_acc for e in evaluations]))
-    by_val = [e.hybrid_by_validation() for e in evaluations]
-    if all(v is not None for v in by_val):
-        summary |= summarize_scores("hm_val", by_val)  # type: ignore[arg-type]
-    for name in sorted({n for e in evaluations for n in e.extra}):
-        summary |= summarize_scores(name, [e.extra[name] for e in evaluations if name in e.extra])
+def summarize(evaluations: pa.Table | pa.RecordBatch) -> dict[str, float]:
+    """All across-client summaries of one evaluation round (unweighted over clients, as the papers), from its
+    table (`evaluation_batch`), in a few array operations per model."""
+    pm, gm = _columns(evaluations, "pm"), _columns(evaluations, "gm")
+    summary = summarize_scores("pm", pm) | summarize_scores("gm", gm) | summarize_scores("hm", hybrid(pm, gm))
+    if len(pm["test_acc"]):
+        summary["hm/pm_chosen_share"] = float(np.mean(pm["test_acc"] >= gm["test_acc"]))
+    if len(pm["val_acc"]) and not np.isnan(pm["val_acc"]).any():  # HM-val: chosen by validation accuracy
+        by_val = pm["val_acc"] >= gm["val_acc"]
+        summary |= summarize_scores("hm_val", {k: np.where(by_val, pm[k], gm[k]) for k in SCORE_FIELDS})
+    for name in _extra_models(evaluations):
+        having = np.asarray(evaluations.column(f"{name}_test_acc").is_valid())
+        summary |= summarize_scores(name, {k: v[having] for k, v in _columns(evaluations, name).items()})
     return summary
 
 
@@ -270,10 +356,13 @@ def mean_client_metrics(records: pa.Table | pa.RecordBatch) -> dict[str, float]:
 
 
 def benign_summary(
-    evaluations: list[ClientEvaluation], malicious: frozenset[int], heldout: frozenset[int] = frozenset()
+    evaluations: pa.Table | pa.RecordBatch, malicious: frozenset[int], heldout: frozenset[int] = frozenset()
 ) -> dict[str, float]:
     """Across-client summaries over the benign training clients (attackers are not scored, as in the specs'
     robustness settings), and over the held-out clients (`clients.heldout`) as `heldout/...`."""
-    summary = summarize([e for e in evaluations if e.client_id not in malicious | heldout])
-    held = [e for e in evaluations if e.client_id in heldout]
-    return summary | ({f"heldout/{k}": v for k, v in summarize(held).items()} if held else {})
+    ids = evaluations.column("client_id").to_numpy()
+    held = np.isin(ids, list(heldout))
+    summary = summarize(evaluations.filter(pa.array(~(held | np.isin(ids, list(malicious))))))
+    if held.any():
+        summary |= {f"heldout/{k}": v for k, v in summarize(evaluations.filter(pa.array(held))).items()}
+    return summary
