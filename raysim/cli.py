@@ -390,7 +390,7 @@ def parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-        help="override a value of the benchmark's FLAME config (e.g. runtime.state_memory_mb=2000)",
+        help="override a value of the benchmark's config (e.g. runtime.state_memory_mb=2000, algorithm.name=fedavg)",
     )  # fmt: skip
     bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
     bench.set_defaults(handler=_bench)

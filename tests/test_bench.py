@@ -79,7 +79,7 @@ def test_report_adds_the_gpu_columns_when_a_way_used_a_gpu(tmp_path):
     console = Console(width=250, record=True)
     report(results, tmp_path / "bench.json", console)
     text = console.export_text()
-    assert "GPU util %" in text and "GPU/host" in text
+    assert "GPU util %" in text and "GPU/host" in text and "flame round on Fashion-MNIST" in text
     rows = [line for line in text.splitlines() if line.startswith("│")]
     assert "0.25" in rows[1] and "cuda" in rows[1] and "63" in rows[1] and "5120" in rows[1] and "250" in rows[1]
     assert rows[0].rstrip("│ ").endswith("-")  # the reference sampled no GPU
@@ -108,3 +108,12 @@ def test_bench_refuses_a_bad_set_before_measuring(tmp_path):
     done = _raysim("bench", "--clients", "2", "--set", "runtime.client_training=fast", cwd=tmp_path)
     assert done.returncode == 2 and "runtime.client_training" in done.stderr and "vectorized" in done.stderr
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_bench_refuses_the_flame_reference_for_another_algorithm(tmp_path):
+    """The reference loop is FLAME's: a ratio against it for FedAvg would compare two different algorithms."""
+    done = _raysim("bench", "--clients", "2", "--set", "algorithm.name=fedavg", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: --set algorithm.name=fedavg: the reference loop is FLAME's; "
+        "run the other ways alone (--ways sequential vectorized)"
+    )

@@ -26,7 +26,7 @@ from raysim.runtime.driver import run_experiment
 from raysim.runtime.exact_sum import UploadRangeError
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, LocalTrainer
-from raysim.training.vectorized import SGDJob, VectorizedTrainer
+from raysim.training.vectorized import SGDJob, VectorizedTrainer, step_widths
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess, make_host
 
@@ -490,22 +490,43 @@ def test_a_dropped_upload_leaves_its_clients_state_as_it_was_in_a_stacked_chunk(
                   problem).train(1, [0, 1, 2, 3], coordinator.broadcast())  # fmt: skip
 
 
-def test_batches_are_padded_to_the_widest_split_and_a_clients_bits_do_not_depend_on_its_neighbours(one_thread):
-    """With `widest` (the run's largest training split, the same on every host) a step pads batches only to
-    min(batch size, widest) samples: a client's result is then the same bits alone or beside clients of other
-    sizes (products over a batch round differently at another width, so the width must not follow the chunk), and
-    LocalTrainer's up to rounding. A client with more samples than `widest` is refused."""
+def test_each_step_pads_to_the_runs_widest_batch_and_a_clients_bits_do_not_depend_on_its_neighbours(one_thread):
+    """With `train_sizes` (the run's split sizes, the same on every host) step t pads batches only to the widest
+    batch a client of the run has at step t: a client's result is then the same bits alone or beside clients of
+    other sizes (products over a batch round differently at another width, so the width must not follow the
+    chunk), and the same values as batches padded to the batch size, up to rounding. A client whose split size
+    the run does not list is refused."""
     model = FlatModel("mlp", INPUT, CLASSES)
-    clients = _clients([12, 40, 3, 25], seed=15)
+    sizes = [12, 40, 3, 25]  # batches of 16: 1, 3, 1 and 2 an epoch, the last ones of 12, 8, 3 and 9 samples
+    clients = _clients(sizes, seed=15)
     objective = {"momentum": 0.5, "prox_weight": 1.0, "prox_center": "vector"}
-    requests = _requests(model, 4, seed=16, epochs=2, batch_size=64, **objective)
-    trainer = VectorizedTrainer(model, chunk=4, widest=40)
+    requests = _requests(model, 4, seed=16, epochs=2, batch_size=16, **objective)
+    trainer = VectorizedTrainer(model, chunk=4, train_sizes=sizes)
     together = trainer.sgd(_jobs(requests, clients, 0))
     for i in range(4):
         (alone,) = trainer.sgd([_jobs(requests, clients, 0)[i]])
         assert np.array_equal(alone.params, together[i].params) and alone.mean_loss == together[i].mean_loss
-    wide = VectorizedTrainer(model, chunk=4).sgd(_jobs(requests, clients, 0))  # padded to the batch size, 64
+    wide = VectorizedTrainer(model, chunk=4).sgd(_jobs(requests, clients, 0))  # every step 16 wide
     for narrow, padded in zip(together, wide, strict=True):
         np.testing.assert_allclose(narrow.params, padded.params, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="more than 20 training samples"):
-        VectorizedTrainer(model, chunk=4, widest=20).sgd(_jobs(requests, clients, 0))
+    with pytest.raises(ValueError, match="8 samples at step 5, wider than the run's 6 .*train_sizes"):
+        VectorizedTrainer(model, chunk=4, train_sizes=[12, 38, 3, 25]).sgd(_jobs(requests, clients, 0))
+    with pytest.raises(ValueError, match="wider than the run's 3 samples .*train_sizes"):
+        VectorizedTrainer(model, chunk=4, train_sizes=[3]).sgd(_jobs(requests, clients, 0)[:1])
+    with pytest.raises(ValueError, match="trains 4 steps, the run's widths cover 2"):
+        VectorizedTrainer(model, chunk=4, train_sizes=[12, 3]).sgd(_jobs(requests, clients, 0)[3:])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=30), st.integers(1, 120), st.integers(1, 4))
+def test_a_steps_width_is_the_widest_batch_any_client_has_at_that_step(sizes, batch_size, epochs):
+    """step_widths against the batches themselves: each epoch a client of n samples takes full batches of the batch
+    size, then the rest; step t's width is the largest batch at t over all clients (a client done counts 0)."""
+    batches = []
+    for n in sizes:
+        per_epoch = [min(batch_size, n - start) for start in range(0, n, batch_size)]
+        batches.append(per_epoch * epochs)
+    length = max(map(len, batches))
+    expected = [max(b[t] if t < len(b) else 0 for b in batches) for t in range(length)]
+    assert step_widths(np.array(sizes), batch_size, epochs).tolist() == expected
+    assert step_widths(np.array([112] * 5), 100, 2).tolist() == [100, 12, 100, 12]  # 500 Fashion-MNIST clients

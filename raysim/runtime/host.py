@@ -95,9 +95,10 @@ class HostSettings:
     """Batch size of the summed test loss (tracking.loss_sum_batch)."""
     train_loss_every: int = 1
     """Score training losses at every N-th evaluation, 0: never (tracking.train_loss)."""
-    widest_split: int | None = None
-    """The largest training split of any client of the run: vectorized batches are padded to no more samples
-    (VectorizedTrainer.widest; the same for every host, so results do not depend on the hosts)."""
+    train_sizes: tuple[int, ...] | None = None
+    """The distinct training-split sizes of the run's clients: vectorized batches are padded to no more samples
+    than one of them needs at that step (VectorizedTrainer.train_sizes; the same for every host, so results do not
+    depend on the hosts)."""
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:
@@ -108,7 +109,7 @@ class HostSettings:
             config.aggregation.active, config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb,
             runtime.spill_dir, runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus, problem.inputs,
             config.tracking.loss_sum_batch, config.tracking.train_loss_every,
-            max((info.num_train for info, _ in problem.clients), default=None),
+            tuple(sorted({info.num_train for info, _ in problem.clients})),
         )  # fmt: skip
 
 
@@ -154,9 +155,10 @@ def _own_arrays(state: Any) -> Any:
 
 def _keep_freed_memory() -> None:
     """Tell glibc's allocator (where there is one) to keep freed memory for reuse instead of returning it to the
-    system. A round allocates and frees every chunk's new state arrays (MBs each); returned to the system, each
-    would come back page by page, and those page faults cost more than the arithmetic (FLAME's update of one MLP
-    client: 0.24 ms instead of 0.1). A host process then holds its peak round's memory."""
+    system. Client state stays in its StateTable rows, but a round still allocates and frees temporaries of MBs
+    (a chunk's batches, activations and gradients, an algorithm's non-stacked state arrays); returned to the
+    system, each would come back page by page, and those page faults cost more than the arithmetic (FLAME's
+    update of one MLP client: 0.24 ms instead of 0.1). A host process then holds its peak round's memory."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
@@ -197,7 +199,7 @@ class ClientHost:
         if mode == "auto":
             mode = "vectorized" if self.model.perceptron or device.type == "cuda" else "sequential"
         self.vectorized = (
-            VectorizedTrainer(self.model, settings.vectorize_chunk, device, settings.widest_split)
+            VectorizedTrainer(self.model, settings.vectorize_chunk, device, settings.train_sizes)
             if mode == "vectorized"
             else None
         )

@@ -16,7 +16,9 @@ evaluates), client updates per second, start-up time (to the end of round 1, min
 actors, the round-0 evaluation), peak RSS (summed over the processes of the way, which runs in a fresh
 process: that process and every process it started), and the ratio of the seconds per round to the
 reference's (`ratio vs reference`, < 1 is faster). `max |w - w_ref|` checks
-that every way computed the reference's global model. Results go to a table and to JSON.
+that every way computed the reference's global model. Results go to a table and to JSON. `--set
+algorithm.name=fedavg` (any `--set key.path=value`) changes the workload; the reference loop is FLAME's, so
+another algorithm is measured without it.
 
 On a GPU machine the raysim ways run once per `host_gpus` share asked for (0.25: four hosts per GPU), and
 nvidia-smi, asked every 200 ms, gives each way's mean GPU utilisation and peak GPU memory over the measured
@@ -85,6 +87,7 @@ class Measurement:
     """`--eval`: median seconds of one evaluation of every client (PM, GM, HM), the rounds after the first."""
     evaluation_vs_round: float | None = None
     """evaluation_seconds / seconds_per_round (the target is at most 1)."""
+    algorithm: str = "flame"
 
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
@@ -318,6 +321,7 @@ def _measure_raysim(
         runtime.vectorize_chunk if vectorized else None,
         evaluation,
         None if evaluation is None else evaluation / seconds,
+        config.algorithm.name,
     )
 
 
@@ -344,7 +348,12 @@ def run_bench(
     if reference_device != "cpu" and not torch.cuda.is_available():
         raise RaysimError(f"--reference-device {reference_device}: torch sees no CUDA device here (allowed: cpu)")
     for clients in client_counts:  # refuse a bad --set before anything runs
-        workload(clients, rounds, model, hosts, Path("."), False, overrides=overrides)
+        algorithm = workload(clients, rounds, model, hosts, Path("."), False, overrides=overrides).algorithm.name
+        if algorithm != "flame" and "reference" in ways:
+            raise RaysimError(
+                f"--set algorithm.name={algorithm}: the reference loop is FLAME's; "
+                "run the other ways alone (--ways sequential vectorized)"
+            )
     results = []
     for clients in client_counts:
         with tempfile.TemporaryDirectory() as folder:
@@ -376,7 +385,8 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
     torch version)."""
     console = console or Console(width=200)
     gpus = any(r.host_gpus or r.device != "cpu" for r in results)
-    table = Table(title=f"FLAME round on Fashion-MNIST ({os.cpu_count()} CPUs, torch {torch.__version__})")
+    algorithms = ", ".join(sorted({r.algorithm for r in results}))  # algorithm.name
+    table = Table(title=f"{algorithms} round on Fashion-MNIST ({os.cpu_count()} CPUs, torch {torch.__version__})")
     columns = ["clients", "model", "way", "hosts", "chunk", "s/round", "updates/s", "start-up s", "peak RSS MiB",
                "ratio vs reference", "max |w - w_ref|"]  # fmt: skip
     evaluated = any(r.evaluation_seconds is not None for r in results)

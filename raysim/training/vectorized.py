@@ -74,16 +74,21 @@ class VectorizedTrainer:
     """Executes many clients' LocalSGD requests together on `device`, `chunk` clients at a time at most."""
 
     def __init__(
-        self, model: FlatModel, chunk: int = 16, device: torch.device | None = None, widest: int | None = None
+        self,
+        model: FlatModel,
+        chunk: int = 16,
+        device: torch.device | None = None,
+        train_sizes: Sequence[int] | None = None,
     ):
-        """`widest`: the largest training split of any client of the run (the same for every host), when known: a
-        batch is never wider, so a batched step pads only to min(batch size, widest) samples, not the batch size
-        (1,000 Fashion-MNIST clients hold 56 samples each: batches of 100 would be 44 % padding)."""
+        """`train_sizes`: the training-split sizes of the run's clients (the same on every host), when known: each
+        lockstep step then pads its batches only to the widest batch a client of the run has at that step
+        (`step_widths`), not to the batch size (1,000 Fashion-MNIST clients hold 56 samples each: batches of 100
+        would be 44 % padding; 500 hold 112, whose second batch of 12 would be 88 % padding)."""
         if chunk < 1:
             raise ValueError(f"VectorizedTrainer: chunk must be at least 1, got {chunk}")
         self.model = model
         self.chunk = chunk
-        self.widest = widest
+        self.train_sizes = None if train_sizes is None else np.unique(np.asarray(train_sizes, np.int64))
         self.device = torch.device("cpu") if device is None else device
         self.module = copy.deepcopy(model.module).to(self.device)
         self._layers = perceptron_layers(self.module, model.input_shape)
@@ -268,8 +273,8 @@ class VectorizedTrainer:
         offset = self._rows(request.offset, count)
         shift = None if offset is None else self.model.spec.unflatten(offset)
         update = _Update(request, params, lambda v, dtype=torch.float32: self._layers_of(v, count, dtype))
-        width = request.batch_size if self.widest is None else max(1, min(request.batch_size, self.widest))
-        batches = _Batches(request, width, data, generators, self._source, self._features)
+        widths = None if self.train_sizes is None else step_widths(self.train_sizes, request.batch_size, request.epochs)
+        batches = _Batches(request, widths, data, generators, self._source, self._features)
         losses = torch.zeros((count, len(batches.active)), dtype=torch.float32, device=self.device)
         for step, active in enumerate(batches.active):
             x, y, weight = batches.step(step, active)
@@ -423,25 +428,36 @@ class _Batches:
     def __init__(
         self,
         request: LocalSGD,
-        width: int,
+        widths: np.ndarray | None,
         data: Sequence[ClientData],
         generators: Sequence[np.random.Generator],
         source: Callable[[np.ndarray], torch.Tensor],
         features: Callable[[int, tuple[int, ...]], torch.Tensor],
     ):
         """The batches of the rows of `request` (longest first), row i drawn from `data[i]` with `generators[i]`,
-        each padded to `width` samples: the batch size, or less when no client has that many (then each epoch is
-        one batch of the whole split, as the batch size gives it); `features(rows, shape)` gives the buffer of a
-        step's samples (VectorizedTrainer._features). The width must not depend on which clients share the chunk:
-        products over a batch round differently at another width."""
+        the batches of step t padded to `widths[t]` samples (`step_widths` of the run; None: the batch size at
+        every step); `features(rows, shape)` gives the buffer of a step's samples (VectorizedTrainer._features).
+        A step's width must not depend on which clients share the chunk: products over a batch round differently
+        at another width."""
         self.data, self.generators = data, generators
-        if width < request.batch_size and max((len(d.train) for d in data), default=0) > width:
-            raise ValueError(f"_Batches: a client has more than {width} training samples (VectorizedTrainer.widest)")
-        self.width = width
+        self.batch_size = request.batch_size
         self.sizes = [len(d.train) for d in data]
-        self.per_epoch = [-(-n // width) for n in self.sizes]
+        self.per_epoch = [-(-n // request.batch_size) for n in self.sizes]
         self.totals = [request.epochs * p for p in self.per_epoch]
         length = max(self.totals, default=0)
+        if widths is None:
+            widths = np.full(length, request.batch_size, np.int64)
+        if len(widths) < length:
+            raise ValueError(f"_Batches: a client trains {length} steps, the run's widths cover {len(widths)}")
+        self.widths = widths[:length]
+        """Samples of each step's batches, padding included (the run's, so the same whatever the chunk)."""
+        width = max(1, int(self.widths.max(initial=0)))
+        """The stored batches' width: the widest step's (the batch size when a client of the run has more)."""
+        if any(min(n, request.batch_size) > width for n in self.sizes):
+            raise ValueError(
+                f"_Batches: a client's batches are wider than the run's {width} samples "
+                "(VectorizedTrainer.train_sizes lacks its training split's size)"
+            )
         self.active = [sum(total > step for total in self.totals) for step in range(length)]
         """How many clients (a prefix: rows come longest first) still train at each step."""
         self.sources = [source(d.x) if d.inputs.plain else None for d in data]
@@ -465,8 +481,8 @@ class _Batches:
             n, per_epoch, total = self.sizes[i], self.per_epoch[i], self.totals[i]
             if not total:
                 continue
-            last = n - (per_epoch - 1) * width
-            weight[:total, i] = 1.0 / width
+            last = n - (per_epoch - 1) * request.batch_size
+            weight[:total, i] = 1.0 / request.batch_size
             weight[per_epoch - 1 : total : per_epoch, i] = 0.0
             weight[per_epoch - 1 : total : per_epoch, i, :last] = 1.0 / last
             if i in fresh:
@@ -480,34 +496,40 @@ class _Batches:
             for epoch in range(request.epochs):
                 plan[epoch, :n] = client.train[generator.permutation(n)]
                 for batch in range(per_epoch if augments else 0):
-                    count, at = min(width, n - batch * width), epoch * per_epoch + batch
+                    count, at = min(request.batch_size, n - batch * request.batch_size), epoch * per_epoch + batch
                     corners[at, :count], flips[at, :count] = client.inputs.draw(count, generator)  # type: ignore[misc]
             plan[:, n:] = plan[:, :1]  # padding: a real sample, weighted zero
             index[:total, i] = plan.reshape(total, width)
             labels[:total, i] = client.y[index[:total, i]]
         self.plan = index
+        self.counts = (weight > 0).sum(axis=2)
+        """The real (weighted) samples of each client's batch at each step [steps, clients]: a prefix of the batch."""
+        if length and np.any(self.counts.max(axis=1) > self.widths):
+            step = int(np.argmax(self.counts.max(axis=1) > self.widths))
+            raise ValueError(
+                f"_Batches: a client has {self.counts[step].max()} samples at step {step}, wider than the run's "
+                f"{self.widths[step]} (VectorizedTrainer.train_sizes lacks its training split's size)"
+            )
         self.buffer = features(len(data) * width, tuple(first.x.shape[1:]))
         """The gathered features of a step, one buffer for all steps (and chunks). Rows read through Inputs are read
         for real samples only: a padding row keeps an earlier step's finite values, which its zero weight cancels
         exactly."""
         device = self.buffer.device
         self.index = torch.from_numpy(index).to(device)
-        self.counts = (weight > 0).sum(axis=2)
-        """The real (weighted) samples of each client's batch at each step [steps, clients]: a prefix of the batch."""
         self.weight = torch.from_numpy(weight).to(device)
         self.labels = torch.from_numpy(labels).to(device)
 
     def step(self, step: int, active: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Features [active, batch, *input], targets [active, batch] and sample weights of the active clients."""
-        width = self.width
+        width = int(self.widths[step])
         rows = self.buffer[: active * width]
         features = rows.view(active, width, *rows.shape[1:])
         if self.shared:
-            torch.index_select(self.sources[0], 0, self.index[step, :active].reshape(-1), out=rows)  # type: ignore[arg-type]
+            torch.index_select(self.sources[0], 0, self.index[step, :active, :width].reshape(-1), out=rows)  # type: ignore[arg-type]
         elif self.read_together:
             data = self.data[0]
             real = np.flatnonzero(np.arange(width) < self.counts[step, :active, None])
-            indices = self.plan[step, :active].reshape(-1)[real]
+            indices = self.plan[step, :active, :width].reshape(-1)[real]
             if rows.device.type == "cpu":  # straight into the buffer
                 data.inputs.rows_into(data.x, indices, rows.numpy().reshape(len(rows), -1), real)
             else:
@@ -516,7 +538,7 @@ class _Batches:
             for i in range(active):
                 source, data = self.sources[i], self.data[i]
                 if source is not None:
-                    torch.index_select(source, 0, self.index[step, i], out=features[i])
+                    torch.index_select(source, 0, self.index[step, i, :width], out=features[i])
                 elif not (data.noise_std or data.random_labels):  # a fresh client's batch is made below
                     count, draws = self.counts[step, i], self.draws.get(i)
                     cropping = None if draws is None else tuple(d[:count] for d in _at(draws, step))
@@ -529,13 +551,30 @@ class _Batches:
             epoch_step = step % self.per_epoch[i]
             if epoch_step == 0:
                 self.orders[i] = generator.permutation(self.sizes[i])
-            batch = data.train[self.orders[i][epoch_step * width : (epoch_step + 1) * width]]
+            size = self.batch_size
+            batch = data.train[self.orders[i][epoch_step * size : (epoch_step + 1) * size]]
             xb, yb = data.batch(batch, generator, training=True)
             features[i, : len(batch)] = torch.from_numpy(xb)
             if self.sources[i] is None:  # padding of a client read through Inputs: finite, weighted zero
                 features[i, len(batch) :] = 0.0
             self.labels[step, i, : len(batch)] = torch.from_numpy(yb)
-        return features, self.labels[step, :active], self.weight[step, :active]
+        return features, self.labels[step, :active, :width], self.weight[step, :active, :width]
+
+
+def step_widths(sizes: np.ndarray, batch_size: int, epochs: int) -> np.ndarray:
+    """The widest batch at each lockstep step of `epochs` epochs over clients of the training-split `sizes` (each
+    epoch a client's full batches of `batch_size`, then its rest): a step pads to it, so no step is wider than a
+    client of the run needs, and the widths depend on the run alone, never on a chunk's clients."""
+    sizes = np.asarray(sizes, np.int64)
+    sizes = sizes[sizes > 0]
+    per_epoch = -(-sizes // batch_size)
+    widths = np.zeros(int(epochs * per_epoch.max(initial=0)), np.int64)
+    for steps in np.unique(per_epoch):
+        rest = int((sizes[per_epoch == steps] - (steps - 1) * batch_size).max())
+        at = np.arange(epochs * steps)
+        here = np.where(at % steps == steps - 1, rest, batch_size)
+        np.maximum(widths[: len(here)], here, out=widths[: len(here)])
+    return widths
 
 
 def _at(draws: tuple[np.ndarray, np.ndarray], step: int) -> tuple[np.ndarray, np.ndarray]:
