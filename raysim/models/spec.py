@@ -5,7 +5,7 @@ algorithms) import this and never torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 from pydantic import Field
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 ModelName = Literal["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn"]
-MODELS: tuple[str, ...] = ("mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn")
+MODELS: tuple[str, ...] = get_args(ModelName)
 """The networks of raysim.models.zoo, by name."""
 
 

@@ -109,15 +109,20 @@ def rejection(upload: Any, max_terms: int, client_id: int) -> str:
 
 
 @kernel
+def _row_within(values: np.ndarray, row: int, limit: float) -> bool:
+    """Every entry of the row finite and below `limit` in magnitude (a NaN compares false)."""
+    ok = True
+    for j in range(values.shape[1]):
+        ok &= abs(values[row, j]) < limit
+    return ok
+
+
+@kernel
 def _finite_within(values: np.ndarray, limit: float) -> np.ndarray:
-    """Per row: every entry finite and below `limit` in magnitude (a NaN compares false)."""
-    count, n = values.shape
-    within = np.empty(count, np.bool_)
-    for i in range(count):
-        ok = True
-        for j in range(n):
-            ok &= abs(values[i, j]) < limit
-        within[i] = ok
+    """Per row: `_row_within`."""
+    within = np.empty(values.shape[0], np.bool_)
+    for i in range(values.shape[0]):
+        within[i] = _row_within(values, i, limit)
     return within
 
 
@@ -130,9 +135,7 @@ def _add_checked(values: np.ndarray, limit: float, accepted: np.ndarray, total: 
     for i in range(count):
         if not accepted[i]:
             continue
-        ok = True
-        for j in range(n):
-            ok &= abs(values[i, j]) < limit
+        ok = _row_within(values, i, limit)
         accepted[i] = ok
         if ok:
             for j in range(n):

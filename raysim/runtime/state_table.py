@@ -32,12 +32,7 @@ class StateTable:
 
     def rows(self, clients: Sequence[int]) -> Any:
         """The stacked state of `clients`: views of the table's rows when consecutive, else a copy."""
-        positions = [self.position[c] for c in clients]
-        start = positions[0]
-        if positions == list(range(start, start + len(positions))):
-            chosen: slice | list[int] = slice(start, start + len(positions))
-        else:
-            chosen = positions
+        chosen = self._selection(clients)
         return dataclasses.replace(self.stacked, **{name: value[chosen] for name, value in _arrays(self.stacked)})
 
     def store(self, clients: Sequence[int], new: Any, kept: np.ndarray | None = None) -> None:
@@ -49,16 +44,23 @@ class StateTable:
             new = dataclasses.replace(new, **{name: np.asarray(getattr(new, name))[rows] for name, _ in _arrays(new)})
         if not clients:
             return
-        positions = [self.position[c] for c in clients]
+        chosen = self._selection(clients)
         for name, table in _arrays(self.stacked):
             value = np.asarray(getattr(new, name))
-            start = positions[0]
-            if positions == list(range(start, start + len(positions))):
-                target = table[start : start + len(positions)]
+            if isinstance(chosen, slice):
+                target = table[chosen]
                 if not _same_memory(target, value):
                     target[...] = value
             else:
-                table[positions] = value
+                table[chosen] = value
+
+    def _selection(self, clients: Sequence[int]) -> slice | list[int]:
+        """The rows of `clients`: a slice when they are consecutive (views), else their positions (copies)."""
+        positions = [self.position[c] for c in clients]
+        start = positions[0]
+        if positions == list(range(start, start + len(positions))):
+            return slice(start, start + len(positions))
+        return positions
 
     def state(self, client: int) -> Any:
         """The client's state, its vectors views of its rows."""

@@ -44,20 +44,24 @@ class RunArtifacts(RoundCallback):
         except BaseException as error:  # noqa: BLE001 - raised again in the round loop's thread (`_wait`)
             self._failure = error
 
-    def _wait(self) -> None:
-        """Wait for the partition artifacts; raise what writing them raised."""
+    def _finished(self) -> BaseException | None:
+        """Wait for the partition artifacts; what writing them raised (once)."""
         if self._partition.ident is not None:  # started
             self._partition.join()
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
+        failure, self._failure = self._failure, None
+        return failure
+
+    def _wait(self) -> None:
+        """Wait for the partition artifacts; raise what writing them raised."""
+        failure = self._finished()
+        if failure is not None:
             raise failure
 
     def close(self) -> None:
         """The thread is done when the run is (a failure of it is reported, never raised over the run's own)."""
-        if self._partition.ident is not None:
-            self._partition.join()
-        if self._failure is not None:
-            logging.getLogger(__name__).warning("partition artifacts not logged: %s", self._failure)
+        failure = self._finished()
+        if failure is not None:
+            logging.getLogger(__name__).warning("partition artifacts not logged: %s", failure)
 
     def on_end(self, result: RunResult) -> None:
         self._wait()  # one writer of figures at a time

@@ -174,10 +174,7 @@ def evaluation_batch(evaluations: Sequence[ClientEvaluation]) -> pa.RecordBatch:
 
 def evaluation_table(batches: Sequence[pa.RecordBatch]) -> pa.Table:
     """The hosts' evaluation batches as one table, by client id (a further model one host lacks is null there)."""
-    tables = [pa.Table.from_batches([batch]) for batch in batches] or [
-        pa.Table.from_batches([evaluation_batch([])])
-    ]
-    table = pa.concat_tables(tables, promote_options="default")
+    table = _joined_batches(batches, evaluation_batch([]))
     return table.take(pa.array(np.argsort(table["client_id"].to_numpy(), kind="stable")))
 
 
@@ -336,7 +333,12 @@ def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
 
 def round_records(batches: Sequence[pa.RecordBatch]) -> pa.Table:
     """The hosts' record batches of one round as one table (a metric column one host lacks is null there)."""
-    tables = [pa.Table.from_batches([batch]) for batch in batches] or [pa.Table.from_batches([ClientRecords().batch()])]
+    return _joined_batches(batches, ClientRecords().batch())
+
+
+def _joined_batches(batches: Sequence[pa.RecordBatch], empty: pa.RecordBatch) -> pa.Table:
+    """The hosts' batches as one table, a column some batch lacks null there (`empty`: the table of no batch)."""
+    tables = [pa.Table.from_batches([batch]) for batch in batches or [empty]]
     return pa.concat_tables(tables, promote_options="default")
 
 
