@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+UI_PORT = 5000
+"""`raysim ui`'s port unless --port is given (MLflow's own default)"""
+
 
 def _run(args: argparse.Namespace) -> int:
     from raysim.launch import run_file
@@ -114,8 +117,18 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
+    """The MLflow UI on 127.0.0.1: on `--port` (refused in one line if taken), else on 5000 or, when that is
+    taken, the next free port, said in one line. The port is settled first, before the slow imports."""
+    from raysim.tracking.server import ServerSettings, check_port, in_use_message, next_free_port, runs_page, serve
+
+    host, port = "127.0.0.1", args.port
+    if port is None:
+        port = next_free_port(host, UI_PORT)
+        if port != UI_PORT:
+            print(f"{in_use_message(host, UI_PORT)}: the UI takes port {port}", flush=True)
+    else:
+        check_port(host, port)
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
-    from raysim.tracking.server import ServerSettings, runs_page, serve
 
     uri, experiment = args.tracking_uri, None
     if args.config:
@@ -123,9 +136,8 @@ def _ui(args: argparse.Namespace) -> int:
 
         tracking = load_config(args.config).tracking
         uri, experiment = uri or tracking.uri, tracking.experiment
-    settings = ServerSettings(resolve_tracking_uri(uri), None, "127.0.0.1", args.port)
-    landing = runs_page(settings.url, settings.backend_store_uri, experiment)
-    return serve(settings, what="MLflow UI", landing=landing)
+    store = resolve_tracking_uri(uri)
+    serve(ServerSettings(store, None, host, port), "MLflow UI", lambda url: runs_page(url, store, experiment))
 
 
 def _algorithms(args: argparse.Namespace) -> int:
@@ -225,7 +237,7 @@ def _server(args: argparse.Namespace) -> int:
     from raysim.tracking.server import ServerSettings, serve
 
     destination = None if args.no_artifacts else args.artifacts_destination
-    return serve(ServerSettings(args.backend_store_uri, destination, args.host, args.port, args.workers))
+    serve(ServerSettings(args.backend_store_uri, destination, args.host, args.port, args.workers))
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -367,7 +379,9 @@ def parser() -> argparse.ArgumentParser:
     ui.add_argument(
         "--tracking-uri", help="explicit tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
     )
-    ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1")
+    ui.add_argument(
+        "--port", type=int, help=f"port on 127.0.0.1, refused if taken (default: {UI_PORT}, or the next free one)"
+    )
     ui.set_defaults(handler=_ui)
     bench = commands.add_parser(
         "bench", help="time a FLAME round: plain torch loop vs raysim sequential vs vectorized (table and JSON)"
