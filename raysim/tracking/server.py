@@ -98,8 +98,10 @@ def listening_pids(port: int) -> set[int] | None:
                 if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
                     inodes.add(f"socket:[{fields[9]}]")
     pids: set[int] = set()
+    if not inodes:
+        return pids
     for process in Path("/proc").iterdir():
-        if not inodes or not process.name.isdigit():
+        if not process.name.isdigit():
             continue
         with contextlib.suppress(OSError):
             if any(os.readlink(fd) in inodes for fd in (process / "fd").iterdir()):
@@ -284,7 +286,7 @@ def serve(
     server = TrackingServer(settings)
     with sigterm_interrupts():
         try:
-            server.start()
+            server.start(timeout_s=300)  # MLflow takes 6 s on an idle machine, a minute on a busy one
             artifacts = f", artifacts {settings.artifacts_destination}" if settings.artifacts_destination else ""
             print(f"{what} on {settings.url} (backend {redact(settings.backend_store_uri)}{artifacts}; log "
                   f"{server.log_path})", flush=True)  # fmt: skip
