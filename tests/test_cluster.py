@@ -87,7 +87,6 @@ def test_readme_cluster_recipe_runs_as_written(ray_local, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
     env |= {
         "HOME": str(home),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # as if activated
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(256 * 2**20),  # two nodes on one shared machine
         marker.split("=")[0]: marker.split("=")[1],
