@@ -74,6 +74,9 @@ def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False, 
     print(f"suite {suite.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over finished seeds)")
     for name in dict.fromkeys(c.name for c in result.children):
+        if not any(c.outcome.finished for c in result.children if c.name == name):
+            print(f"{name:24s} {'failed':>7s}")
+            continue
         accs = [result.mean_final(name, f"final/{k}/acc") for k in ("pm", "gm", "hm")]
         print(f"{name:24s} " + " ".join(f"{a:7.4f}" for a in accs))
     named = [(c.config.tracking.run_name or c.name, c.outcome) for c in result.children]

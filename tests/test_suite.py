@@ -192,6 +192,8 @@ def test_a_failing_child_is_marked_failed_and_the_suite_goes_on_then_resumes_onl
     client.search_experiments()  # the store exists: MLflow's own "creating tables" lines are not the suite's
     done = subprocess.run([RAYSIM, "run", str(path), "--quiet"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr
+    printed = [line.split() for line in done.stdout.splitlines()]
+    assert ["diverges", "failed"] in printed and len(next(row for row in printed if row[:1] == ["before"])) == 4
 
     experiment = client.get_experiment_by_name("failing").experiment_id
     (parent,) = client.search_runs([experiment], "tags.suite = 'one-bad'")

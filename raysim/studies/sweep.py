@@ -22,6 +22,7 @@ import json
 import math
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -275,7 +276,7 @@ def _schedule(
                 trial = queue.pop(0)
                 pending[_run_trial.remote(trial.config, parent, plan.continued.get(name[trial.index]))] = trial
             parent_run.doing = f"with {len(outcomes)} of {len(trials)} trials done"
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done = _wait_for_one(list(pending))
             for ref in done:
                 trial = pending.pop(ref)
                 try:
@@ -291,11 +292,23 @@ def _schedule(
     return [outcomes[t.index] for t in trials]
 
 
+def _wait_for_one(refs: list[ray.ObjectRef], poll_s: float = 0.2) -> list[ray.ObjectRef]:
+    """The refs done once at least one is, waited for in Python between non-blocking looks: a signal's exception
+    (raysim.errors.Interrupted, which knows the signal) raised while Ray itself waits comes out of ray.wait as a
+    plain KeyboardInterrupt, and the sweep would report SIGTERM as SIGINT."""
+    while True:
+        done, _ = ray.wait(refs, num_returns=1, timeout=0)
+        if done:
+            return done
+        time.sleep(poll_s)
+
+
 def _cancel(writer: MlflowWriter, parent: str, pending: dict[ray.ObjectRef, Trial], wait_s: float = 20.0) -> None:
     """Stop the trials in flight: each task gets a KeyboardInterrupt, so its run ends KILLED as an interrupted
-    run does (raysim.runtime.driver); a run still RUNNING `wait_s` later is marked KILLED from here."""
+    run does (raysim.runtime.driver: "interrupted by SIGINT"); a run still RUNNING `wait_s` later is marked KILLED
+    from here."""
     for ref in pending:
-        ray.cancel(ref)
+        ray.cancel(ref, recursive=False)  # its own actors' tasks go on until it closes them, so it ends KILLED
     ray.wait(list(pending), num_returns=len(pending), timeout=wait_s)
     names = {t.config.tracking.run_name for t in pending.values()}
     running = writer.client.search_runs(
