@@ -79,8 +79,8 @@ def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False, 
             continue
         accs = [result.mean_final(name, f"final/{k}/acc") for k in ("pm", "gm", "hm")]
         print(f"{name:24s} " + " ".join(f"{a:7.4f}" for a in accs))
-    named = [(c.config.tracking.run_name or c.name, c.outcome) for c in result.children]
-    for line in failure_lines("suite", named, resume_command("suite", command, result.parent_run_id)):
+    children = [(c.config, c.outcome) for c in result.children]
+    for line in failure_lines("suite", children, resume_command("suite", command, result.parent_run_id)):
         print(line, file=sys.stderr)
     return 1 if result.failed else 0
 
@@ -97,8 +97,8 @@ def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False, 
     print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")
     for label, mean, std, count in setting_stats(result.trials, result.outcomes, "final/pm/acc"):
         print(f"{label:32s} {count:5d} {mean:8.4f} {std:8.4f}")
-    named = [(t.config.tracking.run_name or t.label, o) for t, o in zip(result.trials, result.outcomes, strict=True)]
-    for line in failure_lines("sweep", named, resume_command("sweep", command, result.parent_run_id)):
+    trials = [(t.config, o) for t, o in zip(result.trials, result.outcomes, strict=True)]
+    for line in failure_lines("sweep", trials, resume_command("sweep", command, result.parent_run_id)):
         print(line, file=sys.stderr)
     return 1 if result.failed else 0
 

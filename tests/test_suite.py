@@ -17,6 +17,7 @@ from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.cli import main
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
+from raysim.studies.children import one_line
 from raysim.studies.suite import SuiteConfig, check_partitions, is_suite_file, load_suite, run_suite
 from tests.conftest import tiny_config
 
@@ -242,3 +243,13 @@ def test_a_failing_child_is_marked_failed_and_the_suite_goes_on_then_resumes_onl
     (tmp_path / "again").mkdir()
     table = Path(client.download_artifacts(parent_id, "table_final.md", str(tmp_path / "again"))).read_text()
     assert "left out" not in table and "| diverges |" in table
+
+
+def test_a_childs_error_is_one_line_with_credentials_redacted():
+    """What a failed child's summary line and tag hold: an input error's own message; anything else its last line
+    (a Ray task error's is the exception raised inside the task) led by its type; no password."""
+    assert one_line(ConfigError("algorithm.rho: must be > 0")) == "algorithm.rho: must be > 0"
+    task_error = RuntimeError("ray::ClientHost.train() (pid=1)\n  File 'host.py', line 2\nValueError: bad shape")
+    assert one_line(task_error) == "ValueError: bad shape"
+    assert one_line(OSError("no route to http://ann:s3cret@mlflow:5000")) == "OSError: no route to http://***@mlflow:5000"
+    assert one_line(KeyError()) == "KeyError"

@@ -20,6 +20,7 @@ from raysim.config import ExperimentConfig
 from raysim.errors import Interrupted, RaysimError
 from raysim.runtime.driver import resume_experiment, run_experiment
 from raysim.runtime.rounds import RunResult
+from raysim.studies.table import listed
 from raysim.tracking.credentials import redact_text
 from raysim.tracking.mlflow_writer import MlflowWriter
 
@@ -86,16 +87,21 @@ def outcome_line(name: str, outcome: ChildOutcome) -> str:
     return f"{name}: FAILED: {outcome.error}"
 
 
-def record_failures(writer: MlflowWriter, parent: str, failed: list[tuple[ExperimentConfig, ChildOutcome]]) -> None:
+Children = list[tuple[ExperimentConfig, ChildOutcome]]
+"""A study's children as run: each one's config (its run name is `config.tracking.run_name`) and outcome."""
+
+
+def record_failures(writer: MlflowWriter, parent: str, children: Children) -> None:
     """Leave every failed child a FAILED MLflow run under `parent` whose `raysim.error` tag says why: the run it
     started (its driver has usually marked it already; a trial whose Ray task died left it RUNNING), or, for a
     child that failed before its run existed, a new one with its config as params. Sets each outcome's run id."""
+    failed = [(config, outcome) for config, outcome in children if not outcome.finished]
     if not failed:
         return
-    children = writer.client.search_runs(
+    runs = writer.client.search_runs(
         [writer.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'", max_results=50000
     )
-    by_name = {run.info.run_name: run for run in children}
+    by_name = {run.info.run_name: run for run in runs}
     for config, outcome in failed:
         name = config.tracking.run_name
         run = by_name.get(name)
@@ -112,13 +118,14 @@ def record_failures(writer: MlflowWriter, parent: str, failed: list[tuple[Experi
         outcome.run_id = child.run_id
 
 
-def failure_lines(kind: str, named: list[tuple[str, ChildOutcome]], resume: str) -> list[str]:
-    """What a study that ran to its end prints about its failed children (`named`: run name, outcome of every
-    child): how many, each one's error, and the command that reruns them (`resume`); no lines if none failed."""
-    failed = [(name, outcome) for name, outcome in named if not outcome.finished]
+def failure_lines(kind: str, children: Children, resume: str) -> list[str]:
+    """What a study that ran to its end prints about its failed children: how many, each one's error, and the
+    command that reruns them (`resume`); no lines if none failed."""
+    failed = [(config.tracking.run_name, outcome) for config, outcome in children if not outcome.finished]
     if not failed:
         return []
-    lines = [f"{len(failed)} of {len(named)} {kind} children failed (marked FAILED, error in their raysim.error tag):"]
+    lines = [f"{len(failed)} of {len(children)} {kind} children failed (marked FAILED, error in their raysim.error "
+             "tag):"]  # fmt: skip
     lines += [f"  {name}: {outcome.error}" for name, outcome in failed]
     lines.append(f"rerun the failed ones (finished ones are kept) with `{resume}`")
     return lines
@@ -132,25 +139,27 @@ def resume_command(kind: str, command: str | None, parent: str) -> str:
 
 class ParentRun:
     """Ends a study's parent run with the study: FINISHED when it runs to its end (tagged with the failed
-    children, if any: `children_failed`); KILLED on Ctrl-C or SIGTERM, re-raised as one Interrupted line that
+    children, if any: `record`); KILLED on Ctrl-C or SIGTERM, re-raised as one Interrupted line that
     names the command continuing the study; FAILED on any other error, re-raised."""
 
     def __init__(self, writer: MlflowWriter, kind: str, name: str, command: str | None = None):
         self.writer, self.kind, self.name, self.command = writer, kind, name, command
         self.doing = ""
-        """What the study is doing now, for the interrupt line (e.g. `during its child 'b/seed1'`)."""
+        """What the study is doing now, for the interrupt line (e.g. `in its child 'b/seed1' (2 of 6 done)`)."""
 
     def __enter__(self) -> ParentRun:
         return self
 
-    def children_failed(self, named: list[tuple[str, ChildOutcome]]) -> None:
-        """Log how many children finished and failed, and tag the parent with the failed ones (a resumed study
-        whose children all finish has no such tag: MlflowWriter.reopen removes it)."""
-        failed = [name for name, outcome in named if not outcome.finished]
-        self.writer.log_metrics(0, {"children/finished": len(named) - len(failed), "children/failed": len(failed)})
+    def record(self, children: Children) -> None:
+        """The children have run: leave each failed one its FAILED run (`record_failures`), log how many finished
+        and failed, and tag the parent with the failed ones (a resumed study whose children all finish has no
+        such tag: MlflowWriter.reopen removes it)."""
+        self.doing = "while writing its summary"
+        record_failures(self.writer, self.writer.run_id or "", children)
+        failed = [config.tracking.run_name or "" for config, outcome in children if not outcome.finished]
+        self.writer.log_metrics(0, {"children/finished": len(children) - len(failed), "children/failed": len(failed)})
         if failed:
-            shown = ", ".join(failed[:10]) + (f" and {len(failed) - 10} more" if len(failed) > 10 else "")
-            self.writer.set_tags({ERROR_TAG: f"{len(failed)} of {len(named)} children failed: {shown}"})
+            self.writer.set_tags({ERROR_TAG: f"{len(failed)} of {len(children)} children failed: {listed(failed)}"})
 
     def __exit__(
         self, _type: type[BaseException] | None, error: BaseException | None, _traceback: TracebackType | None

@@ -29,7 +29,7 @@ from raysim.data.sources import SEEDED_SOURCES
 from raysim.errors import ConfigError, DataError, PartitionError
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
-from raysim.studies.children import ChildOutcome, ParentRun, outcome_line, record_failures, run_child
+from raysim.studies.children import ChildOutcome, ParentRun, outcome_line, run_child
 from raysim.studies.resume import ResumePlan, plan_resume, reopen_parent
 from raysim.studies.table import write_tables
 from raysim.threats.attacks import check_benign_left
@@ -173,9 +173,7 @@ def run_suite(
                     if not outcome.finished:
                         say(f"[{index}/{len(children)}] {outcome_line(run_name, outcome)}", flush=True)
                 result.children.append(SuiteChild(name, config, outcome))
-        parent_run.doing = "while writing its summary"
-        record_failures(writer, parent, [(c.config, c.outcome) for c in result.failed])
-        parent_run.children_failed([(c.config.tracking.run_name or c.name, c.outcome) for c in result.children])
+        parent_run.record([(c.config, c.outcome) for c in result.children])
         result.table = summary_table(result.children)
         _log_parent(writer, suite.name, result)
     return result

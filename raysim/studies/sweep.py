@@ -35,7 +35,7 @@ from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, to
 from raysim.errors import ConfigError
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
-from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_line, record_failures, run_child
+from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_line, run_child
 from raysim.studies.resume import ResumePlan, plan_resume, reopen_parent
 from raysim.studies.suite import check_partitions, write_summary
 from raysim.studies.table import write_tables
@@ -244,11 +244,7 @@ def run_sweep(
             if plan.summary():
                 say(plan.summary(), flush=True)
             outcomes = _schedule(writer, trials, parent, limit, say, plan, parent_run)
-        parent_run.doing = "while writing its summary"
-        record_failures(writer, parent, [(t.config, o) for t, o in zip(trials, outcomes, strict=True)
-                                         if not o.finished])  # fmt: skip
-        parent_run.children_failed([(t.config.tracking.run_name or t.label, o)
-                                    for t, o in zip(trials, outcomes, strict=True)])  # fmt: skip
+        parent_run.record([(t.config, o) for t, o in zip(trials, outcomes, strict=True)])
         table = summary_rows(trials, outcomes)
         _log_parent(writer, sweep, trials, outcomes, table)
     return SweepResult(parent, uri, trials, outcomes, table)

@@ -139,10 +139,13 @@ class Table:
             when = "final round"
         text = f"{when}; mean ± sample std over seeds"
         if self.left_out:
-            shown = ", ".join(self.left_out[:10]) + (f" and {len(self.left_out) - 10} more" if len(self.left_out) > 10
-                                                      else "")  # fmt: skip
-            text += f"; left out, not finished: {shown}"
+            text += f"; left out, not finished: {listed(self.left_out)}"
         return text
+
+
+def listed(names: list[str], limit: int = 10) -> str:
+    """Names as one comma-separated line, at most `limit` of them and how many more."""
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _latex_escape(text: str) -> str:
