@@ -52,10 +52,14 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from raysim.studies.table import make_table
+    from raysim.errors import ConfigError
+    from raysim.studies.table import DEFAULT_BEST_BY, make_table
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
-    table = make_table(resolve_tracking_uri(args.tracking_uri), args.target, args.metrics, args.at)
+    if args.best_by is not None and args.at != "best":
+        raise ConfigError("--best-by needs --at best (with --at final every value is the last round's)")
+    best_by = args.best_by or DEFAULT_BEST_BY
+    table = make_table(resolve_tracking_uri(args.tracking_uri), args.target, args.metrics, args.at, best_by)
     text = table.render(args.format)
     if args.out:
         Path(args.out).write_text(text)
@@ -328,14 +332,19 @@ def parser() -> argparse.ArgumentParser:
         help="the result table of a suite or sweep (mean +/- std over seeds)",
         description="One row per setting of a suite or sweep (parent run id), or per configuration of an "
         "experiment's runs (experiment name); one column per metric; each cell the mean +/- sample std over "
-        "the seeds, at the final round or at each run's best round. Example: raysim table 3f2c... --at best "
-        "--metrics pm/acc gm/acc hm/acc pm/loss_var --format latex --out table.tex",
+        "the seeds, at the final round or at each run's best round (where --best-by peaks; every metric at that "
+        "round). Example: raysim table 3f2c... --at best --metrics pm/acc gm/acc hm/acc pm/loss_var --format latex "
+        "--out table.tex",
     )
     table.add_argument("target", help="parent run id of a suite or sweep, or an experiment name")
     table.add_argument("--metrics", nargs="+", default=None, help="logged metric keys (default: pm/acc gm/acc hm/acc)")
     table.add_argument(
         "--at", choices=["final", "best"], default="final", help="the last round (default), or each run's best"
     )
+    table.add_argument(
+        "--best-by", metavar="METRIC", help="with --at best: the metric whose best round (highest; lowest for losses "
+        "and variances) every metric is taken at (default: pm/acc)"
+    )  # fmt: skip
     table.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown", help="default: markdown")
     table.add_argument("--out", help="write the table to this file instead of printing it")
     table.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")

@@ -5,6 +5,7 @@ of time."""
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -63,31 +64,49 @@ def print_run(result) -> None:
 
 
 def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
+    """Exit code 1 when a child failed (the others run to the end)."""
+    from raysim.studies.children import failure_lines, resume_command
     from raysim.studies.suite import load_suite, run_suite
 
     suite = load_suite(path, overrides)
-    result = run_suite(suite, show_progress=not quiet, resume=resume)
+    command = study_command(path, overrides)
+    result = run_suite(suite, show_progress=not quiet, resume=resume, command=command)
     print(f"suite {suite.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
-    print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over seeds)")
+    print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over finished seeds)")
     for name in dict.fromkeys(c.name for c in result.children):
+        if not any(c.outcome.finished for c in result.children if c.name == name):
+            print(f"{name:24s} {'failed':>7s}")
+            continue
         accs = [result.mean_final(name, f"final/{k}/acc") for k in ("pm", "gm", "hm")]
         print(f"{name:24s} " + " ".join(f"{a:7.4f}" for a in accs))
-    return 0
+    children = [(c.config, c.outcome) for c in result.children]
+    for line in failure_lines("suite", children, resume_command("suite", command, result.parent_run_id)):
+        print(line, file=sys.stderr)
+    return 1 if result.failed else 0
 
 
 def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
     """Exit code 1 when a trial failed (the others run to the end)."""
+    from raysim.studies.children import failure_lines, resume_command
     from raysim.studies.sweep import load_sweep, run_sweep, setting_stats
 
     sweep = load_sweep(path, overrides)
-    result = run_sweep(sweep, show_progress=not quiet, resume=resume)
+    command = study_command(path, overrides)
+    result = run_sweep(sweep, show_progress=not quiet, resume=resume, command=command)
     print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")
     for label, mean, std, count in setting_stats(result.trials, result.outcomes, "final/pm/acc"):
         print(f"{label:32s} {count:5d} {mean:8.4f} {std:8.4f}")
-    if result.failed:
-        print(f"failed trials: {result.failed} (see summary.parquet / the runs' raysim.error tag)")
+    trials = [(t.config, o) for t, o in zip(result.trials, result.outcomes, strict=True)]
+    for line in failure_lines("sweep", trials, resume_command("sweep", command, result.parent_run_id)):
+        print(line, file=sys.stderr)
     return 1 if result.failed else 0
+
+
+def study_command(path: str | Path, overrides: list[str]) -> str:
+    """The command line that runs a suite or sweep file with these `--set` overrides (`--tracking-uri` and
+    `--experiment` among them), credentials redacted: what continues it, with `--resume PARENT`."""
+    return shlex.join(["raysim", "run", str(path), *(part for o in overrides for part in ("--set", redact_text(o)))])
 
 
 def pretrain(

@@ -112,8 +112,10 @@ def test_resumed_run_equals_uninterrupted_run(baseline, mlflow_uri, tmp_path):
         run_experiment(config, show_progress=False, inspect=die)
     client = MlflowClient(mlflow_uri)
     run_id = client.search_runs([client.get_experiment_by_name("tests").experiment_id])[0].info.run_id
+    assert client.get_run(run_id).data.tags["raysim.error"] == "interrupted by SIGINT after round 3"
     resumed = resume_experiment(run_id, mlflow_uri, show_progress=False)
     assert resumed.run_id == run_id
+    assert "raysim.error" not in client.get_run(run_id).data.tags  # finished: the interruption's tag is gone
     assert resumed.summary == baseline.summary
     assert repr(resumed.final) == repr(baseline.final)  # repr: exact floats, and nan equals nan
     for key in ("pm/acc", "time/round", "traffic/uplink_bytes_total"):

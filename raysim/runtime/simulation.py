@@ -7,6 +7,7 @@ per-client records come back to the driver; the coordinator runs the server step
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -139,7 +140,11 @@ class Simulation:
                 partial, records = host.train.options(num_returns=2).remote(round_index, chosen, broadcast)
                 partials.append(partial)
                 record_refs.append(records)
-        records = round_records(ray.get(record_refs))
+        try:
+            records = round_records(ray.get(record_refs))
+        except Exception:
+            _retrieve_ready([*partials, *record_refs])
+            raise
         self.dropped = records.filter(records["dropped"])["client_id"].to_pylist()
         self._check_usable(round_index, len(selected))
         trained = time.perf_counter()
@@ -251,3 +256,12 @@ class Simulation:
         for actor in [*self.hosts, self.coordinator]:
             ray.kill(actor)
         self.placement.release()
+
+
+def _retrieve_ready(refs: list[ray.ObjectRef]) -> None:
+    """Get the results a failed round's tasks have, errors included: Ray logs every error result dropped without
+    being got as an "Unhandled error" with its traceback, on the console of a study that goes on after the run."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in ready:
+        with contextlib.suppress(Exception):  # the round's error is already raised; these are its siblings
+            ray.get(ref)

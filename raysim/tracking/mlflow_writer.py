@@ -202,9 +202,12 @@ class MlflowWriter:
         return self.run_id
 
     def reopen(self, run_id: str) -> None:
-        """Continue an existing run (raysim resume): it is marked RUNNING again."""
+        """Continue an existing run (raysim resume, a resumed suite or sweep): it is marked RUNNING again, without
+        the `raysim.error` tag that said why it stopped (a run that stops again is tagged anew)."""
         self.run_id = run_id
         self.client.update_run(run_id, status="RUNNING")
+        if "raysim.error" in self.client.get_run(run_id).data.tags:
+            self.client.delete_tag(run_id, "raysim.error")
 
     def last_step(self, key: str) -> int:
         """The highest step logged for `key` (-1 if none): what a resumed run must not log again."""
