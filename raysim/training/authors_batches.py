@@ -63,7 +63,8 @@ class AuthorsStreams:
         self._python = random.Random(plan.seed)
         for size in plan.part_sizes:  # each client's 80/20 split (raysim.data.authors_draw.split)
             self._python.shuffle(list(range(size)))
-        self._batches = [-(-n // plan.batch_size) for n in plan.train_sizes]
+        self.batches = [-(-n // plan.batch_size) for n in plan.train_sizes]
+        """How many batches a pass over each client's training split has (what its picks choose among)."""
         self._picks: list[np.ndarray] = []
         """Per round, the picks [clients, picks]."""
 
@@ -85,7 +86,7 @@ class AuthorsStreams:
         """Which batch the `number`-th `random.choice` of `client` in round `round_index` takes."""
         while len(self._picks) <= round_index:
             picks = np.zeros((self.plan.num_clients, self.plan.picks), np.int64)
-            for c, count in enumerate(self._batches):
+            for c, count in enumerate(self.batches):
                 for p in range(self.plan.picks):
                     picks[c, p] = self._python.choice(range(count))
             self._picks.append(picks)
@@ -113,7 +114,7 @@ class RoundDraws:
 
     def pick(self, count: int) -> int:
         plan = self.streams.plan
-        expected = self.streams._batches[self.client]
+        expected = self.streams.batches[self.client]
         if self.picks == plan.picks or count != expected:
             raise RuntimeError(
                 f"clients.batches=authors: client {self.client} picks among {count} batches (pick {self.picks + 1}); "
