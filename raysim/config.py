@@ -86,6 +86,14 @@ class ClientsSettings(_Section):
         "algorithm's fast adaptation (AugFL's target clients: 0.2, augfl.md 2.3)",
     )
 
+    batches: Literal["raysim", "authors"] = Field(
+        "raysim",
+        description="each client's mini-batches: from raysim's seeded streams, or replayed as the FLAME authors' code "
+        "draws them for the run's seed (their DataLoader shuffles and Ditto's random.choice, "
+        "raysim.training.authors_batches); authors needs partition.draw and model.init authors, full participation, "
+        "no attack, no quality-skew noise, no augmentation",
+    )
+
     @model_validator(mode="after")
     def _check_sampling(self) -> ClientsSettings:
         if self.per_round is not None and self.fraction is not None:
@@ -269,6 +277,31 @@ class ExperimentConfig(Settings):
                     "(Upload.message_field), so it supports only attack.kind none/label_poisoning and "
                     "aggregation.rule mean"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_authors_batches(self) -> ExperimentConfig:
+        """Replaying the authors' mini-batches needs their stream of draws: their partition and model, every client
+        training every round, and none of their draws that raysim makes elsewhere (raysim.training.authors_batches)."""
+        if self.clients.batches != "authors":
+            return self
+        name = self.algorithm.name
+        needs = [
+            (REGISTRY[name].code_draws(self.algorithm) is None,
+             "an algorithm and settings the authors' code has (flame; pfedme; ditto with global_resync false, "
+             f"global_steps one_batch, epochs 1), not {name!r} with these settings"),
+            (getattr(self.partition, "draw", None) != "authors", "partition.draw: authors (their dealing and split)"),
+            (self.model.init != "authors", "model.init: authors (their model's draws come first)"),
+            (self.clients.per_round_count() != self.clients.count,
+             "every client training every round (no clients.per_round, fraction or heldout)"),
+            (self.attack.kind != "none", "attack.kind: none (their attacks draw from the same streams)"),
+            (self.partition.scheme == "quality",
+             "no quality-skew partition (their noise is drawn from torch's stream at every sample access)"),
+            (self.dataset.augment != "none", "dataset.augment: none"),
+        ]  # fmt: skip
+        for missing, what in needs:
+            if missing:
+                raise ValueError(f"clients.batches=authors needs {what}; or use clients.batches: raysim")
         return self
 
     def shown(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    CodeDraws,
     SGDSettings,
     Upload,
     Vector,
@@ -81,6 +82,11 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
     name = "flame"
     Settings = FlameSettings
     Upload = FlameUpload
+
+    @classmethod
+    def code_draws(cls, settings: FlameSettings) -> CodeDraws:  # type: ignore[override]
+        """One pass per local epoch (their update_weights' loop over the trainloader)."""
+        return CodeDraws(passes=settings.epochs)
     stacks = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FlameServerState:

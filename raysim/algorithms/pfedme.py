@@ -20,6 +20,7 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    CodeDraws,
     SGDSettings,
     Upload,
     Vector,
@@ -73,6 +74,11 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, PFedMeServerState, Vec
     name = "pfedme"
     Settings = PFedMeSettings
     Upload = PFedMeUpload
+
+    @classmethod
+    def code_draws(cls, settings: PFedMeSettings) -> CodeDraws:  # type: ignore[override]
+        """One pass per local epoch (their update_weights' loop over the trainloader)."""
+        return CodeDraws(passes=settings.epochs)
 
     def init_server(self, init_params: Vector, num_clients: int) -> PFedMeServerState:
         return PFedMeServerState(init_params.copy(), num_clients * init_params.astype(np.float64), num_clients)

@@ -587,14 +587,15 @@ def partition_dataset(
 
 
 def split_or_refuse(client_id: int, train: np.ndarray, test: np.ndarray) -> ClientSplit:
-    """A client of the authors' dealing, refused when a part is empty (their code would divide by zero)."""
+    """A client of the authors' dealing, refused when a part is empty (their code would divide by zero). Its samples
+    stay in the order of their shuffle, the order their DataLoader's shuffles index (clients.batches: authors)."""
     if len(train) == 0 or len(test) == 0:
         raise PartitionError(
             f"partition.draw=authors: client {client_id} gets {len(train)} training and {len(test)} test samples; "
             "every client needs both (use fewer clients or a larger partition.beta)"
         )
     empty = np.arange(0, dtype=np.int64)
-    return ClientSplit(client_id, np.sort(train), np.sort(test), empty)
+    return ClientSplit(client_id, train, test, empty)
 
 
 def replay_file(settings: FileSettings, labels: np.ndarray, num_clients: int, seed: int) -> list[ClientSplit]:

@@ -115,14 +115,20 @@ def build_module(name: str, input_shape: tuple[int, ...], outputs: int) -> nn.Mo
     raise ValueError(f"model.name: unknown model {name!r}; allowed: {', '.join(MODELS)}")
 
 
+def reset_parameters(module: nn.Module) -> None:
+    """Initialize every layer of `module` afresh from torch's global generator, in the order the layers were built
+    (the draws of building the module)."""
+    for layer in module.modules():
+        if hasattr(layer, "reset_parameters"):
+            layer.reset_parameters()
+
+
 def initial_parameters(module: nn.Module, seed: int) -> torch.Tensor:
     """Re-initialize `module` from `seed` and return its parameters as one flat float32 vector."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        for layer in module.modules():
-            if hasattr(layer, "reset_parameters"):
-                layer.reset_parameters()
+        reset_parameters(module)
     finally:
         torch.random.set_rng_state(generator_state)
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).to(torch.float32)
