@@ -19,6 +19,7 @@ from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
+from raysim.runtime.session import ray_usable
 from raysim.tracking.metrics import evaluation_table, mean_client_metrics, round_records
 
 
@@ -245,7 +246,10 @@ class Simulation:
                 )
 
     def close(self, wait_s: float = 10.0) -> None:
-        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup)."""
+        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup).
+        Nothing to do once the local Ray is gone (its actors went with it; the calls would wait for it)."""
+        if not ray_usable():
+            return
         if self.config.runtime.state_memory_mb is not None:
             ray.wait([host.close.remote() for host in self.hosts], num_returns=len(self.hosts), timeout=wait_s)
         for actor in [*self.hosts, self.coordinator]:
