@@ -27,7 +27,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from raysim.errors import RaysimError
-from raysim.tracking.credentials import connect_uri, redact
+from raysim.tracking.credentials import connect_uri, redact, redact_text
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 """The experiment tag that makes MLflow 3's UI open raysim's experiments as model training (runs, charts),
@@ -191,12 +191,14 @@ class MlflowWriter:
     def start(
         self, run_name: str | None, params: dict[str, object], tags: dict[str, str], parent: str | None = None
     ) -> str:
-        """Create the run; params whose value is None (options left unset) are not logged."""
+        """Create the run; params whose value is None (options left unset) are not logged. Credentials in any
+        value (a URI, the command line in `mlflow.source.name`) are redacted, as in every tag set later."""
         if parent:
             tags = {**tags, "mlflow.parentRunId": parent}
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        tags = {key: redact_text(str(value)) for key, value in tags.items()}
+        run = self.client.create_run(self.experiment_id, run_name=run_name and redact_text(run_name), tags=tags)
         self.run_id = run.info.run_id
-        items = [Param(k, str(v)[:6000]) for k, v in params.items() if v is not None]
+        items = [Param(k, redact_text(str(v))[:6000]) for k, v in params.items() if v is not None]
         for start in range(0, len(items), MAX_PARAMS):
             self.client.log_batch(self.run_id, params=items[start : start + MAX_PARAMS])
         return self.run_id
@@ -218,7 +220,8 @@ class MlflowWriter:
             self._queue.put(("metrics", items[start : start + MAX_METRICS]))
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        """Queue tags (credentials in their values redacted)."""
+        items = [RunTag(k, redact_text(str(v))) for k, v in tags.items()]
         for start in range(0, len(items), MAX_TAGS):
             self._queue.put(("tags", items[start : start + MAX_TAGS]))
 
