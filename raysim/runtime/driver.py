@@ -54,10 +54,13 @@ def run_experiment(
     to `tracking_uri` if given, else to the URI the checkpoint names.
 
     Everything that can be refused is checked before Ray or MLflow work: the data and partition, the hosts
-    against a new local Ray's CPUs and GPUs, and the tracking store's reachability (joining a cluster, the
-    hosts are checked once connected, still before the MLflow run is created).
+    against a new local Ray's CPUs and GPUs, a checkpoint folder that cannot be written, and the tracking store's
+    scheme, database driver and reachability (joining a cluster, the hosts are checked once connected, still
+    before the MLflow run is created).
     """
     problem = prepare(config)
+    if config.tracking.checkpoint_every:
+        checkpoint.check_writable(resume.resolve().parent if resume else Path(config.tracking.checkpoint_dir))
     local = new_local_ray(config.runtime)
     if local is not None:
         host_layout(config.runtime, problem.clients, local, local)

@@ -15,6 +15,7 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.errors import RaysimError
+from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
@@ -208,12 +209,15 @@ class Simulation:
         return ray.get(self.coordinator.server_state.remote())
 
     def save_checkpoint(self, directory: Path) -> None:
-        """Every host writes its own clients' file in parallel; the coordinator writes the server state."""
-        directory.mkdir(parents=True, exist_ok=True)
-        ray.get(
+        """Every host writes its own clients' file in parallel; the coordinator writes the server state. A write
+        that failed is a CheckpointError with its line."""
+        failures = ray.get(
             [host.save_checkpoint.remote(str(directory / f"host-{i}.npz")) for i, host in enumerate(self.hosts)]
             + [self.coordinator.save_checkpoint.remote(str(directory / "coordinator.npz"))]
         )
+        failed = [failure for failure in failures if failure is not None]
+        if failed:
+            raise checkpoint.CheckpointError(failed[0])
 
     def restore_checkpoint(self, directory: Path) -> None:
         """Load a checkpoint into every actor, replacing those that died (`_replace`) and waiting up to
