@@ -311,6 +311,32 @@ def _files_holding(folder: Path, secrets: list[str], skip: set[Path]) -> list[st
             and any(needle in path.read_bytes() for needle in needles)]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("postgresql://alice:pw@127.0.0.1/mlflow", "error: tracking.uri postgresql://***@127.0.0.1/mlflow: its "
+         "database driver 'psycopg' is not installed (No module named 'psycopg'); install it, or name an installed "
+         "one as postgresql+DRIVER://"),
+        ("mysql+nodriver://127.0.0.1/mlflow", "error: tracking.uri mysql+nodriver://127.0.0.1/mlflow: not a usable "
+         "database URL"),
+        ("ftp://alice:pw@127.0.0.1/mlflow", "error: tracking.uri ftp://***@127.0.0.1/mlflow: MLflow has no tracking "
+         "store for scheme 'ftp'; allowed: "),
+    ],
+    ids=["postgresql-without-driver", "unknown-driver", "ftp"],
+)  # fmt: skip
+def test_a_tracking_store_mlflow_cannot_open_is_refused_before_ray(tmp_path, uri, expected):
+    """A traceback (postgresql://, its driver not installed) or one line after Ray had started (ftp://): both
+    are known before anything starts."""
+    import importlib.util
+
+    if uri.startswith("postgresql") and importlib.util.find_spec("psycopg") is not None:
+        pytest.skip("psycopg is installed here")
+    done = _cli(tmp_path, _config(uri, tmp_path))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting
+    assert line.startswith(expected), line
+
+
 @pytest.mark.slow
 def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_path):
     """Passwords holding `@` (redacted only up to it before) in a config file, a --set, a --tracking-uri and the
