@@ -5,7 +5,7 @@ of time."""
 
 from __future__ import annotations
 
-import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -42,9 +42,12 @@ def guarded(action: Callable[[], int]) -> int:
 
 def _say(line: str) -> None:
     """The outcome's line on stderr, unless stderr is gone (the terminal of a SIGHUP was closed): the run is
-    marked in MLflow either way."""
-    with contextlib.suppress(OSError):
+    marked in MLflow either way, and the exit code stays the signal's (Python exits 120 when it cannot flush the
+    standard streams at exit: they are pointed at /dev/null)."""
+    try:
         print(line, file=sys.stderr, flush=True)
+    except OSError:
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - open until the process exits
 
 
 def run_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:

@@ -120,6 +120,91 @@ def test_interrupted_run_is_marked_killed_with_one_line(tmp_path, sig, to_group)
     _wait_all_gone(started)
 
 
+@pytest.mark.slow
+def test_sigterm_while_the_local_ray_starts_is_one_line(tmp_path):
+    """ray.init installs a SIGTERM handler of its own that exits on the spot (SystemExit 15, a traceback through
+    raysim); a SIGTERM while Ray starts ends like any other: one line, exit 143, nothing left running."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_config(rounds=10_000, tracking={"uri": uri})))
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        driver = subprocess.Popen([RAYSIM, "run", str(tmp_path / "run.yaml"), "--quiet"], stdout=subprocess.DEVNULL,
+                                  stderr=stderr, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not [p for p in descendants(driver.pid) if _comm(p) == "gcs_server"]:
+            assert driver.poll() is None and time.monotonic() < deadline, _stderr(tmp_path)[-2000:]
+            time.sleep(0.05)
+        started = descendants(driver.pid)
+        os.kill(driver.pid, signal.SIGTERM)
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    err = _stderr(tmp_path)
+    assert driver.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last == "interrupted by SIGTERM before the run started" or last.startswith("run "), last
+    assert "interrupted by SIGTERM" in last, last
+    _wait_all_gone(started)
+
+
+@pytest.mark.slow
+def test_a_closed_terminal_ends_the_run_killed(tmp_path):
+    """The real thing behind SIGHUP: `raysim run` on a terminal (a pty whose slave is its controlling terminal,
+    with the live progress bar), and the terminal closed. The kernel hangs up the session; the run is marked
+    KILLED, exit 129, although nothing can be printed any more."""
+    import fcntl
+    import select
+    import termios
+    import threading
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = {"experiment": "signals", "uri": uri, "checkpoint_every": 1, "checkpoint_dir": str(tmp_path / "ck")}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_config(rounds=10_000, runtime={"num_hosts": 2},
+                                                                  tracking=tracking)))  # fmt: skip
+    master, terminal = os.openpty()
+
+    def controlling_terminal() -> None:  # after setsid: the pty becomes the session's terminal, as in a login
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    driver = subprocess.Popen([RAYSIM, "run", str(tmp_path / "run.yaml")], stdin=terminal, stdout=terminal,
+                              stderr=terminal, start_new_session=True, preexec_fn=controlling_terminal)  # fmt: skip
+    os.close(terminal)
+    shown, closing = bytearray(), threading.Event()
+
+    def read_terminal() -> None:  # what a terminal does: read everything, so the program never blocks writing
+        while not closing.is_set():
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    shown.extend(os.read(master, 65536))
+                except OSError:
+                    break
+        os.close(master)  # the terminal window closes: the kernel sends the session SIGHUP
+
+    reader = threading.Thread(target=read_terminal)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not list((tmp_path / "ck").glob("*/round-000002/manifest.json")):
+            assert driver.poll() is None and time.monotonic() < deadline, shown.decode(errors="replace")[-2000:]
+            time.sleep(0.2)
+        started = descendants(driver.pid)
+        closing.set()
+        reader.join()
+        driver.wait(timeout=120)
+    finally:
+        closing.set()
+        if driver.poll() is None:
+            driver.kill()
+    seen = shown.decode(errors="replace")[-2000:]
+    assert "Traceback" not in seen
+    run = _run_record(uri)
+    assert (driver.returncode, run.info.status) == (128 + signal.SIGHUP, "KILLED"), seen
+    assert run.data.tags["raysim.error"].startswith("interrupted by SIGHUP after round ")
+    _wait_all_gone(started)
+
+
 def _daemon(driver_pid: int, name: str) -> int:
     """The pid of the local Ray's `name` process (gcs_server, raylet) the driver started."""
     (pid,) = [p for p in descendants(driver_pid) if _comm(p) == name]
