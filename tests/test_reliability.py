@@ -294,11 +294,33 @@ def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
     assert done.returncode == 2 and "not reachable" in line and "Connection refused" in line, line
 
 
-def _raysim(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _raysim(
+    tmp_path: Path, *args: str, env: dict[str, str], watch: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    """`raysim ARGS` run to its end; `watch`: gets the process's command line as the system shows it (`ps`, and
+    Ray, which records it as the job's entrypoint) once its local Ray is up."""
+    from raysim.studies.procmem import descendants
+
     raysim = str(Path(sys.executable).parent / "raysim")
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_ADDRESS"))}
-    return subprocess.run([raysim, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**environment, **env})  # fmt: skip
+    process = subprocess.Popen([raysim, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=tmp_path, env={**environment, **env})  # fmt: skip
+    if watch is not None:
+        deadline = time.monotonic() + 240
+        while process.poll() is None and time.monotonic() < deadline and not [
+            pid for pid in descendants(process.pid) if _comm(pid) == "gcs_server"
+        ]:
+            time.sleep(0.1)
+        watch.append(Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _files_holding(folder: Path, secrets: list[str], skip: set[Path]) -> list[str]:
@@ -351,12 +373,15 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
     with TrackingServer(settings, tmp_path / "server.log"):
         config = tmp_path / "cli.yaml"
         config.write_text(yaml.safe_dump(_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1)))
-        done = _raysim(tmp_path, "run", str(config), "--quiet", "--set", f"tracking.uri=http://alice:{secrets[1]}@{host}",
-                       "--tracking-uri", f"http://alice:{secrets[2]}@{host}",
-                       env={"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}",
-                            "MLFLOW_TRACKING_PASSWORD": secrets[4]})  # fmt: skip
+        typed = ["--set", f"tracking.uri=http://alice:{secrets[1]}@{host}", "--tracking-uri",
+                 f"http://alice:{secrets[2]}@{host}"]  # fmt: skip
+        environment = {"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}", "MLFLOW_TRACKING_PASSWORD": secrets[4]}
+        seen: list[str] = []
+        done = _raysim(tmp_path, "run", str(config), "--quiet", *typed, env=environment, watch=seen)
         assert done.returncode == 0, done.stderr[-2000:]
         printed = done.stdout + done.stderr
+        assert not [secret for secret in secrets if secret.split("@")[1] in seen[0]]
+        assert f"--tracking-uri http://***@{host}" in seen[0]  # as `ps` and Ray's job table see it
         from_environment = _config(None, tmp_path, checkpoint_every=1)
         del from_environment["tracking"]["uri"]
         config.write_text(yaml.safe_dump(from_environment))
