@@ -99,7 +99,7 @@ class LocalDaemons:
     def gone(self) -> str | None:
         """Which vital daemon has exited, as a phrase ("its raylet (pid 12) was killed by SIGKILL"), or None."""
         for process in self.started:
-            name = VITAL.get(os.path.basename(str(process.args[0] if isinstance(process.args, list) else "")))
+            name = VITAL.get(os.path.basename(process.args[0])) if isinstance(process.args, list) else None
             code = process.poll() if name else None
             if code is None:
                 continue
@@ -108,8 +108,8 @@ class LocalDaemons:
         return None
 
     def end_leftovers(self) -> None:
-        """Kill what is left in the daemons' sessions once Ray is shut down: the raylet's agents outlive a raylet
-        that lost its GCS server by a minute or more."""
+        """Kill what is left in the daemons' sessions once a Ray that lost a vital daemon is shut down: the
+        raylet's agents outlive a raylet that lost its GCS server by a minute or more."""
         for process in self.started:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -194,9 +194,10 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
                 with daemons.watched():
                     yield
     finally:
+        lost = daemons if daemons is not None and daemons.gone() is not None else None
         ray.shutdown()
-        if daemons is not None:
-            daemons.end_leftovers()
+        if lost is not None:
+            lost.end_leftovers()
         _local = None
         if handler is not None:
             signal.signal(signal.SIGTERM, handler)
