@@ -467,11 +467,28 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _hide_credentials_from_process_table() -> None:
+    """A password typed on the command line (`--tracking-uri http://user:pw@host`) is redacted from this process's
+    command line as the system shows it (`ps`, to every user of the machine) and as Ray records it for a driver
+    (a job's entrypoint, kept in a cluster's job table and shown by its dashboard). Ray's own process-title
+    setter rewrites it; the command line in MLflow is redacted where it is stored (raysim.tracking)."""
+    import shlex
+
+    from raysim.tracking.credentials import has_credentials, redact_text
+
+    if any(has_credentials(argument) for argument in sys.argv):
+        from ray._raylet import setproctitle
+
+        setproctitle(redact_text(shlex.join(sys.argv)))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Errors of input are one `error:` line (exit 2); Ctrl-C and SIGTERM one line saying what became of the
     run (exit 128 + signal); see raysim.launch.guarded."""
     from raysim.launch import guarded
 
+    if argv is None:
+        _hide_credentials_from_process_table()
     args = parser().parse_args(argv)
     try:
         return guarded(lambda: args.handler(args))

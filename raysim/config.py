@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -369,7 +371,10 @@ def _parse_yaml(text: str, where: str, limit: int = MAX_DEPTH) -> Any:
 
 
 def apply_override(tree: dict[str, Any], assignment: str) -> None:
-    """Apply one `key.path=value` override in place; the value is parsed as YAML (3, 0.1, true, [a])."""
+    """Apply one `key.path=value` override in place. A text field's value (a name, a path, a URI, one of a
+    field's choices: `tracking.experiment`, `dataset.root`) is taken as typed; any other value is parsed as YAML
+    (3, 0.1, true, [a], {scheme: iid}), and one that holds a YAML comment (` #...`, which YAML would drop
+    silently) is refused."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected key.path=value")
     path, raw = assignment.split("=", 1)
@@ -377,7 +382,14 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
     if len(keys) > MAX_DEPTH:
         raise ConfigError(f"--set {'.'.join(keys[:3])}...: a key path of {len(keys)} keys is nested too deeply "
                           f"(at most {MAX_DEPTH} levels)")  # fmt: skip
-    value = _parse_yaml(raw, f"--set {path}", MAX_DEPTH - len(keys))
+    if _text_field(keys, tree):
+        value: Any = raw
+    else:
+        value = _parse_yaml(raw, f"--set {path}", MAX_DEPTH - len(keys))
+        comment = _yaml_comment(raw)
+        if comment is not None:
+            raise ConfigError(f"--set {path}: {comment!r} would be a YAML comment and dropped from the value "
+                              f"{raw!r}; quote the text that holds it, or leave the comment out")  # fmt: skip
     node = tree
     for key in keys[:-1]:
         child = node.setdefault(key, {})
@@ -385,6 +397,56 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
             raise ConfigError(f"--set {path}: {key!r} is not a section")
         node = child
     node[keys[-1]] = value
+
+
+def _yaml_comment(text: str) -> str | None:
+    """The comment in a YAML text (from its `#` to the end of its line), or None; a `#` inside a quoted or plain
+    scalar (`"a #b"`, `a#b`) is not one. Comments are what lies between YAML's tokens besides white space."""
+    try:
+        tokens = list(yaml.scan(text))
+    except yaml.YAMLError:
+        return None
+    for before, after in zip(tokens, tokens[1:], strict=False):
+        gap = text[before.end_mark.index : after.start_mark.index]
+        if "#" in gap:
+            return gap[gap.index("#") :].splitlines()[0]
+    return None
+
+
+def _text_field(keys: list[str], tree: dict[str, Any]) -> bool:
+    """Whether `keys` names a field whose values are text: `str`, a Literal of strings, or either or None."""
+    model: Any = ExperimentConfig
+    node: Any = tree
+    for key in keys[:-1]:
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+        if model is ExperimentConfig and key in SWITCHES:
+            model = choice_models(key).get(node.get(SWITCHES[key]) if isinstance(node, dict) else None)
+        else:
+            field = _field(model, key)
+            model = field.annotation if field is not None else None
+        if not hasattr(model, "model_fields"):
+            return False
+    field = _field(model, keys[-1])
+    return field is not None and _is_text(field.annotation)
+
+
+def _field(model: Any, key: str) -> Any:
+    """The pydantic field of `model` named or aliased `key`, or None."""
+    for name, field in getattr(model, "model_fields", {}).items():
+        if key in (name, field.alias):
+            return field
+    return None
+
+
+def _is_text(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    arguments = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return all(isinstance(a, str) for a in arguments)
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return len(arguments) == 1 and _is_text(arguments[0])
+    return False
 
 
 SWITCHES = {"partition": "scheme", "algorithm": "name"}

@@ -5,6 +5,7 @@ of time."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import sys
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raysim.errors import ConfigError, RaysimError, sigterm_interrupts
+from raysim.errors import ConfigError, RayLost, RaysimError, as_raised, sigterm_interrupts
 from raysim.tracking.credentials import redact, redact_text
 
 if TYPE_CHECKING:
@@ -21,18 +22,33 @@ if TYPE_CHECKING:
 
 
 def guarded(action: Callable[[], int]) -> int:
-    """`action()`'s exit code; an input error is one `error:` line (2), Ctrl-C or SIGTERM one line saying what
-    became of the run (128 + the signal); credentials in URIs are redacted from both."""
+    """`action()`'s exit code; an input error is one `error:` line (2), a local Ray lost under the run one
+    `error:` line (1), Ctrl-C, SIGTERM or SIGHUP one line saying what became of the run (128 + the signal);
+    credentials are redacted from all of them."""
     with sigterm_interrupts():
         try:
             return action()
-        except KeyboardInterrupt as interrupt:
+        except KeyboardInterrupt as caught:
+            interrupt = as_raised(caught)
+            if isinstance(interrupt, RayLost):
+                _say(f"error: {redact_text(str(interrupt))}")
+                return 1
             number = getattr(interrupt, "signal_number", signal.SIGINT)
-            print(redact_text(str(interrupt)) or f"interrupted by {signal.Signals(number).name}", file=sys.stderr)
+            _say(redact_text(str(interrupt)) or f"interrupted by {signal.Signals(number).name}")
             return 128 + number
         except RaysimError as error:
-            print(f"error: {redact_text(str(error))}", file=sys.stderr)
+            _say(f"error: {redact_text(str(error))}")
             return 2
+
+
+def _say(line: str) -> None:
+    """The outcome's line on stderr, unless stderr is gone (the terminal of a SIGHUP was closed): the run is
+    marked in MLflow either way, and the exit code stays the signal's (Python exits 120 when it cannot flush the
+    standard streams at exit: they are pointed at /dev/null)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - open until the process exits
 
 
 def run_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:

@@ -189,6 +189,89 @@ def test_image_folder_errors(tmp_path):
         load_dataset("image_folder", root=root, download=False)
 
 
+def write_png_bomb(path: Path, side: int = 20_000) -> Path:
+    """A valid 1-bit PNG of side x side pixels (400 M at the default) that is about 50 KB on disk: its rows are
+    zeros, which deflate packs about 1000:1."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(9)
+    row = bytes(1 + (side + 7) // 8)  # filter byte 0, then the packed pixels
+    body = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)  # 1 bit, grayscale
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("side", [20_000, 10_000], ids=["above-pillows-error-limit", "above-its-warning-limit"])
+def test_a_decompression_bomb_is_refused_naming_the_file(tmp_path, side):
+    root = write_image_folder(tmp_path / "pets")
+    bomb = write_png_bomb(root / "bee" / "bomb.png", side)
+    assert bomb.stat().st_size < 200_000
+    with pytest.raises(DataError, match=f"{re.escape(str(bomb))}: not read: Image size \\({side * side} pixels\\) "
+                                        "exceeds limit"):  # fmt: skip
+        load_dataset("image_folder", root=root, download=False)
+
+
+def test_symbolic_link_loops_and_duplicates_are_refused_and_plain_links_followed(tmp_path):
+    root = write_image_folder(tmp_path / "pets")
+    (root / "all").symlink_to(root)  # a class folder that is the dataset root: every image again, as one class
+    with pytest.raises(DataError, match=f"dataset.root: {root / 'all'} is a symbolic link loop: it leads back to "
+                                        f"{root}; every image must be read once"):  # fmt: skip
+        load_dataset("image_folder", root=root, download=False)
+    (root / "all").unlink()
+    (root / "cat" / "nested" / "up").symlink_to(root / "cat")
+    with pytest.raises(DataError, match=f"{root / 'cat' / 'nested' / 'up'} is a symbolic link loop: it leads back "
+                                        f"to {root / 'cat'}"):  # fmt: skip
+        load_dataset("image_folder", root=root, download=False)
+    (root / "cat" / "nested" / "up").unlink()
+    (root / "dog").symlink_to(root / "cat")
+    with pytest.raises(DataError, match=r"is the same folder as"):
+        load_dataset("image_folder", root=root, download=False)
+    (root / "dog").unlink()
+    (root / "ant" / "copy.png").symlink_to(root / "bee" / "bee2.png")
+    with pytest.raises(DataError, match=f"{root / 'bee' / 'bee2.png'} is the same image file as {root / 'ant'}/copy"):
+        load_dataset("image_folder", root=root, download=False)
+    (root / "ant" / "copy.png").unlink()
+    elsewhere = write_image_folder(tmp_path / "more")
+    (root / "dog").symlink_to(elsewhere / "cat")  # a class kept elsewhere, and a folder of it linked in
+    (root / "bee" / "extra").symlink_to(elsewhere / "bee")
+    data = load_dataset("image_folder", root=root, download=False)
+    assert data.num_classes == 4 and data.y.tolist() == [0] * 4 + [1] * 8 + [2] * 4 + [3] * 4
+
+
+@pytest.mark.parametrize("case", ["bomb", "root-link"])
+def test_raysim_run_refuses_a_bomb_or_a_link_loop_in_one_line_before_ray(tmp_path, case):
+    """Both were a traceback (the bomb) or a silently wrong dataset (the link): a real `raysim run`."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = write_image_folder(tmp_path / "pets")
+    if case == "bomb":
+        culprit = write_png_bomb(root / "bee" / "bomb.png")
+    else:
+        culprit = root / "all"
+        culprit.symlink_to(root)
+    config = tiny_config(dataset={"name": "image_folder", "root": str(root)}, partition={"scheme": "iid"},
+                         tracking={"uri": f"sqlite:///{tmp_path}/mlflow.db"})  # fmt: skip
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    raysim = str(Path(sys.executable).parent / "raysim")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([raysim, "run", str(tmp_path / "run.yaml"), "--quiet"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    expected = f"error: {culprit}: not read: Image size" if case == "bomb" else f"error: dataset.root: {culprit} is a"
+    assert line.startswith(expected), line
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_medical_mnist_class_names_get_the_flame_constants(tmp_path):
     for k, name in enumerate(sorted(image_folder_module.MEDICAL_MNIST_CLASSES)):
         (tmp_path / name).mkdir()

@@ -129,7 +129,12 @@ def _indices(column: pa.ChunkedArray, name: str, where: str) -> list[np.ndarray]
         raise PartitionError(f"{where}: column {name!r} must be lists of integer sample indices, not {column.type}")
     if column.null_count:
         raise PartitionError(f"{where}: column {name!r} has a missing (null) list")
-    return [np.asarray(v if v is not None else [], dtype=np.int64) for v in column.to_pylist()]
+    lists = column.to_pylist()
+    for row, indices in enumerate(lists):
+        if None in indices:
+            raise PartitionError(f"{where}: row {row}, column {name!r}: a missing (null) index inside the list "
+                                 f"(position {indices.index(None)})")  # fmt: skip
+    return [np.asarray(indices, dtype=np.int64) for indices in lists]
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -164,7 +169,11 @@ def read_partition(settings: FileSettings, labels: np.ndarray, num_clients: int)
     _check_dataset(metadata, labels, where)
     ids = list(range(num_clients))
     if "client_id" in columns:
-        ids = [int(i) for i in table.column("client_id").to_pylist()]
+        listed = table.column("client_id").to_pylist()
+        if not all(isinstance(i, int) for i in listed):
+            raise PartitionError(f"{where}: column 'client_id' must hold integer ids 0..{num_clients - 1} (found "
+                                 f"{next(i for i in listed if not isinstance(i, int))!r})")  # fmt: skip
+        ids = [int(i) for i in listed]
         if sorted(ids) != list(range(num_clients)):
             raise PartitionError(f"{where}: column 'client_id' must hold the ids 0..{num_clients - 1}, each once")
     empty = [np.arange(0, dtype=np.int64)] * num_clients
@@ -214,6 +223,13 @@ def _check_client(row: ClientRow, num_samples: int, where: str) -> None:
         if len(indices) and (indices.min() < 0 or indices.max() >= num_samples):
             bad = int(indices[(indices < 0) | (indices >= num_samples)][0])
             raise PartitionError(f"{client}: {name} index {bad} is outside the dataset's 0..{num_samples - 1}")
+        unique, counts = np.unique(indices, return_counts=True)
+        if len(unique) < len(indices):
+            repeated = counts > 1
+            raise PartitionError(
+                f"{client}: {name} lists sample {int(unique[repeated][0])} {int(counts[repeated][0])} times "
+                f"({int(repeated.sum())} samples listed more than once); a client holds each sample once"
+            )
     if row.indices is not None:
         if len(row.indices) < 2:
             raise PartitionError(f"{client} holds {len(row.indices)} samples; every client needs a training and a "

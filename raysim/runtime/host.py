@@ -579,11 +579,12 @@ class ClientHost:
         scores = self._scores([models[chunk[i]] for i in having], splits.subset(having))  # type: ignore[misc]
         return {chunk[i]: score for i, score in zip(having, scores, strict=True)}
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str) -> str | None:
         """Write this host's clients' persistent state (states, Byzantine messages sent, evaluation count) to
         one .npz file; hosts write in parallel, nothing goes through the driver. States are streamed to the
-        file one by one (spilled ones read back one at a time)."""
-        checkpoint.save_tree(path, {"states": self.states, "sent": dict(self.sent), "evaluations": self.evaluations})
+        file one by one (spilled ones read back one at a time). A failure to write: its one line."""
+        tree = {"states": self.states, "sent": dict(self.sent), "evaluations": self.evaluations}
+        return checkpoint.write_tree(path, tree)
 
     def restore_checkpoint(self, directory: str) -> None:
         """Take this host's clients' state from a checkpoint folder (any number of hosts may have written it),

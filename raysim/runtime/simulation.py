@@ -16,10 +16,12 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.errors import RaysimError
+from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
+from raysim.runtime.session import ray_usable
 from raysim.tracking.metrics import evaluation_table, mean_client_metrics, round_records
 
 
@@ -212,12 +214,15 @@ class Simulation:
         return ray.get(self.coordinator.server_state.remote())
 
     def save_checkpoint(self, directory: Path) -> None:
-        """Every host writes its own clients' file in parallel; the coordinator writes the server state."""
-        directory.mkdir(parents=True, exist_ok=True)
-        ray.get(
+        """Every host writes its own clients' file in parallel; the coordinator writes the server state. A write
+        that failed is a CheckpointError with its line."""
+        failures = ray.get(
             [host.save_checkpoint.remote(str(directory / f"host-{i}.npz")) for i, host in enumerate(self.hosts)]
             + [self.coordinator.save_checkpoint.remote(str(directory / "coordinator.npz"))]
         )
+        failed = [failure for failure in failures if failure is not None]
+        if failed:
+            raise checkpoint.CheckpointError(failed[0])
 
     def restore_checkpoint(self, directory: Path) -> None:
         """Load a checkpoint into every actor, replacing those that died (`_replace`) and waiting up to
@@ -250,7 +255,10 @@ class Simulation:
                 )
 
     def close(self, wait_s: float = 10.0) -> None:
-        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup)."""
+        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup).
+        Nothing to do once the local Ray is gone (its actors went with it; the calls would wait for it)."""
+        if not ray_usable():
+            return
         if self.config.runtime.state_memory_mb is not None:
             ray.wait([host.close.remote() for host in self.hosts], num_returns=len(self.hosts), timeout=wait_s)
         for actor in [*self.hosts, self.coordinator]:
