@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from raysim.config import ExperimentConfig
-from raysim.errors import Interrupted, RaysimError
+from raysim.errors import Interrupted, RayLost, RaysimError
 from raysim.runtime.driver import resume_experiment, run_experiment
 from raysim.runtime.rounds import RunResult
 from raysim.studies.table import listed
@@ -140,7 +140,7 @@ def resume_command(kind: str, command: str | None, parent: str) -> str:
 class ParentRun:
     """Ends a study's parent run with the study: FINISHED when it runs to its end (tagged with the failed
     children, if any: `record`); KILLED on Ctrl-C or SIGTERM, re-raised as one Interrupted line that
-    names the command continuing the study; FAILED on any other error, re-raised."""
+    names the command continuing the study; FAILED on any other error (a lost local Ray included), re-raised."""
 
     def __init__(self, writer: MlflowWriter, kind: str, name: str, command: str | None = None):
         self.writer, self.kind, self.name, self.command = writer, kind, name, command
@@ -167,7 +167,7 @@ class ParentRun:
         if error is None:
             self.writer.finish("FINISHED")
             return
-        if not isinstance(error, KeyboardInterrupt):
+        if isinstance(error, RayLost) or not isinstance(error, KeyboardInterrupt):  # a lost Ray fails, not stops
             self.writer.set_tags({ERROR_TAG: one_line(error)})
             self.writer.finish("FAILED")
             return
