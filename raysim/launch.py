@@ -16,7 +16,7 @@ from raysim.tracking.credentials import redact, redact_text
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
-    from raysim.data.sources import Dataset
+    from raysim.data.dataset import Dataset
 
 
 def guarded(action: Callable[[], int]) -> int:
@@ -34,21 +34,28 @@ def guarded(action: Callable[[], int]) -> int:
             return 2
 
 
-def run_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
+def run_file(
+    path: str | Path,
+    overrides: list[str],
+    quiet: bool = False,
+    resume: str | None = None,
+    plugins: list[str] | tuple[str, ...] = (),
+) -> int:
     """Run an experiment, a suite (a file with `runs:`) or a sweep (`grid:` / `random:`) and print its outcome;
-    `resume`: a stopped suite's or sweep's parent run to continue."""
+    `resume`: a stopped suite's or sweep's parent run to continue; `plugins`: imported before the file is validated
+    (`--plugin`, besides the file's own `plugins:`)."""
     from raysim.config import load_config
     from raysim.runtime.driver import run_experiment
     from raysim.studies.suite import is_suite_file
     from raysim.studies.sweep import is_sweep_file
 
     if is_suite_file(path):
-        return run_suite_file(path, overrides, quiet, resume)
+        return run_suite_file(path, overrides, quiet, resume, plugins)
     if is_sweep_file(path):
-        return run_sweep_file(path, overrides, quiet, resume)
+        return run_sweep_file(path, overrides, quiet, resume, plugins)
     if resume is not None:
         raise ConfigError(f"--resume continues a suite or sweep; {path} is one experiment: use `raysim resume RUN_ID`")
-    result = run_experiment(load_config(path, overrides), show_progress=not quiet)
+    result = run_experiment(load_config(path, overrides, plugins), show_progress=not quiet)
     print_run(result)
     return 0
 
@@ -62,10 +69,16 @@ def print_run(result) -> None:
     )
 
 
-def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
+def run_suite_file(
+    path: str | Path,
+    overrides: list[str],
+    quiet: bool = False,
+    resume: str | None = None,
+    plugins: list[str] | tuple[str, ...] = (),
+) -> int:
     from raysim.studies.suite import load_suite, run_suite
 
-    suite = load_suite(path, overrides)
+    suite = load_suite(path, overrides, plugins)
     result = run_suite(suite, show_progress=not quiet, resume=resume)
     print(f"suite {suite.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over seeds)")
@@ -75,11 +88,17 @@ def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False, 
     return 0
 
 
-def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
+def run_sweep_file(
+    path: str | Path,
+    overrides: list[str],
+    quiet: bool = False,
+    resume: str | None = None,
+    plugins: list[str] | tuple[str, ...] = (),
+) -> int:
     """Exit code 1 when a trial failed (the others run to the end)."""
     from raysim.studies.sweep import load_sweep, run_sweep, setting_stats
 
-    sweep = load_sweep(path, overrides)
+    sweep = load_sweep(path, overrides, plugins)
     result = run_sweep(sweep, show_progress=not quiet, resume=resume)
     print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")

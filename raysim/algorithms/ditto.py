@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
@@ -69,6 +70,7 @@ class DittoUpload(Upload):
     weight_field = "weight"
 
 
+@ALGORITHMS.register()
 class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector, DittoUpload]):
     name = "ditto"
     Settings = DittoSettings

@@ -33,6 +33,7 @@ from pydantic import Field, model_validator
 
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.errors import ConfigError
+from raysim.plugins import carry
 from raysim.runtime.driver import resume_experiment, run_experiment
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
@@ -176,9 +177,12 @@ class SweepResult:
         return [t.index for t, o in zip(self.trials, self.outcomes, strict=True) if o.status != "finished"]
 
 
-def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
-    """Read a sweep YAML; `--set` overrides apply to its base experiment."""
-    return SweepConfig.load(path, overrides)
+def load_sweep(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), extra_plugins: list[str] | tuple[str, ...] = ()
+) -> SweepConfig:
+    """Read a sweep YAML and import its plugins and `extra_plugins` (`--plugin`); `--set` overrides apply to its base
+    experiment."""
+    return SweepConfig.load(path, overrides, extra_plugins)
 
 
 def parse_sweep(data: dict[str, Any], where: str = "sweep") -> SweepConfig:
@@ -308,7 +312,7 @@ def _schedule(
     while queue or pending:
         while queue and len(pending) < limit:
             trial = queue.pop(0)
-            pending[_run_trial.remote(trial.config, parent, continued.get(trial.index))] = trial
+            pending[_run_trial.remote(carry(trial.config), parent, continued.get(trial.index))] = trial
         done, _ = ray.wait(list(pending), num_returns=1)
         for ref in done:
             trial = pending.pop(ref)
