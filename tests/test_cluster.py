@@ -267,6 +267,36 @@ def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_submitted_job_takes_its_plugin_files_to_every_node(cluster, tmp_path, capsys):
+    """`raysim submit` of a config whose algorithm, model and dataset are plugin files kept outside the package (two
+    listed in the config, one given with --plugin): the files go with the job and the hosts, which only the worker
+    nodes can hold, import them there."""
+    from raysim.cli import main
+    from tests.test_plugins import page_files
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name, text in page_files().items():
+        (mine / name).write_text(text)
+    subprocess.run([sys.executable, "make_csv.py"], cwd=mine, check=True)
+    config = tiny_config(
+        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32, "server_momentum": 0.5},
+        model={"name": "tiny_cnn"},
+        dataset={"name": "csv", "path": str(mine / "digits.csv"), "shape": [1, 8, 8]},
+        rounds=2,
+        runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1}},
+        tracking={"experiment": "cluster-plugins"},
+    )
+    path = tmp_path / "experiment.yaml"
+    path.write_text(json.dumps({"plugins": ["mine/fedavgm.py", "mine/tiny_cnn.py"], **config}))
+    args = ["--address", cluster.dashboard, "--auth-token", cluster.token, "--follow"]
+    code = main(["submit", str(path), "--plugin", str(mine / "csv_source.py"), *args])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert re.search(r"^run [0-9a-f]{32}: final PM ", out, re.M), out[-3000:]
+
+
+@pytest.mark.slow
 def test_missing_or_wrong_token_is_one_error_line(cluster, tmp_path, monkeypatch, capsys):
     from raysim.cli import main
 

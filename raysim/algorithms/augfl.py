@@ -148,6 +148,11 @@ def teacher_architecture(settings: AugFlSettings, model: str, input_shape: tuple
         return model
     if explicit is not None:
         return explicit
+    if model not in LARGER:
+        raise ConfigError(
+            f"algorithm.pm_model: model.name={model} has no default teacher architecture (defaults exist for "
+            f"{', '.join(LARGER)}); set algorithm.pm_model"
+        )
     larger = LARGER[model]
     return larger if len(input_shape) == 3 or larger in ("mlp", "mlr") else "mlp"
 
