@@ -8,8 +8,8 @@ or `python -m raysim.jobs KIND`) run the ordinary `raysim run` / `raysim sweep` 
 finds the cluster through $RAY_ADDRESS as any driver does.
 
 Plugins (raysim.plugins) go with the job too: module names as they are (the cluster must have them installed),
-`.py` files in the job's `py_modules`, where the job and every worker of the cluster import them by their module
-name (the carried config names them so).
+`.py` files in the job's `py_modules` (each as a package folder of its module's name), where the job and every
+worker of the cluster import them by that name (the carried config names them so).
 
 The MLflow tracking URI goes to the job as $MLFLOW_TRACKING_URI: `--tracking-uri`, else the config's
 `tracking.uri`, else the submitter's $MLFLOW_TRACKING_URI. Use a tracking server (`raysim server`) that
@@ -228,11 +228,29 @@ def submit(
     spec = job_spec(kind, path, overrides, tracking_uri, package, env, plugins)
     client = job_client(address, token)
     try:
-        job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env, metadata={"raysim": kind})
+        with tempfile.TemporaryDirectory(prefix="raysim-plugins-") as staging:
+            runtime_env = staged_plugins(spec.runtime_env, Path(staging))
+            job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=runtime_env, metadata={"raysim": kind})
     except RuntimeError as error:
         message = redact_text(str(error).splitlines()[0])
         raise JobError(f"submitting to {client.get_address()} failed: {message}") from None
     return Submission(job_id, client.get_address(), spec.tracking_uri, spec.warning)
+
+
+def staged_plugins(runtime_env: dict[str, object], staging: Path) -> dict[str, object]:
+    """`runtime_env` with each plugin file of its py_modules as a package folder of the same name in `staging`
+    (`fedavgm.py` -> `fedavgm/__init__.py`): a job submission uploads folders only, and the job's processes then
+    import the file's module by its name."""
+    files = runtime_env.get("py_modules")
+    if not files:
+        return runtime_env
+    folders = []
+    for file in map(Path, files):  # type: ignore[call-overload]  # job_spec puts a list of paths here
+        folder = staging / file.stem
+        folder.mkdir()
+        shutil.copyfile(file, folder / "__init__.py")
+        folders.append(str(folder))
+    return {**runtime_env, "py_modules": folders}
 
 
 def wait_for_run_id(client, job_id: str, timeout_s: float = 300.0) -> str | None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
 
 from raysim.config import validate_config
 from raysim.jobs import stop_nodes
@@ -272,6 +273,7 @@ def test_a_submitted_job_takes_its_plugin_files_to_every_node(cluster, tmp_path,
     listed in the config, one given with --plugin): the files go with the job and the hosts, which only the worker
     nodes can hold, import them there."""
     from raysim.cli import main
+    from raysim.tracking.server import ServerSettings, TrackingServer
     from tests.test_plugins import page_files
 
     mine = tmp_path / "mine"
@@ -289,11 +291,17 @@ def test_a_submitted_job_takes_its_plugin_files_to_every_node(cluster, tmp_path,
     )
     path = tmp_path / "experiment.yaml"
     path.write_text(json.dumps({"plugins": ["mine/fedavgm.py", "mine/tiny_cnn.py"], **config}))
-    args = ["--address", cluster.dashboard, "--auth-token", cluster.token, "--follow"]
-    code = main(["submit", str(path), "--plugin", str(mine / "csv_source.py"), *args])
-    out = capsys.readouterr().out
-    assert code == 0, out[-3000:]
-    assert re.search(r"^run [0-9a-f]{32}: final PM ", out, re.M), out[-3000:]
+    settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", None, "127.0.0.1", free_port())
+    with TrackingServer(settings, tmp_path / "server.log"):
+        args = ["--address", cluster.dashboard, "--auth-token", cluster.token, "--tracking-uri", settings.url]
+        code = main(["submit", str(path), "--plugin", str(mine / "csv_source.py"), *args, "--follow"])
+        out = capsys.readouterr().out
+        assert code == 0, out[-3000:]
+        run_id = re.search(r"^run ([0-9a-f]{32}): final PM ", out, re.M)[1]
+        run = MlflowClient(settings.url).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["plugins"] == "['fedavgm', 'tiny_cnn', 'csv_source']"
+    assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
+        "fedavgm", "tiny_cnn", "csv")  # fmt: skip
 
 
 @pytest.mark.slow
