@@ -73,7 +73,7 @@ class Registry(Generic[T]):
         fields = getattr(entry, "model_fields", None)
         stated = fields[self.field].default if fields and self.field in fields else getattr(entry, self.field, None)
         if not isinstance(stated, str):
-            raise TypeError(f"{_origin(entry)} states no {self.field}; register it as @register('{self.kind}_name')")
+            raise TypeError(f"{_origin(entry)} states no {self.field}; give the {self.kind} a name: register('name')")
         return stated
 
     def add(self, name: str, entry: T) -> T:
