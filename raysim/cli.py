@@ -1,4 +1,4 @@
-"""The `raysim` command line: run an experiment, open the MLflow UI, list the algorithms and datasets."""
+"""The `raysim` command line: run an experiment, open the MLflow UI, list the algorithms, models and datasets."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ UI_PORT = 5000
 def _run(args: argparse.Namespace) -> int:
     from raysim.launch import run_file
 
-    return run_file(args.config, [*args.set, *_tracking_overrides(args)], args.quiet, args.resume)
+    return run_file(args.config, [*args.set, *_tracking_overrides(args)], args.quiet, args.resume, args.plugin)
 
 
 def _tracking_overrides(args: argparse.Namespace) -> list[str]:
@@ -32,7 +32,7 @@ def _config(args: argparse.Namespace) -> int:
     """The resolved, validated config as YAML: every default filled in, credentials redacted."""
     from raysim.config import load_config
 
-    print(load_config(args.config, args.set).to_yaml(), end="")
+    print(load_config(args.config, args.set, args.plugin).to_yaml(), end="")
     return 0
 
 
@@ -74,7 +74,7 @@ def _partition(args: argparse.Namespace) -> int:
     from raysim.data.partition_file import is_disjoint
     from raysim.runtime.problem import save_partition
 
-    splits, malicious = save_partition(load_config(args.config, args.set), Path(args.out))
+    splits, malicious = save_partition(load_config(args.config, args.set, args.plugin), Path(args.out))
     train, test = [len(s.train) for s in splits], [len(s.test) for s in splits]
     kind = "disjoint" if is_disjoint(splits) else "overlapping"
     print(
@@ -116,7 +116,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.launch import pretrain
 
-    print(pretrain(load_config(args.config, args.set), args.epochs, args.lr, args.cache))
+    print(pretrain(load_config(args.config, args.set, args.plugin), args.epochs, args.lr, args.cache))
     return 0
 
 
@@ -138,42 +138,66 @@ def _ui(args: argparse.Namespace) -> int:
     if args.config:
         from raysim.config import load_config
 
-        tracking = load_config(args.config).tracking
+        tracking = load_config(args.config, extra_plugins=args.plugin).tracking
         uri, experiment = uri or tracking.uri, tracking.experiment
     store = resolve_tracking_uri(uri)
     serve(ServerSettings(store, None, host, port), "MLflow UI", lambda url: runs_page(url, store, experiment))
 
 
-def _algorithms(args: argparse.Namespace) -> int:
-    from raysim.algorithms import REGISTRY
+def _load_plugins(args: argparse.Namespace) -> None:
+    """Import the `--plugin` modules and files of a command that reads no config, so that it knows their entries."""
+    from raysim import plugins
 
-    for name, cls in REGISTRY.items():
-        summary = (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        print(f"{name:12s} {summary}")
+    plugins.load_all(plugins.resolve(args.plugin, None, "--plugin"))
+
+
+def _first_line(text: str | None) -> str:
+    return next(iter((text or "").strip().splitlines()), "")
+
+
+def _algorithms(args: argparse.Namespace) -> int:
+    """Each `algorithm.name` and the first line of its module's docstring."""
+    from raysim.algorithms import ALGORITHMS
+
+    _load_plugins(args)
+    for name, cls in ALGORITHMS.items():
+        print(f"{name:12s} {_first_line(sys.modules[cls.__module__].__doc__)}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    """Each `model.name` and the first line of its factory's docstring."""
+    from raysim.models.spec import MODELS
+
+    _load_plugins(args)
+    for name, factory in MODELS.items():
+        print(f"{name:12s} {_first_line(factory.__doc__)}")
     return 0
 
 
 def _datasets(args: argparse.Namespace) -> int:
     """Each `dataset.name`: whether its files are here (and where), the layout it reads, how to get it."""
-    from raysim.data.catalog import CATALOG, default_root, found_at
+    from raysim.data import DATASETS
+    from raysim.data.catalog import default_root, found_at
     from raysim.data.fashion_mnist import CACHE_DIR, DEBIAN_DIR
 
+    _load_plugins(args)
     roots = [Path(args.root).expanduser()] if args.root else []
     roots += [default_root(), CACHE_DIR, DEBIAN_DIR]
     print(f"looked in: {', '.join(str(r) for r in roots)}")
-    for info in CATALOG.values():
-        found = found_at(info, roots)
+    for name, source in DATASETS.items():
+        found = found_at(source, roots)
         where = "built in" if found == Path("-") else (f"found in {found}" if found else "missing")
-        print(f"{info.name:14s} {where}: {info.about}")
+        print(f"{name:14s} {where}: {source.summary()}")
         if found is None:
-            print(f"{'':14s}   reads {info.layout}; get it: {info.get}")
+            print(f"{'':14s}   reads {source.layout}; get it: {source.get}")
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from raysim.launch import run_sweep_file
 
-    return run_sweep_file(args.sweep, args.set, args.quiet, args.resume)
+    return run_sweep_file(args.sweep, args.set, args.quiet, args.resume, args.plugin)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -182,7 +206,9 @@ def _submit(args: argparse.Namespace) -> int:
     from raysim.studies.sweep import is_sweep_file
 
     kind = "sweep" if is_sweep_file(args.config) else "experiment"
-    submission = submit(kind, args.config, args.set, args.address, args.tracking_uri, args.package, args.auth_token)
+    submission = submit(
+        kind, args.config, args.set, args.address, args.tracking_uri, args.package, args.auth_token, plugins=args.plugin
+    )
     print(f"submitted {kind} job {submission.job_id} to {submission.address}", flush=True)
     if submission.warning:
         print(f"warning: {submission.warning}", file=sys.stderr)
@@ -247,6 +273,7 @@ def _server(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from raysim.studies.bench import WAYS, report, run_bench
 
+    _load_plugins(args)
     ways = tuple(args.ways or WAYS)
     results = run_bench(
         args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus, args.reference_device, args.chunk,
@@ -261,6 +288,14 @@ def _cluster_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--auth-token", help="Ray cluster token (default: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
     )
+
+
+def _plugin_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+        help="import this module or .py file first (repeatable): its algorithms, models, datasets, schemes, attacks "
+        "and rules join the registries (see docs/extending.md)",
+    )  # fmt: skip
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -317,6 +352,7 @@ def parser() -> argparse.ArgumentParser:
         "--resume", metavar="PARENT_RUN", help="suite or sweep: continue this stopped parent run (finished children "
         "are kept, unfinished ones continue from their checkpoints or start again, missing ones start)"
     )  # fmt: skip
+    _plugin_option(run)
     run.set_defaults(handler=_run)
     config = commands.add_parser(
         "config",
@@ -326,6 +362,7 @@ def parser() -> argparse.ArgumentParser:
     )
     config.add_argument("config", help="experiment YAML")
     config.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
+    _plugin_option(config)
     config.set_defaults(handler=_config)
     table = commands.add_parser(
         "table",
@@ -359,6 +396,7 @@ def parser() -> argparse.ArgumentParser:
     partition.add_argument("config", help="experiment YAML")
     partition.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
     partition.add_argument("--out", required=True, help="the Parquet file to write")
+    _plugin_option(partition)
     partition.set_defaults(handler=_partition)
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint (same MLflow run)")
     resume.add_argument(
@@ -382,6 +420,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="folder of cached pretrained models (default: $RAYSIM_CACHE/pm, ~/.cache/raysim/pm)",
     )
+    _plugin_option(pretrain)
     pretrain.set_defaults(handler=_pretrain)
     ui = commands.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the tracking store")
     ui.add_argument("--config", help="take the tracking URI from this experiment config")
@@ -391,6 +430,7 @@ def parser() -> argparse.ArgumentParser:
     ui.add_argument(
         "--port", type=int, help=f"port on 127.0.0.1, refused if taken (default: {UI_PORT}, or the next free one)"
     )
+    _plugin_option(ui)
     ui.set_defaults(handler=_ui)
     bench = commands.add_parser(
         "bench", help="time a FLAME round: plain torch loop vs raysim sequential vs vectorized (table and JSON)"
@@ -416,19 +456,26 @@ def parser() -> argparse.ArgumentParser:
         help="override a value of the benchmark's config (e.g. runtime.state_memory_mb=2000, algorithm.name=fedavg)",
     )  # fmt: skip
     bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
+    _plugin_option(bench)
     bench.set_defaults(handler=_bench)
     datasets = commands.add_parser(
         "datasets", help="list the datasets: which are on this machine, the layout each reads, how to get it"
     )
     datasets.add_argument("--root", default=None, help="also look here (a dataset.root)")
+    _plugin_option(datasets)
     datasets.set_defaults(handler=_datasets)
     algorithms = commands.add_parser("algorithms", help="list the registered algorithms")
+    models = commands.add_parser("models", help="list the registered models")
+    _plugin_option(models)
+    models.set_defaults(handler=_models)
+    _plugin_option(algorithms)
     algorithms.set_defaults(handler=_algorithms)
     sweep = commands.add_parser("sweep", help="run a sweep (grid / random draws x seeds) as concurrent trials")
     sweep.add_argument("sweep", help="path of the sweep YAML")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override the base")
     sweep.add_argument("--quiet", action="store_true", help="no per-trial lines")
     sweep.add_argument("--resume", metavar="PARENT_RUN", help="continue this stopped sweep's parent run")
+    _plugin_option(sweep)
     sweep.set_defaults(handler=_sweep)
     submit = commands.add_parser("submit", help="submit an experiment or sweep YAML as a Ray job")
     submit.add_argument("config", help="experiment or sweep YAML (shipped with the job)")
@@ -438,6 +485,7 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--follow", action="store_true", help="stream the job's logs until it ends")
     submit.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the MLflow run id")
     _cluster_options(submit)
+    _plugin_option(submit)
     submit.set_defaults(handler=_submit)
     jobs = commands.add_parser("jobs", help="list the cluster's jobs and their status")
     _cluster_options(jobs)

@@ -1,7 +1,10 @@
 """Experiment configuration: one pydantic model, loaded from YAML with `--set key.path=value` overrides.
 
-Every layer declares its own settings (algorithms, partitions, models) and this module composes them.
-Validation errors become one `ConfigError` line naming the key path, the bad value and what is allowed.
+Every layer declares its own settings and this module composes them. The choice sections (`algorithm`, `dataset`,
+`partition`) and the named parts (`model.name`, `attack.kind`, `aggregation.rule`) are looked up in their registries
+(raysim.registry) when a config is validated, so that the plugins a config lists (`plugins:`, `--plugin`, installed
+entry points; raysim.plugins), imported first, join them. Validation errors become one `ConfigError` line naming the
+key path, the bad value and what is allowed.
 """
 
 from __future__ import annotations
@@ -11,66 +14,43 @@ import difflib
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from raysim.algorithms import REGISTRY
-from raysim.data.partitions import PartitionSettings, QLabelSettings
-from raysim.data.sources import SOURCES, Dataset, load_dataset
+from raysim import plugins
+from raysim.algorithms import ALGORITHMS, AlgorithmSettings
+from raysim.data import DATASETS, PARTITIONS, DatasetSettings, SchemeSettings
+from raysim.data.fashion_mnist import FashionMnistSettings
+from raysim.data.partitions import QLabelSettings
 from raysim.errors import ConfigError
 from raysim.models.spec import ModelSettings
+from raysim.registry import UNKNOWN, Registry
 from raysim.settings import Settings
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings
 from raysim.tracking.credentials import redact
 
-AlgorithmConfig = Annotated[
-    Union[tuple(cls.Settings for cls in REGISTRY.values())],  # noqa: UP007 - built from the registry
-    Field(discriminator="name"),
-]
+CHOICES: dict[str, Registry[Any]] = {"algorithm": ALGORITHMS, "partition": PARTITIONS, "dataset": DATASETS}
+"""The sections one key chooses the settings of (`algorithm.name`, `partition.scheme`, `dataset.name`)."""
+CHOICE_DEFAULTS = {"dataset": "fashion_mnist"}
+"""The choice a section that names none makes (the others must name theirs)."""
+SWITCHES = {section: registry.field for section, registry in CHOICES.items()}
+"""Sections whose settings depend on one key: switching it with --set drops the old choice's settings."""
+
+if TYPE_CHECKING:  # what a type checker sees: the base settings of each choice
+    AlgorithmChoice = AlgorithmSettings
+    DatasetChoice = DatasetSettings
+    PartitionChoice = SchemeSettings
+else:  # validated by the chosen entry's settings when a config is validated (Registry.choice)
+    AlgorithmChoice = ALGORITHMS.choice(AlgorithmSettings)
+    DatasetChoice = DATASETS.choice(DatasetSettings, CHOICE_DEFAULTS["dataset"])
+    PartitionChoice = PARTITIONS.choice(SchemeSettings)
 
 
 class _Section(Settings):
     """One section of an experiment config."""
-
-
-class DatasetSettings(_Section):
-    name: Literal[SOURCES] = "fashion_mnist"  # type: ignore[valid-type]
-    root: str | None = Field(None, description="directory holding the dataset files (else the default places)")
-    download: bool = Field(True, description="let torchvision download when no local copy exists")
-    path: str | None = Field(
-        None, description="npz: the .npz file; huggingface: a saved dataset's folder or a hub name"
-    )
-    split: str | None = Field(None, description="emnist: byclass, bymerge, balanced, letters, digits, mnist; "
-                              "femnist: digits (FLAME's 10-class FEMNIST); huggingface: the split to load")
-    subset: str | None = Field(
-        None, description="medmnist: which MedMNIST set (pathmnist, organamnist, ...); huggingface: the hub config name"
-    )
-    image: str = Field("image", description="huggingface: the column holding the image or feature vector")
-    label: str = Field("label", description="huggingface: the column holding the class label")
-    size: int | None = Field(None, ge=1, description="resize images to size x size (e.g. 64 for Medical MNIST)")
-    channels: Literal[1, 3] | None = Field(
-        None, description="image_folder: convert every image to 1 (grey) or 3 (RGB) channels; default: RGB if any "
-        "image has colour (the FLAME authors read Medical MNIST as RGB)"
-    )
-    augment: Literal["none", "crop_flip"] = Field(
-        "none", description="training-time augmentation: crop_flip = random crop after zero padding and horizontal "
-        "flip (FedSLR on CIFAR and Tiny-ImageNet, fedslr.md 6.1), drawn from each client's seeded stream"
-    )
-    crop_padding: int = Field(4, ge=0, description="crop_flip: zero padding before the crop (Tiny-ImageNet: 8)")
-    crop_probability: float = Field(
-        0.5, ge=0, le=1, description="crop_flip: share of samples cropped (0.5 as FedSLR; 1: always)"
-    )
-
-    def load(self, seed: int) -> Dataset:
-        """The dataset these settings name (`seed` draws the synthetic ones)."""
-        return load_dataset(
-            self.name, self.root, self.download, seed, self.path,
-            split=self.split, subset=self.subset, image=self.image, label=self.label, size=self.size,
-            channels=self.channels,
-        )
 
 
 class ClientsSettings(_Section):
@@ -257,9 +237,14 @@ class TrackingSettings(_Section):
 
 
 class ExperimentConfig(Settings):
-    algorithm: AlgorithmConfig  # type: ignore[valid-type]
-    dataset: DatasetSettings = DatasetSettings()
-    partition: PartitionSettings = QLabelSettings()
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="modules or .py files (relative to the config file) imported before the config is validated, so "
+        "that the algorithms, models, datasets, schemes, attacks and rules they register can be named here",
+    )
+    algorithm: AlgorithmChoice
+    dataset: DatasetChoice = FashionMnistSettings()
+    partition: PartitionChoice = QLabelSettings()
     model: ModelSettings = ModelSettings()
     clients: ClientsSettings = ClientsSettings()
     rounds: int = Field(100, ge=1)
@@ -273,7 +258,7 @@ class ExperimentConfig(Settings):
     def _check_messages(self) -> ExperimentConfig:
         """Byzantine attacks and robust aggregation act on the algorithm's message (see base.Upload)."""
         for key, used in (("attack.kind", self.attack.byzantine), ("aggregation.rule", self.aggregation.active)):
-            if used and not REGISTRY[self.algorithm.name].sends_messages():
+            if used and not ALGORITHMS.get(self.algorithm.name).sends_messages():
                 raise ValueError(
                     f"{key}: algorithm {self.algorithm.name!r} does not name the message it uploads "
                     "(Upload.message_field), so it supports only attack.kind none/label_poisoning and "
@@ -289,7 +274,7 @@ class ExperimentConfig(Settings):
             return self
         name = self.algorithm.name
         needs = [
-            (REGISTRY[name].code_draws(self.algorithm) is None,
+            (ALGORITHMS.get(name).code_draws(self.algorithm) is None,
              "an algorithm and settings the authors' code has (flame; pfedme; ditto with global_resync false, "
              f"global_steps one_batch, epochs 1), not {name!r} with these settings"),
             (getattr(self.partition, "draw", None) != "authors", "partition.draw: authors (their dealing and split)"),
@@ -414,13 +399,17 @@ def _yaml_comment(text: str) -> str | None:
 
 
 def _text_field(keys: list[str], tree: dict[str, Any]) -> bool:
-    """Whether `keys` names a field whose values are text: `str`, a Literal of strings, or either or None."""
+    """Whether `keys` names a field whose values are text: `str`, a Literal of strings, or either or None. In a
+    choice section (`algorithm`, `dataset`, `partition`) the fields are those of the settings the section chooses
+    now (a plugin's included); the key that chooses (`algorithm.name`) is a name whatever the choice."""
+    if len(keys) == 2 and SWITCHES.get(keys[0]) == keys[1]:
+        return True
     model: Any = ExperimentConfig
     node: Any = tree
     for key in keys[:-1]:
         node = node.get(key, {}) if isinstance(node, dict) else {}
         if model is ExperimentConfig and key in SWITCHES:
-            model = choice_models(key).get(node.get(SWITCHES[key]) if isinstance(node, dict) else None)
+            model = _chosen_model(key, node)
         else:
             field = _field(model, key)
             model = field.annotation if field is not None else None
@@ -428,6 +417,12 @@ def _text_field(keys: list[str], tree: dict[str, Any]) -> bool:
             return False
     field = _field(model, keys[-1])
     return field is not None and _is_text(field.annotation)
+
+
+def _chosen_model(section: str, node: Any) -> type[Settings] | None:
+    """The settings model a choice section's raw settings choose, or None (no such name, or not a mapping)."""
+    name = chosen(section, node) if isinstance(node, dict) else None
+    return CHOICES[section].settings_of(name) if isinstance(name, str) and name in CHOICES[section] else None
 
 
 def _field(model: Any, key: str) -> Any:
@@ -449,17 +444,16 @@ def _is_text(annotation: Any) -> bool:
     return False
 
 
-SWITCHES = {"partition": "scheme", "algorithm": "name"}
-"""Sections whose settings depend on one key: switching it with --set drops the old choice's settings."""
-
-
 def choice_models(section: str) -> dict[str, type[Settings]]:
     """The settings model of each choice of a SWITCHES section (`algorithm`: name -> its Settings, `partition`:
-    scheme -> its settings class)."""
-    if section == "algorithm":
-        return {name: cls.Settings for name, cls in REGISTRY.items()}
-    models = PartitionSettings.__origin__.__args__
-    return {model.model_fields["scheme"].default: model for model in models}
+    scheme -> its settings class, `dataset`: name -> its source's settings), from its registry."""
+    registry = CHOICES[section]
+    return {name: registry.settings_of(name) for name in registry}  # type: ignore[misc]
+
+
+def chosen(section: str, node: dict[str, Any]) -> str | None:
+    """The choice a SWITCHES section's raw settings make (its key, else the section's default)."""
+    return node.get(SWITCHES[section], CHOICE_DEFAULTS.get(section))
 
 
 def apply_overrides(tree: dict[str, Any], assignments: list[str] | tuple[str, ...]) -> None:
@@ -490,7 +484,7 @@ def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
     for key in loc[:-1]:
         node = node.get(key, {}) if isinstance(node, dict) else {}
         if model is ExperimentConfig and key in SWITCHES:
-            model = choice_models(key).get(node.get(SWITCHES[key]))
+            model = choice_models(key).get(chosen(key, node))
         elif model is not None and key in getattr(model, "model_fields", {}):
             model = model.model_fields[key].annotation
         else:
@@ -520,17 +514,10 @@ def _field_level(error: dict[str, Any]) -> dict[str, Any]:
 def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
     error = _field_level(error)
     loc = tuple(error["loc"])
-    # Drop the discriminator tag that pydantic inserts for tagged unions: ("algorithm", "flame", "rho").
-    section = data.get(loc[0]) if loc and loc[0] in ("algorithm", "partition") else None
-    if isinstance(section, dict) and len(loc) > 1 and loc[1] in (section.get("name"), section.get("scheme")):
-        loc = (loc[0], *loc[2:])
     path = ".".join(_key_text(k) for k in loc) or "config"
     kind = error["type"]
-    if kind == "union_tag_invalid" and loc == ("algorithm",):
-        return f"algorithm.name: unknown algorithm {error['input'].get('name')!r}; allowed: {', '.join(REGISTRY)}"
-    if kind == "union_tag_invalid" and loc == ("partition",):
-        allowed = [a.model_fields["scheme"].default for a in PartitionSettings.__origin__.__args__]
-        return f"partition.scheme: unknown scheme {error['input'].get('scheme')!r}; allowed: {', '.join(allowed)}"
+    if kind == UNKNOWN:  # a name no registry entry has: the registry's own line, with close matches
+        return f"{error['ctx']['config_key'] or path}: {error['msg']}"
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc, data)
         hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
@@ -545,9 +532,22 @@ def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
     return f"{path}: {message}{shown}"
 
 
+def with_plugins(data: dict[str, Any], base: Path | None, extra: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """A raw config tree whose `plugins` (files relative to `base`, else the current directory) and `extra` plugins
+    (resolved already, e.g. `--plugin`) are imported, listed as stored (raysim.plugins.resolve); a PluginError line
+    for one that cannot be imported."""
+    specs = plugins.resolve(data.get("plugins"), base, "plugins")
+    specs += [spec for spec in extra if spec not in specs]
+    plugins.load_all(specs)
+    return {**data, "plugins": specs}
+
+
 def validate_config(data: dict[str, Any]) -> ExperimentConfig:
+    """A raw config tree as a validated ExperimentConfig, its plugins imported first; the first error as one
+    ConfigError line naming the key."""
     if not isinstance(data, dict):
         raise ConfigError("config: the top level must be a mapping of sections")
+    data = with_plugins(data, None)
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as error:
@@ -581,9 +581,12 @@ def top_level_keys(path: str | Path) -> set[str]:
         return set()
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
-    """Read a YAML experiment, apply `--set` overrides, validate."""
-    data = read_mapping(path)
+def load_config(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), extra_plugins: list[str] | tuple[str, ...] = ()
+) -> ExperimentConfig:
+    """Read a YAML experiment, import its plugins and `extra_plugins` (`--plugin`, relative to the current
+    directory), apply `--set` overrides, validate."""
+    data = with_plugins(read_mapping(path), Path(path).parent, plugins.resolve(extra_plugins, None, "--plugin"))
     apply_overrides(data, overrides)
     return validate_config(data)
 
@@ -594,6 +597,10 @@ class ExperimentFamily(Settings):
     kind: ClassVar[str] = "family"
     """What the file is called in error messages ("suite", "sweep")."""
     name: str = Field(min_length=1, description="name of the parent MLflow run")
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="plugins every child imports (module names or .py files relative to this file)",
+    )
     base: dict[str, Any] | None = Field(None, description="the base experiment config, inline")
     base_config: str | None = Field(None, description="or: path of the base experiment YAML")
 
@@ -604,18 +611,29 @@ class ExperimentFamily(Settings):
         return self
 
     def base_tree(self) -> dict[str, Any]:
-        """The base experiment as a raw config tree (a copy)."""
+        """The base experiment as a raw config tree (a copy), with this file's plugins added to its own."""
         if self.base is not None:
-            return copy.deepcopy(self.base)
-        return read_mapping(self.base_config, "base_config")  # type: ignore[arg-type]
+            tree = copy.deepcopy(self.base)
+        else:
+            base_config = Path(self.base_config)  # type: ignore[arg-type]  # _one_base: one of the two is set
+            tree = with_plugins(read_mapping(base_config, "base_config"), base_config.parent)
+        return with_plugins(tree, None, self.plugins)
 
     @classmethod
-    def load(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()):
-        """Read the file (`base_config` is relative to it); `--set` overrides apply to the base experiment."""
+    def load(
+        cls,
+        path: str | Path,
+        overrides: list[str] | tuple[str, ...] = (),
+        extra_plugins: list[str] | tuple[str, ...] = (),
+    ):
+        """Read the file (`base_config` and plugin files are relative to it) and import its plugins and
+        `extra_plugins` (`--plugin`); `--set` overrides apply to the base experiment."""
         path = Path(path)
-        data = read_mapping(path, cls.kind)
+        data = with_plugins(read_mapping(path, cls.kind), path.parent, plugins.resolve(extra_plugins, None, "--plugin"))
         if data.get("base_config") is not None:
             data["base_config"] = str(path.parent / data["base_config"])
+        if isinstance(data.get("base"), dict):
+            data["base"] = with_plugins(data["base"], path.parent)
         family = cls.parse(data, str(path))
         if not overrides:
             return family

@@ -18,7 +18,7 @@ from raysim.tracking.credentials import redact, redact_text
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
-    from raysim.data.sources import Dataset
+    from raysim.data.dataset import Dataset
 
 
 def guarded(action: Callable[[], int]) -> int:
@@ -51,21 +51,28 @@ def _say(line: str) -> None:
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - open until the process exits
 
 
-def run_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
+def run_file(
+    path: str | Path,
+    overrides: list[str],
+    quiet: bool = False,
+    resume: str | None = None,
+    plugins: list[str] | tuple[str, ...] = (),
+) -> int:
     """Run an experiment, a suite (a file with `runs:`) or a sweep (`grid:` / `random:`) and print its outcome;
-    `resume`: a stopped suite's or sweep's parent run to continue."""
+    `resume`: a stopped suite's or sweep's parent run to continue; `plugins`: imported before the file is validated
+    (`--plugin`, besides the file's own `plugins:`)."""
     from raysim.config import load_config
     from raysim.runtime.driver import run_experiment
     from raysim.studies.suite import is_suite_file
     from raysim.studies.sweep import is_sweep_file
 
     if is_suite_file(path):
-        return run_suite_file(path, overrides, quiet, resume)
+        return run_suite_file(path, overrides, quiet, resume, plugins)
     if is_sweep_file(path):
-        return run_sweep_file(path, overrides, quiet, resume)
+        return run_sweep_file(path, overrides, quiet, resume, plugins)
     if resume is not None:
         raise ConfigError(f"--resume continues a suite or sweep; {path} is one experiment: use `raysim resume RUN_ID`")
-    result = run_experiment(load_config(path, overrides), show_progress=not quiet)
+    result = run_experiment(load_config(path, overrides, plugins), show_progress=not quiet)
     print_run(result)
     return 0
 
@@ -79,13 +86,19 @@ def print_run(result) -> None:
     )
 
 
-def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
+def run_suite_file(
+    path: str | Path,
+    overrides: list[str],
+    quiet: bool = False,
+    resume: str | None = None,
+    plugins: list[str] | tuple[str, ...] = (),
+) -> int:
     """Exit code 1 when a child failed (the others run to the end)."""
     from raysim.studies.children import failure_lines, resume_command
     from raysim.studies.suite import load_suite, run_suite
 
-    suite = load_suite(path, overrides)
-    command = study_command(path, overrides)
+    suite = load_suite(path, overrides, plugins)
+    command = study_command(path, overrides, plugins)
     result = run_suite(suite, show_progress=not quiet, resume=resume, command=command)
     print(f"suite {suite.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'run':24s} {'PM':>7s} {'GM':>7s} {'HM':>7s}   (final accuracy, mean over finished seeds)")
@@ -101,13 +114,19 @@ def run_suite_file(path: str | Path, overrides: list[str], quiet: bool = False, 
     return 1 if result.failed else 0
 
 
-def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False, resume: str | None = None) -> int:
+def run_sweep_file(
+    path: str | Path,
+    overrides: list[str],
+    quiet: bool = False,
+    resume: str | None = None,
+    plugins: list[str] | tuple[str, ...] = (),
+) -> int:
     """Exit code 1 when a trial failed (the others run to the end)."""
     from raysim.studies.children import failure_lines, resume_command
     from raysim.studies.sweep import load_sweep, run_sweep, setting_stats
 
-    sweep = load_sweep(path, overrides)
-    command = study_command(path, overrides)
+    sweep = load_sweep(path, overrides, plugins)
+    command = study_command(path, overrides, plugins)
     result = run_sweep(sweep, show_progress=not quiet, resume=resume, command=command)
     print(f"sweep {sweep.name}: parent run {result.parent_run_id} at {redact(result.tracking_uri)}")
     print(f"{'setting':32s} {'seeds':>5s} {'PM mean':>8s} {'+/- std':>8s}   (final accuracy)")
@@ -119,10 +138,13 @@ def run_sweep_file(path: str | Path, overrides: list[str], quiet: bool = False, 
     return 1 if result.failed else 0
 
 
-def study_command(path: str | Path, overrides: list[str]) -> str:
+def study_command(path: str | Path, overrides: list[str], plugins: list[str] | tuple[str, ...] = ()) -> str:
     """The command line that runs a suite or sweep file with these `--set` overrides (`--tracking-uri` and
-    `--experiment` among them), credentials redacted: what continues it, with `--resume PARENT`."""
-    return shlex.join(["raysim", "run", str(path), *(part for o in overrides for part in ("--set", redact_text(o)))])
+    `--experiment` among them, credentials redacted) and `--plugin` modules or files: what continues it, with
+    `--resume PARENT`."""
+    options = [*(part for o in overrides for part in ("--set", redact_text(o))),
+               *(part for spec in plugins for part in ("--plugin", spec))]  # fmt: skip
+    return shlex.join(["raysim", "run", str(path), *options])
 
 
 def pretrain(

@@ -150,10 +150,10 @@ def test_impossible_partitions_fail_before_any_run_naming_the_child(tmp_path, ca
 
 def test_partition_check_makes_each_distinct_partition_once(monkeypatch):
     import raysim.studies.suite as suite_module
-    from raysim.config import DatasetSettings
+    from raysim.data.sources import SyntheticClassificationSettings
 
     calls = {"load": 0, "partition": 0}
-    load, partition = DatasetSettings.load, suite_module.partition_dataset
+    load, partition = SyntheticClassificationSettings.load, suite_module.partition_dataset
 
     def counted(name, real):
         def wrapper(*args, **kwargs):
@@ -162,7 +162,7 @@ def test_partition_check_makes_each_distinct_partition_once(monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(DatasetSettings, "load", counted("load", load))
+    monkeypatch.setattr(SyntheticClassificationSettings, "load", counted("load", load))
     monkeypatch.setattr(suite_module, "partition_dataset", counted("partition", partition))
     runs = [{"name": n, "set": {"algorithm.rho": r}} for n, r in (("a", 0.1), ("b", 0.2), ("c", 0.3))]
     runs.append({"name": "more", "set": {"clients.count": 6}})

@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from raysim.models.spec import ParamSpec
+from raysim.registry import Registry
 from raysim.settings import Settings
 
 Vector = np.ndarray
@@ -405,6 +406,26 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
             weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
             value = weight * np.asarray(message, dtype=np.float64)
         return dataclasses.replace(upload, **{upload.message_field: value})  # type: ignore[type-var]
+
+
+
+def _check_algorithm(name: str, entry: type[Algorithm]) -> None:
+    """An algorithm class whose Settings answer to its name (`algorithm.name` chooses them)."""
+    if not (isinstance(entry, type) and issubclass(entry, Algorithm)):
+        raise TypeError(f"algorithm {name!r}: {entry!r} is not a subclass of raysim.algorithms.base.Algorithm")
+    settings = getattr(entry, "Settings", None)
+    if not (isinstance(settings, type) and issubclass(settings, AlgorithmSettings)):
+        raise TypeError(f"algorithm {name!r}: {entry.__name__}.Settings must subclass AlgorithmSettings")
+    if settings.model_fields["name"].default != name:
+        raise TypeError(
+            f"algorithm {name!r}: {entry.__name__}.Settings must declare name: Literal[{name!r}] = {name!r}"
+        )
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry(
+    "algorithm", "algorithm.name", settings=lambda entry: entry.Settings, check=_check_algorithm
+)
+"""The algorithms by `algorithm.name`: each registers with `@ALGORITHMS.register()` (its `name`), a plugin's too."""
 
 
 def payload_bytes(payload: object) -> int:

@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
@@ -73,6 +74,7 @@ class DittoUpload(Upload):
     weight_field = "weight"
 
 
+@ALGORITHMS.register()
 class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector, DittoUpload]):
     name = "ditto"
     Settings = DittoSettings

@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
@@ -78,6 +79,7 @@ class FlameUpload(Upload):
     delta = True
 
 
+@ALGORITHMS.register()
 class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector, FlameUpload]):
     name = "flame"
     Settings = FlameSettings

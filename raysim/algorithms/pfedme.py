@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
@@ -70,6 +71,7 @@ class PFedMeChangeUpload(PFedMeUpload):
     delta = True
 
 
+@ALGORITHMS.register()
 class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, PFedMeServerState, Vector, PFedMeUpload]):
     name = "pfedme"
     Settings = PFedMeSettings

@@ -11,11 +11,13 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
+from raysim.data.dataset import DATASETS, Dataset, DownloadSettings, RootSettings
 from raysim.data.download import extract, fetch, resolve_root
-from raysim.data.sources import DataRequest, Dataset
 from raysim.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -150,7 +152,37 @@ def _class_images(root: Path, classes: list[str]) -> list[list[Path]]:
     return per_class
 
 
-def image_folder(request: DataRequest) -> Dataset:
+@DATASETS.register()
+class ImageFolderSettings(RootSettings):
+    name: Literal["image_folder"] = "image_folder"
+    size: int | None = Field(None, ge=1, description="resize images to size x size (e.g. 64 for Medical MNIST)")
+    channels: Literal[1, 3] | None = Field(
+        None, description="convert every image to 1 (grey) or 3 (RGB) channels; default: RGB if any image has colour "
+        "(the FLAME authors read Medical MNIST as RGB)"
+    )  # fmt: skip
+    about: ClassVar[str] = "any ImageFolder tree, e.g. Kaggle's Medical MNIST (FLAME's MMNIST, `dataset.size: 64`)"
+    layout: ClassVar[str] = "one folder per class holding the images"
+    get: ClassVar[str] = "your own files; Medical MNIST: kaggle.com/datasets/andrewmvd/medical-mnist"
+    markers: ClassVar[tuple[str, ...]] = ("*/*.png", "*/*.jpg", "*/*.jpeg", "*/*.JPEG")
+
+    def load(self, seed: int) -> Dataset:
+        return image_folder(self)
+
+
+@DATASETS.register()
+class TinyImagenetSettings(DownloadSettings):
+    name: Literal["tiny_imagenet"] = "tiny_imagenet"
+    size: int | None = Field(None, ge=1, description="resize images to size x size (default: 64)")
+    about: ClassVar[str] = "Tiny-ImageNet-200: 64x64 colour, 200 classes (FedSLR)"
+    layout: ClassVar[str] = "tiny-imagenet-200/ (train/<wnid>/images, val/val_annotations.txt, wnids.txt)"
+    get: ClassVar[str] = "`dataset.download: true` online (cs231n.stanford.edu)"
+    markers: ClassVar[tuple[str, ...]] = ("tiny-imagenet-200/wnids.txt",)
+
+    def load(self, seed: int) -> Dataset:
+        return tiny_imagenet(self)
+
+
+def image_folder(request: ImageFolderSettings) -> Dataset:
     """torchvision's ImageFolder layout: `dataset.root/<class>/.../<image>`, class index = position of the
     class folder in sorted order; images in any sub-folder of a class folder count.
 
@@ -177,8 +209,6 @@ def image_folder(request: DataRequest) -> Dataset:
             raise DataError(f"dataset.root: {root / name}: no image files ({', '.join(IMAGE_SUFFIXES)})")
         paths += files
         labels += [label] * len(files)
-    if request.channels not in (None, 1, 3):
-        raise DataError(f"dataset.channels: {request.channels}; allowed: 1 (grey), 3 (RGB)")
     x = read_images(paths, request.size, mode={1: "L", 3: "RGB"}.get(request.channels or 0))
     if set(classes) == MEDICAL_MNIST_CLASSES:
         mean, std = (MEDICAL_MNIST_MEAN_STD,) * x.shape[1], (MEDICAL_MNIST_MEAN_STD,) * x.shape[1]
@@ -187,7 +217,7 @@ def image_folder(request: DataRequest) -> Dataset:
     return Dataset(root.name, x, np.asarray(labels, dtype=np.int64), len(classes), mean=mean, std=std)
 
 
-def _tiny_imagenet_dir(request: DataRequest) -> Path:
+def _tiny_imagenet_dir(request: TinyImagenetSettings) -> Path:
     """The `tiny-imagenet-200` folder: `dataset.root` itself or its child, downloaded there if allowed."""
     root = resolve_root(request.root)
     for candidate in (root / "tiny-imagenet-200", root):
@@ -233,7 +263,7 @@ def _tiny_imagenet_files(base: Path) -> tuple[list[str], list[Path], list[int]]:
     return wnids, paths, labels
 
 
-def tiny_imagenet(request: DataRequest) -> Dataset:
+def tiny_imagenet(request: TinyImagenetSettings) -> Dataset:
     """Tiny-ImageNet-200: 200 classes of 64x64 RGB images (class index = sorted wnid), train (500 per class)
     and val (50 per class, labelled in val/val_annotations.txt) pooled: 110,000 images. The unlabelled test
     folder is not used. Grayscale JPEGs among them are converted to RGB; `dataset.size` resizes."""

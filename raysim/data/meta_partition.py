@@ -12,15 +12,14 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.data.scheme import PARTITIONS, SchemeSettings
 from raysim.errors import PartitionError
 from raysim.seeding import Stream, rng
-from raysim.settings import Settings
 
 
-class MetaSettings(Settings):
-    """2 random classes per client, D_i ~ U(M, 2M) split evenly over them, none from the reserved pool.
-
-    Its own base (not partitions._Scheme), so that partitions.py can list it without an import cycle."""
+@PARTITIONS.register()
+class MetaSettings(SchemeSettings):
+    """2 random classes per client, D_i ~ U(M, 2M) split evenly over them, none from the reserved pool."""
 
     scheme: Literal["meta"] = "meta"
     test_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="query share of each client (50/50 in the paper)")
@@ -31,9 +30,6 @@ class MetaSettings(Settings):
     server_samples: int = Field(
         10_000, ge=0, description="further samples held by no client: the server's knowledge-transfer set D_s"
     )
-
-    def noise_std(self, client: int, num_clients: int) -> float:
-        return 0.0
 
     def assign(self, labels, num_clients, generator, groups):
         labels = np.asarray(labels)

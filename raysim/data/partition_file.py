@@ -25,24 +25,23 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from raysim.data.scheme import PARTITIONS, ClientSplit, SchemeSettings, split_client
 from raysim.errors import PartitionError
-from raysim.settings import Settings
-
-if TYPE_CHECKING:
-    from raysim.data.partitions import ClientSplit
+from raysim.seeding import Stream, rng
 
 METADATA_KEY = b"raysim"
 PARTS = ("train", "test", "val")
 
 
-class FileSettings(Settings):
+@PARTITIONS.register()
+class FileSettings(SchemeSettings):
     """Replay a partition written as Parquet (see the module docstring), with checks: indices in range, no
     sample in two parts of one client, no client without training or test samples, and the clients disjoint
     where the file or `disjoint` claims it."""
@@ -55,11 +54,21 @@ class FileSettings(Settings):
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="for a file with only `indices`: test share")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="for a file with only `indices`: validation share")
 
-    def noise_std(self, client: int, num_clients: int) -> float:
-        return 0.0
+    def splits(self, labels, num_clients, seed, groups):
+        """The clients of the file; a file with only `indices` split here per client."""
+        splits = []
+        for row in read_partition(self, np.asarray(labels), num_clients):
+            if row.indices is not None:
+                split = split_client(row.client_id, row.indices, self, rng(seed, Stream.PARTITION, 1, row.client_id))
+            else:
+                split = ClientSplit(row.client_id, np.sort(row.train), np.sort(row.test), np.sort(row.val))
+            splits.append(ClientSplit(split.client_id, split.train, split.test, split.val, row.noise_std))
+        return splits
 
-    def server_pools(self, num_samples: int, seed: int) -> tuple[np.ndarray, ...]:
-        return ()
+    def malicious(self, labels: np.ndarray, num_clients: int) -> frozenset[int]:
+        """The attackers the file marks (its `malicious` column)."""
+        rows = read_partition(self, np.asarray(labels), num_clients)
+        return frozenset(row.client_id for row in rows if row.malicious)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ folder can be written at all is checked before a run starts (`check_writable`).
 
 No pickle: a state tree is stored as a JSON description plus the arrays it references, so reading a
 checkpoint runs no code named in it. A dataclass is stored by its `module:qualname` and rebuilt only if
-it is a state class: a dataclass defined in raysim's own modules, or one a plugin registered with
-`register_state_class`. Anything else a file names (`subprocess:Popen`, `builtins:eval`, a raysim
-function) is refused with a CheckpointError before any module outside raysim is imported.
+it is a state class: a dataclass defined in raysim's own modules or in a plugin this process imported
+(raysim.plugins), or one registered with `register_state_class`. Anything else a file names
+(`subprocess:Popen`, `builtins:eval`, a raysim function) is refused with a CheckpointError before any module
+outside raysim is imported.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import IO, Any, Protocol
 import numpy as np
 
 from raysim.errors import RaysimError
+from raysim.plugins import is_plugin_module
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -55,12 +57,17 @@ _RAYSIM_MODULE = re.compile(r"raysim(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def register_state_class(kind: type) -> type:
-    """Allow checkpoints to rebuild `kind`, a state dataclass defined outside raysim (an algorithm plugin's
-    client or server state). Usable as a class decorator."""
+    """Allow checkpoints to rebuild `kind`, a state dataclass defined outside raysim and outside the plugins (e.g.
+    in a module a plugin imports). Usable as a class decorator."""
     if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
         raise TypeError(f"register_state_class: {kind!r} is not a dataclass")
     _REGISTERED[f"{kind.__module__}:{kind.__qualname__}"] = kind
     return kind
+
+
+def _state_module(module: str) -> bool:
+    """A module whose dataclasses are state classes: raysim's own, or a plugin's (already imported)."""
+    return bool(_RAYSIM_MODULE.fullmatch(module)) or is_plugin_module(module)
 
 
 def state_class(name: str) -> type:
@@ -69,7 +76,7 @@ def state_class(name: str) -> type:
     if name in _REGISTERED:
         return _REGISTERED[name]
     module, _, qualname = name.partition(":")
-    if not _RAYSIM_MODULE.fullmatch(module):
+    if not _state_module(module):
         raise CheckpointError(f"refusing to rebuild {name!r}: not a raysim state class (see register_state_class)")
     try:
         kind: Any = importlib.import_module(module)
@@ -78,7 +85,7 @@ def state_class(name: str) -> type:
     except (ImportError, AttributeError):
         raise CheckpointError(f"cannot rebuild {name!r}: no such class in this raysim version") from None
     if not (isinstance(kind, type) and dataclasses.is_dataclass(kind) and kind.__module__ == module):
-        raise CheckpointError(f"refusing to rebuild {name!r}: not a raysim state dataclass")
+        raise CheckpointError(f"refusing to rebuild {name!r}: not a state dataclass")
     return kind
 
 
@@ -94,7 +101,7 @@ def encode_tree(value: Any, arrays: ArraySink) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kind = type(value)
         name = f"{kind.__module__}:{kind.__qualname__}"
-        if name not in _REGISTERED and not _RAYSIM_MODULE.fullmatch(kind.__module__):
+        if name not in _REGISTERED and not _state_module(kind.__module__):
             raise TypeError(f"cannot checkpoint {name}: a state class outside raysim needs register_state_class")
         fields = {f.name: encode_tree(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
         return {"__dataclass__": name, "fields": fields}

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raysim.algorithms import REGISTRY, ClientInfo, build_algorithm, run_client_step
+from raysim.algorithms import ALGORITHMS, ClientInfo, build_algorithm, run_client_step
 from raysim.algorithms.base import (
     AlgorithmSettings,
     ClientUpdate,
@@ -122,7 +122,7 @@ def authors_batches(config: ExperimentConfig, problem: Problem) -> AuthorsBatchP
     shuffled each client's n samples and left one out: n = train + test + 1 (raysim.data.authors_draw.split)."""
     if config.clients.batches != "authors":
         return None
-    draws = REGISTRY[config.algorithm.name].code_draws(config.algorithm)
+    draws = ALGORITHMS.get(config.algorithm.name).code_draws(config.algorithm)
     splits = [split for _, split in problem.clients]
     return AuthorsBatchPlan(
         config.seed, tuple(len(s.train) + len(s.test) + 1 for s in splits), tuple(len(s.train) for s in splits),

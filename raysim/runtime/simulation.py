@@ -2,7 +2,8 @@
 
 Per round: the coordinator's broadcast goes to the hosts through the object store (one copy); each host
 runs its selected clients and sends the exact sum of their uploads straight to the coordinator, only
-per-client records come back to the driver; the coordinator runs the server step.
+per-client records come back to the driver; the coordinator runs the server step. The hosts' and the coordinator's
+settings reach them `carry`-ed: each actor imports the run's plugins before it unpickles them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.errors import RaysimError
+from raysim.plugins import carry
 from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
@@ -76,7 +78,7 @@ class Simulation:
                 max_restarts=0,
                 max_task_retries=0,
             )
-            .remote(self._settings, *self._host_arguments[index])
+            .remote(carry(self._settings), *self._host_arguments[index])
         )
 
     def _start_coordinator(self) -> ray.actor.ActorHandle:
@@ -92,7 +94,7 @@ class Simulation:
                 max_task_retries=0,
             )
             .remote(
-                config.algorithm,
+                carry(config.algorithm),
                 self._params,
                 init_ref,
                 self._num_training,

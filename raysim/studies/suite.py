@@ -25,7 +25,6 @@ from pydantic import ConfigDict, Field, model_validator
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.data import partition_dataset
 from raysim.data.partitions import check_classes
-from raysim.data.sources import SEEDED_SOURCES
 from raysim.errors import ConfigError, DataError, PartitionError
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
@@ -106,9 +105,12 @@ def is_suite_file(path: str | Path) -> bool:
     return "runs" in top_level_keys(path)
 
 
-def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SuiteConfig:
-    """Read a suite YAML; `--set` overrides apply to its base experiment."""
-    return SuiteConfig.load(path, overrides)
+def load_suite(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), extra_plugins: list[str] | tuple[str, ...] = ()
+) -> SuiteConfig:
+    """Read a suite YAML and import its plugins and `extra_plugins` (`--plugin`); `--set` overrides apply to its base
+    experiment."""
+    return SuiteConfig.load(path, overrides, extra_plugins)
 
 
 def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
@@ -118,7 +120,7 @@ def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
     find out inside its own run. Each dataset is loaded once (once per seed for the synthetic ones)."""
     by_dataset: dict[tuple[str, int | None], list[tuple[str, ExperimentConfig]]] = {}
     for where, config in experiments:
-        seed = config.seed if config.dataset.name in SEEDED_SOURCES else None
+        seed = config.seed if config.dataset.seeded else None
         by_dataset.setdefault((config.dataset.model_dump_json(), seed), []).append((where, config))
     done: set[tuple[str, str, int, int]] = set()
     for (dataset_key, _), members in by_dataset.items():

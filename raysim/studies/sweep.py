@@ -33,6 +33,7 @@ from pydantic import Field, model_validator
 
 from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
 from raysim.errors import ConfigError
+from raysim.plugins import carry
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
 from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_line, run_child
@@ -164,9 +165,12 @@ class SweepResult:
         return [t.index for t, o in zip(self.trials, self.outcomes, strict=True) if not o.finished]
 
 
-def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
-    """Read a sweep YAML; `--set` overrides apply to its base experiment."""
-    return SweepConfig.load(path, overrides)
+def load_sweep(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), extra_plugins: list[str] | tuple[str, ...] = ()
+) -> SweepConfig:
+    """Read a sweep YAML and import its plugins and `extra_plugins` (`--plugin`); `--set` overrides apply to its base
+    experiment."""
+    return SweepConfig.load(path, overrides, extra_plugins)
 
 
 def parse_sweep(data: dict[str, Any], where: str = "sweep") -> SweepConfig:
@@ -270,7 +274,7 @@ def _schedule(
         while queue or pending:
             while queue and len(pending) < limit:
                 trial = queue.pop(0)
-                pending[_run_trial.remote(trial.config, parent, plan.continued.get(name[trial.index]))] = trial
+                pending[_run_trial.remote(carry(trial.config), parent, plan.continued.get(name[trial.index]))] = trial
             parent_run.doing = f"with {len(outcomes)} of {len(trials)} trials done"
             done = _wait_for_one(list(pending))
             for ref in done:
