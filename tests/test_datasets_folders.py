@@ -213,7 +213,7 @@ def test_a_decompression_bomb_is_refused_naming_the_file(tmp_path, side):
     assert bomb.stat().st_size < 200_000
     with pytest.raises(DataError, match=f"{re.escape(str(bomb))}: not read: Image size \\({side * side} pixels\\) "
                                         "exceeds limit"):  # fmt: skip
-        load_dataset("image_folder", root=root, download=False)
+        load_dataset("image_folder", root=root)
 
 
 def test_symbolic_link_loops_and_duplicates_are_refused_and_plain_links_followed(tmp_path):
@@ -221,25 +221,25 @@ def test_symbolic_link_loops_and_duplicates_are_refused_and_plain_links_followed
     (root / "all").symlink_to(root)  # a class folder that is the dataset root: every image again, as one class
     with pytest.raises(DataError, match=f"dataset.root: {root / 'all'} is a symbolic link loop: it leads back to "
                                         f"{root}; every image must be read once"):  # fmt: skip
-        load_dataset("image_folder", root=root, download=False)
+        load_dataset("image_folder", root=root)
     (root / "all").unlink()
     (root / "cat" / "nested" / "up").symlink_to(root / "cat")
     with pytest.raises(DataError, match=f"{root / 'cat' / 'nested' / 'up'} is a symbolic link loop: it leads back "
                                         f"to {root / 'cat'}"):  # fmt: skip
-        load_dataset("image_folder", root=root, download=False)
+        load_dataset("image_folder", root=root)
     (root / "cat" / "nested" / "up").unlink()
     (root / "dog").symlink_to(root / "cat")
     with pytest.raises(DataError, match=r"is the same folder as"):
-        load_dataset("image_folder", root=root, download=False)
+        load_dataset("image_folder", root=root)
     (root / "dog").unlink()
     (root / "ant" / "copy.png").symlink_to(root / "bee" / "bee2.png")
     with pytest.raises(DataError, match=f"{root / 'bee' / 'bee2.png'} is the same image file as {root / 'ant'}/copy"):
-        load_dataset("image_folder", root=root, download=False)
+        load_dataset("image_folder", root=root)
     (root / "ant" / "copy.png").unlink()
     elsewhere = write_image_folder(tmp_path / "more")
     (root / "dog").symlink_to(elsewhere / "cat")  # a class kept elsewhere, and a folder of it linked in
     (root / "bee" / "extra").symlink_to(elsewhere / "bee")
-    data = load_dataset("image_folder", root=root, download=False)
+    data = load_dataset("image_folder", root=root)
     assert data.num_classes == 4 and data.y.tolist() == [0] * 4 + [1] * 8 + [2] * 4 + [3] * 4
 
 
