@@ -457,8 +457,8 @@ def chosen(section: str, node: dict[str, Any]) -> str | None:
 
 
 def apply_overrides(tree: dict[str, Any], assignments: list[str] | tuple[str, ...]) -> None:
-    """Apply `--set` overrides in order. One that switches `partition.scheme` or `algorithm.name` drops the
-    section's settings the new scheme or algorithm does not have (`q` when q_label becomes iid), unless another
+    """Apply `--set` overrides in order. One that switches `partition.scheme`, `algorithm.name` or `dataset.name`
+    drops the section's settings the new choice does not have (`q` when q_label becomes iid), unless another
     override sets them too (then they are refused as unknown keys)."""
     before = {section: (tree.get(section) or {}).get(key) for section, key in SWITCHES.items()
               if isinstance(tree.get(section), dict)}  # fmt: skip

@@ -247,6 +247,30 @@ def test_names_are_literal_strings(tmp_path, assignment, key, value):
     assert getattr(config.tracking, key) == value
 
 
+@pytest.mark.parametrize(
+    ("left_out", "assignments", "section", "key", "value"),
+    [
+        (None, ("dataset.root=/data/fmnist #2",), "dataset", "root", "/data/fmnist #2"),
+        ("dataset", ("dataset.root=no",), "dataset", "root", "no"),  # no dataset section: the default source's
+        (None, ("dataset.name=npz", "dataset.path=yes"), "dataset", "path", "yes"),
+        (None, ("partition.scheme=file", "partition.path=2024-01-01"), "partition", "path", "2024-01-01"),
+    ],
+)
+def test_text_fields_of_the_chosen_settings_are_literal(tmp_path, left_out, assignments, section, key, value):
+    """The sections a name chooses (`dataset.name`, `partition.scheme`, `algorithm.name`, looked up in their
+    registries) have the text fields of the settings chosen, after the --set that switches them."""
+    tree = {name: part for name, part in _quickstart().items() if name != left_out}
+    loaded = load_config(_write(tmp_path / "ok.yaml", tree), assignments)
+    assert getattr(getattr(loaded, section), key) == value
+
+
+@pytest.mark.parametrize("section", ["algorithm.name", "dataset.name", "partition.scheme"])
+def test_a_choosing_name_is_text_whatever_the_choice(tmp_path, section):
+    """`yes` is a name no registry has, said as typed (YAML would have made it True)."""
+    message = _refusal(_write(tmp_path / "ok.yaml", _quickstart()), (f"{section}=yes",))
+    assert message.startswith(f"{section}: unknown ") and "'yes'" in message, message
+
+
 @pytest.mark.parametrize("assignment", ["rounds=5 #x", "partition={scheme: iid} # iid for now", "algorithm.lr=0.1 #"])
 def test_a_yaml_comment_in_a_set_value_is_refused(tmp_path, assignment):
     message = _refusal(_write(tmp_path / "ok.yaml", _quickstart()), (assignment,))
