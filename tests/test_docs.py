@@ -27,7 +27,9 @@ FENCE = re.compile(r"^```(?P<language>[^\n`]*)\n(?P<body>.*?)^```$", re.M | re.S
 NOT_RUN = re.compile(r"^not run by the docs test: (?P<reason>.+)$")
 SERVER = "until Ctrl-C"
 SET_UP = ("make run", "make test")  # the README's two commands: what the test starts from
-CLUSTER_RECIPE = "<!-- test: cluster-recipe"  # tests/test_cluster.py runs the block after it
+ELSEWHERE = {"<!-- test: cluster-recipe": "test_cluster.py", "<!-- test: plugin-run": "test_plugins.py"}
+"""Markers on the line before a block that another test runs (a local cluster; the plugin files a page shows, saved
+beside its commands): the marker -> that test's file, which names the marker."""
 MOST_NOT_RUN = 3
 
 
@@ -63,7 +65,7 @@ class Command:
     comment: str
     not_run: str | None  # why the test does not run it
     set_up: bool
-    elsewhere: bool  # the cluster recipe, run by tests/test_cluster.py
+    elsewhere: str | None  # the marker of a block another test runs (ELSEWHERE)
 
     @property
     def server(self) -> bool:
@@ -96,7 +98,8 @@ def page_commands(path: Path) -> list[list[Command]]:
     for language, body, before in fenced_blocks(path):
         if language != "bash":
             continue
-        elsewhere = (before.rstrip().splitlines() or [""])[-1].startswith(CLUSTER_RECIPE)
+        previous = (before.rstrip().splitlines() or [""])[-1]
+        elsewhere = next((marker for marker in ELSEWHERE if previous.startswith(marker)), None)
         lines = [line for line in body.replace("\\\n", " ").splitlines() if line.strip()] or [""]
         whole = NOT_RUN.match(split_comment(lines[0])[1]) if lines[0].lstrip().startswith("#") else None
         commands = []
@@ -149,8 +152,9 @@ def test_few_commands_are_not_run_and_each_says_why():
     assert 0 < marks <= MOST_NOT_RUN, [command.line for command in not_run]
     for command in not_run:
         assert len(command.not_run.split()) >= 3, f"{command.page}: say why `{command.code}` is not run"
-    assert {c.page for c in all_commands() if c.elsewhere} == {"cluster.md"}
-    assert f'RECIPE_MARKER = "{CLUSTER_RECIPE}"' in (ROOT / "tests" / "test_cluster.py").read_text()
+    assert {c.page for c in all_commands() if c.elsewhere} == {"cluster.md", "extending.md"}
+    for marker, test in ELSEWHERE.items():
+        assert marker in (ROOT / "tests" / test).read_text(), f"{test} does not run the blocks after {marker}"
 
 
 def test_a_server_ends_its_block():
@@ -199,7 +203,7 @@ def page_script(page: str) -> str:
             if command.set_up:
                 lines.append("echo '(the set-up this test starts from)'")
             elif command.not_run or command.elsewhere:
-                lines.append(f"echo {shlex.quote(f'(not run: {command.not_run or CLUSTER_RECIPE})')}")
+                lines.append(f"echo {shlex.quote(f'(not run: {command.not_run or command.elsewhere})')}")
             elif command.server:
                 lines.append(f"docs_test_serve {command.code}")
             else:
