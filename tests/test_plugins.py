@@ -189,6 +189,37 @@ def test_an_installed_package_with_an_entry_point_runs(tmp_path):
     assert _finished_run(tmp_path).data.params["plugins"] == "[]"  # nothing listed: the entry points found them
 
 
+@pytest.mark.slow
+def test_a_sweeps_trials_import_the_plugins_and_its_resume_command_names_them(tmp_path):
+    """A sweep of a plugin algorithm (`--plugin`, a file outside the folder raysim runs in, which Ray puts on its
+    workers' path): its trials, Ray tasks, import the plugin before they unpickle their config; one diverging
+    trial fails, and the command the sweep prints to rerun it names the `--plugin`, so that it works as printed
+    (without it the sweep file could not be read)."""
+    write_page(tmp_path / "page")
+    base = tiny_config(algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32}, rounds=1, clients={"count": 3},
+                       tracking={"experiment": "plugin-sweep"})  # fmt: skip
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"name": "momentum", "base": base,
+                                                         "grid": {"algorithm.lr": [0.05, 1e30]}}))  # fmt: skip
+    env = environment(tmp_path)
+    done = shell("page/.venv/bin/raysim run sweep.yaml --plugin page/fedavgm.py --quiet", tmp_path, env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("plugin-sweep").experiment_id
+    (parent,) = client.search_runs([experiment], "tags.sweep = 'momentum'")
+    nested = f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    trials = {r.data.params["algorithm.lr"]: r for r in client.search_runs([experiment], nested)}
+    assert {lr: r.info.status for lr, r in trials.items()} == {"0.05": "FINISHED", "1e+30": "FAILED"}, done.stderr
+    assert trials["0.05"].data.tags["algorithm"] == "fedavgm"
+    command = f"raysim run sweep.yaml --plugin page/fedavgm.py --resume {parent.info.run_id}"
+    assert done.stderr.splitlines()[-1] == f"rerun the failed ones (finished ones are kept) with `{command}`"
+
+    rerun = shell(f"page/.venv/bin/{command} --quiet", tmp_path, env)
+    assert rerun.returncode == 1 and "rerun the failed ones" in rerun.stderr, rerun.stderr[-3000:]
+    after = {r.data.params["algorithm.lr"]: r for r in client.search_runs([experiment], nested)}
+    assert after["0.05"].info.run_id == trials["0.05"].info.run_id  # kept, not run again
+    assert after["1e+30"].info.status == "FAILED"
+
+
 def test_a_plugin_that_fails_to_import_is_one_line_before_ray_starts(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import numpy as np\n\nVALUE = np.zeros(3) + undefined_name\n")
@@ -208,6 +239,19 @@ def test_a_plugin_that_fails_to_import_is_one_line_before_ray_starts(tmp_path):
     config.write_text(yaml.safe_dump({"plugins": ["broken.py"], **tiny_config()}))
     listed = raysim("config", str(config), cwd=tmp_path / "tmp", env=env)
     assert listed.stderr == f"error: plugin {broken}: NameError: name 'undefined_name' is not defined\n"
+
+
+def test_a_plugins_text_fields_take_set_values_as_typed(tmp_path):
+    """--set takes a text field of a plugin's settings as typed (YAML would drop ` #2` and make `yes` a bool),
+    once `dataset.name` has chosen the plugin's source."""
+    files = write_page(tmp_path)
+    config = files / "experiment.yaml"
+    config.write_text(yaml.safe_dump({"plugins": ["csv_source.py"], **tiny_config()}))
+    done = raysim("config", str(config), "--set", "dataset.name=csv", "--set", "dataset.path=my digits #2.csv",
+                  "--set", "dataset.label=yes", cwd=files, env=environment(files))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    dataset = yaml.safe_load(done.stdout)["dataset"]
+    assert (dataset["name"], dataset["path"], dataset["label"]) == ("csv", "my digits #2.csv", "yes")
 
 
 def test_a_misspelled_plugin_name_gets_a_did_you_mean(tmp_path):
