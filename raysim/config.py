@@ -363,10 +363,7 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected key.path=value")
     path, raw = assignment.split("=", 1)
-    keys = path.strip().split(".")
-    if len(keys) > MAX_DEPTH:
-        raise ConfigError(f"--set {'.'.join(keys[:3])}...: a key path of {len(keys)} keys is nested too deeply "
-                          f"(at most {MAX_DEPTH} levels)")  # fmt: skip
+    keys = _key_path(path)
     if _text_field(keys, tree):
         value: Any = raw
     else:
@@ -375,13 +372,28 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
         if comment is not None:
             raise ConfigError(f"--set {path}: {comment!r} would be a YAML comment and dropped from the value "
                               f"{raw!r}; quote the text that holds it, or leave the comment out")  # fmt: skip
+    set_value(tree, path, value)
+
+
+def set_value(tree: dict[str, Any], path: str, value: Any) -> None:
+    """Set `key.path` to a value that is already data (a suite run's or a sweep setting's YAML value) in place;
+    the sections on the way are made when missing."""
+    keys = _key_path(path)
     node = tree
     for key in keys[:-1]:
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {path}: {key!r} is not a section")
+            raise ConfigError(f"{path}: {key!r} is not a section")
         node = child
     node[keys[-1]] = value
+
+
+def _key_path(path: str) -> list[str]:
+    keys = path.strip().split(".")
+    if len(keys) > MAX_DEPTH:
+        raise ConfigError(f"--set {'.'.join(keys[:3])}...: a key path of {len(keys)} keys is nested too deeply "
+                          f"(at most {MAX_DEPTH} levels)")  # fmt: skip
+    return keys
 
 
 def _yaml_comment(text: str) -> str | None:

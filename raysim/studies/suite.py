@@ -13,7 +13,6 @@ parent's artifacts come from the children that finished (raysim.studies.children
 from __future__ import annotations
 
 import copy
-import json
 import math
 import tempfile
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
-from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
+from raysim.config import ExperimentConfig, ExperimentFamily, set_value, top_level_keys, validate_config
 from raysim.data import partition_dataset
 from raysim.data.partitions import check_classes
 from raysim.errors import ConfigError, DataError, PartitionError
@@ -63,7 +62,7 @@ class SuiteConfig(ExperimentFamily):
             for seed in self.seeds or [None]:
                 tree = copy.deepcopy(base)
                 for key, value in run.overrides.items():
-                    apply_override(tree, f"{key}={json.dumps(value)}")
+                    set_value(tree, key, value)
                 if seed is not None:
                     tree["seed"] = seed
                 tree.setdefault("tracking", {})["run_name"] = run.name if seed is None else f"{run.name}/seed{seed}"

@@ -31,7 +31,7 @@ import numpy as np
 import ray
 from pydantic import Field, model_validator
 
-from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
+from raysim.config import ExperimentConfig, ExperimentFamily, set_value, top_level_keys, validate_config
 from raysim.errors import ConfigError
 from raysim.plugins import carry
 from raysim.runtime.session import ray_session
@@ -121,7 +121,7 @@ class SweepConfig(ExperimentFamily):
             for seed in self.seeds or [None]:
                 tree = copy.deepcopy(base)
                 for key, value in setting.items():
-                    apply_override(tree, f"{key}={json.dumps(value)}")
+                    set_value(tree, key, value)
                 if seed is not None:
                     tree["seed"] = seed
                 index = len(trials)
