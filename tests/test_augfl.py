@@ -255,7 +255,7 @@ def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_f
     nothing is cached, none once the file exists; an algorithm without server data returns no generator."""
     from raysim.algorithms import build_algorithm
     from raysim.algorithms.base import TrainModel
-    from raysim.models.spec import ModelSpec
+    from raysim.models.flat import ModelSpec
     from raysim.runtime.problem import run_server_requests, server_context
 
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))

@@ -57,6 +57,19 @@ class Scores:
     """The network's outputs (logits) when asked for (`keep_outputs`): the same as `predict` gives."""
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a host needs to build the model: name, input shape, outputs, task."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    outputs: int
+    task: Task
+
+    def build(self) -> FlatModel:
+        return FlatModel(self.name, self.input_shape, self.outputs, self.task)
+
+
 class FlatModel:
     """Loss, gradient and evaluation of a network at a flat parameter vector."""
 

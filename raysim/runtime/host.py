@@ -42,7 +42,7 @@ from raysim.algorithms.base import (
 )
 from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
-from raysim.models.spec import ModelSpec
+from raysim.models.flat import ModelSpec
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.state_store import ClientStateStore
