@@ -12,11 +12,13 @@ import pyarrow as pa
 import ray
 
 from raysim.config import ExperimentConfig
+from raysim.evaluation.columns import client_evaluations
+from raysim.evaluation.records import ClientEvaluation
+from raysim.evaluation.summaries import benign_summary
 from raysim.runtime import checkpoint
 from raysim.runtime.problem import Problem
 from raysim.runtime.simulation import Simulation
 from raysim.tracking.callbacks import RoundCallback
-from raysim.tracking.metrics import ClientEvaluation, benign_summary, client_evaluations
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 
