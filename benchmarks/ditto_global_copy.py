@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from raysim.config import apply_override, validate_config
+from raysim.evaluation.columns import client_evaluations
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.problem import prepare
 from raysim.studies.suite import load_suite
-from raysim.tracking.metrics import client_evaluations
 
 SUITE = Path(__file__).resolve().parents[1] / "configs" / "paper" / "suites" / "flame_table3_fmnist.yaml"
 

@@ -522,7 +522,7 @@ def _hide_credentials_from_process_table() -> None:
     setter rewrites it; the command line in MLflow is redacted where it is stored (raysim.tracking)."""
     import shlex
 
-    from raysim.tracking.credentials import has_credentials, redact_text
+    from raysim.credentials import has_credentials, redact_text
 
     if any(has_credentials(argument) for argument in sys.argv):
         from ray._raylet import setproctitle

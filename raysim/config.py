@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from raysim import plugins
 from raysim.algorithms import ALGORITHMS, AlgorithmSettings
+from raysim.credentials import redact
 from raysim.data import DATASETS, PARTITIONS, DatasetSettings, SchemeSettings
 from raysim.data.fashion_mnist import FashionMnistSettings
 from raysim.data.partitions import QLabelSettings
@@ -30,7 +31,6 @@ from raysim.registry import UNKNOWN, Registry
 from raysim.settings import Settings
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings
-from raysim.tracking.credentials import redact
 
 CHOICES: dict[str, Registry[Any]] = {"algorithm": ALGORITHMS, "partition": PARTITIONS, "dataset": DATASETS}
 """The sections one key chooses the settings of (`algorithm.name`, `partition.scheme`, `dataset.name`)."""
@@ -293,7 +293,7 @@ class ExperimentConfig(Settings):
 
     def shown(self) -> dict[str, Any]:
         """The resolved config as stored and shown anywhere (params, artifacts, manifests, jobs): the tracking
-        URI's credentials redacted (raysim.tracking.credentials)."""
+        URI's credentials redacted (raysim.credentials)."""
         tree = self.model_dump(mode="json", by_alias=True)
         tree["tracking"]["uri"] = redact(tree["tracking"]["uri"])
         return tree

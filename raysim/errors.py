@@ -25,6 +25,10 @@ class PartitionError(RaysimError):
     """A partition cannot be made from this dataset; the message names the config fields."""
 
 
+class CheckpointError(RaysimError):
+    """A checkpoint is missing, incomplete or unreadable; the message names the path."""
+
+
 class Interrupted(KeyboardInterrupt):
     """The user stopped the program (Ctrl-C, SIGTERM, SIGHUP); the message says what became of the run.
 

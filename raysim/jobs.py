@@ -44,8 +44,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from raysim.credentials import connect_uri, has_credentials, redact, redact_text
 from raysim.errors import RaysimError
-from raysim.tracking.credentials import connect_uri, has_credentials, redact, redact_text
 
 Kind = Literal["experiment", "sweep"]
 CONFIG_ENV = "RAYSIM_JOB_CONFIG"

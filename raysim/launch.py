@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raysim.credentials import redact, redact_text
 from raysim.errors import ConfigError, RayLost, RaysimError, as_raised, sigterm_interrupts
-from raysim.tracking.credentials import redact, redact_text
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig

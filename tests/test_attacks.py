@@ -11,10 +11,12 @@ import yaml
 
 from raysim.config import validate_config
 from raysim.errors import ConfigError
+from raysim.evaluation.columns import RECORD_COLUMNS, evaluation_batch
+from raysim.evaluation.records import ClientEvaluation, ModelScores
+from raysim.evaluation.summaries import benign_summary
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
 from raysim.threats.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
-from raysim.tracking.metrics import RECORD_COLUMNS, ClientEvaluation, ModelScores, benign_summary, evaluation_batch
 from raysim.training.local import ClientData
 from tests.conftest import tiny_config
 from tests.inprocess import make_host

@@ -14,6 +14,7 @@ import yaml
 
 from raysim.algorithms.base import FullGradient
 from raysim.config import validate_config
+from raysim.evaluation.batched import Scorer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 from tests.test_cli import _raysim, run_cli
@@ -169,7 +170,7 @@ def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
     assert pretrain_pm(config, epochs=3, lr=0.1, cache=tmp_path) == path
     problem = prepare(config)
     pool = reserved_indices(len(problem.y), config.partition, config.seed)
-    model = problem.model_spec.build()
+    model = Scorer(problem.model_spec.build())
     pm_loss, pm_acc = model.evaluate(np.load(path), problem.x[pool], problem.y[pool])
     init_loss, _ = model.evaluate(problem.init_params, problem.x[pool], problem.y[pool])
     assert pm_loss < 0.8 * init_loss and pm_acc > 0.5
@@ -196,7 +197,8 @@ def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partition
 def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_global_model():
     """augfl.md 2.3: target clients (clients.heldout) take no part in training; at evaluation each takes one
     step from theta^t on its support set and is scored on its query set; summaries go to heldout/..."""
-    from raysim.tracking.metrics import benign_summary, client_evaluations
+    from raysim.evaluation.columns import client_evaluations
+    from raysim.evaluation.summaries import benign_summary
 
     config = validate_config(
         tiny_config(
@@ -217,7 +219,7 @@ def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_gl
     theta = sim.coordinator.global_model()
     table = sim.host.evaluate(theta)
     evaluations = {e.client_id: e for e in client_evaluations(table)}
-    model = sim.host.model
+    model = Scorer(sim.host.model)
     for client in (8, 9):
         data = sim.host.data[client]
         phi = theta.astype(np.float64) - 0.1 * _gradient(sim, client, theta, "train")  # one step on D^s
@@ -255,7 +257,7 @@ def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_f
     nothing is cached, none once the file exists; an algorithm without server data returns no generator."""
     from raysim.algorithms import build_algorithm
     from raysim.algorithms.base import TrainModel
-    from raysim.models.spec import ModelSpec
+    from raysim.models.flat import ModelSpec
     from raysim.runtime.problem import run_server_requests, server_context
 
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))

@@ -13,10 +13,10 @@ from raysim.config import validate_config
 from raysim.data.cifar import Cifar10Settings
 from raysim.data.dataset import Dataset
 from raysim.errors import ConfigError, DataError
+from raysim.evaluation.columns import client_evaluations
 from raysim.models.flat import FlatModel
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import prepare
-from raysim.tracking.metrics import client_evaluations
 from raysim.training.local import ClientData, Inputs, LocalTrainer, model_inputs
 from raysim.training.vectorized import VectorizedTrainer
 from tests.conftest import tiny_config

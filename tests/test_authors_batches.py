@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from raysim.config import validate_config
 from raysim.errors import ConfigError
-from raysim.models.spec import ModelSpec
+from raysim.models.flat import ModelSpec
 from raysim.training.authors_batches import AuthorsBatchPlan, AuthorsStreams
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess

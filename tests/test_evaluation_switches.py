@@ -14,9 +14,12 @@ import torch
 
 from raysim.config import validate_config
 from raysim.errors import ConfigError
+from raysim.evaluation.batched import Scorer
+from raysim.evaluation.columns import score_columns
+from raysim.evaluation.records import ClientEvaluation, ModelScores
+from raysim.evaluation.summaries import summarize_scores
 from raysim.models.flat import FlatModel
 from raysim.runtime.driver import run_experiment
-from raysim.tracking.metrics import ClientEvaluation, ModelScores, score_columns, summarize_scores
 from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,8 +57,9 @@ def test_loss_sum_is_the_sum_of_batch_mean_losses_by_hand():
     x = rng.standard_normal((250, 5)).astype(np.float32)
     y = rng.integers(0, 3, 250).astype(np.int64)
     model = FlatModel("mlr", (5,), 3, "classification")
+    scorer = Scorer(model)
     flat = rng.standard_normal(model.size).astype(np.float32)
-    scores = model.scores(flat, x, y, 100, keep_outputs=True, chunk=64)
+    scores = scorer.scores(flat, x, y, 100, keep_outputs=True, chunk=64)
     loss, accuracy, loss_sum = scores.loss, scores.accuracy, scores.loss_sum
     logits = torch.from_numpy(x) @ torch.from_numpy(flat[:15]).reshape(3, 5).T + torch.from_numpy(flat[15:])
     targets = torch.from_numpy(y)
@@ -63,8 +67,8 @@ def test_loss_sum_is_the_sum_of_batch_mean_losses_by_hand():
     by_hand = sum(float(torch.nn.functional.cross_entropy(logits[a:b], targets[a:b])) for a, b in batches)
     assert loss_sum == pytest.approx(by_hand, rel=1e-6)
     assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, targets)), rel=1e-6)
-    assert (loss, accuracy) == model.evaluate(flat, x, y, chunk=64)
-    assert np.isnan(model.scores(flat, x, y).loss_sum)
+    assert (loss, accuracy) == scorer.evaluate(flat, x, y, chunk=64)
+    assert np.isnan(scorer.scores(flat, x, y).loss_sum)
     assert np.array_equal(scores.outputs, model.predict(flat, x))  # F1 and AUC read the same logits
 
 

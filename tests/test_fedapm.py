@@ -9,8 +9,8 @@ import pytest
 
 from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.config import validate_config
+from raysim.evaluation.classification import classification_scores
 from raysim.models.flat import FlatModel
-from raysim.tracking.metrics import classification_scores
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 

@@ -14,11 +14,13 @@ from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
 from raysim.config import validate_config
+from raysim.evaluation.batched import Scorer
+from raysim.evaluation.columns import ClientRecords, client_evaluations
+from raysim.evaluation.summaries import mean_client_metrics, summarize
 from raysim.models.flat import FlatModel
 from raysim.models.spec import ParamSpec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
-from raysim.tracking.metrics import ClientRecords, client_evaluations, mean_client_metrics, summarize
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import make_host
@@ -321,9 +323,9 @@ def test_personal_only_accuracy_is_p_i_alone_scored_on_the_clients_test_split():
         p = host.client_states()[info.id].p
         assert np.count_nonzero(p) > 0
         x_test, y_test = problem.x[split.test], problem.y[split.test]
-        loss, acc = host.model.evaluate(p, x_test, y_test)
+        loss, acc = Scorer(host.model).evaluate(p, x_test, y_test)
         assert evaluation.extra["personal"].test_acc == acc and evaluation.extra["personal"].test_loss == loss
-        assert evaluation.pm.test_acc == host.model.evaluate(w + p, x_test, y_test)[1]
+        assert evaluation.pm.test_acc == Scorer(host.model).evaluate(w + p, x_test, y_test)[1]
         accuracies.append(acc)
     summary = summarize(table)
     assert summary["personal/acc"] == pytest.approx(np.mean(accuracies))

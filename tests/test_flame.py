@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from raysim.algorithms import ClientInfo
 from raysim.config import validate_config
 from raysim.data.partitions import ClientSplit
-from raysim.models.spec import ModelSpec
+from raysim.models.flat import ModelSpec
 from raysim.runtime.problem import Problem
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess

@@ -8,13 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score, roc_auc_score
 
-from raysim.tracking.metrics import (
-    ClientRecords,
-    classification_scores,
-    classification_scores_many,
-    mean_client_metrics,
-    round_records,
-)
+from raysim.evaluation.classification import classification_scores, classification_scores_many
+from raysim.evaluation.columns import ClientRecords, round_records
+from raysim.evaluation.summaries import mean_client_metrics
 
 
 @st.composite
@@ -98,7 +94,8 @@ def test_client_records_are_columns_whose_missing_metrics_are_null_and_left_out_
 def _reference_summary(evaluations: list) -> dict[str, float]:
     """The across-client summaries computed client by client from the objects (ClientEvaluation.hybrid and
     hybrid_by_validation), to check the columnar `summarize` against."""
-    from raysim.tracking.metrics import score_columns, summarize_scores
+    from raysim.evaluation.columns import score_columns
+    from raysim.evaluation.summaries import summarize_scores
 
     summary = summarize_scores("pm", score_columns([e.pm for e in evaluations]))
     summary |= summarize_scores("gm", score_columns([e.gm for e in evaluations]))
@@ -123,7 +120,9 @@ def test_evaluations_as_columns_round_trip_and_summarize_as_the_objects_do(count
     """A host sends its clients' evaluations as columns (evaluation_batch); the driver's summaries, HM and HM-val
     computed over the columns, equal those computed client by client from the objects, and the objects come back
     (client_evaluations), a further model only for the clients that have one."""
-    from raysim.tracking.metrics import ClientEvaluation, ModelScores, client_evaluations, evaluation_batch, summarize
+    from raysim.evaluation.columns import client_evaluations, evaluation_batch
+    from raysim.evaluation.records import ClientEvaluation, ModelScores
+    from raysim.evaluation.summaries import summarize
 
     generator = np.random.default_rng(seed)
 

@@ -79,15 +79,17 @@ def test_model_init_authors_starts_the_run_from_the_authors_initial_model():
 
 @pytest.mark.parametrize(("name", "input_shape"), [("mlp", (1, 28, 28)), ("cnn", (3, 32, 32)), ("mlr", (1, 28, 28))])
 def test_scores_of_a_group_do_not_depend_on_the_groups_scored_with_it(name, input_shape):
-    """A host scores the global model on many clients' splits in shared passes (FlatModel.scores_many); each
+    """A host scores the global model on many clients' splits in shared passes (Scorer.scores_many); each
     client's scores must be exactly those of a pass over its own split, whatever its neighbours and the block
     boundaries, or results would depend on how clients are spread over hosts."""
     import numpy as np
 
+    from raysim.evaluation.batched import Scorer
     from raysim.models.flat import FlatModel
 
     torch.set_num_threads(1)
     model = FlatModel(name, input_shape, 10)
+    scorer = Scorer(model)
     params = model.initial_parameters(3)
     generator = np.random.default_rng(0)
     sizes = [1, 2, 3, 5, 17, 40, 0, 130, 7, 64]
@@ -95,9 +97,9 @@ def test_scores_of_a_group_do_not_depend_on_the_groups_scored_with_it(name, inpu
         (generator.random((n, *input_shape), dtype=np.float32), generator.integers(0, 10, n).astype(np.int64))
         for n in sizes
     ]
-    alone = [model.scores(params, x, y, sum_batch=4, keep_outputs=True) for x, y in groups]
+    alone = [scorer.scores(params, x, y, sum_batch=4, keep_outputs=True) for x, y in groups]
     for chunk in (32, 100, 2048):
-        together = model.scores_many(params, groups, sum_batch=4, keep_outputs=True, chunk=chunk)
+        together = scorer.scores_many(params, groups, sum_batch=4, keep_outputs=True, chunk=chunk)
         for a, b in zip(alone, together, strict=True):
             assert (a.loss, a.loss_sum) == (b.loss, b.loss_sum)
             assert a.accuracy == b.accuracy or (np.isnan(a.accuracy) and np.isnan(b.accuracy))
@@ -106,15 +108,17 @@ def test_scores_of_a_group_do_not_depend_on_the_groups_scored_with_it(name, inpu
 
 @pytest.mark.parametrize(("name", "input_shape"), [("mlp", (1, 28, 28)), ("mlr", (1, 28, 28)), ("cnn", (3, 32, 32))])
 def test_each_group_scored_at_its_own_parameters_equals_scoring_it_alone(name, input_shape):
-    """Every client's PM is scored on its own split in batched products (FlatModel.scores_each): each group's
+    """Every client's PM is scored on its own split in batched products (Scorer.scores_each): each group's
     scores must be exactly those of `scores` on it alone, whatever groups share its pack and however they are
     padded, or an evaluation would depend on how clients are spread over hosts."""
     import numpy as np
 
+    from raysim.evaluation.batched import Scorer
     from raysim.models.flat import FlatModel
 
     torch.set_num_threads(1)
     model = FlatModel(name, input_shape, 10)
+    scorer = Scorer(model)
     generator = np.random.default_rng(1)
     sizes = [1, 2, 3, 5, 17, 40, 0, 130, 7, 64, 300]
     groups = [
@@ -122,15 +126,15 @@ def test_each_group_scored_at_its_own_parameters_equals_scoring_it_alone(name, i
         for n in sizes
     ]
     params = [model.initial_parameters(seed) * np.float32(1 + seed / 4) for seed in range(len(groups))]
-    alone = [model.scores(p, x, y, sum_batch=4, keep_outputs=True) for p, (x, y) in zip(params, groups, strict=True)]
+    alone = [scorer.scores(p, x, y, sum_batch=4, keep_outputs=True) for p, (x, y) in zip(params, groups, strict=True)]
     for rows in (16, 200, 8192):
-        each = model.scores_each(params, groups, sum_batch=4, keep_outputs=True, rows=rows)
+        each = scorer.scores_each(params, groups, sum_batch=4, keep_outputs=True, rows=rows)
         for a, b in zip(alone, each, strict=True):
             assert (a.loss, a.loss_sum) == (b.loss, b.loss_sum)
             assert np.array_equal(a.outputs, b.outputs)
             assert a.accuracy == b.accuracy or (np.isnan(a.accuracy) and np.isnan(b.accuracy))
     with pytest.raises(ValueError, match="2 parameter vectors for 11 groups"):
-        model.scores_each(params[:2], groups)
+        scorer.scores_each(params[:2], groups)
 
 
 @pytest.mark.parametrize("name", ["mlr", "mlp"])
@@ -146,7 +150,7 @@ def test_the_direct_forward_of_a_perceptron_equals_the_module_call(name):
     x = torch.rand(37, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     ours = model.forward(flat, x)
     theirs = functional_call(model.module, model.spec.unflatten(flat), (x,))
-    assert model._layers is not None and torch.equal(ours, theirs)
+    assert model.layers is not None and torch.equal(ours, theirs)
     (grad_ours,) = torch.autograd.grad(ours.square().sum(), flat)
     (grad_theirs,) = torch.autograd.grad(theirs.square().sum(), flat)
     assert torch.equal(grad_ours, grad_theirs)

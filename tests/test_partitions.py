@@ -485,7 +485,7 @@ def test_label_prior_answers_any_request_with_splits_or_one_error_line(fields, c
 def test_label_prior_clients_train_and_are_scored_on_their_own_test_sets():
     """Through prepare() and the real host and coordinator: the per-client test sets are what is scored."""
     from raysim.config import validate_config
-    from raysim.tracking.metrics import client_evaluations
+    from raysim.evaluation.columns import client_evaluations
     from tests.conftest import tiny_config
     from tests.inprocess import InProcess
 

@@ -418,14 +418,14 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
     ],
 )
 def test_redact_hides_user_info_of_any_uri(uri, shown):
-    from raysim.tracking.credentials import redact, redact_text
+    from raysim.credentials import redact, redact_text
 
     assert redact(uri) == shown
     assert redact_text(f"error: cannot reach {uri} (refused)") == f"error: cannot reach {shown} (refused)"
 
 
 def test_http_credentials_move_into_mlflow_variables(monkeypatch):
-    from raysim.tracking.credentials import connect_uri
+    from raysim.credentials import connect_uri
 
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
         monkeypatch.delenv(name, raising=False)

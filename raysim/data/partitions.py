@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.data import authors_draw
+import raysim.data.authors_draw as authors_draw
 from raysim.data.scheme import PARTITIONS, ClientSplit, SchemeSettings
 from raysim.errors import PartitionError
 from raysim.seeding import Stream, rng

@@ -7,9 +7,7 @@ vectors: cheap to add, zero-copy through Ray's object store, and sliceable per l
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,43 +20,20 @@ from raysim.models.zoo import build_module, initial_parameters
 
 
 @dataclass(frozen=True)
-class SampleScores:
-    """What passes give for each of their samples: its mean loss (float64), its correct outputs (0 for regression),
-    and the network's outputs when kept."""
+class ModelSpec:
+    """What a host needs to build the model: name, input shape, outputs, task."""
 
-    losses: np.ndarray
-    correct: np.ndarray
-    outputs: np.ndarray | None
+    name: str
+    input_shape: tuple[int, ...]
+    outputs: int
+    task: Task
 
-    @classmethod
-    def empty(cls, count: int, classes: int | None) -> SampleScores:
-        outputs = None if classes is None else np.empty((count, classes), np.float32)
-        return cls(np.empty(count, np.float64), np.empty(count, np.int64), outputs)
-
-    def fill(self, at: int, losses: np.ndarray, correct: np.ndarray, outputs: Any = None) -> None:
-        """Write a pass's samples from position `at` (outputs: an array or tensor, kept only if this keeps them)."""
-        part = slice(at, at + len(losses))
-        self.losses[part], self.correct[part] = losses, correct
-        if self.outputs is not None and outputs is not None:
-            self.outputs[part] = np.asarray(outputs)
-
-
-@dataclass(frozen=True)
-class Scores:
-    """What one forward pass over some samples gives an evaluation."""
-
-    loss: float
-    accuracy: float
-    """NaN for regression."""
-    loss_sum: float
-    """The FLAME authors' fairness unit: the sum over consecutive batches of `sum_batch` samples of each batch's
-    mean loss (NaN without `sum_batch`)."""
-    outputs: np.ndarray | None
-    """The network's outputs (logits) when asked for (`keep_outputs`): the same as `predict` gives."""
+    def build(self) -> FlatModel:
+        return FlatModel(self.name, self.input_shape, self.outputs, self.task)
 
 
 class FlatModel:
-    """Loss, gradient and evaluation of a network at a flat parameter vector."""
+    """Loss, gradient and outputs of a network at a flat parameter vector (raysim.evaluation.batched scores it)."""
 
     def __init__(self, name: str, input_shape: tuple[int, ...], outputs: int, task: Task = "classification"):
         self.name = name
@@ -66,8 +41,9 @@ class FlatModel:
         self.input_shape = tuple(input_shape)
         self.module = build_module(name, input_shape, outputs)
         self.spec = param_spec(self.module)
-        self._head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
-        self._layers = perceptron_layers(self.module, self.input_shape)
+        self.head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
+        """The last linear layer: its input is the features (`features`), its outputs the logits."""
+        self.layers = perceptron_layers(self.module, self.input_shape)
         """(weight, bias) names of a Flatten/Linear/ReLU stack, which `forward` runs without functional_call."""
 
     @property
@@ -78,7 +54,7 @@ class FlatModel:
     def perceptron(self) -> bool:
         """A stack of Flatten, Linear and ReLU layers (mlr, mlp, linear): batched matrix products train many clients
         at once faster than one at a time, even on a CPU."""
-        return self._layers is not None
+        return self.layers is not None
 
     def initial_parameters(self, seed: int) -> np.ndarray:
         return initial_parameters(self.module, seed).numpy()
@@ -100,11 +76,11 @@ class FlatModel:
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The network's outputs at `flat`. A Flatten/Linear/ReLU stack runs as the same torch ops its modules call
         (same results), without functional_call's per-call cost of swapping the module's parameters."""
-        if self._layers is None:
+        if self.layers is None:
             return self._through_module(flat, x)
         params = self.spec.unflatten(flat)
         hidden = x.reshape(len(x), -1)
-        for weight, bias in self._layers:
+        for weight, bias in self.layers:
             if weight is None:
                 hidden = torch.relu(hidden)
             else:
@@ -119,7 +95,7 @@ class FlatModel:
         """(penultimate features, logits): the features are the input of the network's last linear layer
         (what knowledge distillation compares, augfl.md 2.1)."""
         captured: list[torch.Tensor] = []
-        handle = self._head.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
+        handle = self.head.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
         try:  # through the module itself (not forward's direct path), so that the hook sees the head's input
             logits = self._through_module(flat, x)
         finally:
@@ -139,180 +115,6 @@ class FlatModel:
         params = torch.tensor(flat, dtype=torch.float32)
         parts = [self.forward(params, torch.from_numpy(x[start : start + chunk])) for start in range(0, len(x), chunk)]
         return torch.cat(parts).numpy() if parts else np.zeros((0, 0), np.float32)
-
-    def evaluate(self, flat: np.ndarray, x: np.ndarray, y: np.ndarray, chunk: int = 2048) -> tuple[float, float]:
-        """(mean loss, accuracy) over the samples; accuracy is NaN for regression."""
-        scores = self.scores(flat, x, y, chunk=chunk)
-        return scores.loss, scores.accuracy
-
-    def scores(
-        self,
-        flat: np.ndarray,
-        x: np.ndarray,
-        y: np.ndarray,
-        sum_batch: int | None = None,
-        keep_outputs: bool = False,
-        chunk: int = 2048,
-    ) -> Scores:
-        """Everything an evaluation reads off one forward pass over the samples (see Scores)."""
-        return self.scores_many(flat, [(x, y)], sum_batch, keep_outputs, chunk)[0]
-
-    def scores_many(
-        self,
-        flat: np.ndarray,
-        groups: Sequence[tuple[np.ndarray, np.ndarray]],
-        sum_batch: int | None = None,
-        keep_outputs: bool = False,
-        chunk: int = 2048,
-    ) -> list[Scores]:
-        """`scores` of one parameter vector on each group of samples (e.g. the global model on every client's
-        test split), with the groups' samples going through the network together (`sample_scores_many`)."""
-        samples = self.sample_scores_many(flat, groups, keep_outputs, chunk)
-        return self.group_scores(samples, [len(y) for _, y in groups], sum_batch, keep_outputs)
-
-    def scores_each(
-        self,
-        params: Sequence[np.ndarray],
-        groups: Sequence[tuple[np.ndarray, np.ndarray]],
-        sum_batch: int | None = None,
-        keep_outputs: bool = False,
-        rows: int = 8192,
-    ) -> list[Scores]:
-        """`scores` of each group at its own parameter vector (every client's PM on its own split), the groups in
-        batched products (`sample_scores_each`)."""
-        samples = self.sample_scores_each(params, groups, keep_outputs, rows)
-        return self.group_scores(samples, [len(y) for _, y in groups], sum_batch, keep_outputs)
-
-    @torch.no_grad()
-    def sample_scores_many(
-        self,
-        flat: np.ndarray,
-        groups: Sequence[tuple[np.ndarray, np.ndarray]],
-        keep_outputs: bool = False,
-        chunk: int = 2048,
-    ) -> SampleScores:
-        """Each sample's scores at one parameter vector, the samples of all groups in order, `chunk` rows a pass.
-
-        A sample's output does not depend on which others share its pass: every pass has at least MIN_ROWS rows
-        (a short one is padded with copies of its first row), as MKL takes a different, differently rounded path
-        for up to 3 rows (measured with this machine's AVX-512 MKL; tests/test_models.py checks it). So the scores
-        of a group are the same whatever groups it is scored with."""
-        samples = SampleScores.empty(sum(len(y) for _, y in groups), self._outputs_kept(keep_outputs))
-        params = torch.tensor(flat, dtype=torch.float32)
-        filled = 0
-        for xs, ys in _blocks(groups, chunk):
-            logits = self._padded_forward(params, torch.from_numpy(xs))
-            samples.fill(filled, *self._sample_scores(logits, torch.from_numpy(ys)), logits if keep_outputs else None)
-            filled += len(ys)
-        return samples
-
-    @torch.no_grad()
-    def sample_scores_each(
-        self,
-        params: Sequence[np.ndarray],
-        groups: Sequence[tuple[np.ndarray, np.ndarray]],
-        keep_outputs: bool = False,
-        rows: int = 8192,
-    ) -> SampleScores:
-        """Each sample's scores at its group's own parameter vector, the samples of all groups in order.
-
-        A Flatten/Linear/ReLU stack scores many groups in one batched product per layer: the groups, shortest
-        first, are packed `rows` padded rows at a time, each padded with zeros to the pack's longest (at least
-        MIN_ROWS rows). A group's scores are exactly those of `scores` on it alone (tests/test_models.py), so
-        they do not depend on which clients share a host. Other models score one group at a time."""
-        if len(params) != len(groups):
-            raise ValueError(f"scores_each: {len(params)} parameter vectors for {len(groups)} groups")
-        sizes = [len(y) for _, y in groups]
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        samples = SampleScores.empty(int(starts[-1]), self._outputs_kept(keep_outputs))
-        if self._layers is None:  # one group at a time, as `scores` scores it alone
-            for g, (group, own) in enumerate(zip(groups, params, strict=True)):
-                alone = self.sample_scores_many(own, [group], keep_outputs)
-                samples.fill(int(starts[g]), alone.losses, alone.correct, alone.outputs)
-            return samples
-        for pack in _packs(sizes, rows):
-            logits = self._stacked_forward([params[g] for g in pack], [groups[g][0] for g in pack])
-            targets = torch.from_numpy(np.concatenate([groups[g][1] for g in pack]))
-            losses, correct = self._sample_scores(logits, targets)
-            kept = logits.numpy() if keep_outputs else None
-            at = 0
-            for g in pack:  # back to the groups' own order
-                part = slice(at, at + sizes[g])
-                samples.fill(int(starts[g]), losses[part], correct[part], None if kept is None else kept[part])
-                at += sizes[g]
-        return samples
-
-    def _outputs_kept(self, keep_outputs: bool) -> int | None:
-        return self._head.out_features if keep_outputs else None
-
-    def _sample_scores(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """Each sample's mean loss (float64) and its correct outputs (0 for regression), from a pass's outputs."""
-        count = len(targets)
-        losses = self.sample_losses(logits, targets).reshape(count, -1).mean(dim=1).double().numpy()
-        if self.task != "classification":
-            return losses, np.zeros(count, np.int64)
-        return losses, (logits.argmax(dim=1) == targets).reshape(count, -1).sum(dim=1).numpy()
-
-    def _stacked_forward(self, params: Sequence[np.ndarray], xs: Sequence[np.ndarray]) -> torch.Tensor:
-        """A perceptron's outputs on each group's samples at the group's own parameters, as the rows of every
-        group in order: nn.Linear's h W^T + b for all groups in one baddbmm per layer (MKL gives each group the
-        same rounding as its own F.linear on at least MIN_ROWS rows)."""
-        longest = max(MIN_ROWS, *(len(x) for x in xs))
-        features = int(np.prod(self.input_shape))
-        padded = np.zeros((len(xs), longest, features), np.float32)
-        for row, x in enumerate(xs):
-            padded[row, : len(x)] = x.reshape(len(x), -1)
-        stacked = self.spec.unflatten(torch.from_numpy(np.stack(params)))
-        hidden = torch.from_numpy(padded)
-        for weight, bias in self._layers:  # type: ignore[union-attr]
-            if weight is None:
-                hidden = torch.relu(hidden)
-            elif bias is None:
-                hidden = torch.bmm(hidden, stacked[weight].transpose(1, 2))
-            else:
-                hidden = torch.baddbmm(stacked[bias].unsqueeze(1), hidden, stacked[weight].transpose(1, 2))
-        return torch.cat([hidden[row, : len(x)] for row, x in enumerate(xs)])
-
-    def group_scores(
-        self, samples: SampleScores, sizes: Sequence[int], sum_batch: int | None = None, keep_outputs: bool = False
-    ) -> list[Scores]:
-        """Scores of consecutive groups of `sizes` samples from their samples' losses, hits and outputs (each group's
-        sums in a few array operations over all groups, none depending on another group)."""
-        losses, correct, kept = samples.losses, samples.correct, samples.outputs
-        sizes = np.asarray(sizes, np.int64)
-        starts = np.cumsum(sizes) - sizes
-        counts = np.maximum(sizes, 1)
-        mean_loss = _segment_sums(losses, starts, sizes) / counts
-        if self.task == "classification":
-            accuracy = _segment_sums(correct, starts, sizes) / counts
-        else:
-            accuracy = np.full(len(sizes), np.nan)
-        loss_sum = np.full(len(sizes), np.nan)
-        if sum_batch is not None:  # per group: the sum over its consecutive batches of `sum_batch` of the batch means
-            batches = -(-sizes // sum_batch)
-            offsets = np.arange(int(batches.sum())) - np.repeat(np.cumsum(batches) - batches, batches)
-            batch_starts = np.repeat(starts, batches) + offsets * sum_batch
-            batch_sizes = np.minimum(sum_batch, np.repeat(sizes, batches) - offsets * sum_batch)
-            means = _segment_sums(losses, batch_starts, batch_sizes) / np.maximum(batch_sizes, 1)
-            group_starts = np.cumsum(batches) - batches
-            loss_sum = np.where(batches > 0, _segment_sums(means, group_starts, batches), 0.0)
-        empty = np.zeros((0, self._head.out_features), np.float32)
-        return [
-            Scores(
-                float(mean_loss[g]),
-                float(accuracy[g]),
-                float(loss_sum[g]),
-                (kept[starts[g] : starts[g] + sizes[g]] if kept is not None else empty) if keep_outputs else None,
-            )
-            for g in range(len(sizes))
-        ]
-
-    def _padded_forward(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The network's outputs on `x`, computed on at least MIN_ROWS rows (see scores_many)."""
-        if len(x) >= MIN_ROWS:
-            return self.forward(params, x)
-        padding = x[:1].expand(MIN_ROWS - len(x), *x.shape[1:])
-        return self.forward(params, torch.cat([x, padding]))[: len(x)]
 
 
 def param_spec(module: nn.Module) -> ParamSpec:
@@ -343,48 +145,3 @@ def perceptron_layers(module: nn.Module, input_shape: tuple[int, ...]) -> list[t
         else:
             return None
     return layers
-
-
-MIN_ROWS = 16
-"""The fewest rows an evaluation pass has (FlatModel.scores_many)."""
-
-
-def _segment_sums(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """The sum of each of the consecutive segments values[start : start + size] (0 for an empty one), each reduced
-    on its own (np.add.reduceat over the non-empty segments, which tile the values)."""
-    sums = np.zeros(len(starts), np.float64 if values.dtype.kind == "f" else np.int64)
-    filled = sizes > 0
-    if filled.any():
-        sums[filled] = np.add.reduceat(values, starts[filled])
-    return sums
-
-
-def _packs(sizes: Sequence[int], rows: int) -> Iterator[list[int]]:
-    """The indices of the non-empty groups, shortest first, in packs whose count times their longest (at least
-    MIN_ROWS) stays within `rows` (a longer group alone)."""
-    pack: list[int] = []
-    for g in sorted((g for g in range(len(sizes)) if sizes[g]), key=lambda g: sizes[g]):
-        if pack and (len(pack) + 1) * max(MIN_ROWS, sizes[g]) > rows:
-            yield pack
-            pack = []
-        pack.append(g)
-    if pack:
-        yield pack
-
-
-def _blocks(groups: Sequence[tuple[np.ndarray, np.ndarray]], chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The groups' samples in order, as (x, y) blocks of `chunk` rows (the last may be shorter)."""
-    pending: list[tuple[np.ndarray, np.ndarray]] = []
-    rows = 0
-    for x, y in groups:
-        begin = 0
-        while begin < len(y):
-            take = min(chunk - rows, len(y) - begin)
-            pending.append((x[begin : begin + take], y[begin : begin + take]))
-            rows += take
-            begin += take
-            if rows == chunk:
-                yield np.concatenate([p[0] for p in pending]), np.concatenate([p[1] for p in pending])
-                pending, rows = [], 0
-    if rows:
-        yield np.concatenate([p[0] for p in pending]), np.concatenate([p[1] for p in pending])

@@ -1,24 +1,18 @@
-"""What describes a model without building it (no torch here): the layout of its flat parameter vector and
-what a process needs to build the network. Processes that only move vectors (the coordinator of most
-algorithms) import this and never torch."""
+"""What describes a model without building it (no torch here): the registry of networks, the model settings and
+the layout of its flat parameter vector. Processes that only move vectors (the coordinator of most algorithms)
+import this and never torch; what builds the network (ModelSpec) is in raysim.models.flat."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from raysim.registry import OneOf, Registry
 from raysim.settings import Settings
-
-if TYPE_CHECKING:
-    from raysim.data.dataset import Task
-    from raysim.models.flat import FlatModel
-
-
 
 
 def _check_model(name: str, entry: object) -> None:
@@ -70,18 +64,3 @@ class ParamSpec:
             name: flat[..., offset : offset + int(np.prod(shape))].reshape(*leading, *shape)
             for name, shape, offset in zip(self.names, self.shapes, self.offsets, strict=True)
         }
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What a host needs to build the model: name, input shape, outputs, task."""
-
-    name: str
-    input_shape: tuple[int, ...]
-    outputs: int
-    task: Task
-
-    def build(self) -> FlatModel:
-        from raysim.models.flat import FlatModel
-
-        return FlatModel(self.name, self.input_shape, self.outputs, self.task)

@@ -32,15 +32,11 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 
-from raysim.errors import RaysimError
+from raysim.errors import CheckpointError
 from raysim.plugins import is_plugin_module
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-
-
-class CheckpointError(RaysimError):
-    """A checkpoint is missing, incomplete or unreadable; the message names the path."""
 
 
 class ArraySink(Protocol):

@@ -19,19 +19,20 @@ import yaml
 from rich.console import Console
 
 from raysim.config import ExperimentConfig
+from raysim.credentials import connect_uri, redact_text
 from raysim.errors import Interrupted, RayLost, RaysimError, as_raised
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import UploadRangeError
 from raysim.runtime.problem import Problem, host_layout, prepare
-from raysim.runtime.rounds import Rounds, RunResult
+from raysim.runtime.rounds import Rounds
 from raysim.runtime.session import new_local_ray, ray_session
 from raysim.runtime.simulation import NoUsableUpload, Simulation
 from raysim.tracking.artifacts import RunArtifacts
-from raysim.tracking.credentials import connect_uri, redact, redact_text
+from raysim.tracking.callbacks import RunResult
 from raysim.tracking.identity import default_run_name, log_dataset, standard_tags
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.progress import ProgressBar
-from raysim.tracking.runs import DRIVER_TAG
+from raysim.tracking.runs import DRIVER_TAG, run_checkpoints
 
 
 class DivergenceError(RaysimError):
@@ -198,19 +199,7 @@ def resume_experiment(target: str, tracking_uri: str | None = None, show_progres
     give them in MLflow's variables, or here)."""
     path = Path(target)
     if not path.exists():
-        from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
-
-        uri = resolve_tracking_uri(tracking_uri)
-        try:
-            tags = MlflowClient(connect_uri(uri)).get_run(target).data.tags
-        except MlflowException:
-            raise checkpoint.CheckpointError(
-                f"{target}: neither a checkpoint folder nor a run id in {redact(uri)}"
-            ) from None
-        if "raysim.checkpoint" not in tags:
-            raise checkpoint.CheckpointError(f"run {target} has no checkpoint (tracking.checkpoint_every was 0)")
-        path = Path(tags["raysim.checkpoint"]).parent
+        path = run_checkpoints(target, tracking_uri)
     directory = checkpoint.latest_checkpoint(path)
     from raysim.config import validate_config
 

@@ -42,21 +42,17 @@ from raysim.algorithms.base import (
 )
 from raysim.config import ExperimentConfig
 from raysim.data.partitions import ClientSplit
-from raysim.models.spec import ModelSpec
+from raysim.evaluation.classification import SingleLabelAuc
+from raysim.evaluation.clients import ClientScorer, evaluation_data
+from raysim.evaluation.columns import ClientRecords, evaluation_batch
+from raysim.evaluation.records import ClientEvaluation
+from raysim.models.flat import ModelSpec
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.state_store import ClientStateStore
 from raysim.runtime.state_table import StateTable
 from raysim.seeding import Stream, rng
 from raysim.threats.attacks import AttackPlan
-from raysim.tracking.metrics import (
-    ClientEvaluation,
-    ClientRecords,
-    ModelScores,
-    SingleLabelAuc,
-    classification_scores_many,
-    evaluation_batch,
-)
 from raysim.training.authors_batches import AuthorsBatchPlan, AuthorsStreams, ReplayedBatches
 from raysim.training.local import ClientData, Draws, Inputs, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
@@ -78,7 +74,7 @@ class HostSettings:
     send_messages: bool = False
     """Add each selected client's message to the partial sums, for a robust aggregator at the coordinator."""
     auc_single_label: SingleLabelAuc = "zero"
-    """The AUC of a one-label test split (raysim.tracking.metrics.classification_scores)."""
+    """The AUC of a one-label test split (raysim.evaluation.classification.classification_scores)."""
     on_nonfinite: str = "stop"
     """`stop` raises UploadRangeError on a NaN/inf upload, `drop_client` leaves it out (runtime.on_nonfinite)."""
     state_memory_mb: float | None = None
@@ -132,25 +128,6 @@ def authors_batches(config: ExperimentConfig, problem: Problem) -> AuthorsBatchP
 
 EVALUATION_CLIENTS = 64
 """Clients whose splits the global model scores in one pass (ClientHost.evaluate); memory: their samples."""
-
-SPLITS = ("train", "test", "val")
-"""A client's splits, in the order whose position keys a split's access-time draws at an evaluation."""
-
-
-@dataclass(frozen=True)
-class EvaluationData:
-    """The samples some clients are scored on at one evaluation, each client's in one block (x, y): its test split,
-    its train split when training losses are scored, its val split; `parts` [clients, 3] their sizes."""
-
-    x: list[np.ndarray]
-    y: list[np.ndarray]
-    parts: np.ndarray
-    with_train: bool
-
-    def subset(self, keep: list[int]) -> EvaluationData:
-        """The data of the clients at positions `keep`."""
-        return EvaluationData([self.x[i] for i in keep], [self.y[i] for i in keep], self.parts[keep], self.with_train)
-
 
 @dataclass(frozen=True)
 class _Chunk:
@@ -475,72 +452,9 @@ class ClientHost:
 
         return execute_many
 
-    def _evaluation_data(self, client_ids: list[int], with_train: bool) -> EvaluationData:
-        """The clients' splits as they see them at this evaluation: the samples of every client without per-access
-        randomness read (and normalized) in one call; a client with it draws its noise and labels afresh, keyed by
-        the evaluation count and split, so that every model it scores sees the same draw."""
-        names = ("test", "train", "val") if with_train else ("test", "val")
-        parts = np.zeros((len(client_ids), 3), np.int64)
-        xs: list[np.ndarray] = [np.zeros(0)] * len(client_ids)
-        ys: list[np.ndarray] = [np.zeros(0)] * len(client_ids)
-        plain: dict[int, np.ndarray] = {}
-        for position, client_id in enumerate(client_ids):
-            data = self.data[client_id]
-            parts[position] = [len(data.test), len(data.train) if with_train else 0, len(data.val)]
-            if not data.redrawn:  # nothing to draw: no generator to make (10,000 clients make 30,000 of them)
-                plain[position] = np.concatenate([getattr(data, name) for name in names])
-                ys[position] = data.y[plain[position]]
-                continue
-            drawn = [
-                data.arrays(name, rng(self.seed, Stream.DATA_NOISE, client_id, self.evaluations, SPLITS.index(name)))
-                for name in names
-            ]
-            xs[position] = np.concatenate([x for x, _ in drawn])
-            ys[position] = np.concatenate([y for _, y in drawn])
-        if plain:  # one read of the stored rows for all of them (one dataset, one normalization on a host)
-            data = self.data[client_ids[next(iter(plain))]]
-            rows = data.inputs.rows(data.x, np.concatenate(list(plain.values())))
-            blocks = np.split(rows, np.cumsum([len(indices) for indices in plain.values()])[:-1])
-            for position, block in zip(plain, blocks, strict=True):
-                xs[position] = block
-        return EvaluationData(xs, ys, parts, with_train)
-
-    def _scores(self, params: Vector | list[Vector], data: EvaluationData) -> list[ModelScores]:
-        """The scores on each client's splits of one model shared by all (a vector: FlatModel.sample_scores_many) or
-        of each client's own (a list, one per client: FlatModel.sample_scores_each): every sample of every split in
-        one pass per model; the training loss only where the train split is scored (else NaN)."""
-        model, classifier = self.model, self.model.task == "classification"
-        groups = list(zip(data.x, data.y, strict=True))
-        if isinstance(params, list):
-            samples = model.sample_scores_each(params, groups, keep_outputs=classifier)
-        else:
-            samples = model.sample_scores_many(params, groups, keep_outputs=classifier)
-        scores = model.group_scores(samples, data.parts.reshape(-1), self.settings.loss_sum_batch, classifier)
-        tests, trains, vals = scores[0::3], scores[1::3], scores[2::3]
-        f1_auc = [(float("nan"), float("nan"))] * len(groups)
-        if classifier and groups:
-            f1_auc = classification_scores_many(
-                np.concatenate([test.outputs for test in tests]),  # type: ignore[misc]
-                np.concatenate([y[:size] for y, size in zip(data.y, data.parts[:, 0], strict=True)]),
-                data.parts[:, 0].tolist(),
-                self.settings.auc_single_label,
-            )
-        return [
-            ModelScores(
-                test.accuracy,
-                test.loss,
-                train.loss if data.with_train else float("nan"),
-                val.accuracy if size else float("nan"),
-                f1,
-                auc,
-                test.loss_sum,
-            )
-            for test, train, val, size, (f1, auc) in zip(tests, trains, vals, data.parts[:, 2], f1_auc, strict=True)
-        ]
-
     def evaluate(self, global_params: Vector) -> pa.RecordBatch:
         """PM, GM (and the algorithm's extra models') scores of every client of this host as columns
-        (raysim.tracking.metrics.evaluation_batch), EVALUATION_CLIENTS clients at a time: the GM, shared by all,
+        (raysim.evaluation.columns.evaluation_batch), EVALUATION_CLIENTS clients at a time: the GM, shared by all,
         scores their splits in shared passes, and their own models (PMs, extra models) score each its own split in
         batched passes."""
         self.evaluations += 1
@@ -548,15 +462,18 @@ class ClientHost:
         with_train = bool(every) and (self.evaluations - 1) % every == 0
         evaluations = []
         ids = self.client_ids
+        scorer = ClientScorer(self.model, self.settings.loss_sum_batch, self.settings.auc_single_label)
         for begin in range(0, len(ids), EVALUATION_CLIENTS):
             chunk = ids[begin : begin + EVALUATION_CLIENTS]
-            splits = self._evaluation_data(chunk, with_train)
-            gms = self._scores(global_params, splits)
+            splits = evaluation_data(self.data, chunk, with_train, self.seed, self.evaluations)
+            gms = scorer.scores(global_params, splits)
             states = {c: self.states[c] for c in chunk}  # each read once (a spilled state comes from disk)
-            pms = self._own_scores({c: self._personal_model(c, states[c], global_params) for c in chunk}, chunk, splits)
+            pms = scorer.own_scores(
+                {c: self._personal_model(c, states[c], global_params) for c in chunk}, chunk, splits
+            )
             models = {c: self.algorithm.extra_models(states[c], global_params) for c in chunk}
             names = sorted({name for extra in models.values() for name in extra})
-            extras = {name: self._own_scores({c: models[c].get(name) for c in chunk}, chunk, splits) for name in names}
+            extras = {name: scorer.own_scores({c: models[c].get(name) for c in chunk}, chunk, splits) for name in names}
             for client_id, gm in zip(chunk, gms, strict=True):
                 extra = {name: extras[name][client_id] for name in names if client_id in extras[name]}
                 evaluations.append(ClientEvaluation(client_id, pms.get(client_id, gm), gm, extra))
@@ -570,14 +487,6 @@ class ClientHost:
         adaptation = self.algorithm.adapt(self.info[client_id], global_params)
         execute = self._executor(client_id, self.evaluations, Stream.ADAPTATION)
         return None if adaptation is None else drive(adaptation, execute)
-
-    def _own_scores(
-        self, models: dict[int, Vector | None], chunk: list[int], splits: EvaluationData
-    ) -> dict[int, ModelScores]:
-        """The scores of the clients' own models (None: the client has none) on their own splits."""
-        having = [i for i, c in enumerate(chunk) if models[c] is not None]
-        scores = self._scores([models[chunk[i]] for i in having], splits.subset(having))  # type: ignore[misc]
-        return {chunk[i]: score for i, score in zip(having, scores, strict=True)}
 
     def save_checkpoint(self, path: str) -> str | None:
         """Write this host's clients' persistent state (states, Byzantine messages sent, evaluation count) to

@@ -19,8 +19,8 @@ from raysim.data.dataset import Dataset
 from raysim.data.partition_file import write_partition
 from raysim.data.partitions import authors_attackers, check_classes
 from raysim.errors import ConfigError
-from raysim.models.flat import FlatModel
-from raysim.models.spec import ModelSpec, ParamSpec
+from raysim.models.flat import FlatModel, ModelSpec
+from raysim.models.spec import ParamSpec
 from raysim.runtime.placement import check_capacity, default_num_hosts
 from raysim.seeding import Stream, rng, torch_seed
 from raysim.threats.attacks import AttackPlan, attack_plan

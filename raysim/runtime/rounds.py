@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import ray
 
 from raysim.config import ExperimentConfig
+from raysim.evaluation.columns import client_evaluations
+from raysim.evaluation.summaries import benign_summary
 from raysim.runtime import checkpoint
 from raysim.runtime.problem import Problem
 from raysim.runtime.simulation import Simulation
-from raysim.tracking.callbacks import RoundCallback
-from raysim.tracking.metrics import ClientEvaluation, benign_summary, client_evaluations
+from raysim.tracking.callbacks import RoundCallback, RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 
@@ -34,19 +34,6 @@ def summary_from_logged(metrics: dict[str, float]) -> dict[str, float]:
         kind, best, metric = key.partition("/best_")
         summary[f"best/{kind}/{metric}" if best else f"final/{key}"] = value
     return summary
-
-
-@dataclass
-class RunResult:
-    run_id: str | None
-    history: dict[int, dict[str, float]] = field(default_factory=dict)
-    """Metrics logged at each step (round number, 0 = before training)."""
-    final: list[ClientEvaluation] = field(default_factory=list)
-    """Every client's final scores, attackers included (the summaries exclude them)."""
-    summary: dict[str, float] = field(default_factory=dict)
-    """Final and best-round summaries (`final/...`, `best/...`) over benign clients; in MLflow the final values
-    are the curves' latest ones and the best accuracies are `pm/best_acc`, `gm/best_acc`, `hm/best_acc`."""
-    malicious: list[int] = field(default_factory=list)
 
 
 class Rounds:

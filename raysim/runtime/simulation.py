@@ -17,6 +17,8 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.errors import RaysimError
+from raysim.evaluation.columns import evaluation_table, round_records
+from raysim.evaluation.summaries import mean_client_metrics
 from raysim.plugins import carry
 from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
@@ -24,7 +26,6 @@ from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
 from raysim.runtime.session import ray_usable
-from raysim.tracking.metrics import evaluation_table, mean_client_metrics, round_records
 
 
 class NoUsableUpload(RaysimError):
@@ -202,7 +203,7 @@ class Simulation:
         }
 
     def evaluate(self) -> pa.Table:
-        """Every client's scores as one table (raysim.tracking.metrics.evaluation_batch): PM, extra models and the GM,
+        """Every client's scores as one table (raysim.evaluation.columns.evaluation_batch): PM, extra models and the GM,
         which is the coordinator's current global model, or with tracking.gm_scored = before_aggregation the one of
         the last round's start (the current one before any round of this process)."""
         before = self.config.tracking.gm_scored == "before_aggregation" and self.broadcast_model is not None

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from raysim.config import ExperimentConfig
+from raysim.credentials import redact_text
 from raysim.errors import Interrupted, RayLost, RaysimError
 from raysim.runtime.driver import resume_experiment, run_experiment
-from raysim.runtime.rounds import RunResult
 from raysim.studies.table import listed
-from raysim.tracking.credentials import redact_text
+from raysim.tracking.callbacks import RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 ERROR_TAG = "raysim.error"

@@ -230,7 +230,7 @@ def fetch_runs(
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from raysim.tracking.credentials import connect_uri, redact
+    from raysim.credentials import connect_uri, redact
 
     client = MlflowClient(connect_uri(tracking_uri))
     try:

@@ -7,10 +7,10 @@ import logging
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from raysim.data.partitions import label_counts
-from raysim.tracking.callbacks import RoundCallback
+from raysim.tracking.callbacks import RoundCallback, RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
 from raysim.tracking.reports import (
     write_client_table,
@@ -21,9 +21,24 @@ from raysim.tracking.reports import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from raysim.algorithms import ClientInfo
     from raysim.config import ExperimentConfig
-    from raysim.runtime.problem import Problem
-    from raysim.runtime.rounds import RunResult
+    from raysim.data.scheme import ClientSplit
+    from raysim.models.flat import ModelSpec
+
+
+class PreparedProblem(Protocol):
+    """What the artifacts read of a run's prepared problem: raysim.runtime.problem.Problem, which tracking (a floor
+    below the runtime) does not import."""
+
+    y: np.ndarray
+    model_spec: ModelSpec
+    clients: list[tuple[ClientInfo, ClientSplit]]
+
+    @property
+    def malicious(self) -> frozenset[int]: ...
 
 
 class RunArtifacts(RoundCallback):
@@ -31,7 +46,9 @@ class RunArtifacts(RoundCallback):
     start and the first rounds run; config.yaml (credentials redacted), clients.parquet and convergence.png when
     it ends."""
 
-    def __init__(self, config: ExperimentConfig, problem: Problem, writer: MlflowWriter, resumed: bool = False):
+    def __init__(
+        self, config: ExperimentConfig, problem: PreparedProblem, writer: MlflowWriter, resumed: bool = False
+    ):
         self.config, self.problem, self.writer = config, problem, writer
         self._failure: BaseException | None = None
         self._partition = threading.Thread(target=self._write_partition, name="partition-artifacts", daemon=True)

@@ -1,4 +1,5 @@
-"""Round callbacks: what watches a run without steering it (the progress display, the artifact writers).
+"""Round callbacks: what watches a run without steering it (the progress display, the artifact writers), and the
+run's result they are shown (RunResult, what a run returns).
 
 The round loop (raysim.runtime.rounds) calls them in order at fixed points, as pfl-research's callbacks: a
 new display or report is a callback, not an edit of the loop.
@@ -6,11 +7,26 @@ new display or report is a callback, not an edit of the loop.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from raysim.runtime.rounds import RunResult
+from raysim.evaluation.records import ClientEvaluation
+
+
+@dataclass
+class RunResult:
+    """What a run returns (raysim.runtime.driver.run_experiment): its MLflow run id, every step's metrics, every
+    client's final scores and the summaries."""
+
+    run_id: str | None
+    history: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Metrics logged at each step (round number, 0 = before training)."""
+    final: list[ClientEvaluation] = field(default_factory=list)
+    """Every client's final scores, attackers included (the summaries exclude them)."""
+    summary: dict[str, float] = field(default_factory=dict)
+    """Final and best-round summaries (`final/...`, `best/...`) over benign clients; in MLflow the final values
+    are the curves' latest ones and the best accuracies are `pm/best_acc`, `gm/best_acc`, `hm/best_acc`."""
+    malicious: list[int] = field(default_factory=list)
 
 
 class RoundCallback:

@@ -26,8 +26,8 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from raysim.credentials import connect_uri, redact, redact_text
 from raysim.errors import RaysimError
-from raysim.tracking.credentials import connect_uri, redact, redact_text
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 """The experiment tag that makes MLflow 3's UI open raysim's experiments as model training (runs, charts),

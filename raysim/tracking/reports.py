@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raysim.evaluation.records import ClientEvaluation
 from raysim.tracking import plots
-from raysim.tracking.metrics import ClientEvaluation
 
 
 def write_client_table(evaluations: list[ClientEvaluation], extra: dict[int, dict[str, float]], path: Path) -> None:

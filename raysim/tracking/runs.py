@@ -1,12 +1,15 @@
-"""The tracking store's unfinished runs: which can be continued (`raysim resume` without a run id)."""
+"""The tracking store's unfinished runs: which can be continued (`raysim resume` without a run id), and where a run's
+checkpoints are (`raysim resume RUN_ID`)."""
 
 from __future__ import annotations
 
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
-from raysim.tracking.credentials import connect_uri
+from raysim.credentials import connect_uri, redact
+from raysim.errors import CheckpointError
 from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
 DRIVER_TAG = "raysim.driver"
@@ -61,3 +64,19 @@ def _driver_state(tag: str) -> str:
     except PermissionError:
         pass
     return f"alive ({tag})"
+
+
+def run_checkpoints(run_id: str, tracking_uri: str | None = None) -> Path:
+    """The folder of a run's checkpoints (the parent of the one its `raysim.checkpoint` tag names), the run looked up
+    by id in `tracking_uri` (default: $MLFLOW_TRACKING_URI or sqlite)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_tracking_uri(tracking_uri)
+    try:
+        tags = MlflowClient(connect_uri(uri)).get_run(run_id).data.tags
+    except MlflowException:
+        raise CheckpointError(f"{run_id}: neither a checkpoint folder nor a run id in {redact(uri)}") from None
+    if "raysim.checkpoint" not in tags:
+        raise CheckpointError(f"run {run_id} has no checkpoint (tracking.checkpoint_every was 0)")
+    return Path(tags["raysim.checkpoint"]).parent

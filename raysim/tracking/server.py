@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from raysim.credentials import connect_uri, redact, redact_text
 from raysim.errors import RaysimError
-from raysim.tracking.credentials import connect_uri, redact, redact_text
 
 
 class ServerError(RaysimError):
