@@ -94,7 +94,7 @@ class _State:
 def test_stacked_states_round_trip():
     """`stack`/`unstack` move client states between one-per-client and a chunk's rows (Algorithm.stacks): the
     rows come back as they went in, numbers as numbers; a chunk of one is a view."""
-    from raysim.algorithms.base import stack, unstack
+    from raysim.execution import stack, unstack
 
     states = [_State(np.full(3, i, np.float32), i) for i in range(4)]
     stacked = stack(states)

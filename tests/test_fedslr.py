@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms import ClientInfo, run_client_step
+from raysim.algorithms import ClientInfo
 from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
 from raysim.config import validate_config
+from raysim.execution import run_client_step
 from raysim.models.flat import FlatModel
 from raysim.models.spec import ParamSpec
 from raysim.runtime.coordinator import Coordinator
