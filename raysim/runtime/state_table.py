@@ -1,7 +1,7 @@
 """A block of clients' states as rows: one array per state field, one row per client.
 
 A host running a stacking algorithm (Algorithm.stacks) with vectorized training keeps each block of its clients
-(ClientHost.blocks) in one table. A client's state is a view of its row; a chunk of the block (its selected
+(ClientSteps.blocks) in one table. A client's state is a view of its row; a chunk of the block (its selected
 clients) is a view of consecutive rows, or a gathered copy when they are not consecutive; the chunk's new rows
 are written back, unless the step wrote them in place (ClientChunk.in_place), which is what a block selected
 whole does: its states are then updated where they are, with no copy and no new memory per round. The layout is
@@ -77,7 +77,7 @@ class StateTable:
 
 
 class StateTables(MutableMapping[int, Any]):
-    """Client id -> state of a host's clients held in memory, kept by fixed blocks (ClientHost.blocks): a block's
+    """Client id -> state of a host's clients held in memory, kept by fixed blocks (ClientSteps.blocks): a block's
     first `rows` makes its states one StateTable, whose row views are then its clients' states, stepped where they
     are. Setting one client's state (a restore) lets go of its block's table, made again at the block's next step."""
 
