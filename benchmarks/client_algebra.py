@@ -36,7 +36,7 @@ import numpy as np
 from raysim.algorithms.base import Upload
 from raysim.algorithms.flame import _admm_update
 from raysim.runtime.exact_sum import SCALE, add_rows
-from raysim.runtime.host import _keep_freed_memory
+from raysim.runtime.steps import keep_freed_memory
 
 
 @dataclass
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=16)
     parser.add_argument("--size", type=int, default=109_386, help="parameters per client (MLP 784-128-64-10)")
     args = parser.parse_args()
-    _keep_freed_memory()
+    keep_freed_memory()
     generator = np.random.default_rng(0)
     count, chunk, size = args.clients - args.clients % args.chunk, args.chunk, args.size
     theta, w_i, pi = (generator.standard_normal((count, size), dtype=np.float32) for _ in range(3))

@@ -24,7 +24,8 @@ import numpy as np
 from raysim.config import apply_override, validate_config
 from raysim.evaluation.columns import client_evaluations
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.host import ClientHost, HostSettings
+from raysim.runtime.host import ClientHost
+from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.problem import prepare
 from raysim.studies.suite import load_suite
 

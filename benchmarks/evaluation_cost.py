@@ -17,7 +17,8 @@ import time
 
 from raysim.config import load_config
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.host import ClientHost, HostSettings
+from raysim.runtime.host import ClientHost
+from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.problem import prepare, sample_clients
 
 

@@ -6,7 +6,8 @@ import dataclasses
 
 from raysim.config import ExperimentConfig
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.host import ClientHost, HostSettings
+from raysim.runtime.host import ClientHost
+from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.problem import Problem, prepare, sample_clients
 
 

@@ -94,7 +94,7 @@ class _State:
 def test_stacked_states_round_trip():
     """`stack`/`unstack` move client states between one-per-client and a chunk's rows (Algorithm.stacks): the
     rows come back as they went in, numbers as numbers; a chunk of one is a view."""
-    from raysim.algorithms.base import stack, unstack
+    from raysim.execution import stack, unstack
 
     states = [_State(np.full(3, i, np.float32), i) for i in range(4)]
     stacked = stack(states)
@@ -128,3 +128,30 @@ def test_state_table_gives_views_of_consecutive_rows_and_stores_only_what_is_not
     assert table.state(7).vector.tolist() == [0.0] * 3 and table.state(7).count == 0
     assert isinstance(table.state(7).count, int) and np.shares_memory(table.state(7).vector, table.stacked.vector)
     assert not shared.any()
+
+
+@pytest.mark.parametrize("container", ["tables", "store"])
+def test_both_state_containers_answer_the_host_alike(container, tmp_path):
+    """StateTables (in memory) and ClientStateStore (past a budget; here every state on disk) are one ClientStates:
+    a chunk of one block's clients as rows, its kept new rows stored (a dropped client keeps its state), and a state
+    set after its block was stepped (a restore) is the one the block's next rows hold, not a stale table row."""
+    from raysim.algorithms.flame import FlameClientState
+    from raysim.runtime.state_store import ClientStateStore
+    from raysim.runtime.state_table import StateTables
+
+    def state(value: float) -> FlameClientState:
+        return FlameClientState(*(np.full(2, value + k, np.float32) for k in range(3)))
+
+    states = StateTables([[0, 1, 2], [3]]) if container == "tables" else ClientStateStore(0, tmp_path)
+    for client in range(4):
+        states[client] = state(10.0 * client)
+    rows = states.rows([0, 2])
+    assert rows.w.tolist() == [[1.0, 1.0], [21.0, 21.0]]
+    states.store([0, 2], FlameClientState(rows.theta + 100, rows.w + 100, rows.pi + 100), np.array([True, False]))
+    assert states[0].w.tolist() == [101.0, 101.0] and states[2].w.tolist() == [21.0, 21.0]
+    states[1] = state(-5.0)
+    assert states.rows([0, 1, 2]).theta.tolist() == [[100.0] * 2, [-5.0] * 2, [20.0] * 2]
+    assert list(states) == [0, 1, 2, 3] and states[3].pi.tolist() == [32.0, 32.0]
+    stats = states.stats()
+    assert stats is None if container == "tables" else stats.spilled == 4
+    states.close()

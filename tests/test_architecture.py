@@ -22,6 +22,7 @@ FLOORS = (
     ("raysim.data",),
     ("raysim.models",),
     ("raysim.algorithms",),
+    ("raysim.execution",),
     ("raysim.threats", "raysim.training"),
     ("raysim.evaluation",),
     ("raysim.config",),

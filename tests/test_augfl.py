@@ -30,7 +30,7 @@ def _sim(partition: dict | None = None, **algorithm) -> InProcess:
 
 def _gradient(sim: InProcess, client: int, point: np.ndarray, split: str) -> np.ndarray:
     data = sim.host.data[client]
-    return sim.host.trainer.full_gradient(FullGradient(point.astype(np.float32), split), data, None).grad.astype(
+    return sim.host.steps.trainer.full_gradient(FullGradient(point.astype(np.float32), split), data, None).grad.astype(
         np.float64
     )
 

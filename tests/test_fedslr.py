@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms import ClientInfo, run_client_step
+from raysim.algorithms import ClientInfo
 from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
@@ -17,6 +17,7 @@ from raysim.config import validate_config
 from raysim.evaluation.batched import Scorer
 from raysim.evaluation.columns import ClientRecords, client_evaluations
 from raysim.evaluation.summaries import mean_client_metrics, summarize
+from raysim.execution import run_client_step
 from raysim.models.flat import FlatModel
 from raysim.models.spec import ParamSpec
 from raysim.runtime.coordinator import Coordinator

@@ -150,8 +150,8 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
     """FLAME's client step runs on a chunk's stacked rows (alpha_i a column, Algorithm.stacks): each row's new
     theta_i, w_i, pi_i, upload, message and metrics equal the client's own step, and Lemma 3 holds row by row."""
     from raysim.algorithms import build_algorithm
-    from raysim.algorithms.base import run_client_steps, run_stacked_step, stack, unstack_update
     from raysim.algorithms.flame import FlameClientState, FlameSettings
+    from raysim.execution import run_client_steps, run_stacked_step, stack, unstack_update
     from raysim.models.spec import ParamSpec
 
     options = {"lambda": 1.7, "rho": 0.3, "epochs": 2, "prox_center": prox_center, "dual_updates": dual_updates}

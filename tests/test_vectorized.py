@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from raysim.algorithms import build_algorithm, run_client_step
-from raysim.algorithms.base import ClientInfo, ClientUpdate, LocalSGD, run_client_steps
+from raysim.algorithms import build_algorithm
+from raysim.algorithms.base import ClientInfo, ClientUpdate, LocalSGD
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings, FedAvgUpload
 from raysim.config import validate_config
 from raysim.errors import ConfigError
+from raysim.execution import run_client_step, run_client_steps
 from raysim.models.flat import FlatModel, param_spec
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.driver import run_experiment
@@ -378,7 +379,7 @@ def test_attacked_hosts_match(attack):
         # a GPU share: the vectorized host trains there when this machine has one
         host = make_host(config, problem, send_messages=True, client_training=mode, vectorize_chunk=4, gpus=0.5)
         if mode == "vectorized":
-            assert host.vectorized.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+            assert host.steps.vectorized.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
         coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, 6)
         records = []
         for round_index in range(2):
@@ -445,7 +446,7 @@ def test_stacked_client_steps_give_the_same_bits_whatever_the_chunks():
     for chunk in (1, 2, 5):
         runtime = {"num_hosts": 1, "client_training": "vectorized", "vectorize_chunk": chunk}
         sim = InProcess(validate_config(tiny_config(algorithm=algorithm, runtime=runtime, **sections)))
-        assert sim.host.stacked
+        assert sim.host.steps.stacked
         runs.append(([sim.round(r) for r in range(3)], sim))
     (metrics, first), others = runs[0], runs[1:]
     for other_metrics, other in others:
@@ -474,7 +475,7 @@ def test_a_dropped_upload_leaves_its_clients_state_as_it_was_in_a_stacked_chunk(
     problem.x = problem.x.copy()
     problem.x[bad.train] = np.nan
     host = make_host(config, problem)
-    assert host.stacked == (mode == "vectorized")
+    assert host.steps.stacked == (mode == "vectorized")
     coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, 6)
     before = host.client_states()
     partial, records = host.train(0, host.client_ids, coordinator.broadcast())

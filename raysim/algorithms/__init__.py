@@ -21,7 +21,6 @@ from raysim.algorithms.base import (
     SGDSettings,
     Upload,
     Vector,
-    run_client_step,
 )
 from raysim.models.spec import ParamSpec
 
@@ -42,5 +41,4 @@ __all__ = [
     "Upload",
     "Vector",
     "build_algorithm",
-    "run_client_step",
 ]

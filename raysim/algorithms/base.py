@@ -11,16 +11,15 @@ its state and messages:
 `client_step` is a generator: every piece of local training it needs (e.g. "H epochs of SGD on
 f_i(theta) + lambda/2 ||theta - w_i||^2") is *yielded* as a `LocalSGD` request and the result is sent
 back. The algorithm thereby states *what* to optimise; the executor decides *how* (one client at a
-time, or many clients at once). `run_client_step` drives the generator with any executor;
-`run_client_steps` drives several clients' generators in lockstep, handing an executor every pending
-request of a turn together.
+time, or many clients at once): raysim.execution drives the generators (`run_client_step` with any
+executor, `run_client_steps` several clients in lockstep, `run_stacked_step` a stacked chunk).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -297,7 +296,7 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     Settings: ClassVar[type[AlgorithmSettings]]
     Upload: ClassVar[type[Upload]]
     stacks: ClassVar[bool] = False
-    """`client_step` also runs on a ClientChunk whose state is stacked (see ClientChunk and `run_stacked_step`):
+    """`client_step` also runs on a ClientChunk whose state is stacked (ClientChunk; raysim.execution.drivers):
     a vectorized host then updates a chunk of clients in a few array operations instead of one client at a time."""
 
     def __init__(self, settings: P, params: ParamSpec):
@@ -441,146 +440,3 @@ def payload_bytes(payload: object) -> int:
     if isinstance(payload, tuple | list):
         return sum(payload_bytes(item) for item in payload)
     raise TypeError(f"payload_bytes: cannot size a {type(payload).__name__}; override uplink/downlink_bytes")
-
-
-def stack(items: Sequence[Any]) -> Any:
-    """Dataclasses of vectors and numbers (client states, uploads, requests' results) as one of the same type whose
-    vectors are [len(items), n] arrays and whose numbers are [len(items)] arrays; None fields stay None."""
-    first = items[0]
-    values = {}
-    for f in dataclasses.fields(first):
-        column = [getattr(item, f.name) for item in items]
-        values[f.name] = None if column[0] is None else _stacked([np.asarray(v) for v in column])
-    return dataclasses.replace(first, **values)
-
-
-def _stacked(vectors: list[np.ndarray]) -> np.ndarray:
-    """The vectors as rows of one array: a view of the one vector of a chunk of one, else a stacked copy."""
-    return vectors[0][None] if len(vectors) == 1 else np.stack(vectors)
-
-
-def one_row(item: Any) -> Any:
-    """One client's state, upload or update in the stacked form of a chunk of one, without a copy: vectors [1, n]
-    views, numbers (and an update's metrics) [1] arrays."""
-    if isinstance(item, ClientUpdate):
-        metrics = {name: np.atleast_1d(np.asarray(value, np.float64)) for name, value in item.metrics.items()}
-        message = None if item.message is None else np.asarray(item.message)[None]
-        return ClientUpdate(one_row(item.state), one_row(item.upload), metrics, message)
-    return stack([item])
-
-
-def unstack(stacked: Any, count: int) -> list[Any]:
-    """The `count` rows of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
-    ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row."""
-    request = isinstance(stacked, LocalSGD | FullGradient)
-    columns = {}
-    for f in dataclasses.fields(stacked):
-        value = getattr(stacked, f.name)
-        if isinstance(value, np.ndarray) and value.ndim == 2:
-            columns[f.name] = list(value)
-        elif isinstance(value, np.ndarray) and value.ndim == 1 and not request:
-            columns[f.name] = value.tolist()
-        else:
-            columns[f.name] = [value] * count
-    kind = type(stacked)
-    return [kind(**{name: column[i] for name, column in columns.items()}) for i in range(count)]
-
-
-def run_stacked_step(
-    algorithm: Algorithm,
-    clients: Sequence[ClientInfo],
-    state: Any,
-    broadcast: Any,
-    execute: Callable[[Request], Result],
-    in_place: bool = False,
-) -> ClientUpdate:
-    """The client steps of several clients as ONE step over their stacked state (`Algorithm.stacks`; `stack` makes
-    one from the clients' states, rows in the order of `clients`): every request it yields is a stacked one that
-    `execute` runs for all rows at once, returning a stacked result. `in_place`: the step may write into the
-    stacked state's arrays (ClientChunk.in_place). Returns the stacked update: state and upload with [k, ...]
-    fields, metrics as float64 arrays [k]; `unstack_update` splits it into the clients' own."""
-    chunk = ClientChunk(tuple(clients), in_place)
-    update: ClientUpdate = drive(algorithm.client_step(chunk, state, broadcast), execute)
-    count = len(clients)
-    update.metrics = {
-        name: np.broadcast_to(np.asarray(value, np.float64), (count,)) for name, value in update.metrics.items()
-    }
-    return update
-
-
-def unstack_update(update: ClientUpdate, count: int) -> list[ClientUpdate]:
-    """The clients' own updates from a stacked one (`run_stacked_step`): vectors are views of their row, metrics
-    floats."""
-    messages = [None] * count if update.message is None else list(update.message)
-    return [
-        ClientUpdate(state, upload, {name: float(values[i]) for name, values in update.metrics.items()}, message)
-        for i, (state, upload, message) in enumerate(
-            zip(unstack(update.state, count), unstack(update.upload, count), messages, strict=True)
-        )
-    ]
-
-
-def drive(step: Generator, execute: Callable[[Any], Any]) -> Any:
-    """Run a generator of requests (a client step, an adaptation) to completion; returns its value."""
-    try:
-        request = next(step)
-        while True:
-            request = step.send(execute(request))
-    except StopIteration as finished:
-        return finished.value
-
-
-def run_client_step(
-    algorithm: Algorithm,
-    client: ClientInfo,
-    state: Any,
-    broadcast: Any,
-    execute: Callable[[Any], Any],
-) -> ClientUpdate:
-    """Drive a client step to completion, executing each yielded request with `execute`."""
-    return _with_float_metrics(drive(algorithm.client_step(client, state, broadcast), execute))
-
-
-def _with_float_metrics(update: ClientUpdate) -> ClientUpdate:
-    """The update with its metrics as Python floats (a step may compute them as numpy numbers, or as the one row
-    of a kernel over rows)."""
-    update.metrics = {name: float(np.asarray(value).reshape(-1)[0]) for name, value in update.metrics.items()}
-    return update
-
-
-def run_client_steps(
-    algorithm: Algorithm,
-    clients: Sequence[ClientInfo],
-    states: Sequence[Any],
-    broadcast: Any,
-    execute_many: Callable[[list[tuple[int, Request]]], Sequence[Result]],
-) -> list[ClientUpdate]:
-    """Drive the client steps of several clients together, so that an executor can run their requests at once.
-
-    Every turn, the pending request of each unfinished client goes to `execute_many` in one list of
-    (client id, request), in the order of `clients`; it returns their results in the same order, and each
-    result is sent back to its client's step. A client's own requests come and go in the order that
-    `run_client_step` gives them, so an executor that keys its randomness by client and request number
-    gives the same results either way. Returns the updates in the order of `clients`.
-    """
-    steps = [algorithm.client_step(c, s, broadcast) for c, s in zip(clients, states, strict=True)]
-    updates: list[ClientUpdate | None] = [None] * len(steps)
-    pending: dict[int, Request] = {}
-
-    def advance(position: int, result: Result | None) -> None:
-        """Send a result (None: start) to a client's step; keep its next request, or its update when it ends."""
-        try:
-            pending[position] = steps[position].send(result)
-        except StopIteration as finished:
-            updates[position] = _with_float_metrics(finished.value)
-
-    for position in range(len(steps)):
-        advance(position, None)
-    while pending:
-        turn = sorted(pending)
-        results = execute_many([(clients[p].id, pending.pop(p)) for p in turn])
-        if len(results) != len(turn):
-            raise ValueError(f"run_client_steps: {len(turn)} requests but {len(results)} results")
-        for position, result in zip(turn, results, strict=True):
-            advance(position, result)
-    return updates  # type: ignore[return-value]

@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 
 from raysim.algorithms import ClientInfo, build_algorithm
-from raysim.algorithms.base import ServerContext, ServerDataStep, ServerSamples, SGDResult, TrainModel, drive
+from raysim.algorithms.base import ServerContext, ServerDataStep, ServerSamples, SGDResult, TrainModel
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
 from raysim.data.dataset import Dataset
 from raysim.data.partition_file import write_partition
 from raysim.data.partitions import authors_attackers, check_classes
 from raysim.errors import ConfigError
+from raysim.execution.drivers import drive
 from raysim.models.flat import FlatModel, ModelSpec
 from raysim.models.spec import ParamSpec
 from raysim.runtime.placement import check_capacity, default_num_hosts

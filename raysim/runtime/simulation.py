@@ -22,7 +22,8 @@ from raysim.evaluation.summaries import mean_client_metrics
 from raysim.plugins import carry
 from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.host import ClientHost, HostSettings
+from raysim.runtime.host import ClientHost
+from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
 from raysim.runtime.session import ray_usable

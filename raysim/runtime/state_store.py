@@ -28,13 +28,14 @@ import shutil
 import tempfile
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from raysim.execution.stacking import own_arrays, stack, unstack
 from raysim.runtime import checkpoint
 
 FOLDER_PREFIX = "raysim-states-"
@@ -167,6 +168,19 @@ class ClientStateStore(MutableMapping[int, Any]):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def rows(self, clients: Sequence[int]) -> Any:
+        """The stacked state of `clients` (Algorithm.stacks), a copy: states spill one by one, so no table keeps
+        them as rows."""
+        return stack([self[c] for c in clients])
+
+    def store(self, clients: Sequence[int], new: Any, kept: np.ndarray | None = None) -> None:
+        """Store each row of the new stacked state of `clients` that is `kept` (default all) as its client's own
+        copy (a row view would keep the whole chunk's array)."""
+        rows = unstack(new, len(clients))
+        for client, state, ok in zip(clients, rows, [True] * len(clients) if kept is None else kept, strict=True):
+            if ok:
+                self[client] = own_arrays(state)
 
     def stats(self) -> StoreStats:
         return StoreStats(

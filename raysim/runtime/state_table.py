@@ -1,22 +1,27 @@
 """A block of clients' states as rows: one array per state field, one row per client.
 
 A host running a stacking algorithm (Algorithm.stacks) with vectorized training keeps each block of its clients
-(ClientHost.blocks) in one table. A client's state is a view of its row; a chunk of the block (its selected
+(ClientSteps.blocks) in one table. A client's state is a view of its row; a chunk of the block (its selected
 clients) is a view of consecutive rows, or a gathered copy when they are not consecutive; the chunk's new rows
 are written back, unless the step wrote them in place (ClientChunk.in_place), which is what a block selected
 whole does: its states are then updated where they are, with no copy and no new memory per round. The layout is
 that of a [clients, n] tensor, so that the same table could live on a GPU.
+
+`StateTables` is a host's client states without a memory budget: a mapping client id -> state whose blocks become
+StateTables when they are first stepped. It and ClientStateStore (past a budget) are the two ClientStates
+(raysim.runtime.steps): one client's state by id, a chunk's states as rows, its new rows stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from raysim.algorithms.base import stack
+from raysim.execution.stacking import stack
+from raysim.runtime.state_store import StoreStats
 
 
 class StateTable:
@@ -69,6 +74,63 @@ class StateTable:
         return dataclasses.replace(
             self.stacked, **{name: value.item() if np.ndim(value) == 0 else value for name, value in values.items()}
         )
+
+
+class StateTables(MutableMapping[int, Any]):
+    """Client id -> state of a host's clients held in memory, kept by fixed blocks (ClientSteps.blocks): a block's
+    first `rows` makes its states one StateTable, whose row views are then its clients' states, stepped where they
+    are. Setting one client's state (a restore) lets go of its block's table, made again at the block's next step."""
+
+    def __init__(self, blocks: Sequence[Sequence[int]]):
+        self.blocks = [list(block) for block in blocks]
+        self.block = {client: index for index, block in enumerate(self.blocks) for client in block}
+        self._states: dict[int, Any] = {}
+        self._tables: dict[int, StateTable] = {}
+        """Each stepped block's states, by its index in `blocks`."""
+
+    def __getitem__(self, client: int) -> Any:
+        return self._states[client]
+
+    def __setitem__(self, client: int, state: Any) -> None:
+        self._states[client] = state
+        self._tables.pop(self.block[client], None)
+
+    def __delitem__(self, client: int) -> None:
+        del self._states[client]
+        self._tables.pop(self.block[client], None)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._states)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def rows(self, clients: Sequence[int]) -> Any:
+        """The stacked state of `clients`, selected clients of one block: views of its table's rows when
+        consecutive, else a copy."""
+        index = self.block[clients[0]]
+        table = self._tables.get(index)
+        if table is None:  # the block's first step (or the first after a restore): its states become one table
+            members = self.blocks[index]
+            table = self._tables[index] = StateTable(members, [self._states[c] for c in members])
+            self._states.update({c: table.state(c) for c in members})
+        return table.rows(clients)
+
+    def store(self, clients: Sequence[int], new: Any, kept: np.ndarray | None = None) -> None:
+        """Write the new stacked state of `clients` (as `rows` gave it) into their block's table, only the rows
+        `kept` (default all)."""
+        table = self._tables[self.block[clients[0]]]
+        table.store(clients, new, kept)
+        self._states.update({c: table.state(c) for c in clients})
+
+    def stats(self) -> StoreStats | None:
+        """None: nothing spills (ClientStateStore.stats)."""
+        return None
+
+    def close(self) -> None:
+        """Forget every state."""
+        self._states.clear()
+        self._tables.clear()
 
 
 def _arrays(stacked: Any) -> list[tuple[str, np.ndarray]]:

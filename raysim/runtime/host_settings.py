@@ -1,0 +1,83 @@
+"""What a client host is set up with besides its data and clients: the run's settings that reach the hosts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raysim.algorithms import ALGORITHMS
+from raysim.algorithms.base import AlgorithmSettings
+from raysim.config import ExperimentConfig
+from raysim.evaluation.classification import SingleLabelAuc
+from raysim.models.flat import ModelSpec
+from raysim.threats.attacks import AttackPlan
+from raysim.training.authors_batches import AuthorsBatchPlan
+from raysim.training.local import Inputs
+
+if TYPE_CHECKING:
+    from raysim.runtime.problem import Problem
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Everything a host needs besides its data and clients (`from_config`: as a run sets its hosts up)."""
+
+    algorithm: AlgorithmSettings
+    model: ModelSpec
+    seed: int
+    torch_threads: int = 1
+    attack: AttackPlan | None = None
+    """Which clients are malicious and how (None: no attack)."""
+    send_messages: bool = False
+    """Add each selected client's message to the partial sums, for a robust aggregator at the coordinator."""
+    auc_single_label: SingleLabelAuc = "zero"
+    """The AUC of a one-label test split (raysim.evaluation.classification.classification_scores)."""
+    on_nonfinite: str = "stop"
+    """`stop` raises UploadRangeError on a NaN/inf upload, `drop_client` leaves it out (runtime.on_nonfinite)."""
+    state_memory_mb: float | None = None
+    """Client states beyond this spill to a folder in `spill_dir` (runtime.state_memory_mb, runtime.spill_dir)."""
+    spill_dir: str | None = None
+    client_training: str = "auto"
+    """`vectorized`: the selected clients train together, `vectorize_chunk` at a time; `auto`: so for perceptrons
+    and on GPUs (runtime.client_training)."""
+    vectorize_chunk: int = 16
+    gpus: float = 0.0
+    """The host's GPU share: vectorized training runs on the GPU when it has one (runtime.host_gpus)."""
+    inputs: Inputs = Inputs()
+    """How the dataset's stored rows become model input: the dataset's normalization, dataset.augment."""
+    loss_sum_batch: int = 100
+    """Batch size of the summed test loss (tracking.loss_sum_batch)."""
+    train_loss_every: int = 1
+    """Score training losses at every N-th evaluation, 0: never (tracking.train_loss)."""
+    train_sizes: tuple[int, ...] | None = None
+    """The distinct training-split sizes of the run's clients: vectorized batches are padded to no more samples
+    than one of them needs at that step (VectorizedTrainer.train_sizes; the same for every host, so results do not
+    depend on the hosts)."""
+    batches: AuthorsBatchPlan | None = None
+    """clients.batches = authors: the run's clients' mini-batches are the FLAME authors' code's (every host replays
+    their streams for all clients, raysim.training.authors_batches); None: from the clients' seeded streams."""
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:
+        """The hosts' settings of a run of `config` on the prepared `problem` (model, attackers, inputs, clients)."""
+        runtime = config.runtime
+        return cls(
+            config.algorithm, problem.model_spec, config.seed, runtime.torch_threads, problem.attack,
+            config.aggregation.active, config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb,
+            runtime.spill_dir, runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus, problem.inputs,
+            config.tracking.loss_sum_batch, config.tracking.train_loss_every,
+            tuple(sorted({info.num_train for info, _ in problem.clients})), authors_batches(config, problem),
+        )  # fmt: skip
+
+
+def authors_batches(config: ExperimentConfig, problem: Problem) -> AuthorsBatchPlan | None:
+    """What replaying the authors' mini-batches needs (clients.batches = authors), else None. Their 80/20 split
+    shuffled each client's n samples and left one out: n = train + test + 1 (raysim.data.authors_draw.split)."""
+    if config.clients.batches != "authors":
+        return None
+    draws = ALGORITHMS.get(config.algorithm.name).code_draws(config.algorithm)
+    splits = [split for _, split in problem.clients]
+    return AuthorsBatchPlan(
+        config.seed, tuple(len(s.train) + len(s.test) + 1 for s in splits), tuple(len(s.train) for s in splits),
+        config.algorithm.batch_size, draws.passes, draws.picks,
+    )  # fmt: skip
