@@ -25,9 +25,14 @@ if TYPE_CHECKING:
     import torch
 
     from raysim.config import ExperimentConfig
+    from raysim.data.dataset import Dataset
     from raysim.data.scheme import ClientSplit
     from raysim.models.spec import ModelSpec
     from raysim.runtime.simulation import Simulation
+
+_last_dataset: list[tuple[str, Dataset]] = []
+"""The dataset loaded last (its seed and settings, itself), kept for the next `_dataset` call: a notebook scores
+client after client (`Result.test_data`), and a run's `Result` is made right after the dataset's shapes are read."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +81,8 @@ class Result:
 
     def test_data(self, client_id: int | None = None, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of client `client_id`'s split (`test`, `train` or `val`), or of every client's, as the
-        model takes them (normalized as the hosts do, never augmented). Loads the dataset again. A quality-skew
-        partition's per-access noise is not added."""
+        model takes them (normalized as the hosts do, never augmented). The noise a quality-skew partition or a
+        label-poisoning attacker draws at every access is not added."""
         import numpy as np
         import torch
 
@@ -88,7 +93,7 @@ class Result:
         chosen = self.splits if client_id is None else [s for s in self.splits if s.client_id == client_id]
         if not chosen:
             raise KeyError(f"no client {client_id} (clients 0..{len(self.splits) - 1})")
-        dataset = self.config.dataset.load(self.config.seed)
+        dataset = _dataset(self.config)
         indices = np.concatenate([getattr(s, split) for s in chosen]).astype(np.int64)
         inputs = Inputs(dataset.mean, dataset.std)  # the hosts' evaluation input: normalized, never augmented
         return torch.from_numpy(inputs.rows(dataset.x, indices)), torch.from_numpy(dataset.y[indices])
@@ -229,7 +234,7 @@ def _result(config: ExperimentConfig, outcome: Any, final: _FinalModels) -> Resu
 
     if final.global_params is None:
         raise RuntimeError(f"run {outcome.run_id}: the final models were not fetched after its last round")
-    dataset = config.dataset.load(config.seed)
+    dataset = _dataset(config)
     splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
     spec = ModelSpec(config.model.name, dataset.input_shape, dataset.output_dim, dataset.task)
     params = spec.build().spec
@@ -277,3 +282,11 @@ def _tensors(params: Any, flat: Any) -> dict[str, torch.Tensor]:
 
     vector = torch.from_numpy(np.array(flat, dtype=np.float32))
     return {name: tensor.clone() for name, tensor in params.unflatten(vector).items()}
+
+
+def _dataset(config: ExperimentConfig) -> Dataset:
+    """The config's dataset, loaded once for consecutive calls about the same dataset and seed (`_last_dataset`)."""
+    key = f"{config.seed}:{config.dataset.model_dump_json()}"
+    if not _last_dataset or _last_dataset[0][0] != key:
+        _last_dataset[:] = [(key, config.dataset.load(config.seed))]
+    return _last_dataset[0][1]
