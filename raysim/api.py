@@ -155,19 +155,19 @@ def experiment_config(
     """The validated config `run` runs: `config`'s plugins and `plugins` imported, then `overrides` applied, as
     `raysim run CONFIG --plugin ... --set ...` does (a path's own `plugins:` are relative to its folder)."""
     from raysim import plugins as plugin_files
-    from raysim.config import ExperimentConfig, apply_overrides, read_mapping, validate_config, with_plugins
+    from raysim.config import ExperimentConfig, apply_overrides, load_config, validate_config, with_plugins
     from raysim.errors import ConfigError
 
-    extra = plugin_files.resolve(list(plugins), None, "plugins")
+    assignments = [*overrides, *([f"tracking.uri={tracking_uri}"] if tracking_uri is not None else [])]
     if isinstance(config, str | Path):
-        tree = with_plugins(read_mapping(config), Path(config).parent, extra)
-    elif isinstance(config, ExperimentConfig):
-        tree = with_plugins(config.model_dump(mode="json", by_alias=True), None, extra)
+        return load_config(config, assignments, tuple(plugins))
+    if isinstance(config, ExperimentConfig):
+        tree = config.model_dump(mode="json", by_alias=True)
     elif isinstance(config, Mapping):
-        tree = with_plugins(copy.deepcopy(dict(config)), None, extra)
+        tree = copy.deepcopy(dict(config))
     else:
         raise ConfigError(f"config: a YAML file's path, a dict or an ExperimentConfig (got {type(config).__name__})")
-    assignments = [*overrides, *([f"tracking.uri={tracking_uri}"] if tracking_uri is not None else [])]
+    tree = with_plugins(tree, None, plugin_files.resolve(list(plugins), None, "plugins"))
     apply_overrides(tree, assignments)
     return validate_config(tree)
 

@@ -4,6 +4,7 @@ logged, and every way of giving a config gives the same one; bad input is the co
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from raysim.config import load_config
 from raysim.errors import ConfigError
 from tests.conftest import tiny_config
 
+ROOT = Path(__file__).resolve().parents[1]
 BEST_KEYS = {"pm/best_acc", "gm/best_acc", "hm/best_acc"}
 """Logged once, beside the curves, at the last step (their values are in Result.summary as best/...)."""
 
@@ -180,3 +182,28 @@ def test_run_suite_returns_every_child_s_summary_and_history(ray_local, store, t
         assert result.history.loc[(row.run, 7), "pm/acc"].to_dict() == logged == {0: logged[0], 1: logged[1],
                                                                                   2: logged[2]}  # fmt: skip
         assert result.runs.set_index("run").loc[row.run, "final/pm/acc"] == logged[2]
+
+
+def test_plugins_are_imported_before_the_config_is_validated_as_with_plugin(tmp_path):
+    """`plugins=[...]` as `--plugin`: docs/extending.md's FedAvgM file names an algorithm the config can then use, and
+    the config lists it for Ray's workers; a missing one is the command line's one line. In a subprocess, so that
+    this process's registries stay as raysim ships them."""
+    from tests.test_plugins import page_files
+
+    (tmp_path / "fedavgm.py").write_text(page_files()["fedavgm.py"])
+    script = (
+        "import raysim.api, tests.conftest as c\n"
+        "tree = c.tiny_config(algorithm={'name': 'fedavgm', 'lr': 0.05, 'batch_size': 32, 'server_momentum': 0.5})\n"
+        "config = raysim.api.experiment_config(tree, ['rounds=1'], plugins=['fedavgm.py'])\n"
+        "print(config.algorithm.name, config.algorithm.server_momentum, config.plugins)\n"
+        "try:\n    raysim.api.experiment_config(tree, plugins=['nowhere.py'])\n"
+        "except Exception as error:\n    print(type(error).__name__, error)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        f"fedavgm 0.5 ['{tmp_path / 'fedavgm.py'}']",
+        f"PluginError plugin {tmp_path / 'nowhere.py'}: no such file",
+    ]
