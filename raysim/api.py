@@ -64,6 +64,14 @@ class Result:
     splits: list[ClientSplit] = field(repr=False)
     """Every client's sample indices into the dataset (train, test, validation), as the run partitioned it."""
 
+    def __repr__(self) -> str:
+        """One line (a notebook shows a bare `result` so): the run, what ran, and its final accuracies."""
+        final = " ".join(f"{k.upper()} {self.summary[f'final/{k}/acc']:.4f}" for k in ("pm", "gm", "hm")
+                         if f"final/{k}/acc" in self.summary)  # fmt: skip
+        config = self.config
+        return (f"Result(run {self.run_id}: {config.algorithm.name} on {config.dataset.name}, {config.rounds} rounds, "
+                f"{config.clients.count} clients; final {final})")  # fmt: skip
+
     def model(self, client_id: int | None = None) -> torch.nn.Module:
         """The config's network (`model.name`) holding the final global model, or client `client_id`'s personalized
         model, in eval mode."""

@@ -63,6 +63,7 @@ def test_the_history_is_what_mlflow_logged(flame, store):
     client = MlflowClient(store)
     run = client.get_run(flame.run_id)
     assert run.info.status == "FINISHED" and flame.tracking_uri == store
+    assert repr(flame).startswith(f"Result(run {flame.run_id}: flame on synthetic_classification, 2 rounds, 4 clients;")
     assert list(flame.history.index) == [0, 1, 2] and flame.history.index.name == "round"
     logged = {key for key in run.data.metrics if not key.startswith("system/")}
     assert logged == set(flame.history.columns) | BEST_KEYS
