@@ -1,7 +1,8 @@
 """The documentation: the site builds in strict mode (no broken page or link), the configuration reference it
 generates lists every key the config models accept, and every command a page shows runs as a newcomer pastes it:
 page by page, in order, into a fresh login shell of a checkout set up by `make` (see docs/development.md, "The
-pages' commands", for the comments that mark a server or a command the test does not run)."""
+pages' commands", for the comments that mark a server or a command the test does not run). A page's Python runs as
+a notebook would run it: its ```python blocks in order, in one Python process started in the checkout."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ ELSEWHERE = {"<!-- test: cluster-recipe": "test_cluster.py", "<!-- test: plugin-
 """Markers on the line before a block that another test runs (a local cluster; the plugin files a page shows, saved
 beside its commands): the marker -> that test's file, which names the marker."""
 MOST_NOT_RUN = 3
+FILE_MARKER = "<!-- file: "
+"""On the line before a ```python block that is a file a page shows (docs/extending.md: tests/test_plugins.py saves
+and runs them), not code to run in the page's notebook."""
 
 
 def test_the_site_builds_in_strict_mode_with_the_generated_reference(tmp_path):
@@ -125,6 +129,15 @@ def pages_to_run() -> list[str]:
 
 def to_run(command: Command) -> bool:
     return not (command.not_run or command.set_up or command.elsewhere)
+
+
+def python_blocks(path: Path) -> list[str]:
+    """The ```python blocks of a page to run as one notebook, in order (not the files it shows, FILE_MARKER)."""
+    blocks = []
+    for language, body, before in fenced_blocks(path):
+        if language == "python" and not (before.rstrip().splitlines() or [""])[-1].startswith(FILE_MARKER):
+            blocks.append(body)
+    return blocks
 
 
 def test_every_fenced_block_names_its_language_and_commands_are_bash():
@@ -248,3 +261,17 @@ def test_a_page_s_commands_run_pasted_into_a_fresh_shell(page, checkout):
     assert shell.returncode == 0, f"{page} failed after {time.monotonic() - started:.0f} s:\n{transcript}"
     assert "Traceback" not in out + err, transcript
     print(f"{page}: {time.monotonic() - started:.0f} s\n{out}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [path.name for path in PAGES if python_blocks(path)])
+def test_a_page_s_python_runs_as_one_notebook(page, checkout):
+    """The page's ```python blocks, in order, as one script (one namespace) in a fresh Python of the checkout's
+    .venv, in the checkout's folder: what a notebook started there with the .venv kernel runs."""
+    script = "\n\n".join(python_blocks(next(p for p in PAGES if p.name == page)))
+    env = {**fresh_login_environment(), "PATH": os.defpath, "MPLBACKEND": "Agg"}
+    started = time.monotonic()
+    done = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c", script], cwd=checkout, env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, f"{page} failed:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}"
+    print(f"{page}: {time.monotonic() - started:.0f} s\n{done.stdout}")
