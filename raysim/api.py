@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
     from raysim.data.dataset import Dataset
     from raysim.data.scheme import ClientSplit
-    from raysim.models.spec import ModelSpec
+    from raysim.models.flat import ModelSpec
     from raysim.runtime.simulation import Simulation
+    from raysim.tracking.callbacks import RunResult
 
 _last_dataset: list[tuple[str, Dataset]] = []
 """The dataset loaded last (its seed and settings, itself), kept for the next `_dataset` call: a notebook scores
@@ -162,7 +163,7 @@ def experiment_config(
 ) -> ExperimentConfig:
     """The validated config `run` runs: `config`'s plugins and `plugins` imported, then `overrides` applied, as
     `raysim run CONFIG --plugin ... --set ...` does (a path's own `plugins:` are relative to its folder)."""
-    from raysim import plugins as plugin_files
+    import raysim.plugins as plugin_files
     from raysim.config import ExperimentConfig, apply_overrides, load_config, validate_config, with_plugins
     from raysim.errors import ConfigError
 
@@ -230,14 +231,14 @@ class _FinalModels:
         self.states = simulation.client_states() if self.personalized else {}
 
 
-def _result(config: ExperimentConfig, outcome: Any, final: _FinalModels) -> Result:
+def _result(config: ExperimentConfig, outcome: RunResult, final: _FinalModels) -> Result:
     """The Result of a finished run: its tables, and its final models laid out by the config's network (the dataset
     is read again for its shapes and partition, which are made from the config's seed as the run made them)."""
     import pandas as pd
 
     from raysim.algorithms import build_algorithm
     from raysim.data import partition_dataset
-    from raysim.models.spec import ModelSpec
+    from raysim.models.flat import ModelSpec
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
     if final.global_params is None:

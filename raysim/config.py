@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from raysim import plugins
+import raysim.plugins as plugins
 from raysim.algorithms import ALGORITHMS, AlgorithmSettings
 from raysim.credentials import redact
 from raysim.data import DATASETS, PARTITIONS, DatasetSettings, SchemeSettings

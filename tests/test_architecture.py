@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "raysim"
 
 FLOORS = (
-    ("raysim", "raysim.errors", "raysim.plugins", "raysim.registry", "raysim.settings", "raysim.seeding",
+    ("raysim.errors", "raysim.plugins", "raysim.registry", "raysim.settings", "raysim.seeding",
      "raysim.jit", "raysim.credentials"),
     ("raysim.data",),
     ("raysim.models",),
@@ -28,8 +28,8 @@ FLOORS = (
     ("raysim.config",),
     ("raysim.tracking",),
     ("raysim.runtime",),
-    ("raysim.studies", "raysim.launch", "raysim.reference"),
-    ("raysim.jobs", "raysim.cli"),
+    ("raysim.studies", "raysim.launch", "raysim.reference", "raysim.api"),
+    ("raysim.jobs", "raysim.cli", "raysim"),
 )  # fmt: skip
 """From the ground up: the modules and packages of each floor. A module may import its own floor and those below."""
 
