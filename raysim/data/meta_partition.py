@@ -13,6 +13,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.errors import PartitionError
+from raysim.examples import ExampleContext, Fragment
 from raysim.seeding import Stream, rng
 from raysim.settings import Settings
 
@@ -31,6 +32,11 @@ class MetaSettings(Settings):
     server_samples: int = Field(
         10_000, ge=0, description="further samples held by no client: the server's knowledge-transfer set D_s"
     )
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """Few-shot clients with small held-back pools (the defaults keep back 20,000 samples)."""
+        return {"partition": {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 256}}
 
     def noise_std(self, client: int, num_clients: int) -> float:
         return 0.0

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from raysim.errors import PartitionError
+from raysim.examples import ExampleContext, Fragment
 from raysim.settings import Settings
 
 if TYPE_CHECKING:
@@ -54,6 +55,11 @@ class FileSettings(Settings):
     )
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="for a file with only `indices`: test share")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="for a file with only `indices`: validation share")
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """The replay of the base experiment's partition, written by `raysim partition`."""
+        return {"partition": {"scheme": "file", "path": str(context.partition_file)}}
 
     def noise_std(self, client: int, num_clients: int) -> float:
         return 0.0

@@ -25,6 +25,7 @@ from raysim.data import authors_draw
 from raysim.data.meta_partition import MetaSettings
 from raysim.data.partition_file import FileSettings, read_partition
 from raysim.errors import PartitionError
+from raysim.examples import ExampleContext, Fragment
 from raysim.seeding import Stream, rng
 from raysim.settings import Settings
 
@@ -34,6 +35,12 @@ class _Scheme(Settings):
     val_fraction: float = Field(
         0.0, ge=0.0, lt=1.0, description="share of each client's training part held out for the HM-val choice"
     )
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """The config sections under which this scheme runs in a small experiment (raysim.examples): its default
+        settings; a scheme that cannot run without other settings (e.g. a dataset) names them too."""
+        return {"partition": {"scheme": cls.model_fields["scheme"].default}}
 
     def noise_std(self, client: int, num_clients: int) -> float:
         """Std of the Gaussian feature noise added to this client's samples at access time (0: none)."""
@@ -176,6 +183,11 @@ class NaturalSettings(_FlameScheme):
     are dealt contiguously, (number of groups) // m per client; leftover groups are not used, as in the code."""
 
     scheme: Literal["natural"] = "natural"
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """Natural ids need a dataset that has them: the synthetic writers (FEMNIST-like, always available)."""
+        return {"partition": {"scheme": "natural"}, "dataset": {"name": "synthetic_writers"}}
 
     def assign(self, labels, num_clients, generator, groups):
         return natural(groups, num_clients)
