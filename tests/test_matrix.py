@@ -1,7 +1,7 @@
 """The space of settings, tested (issue 29): every partition scheme x every algorithm x every executor x {no
 validation split, a validation split} x {no attack, an attack with a robust rule}, built from the registries and
 each choice's own example (raysim.examples: the companion settings it needs), pruned to a pairwise cover
-(tests.pairwise) in which every two values of two axes meet at least once.
+(tests.pairwise) in which every two values of two axes meet at least once; every model runs in at least one cell.
 
 A cell runs end to end on real Fashion-MNIST (a tenth of it, in its standard IDX layout: the loader, the uint8
 normalization and the data's structure are the real ones), 4 clients, 2 rounds, in this process
@@ -110,11 +110,19 @@ class Cell(NamedTuple):
     threat: tuple[str, str]
     executor: str
     val: float
+    model: str = BASE["model"]["name"]
+    """Not a pairwise axis: every model runs at least once, on the few-shot scheme (see `with_every_model`)."""
 
     @property
     def name(self) -> str:
         attack = "clean" if self.threat == NO_ATTACK else "+".join(self.threat)
-        return f"{self.algorithm}-{self.scheme}-{attack}-{self.executor}-val{self.val:g}"
+        model = "" if self.model == BASE["model"]["name"] else f"-{self.model}"
+        return f"{self.algorithm}-{self.scheme}-{attack}-{self.executor}-val{self.val:g}{model}"
+
+    @property
+    def axes(self) -> dict[str, Any]:
+        """The cell's values of the pairwise axes."""
+        return {axis: getattr(self, axis) for axis in AXES}
 
 
 def base_tree(val: float, root: Path | None = None) -> dict[str, Any]:
@@ -159,7 +167,7 @@ def plan() -> tuple[list[Cell], list[tuple[Cell, str]]]:
     cannot run together a cell holding it (the other axes at values allowed with both), with the key it must be
     refused at."""
     allowed = lambda row: refused_key(row, PLANNING) is None  # noqa: E731
-    runs = [Cell(**row) for row in pairwise(AXES, allowed)]
+    runs = with_every_model([Cell(**row) for row in pairwise(AXES, allowed)])
     refusals = []
     for first, second in combinations(AXES, 2):
         for pair in product(AXES[first], AXES[second]):
@@ -170,10 +178,29 @@ def plan() -> tuple[list[Cell], list[tuple[Cell, str]]]:
                 held.setdefault(axis, next(v for v in AXES[axis] if all(allowed({axis: v, other: held[other]})
                                                                         for other in (first, second))))  # fmt: skip
             cell = Cell(**held)
-            key = refused_key(cell._asdict(), PLANNING)
+            key = refused_key(cell.axes, PLANNING)
             assert key is not None
             refusals.append((cell, key))
     return runs, refusals
+
+
+FEW_SHOT = "meta"
+"""The scheme whose cells take the other models: its few-shot clients hold a few dozen samples, so that even
+ResNet-18 trains and scores in seconds."""
+
+
+def with_every_model(cells: list[Cell]) -> list[Cell]:
+    """The cells with every model but the base's given to the few-shot cells in turn (a few-shot cell copied
+    when there are more models than such cells)."""
+    others = [model for model in REGISTRIES.models if model != BASE["model"]["name"]]
+    few_shot = [position for position, cell in enumerate(cells) if cell.scheme == FEW_SHOT]
+    cells = list(cells)
+    for turn, model in enumerate(others):
+        if turn < len(few_shot):
+            cells[few_shot[turn]] = cells[few_shot[turn]]._replace(model=model)
+        else:
+            cells.append(cells[few_shot[0]]._replace(model=model))
+    return cells
 
 
 RUNS, REFUSALS = plan()
@@ -222,6 +249,7 @@ def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
         tree["attack"] = {"kind": kind, "fraction": ATTACK_FRACTION}
         tree["aggregation"] = {"rule": rule}
     tree["tracking"] = {**tree["tracking"], "uri": uri, "run_name": cell.name}
+    tree["model"] = {**tree["model"], "name": cell.model}
     return tree
 
 
@@ -246,31 +274,6 @@ def test_cell_that_cannot_run_is_refused_with_one_line(cell, key, contexts, matr
         assert not client.search_runs([found.experiment_id], f"attributes.run_name = '{cell.name}'")
 
 
-FEW_SHOT = "meta"
-"""The scheme of the model cells: its few-shot clients hold a few dozen samples, so that ResNet-18 trains and
-scores in seconds."""
-
-
-def model_cells() -> list[tuple[str, str, str]]:
-    """(model, executor, algorithm): every model with every executor on the few-shot partition, the algorithms
-    that run on it taken in turn."""
-    algorithms = [a for a in AXES["algorithm"] if refused_key({"algorithm": a, "scheme": FEW_SHOT}, PLANNING) is None]
-    pairs = list(product(REGISTRIES.models, REGISTRIES.executors))
-    return [(model, executor, algorithms[i % len(algorithms)]) for i, (model, executor) in enumerate(pairs)]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("model", "executor", "algorithm"), model_cells())
-def test_every_model_trains_with_every_executor(model, executor, algorithm, contexts, matrix_store, ray_local,
-                                                 pretrained_cache):  # fmt: skip
-    cell = Cell(algorithm, FEW_SHOT, NO_ATTACK, executor, 0.0)
-    config = experiment(cell, contexts[0.0], matrix_store)
-    config["model"] = {"name": model}
-    config["tracking"]["run_name"] = f"{model}-{cell.name}"
-    result = run_experiment(validate_config(config), show_progress=False)
-    check_logged(MlflowClient(matrix_store), result.run_id, config)
-
-
 def test_every_pair_of_values_meets_in_a_run_or_a_refusal():
     """Every two values of two axes meet in a cell that runs, or, when no allowed combination holds them, in a
     refused cell; no run is a combination refused on purpose."""
@@ -281,14 +284,15 @@ def test_every_pair_of_values_meets_in_a_run_or_a_refusal():
         if refused_key(row := dict(zip(axes, values, strict=True)), PLANNING) is None
         for pair in pairs_of(row, axes)
     }
-    ran = set().union(*(pairs_of(cell._asdict(), axes) for cell in RUNS))
-    refused = set().union(*(pairs_of(cell._asdict(), axes) for cell, _ in REFUSALS))
+    ran = set().union(*(pairs_of(cell.axes, axes) for cell in RUNS))
+    refused = set().union(*(pairs_of(cell.axes, axes) for cell, _ in REFUSALS))
     every = {pair for a, b in combinations(axes, 2) for pair in product(((a, v) for v in AXES[a]),
                                                                         ((b, v) for v in AXES[b]))}  # fmt: skip
     assert allowed <= ran
     assert every - allowed <= refused
-    assert all(refused_key(cell._asdict(), PLANNING) is None for cell in RUNS)
-    assert all(refused_key(cell._asdict(), PLANNING) == key for cell, key in REFUSALS)
+    assert {cell.model for cell in RUNS} == set(REGISTRIES.models)
+    assert all(refused_key(cell.axes, PLANNING) is None for cell in RUNS)
+    assert all(refused_key(cell.axes, PLANNING) == key for cell, key in REFUSALS)
 
 
 @pytest.mark.parametrize("sizes", [(2, 2, 2), (3, 3, 3, 3), (5, 4, 3, 2, 2), (12, 11, 5, 2, 2)])
