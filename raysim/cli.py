@@ -1,4 +1,4 @@
-"""The `raysim` command line: run an experiment, open the MLflow UI, list the algorithms and datasets."""
+"""The `raysim` command line: run an experiment, open the MLflow UI, list the algorithms, models and datasets."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+UI_PORT = 5000
+"""`raysim ui`'s port unless --port is given (MLflow's own default)"""
+
 
 def _run(args: argparse.Namespace) -> int:
     from raysim.launch import run_file
 
-    return run_file(args.config, [*args.set, *_tracking_overrides(args)], args.quiet, args.resume)
+    return run_file(args.config, [*args.set, *_tracking_overrides(args)], args.quiet, args.resume, args.plugin)
 
 
 def _tracking_overrides(args: argparse.Namespace) -> list[str]:
@@ -29,7 +32,7 @@ def _config(args: argparse.Namespace) -> int:
     """The resolved, validated config as YAML: every default filled in, credentials redacted."""
     from raysim.config import load_config
 
-    print(load_config(args.config, args.set).to_yaml(), end="")
+    print(load_config(args.config, args.set, args.plugin).to_yaml(), end="")
     return 0
 
 
@@ -49,10 +52,14 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from raysim.studies.table import make_table
+    from raysim.errors import ConfigError
+    from raysim.studies.table import DEFAULT_BEST_BY, make_table
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
-    table = make_table(resolve_tracking_uri(args.tracking_uri), args.target, args.metrics, args.at)
+    if args.best_by is not None and args.at != "best":
+        raise ConfigError("--best-by needs --at best (with --at final every value is the last round's)")
+    best_by = args.best_by or DEFAULT_BEST_BY
+    table = make_table(resolve_tracking_uri(args.tracking_uri), args.target, args.metrics, args.at, best_by)
     text = table.render(args.format)
     if args.out:
         Path(args.out).write_text(text)
@@ -67,7 +74,7 @@ def _partition(args: argparse.Namespace) -> int:
     from raysim.data.partition_file import is_disjoint
     from raysim.runtime.problem import save_partition
 
-    splits, malicious = save_partition(load_config(args.config, args.set), Path(args.out))
+    splits, malicious = save_partition(load_config(args.config, args.set, args.plugin), Path(args.out))
     train, test = [len(s.train) for s in splits], [len(s.test) for s in splits]
     kind = "disjoint" if is_disjoint(splits) else "overlapping"
     print(
@@ -109,55 +116,88 @@ def _pretrain(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.launch import pretrain
 
-    print(pretrain(load_config(args.config, args.set), args.epochs, args.lr, args.cache))
+    print(pretrain(load_config(args.config, args.set, args.plugin), args.epochs, args.lr, args.cache))
     return 0
 
 
 def _ui(args: argparse.Namespace) -> int:
+    """The MLflow UI on 127.0.0.1: on `--port` (refused in one line if taken), else on 5000 or, when that is
+    taken, the next free port, said in one line. The port is settled first, before the slow imports."""
+    from raysim.tracking.server import ServerSettings, check_port, in_use_message, next_free_port, runs_page, serve
+
+    host, port = "127.0.0.1", args.port
+    if port is None:
+        port = next_free_port(host, UI_PORT)
+        if port != UI_PORT:
+            print(f"{in_use_message(host, UI_PORT)}: the UI takes port {port}", flush=True)
+    else:
+        check_port(host, port)
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
-    from raysim.tracking.server import ServerSettings, runs_page, serve
 
     uri, experiment = args.tracking_uri, None
     if args.config:
         from raysim.config import load_config
 
-        tracking = load_config(args.config).tracking
+        tracking = load_config(args.config, extra_plugins=args.plugin).tracking
         uri, experiment = uri or tracking.uri, tracking.experiment
-    settings = ServerSettings(resolve_tracking_uri(uri), None, "127.0.0.1", args.port)
-    landing = runs_page(settings.url, settings.backend_store_uri, experiment)
-    return serve(settings, what="MLflow UI", landing=landing)
+    store = resolve_tracking_uri(uri)
+    serve(ServerSettings(store, None, host, port), "MLflow UI", lambda url: runs_page(url, store, experiment))
+
+
+def _load_plugins(args: argparse.Namespace) -> None:
+    """Import the `--plugin` modules and files of a command that reads no config, so that it knows their entries."""
+    from raysim import plugins
+
+    plugins.load_all(plugins.resolve(args.plugin, None, "--plugin"))
+
+
+def _first_line(text: str | None) -> str:
+    return next(iter((text or "").strip().splitlines()), "")
 
 
 def _algorithms(args: argparse.Namespace) -> int:
-    from raysim.algorithms import REGISTRY
+    """Each `algorithm.name` and the first line of its module's docstring."""
+    from raysim.algorithms import ALGORITHMS
 
-    for name, cls in REGISTRY.items():
-        summary = (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        print(f"{name:12s} {summary}")
+    _load_plugins(args)
+    for name, cls in ALGORITHMS.items():
+        print(f"{name:12s} {_first_line(sys.modules[cls.__module__].__doc__)}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    """Each `model.name` and the first line of its factory's docstring."""
+    from raysim.models.spec import MODELS
+
+    _load_plugins(args)
+    for name, factory in MODELS.items():
+        print(f"{name:12s} {_first_line(factory.__doc__)}")
     return 0
 
 
 def _datasets(args: argparse.Namespace) -> int:
     """Each `dataset.name`: whether its files are here (and where), the layout it reads, how to get it."""
-    from raysim.data.catalog import CATALOG, default_root, found_at
+    from raysim.data import DATASETS
+    from raysim.data.catalog import default_root, found_at
     from raysim.data.fashion_mnist import CACHE_DIR, DEBIAN_DIR
 
+    _load_plugins(args)
     roots = [Path(args.root).expanduser()] if args.root else []
     roots += [default_root(), CACHE_DIR, DEBIAN_DIR]
     print(f"looked in: {', '.join(str(r) for r in roots)}")
-    for info in CATALOG.values():
-        found = found_at(info, roots)
+    for name, source in DATASETS.items():
+        found = found_at(source, roots)
         where = "built in" if found == Path("-") else (f"found in {found}" if found else "missing")
-        print(f"{info.name:14s} {where}: {info.about}")
+        print(f"{name:14s} {where}: {source.summary()}")
         if found is None:
-            print(f"{'':14s}   reads {info.layout}; get it: {info.get}")
+            print(f"{'':14s}   reads {source.layout}; get it: {source.get}")
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from raysim.launch import run_sweep_file
 
-    return run_sweep_file(args.sweep, args.set, args.quiet, args.resume)
+    return run_sweep_file(args.sweep, args.set, args.quiet, args.resume, args.plugin)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -166,7 +206,9 @@ def _submit(args: argparse.Namespace) -> int:
     from raysim.studies.sweep import is_sweep_file
 
     kind = "sweep" if is_sweep_file(args.config) else "experiment"
-    submission = submit(kind, args.config, args.set, args.address, args.tracking_uri, args.package, args.auth_token)
+    submission = submit(
+        kind, args.config, args.set, args.address, args.tracking_uri, args.package, args.auth_token, plugins=args.plugin
+    )
     print(f"submitted {kind} job {submission.job_id} to {submission.address}", flush=True)
     if submission.warning:
         print(f"warning: {submission.warning}", file=sys.stderr)
@@ -225,12 +267,13 @@ def _server(args: argparse.Namespace) -> int:
     from raysim.tracking.server import ServerSettings, serve
 
     destination = None if args.no_artifacts else args.artifacts_destination
-    return serve(ServerSettings(args.backend_store_uri, destination, args.host, args.port, args.workers))
+    serve(ServerSettings(args.backend_store_uri, destination, args.host, args.port, args.workers))
 
 
 def _bench(args: argparse.Namespace) -> int:
     from raysim.studies.bench import WAYS, report, run_bench
 
+    _load_plugins(args)
     ways = tuple(args.ways or WAYS)
     results = run_bench(
         args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus, args.reference_device, args.chunk,
@@ -245,6 +288,14 @@ def _cluster_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--auth-token", help="Ray cluster token (default: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
     )
+
+
+def _plugin_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+        help="import this module or .py file first (repeatable): its algorithms, models, datasets, schemes, attacks "
+        "and rules join the registries (see docs/extending.md)",
+    )  # fmt: skip
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -301,6 +352,7 @@ def parser() -> argparse.ArgumentParser:
         "--resume", metavar="PARENT_RUN", help="suite or sweep: continue this stopped parent run (finished children "
         "are kept, unfinished ones continue from their checkpoints or start again, missing ones start)"
     )  # fmt: skip
+    _plugin_option(run)
     run.set_defaults(handler=_run)
     config = commands.add_parser(
         "config",
@@ -310,20 +362,26 @@ def parser() -> argparse.ArgumentParser:
     )
     config.add_argument("config", help="experiment YAML")
     config.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
+    _plugin_option(config)
     config.set_defaults(handler=_config)
     table = commands.add_parser(
         "table",
         help="the result table of a suite or sweep (mean +/- std over seeds)",
         description="One row per setting of a suite or sweep (parent run id), or per configuration of an "
         "experiment's runs (experiment name); one column per metric; each cell the mean +/- sample std over "
-        "the seeds, at the final round or at each run's best round. Example: raysim table 3f2c... --at best "
-        "--metrics pm/acc gm/acc hm/acc pm/loss_var --format latex --out table.tex",
+        "the seeds, at the final round or at each run's best round (where --best-by peaks; every metric at that "
+        "round). Example: raysim table 3f2c... --at best --metrics pm/acc gm/acc hm/acc pm/loss_var --format latex "
+        "--out table.tex",
     )
     table.add_argument("target", help="parent run id of a suite or sweep, or an experiment name")
     table.add_argument("--metrics", nargs="+", default=None, help="logged metric keys (default: pm/acc gm/acc hm/acc)")
     table.add_argument(
         "--at", choices=["final", "best"], default="final", help="the last round (default), or each run's best"
     )
+    table.add_argument(
+        "--best-by", metavar="METRIC", help="with --at best: the metric whose best round (highest; lowest for losses "
+        "and variances) every metric is taken at (default: pm/acc)"
+    )  # fmt: skip
     table.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown", help="default: markdown")
     table.add_argument("--out", help="write the table to this file instead of printing it")
     table.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
@@ -338,6 +396,7 @@ def parser() -> argparse.ArgumentParser:
     partition.add_argument("config", help="experiment YAML")
     partition.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
     partition.add_argument("--out", required=True, help="the Parquet file to write")
+    _plugin_option(partition)
     partition.set_defaults(handler=_partition)
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint (same MLflow run)")
     resume.add_argument(
@@ -361,13 +420,17 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="folder of cached pretrained models (default: $RAYSIM_CACHE/pm, ~/.cache/raysim/pm)",
     )
+    _plugin_option(pretrain)
     pretrain.set_defaults(handler=_pretrain)
     ui = commands.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the tracking store")
     ui.add_argument("--config", help="take the tracking URI from this experiment config")
     ui.add_argument(
         "--tracking-uri", help="explicit tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
     )
-    ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1")
+    ui.add_argument(
+        "--port", type=int, help=f"port on 127.0.0.1, refused if taken (default: {UI_PORT}, or the next free one)"
+    )
+    _plugin_option(ui)
     ui.set_defaults(handler=_ui)
     bench = commands.add_parser(
         "bench", help="time a FLAME round: plain torch loop vs raysim sequential vs vectorized (table and JSON)"
@@ -393,19 +456,26 @@ def parser() -> argparse.ArgumentParser:
         help="override a value of the benchmark's config (e.g. runtime.state_memory_mb=2000, algorithm.name=fedavg)",
     )  # fmt: skip
     bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
+    _plugin_option(bench)
     bench.set_defaults(handler=_bench)
     datasets = commands.add_parser(
         "datasets", help="list the datasets: which are on this machine, the layout each reads, how to get it"
     )
     datasets.add_argument("--root", default=None, help="also look here (a dataset.root)")
+    _plugin_option(datasets)
     datasets.set_defaults(handler=_datasets)
     algorithms = commands.add_parser("algorithms", help="list the registered algorithms")
+    models = commands.add_parser("models", help="list the registered models")
+    _plugin_option(models)
+    models.set_defaults(handler=_models)
+    _plugin_option(algorithms)
     algorithms.set_defaults(handler=_algorithms)
     sweep = commands.add_parser("sweep", help="run a sweep (grid / random draws x seeds) as concurrent trials")
     sweep.add_argument("sweep", help="path of the sweep YAML")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override the base")
     sweep.add_argument("--quiet", action="store_true", help="no per-trial lines")
     sweep.add_argument("--resume", metavar="PARENT_RUN", help="continue this stopped sweep's parent run")
+    _plugin_option(sweep)
     sweep.set_defaults(handler=_sweep)
     submit = commands.add_parser("submit", help="submit an experiment or sweep YAML as a Ray job")
     submit.add_argument("config", help="experiment or sweep YAML (shipped with the job)")
@@ -415,6 +485,7 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--follow", action="store_true", help="stream the job's logs until it ends")
     submit.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the MLflow run id")
     _cluster_options(submit)
+    _plugin_option(submit)
     submit.set_defaults(handler=_submit)
     jobs = commands.add_parser("jobs", help="list the cluster's jobs and their status")
     _cluster_options(jobs)
@@ -444,11 +515,28 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _hide_credentials_from_process_table() -> None:
+    """A password typed on the command line (`--tracking-uri http://user:pw@host`) is redacted from this process's
+    command line as the system shows it (`ps`, to every user of the machine) and as Ray records it for a driver
+    (a job's entrypoint, kept in a cluster's job table and shown by its dashboard). Ray's own process-title
+    setter rewrites it; the command line in MLflow is redacted where it is stored (raysim.tracking)."""
+    import shlex
+
+    from raysim.tracking.credentials import has_credentials, redact_text
+
+    if any(has_credentials(argument) for argument in sys.argv):
+        from ray._raylet import setproctitle
+
+        setproctitle(redact_text(shlex.join(sys.argv)))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Errors of input are one `error:` line (exit 2); Ctrl-C and SIGTERM one line saying what became of the
     run (exit 128 + signal); see raysim.launch.guarded."""
     from raysim.launch import guarded
 
+    if argv is None:
+        _hide_credentials_from_process_table()
     args = parser().parse_args(argv)
     try:
         return guarded(lambda: args.handler(args))

@@ -1,74 +1,56 @@
 """Experiment configuration: one pydantic model, loaded from YAML with `--set key.path=value` overrides.
 
-Every layer declares its own settings (algorithms, partitions, models) and this module composes them.
-Validation errors become one `ConfigError` line naming the key path, the bad value and what is allowed.
+Every layer declares its own settings and this module composes them. The choice sections (`algorithm`, `dataset`,
+`partition`) and the named parts (`model.name`, `attack.kind`, `aggregation.rule`) are looked up in their registries
+(raysim.registry) when a config is validated, so that the plugins a config lists (`plugins:`, `--plugin`, installed
+entry points; raysim.plugins), imported first, join them. Validation errors become one `ConfigError` line naming the
+key path, the bad value and what is allowed.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import types
+import typing
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from raysim.algorithms import REGISTRY
-from raysim.data.partitions import PartitionSettings, QLabelSettings
-from raysim.data.sources import SOURCES, Dataset, load_dataset
+from raysim import plugins
+from raysim.algorithms import ALGORITHMS, AlgorithmSettings
+from raysim.data import DATASETS, PARTITIONS, DatasetSettings, SchemeSettings
+from raysim.data.fashion_mnist import FashionMnistSettings
+from raysim.data.partitions import QLabelSettings
 from raysim.errors import ConfigError
 from raysim.models.spec import ModelSettings
+from raysim.registry import UNKNOWN, Registry
 from raysim.settings import Settings
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings
 from raysim.tracking.credentials import redact
 
-AlgorithmConfig = Annotated[
-    Union[tuple(cls.Settings for cls in REGISTRY.values())],  # noqa: UP007 - built from the registry
-    Field(discriminator="name"),
-]
+CHOICES: dict[str, Registry[Any]] = {"algorithm": ALGORITHMS, "partition": PARTITIONS, "dataset": DATASETS}
+"""The sections one key chooses the settings of (`algorithm.name`, `partition.scheme`, `dataset.name`)."""
+CHOICE_DEFAULTS = {"dataset": "fashion_mnist"}
+"""The choice a section that names none makes (the others must name theirs)."""
+SWITCHES = {section: registry.field for section, registry in CHOICES.items()}
+"""Sections whose settings depend on one key: switching it with --set drops the old choice's settings."""
+
+if TYPE_CHECKING:  # what a type checker sees: the base settings of each choice
+    AlgorithmChoice = AlgorithmSettings
+    DatasetChoice = DatasetSettings
+    PartitionChoice = SchemeSettings
+else:  # validated by the chosen entry's settings when a config is validated (Registry.choice)
+    AlgorithmChoice = ALGORITHMS.choice(AlgorithmSettings)
+    DatasetChoice = DATASETS.choice(DatasetSettings, CHOICE_DEFAULTS["dataset"])
+    PartitionChoice = PARTITIONS.choice(SchemeSettings)
 
 
 class _Section(Settings):
     """One section of an experiment config."""
-
-
-class DatasetSettings(_Section):
-    name: Literal[SOURCES] = "fashion_mnist"  # type: ignore[valid-type]
-    root: str | None = Field(None, description="directory holding the dataset files (else the default places)")
-    download: bool = Field(True, description="let torchvision download when no local copy exists")
-    path: str | None = Field(
-        None, description="npz: the .npz file; huggingface: a saved dataset's folder or a hub name"
-    )
-    split: str | None = Field(None, description="emnist: byclass, bymerge, balanced, letters, digits, mnist; "
-                              "femnist: digits (FLAME's 10-class FEMNIST); huggingface: the split to load")
-    subset: str | None = Field(
-        None, description="medmnist: which MedMNIST set (pathmnist, organamnist, ...); huggingface: the hub config name"
-    )
-    image: str = Field("image", description="huggingface: the column holding the image or feature vector")
-    label: str = Field("label", description="huggingface: the column holding the class label")
-    size: int | None = Field(None, ge=1, description="resize images to size x size (e.g. 64 for Medical MNIST)")
-    channels: Literal[1, 3] | None = Field(
-        None, description="image_folder: convert every image to 1 (grey) or 3 (RGB) channels; default: RGB if any "
-        "image has colour (the FLAME authors read Medical MNIST as RGB)"
-    )
-    augment: Literal["none", "crop_flip"] = Field(
-        "none", description="training-time augmentation: crop_flip = random crop after zero padding and horizontal "
-        "flip (FedSLR on CIFAR and Tiny-ImageNet, fedslr.md 6.1), drawn from each client's seeded stream"
-    )
-    crop_padding: int = Field(4, ge=0, description="crop_flip: zero padding before the crop (Tiny-ImageNet: 8)")
-    crop_probability: float = Field(
-        0.5, ge=0, le=1, description="crop_flip: share of samples cropped (0.5 as FedSLR; 1: always)"
-    )
-
-    def load(self, seed: int) -> Dataset:
-        """The dataset these settings name (`seed` draws the synthetic ones)."""
-        return load_dataset(
-            self.name, self.root, self.download, seed, self.path,
-            split=self.split, subset=self.subset, image=self.image, label=self.label, size=self.size,
-            channels=self.channels,
-        )
 
 
 class ClientsSettings(_Section):
@@ -84,6 +66,14 @@ class ClientsSettings(_Section):
         lt=1,
         description="share of clients (the last ids) that never train and are only evaluated, after the "
         "algorithm's fast adaptation (AugFL's target clients: 0.2, augfl.md 2.3)",
+    )
+
+    batches: Literal["raysim", "authors"] = Field(
+        "raysim",
+        description="each client's mini-batches: from raysim's seeded streams, or replayed as the FLAME authors' code "
+        "draws them for the run's seed (their DataLoader shuffles and Ditto's random.choice, "
+        "raysim.training.authors_batches); authors needs partition.draw and model.init authors, full participation, "
+        "no attack, no quality-skew noise, no augmentation",
     )
 
     @model_validator(mode="after")
@@ -247,9 +237,14 @@ class TrackingSettings(_Section):
 
 
 class ExperimentConfig(Settings):
-    algorithm: AlgorithmConfig  # type: ignore[valid-type]
-    dataset: DatasetSettings = DatasetSettings()
-    partition: PartitionSettings = QLabelSettings()
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="modules or .py files (relative to the config file) imported before the config is validated, so "
+        "that the algorithms, models, datasets, schemes, attacks and rules they register can be named here",
+    )
+    algorithm: AlgorithmChoice
+    dataset: DatasetChoice = FashionMnistSettings()
+    partition: PartitionChoice = QLabelSettings()
     model: ModelSettings = ModelSettings()
     clients: ClientsSettings = ClientsSettings()
     rounds: int = Field(100, ge=1)
@@ -263,12 +258,37 @@ class ExperimentConfig(Settings):
     def _check_messages(self) -> ExperimentConfig:
         """Byzantine attacks and robust aggregation act on the algorithm's message (see base.Upload)."""
         for key, used in (("attack.kind", self.attack.byzantine), ("aggregation.rule", self.aggregation.active)):
-            if used and not REGISTRY[self.algorithm.name].sends_messages():
+            if used and not ALGORITHMS.get(self.algorithm.name).sends_messages():
                 raise ValueError(
                     f"{key}: algorithm {self.algorithm.name!r} does not name the message it uploads "
                     "(Upload.message_field), so it supports only attack.kind none/label_poisoning and "
                     "aggregation.rule mean"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_authors_batches(self) -> ExperimentConfig:
+        """Replaying the authors' mini-batches needs their stream of draws: their partition and model, every client
+        training every round, and none of their draws that raysim makes elsewhere (raysim.training.authors_batches)."""
+        if self.clients.batches != "authors":
+            return self
+        name = self.algorithm.name
+        needs = [
+            (ALGORITHMS.get(name).code_draws(self.algorithm) is None,
+             "an algorithm and settings the authors' code has (flame; pfedme; ditto with global_resync false, "
+             f"global_steps one_batch, epochs 1), not {name!r} with these settings"),
+            (getattr(self.partition, "draw", None) != "authors", "partition.draw: authors (their dealing and split)"),
+            (self.model.init != "authors", "model.init: authors (their model's draws come first)"),
+            (self.clients.per_round_count() != self.clients.count,
+             "every client training every round (no clients.per_round, fraction or heldout)"),
+            (self.attack.kind != "none", "attack.kind: none (their attacks draw from the same streams)"),
+            (self.partition.scheme == "quality",
+             "no quality-skew partition (their noise is drawn from torch's stream at every sample access)"),
+            (self.dataset.augment != "none", "dataset.augment: none"),
+        ]  # fmt: skip
+        for missing, what in needs:
+            if missing:
+                raise ValueError(f"clients.batches=authors needs {what}; or use clients.batches: raysim")
         return self
 
     def shown(self) -> dict[str, Any]:
@@ -336,40 +356,121 @@ def _parse_yaml(text: str, where: str, limit: int = MAX_DEPTH) -> Any:
 
 
 def apply_override(tree: dict[str, Any], assignment: str) -> None:
-    """Apply one `key.path=value` override in place; the value is parsed as YAML (3, 0.1, true, [a])."""
+    """Apply one `key.path=value` override in place. A text field's value (a name, a path, a URI, one of a
+    field's choices: `tracking.experiment`, `dataset.root`) is taken as typed; any other value is parsed as YAML
+    (3, 0.1, true, [a], {scheme: iid}), and one that holds a YAML comment (` #...`, which YAML would drop
+    silently) is refused."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected key.path=value")
     path, raw = assignment.split("=", 1)
-    keys = path.strip().split(".")
-    if len(keys) > MAX_DEPTH:
-        raise ConfigError(f"--set {'.'.join(keys[:3])}...: a key path of {len(keys)} keys is nested too deeply "
-                          f"(at most {MAX_DEPTH} levels)")  # fmt: skip
-    value = _parse_yaml(raw, f"--set {path}", MAX_DEPTH - len(keys))
+    keys = _key_path(path)
+    if _text_field(keys, tree):
+        value: Any = raw
+    else:
+        value = _parse_yaml(raw, f"--set {path}", MAX_DEPTH - len(keys))
+        comment = _yaml_comment(raw)
+        if comment is not None:
+            raise ConfigError(f"--set {path}: {comment!r} would be a YAML comment and dropped from the value "
+                              f"{raw!r}; quote the text that holds it, or leave the comment out")  # fmt: skip
+    set_value(tree, path, value)
+
+
+def set_value(tree: dict[str, Any], path: str, value: Any) -> None:
+    """Set `key.path` to a value that is already data (a suite run's or a sweep setting's YAML value) in place;
+    the sections on the way are made when missing."""
+    keys = _key_path(path)
     node = tree
     for key in keys[:-1]:
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {path}: {key!r} is not a section")
+            raise ConfigError(f"{path}: {key!r} is not a section")
         node = child
     node[keys[-1]] = value
 
 
-SWITCHES = {"partition": "scheme", "algorithm": "name"}
-"""Sections whose settings depend on one key: switching it with --set drops the old choice's settings."""
+def _key_path(path: str) -> list[str]:
+    keys = path.strip().split(".")
+    if len(keys) > MAX_DEPTH:
+        raise ConfigError(f"--set {'.'.join(keys[:3])}...: a key path of {len(keys)} keys is nested too deeply "
+                          f"(at most {MAX_DEPTH} levels)")  # fmt: skip
+    return keys
+
+
+def _yaml_comment(text: str) -> str | None:
+    """The comment in a YAML text (from its `#` to the end of its line), or None; a `#` inside a quoted or plain
+    scalar (`"a #b"`, `a#b`) is not one. Comments are what lies between YAML's tokens besides white space."""
+    try:
+        tokens = list(yaml.scan(text))
+    except yaml.YAMLError:
+        return None
+    for before, after in zip(tokens, tokens[1:], strict=False):
+        gap = text[before.end_mark.index : after.start_mark.index]
+        if "#" in gap:
+            return gap[gap.index("#") :].splitlines()[0]
+    return None
+
+
+def _text_field(keys: list[str], tree: dict[str, Any]) -> bool:
+    """Whether `keys` names a field whose values are text: `str`, a Literal of strings, or either or None. In a
+    choice section (`algorithm`, `dataset`, `partition`) the fields are those of the settings the section chooses
+    now (a plugin's included); the key that chooses (`algorithm.name`) is a name whatever the choice."""
+    if len(keys) == 2 and SWITCHES.get(keys[0]) == keys[1]:
+        return True
+    model: Any = ExperimentConfig
+    node: Any = tree
+    for key in keys[:-1]:
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+        if model is ExperimentConfig and key in SWITCHES:
+            model = _chosen_model(key, node)
+        else:
+            field = _field(model, key)
+            model = field.annotation if field is not None else None
+        if not hasattr(model, "model_fields"):
+            return False
+    field = _field(model, keys[-1])
+    return field is not None and _is_text(field.annotation)
+
+
+def _chosen_model(section: str, node: Any) -> type[Settings] | None:
+    """The settings model a choice section's raw settings choose, or None (no such name, or not a mapping)."""
+    name = chosen(section, node) if isinstance(node, dict) else None
+    return CHOICES[section].settings_of(name) if isinstance(name, str) and name in CHOICES[section] else None
+
+
+def _field(model: Any, key: str) -> Any:
+    """The pydantic field of `model` named or aliased `key`, or None."""
+    for name, field in getattr(model, "model_fields", {}).items():
+        if key in (name, field.alias):
+            return field
+    return None
+
+
+def _is_text(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    arguments = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return all(isinstance(a, str) for a in arguments)
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return len(arguments) == 1 and _is_text(arguments[0])
+    return False
 
 
 def choice_models(section: str) -> dict[str, type[Settings]]:
     """The settings model of each choice of a SWITCHES section (`algorithm`: name -> its Settings, `partition`:
-    scheme -> its settings class)."""
-    if section == "algorithm":
-        return {name: cls.Settings for name, cls in REGISTRY.items()}
-    models = PartitionSettings.__origin__.__args__
-    return {model.model_fields["scheme"].default: model for model in models}
+    scheme -> its settings class, `dataset`: name -> its source's settings), from its registry."""
+    registry = CHOICES[section]
+    return {name: registry.settings_of(name) for name in registry}  # type: ignore[misc]
+
+
+def chosen(section: str, node: dict[str, Any]) -> str | None:
+    """The choice a SWITCHES section's raw settings make (its key, else the section's default)."""
+    return node.get(SWITCHES[section], CHOICE_DEFAULTS.get(section))
 
 
 def apply_overrides(tree: dict[str, Any], assignments: list[str] | tuple[str, ...]) -> None:
-    """Apply `--set` overrides in order. One that switches `partition.scheme` or `algorithm.name` drops the
-    section's settings the new scheme or algorithm does not have (`q` when q_label becomes iid), unless another
+    """Apply `--set` overrides in order. One that switches `partition.scheme`, `algorithm.name` or `dataset.name`
+    drops the section's settings the new choice does not have (`q` when q_label becomes iid), unless another
     override sets them too (then they are refused as unknown keys)."""
     before = {section: (tree.get(section) or {}).get(key) for section, key in SWITCHES.items()
               if isinstance(tree.get(section), dict)}  # fmt: skip
@@ -395,7 +496,7 @@ def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
     for key in loc[:-1]:
         node = node.get(key, {}) if isinstance(node, dict) else {}
         if model is ExperimentConfig and key in SWITCHES:
-            model = choice_models(key).get(node.get(SWITCHES[key]))
+            model = choice_models(key).get(chosen(key, node))
         elif model is not None and key in getattr(model, "model_fields", {}):
             model = model.model_fields[key].annotation
         else:
@@ -425,17 +526,10 @@ def _field_level(error: dict[str, Any]) -> dict[str, Any]:
 def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
     error = _field_level(error)
     loc = tuple(error["loc"])
-    # Drop the discriminator tag that pydantic inserts for tagged unions: ("algorithm", "flame", "rho").
-    section = data.get(loc[0]) if loc and loc[0] in ("algorithm", "partition") else None
-    if isinstance(section, dict) and len(loc) > 1 and loc[1] in (section.get("name"), section.get("scheme")):
-        loc = (loc[0], *loc[2:])
     path = ".".join(_key_text(k) for k in loc) or "config"
     kind = error["type"]
-    if kind == "union_tag_invalid" and loc == ("algorithm",):
-        return f"algorithm.name: unknown algorithm {error['input'].get('name')!r}; allowed: {', '.join(REGISTRY)}"
-    if kind == "union_tag_invalid" and loc == ("partition",):
-        allowed = [a.model_fields["scheme"].default for a in PartitionSettings.__origin__.__args__]
-        return f"partition.scheme: unknown scheme {error['input'].get('scheme')!r}; allowed: {', '.join(allowed)}"
+    if kind == UNKNOWN:  # a name no registry entry has: the registry's own line, with close matches
+        return f"{error['ctx']['config_key'] or path}: {error['msg']}"
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc, data)
         hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
@@ -450,9 +544,22 @@ def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
     return f"{path}: {message}{shown}"
 
 
+def with_plugins(data: dict[str, Any], base: Path | None, extra: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """A raw config tree whose `plugins` (files relative to `base`, else the current directory) and `extra` plugins
+    (resolved already, e.g. `--plugin`) are imported, listed as stored (raysim.plugins.resolve); a PluginError line
+    for one that cannot be imported."""
+    specs = plugins.resolve(data.get("plugins"), base, "plugins")
+    specs += [spec for spec in extra if spec not in specs]
+    plugins.load_all(specs)
+    return {**data, "plugins": specs}
+
+
 def validate_config(data: dict[str, Any]) -> ExperimentConfig:
+    """A raw config tree as a validated ExperimentConfig, its plugins imported first; the first error as one
+    ConfigError line naming the key."""
     if not isinstance(data, dict):
         raise ConfigError("config: the top level must be a mapping of sections")
+    data = with_plugins(data, None)
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as error:
@@ -486,9 +593,12 @@ def top_level_keys(path: str | Path) -> set[str]:
         return set()
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
-    """Read a YAML experiment, apply `--set` overrides, validate."""
-    data = read_mapping(path)
+def load_config(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), extra_plugins: list[str] | tuple[str, ...] = ()
+) -> ExperimentConfig:
+    """Read a YAML experiment, import its plugins and `extra_plugins` (`--plugin`, relative to the current
+    directory), apply `--set` overrides, validate."""
+    data = with_plugins(read_mapping(path), Path(path).parent, plugins.resolve(extra_plugins, None, "--plugin"))
     apply_overrides(data, overrides)
     return validate_config(data)
 
@@ -499,6 +609,10 @@ class ExperimentFamily(Settings):
     kind: ClassVar[str] = "family"
     """What the file is called in error messages ("suite", "sweep")."""
     name: str = Field(min_length=1, description="name of the parent MLflow run")
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="plugins every child imports (module names or .py files relative to this file)",
+    )
     base: dict[str, Any] | None = Field(None, description="the base experiment config, inline")
     base_config: str | None = Field(None, description="or: path of the base experiment YAML")
 
@@ -509,18 +623,29 @@ class ExperimentFamily(Settings):
         return self
 
     def base_tree(self) -> dict[str, Any]:
-        """The base experiment as a raw config tree (a copy)."""
+        """The base experiment as a raw config tree (a copy), with this file's plugins added to its own."""
         if self.base is not None:
-            return copy.deepcopy(self.base)
-        return read_mapping(self.base_config, "base_config")  # type: ignore[arg-type]
+            tree = copy.deepcopy(self.base)
+        else:
+            base_config = Path(self.base_config)  # type: ignore[arg-type]  # _one_base: one of the two is set
+            tree = with_plugins(read_mapping(base_config, "base_config"), base_config.parent)
+        return with_plugins(tree, None, self.plugins)
 
     @classmethod
-    def load(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()):
-        """Read the file (`base_config` is relative to it); `--set` overrides apply to the base experiment."""
+    def load(
+        cls,
+        path: str | Path,
+        overrides: list[str] | tuple[str, ...] = (),
+        extra_plugins: list[str] | tuple[str, ...] = (),
+    ):
+        """Read the file (`base_config` and plugin files are relative to it) and import its plugins and
+        `extra_plugins` (`--plugin`); `--set` overrides apply to the base experiment."""
         path = Path(path)
-        data = read_mapping(path, cls.kind)
+        data = with_plugins(read_mapping(path, cls.kind), path.parent, plugins.resolve(extra_plugins, None, "--plugin"))
         if data.get("base_config") is not None:
             data["base_config"] = str(path.parent / data["base_config"])
+        if isinstance(data.get("base"), dict):
+            data["base"] = with_plugins(data["base"], path.parent)
         family = cls.parse(data, str(path))
         if not overrides:
             return family

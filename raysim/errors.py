@@ -6,6 +6,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 
 class RaysimError(Exception):
@@ -25,7 +26,7 @@ class PartitionError(RaysimError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """The user stopped the program (Ctrl-C, SIGTERM); the message says what became of the run.
+    """The user stopped the program (Ctrl-C, SIGTERM, SIGHUP); the message says what became of the run.
 
     A KeyboardInterrupt, so that every layer unwinds as for Ctrl-C and nothing that handles a failed trial
     or input error swallows it; the CLI prints it as one line and exits with 128 + the signal number."""
@@ -35,19 +36,51 @@ class Interrupted(KeyboardInterrupt):
         self.signal_number = signal_number
 
 
+class RayLost(KeyboardInterrupt):
+    """The local Ray this process started died under it (its GCS server or raylet exited: killed, out of memory).
+    Raised in the main thread wherever it is, so that every layer unwinds as for Ctrl-C and nothing that handles
+    a failed trial swallows it; the driver marks its run FAILED and the CLI prints the message as one `error:`
+    line (exit 1)."""
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run as Ctrl-C does: SIGTERM (`kill`, a batch scheduler, a container stop, `ray job
+stop`) and SIGHUP (a closed terminal or SSH session)."""
+
+
+_raised: list[KeyboardInterrupt] = []
+"""The interruption a signal handler raised last and nobody has taken yet (see `as_raised`)."""
+
+
+def raise_from_handler(interrupt: KeyboardInterrupt) -> NoReturn:
+    """Raise `interrupt` from a signal handler, remembered for `as_raised`."""
+    _raised[:] = [interrupt]
+    raise interrupt
+
+
+def as_raised(interrupt: KeyboardInterrupt) -> KeyboardInterrupt:
+    """The interruption a signal handler raised, when `interrupt` is the bare KeyboardInterrupt that Ray's blocking
+    calls (ray.get, ray.wait) raise in its place: they catch any KeyboardInterrupt raised inside them, ours
+    included, and raise a new one. Otherwise `interrupt` itself. Either way the remembered one is taken."""
+    raised = _raised.pop() if _raised else None
+    return raised if raised is not None and type(interrupt) is KeyboardInterrupt else interrupt
+
+
 def _raise_interrupted(signum: int, _frame: object) -> None:
-    raise Interrupted("", signum)
+    raise_from_handler(Interrupted("", signum))
 
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """Inside: SIGTERM raises Interrupted in the main thread, as Ctrl-C raises KeyboardInterrupt, so that a
-    run ends the same way for both (marked KILLED, no traceback). Elsewhere than the main thread: no-op."""
+    """Inside: SIGTERM and SIGHUP (STOP_SIGNALS) raise Interrupted in the main thread, as Ctrl-C raises
+    KeyboardInterrupt, so that a run ends the same way for all three (marked KILLED, no traceback). Elsewhere
+    than the main thread: no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    previous = {number: signal.signal(number, _raise_interrupted) for number in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)

@@ -7,6 +7,10 @@ installed on the cluster (e.g. the docker/ images). The entrypoints (jobs/experi
 or `python -m raysim.jobs KIND`) run the ordinary `raysim run` / `raysim sweep` inside the job, which
 finds the cluster through $RAY_ADDRESS as any driver does.
 
+Plugins (raysim.plugins) go with the job too: module names as they are (the cluster must have them installed),
+`.py` files in the job's `py_modules` (each as a package folder of its module's name), where the job and every
+worker of the cluster import them by that name (the carried config names them so).
+
 The MLflow tracking URI goes to the job as $MLFLOW_TRACKING_URI: `--tracking-uri`, else the config's
 `tracking.uri`, else the submitter's $MLFLOW_TRACKING_URI. Use a tracking server (`raysim server`) that
 the cluster's nodes can reach; a relative sqlite path would land in the job's temporary directory. Credentials
@@ -119,33 +123,47 @@ def shipped_tracking_uri(uri: str) -> tuple[str, str | None]:
     )
 
 
-def job_config_yaml(kind: Kind, path: str | Path, overrides: list[str], tracking_uri: str | None) -> tuple[str, str]:
+def job_config_yaml(
+    kind: Kind, path: str | Path, overrides: list[str], tracking_uri: str | None, plugins: list[str] | None = None
+) -> tuple[str, str]:
     """(validated config as self-contained YAML, tracking URI for the job or '') for the job to carry; both
     without credentials (see shipped_tracking_uri)."""
-    return _carried_config(kind, path, overrides, tracking_uri)[:2]
+    return _carried_config(kind, path, overrides, tracking_uri, plugins or [])[:2]
+
+
+def shipped_plugins(specs: list[str]) -> tuple[list[str], list[str]]:
+    """(the plugins as the job names them, the files to ship in its py_modules): a `.py` file becomes its module
+    name, which the job's processes import from py_modules."""
+    from raysim.plugins import is_file, module_name
+
+    return [module_name(spec) for spec in specs], [spec for spec in specs if is_file(spec)]
 
 
 def _carried_config(
-    kind: Kind, path: str | Path, overrides: list[str], tracking_uri: str | None
-) -> tuple[str, str, str | None]:
-    """job_config_yaml's pair plus the warning of shipped_tracking_uri."""
+    kind: Kind, path: str | Path, overrides: list[str], tracking_uri: str | None, plugins: list[str]
+) -> tuple[str, str, str | None, list[str]]:
+    """job_config_yaml's pair, the warning of shipped_tracking_uri and the plugin files to ship."""
     if kind == "experiment":
         from raysim.config import load_config
 
-        config = load_config(path, overrides)
+        config = load_config(path, overrides, plugins)
         uri, warning = shipped_tracking_uri(_tracking_uri(tracking_uri, config.tracking.uri))
         if uri:
             config = config.model_copy(update={"tracking": config.tracking.model_copy(update={"uri": uri})})
-        return redact_text(config.to_yaml()), uri, warning
+        names, files = shipped_plugins(config.plugins)
+        config = config.model_copy(update={"plugins": names})
+        return redact_text(config.to_yaml()), uri, warning, files
     from raysim.studies.sweep import load_sweep
 
-    sweep = load_sweep(path, overrides)
-    base = sweep.base_tree()
+    sweep = load_sweep(path, overrides, plugins)
+    base = sweep.base_tree()  # the sweep file's plugins join the base's
     uri, warning = shipped_tracking_uri(_tracking_uri(tracking_uri, (base.get("tracking") or {}).get("uri")))
     if uri:
         base.setdefault("tracking", {})["uri"] = uri
-    data = sweep.model_copy(update={"base": base, "base_config": None}).model_dump(mode="json", exclude_none=True)
-    return redact_text(yaml.safe_dump(data, sort_keys=False)), uri, warning
+    base["plugins"], files = shipped_plugins(base["plugins"])
+    carried = sweep.model_copy(update={"base": base, "base_config": None, "plugins": []})
+    data = carried.model_dump(mode="json", exclude_none=True)
+    return redact_text(yaml.safe_dump(data, sort_keys=False)), uri, warning, files
 
 
 @dataclass(frozen=True)
@@ -166,13 +184,17 @@ def job_spec(
     tracking_uri: str | None = None,
     package: bool = False,
     env: dict[str, str] | None = None,
+    plugins: list[str] | None = None,
 ) -> JobSpec:
-    """The job's entrypoint and runtime env, built without a cluster (so what is shipped can be checked)."""
-    text, uri, warning = _carried_config(kind, path, list(overrides or []), tracking_uri)
+    """The job's entrypoint and runtime env, built without a cluster (so what is shipped can be checked);
+    `plugins`: `--plugin` modules and files, besides the config's own."""
+    text, uri, warning, files = _carried_config(kind, path, list(overrides or []), tracking_uri, plugins or [])
     env_vars = {CONFIG_ENV: text, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
     if uri:
         env_vars["MLFLOW_TRACKING_URI"] = connect_uri(uri)  # a redacted URI loses its "***@"; nothing moves
     runtime_env: dict[str, object] = {"env_vars": env_vars}
+    if files:
+        runtime_env["py_modules"] = files
     if package:
         entrypoint = f"python -m raysim.jobs {kind}"
     else:
@@ -200,16 +222,35 @@ def submit(
     package: bool = False,
     token: str | None = None,
     env: dict[str, str] | None = None,
+    plugins: list[str] | None = None,
 ) -> Submission:
     """Submit an experiment or a sweep as a Ray job; returns its id at once."""
-    spec = job_spec(kind, path, overrides, tracking_uri, package, env)
+    spec = job_spec(kind, path, overrides, tracking_uri, package, env, plugins)
     client = job_client(address, token)
     try:
-        job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=spec.runtime_env, metadata={"raysim": kind})
+        with tempfile.TemporaryDirectory(prefix="raysim-plugins-") as staging:
+            runtime_env = staged_plugins(spec.runtime_env, Path(staging))
+            job_id = client.submit_job(entrypoint=spec.entrypoint, runtime_env=runtime_env, metadata={"raysim": kind})
     except RuntimeError as error:
         message = redact_text(str(error).splitlines()[0])
         raise JobError(f"submitting to {client.get_address()} failed: {message}") from None
     return Submission(job_id, client.get_address(), spec.tracking_uri, spec.warning)
+
+
+def staged_plugins(runtime_env: dict[str, object], staging: Path) -> dict[str, object]:
+    """`runtime_env` with each plugin file of its py_modules as a package folder of the same name in `staging`
+    (`fedavgm.py` -> `fedavgm/__init__.py`): a job submission uploads folders only, and the job's processes then
+    import the file's module by its name."""
+    files = runtime_env.get("py_modules")
+    if not files:
+        return runtime_env
+    folders = []
+    for file in map(Path, files):  # type: ignore[call-overload]  # job_spec puts a list of paths here
+        folder = staging / file.stem
+        folder.mkdir()
+        shutil.copyfile(file, folder / "__init__.py")
+        folders.append(str(folder))
+    return {**runtime_env, "py_modules": folders}
 
 
 def wait_for_run_id(client, job_id: str, timeout_s: float = 300.0) -> str | None:

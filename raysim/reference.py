@@ -1,5 +1,6 @@
-"""The configuration reference, generated from the pydantic models that validate a config (the docs site's
-`reference/config.md` is built from it at every `make docs`, so it cannot drift from what `raysim run` accepts)."""
+"""The configuration reference, generated from the pydantic models that validate a config and the registries their
+choices come from (the docs site's `reference.md` is built from it at every `make docs`, so it cannot drift from what
+`raysim run` accepts; with plugins imported first, it documents theirs too)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from raysim.algorithms import REGISTRY
+from raysim.algorithms import ALGORITHMS
 from raysim.config import SWITCHES, ExperimentConfig, choice_models
+from raysim.data import DatasetSettings
+from raysim.registry import OneOf
 
 
 def type_text(annotation: Any) -> str:
@@ -31,6 +34,23 @@ def type_text(annotation: Any) -> str:
     if annotation is type(None):
         return "null"
     return getattr(annotation, "__name__", str(annotation))
+
+
+def field_type(field: FieldInfo) -> str:
+    """type_text of a field; a registered name lists the registry's names (those of plugins imported too)."""
+    registry = next((item.registry for item in field.metadata if isinstance(item, OneOf)), None)
+    if registry is None:
+        registry = next((getattr(arg, "registry", None) for arg in _annotated_metadata(field.annotation)), None)
+    if registry is not None:
+        names = " \\| ".join(f"`{name}`" for name in registry.names())
+        return f"{names} \\| null" if type(None) in typing.get_args(field.annotation) else names
+    return type_text(field.annotation)
+
+
+def _annotated_metadata(annotation: Any) -> list[Any]:
+    """The metadata of the Annotated members of an optional annotation (`Annotated[str, OneOf(...)] | None`)."""
+    return [item for arg in typing.get_args(annotation) if typing.get_origin(arg) is typing.Annotated
+            for item in arg.__metadata__]  # fmt: skip
 
 
 def default_text(field: FieldInfo) -> str:
@@ -65,7 +85,7 @@ def field_rows(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = ()) 
         about = (field.description or "").replace("|", "\\|").replace("\n", " ")
         bounds = bounds_text(field)
         about = f"{about} ({bounds})" if bounds and about else about or (f"({bounds})" if bounds else "")
-        rows.append(f"| `{prefix}{key}` | {type_text(field.annotation)} | {default_text(field)} | {about} |")
+        rows.append(f"| `{prefix}{key}` | {field_type(field)} | {default_text(field)} | {about} |")
     return rows
 
 
@@ -77,9 +97,9 @@ def config_reference() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from the pydantic models that validate a config (`raysim/config.py` and the algorithm and "
-        "partition settings they name), so it lists exactly what `raysim run` accepts. `raysim config FILE` prints "
-        "a file's resolved config with every default filled in.",
+        "Generated from the pydantic models that validate a config (`raysim/config.py` and the algorithm, dataset "
+        "and partition settings its registries hold), so it lists exactly what `raysim run` accepts. `raysim config "
+        "FILE` prints a file's resolved config with every default filled in.",
         "",
         "## Top level",
         "",
@@ -88,24 +108,45 @@ def config_reference() -> str:
     ]
     for section, field in ExperimentConfig.model_fields.items():
         if section in SWITCHES:
-            choice = SWITCHES[section]
+            choice, models = SWITCHES[section], choice_models(section)
+            common = shared_fields(list(models.values()), skip=(choice,))
             out += ["", f"## `{section}`", "", f"`{section}.{choice}` chooses the settings below."]
-            for value, model in choice_models(section).items():
+            if common:
+                first = next(iter(models.values()))
+                only = tuple(set(first.model_fields) - set(common))
+                out += ["", f"Every `{section}.{choice}` takes:", "", *TABLE_HEAD,
+                        *field_rows(first, f"{section}.", skip=only)]  # fmt: skip
+            for value, model in models.items():
                 out += ["", f"### `{section}.{choice}: {value}`", "", summary(model), "", *TABLE_HEAD,
-                        *field_rows(model, f"{section}.", skip=(choice,))]  # fmt: skip
+                        *field_rows(model, f"{section}.", skip=(choice, *common))]  # fmt: skip
         elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             doc = (field.annotation.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
             out += ["", f"## `{section}`", "", doc, "", *TABLE_HEAD, *field_rows(field.annotation, f"{section}.")]
     return "\n".join(out) + "\n"
 
 
+def shared_fields(models: list[type[BaseModel]], skip: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields every model has alike (same type, default and description), shown once for a choice section."""
+
+    def same(name: str) -> bool:
+        fields = [model.model_fields.get(name) for model in models]
+        return all(
+            f is not None and (f.annotation, f.default, f.description) == (fields[0].annotation, fields[0].default,
+                                                                          fields[0].description)
+            for f in fields
+        )  # fmt: skip
+
+    return tuple(name for name in models[0].model_fields if name not in skip and same(name)) if models else ()
+
+
 def summary(model: type[BaseModel]) -> str:
-    """A settings model's first paragraph; an algorithm's settings say nothing, its module's docstring does."""
-    text = model.__dict__.get("__doc__")
+    """A dataset source's summary, else a settings model's first paragraph, else (an algorithm's settings say
+    nothing) its module's docstring's."""
+    text = model.summary() if issubclass(model, DatasetSettings) else model.__dict__.get("__doc__")
     if not text:
-        owner = next((cls for cls in REGISTRY.values() if cls.Settings is model), None)
+        owner = next((cls for _, cls in ALGORITHMS.items() if cls.Settings is model), None)
         text = sys.modules[owner.__module__].__doc__ if owner is not None else ""
-    return (text or "").strip().split("\n\n")[0].replace("\n", " ")
+    return " ".join((text or "").strip().split("\n\n")[0].split())
 
 
 def config_keys() -> set[str]:

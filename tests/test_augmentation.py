@@ -10,8 +10,8 @@ import pytest
 
 from raysim.algorithms.base import LocalSGD
 from raysim.config import validate_config
-from raysim.data import sources
-from raysim.data.sources import DataRequest, Dataset
+from raysim.data.cifar import Cifar10Settings
+from raysim.data.dataset import Dataset
 from raysim.errors import ConfigError, DataError
 from raysim.models.flat import FlatModel
 from raysim.runtime.driver import run_experiment
@@ -34,9 +34,9 @@ def _images(n: int, seed: int, low: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def tiny_images(request: DataRequest) -> Dataset:
+def tiny_images(seed: int) -> Dataset:
     """A small uint8 CIFAR-like dataset (stands in for the cifar10 source in the runtime tests)."""
-    x, y = _images(240, seed=request.seed)
+    x, y = _images(240, seed=seed)
     return Dataset("tiny_images", x, y, 4, mean=MEAN, std=STD)
 
 
@@ -205,7 +205,7 @@ def test_vectorized_trainer_reads_normalized_uint8_rows_of_all_clients_together_
 @pytest.fixture
 def tiny_cifar(monkeypatch):
     """dataset.name = cifar10 loads `tiny_images` (a uint8 source with mean/std) for this test."""
-    monkeypatch.setitem(sources.FILE_SOURCES, "cifar10", f"{__name__}:tiny_images")
+    monkeypatch.setattr(Cifar10Settings, "load", lambda settings, seed: tiny_images(seed))
 
 
 def _config(mode: str = "sequential", num_hosts: int = 2, augment: str = "crop_flip", rounds: int = 3, **sections):

@@ -1,5 +1,5 @@
-"""`raysim datasets`: every `dataset.name` has a catalog entry, the README lists it, and the command finds a
-dataset whose layout is under `--root`."""
+"""`raysim datasets`: every `dataset.name` says what it is and where it reads, the README lists it, and the command
+finds a dataset whose layout is under `--root`."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ import os
 import subprocess
 import sys
 
-from raysim.data.catalog import CATALOG, missing_from_catalog
-from raysim.data.sources import SOURCES
+from raysim.data import DATASETS
 from tests.cluster import ROOT
 
 
-def test_every_source_is_in_the_catalog_and_in_the_readme():
-    assert missing_from_catalog() == []
+def test_every_source_says_what_it_is_and_is_in_the_readme():
     readme = (ROOT / "README.md").read_text()
-    for name in SOURCES:
+    for name, source in DATASETS.items():
+        assert source.summary() and source.layout and source.get, name
         assert f"`{name}`" in readme or (name.startswith("synthetic_") and "`synthetic_*`" in readme), name
 
 
@@ -28,7 +27,7 @@ def test_the_datasets_command_finds_a_layout_under_root(tmp_path):
     lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(" ")}
     assert f"found in {tmp_path}" in lines["cifar10"]
     assert "missing" in lines["cifar100"] and "built in" in lines["digits"]
-    assert "reads cifar-100-python/" in out and set(CATALOG) <= set(lines)
+    assert "reads cifar-100-python/" in out and set(DATASETS) <= set(lines)
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):

@@ -135,7 +135,8 @@ def test_config_prints_the_resolved_config_that_run_would_use(tmp_path):
 
 def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_path):
     """The quickstart's `q: 2` belongs to q_label: switching to iid or dirichlet drops it, as switching FLAME to
-    FedAvg drops lambda and rho; a setting the new choice lacks is refused only when it is set explicitly."""
+    FedAvg drops lambda and rho, and switching an image folder to CIFAR-10 drops its size and channels; a setting the
+    new choice lacks is refused only when it is set explicitly."""
     from raysim.config import ConfigError, load_config
 
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
@@ -147,6 +148,12 @@ def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_pat
     assert load_config(quickstart, ["partition.q=3"]).partition.q == 3  # same scheme: nothing dropped
     with pytest.raises(ConfigError, match=r"partition\.q: unknown key"):
         load_config(quickstart, ["partition.scheme=iid", "partition.q=3"])
+    mmnist = quickstart.parent / "paper" / "flame_mmnist.yaml"  # dataset: {name: image_folder, size: 64, channels: 3}
+    cifar = load_config(mmnist, ["dataset.name=cifar10", "dataset.root=/data"]).dataset
+    assert (cifar.name, cifar.root, cifar.download) == ("cifar10", "/data", True) and not hasattr(cifar, "size")
+    assert load_config(mmnist, ["dataset.name=medmnist", "dataset.subset=pathmnist"]).dataset.size == 64  # it has one
+    with pytest.raises(ConfigError, match=r"^dataset\.channels: unknown key \(allowed: name, .*, root, download\)$"):
+        load_config(mmnist, ["dataset.name=cifar10", "dataset.channels=1"])
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
 
 from raysim.config import validate_config
 from raysim.jobs import stop_nodes
@@ -87,7 +88,6 @@ def test_readme_cluster_recipe_runs_as_written(ray_local, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
     env |= {
         "HOME": str(home),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # as if activated
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(256 * 2**20),  # two nodes on one shared machine
         marker.split("=")[0]: marker.split("=")[1],
@@ -264,6 +264,43 @@ def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
             assert all(0.0 <= m["value"] <= 1.0 for m in history["metrics"])
         files = {f["path"] for f in _rest(settings.url, "artifacts/list", run_id=parent).get("files", [])}
         assert {"summary.parquet", "accuracy_vs_round.png", "final_accuracy.png"} <= files
+
+
+@pytest.mark.slow
+def test_a_submitted_job_takes_its_plugin_files_to_every_node(cluster, tmp_path, capsys):
+    """`raysim submit` of a config whose algorithm, model and dataset are plugin files kept outside the package (two
+    listed in the config, one given with --plugin): the files go with the job and the hosts, which only the worker
+    nodes can hold, import them there."""
+    from raysim.cli import main
+    from raysim.tracking.server import ServerSettings, TrackingServer
+    from tests.test_plugins import page_files
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name, text in page_files().items():
+        (mine / name).write_text(text)
+    subprocess.run([sys.executable, "make_csv.py"], cwd=mine, check=True)
+    config = tiny_config(
+        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32, "server_momentum": 0.5},
+        model={"name": "tiny_cnn"},
+        dataset={"name": "csv", "path": str(mine / "digits.csv"), "shape": [1, 8, 8]},
+        rounds=2,
+        runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1}},
+        tracking={"experiment": "cluster-plugins"},
+    )
+    path = tmp_path / "experiment.yaml"
+    path.write_text(json.dumps({"plugins": ["mine/fedavgm.py", "mine/tiny_cnn.py"], **config}))
+    settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", None, "127.0.0.1", free_port())
+    with TrackingServer(settings, tmp_path / "server.log"):
+        args = ["--address", cluster.dashboard, "--auth-token", cluster.token, "--tracking-uri", settings.url]
+        code = main(["submit", str(path), "--plugin", str(mine / "csv_source.py"), *args, "--follow"])
+        out = capsys.readouterr().out
+        assert code == 0, out[-3000:]
+        run_id = re.search(r"^run ([0-9a-f]{32}): final PM ", out, re.M)[1]
+        run = MlflowClient(settings.url).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["plugins"] == "['fedavgm', 'tiny_cnn', 'csv_source']"
+    assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
+        "fedavgm", "tiny_cnn", "csv")  # fmt: skip
 
 
 @pytest.mark.slow

@@ -203,8 +203,12 @@ def test_config_takes_the_new_sources():
     config = validate_config(tiny_config(dataset={"name": "npz", "path": "/data/mine.npz"}))
     assert config.dataset.path == "/data/mine.npz"
     assert validate_config(tiny_config(dataset={"name": "synthetic_writers"})).dataset.name == "synthetic_writers"
-    with pytest.raises(ConfigError, match="dataset.name: must be .*'synthetic_writers', 'npz', 'mnist'"):
+    unknown = r"^dataset.name: unknown dataset 'femnst'; did you mean 'femnist'\? \(allowed: mnist, .*, npz\)$"
+    with pytest.raises(ConfigError, match=unknown):
         validate_config(tiny_config(dataset={"name": "femnst"}))
+    with pytest.raises(ConfigError, match=r"^dataset.path: unknown key \(allowed: name, augment, crop_padding, "
+                       r"crop_probability\)$"):  # fmt: skip
+        validate_config(tiny_config(dataset={"name": "digits", "path": "/data/mine.npz"}))  # each source its keys
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ import pytest
 from raysim.data import cifar, idx
 from raysim.data.download import extract, fetch
 from raysim.data.sources import load_dataset
-from raysim.errors import DataError
+from raysim.errors import ConfigError, DataError
 from tests.conftest import run_through_cli, tiny_config
 
 MNIST_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -173,10 +173,11 @@ def test_emnist_turns_images_upright_and_numbers_classes_from_zero(tmp_path, spl
 
 def test_emnist_split_must_be_one_of_the_six(tmp_path):
     with pytest.raises(
-        DataError, match=r"dataset\.split: .*'bogus'.*byclass, bymerge, balanced, letters, digits, mnist"
-    ):
+        ConfigError, match=r"dataset\.split: must be 'byclass', 'bymerge', 'balanced', 'letters', 'digits' or "
+        r"'mnist' \(got 'bogus'\)"
+    ):  # fmt: skip
         load_dataset("emnist", root=tmp_path, download=False, split="bogus")
-    with pytest.raises(DataError, match=r"dataset\.split"):
+    with pytest.raises(ConfigError, match=r"^dataset\.split: Field required$"):
         load_dataset("emnist", root=tmp_path, download=False)
 
 

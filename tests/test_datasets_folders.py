@@ -20,7 +20,7 @@ from PIL import Image
 from raysim.data import image_folder as image_folder_module
 from raysim.data import medmnist as medmnist_module
 from raysim.data.sources import load_dataset
-from raysim.errors import DataError
+from raysim.errors import ConfigError, DataError
 from tests.conftest import run_through_cli, tiny_config
 
 # ---------------------------------------------------------------- writers of the real formats
@@ -146,7 +146,7 @@ def test_medmnist_resource_table_covers_every_subset_and_size():
 
 def test_image_folder_reads_classes_in_sorted_order(tmp_path):
     root = write_image_folder(tmp_path / "pets")
-    data = load_dataset("image_folder", root=root, download=False)
+    data = load_dataset("image_folder", root=root)
     assert data.x.shape == (12, 1, 12, 12) and data.x.dtype == np.uint8
     assert data.y.tolist() == [0] * 4 + [1] * 4 + [2] * 4 and data.num_classes == 3
     # ant (class 0) was written second, with values 40 + k; files sorted by path: ant1..ant3, nested/ant0
@@ -157,7 +157,7 @@ def test_image_folder_reads_classes_in_sorted_order(tmp_path):
 
 def test_image_folder_uses_rgb_if_any_image_has_colour_and_resizes(tmp_path):
     root = write_image_folder(tmp_path / "pets", size=(10, 14), color=True)
-    data = load_dataset("image_folder", root=root, download=False, size=8)
+    data = load_dataset("image_folder", root=root, size=8)
     assert data.x.shape == (12, 3, 8, 8) and len(data.mean) == 3 and len(data.std) == 3
     gray = data.x[1]  # ant1.jpg: grayscale, so the three channels are equal
     assert np.array_equal(gray[0], gray[1]) and np.array_equal(gray[1], gray[2])
@@ -166,34 +166,117 @@ def test_image_folder_uses_rgb_if_any_image_has_colour_and_resizes(tmp_path):
 def test_image_folder_channels_forces_grey_or_rgb(tmp_path):
     """`dataset.channels: 3` reads grey images as RGB, as the FLAME authors' ImageFolder reads Medical MNIST."""
     root = write_image_folder(tmp_path / "pets")
-    grey = load_dataset("image_folder", root=root, download=False)
-    rgb = load_dataset("image_folder", root=root, download=False, channels=3)
+    grey = load_dataset("image_folder", root=root)
+    rgb = load_dataset("image_folder", root=root, channels=3)
     assert rgb.x.shape == (12, 3, 12, 12) and all(np.array_equal(rgb.x[:, c], grey.x[:, 0]) for c in range(3))
     coloured = write_image_folder(tmp_path / "colour", color=True)
-    assert load_dataset("image_folder", root=coloured, download=False, channels=1).x.shape[1] == 1
+    assert load_dataset("image_folder", root=coloured, channels=1).x.shape[1] == 1
 
 
 def test_image_folder_errors(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(DataError, match=f"dataset.root: {missing}: no such folder"):
-        load_dataset("image_folder", root=missing, download=False)
+        load_dataset("image_folder", root=missing)
     with pytest.raises(DataError, match=r"dataset\.root: dataset\.name=image_folder needs"):
-        load_dataset("image_folder", download=False)
+        load_dataset("image_folder")
     root = write_image_folder(tmp_path / "pets")
     odd = root / "cat" / "odd.png"
     _image(1, (13, 12), "L").save(odd)
     with pytest.raises(DataError, match=f"{re.escape(str(odd))}: 13x12 pixels, but .* is 12x12; set dataset.size"):
-        load_dataset("image_folder", root=root, download=False)
+        load_dataset("image_folder", root=root)
     (root / "empty").mkdir()
     with pytest.raises(DataError, match=f"dataset.root: {root / 'empty'}: no image files"):
-        load_dataset("image_folder", root=root, download=False)
+        load_dataset("image_folder", root=root)
+
+
+def write_png_bomb(path: Path, side: int = 20_000) -> Path:
+    """A valid 1-bit PNG of side x side pixels (400 M at the default) that is about 50 KB on disk: its rows are
+    zeros, which deflate packs about 1000:1."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(9)
+    row = bytes(1 + (side + 7) // 8)  # filter byte 0, then the packed pixels
+    body = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)  # 1 bit, grayscale
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("side", [20_000, 10_000], ids=["above-pillows-error-limit", "above-its-warning-limit"])
+def test_a_decompression_bomb_is_refused_naming_the_file(tmp_path, side):
+    root = write_image_folder(tmp_path / "pets")
+    bomb = write_png_bomb(root / "bee" / "bomb.png", side)
+    assert bomb.stat().st_size < 200_000
+    with pytest.raises(DataError, match=f"{re.escape(str(bomb))}: not read: Image size \\({side * side} pixels\\) "
+                                        "exceeds limit"):  # fmt: skip
+        load_dataset("image_folder", root=root)
+
+
+def test_symbolic_link_loops_and_duplicates_are_refused_and_plain_links_followed(tmp_path):
+    root = write_image_folder(tmp_path / "pets")
+    (root / "all").symlink_to(root)  # a class folder that is the dataset root: every image again, as one class
+    with pytest.raises(DataError, match=f"dataset.root: {root / 'all'} is a symbolic link loop: it leads back to "
+                                        f"{root}; every image must be read once"):  # fmt: skip
+        load_dataset("image_folder", root=root)
+    (root / "all").unlink()
+    (root / "cat" / "nested" / "up").symlink_to(root / "cat")
+    with pytest.raises(DataError, match=f"{root / 'cat' / 'nested' / 'up'} is a symbolic link loop: it leads back "
+                                        f"to {root / 'cat'}"):  # fmt: skip
+        load_dataset("image_folder", root=root)
+    (root / "cat" / "nested" / "up").unlink()
+    (root / "dog").symlink_to(root / "cat")
+    with pytest.raises(DataError, match=r"is the same folder as"):
+        load_dataset("image_folder", root=root)
+    (root / "dog").unlink()
+    (root / "ant" / "copy.png").symlink_to(root / "bee" / "bee2.png")
+    with pytest.raises(DataError, match=f"{root / 'bee' / 'bee2.png'} is the same image file as {root / 'ant'}/copy"):
+        load_dataset("image_folder", root=root)
+    (root / "ant" / "copy.png").unlink()
+    elsewhere = write_image_folder(tmp_path / "more")
+    (root / "dog").symlink_to(elsewhere / "cat")  # a class kept elsewhere, and a folder of it linked in
+    (root / "bee" / "extra").symlink_to(elsewhere / "bee")
+    data = load_dataset("image_folder", root=root)
+    assert data.num_classes == 4 and data.y.tolist() == [0] * 4 + [1] * 8 + [2] * 4 + [3] * 4
+
+
+@pytest.mark.parametrize("case", ["bomb", "root-link"])
+def test_raysim_run_refuses_a_bomb_or_a_link_loop_in_one_line_before_ray(tmp_path, case):
+    """Both were a traceback (the bomb) or a silently wrong dataset (the link): a real `raysim run`."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = write_image_folder(tmp_path / "pets")
+    if case == "bomb":
+        culprit = write_png_bomb(root / "bee" / "bomb.png")
+    else:
+        culprit = root / "all"
+        culprit.symlink_to(root)
+    config = tiny_config(dataset={"name": "image_folder", "root": str(root)}, partition={"scheme": "iid"},
+                         tracking={"uri": f"sqlite:///{tmp_path}/mlflow.db"})  # fmt: skip
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    raysim = str(Path(sys.executable).parent / "raysim")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([raysim, "run", str(tmp_path / "run.yaml"), "--quiet"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    expected = f"error: {culprit}: not read: Image size" if case == "bomb" else f"error: dataset.root: {culprit} is a"
+    assert line.startswith(expected), line
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_medical_mnist_class_names_get_the_flame_constants(tmp_path):
     for k, name in enumerate(sorted(image_folder_module.MEDICAL_MNIST_CLASSES)):
         (tmp_path / name).mkdir()
         _image(30 * k, (64, 64), "L").save(tmp_path / name / "000000.jpeg")
-    data = load_dataset("image_folder", root=tmp_path, download=False)
+    data = load_dataset("image_folder", root=tmp_path)
     assert data.x.shape == (6, 1, 64, 64) and data.mean == (0.3,) and data.std == (0.3,)
 
 
@@ -229,7 +312,7 @@ def test_tiny_imagenet_errors(tmp_path):
 
 def test_femnist_groups_are_sorted_writers_across_train_and_test(tmp_path):
     writers = write_leaf(tmp_path)
-    data = load_dataset("femnist", root=tmp_path, download=False)
+    data = load_dataset("femnist", root=tmp_path)
     total = sum(writers.values())
     assert data.x.shape == (total, 1, 28, 28) and data.x.dtype == np.uint8 and data.num_classes == 62
     names = sorted(writers)  # f0001_12, f0420_07, f3100_45
@@ -244,28 +327,28 @@ def test_femnist_groups_are_sorted_writers_across_train_and_test(tmp_path):
 
 def test_femnist_digits_keeps_the_digit_samples_and_62_outputs(tmp_path):
     write_leaf(tmp_path, samples=40)
-    everything = load_dataset("femnist", root=tmp_path, download=False)
-    digits = load_dataset("femnist", root=tmp_path, download=False, split="digits")
+    everything = load_dataset("femnist", root=tmp_path)
+    digits = load_dataset("femnist", root=tmp_path, split="digits")
     keep = everything.y < 10
     assert np.array_equal(digits.x, everything.x[keep]) and np.array_equal(digits.y, everything.y[keep])
     assert digits.num_classes == 62 and digits.groups.max() + 1 == len(np.unique(everything.groups[keep]))
-    with pytest.raises(DataError, match="dataset.split: 'letters' for femnist; allowed: all"):
-        load_dataset("femnist", root=tmp_path, download=False, split="letters")
+    with pytest.raises(ConfigError, match=r"dataset.split: must be 'all' or 'digits' \(got 'letters'\)"):
+        load_dataset("femnist", root=tmp_path, split="letters")
 
 
 def test_femnist_reads_all_data_and_explains_how_to_get_it(tmp_path):
     with pytest.raises(DataError, match=f"dataset.root: {tmp_path}: no LEAF FEMNIST JSON.*preprocess.sh"):
-        load_dataset("femnist", root=tmp_path, download=False)
+        load_dataset("femnist", root=tmp_path)
     with pytest.raises(DataError, match=f"dataset.root: {tmp_path / 'gone'}: no such folder.*preprocess.sh"):
-        load_dataset("femnist", root=tmp_path / "gone", download=False)
+        load_dataset("femnist", root=tmp_path / "gone")
     write_leaf(tmp_path / "data" / "staging")
     (tmp_path / "data" / "staging" / "train").rename(tmp_path / "data" / "all_data")
-    data = load_dataset("femnist", root=tmp_path, download=False)
+    data = load_dataset("femnist", root=tmp_path)
     assert len(np.unique(data.groups)) == 3
     bad = tmp_path / "data" / "all_data" / "broken.json"
     bad.write_text(json.dumps({"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[2.0] * 784], "y": [1]}}}))
     with pytest.raises(DataError, match=f"{bad}: writer u: pixel values must lie in"):
-        load_dataset("femnist", root=tmp_path, download=False)
+        load_dataset("femnist", root=tmp_path)
 
 
 # ---------------------------------------------------------------- downloads from a local server

@@ -1,4 +1,5 @@
-"""Ditto's global copy as the FLAME authors' code trains it: `global_steps: one_batch` (flame.md 2.4, 11).
+"""Ditto's global copy as the FLAME authors' code trains it: `global_steps: one_batch` (flame.md 2.4, 11); the
+copy's rule against their update.py itself, batch for batch, is in tests/test_authors_batches.py.
 
 On the convex problem of tests/test_baselines.py (f_i(theta) = 1/(2N) ||X_i theta - y_i||^2 with X_i^T X_i = N b_i I,
 so grad f_i(theta) = b_i (theta - th_i)) every step has a closed form.
@@ -23,7 +24,7 @@ B, N, D = [1.0, 2.0, 3.0], 40, 4
 
 def _sim(**algorithm) -> tuple[InProcess, np.ndarray]:
     problem, theta_hat = _orthogonal_regression(B, N, D, seed=5)
-    settings = {"name": "ditto", "lambda": 1.0, "lr": 0.1, "batch_size": N, "epochs": 1, **algorithm}
+    settings = {"name": "ditto", "lambda": 1.0, "lr": 0.1, "batch_size": N, "epochs": 1} | algorithm
     config = validate_config(tiny_config(algorithm=settings, clients={"count": 3}, model={"name": "linear"}))
     return InProcess(config, problem), theta_hat
 
@@ -47,9 +48,11 @@ def test_one_batch_moves_the_copy_by_exactly_one_plain_gradient_step():
             np.testing.assert_allclose(state.w, second[i] - 0.3 * B[i] * (second[i] - theta_hat[i]), atol=1e-5)
 
 
-def test_one_batch_ignores_momentum_and_weight_decay_but_the_personal_model_does_not():
-    plain, _ = _sim(global_resync=False, global_steps="one_batch")
-    heavy, _ = _sim(global_resync=False, global_steps="one_batch", momentum=0.5, weight_decay=0.5, epochs=2)
+def test_one_batch_at_h1_ignores_momentum_and_weight_decay_but_the_personal_model_does_not():
+    """At H = 1 the copy's one step starts from an empty momentum buffer and has no weight decay; the personal
+    model's 4 steps (batches of 10 of 40 samples) use both."""
+    plain, _ = _sim(global_resync=False, global_steps="one_batch", batch_size=10)
+    heavy, _ = _sim(global_resync=False, global_steps="one_batch", batch_size=10, momentum=0.5, weight_decay=0.5)
     for sim in (plain, heavy):
         sim.round(0)
     for i in plain.states:
@@ -57,10 +60,32 @@ def test_one_batch_ignores_momentum_and_weight_decay_but_the_personal_model_does
         assert not np.allclose(plain.states[i].v, heavy.states[i].v)
 
 
+def test_one_batch_at_h2_takes_two_momentum_steps_after_each_epoch_from_an_empty_buffer():
+    """Their update_weights at H = 2: after each of the 2 personal epochs a new SGD(lr=eta, momentum) takes 2 steps
+    on the copy, so 4 steps a round, the buffer emptied after the second; no weight decay (here the one batch is the
+    whole split: every step's gradient is b_i (w - th_i))."""
+    eta, momentum = 0.2, 0.5
+    sim, theta_hat = _sim(global_resync=False, global_steps="one_batch", global_lr=eta, momentum=momentum,
+                          weight_decay=0.3, epochs=2)  # fmt: skip
+    w = sim.problem.init_params.astype(np.float64)
+    sim.round(0)
+    for i, state in sim.states.items():
+        if len(sim.problem.clients[i][1].train) != N:
+            continue
+        expected = w.copy()
+        for _epoch in range(2):
+            velocity = np.zeros_like(expected)
+            for _step in range(2):
+                velocity = momentum * velocity + B[i] * (expected - theta_hat[i])
+                expected = expected - eta * velocity
+        np.testing.assert_allclose(state.w, expected, atol=1e-5)
+
+
 def test_epoch_mode_is_unchanged_and_differs_from_one_batch():
-    """`epoch` (Ditto's paper, the default) trains the copy like the personal model: 3 epochs move it further."""
-    epoch, theta_hat = _sim(global_resync=False, epochs=3)
-    one, _ = _sim(global_resync=False, global_steps="one_batch", epochs=3)
+    """`epoch` (Ditto's paper, the default) trains the copy like the personal model: with batches of 10 of the 40
+    samples, its one epoch is 4 steps and moves the copy further towards th_i than one_batch's one step."""
+    epoch, theta_hat = _sim(global_resync=False, batch_size=10)
+    one, _ = _sim(global_resync=False, global_steps="one_batch", batch_size=10)
     for sim in (epoch, one):
         sim.round(0)
     for i in epoch.states:
@@ -75,27 +100,36 @@ def _client(n: int = 50, seed: int = 0) -> tuple[FlatModel, ClientData]:
     return model, ClientData(x, y, np.arange(n), np.arange(0), np.arange(0))
 
 
-def test_max_steps_one_is_the_gradient_of_the_first_batch_of_the_epochs_shuffle():
-    """By hand: the batch is the first `batch_size` indices of the generator's permutation; the step is
-    start - lr * grad of the mean cross-entropy over it (torch autograd, independent of the trainer)."""
+def test_random_batches_take_one_batch_of_a_fresh_shuffle_per_step_the_short_last_one_included():
+    """By hand: each step shuffles the split (the generator's permutation), picks one of its ceil(50/16) = 4
+    batches uniformly (the generator's next integer; the 4th holds 2 samples) and steps on the mean cross-entropy
+    over it, momentum carried over (torch autograd and torch.optim.SGD, independent of the trainer)."""
     model, data = _client()
     start = np.random.default_rng(1).standard_normal(model.size).astype(np.float32) * 0.1
-    request = LocalSGD(start=start, epochs=3, lr=0.5, batch_size=16, max_steps=1)
+    request = LocalSGD(start=start, epochs=3, lr=0.5, batch_size=16, momentum=0.5, random_batches=12)
     result = LocalTrainer(model).sgd(request, data, np.random.default_rng(42))
-    batch = data.train[np.random.default_rng(42).permutation(len(data.train))[:16]]
     weights = torch.tensor(start, requires_grad=True)
-    logits = torch.from_numpy(data.x[batch]) @ weights[:18].reshape(3, 6).T + weights[18:]
-    torch.nn.functional.cross_entropy(logits, torch.from_numpy(data.y[batch])).backward()
-    np.testing.assert_allclose(result.params, start - 0.5 * weights.grad.numpy(), atol=1e-6)
-    assert result.steps == 1
+    optimizer = torch.optim.SGD([weights], lr=0.5, momentum=0.5)
+    generator, sizes = np.random.default_rng(42), []
+    for _step in range(12):
+        order, pick = generator.permutation(50), int(generator.integers(4))
+        batch = data.train[order[pick * 16 : (pick + 1) * 16]]
+        sizes.append(len(batch))
+        optimizer.zero_grad()
+        logits = torch.from_numpy(data.x[batch]) @ weights[:18].reshape(3, 6).T + weights[18:]
+        torch.nn.functional.cross_entropy(logits, torch.from_numpy(data.y[batch])).backward()
+        optimizer.step()
+    assert 2 in sizes and 16 in sizes  # this seed draws the short last batch too
+    np.testing.assert_allclose(result.params, weights.detach().numpy(), atol=1e-5)
+    assert result.steps == 12
 
 
-def test_vectorized_trainer_takes_the_same_capped_steps_as_the_sequential_one():
+def test_vectorized_trainer_takes_the_same_random_batches_as_the_sequential_one():
     model, data = _client()
     start = np.zeros(model.size, np.float32)
-    jobs = [(LocalSGD(start=start, epochs=2, lr=0.1, batch_size=8, max_steps=s), data, None) for s in (1, 3)]
-    sequential = [LocalTrainer(model).sgd(r, d, np.random.default_rng(7)) for r, d, _ in jobs]
-    vectorized = VectorizedTrainer(model, chunk=4).sgd([(r, d, np.random.default_rng(7)) for r, d, _ in jobs])
+    jobs = [(LocalSGD(start=start, epochs=1, lr=0.1, batch_size=8, random_batches=s), data) for s in (1, 3)]
+    sequential = [LocalTrainer(model).sgd(r, d, np.random.default_rng(7)) for r, d in jobs]
+    vectorized = VectorizedTrainer(model, chunk=4).sgd([(r, d, np.random.default_rng(7)) for r, d in jobs])
     for a, b in zip(sequential, vectorized, strict=True):
         np.testing.assert_array_equal(a.params, b.params)
         assert a.steps == b.steps

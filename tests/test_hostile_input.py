@@ -227,3 +227,80 @@ def test_the_raysim_process_exits_2_with_one_line_and_no_traceback(tmp_path):
     for name, (process, folder) in started.items():
         stdout, stderr = process.communicate(timeout=300)
         _check_refused(process.returncode, stdout, stderr, folder, _CLI_CASES[name][3])
+
+
+@pytest.mark.parametrize(
+    ("assignment", "key", "value"),
+    [
+        ("tracking.experiment=my exp #2", "experiment", "my exp #2"),
+        ("tracking.run_name=yes", "run_name", "yes"),
+        ("tracking.run_name=2024-01-01", "run_name", "2024-01-01"),
+        ("tracking.run_name=[a] {b}: c", "run_name", "[a] {b}: c"),
+        ("tracking.checkpoint_dir= /x #y ", "checkpoint_dir", " /x #y "),
+        ('tracking={experiment: "a #b", run_name: c}', "experiment", "a #b"),
+    ],
+)
+def test_names_are_literal_strings(tmp_path, assignment, key, value):
+    """A text field's --set value is what was typed: YAML dropped ` #2` as a comment, made `yes` a bool and
+    `2024-01-01` a date."""
+    config = load_config(_write(tmp_path / "ok.yaml", _quickstart()), (assignment,))
+    assert getattr(config.tracking, key) == value
+
+
+@pytest.mark.parametrize(
+    ("left_out", "assignments", "section", "key", "value"),
+    [
+        (None, ("dataset.root=/data/fmnist #2",), "dataset", "root", "/data/fmnist #2"),
+        ("dataset", ("dataset.root=no",), "dataset", "root", "no"),  # no dataset section: the default source's
+        (None, ("dataset.name=npz", "dataset.path=yes"), "dataset", "path", "yes"),
+        (None, ("partition.scheme=file", "partition.path=2024-01-01"), "partition", "path", "2024-01-01"),
+    ],
+)
+def test_text_fields_of_the_chosen_settings_are_literal(tmp_path, left_out, assignments, section, key, value):
+    """The sections a name chooses (`dataset.name`, `partition.scheme`, `algorithm.name`, looked up in their
+    registries) have the text fields of the settings chosen, after the --set that switches them."""
+    tree = {name: part for name, part in _quickstart().items() if name != left_out}
+    loaded = load_config(_write(tmp_path / "ok.yaml", tree), assignments)
+    assert getattr(getattr(loaded, section), key) == value
+
+
+@pytest.mark.parametrize("section", ["algorithm.name", "dataset.name", "partition.scheme"])
+def test_a_choosing_name_is_text_whatever_the_choice(tmp_path, section):
+    """`yes` is a name no registry has, said as typed (YAML would have made it True)."""
+    message = _refusal(_write(tmp_path / "ok.yaml", _quickstart()), (f"{section}=yes",))
+    assert message.startswith(f"{section}: unknown ") and "'yes'" in message, message
+
+
+@pytest.mark.parametrize("assignment", ["rounds=5 #x", "partition={scheme: iid} # iid for now", "algorithm.lr=0.1 #"])
+def test_a_yaml_comment_in_a_set_value_is_refused(tmp_path, assignment):
+    message = _refusal(_write(tmp_path / "ok.yaml", _quickstart()), (assignment,))
+    path, raw = assignment.split("=", 1)
+    assert message.startswith(f"--set {path}: '#") and f"dropped from the value {raw!r}" in message, message
+
+
+@pytest.mark.slow
+def test_experiment_and_run_names_reach_mlflow_as_typed(tmp_path):
+    """A real `raysim run` with `--experiment "my exp #2"` and a run name YAML would have cut or retyped; and a
+    comment in a number refused by a real process, before Ray."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import tiny_config
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(rounds=1, tracking={"uri": uri})))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    raysim = str(Path(sys.executable).parent / "raysim")
+    refused = subprocess.run([raysim, "run", str(path), "--quiet", "--set", "rounds=1 #x"], capture_output=True,
+                             text=True, cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: --set rounds: '#x' would be a YAML comment and dropped from the value '1 #x'; quote the text that "
+        "holds it, or leave the comment out"], refused.stderr  # fmt: skip
+    assert not (tmp_path / "mlflow.db").exists()
+    done = subprocess.run([raysim, "run", str(path), "--quiet", "--experiment", "my exp #2", "--set",
+                           "tracking.run_name=no #1: on"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("my exp #2").experiment_id])
+    assert run.info.run_name == "no #1: on" and run.data.params["tracking.experiment"] == "my exp #2"

@@ -4,7 +4,7 @@ each choice's own example (raysim.examples: the companion settings it needs), pr
 (tests.pairwise) in which every two values of two axes meet at least once; every model runs in at least one cell.
 
 A cell runs end to end on real Fashion-MNIST (a tenth of it, in its standard IDX layout: the loader, the uint8
-normalization and the data's structure are the real ones), 4 clients, 2 rounds, in this process
+normalization and the data's structure are the real ones), 4 clients, 1 round, in this process
 (raysim.runtime.driver.run_experiment) on the session's one Ray instance, logging to one sqlite MLflow store, and
 is read back from the store: FINISHED, every metric finite, every documented metric key logged once at every step.
 A cell that combines choices which cannot run together (their examples set one section differently, or a
@@ -23,15 +23,15 @@ from typing import Any, NamedTuple, get_args
 import pytest
 from mlflow.tracking import MlflowClient
 
-from raysim.algorithms import REGISTRY
-from raysim.config import RuntimeSettings, choice_models, validate_config
+from raysim.algorithms import ALGORITHMS
+from raysim.config import RuntimeSettings, validate_config
+from raysim.data import PARTITIONS
 from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment
-from raysim.models.spec import MODELS
+from raysim.models import MODELS
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import save_partition
-from raysim.threats.attacks import BYZANTINE, AttackKind
-from raysim.threats.robust import RobustSettings
+from raysim.threats import ATTACKS, ROBUST_RULES
 from tests.logged import check_logged
 from tests.pairwise import pairs_of, pairwise
 
@@ -46,8 +46,8 @@ class Registries:
     """partition.scheme -> settings class (with `example`)."""
     executors: tuple[str, ...]
     """runtime.client_training values that name an executor (not `auto`, which picks one)."""
-    attacks: tuple[str, ...]
-    """attack.kind values other than none."""
+    attacks: Mapping[str, Any]
+    """attack.kind -> attack class (with `byzantine`), other than none."""
     rules: tuple[str, ...]
     """aggregation.rule values other than mean."""
     models: tuple[str, ...]
@@ -55,14 +55,15 @@ class Registries:
 
 
 def registries() -> Registries:
-    """Where the registries are read (issue 30 turns them into plugin registries: repoint this function only)."""
+    """The registries as they stand when the tests are collected: raysim's own entries and those of every installed
+    plugin (raysim.registry; the first lookup imports the installed plugins), so that a plugin's entry joins too."""
     return Registries(
-        algorithms=dict(REGISTRY),
-        schemes=choice_models("partition"),
+        algorithms=dict(ALGORITHMS.items()),
+        schemes=dict(PARTITIONS.items()),
         executors=tuple(v for v in get_args(RuntimeSettings.model_fields["client_training"].annotation) if v != "auto"),
-        attacks=tuple(kind for kind in get_args(AttackKind) if kind != "none"),
-        rules=tuple(rule for rule in get_args(RobustSettings.model_fields["rule"].annotation) if rule != "mean"),
-        models=MODELS,
+        attacks={kind: attack for kind, attack in ATTACKS.items() if kind != "none"},
+        rules=tuple(rule for rule in ROBUST_RULES.names() if rule != "mean"),
+        models=MODELS.names(),
     )
 
 
@@ -76,9 +77,9 @@ ATTACK_FRACTION = 0.25
 
 def threats(registered: Registries) -> list[tuple[str, str]]:
     """No attack, then every attack kind with a robust rule, every kind and every rule at least once."""
-    count = max(len(registered.attacks), len(registered.rules))
-    paired = [(registered.attacks[i % len(registered.attacks)], registered.rules[i % len(registered.rules)])
-              for i in range(count)]  # fmt: skip
+    kinds = list(registered.attacks)
+    count = max(len(kinds), len(registered.rules))
+    paired = [(kinds[i % len(kinds)], registered.rules[i % len(registered.rules)]) for i in range(count)]
     return [NO_ATTACK, *paired]
 
 
@@ -96,7 +97,7 @@ BASE: dict[str, Any] = {
     "partition": {"scheme": "iid"},
     "model": {"name": "mlp"},
     "clients": {"count": 4, "per_round": 3},
-    "rounds": 2,
+    "rounds": 1,
     "seed": 1,
     "runtime": {"num_hosts": 1},
     "tracking": {"experiment": "matrix", "system_metrics": False},
@@ -154,7 +155,7 @@ def refused_key(row: Mapping[str, Any], context: ExampleContext) -> str | None:
     threat = row.get("threat")
     if threat in (None, NO_ATTACK) or algorithm is None or REGISTRIES.algorithms[algorithm].sends_messages():
         return None
-    return "attack.kind" if threat[0] in BYZANTINE else "aggregation.rule"
+    return "attack.kind" if REGISTRIES.attacks[threat[0]].byzantine else "aggregation.rule"
 
 
 PLANNING = ExampleContext(base_tree(0.0), Path("partition.parquet"))

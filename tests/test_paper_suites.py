@@ -64,5 +64,6 @@ def test_a_slice_of_flames_table3_suite_runs_and_tabulates(tmp_path, ray_local):
         assert seeds == [1] and all(0.0 < cells[m].mean <= 1.0 for m in ("pm/acc", "gm/acc", "hm/acc"))
     params = {r.info.run_name.removesuffix("/seed1"): r.data.params for r in client.search_runs([experiment])}
     assert params["ditto/q2"]["algorithm.global_steps"] == "one_batch"
+    assert params["ditto/q2"]["clients.batches"] == "authors" and params["flame/q2"]["clients.batches"] == "authors"
     assert params["flame/q2"]["partition.draw"] == "authors" and params["flame/q2"]["model.init"] == "authors"
     assert params["pfedme/q2"]["tracking.gm_scored"] == "before_aggregation"

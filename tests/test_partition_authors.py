@@ -90,13 +90,13 @@ def _their_quality(n, num_users):
 
 
 def _their_splits(user_groups, num_users):
-    """update.py's train_val_test, client by client as PerLocalUpdate objects are built."""
+    """update.py's train_val_test, client by client as PerLocalUpdate objects are built (in their shuffled order)."""
     out = []
     for idx in range(num_users):
         idxs = list(user_groups[idx])
         train_size = int(0.8 * len(idxs))
         random.shuffle(idxs)
-        out.append((sorted(int(i) for i in idxs[:train_size]), sorted(int(i) for i in idxs[train_size + 1 :])))
+        out.append(([int(i) for i in idxs[:train_size]], [int(i) for i in idxs[train_size + 1 :]]))
     return out
 
 

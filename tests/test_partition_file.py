@@ -100,6 +100,12 @@ def test_shared_samples_are_allowed_unless_the_partition_is_declared_disjoint(tm
         ({"train": [[0]], "test": [[1]]}, {"num_samples": 70000}, 1, "written for a dataset of 70000 samples"),
         ({"train": [[0]], "test": [[1]]}, {"labels_sha256": "0" * 64}, 1, "labels differ from this one's"),
         ({"indices": [[0]]}, None, 1, "client 0 holds 1 samples"),
+        ({"train": [[0, None, 2]], "test": [[1]]}, None, 1, r"row 0, column 'train': a missing \(null\) index inside"),
+        ({"indices": [[0, 1], [2, None]]}, None, 2, r"row 1, column 'indices': a missing \(null\) index"),
+        ({"client_id": [0, None], "train": [[0], [2]], "test": [[1], [3]]}, None, 2, "integer ids 0..1"),
+        ({"train": [[0, 2, 0, 2, 0]], "test": [[1]]}, None, 1, r"client 0: train lists sample 0 3 times \(2 samples"),
+        ({"train": [[0]], "test": [[1, 1]]}, None, 1, "client 0: test lists sample 1 2 times"),
+        ({"indices": [[0, 1, 1]]}, None, 1, "client 0: indices lists sample 1 2 times"),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_path_and_the_problem(tmp_path, columns, metadata, clients, message):
@@ -158,6 +164,26 @@ def test_raysim_partition_of_the_quickstart_replays_to_the_same_run(tmp_path):
         runs.append(run.data.metrics)
     keys = [k for k in runs[0] if k.startswith(("pm/", "gm/", "hm/")) and not k.startswith("time")]
     assert keys and {k: runs[0][k] for k in keys} == {k: runs[1][k] for k in keys}
+
+
+@pytest.mark.parametrize(
+    ("train", "expected"),
+    [([[0, None, 2], [3, 4]], "row 0, column 'train': a missing (null) index inside the list (position 1)"),
+     ([[0, 2, 0], [3, 4]], "client 0: train lists sample 0 2 times")],
+    ids=["null-index", "index-twice"],
+)  # fmt: skip
+def test_raysim_run_refuses_a_bad_partition_file_in_one_line_before_ray(tmp_path, train, expected):
+    """A null inside an index list was a traceback; an index listed twice ran, the sample weighing double."""
+    path = _write(tmp_path / "p.parquet", {"train": train, "test": [[5], [6]]})
+    config = {"algorithm": {"name": "fedavg"}, "dataset": {"name": "synthetic_classification"},
+              "model": {"name": "mlr"}, "partition": {"scheme": "file", "path": str(path)}, "clients": {"count": 2},
+              "rounds": 1, "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"}}  # fmt: skip
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    done = _cli("run", str(tmp_path / "run.yaml"), "--quiet", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: partition.path={path}: {expected}"), line
+    assert "Traceback" not in done.stderr and not (tmp_path / "mlflow.db").exists()
 
 
 def test_raysim_partition_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):

@@ -112,8 +112,10 @@ def test_resumed_run_equals_uninterrupted_run(baseline, mlflow_uri, tmp_path):
         run_experiment(config, show_progress=False, inspect=die)
     client = MlflowClient(mlflow_uri)
     run_id = client.search_runs([client.get_experiment_by_name("tests").experiment_id])[0].info.run_id
+    assert client.get_run(run_id).data.tags["raysim.error"] == "interrupted by SIGINT after round 3"
     resumed = resume_experiment(run_id, mlflow_uri, show_progress=False)
     assert resumed.run_id == run_id
+    assert "raysim.error" not in client.get_run(run_id).data.tags  # finished: the interruption's tag is gone
     assert resumed.summary == baseline.summary
     assert repr(resumed.final) == repr(baseline.final)  # repr: exact floats, and nan equals nan
     for key in ("pm/acc", "time/round", "traffic/uplink_bytes_total"):
@@ -294,27 +296,114 @@ def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
     assert done.returncode == 2 and "not reachable" in line and "Connection refused" in line, line
 
 
+def _raysim(
+    tmp_path: Path, *args: str, env: dict[str, str], watch: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    """`raysim ARGS` run to its end; `watch`: gets the process's command line as the system shows it (`ps`, and
+    Ray, which records it as the job's entrypoint) once its local Ray is up."""
+    from raysim.studies.procmem import descendants
+
+    raysim = str(Path(sys.executable).parent / "raysim")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_ADDRESS"))}
+    process = subprocess.Popen([raysim, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=tmp_path, env={**environment, **env})  # fmt: skip
+    if watch is not None:
+        deadline = time.monotonic() + 240
+        while process.poll() is None and time.monotonic() < deadline and not [
+            pid for pid in descendants(process.pid) if _comm(pid) == "gcs_server"
+        ]:
+            time.sleep(0.1)
+        watch.append(Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _files_holding(folder: Path, secrets: list[str], skip: set[Path]) -> list[str]:
+    """Every file under `folder` (the tracking server's database and artifacts, the checkpoints) whose bytes hold
+    one of `secrets`, raw or percent-encoded."""
+    import urllib.parse
+
+    needles = {form.encode() for secret in secrets for form in (secret, urllib.parse.quote(secret, safe=""))}
+    return [str(path) for path in folder.rglob("*") if path.is_file() and path not in skip
+            and any(needle in path.read_bytes() for needle in needles)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("postgresql://alice:pw@127.0.0.1/mlflow", "error: tracking.uri postgresql://***@127.0.0.1/mlflow: its "
+         "database driver 'psycopg' is not installed (No module named 'psycopg'); install it, or name an installed "
+         "one as postgresql+DRIVER://"),
+        ("mysql+nodriver://127.0.0.1/mlflow", "error: tracking.uri mysql+nodriver://127.0.0.1/mlflow: not a usable "
+         "database URL"),
+        ("ftp://alice:pw@127.0.0.1/mlflow", "error: tracking.uri ftp://***@127.0.0.1/mlflow: MLflow has no tracking "
+         "store for scheme 'ftp'; allowed: "),
+    ],
+    ids=["postgresql-without-driver", "unknown-driver", "ftp"],
+)  # fmt: skip
+def test_a_tracking_store_mlflow_cannot_open_is_refused_before_ray(tmp_path, uri, expected):
+    """A traceback (postgresql://, its driver not installed) or one line after Ray had started (ftp://): both
+    are known before anything starts."""
+    import importlib.util
+
+    if uri.startswith("postgresql") and importlib.util.find_spec("psycopg") is not None:
+        pytest.skip("psycopg is installed here")
+    done = _cli(tmp_path, _config(uri, tmp_path))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting
+    assert line.startswith(expected), line
+
+
 @pytest.mark.slow
-def test_credentials_in_the_tracking_uri_are_stored_and_printed_nowhere(tmp_path):
+def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_path):
+    """Passwords holding `@` (redacted only up to it before) in a config file, a --set, a --tracking-uri and the
+    environment ($MLFLOW_TRACKING_URI, $MLFLOW_TRACKING_PASSWORD): none reaches the console, the tracking server's
+    database (params, tags: the command line in `mlflow.source.name` and `mlflow.note.content`), its artifacts or
+    the checkpoints; two real runs against a real MLflow server."""
     from raysim.tracking.server import ServerSettings, TrackingServer
 
-    secret = "s3cret-pw"
+    secrets = [f"pw{i}@s3cret:{i}" for i in range(5)]
     settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts"), port=free_port())
+    host = f"127.0.0.1:{settings.port}"
     with TrackingServer(settings, tmp_path / "server.log"):
-        uri = f"http://alice:{secret}@127.0.0.1:{settings.port}"
-        data = _config(uri, tmp_path, checkpoint_every=1)
-        done = _cli(tmp_path, data, timeout=300)
+        config = tmp_path / "cli.yaml"
+        config.write_text(yaml.safe_dump(_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1)))
+        typed = ["--set", f"tracking.uri=http://alice:{secrets[1]}@{host}", "--tracking-uri",
+                 f"http://alice:{secrets[2]}@{host}"]  # fmt: skip
+        environment = {"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}", "MLFLOW_TRACKING_PASSWORD": secrets[4]}
+        seen: list[str] = []
+        done = _raysim(tmp_path, "run", str(config), "--quiet", *typed, env=environment, watch=seen)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert secret not in done.stdout + done.stderr
+        printed = done.stdout + done.stderr
+        assert not [secret for secret in secrets if secret.split("@")[1] in seen[0]]
+        assert f"--tracking-uri http://***@{host}" in seen[0]  # as `ps` and Ray's job table see it
+        from_environment = _config(None, tmp_path, checkpoint_every=1)
+        del from_environment["tracking"]["uri"]
+        config.write_text(yaml.safe_dump(from_environment))
+        again = _raysim(tmp_path, "run", str(config), "--quiet", env={"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}"})
+        assert again.returncode == 0, again.stderr[-2000:]
+        printed += again.stdout + again.stderr
         client = MlflowClient(settings.url)
-        (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
-        stored = [*run.data.params.values(), *run.data.tags.values()]
-        assert run.data.params["tracking.uri"] == f"http://***@127.0.0.1:{settings.port}"
-        config_yaml = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text()
-    assert not [value for value in stored if secret in value]
-    assert secret not in config_yaml and "alice" not in config_yaml
-    manifests = list((tmp_path / "ckpt").glob("*/round-*/manifest.json"))
-    assert manifests and not [m for m in manifests if secret in m.read_text()]
+        runs = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert len(runs) == 2
+    assert not [secret for secret in secrets if secret in printed or secret.split("@")[1] in printed], printed
+    first = next(run for run in runs if "--tracking-uri" in run.data.tags["mlflow.source.name"])
+    assert f"--set tracking.uri=http://***@{host} --tracking-uri http://***@{host}" in first.data.tags[
+        "mlflow.source.name"]  # fmt: skip
+    assert f"--tracking-uri http://***@{host}" in first.data.tags["mlflow.note.content"]
+    assert first.data.params["tracking.uri"] == f"http://***@{host}"
+    stored = [value for run in runs for value in [*run.data.params.values(), *run.data.tags.values()]]
+    assert not [value for value in stored for secret in secrets if secret.split("@")[1] in value]
+    assert list((tmp_path / "ckpt").glob("*/round-*/manifest.json"))
+    held = _files_holding(tmp_path, [secret.split("@")[1] for secret in secrets], skip={config})
+    assert not held, held
 
 
 @pytest.mark.parametrize(

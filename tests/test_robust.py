@@ -182,7 +182,7 @@ def test_config_names_the_rule_and_its_allowed_values():
 
 
 def test_suite_reports_plot_benign_accuracy_against_the_malicious_fraction(tmp_path):
-    from raysim.runtime.rounds import RunResult
+    from raysim.studies.children import ChildOutcome
     from raysim.studies.suite import SuiteChild
     from raysim.tracking.robustness import robustness_points, write_suite_reports
 
@@ -190,7 +190,7 @@ def test_suite_reports_plot_benign_accuracy_against_the_malicious_fraction(tmp_p
         config = validate_config(tiny_config(algorithm={"name": algorithm}, attack=attack))
         summary = {f"final/{k}/acc": acc + d for k, d in (("pm", 0.0), ("gm", -0.1), ("hm", 0.05))}
         summary |= {f"final/{k}/loss_var": 1.0 - acc for k in ("pm", "gm", "hm")}
-        return SuiteChild(name, config, RunResult(None, summary=summary))
+        return SuiteChild(name, config, ChildOutcome("finished", summary=summary))
 
     children = [
         child("flame/clean", "flame", {"kind": "none"}, 0.9),

@@ -1,6 +1,8 @@
 """Signals as users send them to real `raysim` processes: Ctrl-C (SIGINT to the process group, as a terminal
-does), SIGTERM (kill, a job scheduler, `ray job stop`), SIGKILL of the driver; and SIGTERM to `raysim ui` and
-`raysim server`, which must not leave the MLflow server holding its port."""
+does), SIGTERM and SIGHUP to the driver's PID or to its whole process group (`kill`, `kill -- -PGID`, a batch
+scheduler, a container stop, a closed terminal), SIGKILL of the driver, the local Ray's GCS server or raylet
+killed under a run; and SIGTERM to `raysim ui` and `raysim server`, which must not leave the MLflow server
+holding its port."""
 
 from __future__ import annotations
 
@@ -77,30 +79,170 @@ def _run_record(uri: str):
     return run
 
 
+def _wait_all_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 30  # Ray's workers notice their raylet is gone within seconds
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(pids), "processes of the run left behind"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_run_is_marked_killed_with_one_line(tmp_path, sig):
+@pytest.mark.parametrize(
+    ("sig", "to_group"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, False),
+     (signal.SIGHUP, True)],
+    ids=["SIGINT-group", "SIGTERM-pid", "SIGTERM-group", "SIGHUP-pid", "SIGHUP-group"],
+)  # fmt: skip
+def test_interrupted_run_is_marked_killed_with_one_line(tmp_path, sig, to_group):
+    """To the whole group (Ctrl-C, `kill -- -PGID`, a scheduler, a container stop, a closed terminal) the signal
+    reaches the local Ray's daemons too unless they run apart: they used to die under the driver, which then hung
+    61 s and exited 1 with Ray's "Failed to connect to GCS" line, leaving the run RUNNING."""
     driver, uri = _start_run(tmp_path)
     started = descendants(driver.pid)  # the driver, the local Ray it started, its actors
     assert len(started) > 3
-    if sig == signal.SIGINT:
-        os.killpg(driver.pid, sig)  # Ctrl-C: the terminal signals the whole foreground process group
+    sent = time.monotonic()
+    if to_group:
+        os.killpg(driver.pid, sig)
     else:
         os.kill(driver.pid, sig)
     driver.wait(timeout=120)
+    took = time.monotonic() - sent
     err = _stderr(tmp_path)
     assert driver.returncode == 128 + sig, err[-2000:]
-    assert "Traceback" not in err, err[-3000:]
+    assert "Traceback" not in err and "GCS" not in err, err[-3000:]
     run = _run_record(uri)
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"run {run.info.run_id} interrupted by {sig.name} after round "), last
     assert last.endswith(f"marked KILLED; continue with `raysim resume {run.info.run_id}`"), last
     assert run.info.status == "KILLED"
     assert run.data.tags["raysim.error"].startswith(f"interrupted by {sig.name}")
-    deadline = time.monotonic() + 30  # Ray's workers notice their raylet is gone within seconds
-    while _alive(started) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _alive(started), "processes of the run left behind"
+    assert took < 60, f"{took:.0f} s from the signal to the exit"  # Ray ends a driver 60 s after losing its GCS
+    _wait_all_gone(started)
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_local_ray_starts_is_one_line(tmp_path):
+    """ray.init installs a SIGTERM handler of its own that exits on the spot (SystemExit 15, a traceback through
+    raysim); a SIGTERM while Ray starts ends like any other: one line, exit 143, nothing left running."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_config(rounds=10_000, tracking={"uri": uri})))
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        driver = subprocess.Popen([RAYSIM, "run", str(tmp_path / "run.yaml"), "--quiet"], stdout=subprocess.DEVNULL,
+                                  stderr=stderr, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not [p for p in descendants(driver.pid) if _comm(p) == "gcs_server"]:
+            assert driver.poll() is None and time.monotonic() < deadline, _stderr(tmp_path)[-2000:]
+            time.sleep(0.05)
+        started = descendants(driver.pid)
+        os.kill(driver.pid, signal.SIGTERM)
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    err = _stderr(tmp_path)
+    assert driver.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last == "interrupted by SIGTERM before the run started" or last.startswith("run "), last
+    assert "interrupted by SIGTERM" in last, last
+    _wait_all_gone(started)
+
+
+@pytest.mark.slow
+def test_a_closed_terminal_ends_the_run_killed(tmp_path):
+    """The real thing behind SIGHUP: `raysim run` on a terminal (a pty whose slave is its controlling terminal,
+    with the live progress bar), and the terminal closed. The kernel hangs up the session; the run is marked
+    KILLED, exit 129, although nothing can be printed any more."""
+    import fcntl
+    import select
+    import termios
+    import threading
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = {"experiment": "signals", "uri": uri, "checkpoint_every": 1, "checkpoint_dir": str(tmp_path / "ck")}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_config(rounds=10_000, runtime={"num_hosts": 2},
+                                                                  tracking=tracking)))  # fmt: skip
+    master, terminal = os.openpty()
+
+    def controlling_terminal() -> None:  # after setsid: the pty becomes the session's terminal, as in a login
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    driver = subprocess.Popen([RAYSIM, "run", str(tmp_path / "run.yaml")], stdin=terminal, stdout=terminal,
+                              stderr=terminal, start_new_session=True, preexec_fn=controlling_terminal)  # fmt: skip
+    os.close(terminal)
+    shown, closing = bytearray(), threading.Event()
+
+    def read_terminal() -> None:  # what a terminal does: read everything, so the program never blocks writing
+        while not closing.is_set():
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    shown.extend(os.read(master, 65536))
+                except OSError:
+                    break
+        os.close(master)  # the terminal window closes: the kernel sends the session SIGHUP
+
+    reader = threading.Thread(target=read_terminal)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not list((tmp_path / "ck").glob("*/round-000002/manifest.json")):
+            assert driver.poll() is None and time.monotonic() < deadline, shown.decode(errors="replace")[-2000:]
+            time.sleep(0.2)
+        started = descendants(driver.pid)
+        closing.set()
+        reader.join()
+        driver.wait(timeout=120)
+    finally:
+        closing.set()
+        if driver.poll() is None:
+            driver.kill()
+    assert b"Traceback" not in shown
+    seen = shown.decode(errors="replace")[-2000:]
+    run = _run_record(uri)
+    assert (driver.returncode, run.info.status) == (128 + signal.SIGHUP, "KILLED"), seen
+    assert run.data.tags["raysim.error"].startswith("interrupted by SIGHUP after round ")
+    _wait_all_gone(started)
+
+
+def _daemon(driver_pid: int, name: str) -> int:
+    """The pid of the local Ray's `name` process (gcs_server, raylet) the driver started."""
+    (pid,) = [p for p in descendants(driver_pid) if _comm(p) == name]
+    return pid
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("daemon", ["gcs_server", "raylet"])
+def test_a_run_that_loses_its_local_ray_is_marked_failed_with_one_line(tmp_path, daemon):
+    """The GCS server or raylet killed under a run (by hand, by the OOM killer): the run is FAILED with its tag
+    and one `error:` line, exit 1, well before Ray would end the driver (60 s after losing the GCS)."""
+    driver, uri = _start_run(tmp_path)
+    started = descendants(driver.pid)
+    pid = _daemon(driver.pid, daemon)
+    sent = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    driver.wait(timeout=120)
+    took = time.monotonic() - sent
+    err = _stderr(tmp_path)
+    run = _run_record(uri)
+    name = {"gcs_server": "GCS server", "raylet": "raylet"}[daemon]
+    lost = f"the local Ray is gone: its {name} (pid {pid}) was killed by SIGKILL"
+    assert driver.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: run {run.info.run_id} failed after round ") and lost in last, last
+    assert last.endswith(f"marked FAILED; continue with `raysim resume {run.info.run_id}`"), last
+    assert run.info.status == "FAILED"
+    assert run.data.tags["raysim.error"].startswith(lost + " after round ")
+    assert took < 50, f"{took:.0f} s from the kill to the exit"
+    _wait_all_gone(started)
 
 
 @pytest.mark.slow

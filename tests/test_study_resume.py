@@ -82,6 +82,12 @@ def _stop_during_the_second_child(path: Path, uri: str, folder: Path) -> str:
     raise AssertionError("unreachable")
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a test suite started in the background by a non-interactive shell has
+    SIGINT ignored, and an ignored SIGINT stays ignored in every program it starts."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted_one(tmp_path, ray_local):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -90,6 +96,14 @@ def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted
     client = MlflowClient(uri)
     before = _runs(client, parent)
     assert sorted(before) == ["first", "long"] and before["long"].info.status == "KILLED"
+    assert before["long"].data.tags["raysim.error"].startswith("interrupted by SIGTERM after round ")
+    stopped = client.get_run(parent)
+    assert stopped.info.status == "KILLED"  # not FAILED: nothing went wrong with it
+    assert stopped.data.tags["raysim.error"] == "interrupted by SIGTERM in its child 'long' (1 of 3 done)"
+    assert (tmp_path / "stderr").read_text().splitlines()[-1] == (
+        f"suite stopped interrupted by SIGTERM in its child 'long' (1 of 3 done): parent run {parent} marked KILLED; "
+        f"continue with `raysim run {path} --resume {parent}`"
+    )
     first_history = client.get_metric_history(before["first"].info.run_id, "pm/acc")
 
     assert main(["run", str(path), "--quiet", "--resume", parent]) == 0
@@ -97,6 +111,7 @@ def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted
     after = _runs(client, parent)
     assert sorted(after) == ["first", "last", "long"]
     assert all(r.info.status == "FINISHED" for r in after.values()) and client.get_run(parent).info.status == "FINISHED"
+    assert not any("raysim.error" in r.data.tags for r in (*after.values(), client.get_run(parent)))  # none stale
     assert after["first"].info.run_id == before["first"].info.run_id  # kept, not logged again
     assert client.get_metric_history(after["first"].info.run_id, "pm/acc") == first_history
     assert after["long"].info.run_id == before["long"].info.run_id  # continued in the same MLflow run
@@ -129,6 +144,8 @@ def test_resume_refuses_a_run_that_is_not_this_suites_parent(tmp_path, ray_local
 
 @pytest.mark.slow
 def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local):
+    """Ctrl-C (SIGINT) stops the sweep: the trial in flight and the parent are marked KILLED, and the one line
+    names the command that continues it."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "resume"})
     sweep = {"name": "swept", "base": base, "grid": {"algorithm.lr": [0.05, 0.1, 0.2]}, "max_concurrent": 1}
@@ -139,7 +156,8 @@ def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(tmp_path / "stderr", "w") as err:
         process = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", str(path), "--quiet"],
-                                   cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+                                   cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                   preexec_fn=_sigint_as_from_a_terminal)  # fmt: skip
         try:
             deadline, parent = time.monotonic() + 300, None
             while time.monotonic() < deadline and parent is None:
@@ -151,8 +169,8 @@ def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local
                 if any(r.info.status == "FINISHED" for r in runs if "mlflow.parentRunId" in r.data.tags):
                     parent = next(r.info.run_id for r in runs if r.data.tags.get("sweep") == "swept")
             assert parent is not None, (tmp_path / "stderr").read_text()
-            process.send_signal(signal.SIGTERM)
-            process.wait(120)
+            process.send_signal(signal.SIGINT)
+            assert process.wait(120) == 130, (tmp_path / "stderr").read_text()
         finally:
             if process.poll() is None:
                 process.kill()
@@ -160,11 +178,20 @@ def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
     kept = {r.info.run_name: r.info.run_id for r in children if r.info.status == "FINISHED"}
     assert 1 <= len(kept) < 3
+    stopped = [r for r in children if r.info.status != "FINISHED"]
+    assert all(r.info.status == "KILLED" and "interrupted" in r.data.tags["raysim.error"] for r in stopped), [
+        (r.info.run_name, r.info.status, r.data.tags.get("raysim.error")) for r in stopped]  # fmt: skip
+    assert client.get_run(parent).info.status == "KILLED"
+    last = (tmp_path / "stderr").read_text().splitlines()[-1]
+    assert last.startswith("sweep swept interrupted by SIGINT with ") and last.endswith(
+        f": parent run {parent} marked KILLED; continue with `raysim run {path} --resume {parent}`"
+    ), last
 
     assert main(["sweep", str(path), "--quiet", "--resume", parent]) == 0
 
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
     names = sorted(r.info.run_name for r in children)
     assert len(names) == 3 == len(set(names)) and all(r.info.status == "FINISHED" for r in children)
+    assert "raysim.error" not in client.get_run(parent).data.tags
     assert {r.info.run_name: r.info.run_id for r in children if r.info.run_name in kept} == kept
     assert "table_final.md" in {a.path for a in client.list_artifacts(parent)}

@@ -3,6 +3,11 @@ on a suite file, logged to MLflow as child runs of one parent run."""
 
 from __future__ import annotations
 
+import math
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -12,9 +17,11 @@ from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.cli import main
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
+from raysim.studies.children import one_line
 from raysim.studies.suite import SuiteConfig, check_partitions, is_suite_file, load_suite, run_suite
 from tests.conftest import tiny_config
 
+RAYSIM = str(Path(sys.executable).parent / "raysim")
 ISSUE_3 = ("flame", "fedavg", "fedprox", "fedadmm", "pfedme", "ditto", "fedapm", "fedalt", "fedsim", "local")
 
 
@@ -143,10 +150,10 @@ def test_impossible_partitions_fail_before_any_run_naming_the_child(tmp_path, ca
 
 def test_partition_check_makes_each_distinct_partition_once(monkeypatch):
     import raysim.studies.suite as suite_module
-    from raysim.config import DatasetSettings
+    from raysim.data.sources import SyntheticClassificationSettings
 
     calls = {"load": 0, "partition": 0}
-    load, partition = DatasetSettings.load, suite_module.partition_dataset
+    load, partition = SyntheticClassificationSettings.load, suite_module.partition_dataset
 
     def counted(name, real):
         def wrapper(*args, **kwargs):
@@ -155,7 +162,7 @@ def test_partition_check_makes_each_distinct_partition_once(monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(DatasetSettings, "load", counted("load", load))
+    monkeypatch.setattr(SyntheticClassificationSettings, "load", counted("load", load))
     monkeypatch.setattr(suite_module, "partition_dataset", counted("partition", partition))
     runs = [{"name": n, "set": {"algorithm.rho": r}} for n, r in (("a", 0.1), ("b", 0.2), ("c", 0.3))]
     runs.append({"name": "more", "set": {"clients.count": 6}})
@@ -163,3 +170,86 @@ def test_partition_check_makes_each_distinct_partition_once(monkeypatch):
     check_partitions([(name, config) for name, config in suite.experiments()])
     # synthetic data depend on the seed: one load per seed; partitions: (4 or 6 clients) x 2 seeds
     assert calls == {"load": 2, "partition": 4}
+
+
+@pytest.mark.slow
+def test_a_failing_child_is_marked_failed_and_the_suite_goes_on_then_resumes_only_it(tmp_path, ray_local):
+    """A child whose uploads diverge (algorithm.lr=1e30 with runtime.on_nonfinite=stop, the default: valid, but
+    the run stops at its first round) is marked FAILED with its error; the children after it run on the same Ray;
+    the suite (a real `raysim run` process) ends with the failed child named on stderr, nothing else there, and
+    exit 1, and its parent's summary, plot and tables come from the finished children. Fixed in the suite file,
+    `--resume PARENT` reruns that child only."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    base = tiny_config(rounds=1, clients={"count": 3}, tracking={"uri": uri, "experiment": "failing"})
+    runs = [
+        {"name": "before", "set": {}},
+        {"name": "diverges", "set": {"algorithm.lr": 1e30}},
+        {"name": "after", "set": {"algorithm.rho": 0.5}},
+    ]
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"name": "one-bad", "base": base, "runs": runs}))
+
+    client = MlflowClient(uri)
+    client.search_experiments()  # the store exists: MLflow's own "creating tables" lines are not the suite's
+    done = subprocess.run([RAYSIM, "run", str(path), "--quiet"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr
+    printed = [line.split() for line in done.stdout.splitlines()]
+    assert ["diverges", "failed"] in printed and len(next(row for row in printed if row[:1] == ["before"])) == 4
+
+    experiment = client.get_experiment_by_name("failing").experiment_id
+    (parent,) = client.search_runs([experiment], "tags.suite = 'one-bad'")
+    parent_id = parent.info.run_id
+    nested = f"tags.mlflow.parentRunId = '{parent_id}'"
+    children = {r.info.run_name: r for r in client.search_runs([experiment], nested)}
+    assert {n: r.info.status for n, r in children.items()} == {"before": "FINISHED", "diverges": "FAILED",
+                                                                "after": "FINISHED"}  # fmt: skip
+    error = children["diverges"].data.tags["raysim.error"]
+    assert "round 0: client" in error and "raysim.error" not in children["after"].data.tags
+    assert len(client.get_metric_history(children["after"].info.run_id, "pm/acc")) == 2  # rounds 0 and 1
+    lines = done.stderr.splitlines()
+    assert lines[0] == "1 of 3 suite children failed (marked FAILED, error in their raysim.error tag):", done.stderr
+    assert lines[1].startswith(f"  diverges: run {children['diverges'].info.run_id} stopped: ") and error in lines[1]
+    rerun = f"`raysim run {path} --resume {parent_id}`"
+    assert lines[2:] == [f"rerun the failed ones (finished ones are kept) with {rerun}"], done.stderr
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["raysim.error"] == "1 of 3 children failed: diverges"
+    assert parent.data.metrics["children/failed"] == 1 and parent.data.metrics["children/finished"] == 2
+    summary = pq.read_table(client.download_artifacts(parent_id, "summary.parquet", str(tmp_path))).to_pylist()
+    assert [(row["run"], row["status"]) for row in summary] == [("before", "finished"), ("diverges", "failed"),
+                                                                ("after", "finished")]  # fmt: skip
+    assert summary[1]["error"] and math.isnan(summary[1]["final/pm/acc"]) and summary[2]["final/pm/acc"] > 0
+    artifacts = {a.path for a in client.list_artifacts(parent_id)}
+    assert {"comparison.png", "fairness.png", "table_final.md", "table_best.csv"} <= artifacts
+    table = Path(client.download_artifacts(parent_id, "table_final.md", str(tmp_path))).read_text()
+    assert "left out, not finished: diverges (FAILED)" in table.splitlines()[0]
+    assert [line.split(" | ")[0] for line in table.splitlines()[4:]] == ["| before", "| after"]
+
+    runs[1]["set"] = {"algorithm.lr": 0.05}  # the fix
+    path.write_text(yaml.safe_dump({"name": "one-bad", "base": base, "runs": runs}))
+    kept = {name: client.get_metric_history(children[name].info.run_id, "pm/acc") for name in ("before", "after")}
+    assert main(["run", str(path), "--quiet", "--resume", parent_id]) == 0
+
+    after = {r.info.run_name: r for r in client.search_runs([experiment], nested)}
+    assert sorted(after) == ["after", "before", "diverges"]
+    assert all(r.info.status == "FINISHED" and "raysim.error" not in r.data.tags for r in after.values())
+    for name, history in kept.items():  # kept, not run again
+        assert after[name].info.run_id == children[name].info.run_id
+        assert client.get_metric_history(after[name].info.run_id, "pm/acc") == history
+    assert after["diverges"].info.run_id != children["diverges"].info.run_id  # its setting changed: run anew
+    assert client.get_run(children["diverges"].info.run_id).info.lifecycle_stage == "deleted"
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and "raysim.error" not in parent.data.tags
+    assert parent.data.metrics["children/failed"] == 0
+    (tmp_path / "again").mkdir()
+    table = Path(client.download_artifacts(parent_id, "table_final.md", str(tmp_path / "again"))).read_text()
+    assert "left out" not in table and "| diverges |" in table
+
+
+def test_a_childs_error_is_one_line_with_credentials_redacted():
+    """What a failed child's summary line and tag hold: an input error's own message; anything else its last line
+    (a Ray task error's is the exception raised inside the task) led by its type; no password."""
+    assert one_line(ConfigError("algorithm.rho: must be > 0")) == "algorithm.rho: must be > 0"
+    task_error = RuntimeError("ray::ClientHost.train() (pid=1)\n  File 'host.py', line 2\nValueError: bad shape")
+    assert one_line(task_error) == "ValueError: bad shape"
+    assert one_line(OSError("no route to http://ann:s3cret@mlflow:5000")) == "OSError: no route to http://***@mlflow:5000"
+    assert one_line(KeyError()) == "KeyError"

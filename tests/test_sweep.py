@@ -97,14 +97,18 @@ def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_loc
     client = MlflowClient(mlflow_uri)
     parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
-    assert parent.data.metrics["trials/failed"] == 2 and parent.data.metrics["trials/finished"] == 2
+    assert parent.data.metrics["children/failed"] == 2 and parent.data.metrics["children/finished"] == 2
+    failed_names = "mixed/t002 name=cnn seed=1, mixed/t003 name=cnn seed=2"
+    assert parent.data.tags["raysim.error"] == f"2 of 4 children failed: {failed_names}"
     children = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'"
     )
     status = sorted((r.info.run_name, r.info.status) for r in children)
     assert [s for _, s in status] == ["FINISHED", "FINISHED", "FAILED", "FAILED"]
     failed = [r for r in children if r.info.status == "FAILED"]
-    assert all("needs image input" in r.data.tags["raysim.error"] for r in failed)
+    assert all("model.name=cnn needs image input" in r.data.tags["raysim.error"] for r in failed)
+    assert [result.outcomes[i].error for i in (2, 3)] == [r.data.tags["raysim.error"] for r in sorted(
+        failed, key=lambda r: r.info.run_name)]  # fmt: skip
     finished = [r for r in children if r.info.status == "FINISHED"]
     assert all(len(client.get_metric_history(r.info.run_id, "pm/acc")) == 3 for r in finished)
     folder = client.download_artifacts(result.parent_run_id, "", str(tmp_path))

@@ -1,30 +1,46 @@
-"""Algorithms, one module each, registered by name (the config's `algorithm.name`)."""
+"""Algorithms, one module each, registered by name (the config's `algorithm.name`, raysim.algorithms.base.ALGORITHMS).
+
+The built-in modules are imported here so that they register, in the order `raysim algorithms` lists them; the names
+a plugin's algorithm needs are exported here (docs/extending.md)."""
 
 from __future__ import annotations
 
-from raysim.algorithms.augfl import AugFl
-from raysim.algorithms.base import Algorithm, AlgorithmSettings, ClientInfo, run_client_step
-from raysim.algorithms.ditto import Ditto
-from raysim.algorithms.fedadmm import FedAdmm
-from raysim.algorithms.fedalt import FedAlt
-from raysim.algorithms.fedapm import FedApm
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.fedprox import FedProx
-from raysim.algorithms.fedsim import FedSim
-from raysim.algorithms.fedslr import FedSlr
-from raysim.algorithms.flame import Flame
-from raysim.algorithms.local import Local
-from raysim.algorithms.pfedme import PFedMe
-from raysim.models.spec import ParamSpec
+# isort: off
+from raysim.algorithms import flame, fedavg, fedadmm, fedprox, pfedme, ditto, fedapm, fedalt, fedsim, local  # noqa: F401
+from raysim.algorithms import fedslr, augfl  # noqa: F401
 
-REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls
-    for cls in (Flame, FedAvg, FedAdmm, FedProx, PFedMe, Ditto, FedApm, FedAlt, FedSim, Local, FedSlr, AugFl)
-}
+# isort: on
+from raysim.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmSettings,
+    ClientInfo,
+    ClientUpdate,
+    LocalSGD,
+    SGDResult,
+    SGDSettings,
+    Upload,
+    Vector,
+    run_client_step,
+)
+from raysim.models.spec import ParamSpec
 
 
 def build_algorithm(settings: AlgorithmSettings, params: ParamSpec) -> Algorithm:
-    return REGISTRY[settings.name](settings, params)
+    return ALGORITHMS.get(settings.name)(settings, params)
 
 
-__all__ = ["REGISTRY", "Algorithm", "AlgorithmSettings", "ClientInfo", "build_algorithm", "run_client_step"]
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "AlgorithmSettings",
+    "ClientInfo",
+    "ClientUpdate",
+    "LocalSGD",
+    "SGDResult",
+    "SGDSettings",
+    "Upload",
+    "Vector",
+    "build_algorithm",
+    "run_client_step",
+]

@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     AdaptStep,
     Algorithm,
     AlgorithmSettings,
@@ -57,7 +58,7 @@ from raysim.algorithms.base import (
 )
 from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment
-from raysim.models.spec import ModelName
+from raysim.models.spec import ModelChoice
 from raysim.seeding import Stream, torch_seed
 from raysim.settings import Settings
 
@@ -120,7 +121,7 @@ class AugFlSettings(AlgorithmSettings):
         "architecture) or none (AugFL without the pretrained model)",
     )
     transfer: TransferSettings = Field(default_factory=TransferSettings, description="CRD settings (regularizer crd)")
-    pm_model: ModelName | None = Field(
+    pm_model: ModelChoice | None = Field(
         None,
         description="the pretrained model's architecture; default: the next larger model (mlp -> cnn), the "
         "clients' model for l2",
@@ -148,6 +149,11 @@ def teacher_architecture(settings: AugFlSettings, model: str, input_shape: tuple
         return model
     if explicit is not None:
         return explicit
+    if model not in LARGER:
+        raise ConfigError(
+            f"algorithm.pm_model: model.name={model} has no default teacher architecture (defaults exist for "
+            f"{', '.join(LARGER)}); set algorithm.pm_model"
+        )
     larger = LARGER[model]
     return larger if len(input_shape) == 3 or larger in ("mlp", "mlr") else "mlp"
 
@@ -244,6 +250,7 @@ class AugFlUpload(Upload):
     delta_theta: Vector
 
 
+@ALGORITHMS.register()
 class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector, AugFlUpload]):
     name = "augfl"
     Settings = AugFlSettings

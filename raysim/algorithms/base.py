@@ -30,6 +30,7 @@ from pydantic import ConfigDict, Field
 
 from raysim.examples import ExampleContext, Fragment
 from raysim.models.spec import ParamSpec
+from raysim.registry import Registry
 from raysim.settings import Settings
 
 Vector = np.ndarray
@@ -132,8 +133,8 @@ class LocalSGD:
         f_i(offset + x) + (prox_weight/2) ||x - prox_center||^2 + <linear, x> + (weight_decay/2) ||x||^2
             + l1 ||x||_1
 
-    for `epochs` passes of shuffled mini-batches (the last batch may be smaller), moving only the
-    coordinates in `mask` when one is given.
+    for `epochs` passes of shuffled mini-batches (the last batch may be smaller), or for `random_batches` steps on
+    one random batch each, moving only the coordinates in `mask` when one is given.
     """
 
     start: Vector
@@ -151,9 +152,10 @@ class LocalSGD:
     """If given, f_i is evaluated at offset + x (FedSLR Phase II trains p with w_t frozen, fedslr.md eq. 7)."""
     l1: float | Vector | None = None
     """If given, proximal SGD for + l1 ||x||_1: soft-threshold at lr * l1 after every step (scalar or per entry)."""
-    max_steps: int | None = None
-    """If given, stop after this many steps: the first batches of the first epoch's shuffle, so one step is one
-    uniformly random mini-batch of `batch_size` samples (the whole split if it is smaller)."""
+    random_batches: int | None = None
+    """If given, instead of `epochs` passes: this many steps, each on one batch picked uniformly among the batches of
+    a fresh shuffle of the split (the smaller last batch included), as `random.choice(list(trainloader))` does in
+    the FLAME authors' code for Ditto's global copy (flame.md 11); momentum carries over between the steps."""
     in_place: bool = False
     """The executor may train in `start`'s memory and return it as the result (the step needs the old values no
     more, ClientChunk.in_place); without it, or where it cannot, it trains a copy."""
@@ -161,8 +163,18 @@ class LocalSGD:
     def __post_init__(self) -> None:
         if self.prox_weight and self.prox_center is None:
             raise ValueError("LocalSGD: prox_weight > 0 needs a prox_center")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"LocalSGD: max_steps must be at least 1, got {self.max_steps}")
+        if self.random_batches is not None and self.random_batches < 1:
+            raise ValueError(f"LocalSGD: random_batches must be at least 1, got {self.random_batches}")
+
+
+@dataclass(frozen=True)
+class CodeDraws:
+    """A client's mini-batch draws per round in the FLAME authors' code (zsk66/FLAME update.py, flame.md 11):
+    passes over its training split (a local epoch, or the `list(trainloader)` of a Ditto copy step) and
+    `random.choice` picks among a pass's batches (raysim.training.authors_batches)."""
+
+    passes: int
+    picks: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -362,6 +374,13 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         return {"algorithm": {"name": cls.name}}
 
     @classmethod
+    def code_draws(cls, settings: AlgorithmSettings) -> CodeDraws | None:
+        """The mini-batch draws a client makes per round in the FLAME authors' code for these settings, in the
+        order this algorithm's requests make them (`clients.batches: authors` replays them); None (default): no
+        such code, or settings whose draws differ from it."""
+        return None
+
+    @classmethod
     def sends_messages(cls) -> bool:
         """Whether attacks and robust aggregation can act on this algorithm's uploads (see Upload)."""
         return cls.Upload.message_field is not None
@@ -394,6 +413,26 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
             weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
             value = weight * np.asarray(message, dtype=np.float64)
         return dataclasses.replace(upload, **{upload.message_field: value})  # type: ignore[type-var]
+
+
+
+def _check_algorithm(name: str, entry: type[Algorithm]) -> None:
+    """An algorithm class whose Settings answer to its name (`algorithm.name` chooses them)."""
+    if not (isinstance(entry, type) and issubclass(entry, Algorithm)):
+        raise TypeError(f"algorithm {name!r}: {entry!r} is not a subclass of raysim.algorithms.base.Algorithm")
+    settings = getattr(entry, "Settings", None)
+    if not (isinstance(settings, type) and issubclass(settings, AlgorithmSettings)):
+        raise TypeError(f"algorithm {name!r}: {entry.__name__}.Settings must subclass AlgorithmSettings")
+    if settings.model_fields["name"].default != name:
+        raise TypeError(
+            f"algorithm {name!r}: {entry.__name__}.Settings must declare name: Literal[{name!r}] = {name!r}"
+        )
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry(
+    "algorithm", "algorithm.name", settings=lambda entry: entry.Settings, check=_check_algorithm
+)
+"""The algorithms by `algorithm.name`: each registers with `@ALGORITHMS.register()` (its `name`), a plugin's too."""
 
 
 def payload_bytes(payload: object) -> int:

@@ -1,15 +1,17 @@
 """Ditto: a FedAvg-trained global model plus personal models pulled towards it (flame.md 2.4).
 
-A selected client trains (a) its copy of the global model by local SGD on f_i and uploads it, the server
-averaging the selected copies (uniformly, alpha_i = 1/m); and (b) its persistent personal model v_i by SGD
-on f_i(v) + lambda/2 ||v - w||^2 with w the received global model.
+A selected client trains (a) its persistent personal model v_i by SGD on f_i(v) + lambda/2 ||v - w||^2 with w the
+received global model; and (b) its copy of the global model by local SGD on f_i and uploads it, the server
+averaging the selected copies (uniformly, alpha_i = 1/m).
 
-The FLAME authors' code (flame.md 2.4, 11) differs in two ways, each a switch: it never resyncs the global copy
-to the received w (`global_resync: false`), and it moves the copy by ONE plain SGD step (no momentum, no weight
-decay, no prox term; fresh optimizer every round) on ONE random mini-batch per round at the global learning rate
-(`global_steps: one_batch`). With both, its GM averages copies that stay close to each other; a full epoch on
-never-resynced copies makes them drift into per-client models whose average is near chance under label skew.
-(At H > 1 their code takes H such steps per local epoch, H * H per round; `one_batch` takes one, their H = 1.)
+The FLAME authors' code (zsk66/FLAME update.py; flame.md 2.4, 11) differs in two ways, each a switch: it never
+resyncs the global copy to the received w (`global_resync: false`), and it moves the copy at the global learning
+rate by plain cross-entropy steps (no weight decay, no prox term), each on one batch `random.choice` picks among
+a fresh shuffle's batches (the smaller last one included), H such steps after each of the H local epochs of the
+personal model, with a new optimizer (momentum buffer empty) every epoch (`global_steps: one_batch`: at their
+H = 1, one plain SGD step on one random batch per round). With both, its GM averages copies that stay close to
+each other; a full epoch on never-resynced copies makes them drift into per-client models whose average is near
+chance under label skew.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    CodeDraws,
     LocalSGD,
     SGDSettings,
     Upload,
@@ -43,7 +47,8 @@ class DittoSettings(SGDSettings):
     global_steps: Literal["epoch", "one_batch"] = Field(
         "epoch",
         description="the global copy's local work per round: `epochs` passes of SGD as the personal model's (Ditto), "
-        "or one plain SGD step on one random mini-batch (FLAME's code)",
+        "or FLAME's code: per local epoch H steps on one random batch each (of a fresh shuffle's batches, the last "
+        "smaller one included) with momentum from an empty buffer, no weight decay; at H = 1 one plain SGD step",
     )
 
 
@@ -69,6 +74,7 @@ class DittoUpload(Upload):
     weight_field = "weight"
 
 
+@ALGORITHMS.register()
 class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector, DittoUpload]):
     name = "ditto"
     Settings = DittoSettings
@@ -83,18 +89,34 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
     def broadcast(self, server: DittoServerState) -> Vector:
         return server.w
 
+    @classmethod
+    def code_draws(cls, settings: DittoSettings) -> CodeDraws | None:  # type: ignore[override]
+        """At H = 1 their update_weights makes a pass for the personal model, then one for the copy's step and
+        its pick, in the order `client_step` requests them; at H > 1 it interleaves the copy's steps with the
+        personal epochs, which the personal model's one request (momentum kept across epochs) cannot."""
+        if settings.global_resync or settings.global_steps != "one_batch" or settings.epochs != 1:
+            return None
+        return CodeDraws(passes=2, picks=1)
+
     def client_step(self, client: ClientInfo, state: DittoClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
-        start = broadcast if s.global_resync else state.w
+        personal = yield s.local_sgd(state.v, prox_weight=s.lam, prox_center=broadcast)
+        shared = broadcast if s.global_resync else state.w
         global_lr = s.lr if s.global_lr is None else s.global_lr
         if s.global_steps == "one_batch":
-            shared = yield LocalSGD(start=start, epochs=1, lr=global_lr, batch_size=s.batch_size, max_steps=1)
+            losses = []
+            for _epoch in range(s.epochs):  # a new optimizer per epoch: its H steps share one momentum buffer
+                step = LocalSGD(shared, 1, global_lr, s.batch_size, momentum=s.momentum, random_batches=s.epochs)
+                result = yield step
+                shared = result.params
+                losses.append(result.mean_loss)
+            shared_loss = float(np.mean(losses))
         else:
-            shared = yield s.model_copy(update={"lr": global_lr}).local_sgd(start)
-        personal = yield s.local_sgd(state.v, prox_weight=s.lam, prox_center=broadcast)
-        new = DittoClientState(personal.params.astype(np.float32), shared.params.astype(np.float32))
+            result = yield s.model_copy(update={"lr": global_lr}).local_sgd(shared)
+            shared, shared_loss = result.params, result.mean_loss
+        new = DittoClientState(personal.params.astype(np.float32), shared.astype(np.float32))
         metrics = {
-            "train_loss": shared.mean_loss,
+            "train_loss": shared_loss,
             "personal_train_loss": personal.mean_loss,
             "personal_gap": float(np.linalg.norm(new.v - broadcast)),
         }

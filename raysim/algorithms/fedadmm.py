@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
@@ -67,6 +68,7 @@ class FedAdmmUpload(Upload):
     delta = True
 
 
+@ALGORITHMS.register()
 class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, FedAdmmServerState, Vector, FedAdmmUpload]):
     name = "fedadmm"
     Settings = FedAdmmSettings

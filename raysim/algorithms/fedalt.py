@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
@@ -57,6 +58,7 @@ class PartialUpload(Upload):
     weight_field = "weight"
 
 
+@ALGORITHMS.register()
 class FedAlt(Algorithm[FedAltSettings, PartialClientState, PartialServerState, Vector, PartialUpload]):
     name = "fedalt"
     Settings = FedAltSettings

@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     AlgorithmSettings,
     ClientInfo,
@@ -144,6 +145,7 @@ class FedApmUpload(Upload):
     delta = True
 
 
+@ALGORITHMS.register()
 class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vector, FedApmUpload]):
     name = "fedapm"
     Settings = FedApmSettings

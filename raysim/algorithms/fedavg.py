@@ -9,6 +9,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
@@ -50,6 +51,7 @@ class FedAvgUpload(Upload):
     weight_field = "weight"
 
 
+@ALGORITHMS.register()
 class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vector, FedAvgUpload]):
     name = "fedavg"
     Settings = FedAvgSettings

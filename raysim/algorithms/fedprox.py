@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from raysim.algorithms.base import LocalSGD, Vector
+from raysim.algorithms.base import ALGORITHMS, LocalSGD, Vector
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 
 
@@ -20,6 +20,7 @@ class FedProxSettings(FedAvgSettings):
     mu: float = Field(0.1, ge=0, description="proximal weight towards the received global model")
 
 
+@ALGORITHMS.register()
 class FedProx(FedAvg):
     name = "fedprox"
     Settings = FedProxSettings

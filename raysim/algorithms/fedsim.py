@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from raysim.algorithms.base import ClientStep, Vector
+from raysim.algorithms.base import ALGORITHMS, ClientStep, Vector
 from raysim.algorithms.fedalt import FedAlt, FedAltSettings
 
 
@@ -16,6 +16,7 @@ class FedSimSettings(FedAltSettings):
     name: Literal["fedsim"] = "fedsim"  # type: ignore[assignment]
 
 
+@ALGORITHMS.register()
 class FedSim(FedAlt):
     name = "fedsim"
     Settings = FedSimSettings

@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
@@ -110,6 +111,7 @@ class FedSlrUpload(Upload):
     weight_field = "count"
 
 
+@ALGORITHMS.register()
 class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, FedSlrBroadcast, FedSlrUpload]):
     name = "fedslr"
     Settings = FedSlrSettings

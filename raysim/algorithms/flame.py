@@ -25,11 +25,13 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    CodeDraws,
     SGDSettings,
     Upload,
     Vector,
@@ -77,10 +79,16 @@ class FlameUpload(Upload):
     delta = True
 
 
+@ALGORITHMS.register()
 class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector, FlameUpload]):
     name = "flame"
     Settings = FlameSettings
     Upload = FlameUpload
+
+    @classmethod
+    def code_draws(cls, settings: FlameSettings) -> CodeDraws:  # type: ignore[override]
+        """One pass per local epoch (their update_weights' loop over the trainloader)."""
+        return CodeDraws(passes=settings.epochs)
     stacks = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FlameServerState:

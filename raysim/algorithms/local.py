@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
@@ -40,6 +41,7 @@ class LocalUpload(Upload):
     """Nothing is sent."""
 
 
+@ALGORITHMS.register()
 class Local(Algorithm[LocalSettings, LocalClientState, LocalServerState, None, LocalUpload]):
     name = "local"
     Settings = LocalSettings

@@ -16,10 +16,12 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import (
+    ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    CodeDraws,
     SGDSettings,
     Upload,
     Vector,
@@ -69,10 +71,16 @@ class PFedMeChangeUpload(PFedMeUpload):
     delta = True
 
 
+@ALGORITHMS.register()
 class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, PFedMeServerState, Vector, PFedMeUpload]):
     name = "pfedme"
     Settings = PFedMeSettings
     Upload = PFedMeUpload
+
+    @classmethod
+    def code_draws(cls, settings: PFedMeSettings) -> CodeDraws:  # type: ignore[override]
+        """One pass per local epoch (their update_weights' loop over the trainloader)."""
+        return CodeDraws(passes=settings.epochs)
 
     def init_server(self, init_params: Vector, num_clients: int) -> PFedMeServerState:
         return PFedMeServerState(init_params.copy(), num_clients * init_params.astype(np.float64), num_clients)

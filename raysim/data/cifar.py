@@ -15,15 +15,13 @@ from __future__ import annotations
 import codecs
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
 from raysim.data.download import extract, fetch, resolve_root
 from raysim.errors import DataError
-
-if TYPE_CHECKING:
-    from raysim.data.sources import DataRequest, Dataset
 
 try:  # numpy >= 2 moved the array reconstructor; pickles name either module
     from numpy._core.multiarray import _reconstruct
@@ -85,7 +83,7 @@ def _read_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _load(
-    request: DataRequest,
+    request: DownloadSettings,
     folder: str,
     files: tuple[str, ...],
     label_key: bytes,
@@ -94,8 +92,6 @@ def _load(
     mean: tuple[float, ...],
     std: tuple[float, ...],
 ) -> Dataset:
-    from raysim.data.sources import Dataset
-
     root = resolve_root(request.root)
     primary = root / folder
     directory = next((d for d in (primary, root) if all((d / f).is_file() for f in files)), None)
@@ -119,13 +115,37 @@ def _load(
     return Dataset(request.name, x, y, num_classes, mean=mean, std=std)
 
 
-def cifar10(request: DataRequest) -> Dataset:
+@DATASETS.register()
+class Cifar10Settings(DownloadSettings):
+    name: Literal["cifar10"] = "cifar10"
+    about: ClassVar[str] = "60,000 32x32 colour images, 10 classes (FLAME, FedSLR, FedAPM)"
+    layout: ClassVar[str] = "cifar-10-batches-py/ (the python version)"
+    get: ClassVar[str] = "`dataset.download: true` online (cs.toronto.edu, md5-checked)"
+    markers: ClassVar[tuple[str, ...]] = ("cifar-10-batches-py/data_batch_1",)
+
+    def load(self, seed: int) -> Dataset:
+        return cifar10(self)
+
+
+@DATASETS.register()
+class Cifar100Settings(DownloadSettings):
+    name: Literal["cifar100"] = "cifar100"
+    about: ClassVar[str] = "60,000 32x32 colour images, 100 classes (FedSLR; AugFL-style few-shot splits)"
+    layout: ClassVar[str] = "cifar-100-python/"
+    get: ClassVar[str] = "`dataset.download: true` online (cs.toronto.edu, md5-checked)"
+    markers: ClassVar[tuple[str, ...]] = ("cifar-100-python/train",)
+
+    def load(self, seed: int) -> Dataset:
+        return cifar100(self)
+
+
+def cifar10(request: DownloadSettings) -> Dataset:
     """The 60,000 CIFAR-10 images (`root/cifar-10-batches-py/data_batch_1..5, test_batch`)."""
     files = (*(f"data_batch_{k}" for k in range(1, 6)), "test_batch")
     return _load(request, "cifar-10-batches-py", files, b"labels", CIFAR10_ARCHIVE, 10, CIFAR10_MEAN, CIFAR10_STD)
 
 
-def cifar100(request: DataRequest) -> Dataset:
+def cifar100(request: DownloadSettings) -> Dataset:
     """The 60,000 CIFAR-100 images with their 100 fine labels (`root/cifar-100-python/train, test`)."""
     return _load(
         request,

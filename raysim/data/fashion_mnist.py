@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import numpy as np
 
-from raysim.data.idx import find_idx, read_train_test
+from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
+from raysim.data.idx import MNIST_MEAN, MNIST_STD, find_idx, read_train_test
 from raysim.errors import DataError
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -72,3 +74,21 @@ def load_fashion_mnist(root: str | Path | None = None, download: bool = True) ->
         f"({', '.join(FILES.values())}, optionally .gz) in: {tried}; {download_error}. "
         "Fix: `apt-get install dataset-fashion-mnist`, or set dataset.root / RAYSIM_DATA."
     )
+
+
+@DATASETS.register()
+class FashionMnistSettings(DownloadSettings):
+    """The 70,000 Fashion-MNIST images (official train + test, as FLAME uses them, flame.md 6.1), stored as uint8
+    (55 MB in the object store instead of 220) and normalized as they are read with MNIST's constants, as in the
+    FLAME authors' code (flame.md 11): the same float32 bits as normalizing the whole array up front."""
+
+    name: Literal["fashion_mnist"] = "fashion_mnist"
+    about: ClassVar[str] = "70,000 28x28 grey images, 10 classes (FLAME)"
+    layout: ClassVar[str] = "the four IDX files, or FashionMNIST/raw/"
+    get: ClassVar[str] = "`make setup` (Debian package dataset-fashion-mnist), or torchvision's download"
+    markers: ClassVar[tuple[str, ...]] = ("train-images-idx3-ubyte*", "FashionMNIST/raw/train-images-idx3-ubyte*")
+
+    def load(self, seed: int) -> Dataset:
+        images, labels = load_fashion_mnist(self.root, download=self.download)
+        x = np.ascontiguousarray(images[:, None, :, :])
+        return Dataset("fashion_mnist", x, labels.astype(np.int64), num_classes=10, mean=MNIST_MEAN, std=MNIST_STD)

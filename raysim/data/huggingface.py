@@ -22,12 +22,13 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
+from raysim.data.dataset import DATASETS, Dataset, RootSettings
 from raysim.data.image_folder import GRAY_MODES, channel_stats
-from raysim.data.sources import DataRequest, Dataset
 from raysim.errors import DataError
 
 if TYPE_CHECKING:
@@ -40,7 +41,25 @@ SPLIT_ORDER = {"train": 0, "test": 1}
 _BATCH = 1024
 
 
-def huggingface(request: DataRequest) -> Dataset:
+@DATASETS.register()
+class HuggingfaceSettings(RootSettings):
+    name: Literal["huggingface"] = "huggingface"
+    root: str | None = Field(None, description="cache folder of hub downloads (default: the datasets library's)")
+    path: str | None = Field(None, description="a saved dataset's folder (save_to_disk), or a hub name")
+    split: str | None = Field(None, description="the split to load (default: all splits pooled)")
+    subset: str | None = Field(None, description="the hub config name")
+    image: str = Field("image", description="the column holding the image or feature vector")
+    label: str = Field("label", description="the column holding the class label")
+    size: int | None = Field(None, ge=1, description="resize images to size x size")
+    about: ClassVar[str] = "any Hugging Face dataset (`dataset.path`, `split`, `image`, `label` columns)"
+    layout: ClassVar[str] = "a folder written by `save_to_disk` (dataset.path), or a hub name online"
+    get: ClassVar[str] = "`datasets.load_dataset(...).save_to_disk(folder)` on a machine online"
+
+    def load(self, seed: int) -> Dataset:
+        return huggingface(self)
+
+
+def huggingface(request: HuggingfaceSettings) -> Dataset:
     """The rows of `dataset.path` (one split or all pooled) as images or features plus class labels."""
     if request.path is None:
         raise DataError(
@@ -70,7 +89,7 @@ def _is_saved_folder(folder: Path) -> bool:
     return folder.is_dir() and ((folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file())
 
 
-def _open(source: str, request: DataRequest) -> datasets.Dataset | datasets.DatasetDict:
+def _open(source: str, request: HuggingfaceSettings) -> datasets.Dataset | datasets.DatasetDict:
     """load_from_disk for a saved folder, else load_dataset (hub name or local data files)."""
     import datasets
 

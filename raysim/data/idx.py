@@ -10,15 +10,14 @@ from __future__ import annotations
 import gzip
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar, Literal, get_args
 
 import numpy as np
+from pydantic import Field
 
+from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
 from raysim.data.download import extract, fetch, resolve_root
 from raysim.errors import DataError
-
-if TYPE_CHECKING:  # sources imports this module (through fashion_mnist): no runtime import at the top
-    from raysim.data.sources import DataRequest, Dataset
 
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.int16, 0x0C: np.int32, 0x0D: np.float32}
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
@@ -38,7 +37,8 @@ EMNIST_ARCHIVE: tuple[str, str] = (
 )
 """(URL, md5) of the one archive holding every EMNIST split, as torchvision downloads it."""
 
-EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "digits": 10, "mnist": 10}
+EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
+EMNIST_CLASSES = dict(zip(get_args(EmnistSplit), (62, 47, 47, 26, 10, 10), strict=True))
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -102,8 +102,6 @@ def read_train_test(
 
 
 def _dataset(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int, source: Path) -> Dataset:
-    from raysim.data.sources import Dataset
-
     if labels.min() < 0 or labels.max() >= num_classes:
         raise DataError(
             f"{source}: labels span {labels.min()}..{labels.max()}, outside 0..{num_classes - 1} for {name}"
@@ -112,7 +110,32 @@ def _dataset(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int
     return Dataset(name, x, labels, num_classes, mean=MNIST_MEAN, std=MNIST_STD)
 
 
-def mnist(request: DataRequest) -> Dataset:
+@DATASETS.register()
+class MnistSettings(DownloadSettings):
+    name: Literal["mnist"] = "mnist"
+    about: ClassVar[str] = "70,000 28x28 grey digits, 10 classes (FLAME)"
+    layout: ClassVar[str] = "MNIST/raw/ (torchvision) or the four IDX files"
+    get: ClassVar[str] = "`dataset.download: true` online (torchvision's mirror, md5-checked)"
+    markers: ClassVar[tuple[str, ...]] = ("MNIST/raw/train-images-idx3-ubyte*",)  # bare IDX files could be FMNIST's
+
+    def load(self, seed: int) -> Dataset:
+        return mnist(self)
+
+
+@DATASETS.register()
+class EmnistSettings(DownloadSettings):
+    name: Literal["emnist"] = "emnist"
+    split: EmnistSplit = Field(description="which EMNIST split (62, 47, 47, 26, 10 and 10 classes)")
+    about: ClassVar[str] = "EMNIST, `dataset.split` byclass/bymerge/balanced/letters/digits/mnist"
+    layout: ClassVar[str] = "EMNIST/raw/emnist-<split>-*-ubyte(.gz)"
+    get: ClassVar[str] = "`dataset.download: true` online (NIST's gzip.zip, md5-checked)"
+    markers: ClassVar[tuple[str, ...]] = ("EMNIST/raw/emnist-*", "emnist-*")
+
+    def load(self, seed: int) -> Dataset:
+        return emnist(self)
+
+
+def mnist(request: MnistSettings) -> Dataset:
     """The 70,000 MNIST digits (`root/MNIST/raw/` or `root`; downloaded to the former when allowed)."""
     root = resolve_root(request.root)
     raw = root / "MNIST" / "raw"
@@ -138,15 +161,13 @@ def _download_emnist(raw: Path) -> None:
     archive.unlink(missing_ok=True)
 
 
-def emnist(request: DataRequest) -> Dataset:
+def emnist(request: EmnistSettings) -> Dataset:
     """One EMNIST split (`dataset.split`), train+test pooled, images turned upright.
 
     The IDX files store every image transposed; torchvision returns them as stored (users add a transpose
     transform), here they are transposed once at load. `letters` labels are 1..26 in the files (torchvision
     keeps them, with an unused class 0 "N/A"); here they are shifted to 0..25 so there are 26 classes."""
     split = request.split
-    if split not in EMNIST_CLASSES:
-        raise DataError(f"dataset.split: EMNIST split {split!r} is not one of {', '.join(EMNIST_CLASSES)}")
     root = resolve_root(request.root)
     raw = root / "EMNIST" / "raw"
     stems = tuple(

@@ -6,13 +6,18 @@ the dataset once, and normalized on the fly by the trainers with the Dataset's `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
+from raysim.data.dataset import DATASETS, Dataset, DownloadSettings, RootSettings
 from raysim.data.download import extract, fetch, resolve_root
-from raysim.data.sources import DataRequest, Dataset
 from raysim.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -36,24 +41,38 @@ TINY_IMAGENET_STD = (0.2302, 0.2265, 0.2262)
 _STATS_CHUNK = 4096
 
 
-def _channels(paths: Sequence[Path]) -> str:
-    """'RGB' if any image has colour, else 'L' (only the headers are read)."""
+@contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """Pillow's errors on `path` as one DataError naming it: an unreadable file, and an image above Pillow's
+    decompression-bomb limit (Image.MAX_IMAGE_PIXELS, 89 M pixels: a few KB of PNG can claim gigabytes once
+    decoded), which Pillow only warns about up to twice the limit and which is refused here from the limit on."""
     from PIL import Image, UnidentifiedImageError
 
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise DataError(f"{path}: not read: {error}") from None
+    except (OSError, UnidentifiedImageError) as error:
+        raise DataError(f"{path}: not a readable image ({error})") from None
+
+
+def _channels(paths: Sequence[Path]) -> str:
+    """'RGB' if any image has colour, else 'L' (only the headers are read)."""
+    from PIL import Image
+
     for path in paths:
-        try:
-            with Image.open(path) as image:
-                if image.mode not in GRAY_MODES:
-                    return "RGB"
-        except (OSError, UnidentifiedImageError) as error:
-            raise DataError(f"{path}: not a readable image ({error})") from None
+        with _readable(path), Image.open(path) as image:
+            if image.mode not in GRAY_MODES:
+                return "RGB"
     return "L"
 
 
 def read_images(paths: Sequence[Path], size: int | None = None, mode: str | None = None) -> np.ndarray:
     """Decode `paths` into uint8 (n, C, H, W): converted to `mode` ('L' or 'RGB'; None: RGB if any image has
     colour, else L), resized to size x size when `size` is given, else all must share the first one's size."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     if not paths:
         raise DataError("no images to read")
@@ -61,11 +80,8 @@ def read_images(paths: Sequence[Path], size: int | None = None, mode: str | None
     channels = 3 if mode == "RGB" else 1
     out: np.ndarray | None = None
     for index, path in enumerate(paths):
-        try:
-            with Image.open(path) as image:
-                picture = image.convert(mode)
-        except (OSError, UnidentifiedImageError) as error:
-            raise DataError(f"{path}: not a readable image ({error})") from None
+        with _readable(path), Image.open(path) as image:
+            picture = image.convert(mode)
         if size is not None and picture.size != (size, size):
             picture = picture.resize((size, size), Image.Resampling.BILINEAR)
         if out is None:
@@ -98,18 +114,75 @@ def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
-def _image_files(folder: Path) -> list[Path]:
-    """Image files under `folder` (recursively, sorted, hidden entries skipped)."""
-    return sorted(
-        path
-        for path in folder.rglob("*")
-        if path.suffix.lower() in IMAGE_SUFFIXES
-        and path.is_file()
-        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
-    )
+def _class_images(root: Path, classes: list[str]) -> list[list[Path]]:
+    """Each class folder's image files (recursively, sorted, hidden entries skipped). Links to folders are
+    followed; refused with one line: a link back to a folder above it (the dataset root itself included: a loop,
+    whose images would come back as a class of duplicates) and two paths to one folder or image file (the same
+    images in two places, or in two classes)."""
+    folders: dict[str, Path] = {os.path.realpath(root): root}
+    """Every folder read so far (its real path: the path it was reached by)."""
+    images: dict[str, Path] = {}
+    per_class = []
+    for name in classes:
+        found: list[Path] = []
+        pending = [root / name]
+        while pending:
+            folder = pending.pop()
+            real = os.path.realpath(folder)
+            if real in folders:
+                parent = os.path.realpath(folder.parent)
+                loop = parent == real or parent.startswith(real.rstrip(os.sep) + os.sep)  # back to itself or above
+                what = "a symbolic link loop: it leads back to" if loop else "the same folder as"
+                raise DataError(f"dataset.root: {folder} is {what} {folders[real]}; every image must be read once")
+            folders[real] = folder
+            for entry in os.scandir(folder):
+                path = folder / entry.name
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir():
+                    pending.append(path)
+                elif entry.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
+                    file = os.path.realpath(path)
+                    if file in images:
+                        raise DataError(f"dataset.root: {path} is the same image file as {images[file]}; every "
+                                        "image must be read once")  # fmt: skip
+                    images[file] = path
+                    found.append(path)
+        per_class.append(sorted(found))
+    return per_class
 
 
-def image_folder(request: DataRequest) -> Dataset:
+@DATASETS.register()
+class ImageFolderSettings(RootSettings):
+    name: Literal["image_folder"] = "image_folder"
+    size: int | None = Field(None, ge=1, description="resize images to size x size (e.g. 64 for Medical MNIST)")
+    channels: Literal[1, 3] | None = Field(
+        None, description="convert every image to 1 (grey) or 3 (RGB) channels; default: RGB if any image has colour "
+        "(the FLAME authors read Medical MNIST as RGB)"
+    )  # fmt: skip
+    about: ClassVar[str] = "any ImageFolder tree, e.g. Kaggle's Medical MNIST (FLAME's MMNIST, `dataset.size: 64`)"
+    layout: ClassVar[str] = "one folder per class holding the images"
+    get: ClassVar[str] = "your own files; Medical MNIST: kaggle.com/datasets/andrewmvd/medical-mnist"
+    markers: ClassVar[tuple[str, ...]] = ("*/*.png", "*/*.jpg", "*/*.jpeg", "*/*.JPEG")
+
+    def load(self, seed: int) -> Dataset:
+        return image_folder(self)
+
+
+@DATASETS.register()
+class TinyImagenetSettings(DownloadSettings):
+    name: Literal["tiny_imagenet"] = "tiny_imagenet"
+    size: int | None = Field(None, ge=1, description="resize images to size x size (default: 64)")
+    about: ClassVar[str] = "Tiny-ImageNet-200: 64x64 colour, 200 classes (FedSLR)"
+    layout: ClassVar[str] = "tiny-imagenet-200/ (train/<wnid>/images, val/val_annotations.txt, wnids.txt)"
+    get: ClassVar[str] = "`dataset.download: true` online (cs231n.stanford.edu)"
+    markers: ClassVar[tuple[str, ...]] = ("tiny-imagenet-200/wnids.txt",)
+
+    def load(self, seed: int) -> Dataset:
+        return tiny_imagenet(self)
+
+
+def image_folder(request: ImageFolderSettings) -> Dataset:
     """torchvision's ImageFolder layout: `dataset.root/<class>/.../<image>`, class index = position of the
     class folder in sorted order; images in any sub-folder of a class folder count.
 
@@ -131,14 +204,11 @@ def image_folder(request: DataRequest) -> Dataset:
         raise DataError(f"dataset.root: {root}: no class sub-folders (expected <root>/<class>/<image files>)")
     paths: list[Path] = []
     labels: list[int] = []
-    for label, name in enumerate(classes):
-        files = _image_files(root / name)
+    for label, (name, files) in enumerate(zip(classes, _class_images(root, classes), strict=True)):
         if not files:
             raise DataError(f"dataset.root: {root / name}: no image files ({', '.join(IMAGE_SUFFIXES)})")
         paths += files
         labels += [label] * len(files)
-    if request.channels not in (None, 1, 3):
-        raise DataError(f"dataset.channels: {request.channels}; allowed: 1 (grey), 3 (RGB)")
     x = read_images(paths, request.size, mode={1: "L", 3: "RGB"}.get(request.channels or 0))
     if set(classes) == MEDICAL_MNIST_CLASSES:
         mean, std = (MEDICAL_MNIST_MEAN_STD,) * x.shape[1], (MEDICAL_MNIST_MEAN_STD,) * x.shape[1]
@@ -147,7 +217,7 @@ def image_folder(request: DataRequest) -> Dataset:
     return Dataset(root.name, x, np.asarray(labels, dtype=np.int64), len(classes), mean=mean, std=std)
 
 
-def _tiny_imagenet_dir(request: DataRequest) -> Path:
+def _tiny_imagenet_dir(request: TinyImagenetSettings) -> Path:
     """The `tiny-imagenet-200` folder: `dataset.root` itself or its child, downloaded there if allowed."""
     root = resolve_root(request.root)
     for candidate in (root / "tiny-imagenet-200", root):
@@ -193,7 +263,7 @@ def _tiny_imagenet_files(base: Path) -> tuple[list[str], list[Path], list[int]]:
     return wnids, paths, labels
 
 
-def tiny_imagenet(request: DataRequest) -> Dataset:
+def tiny_imagenet(request: TinyImagenetSettings) -> Dataset:
     """Tiny-ImageNet-200: 200 classes of 64x64 RGB images (class index = sorted wnid), train (500 per class)
     and val (50 per class, labelled in val/val_annotations.txt) pooled: 110,000 images. The unlabelled test
     folder is not used. Grayscale JPEGs among them are converted to RGB; `dataset.size` resizes."""

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
+from raysim.data.dataset import DATASETS, Dataset, RootSettings
 from raysim.data.download import resolve_root
-from raysim.data.sources import DataRequest, Dataset
 from raysim.errors import DataError
 
 CLASSES = 62
@@ -68,7 +70,22 @@ def _read(file: Path, pixels: dict[str, list[np.ndarray]], labels: dict[str, lis
         labels[user].append(y.astype(np.int64))
 
 
-def femnist(request: DataRequest) -> Dataset:
+@DATASETS.register()
+class FemnistSettings(RootSettings):
+    name: Literal["femnist"] = "femnist"
+    split: Literal["all", "digits"] = Field(
+        "all", description="all 62 classes, or the digits only (FLAME's 10-class FEMNIST)"
+    )
+    about: ClassVar[str] = "LEAF's FEMNIST, one group per writer (FLAME's feature skew: partition.scheme natural)"
+    layout: ClassVar[str] = "LEAF's JSON: train/*.json and test/*.json, or all_data/*.json"
+    get: ClassVar[str] = "LEAF's preprocess.sh (github.com/TalwalkarLab/leaf, data/femnist)"
+    markers: ClassVar[tuple[str, ...]] = ("train/*.json", "all_data/*.json")
+
+    def load(self, seed: int) -> Dataset:
+        return femnist(self)
+
+
+def femnist(request: FemnistSettings) -> Dataset:
     """LEAF's FEMNIST: x uint8 (n, 1, 28, 28), 62 classes, `groups` = writer index (writer ids sorted), so
     `partition.scheme: natural` splits by writer; a writer's train and test samples share one group.
     `dataset.split: digits` keeps the digit samples only (FLAME's 10-class FEMNIST); the model keeps 62 outputs,
@@ -100,6 +117,4 @@ def femnist(request: DataRequest) -> Dataset:
     if request.split == "digits":  # FLAME's FEMNIST: the digits of the 3,383 writers (flame.md 6.1)
         keep = y < 10
         x, y, groups = x[keep], y[keep], np.unique(groups[keep], return_inverse=True)[1].astype(np.int64)
-    elif request.split not in (None, "all"):
-        raise DataError(f"dataset.split: {request.split!r} for femnist; allowed: all (62 classes), digits (10)")
     return Dataset("femnist", x, y, CLASSES, groups=groups, mean=(0.0,), std=(1.0,))

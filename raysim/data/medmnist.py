@@ -11,11 +11,13 @@ which is offline). Images are normalized with mean = std = 0.5 per channel, as M
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
+from raysim.data.dataset import DATASETS, Dataset, DownloadSettings, open_npz
 from raysim.data.download import default_root, fetch
-from raysim.data.sources import DataRequest, Dataset, open_npz
 from raysim.errors import DataError
 
 RECORD = "https://zenodo.org/records/10519652/files"
@@ -123,7 +125,21 @@ def resource(subset: str, size: int) -> tuple[str, str]:
     return f"{RECORD}/{file_name(subset, size)}?download=1", MD5[subset][SIZES.index(size)]
 
 
-def _check_request(request: DataRequest) -> tuple[str, int]:
+@DATASETS.register()
+class MedmnistSettings(DownloadSettings):
+    name: Literal["medmnist"] = "medmnist"
+    subset: str | None = Field(None, description="which MedMNIST 2-D set (pathmnist, organamnist, ...)")
+    size: int | None = Field(None, ge=1, description="image size: 28 (default), 64, 128 or 224")
+    about: ClassVar[str] = "a MedMNIST set (`dataset.subset`, e.g. pathmnist; `dataset.size` 28/64/128/224)"
+    layout: ClassVar[str] = "<subset>.npz or <subset>_<size>.npz as MedMNIST publishes them"
+    get: ClassVar[str] = "`dataset.download: true` online (zenodo), or medmnist.com"
+    markers: ClassVar[tuple[str, ...]] = ("*mnist*.npz",)
+
+    def load(self, seed: int) -> Dataset:
+        return medmnist(self)
+
+
+def _check_request(request: MedmnistSettings) -> tuple[str, int]:
     allowed = ", ".join(CLASSES)
     subset = (request.subset or "").lower()
     if subset in MULTI_LABEL:
@@ -175,7 +191,7 @@ def _read(file: Path, subset: str, size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(images), y
 
 
-def medmnist(request: DataRequest) -> Dataset:
+def medmnist(request: MedmnistSettings) -> Dataset:
     """One MedMNIST 2-D set (`dataset.subset`) at `dataset.size` (28 by default), train + val + test pooled."""
     subset, size = _check_request(request)
     folder = Path(request.root).expanduser() if request.root else default_root() / "medmnist"

@@ -12,16 +12,15 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.data.scheme import PARTITIONS, SchemeSettings
 from raysim.errors import PartitionError
 from raysim.examples import ExampleContext, Fragment
 from raysim.seeding import Stream, rng
-from raysim.settings import Settings
 
 
-class MetaSettings(Settings):
-    """2 random classes per client, D_i ~ U(M, 2M) split evenly over them, none from the reserved pool.
-
-    Its own base (not partitions._Scheme), so that partitions.py can list it without an import cycle."""
+@PARTITIONS.register()
+class MetaSettings(SchemeSettings):
+    """2 random classes per client, D_i ~ U(M, 2M) split evenly over them, none from the reserved pool."""
 
     scheme: Literal["meta"] = "meta"
     test_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="query share of each client (50/50 in the paper)")
@@ -37,9 +36,6 @@ class MetaSettings(Settings):
     def example(cls, context: ExampleContext) -> Fragment:
         """Few-shot clients with small held-back pools (the defaults keep back 20,000 samples)."""
         return {"partition": {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 256}}
-
-    def noise_std(self, client: int, num_clients: int) -> float:
-        return 0.0
 
     def assign(self, labels, num_clients, generator, groups):
         labels = np.asarray(labels)

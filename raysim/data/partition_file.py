@@ -25,25 +25,24 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from raysim.data.scheme import PARTITIONS, ClientSplit, SchemeSettings, split_client
 from raysim.errors import PartitionError
 from raysim.examples import ExampleContext, Fragment
-from raysim.settings import Settings
-
-if TYPE_CHECKING:
-    from raysim.data.partitions import ClientSplit
+from raysim.seeding import Stream, rng
 
 METADATA_KEY = b"raysim"
 PARTS = ("train", "test", "val")
 
 
-class FileSettings(Settings):
+@PARTITIONS.register()
+class FileSettings(SchemeSettings):
     """Replay a partition written as Parquet (see the module docstring), with checks: indices in range, no
     sample in two parts of one client, no client without training or test samples, and the clients disjoint
     where the file or `disjoint` claims it."""
@@ -61,11 +60,21 @@ class FileSettings(Settings):
         """The replay of the base experiment's partition, written by `raysim partition`."""
         return {"partition": {"scheme": "file", "path": str(context.partition_file)}}
 
-    def noise_std(self, client: int, num_clients: int) -> float:
-        return 0.0
+    def splits(self, labels, num_clients, seed, groups):
+        """The clients of the file; a file with only `indices` split here per client."""
+        splits = []
+        for row in read_partition(self, np.asarray(labels), num_clients):
+            if row.indices is not None:
+                split = split_client(row.client_id, row.indices, self, rng(seed, Stream.PARTITION, 1, row.client_id))
+            else:
+                split = ClientSplit(row.client_id, np.sort(row.train), np.sort(row.test), np.sort(row.val))
+            splits.append(ClientSplit(split.client_id, split.train, split.test, split.val, row.noise_std))
+        return splits
 
-    def server_pools(self, num_samples: int, seed: int) -> tuple[np.ndarray, ...]:
-        return ()
+    def malicious(self, labels: np.ndarray, num_clients: int) -> frozenset[int]:
+        """The attackers the file marks (its `malicious` column)."""
+        rows = read_partition(self, np.asarray(labels), num_clients)
+        return frozenset(row.client_id for row in rows if row.malicious)
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,12 @@ def _indices(column: pa.ChunkedArray, name: str, where: str) -> list[np.ndarray]
         raise PartitionError(f"{where}: column {name!r} must be lists of integer sample indices, not {column.type}")
     if column.null_count:
         raise PartitionError(f"{where}: column {name!r} has a missing (null) list")
-    return [np.asarray(v if v is not None else [], dtype=np.int64) for v in column.to_pylist()]
+    lists = column.to_pylist()
+    for row, indices in enumerate(lists):
+        if None in indices:
+            raise PartitionError(f"{where}: row {row}, column {name!r}: a missing (null) index inside the list "
+                                 f"(position {indices.index(None)})")  # fmt: skip
+    return [np.asarray(indices, dtype=np.int64) for indices in lists]
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -170,7 +184,11 @@ def read_partition(settings: FileSettings, labels: np.ndarray, num_clients: int)
     _check_dataset(metadata, labels, where)
     ids = list(range(num_clients))
     if "client_id" in columns:
-        ids = [int(i) for i in table.column("client_id").to_pylist()]
+        listed = table.column("client_id").to_pylist()
+        if not all(isinstance(i, int) for i in listed):
+            raise PartitionError(f"{where}: column 'client_id' must hold integer ids 0..{num_clients - 1} (found "
+                                 f"{next(i for i in listed if not isinstance(i, int))!r})")  # fmt: skip
+        ids = [int(i) for i in listed]
         if sorted(ids) != list(range(num_clients)):
             raise PartitionError(f"{where}: column 'client_id' must hold the ids 0..{num_clients - 1}, each once")
     empty = [np.arange(0, dtype=np.int64)] * num_clients
@@ -220,6 +238,13 @@ def _check_client(row: ClientRow, num_samples: int, where: str) -> None:
         if len(indices) and (indices.min() < 0 or indices.max() >= num_samples):
             bad = int(indices[(indices < 0) | (indices >= num_samples)][0])
             raise PartitionError(f"{client}: {name} index {bad} is outside the dataset's 0..{num_samples - 1}")
+        unique, counts = np.unique(indices, return_counts=True)
+        if len(unique) < len(indices):
+            repeated = counts > 1
+            raise PartitionError(
+                f"{client}: {name} lists sample {int(unique[repeated][0])} {int(counts[repeated][0])} times "
+                f"({int(repeated.sum())} samples listed more than once); a client holds each sample once"
+            )
     if row.indices is not None:
         if len(row.indices) < 2:
             raise PartitionError(f"{client} holds {len(row.indices)} samples; every client needs a training and a "

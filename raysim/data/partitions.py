@@ -15,49 +15,19 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from raysim.data import authors_draw
-from raysim.data.meta_partition import MetaSettings
-from raysim.data.partition_file import FileSettings, read_partition
+from raysim.data.scheme import PARTITIONS, ClientSplit, SchemeSettings
 from raysim.errors import PartitionError
 from raysim.examples import ExampleContext, Fragment
 from raysim.seeding import Stream, rng
-from raysim.settings import Settings
 
 
-class _Scheme(Settings):
-    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="per-client share held out for testing")
-    val_fraction: float = Field(
-        0.0, ge=0.0, lt=1.0, description="share of each client's training part held out for the HM-val choice"
-    )
-
-    @classmethod
-    def example(cls, context: ExampleContext) -> Fragment:
-        """The config sections under which this scheme runs in a small experiment (raysim.examples): its default
-        settings; a scheme that cannot run without other settings (e.g. a dataset) names them too."""
-        return {"partition": {"scheme": cls.model_fields["scheme"].default}}
-
-    def noise_std(self, client: int, num_clients: int) -> float:
-        """Std of the Gaussian feature noise added to this client's samples at access time (0: none)."""
-        return 0.0
-
-    def assign(
-        self, labels: np.ndarray, num_clients: int, generator: np.random.Generator, groups: np.ndarray | None
-    ) -> list[np.ndarray]:
-        """The sample indices of each client (before the per-client train/test split)."""
-        return iid(labels, num_clients, generator)
-
-    def server_pools(self, num_samples: int, seed: int) -> tuple[np.ndarray, ...]:
-        """Pools of sample indices that no client holds, kept back for the server (none for these schemes)."""
-        return ()
-
-
-class _FlameScheme(_Scheme):
+class _FlameScheme(SchemeSettings):
     """A scheme of FLAME's code, which `draw: authors` replays with the authors' own random calls."""
 
     draw: Literal["raysim", "authors"] = Field(
@@ -93,17 +63,30 @@ class _FlameScheme(_Scheme):
         """The authors' dealing of this scheme (authors_draw), from their legacy generator."""
         return authors_draw.iid(len(labels), num_clients, state)
 
+    def splits(self, labels, num_clients, seed, groups):
+        if self.draw != "authors":
+            return super().splits(labels, num_clients, seed, groups)
+        parts = self.authors_assign(np.asarray(labels), num_clients, np.random.RandomState(seed), groups)
+        pairs = authors_draw.split(parts, 1.0 - self.test_fraction, seed)
+        return self.with_noise([split_or_refuse(c, train, test) for c, (train, test) in enumerate(pairs)], num_clients)
 
+
+@PARTITIONS.register()
 class IIDSettings(_FlameScheme):
     """Uniformly shuffled, equal-size (+-1) disjoint shares."""
 
     scheme: Literal["iid"] = "iid"
 
+    def assign(self, labels, num_clients, generator, groups):
+        return iid(labels, num_clients, generator)
 
+
+@PARTITIONS.register()
 class DirichletSettings(_FlameScheme):
     """Distribution-based label skew (flame.md 6.3 scheme 2): per class k, p_k ~ Dir(beta)."""
 
     scheme: Literal["dirichlet"] = "dirichlet"
+    by_label: ClassVar[bool] = True
     beta: float = Field(0.5, gt=0.0)
     min_samples: int = Field(2, ge=2, description="redraw until every client holds at least this many")
     overlap: bool = Field(
@@ -117,10 +100,12 @@ class DirichletSettings(_FlameScheme):
         return authors_draw.dirichlet(labels, num_clients, self.beta, state)
 
 
+@PARTITIONS.register()
 class QLabelSettings(_FlameScheme):
     """Quantity-based label imbalance, "#label = q" (flame.md 6.3 scheme 1)."""
 
     scheme: Literal["q_label"] = "q_label"
+    by_label: ClassVar[bool] = True
     q: int = Field(2, ge=1, description="shards (hence at most q classes) per client")
 
     def assign(self, labels, num_clients, generator, groups):
@@ -130,6 +115,7 @@ class QLabelSettings(_FlameScheme):
         return authors_draw.q_label(labels, num_clients, self.q, state)
 
 
+@PARTITIONS.register()
 class QualitySettings(_FlameScheme):
     """Noise-based quality skew "Gau(sigma)" (flame.md 6.3 scheme 3): equal blocks, client i's features get
     N(0, s_i) noise at every access, with s_i = sigma * i / m as the variance (paper) or the std (authors' code).
@@ -160,6 +146,7 @@ class QualitySettings(_FlameScheme):
         return authors_draw.contiguous(len(labels), num_clients)
 
 
+@PARTITIONS.register()
 class QuantitySettings(_FlameScheme):
     """Quantity skew "Dir(beta)" (flame.md 6.3 scheme 4): p ~ Dir(beta) over clients, client i gets a p_i share.
 
@@ -178,6 +165,7 @@ class QuantitySettings(_FlameScheme):
         return authors_draw.quantity(len(labels), num_clients, self.beta, self.min_samples, state)
 
 
+@PARTITIONS.register()
 class NaturalSettings(_FlameScheme):
     """Feature skew by a natural id (flame.md 6.3 scheme 5: FEMNIST writers): the dataset's group ids, sorted,
     are dealt contiguously, (number of groups) // m per client; leftover groups are not used, as in the code."""
@@ -196,6 +184,7 @@ class NaturalSettings(_FlameScheme):
         return natural(groups, num_clients)
 
 
+@PARTITIONS.register()
 class HybridSettings(_FlameScheme):
     """Hybrid skew (flame.md 6.3 scheme 6): ceil(m/2) clients get q-label shards, floor(m/2) quantity skew.
 
@@ -203,6 +192,7 @@ class HybridSettings(_FlameScheme):
     client counts. `overlap` (authors' code): both groups draw from the whole dataset independently."""
 
     scheme: Literal["hybrid"] = "hybrid"
+    by_label: ClassVar[bool] = True
     q: int = Field(2, ge=1)
     beta: float = Field(0.5, gt=0.0)
     min_samples: int = Field(100, ge=2)
@@ -215,11 +205,13 @@ class HybridSettings(_FlameScheme):
         return authors_draw.hybrid(labels, num_clients, self.q, self.beta, self.min_samples, state)
 
 
-class MixedSettings(_Scheme):
+@PARTITIONS.register()
+class MixedSettings(SchemeSettings):
     """A share `iid_fraction` of the samples is dealt IID, the rest by Dirichlet(beta) label skew (disjoint):
     interpolates between IID (1) and pure label skew (0)."""
 
     scheme: Literal["mixed"] = "mixed"
+    by_label: ClassVar[bool] = True
     iid_fraction: float = Field(0.5, ge=0.0, le=1.0)
     beta: float = Field(0.5, gt=0.0)
     min_samples: int = Field(2, ge=2)
@@ -228,7 +220,8 @@ class MixedSettings(_Scheme):
         return mixed(labels, num_clients, self, generator)
 
 
-class LabelPriorSettings(_Scheme):
+@PARTITIONS.register()
+class LabelPriorSettings(SchemeSettings):
     """FedSLR's split (fedslr.md 6.1): per-client class prior ~ Dir(alpha 1_C), balanced sizes N/M, samples dealt
     one at a time to a random non-full client with the class drawn from its prior; a `test_samples` test set
     per client with its training label proportions, drawn from a held-out pool that no client trains on.
@@ -237,6 +230,7 @@ class LabelPriorSettings(_Scheme):
     `refill: true` is the authors' code: an exhausted class pool is refilled, so samples can repeat."""
 
     scheme: Literal["label_prior"] = "label_prior"
+    by_label: ClassVar[bool] = True
     alpha: float = Field(0.1, gt=0.0, description="concentration of each client's class prior Dir(alpha 1_C)")
     refill: bool = Field(False, description="refill an exhausted class pool, samples may repeat (authors' code)")
     test_samples: int = Field(100, ge=1, description="per client: floor(label share * test_samples) per label")
@@ -244,38 +238,8 @@ class LabelPriorSettings(_Scheme):
         0.2, gt=0.0, lt=1.0, description="share of the dataset held out as the test pool that no client trains on"
     )
 
-
-AnyPartition = (
-    IIDSettings
-    | DirichletSettings
-    | QLabelSettings
-    | QualitySettings
-    | QuantitySettings
-    | NaturalSettings
-    | HybridSettings
-    | MixedSettings
-    | LabelPriorSettings
-    | MetaSettings
-    | FileSettings
-)
-PartitionSettings = Annotated[AnyPartition, Field(discriminator="scheme")]
-"""A scheme is one settings class with its own `assign`; adding it to this union makes it selectable."""
-
-
-@dataclass(frozen=True)
-class ClientSplit:
-    """The sample indices (into the whole dataset) that one client holds."""
-
-    client_id: int
-    train: np.ndarray
-    test: np.ndarray
-    val: np.ndarray
-    noise_std: float = 0.0
-    """Std of the Gaussian noise added to this client's features at every access (quality skew)."""
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.train) + len(self.test) + len(self.val)
+    def splits(self, labels, num_clients, seed, groups):  # draws its own per-client test sets
+        return label_prior(labels, num_clients, self, rng(seed, Stream.PARTITION))
 
 
 def iid(labels: np.ndarray, num_clients: int, generator: np.random.Generator) -> list[np.ndarray]:
@@ -518,29 +482,7 @@ def label_prior(
     return splits
 
 
-def split_client(
-    client_id: int, indices: np.ndarray, settings: _Scheme | FileSettings, generator: np.random.Generator
-) -> ClientSplit:
-    """Shuffle a client's samples and split them into train / test (/ validation)."""
-    shuffled = generator.permutation(indices)
-    n_test = max(1, round(settings.test_fraction * len(shuffled)))
-    n_val = round(settings.val_fraction * (len(shuffled) - n_test))
-    if settings.val_fraction > 0:
-        n_val = max(1, n_val)
-    if len(shuffled) - n_test - n_val < 1:
-        raise PartitionError(
-            f"client {client_id} holds {len(shuffled)} samples, too few for partition.test_fraction="
-            f"{settings.test_fraction} and partition.val_fraction={settings.val_fraction}"
-        )
-    test, val, train = np.split(shuffled, [n_test, n_test + n_val])
-    return ClientSplit(client_id, np.sort(train), np.sort(test), np.sort(val))
-
-
-_LABEL_SCHEMES = (DirichletSettings, QLabelSettings, HybridSettings, MixedSettings, LabelPriorSettings)
-# QualitySettings keeps the default IID `assign`: its skew is the noise applied at access time.
-
-
-def check_classes(settings: AnyPartition, labels: np.ndarray) -> None:
+def check_classes(settings: SchemeSettings, labels: np.ndarray) -> None:
     """Refuse `partition.q` above the dataset's number of classes, in the driver before any Ray or MLflow work:
     the shards could still be dealt, but a client could then hold every class, not the label skew asked for."""
     labels = np.asarray(labels)
@@ -557,11 +499,12 @@ def check_classes(settings: AnyPartition, labels: np.ndarray) -> None:
 def partition_dataset(
     labels: np.ndarray,
     num_clients: int,
-    settings: AnyPartition,
+    settings: SchemeSettings,
     seed: int,
     groups: np.ndarray | None = None,
 ) -> list[ClientSplit]:
-    """Assign samples to `num_clients` clients and split each client's samples into train/test/val.
+    """Assign samples to `num_clients` clients and split each client's samples into train/test/val (the scheme's
+    `splits`), after the checks every scheme shares.
 
     `groups` holds a natural id per sample (writer, speaker), needed only by the `natural` scheme."""
     if num_clients < 1:
@@ -571,58 +514,28 @@ def partition_dataset(
             f"clients.count={num_clients}: the dataset has {len(labels)} samples, fewer than 2 per client "
             "(each client needs at least one training and one test sample)"
         )
-    if isinstance(settings, _LABEL_SCHEMES) and not np.issubdtype(np.asarray(labels).dtype, np.integer):
+    if settings.by_label and not np.issubdtype(np.asarray(labels).dtype, np.integer):
         raise PartitionError(
             f"partition.scheme={settings.scheme} splits by class label; this dataset has no integer labels "
             "(use iid, quality or quantity)"
         )
-    if isinstance(settings, LabelPriorSettings):  # draws its own per-client test sets
-        return label_prior(labels, num_clients, settings, rng(seed, Stream.PARTITION))
-    if isinstance(settings, FileSettings):
-        return replay_file(settings, labels, num_clients, seed)
-    if isinstance(settings, _FlameScheme) and settings.draw == "authors":
-        parts = settings.authors_assign(np.asarray(labels), num_clients, np.random.RandomState(seed), groups)
-        pairs = authors_draw.split(parts, 1.0 - settings.test_fraction, seed)
-        splits = [split_or_refuse(client, train, test) for client, (train, test) in enumerate(pairs)]
-    else:
-        parts = settings.assign(labels, num_clients, rng(seed, Stream.PARTITION), groups)
-        splits = [
-            split_client(client, indices, settings, rng(seed, Stream.PARTITION, 1, client))
-            for client, indices in enumerate(parts)
-        ]
-    return [
-        ClientSplit(s.client_id, s.train, s.test, s.val, noise)
-        if (noise := settings.noise_std(s.client_id, num_clients))
-        else s
-        for s in splits
-    ]
+    return settings.splits(labels, num_clients, seed, groups)
 
 
 def split_or_refuse(client_id: int, train: np.ndarray, test: np.ndarray) -> ClientSplit:
-    """A client of the authors' dealing, refused when a part is empty (their code would divide by zero)."""
+    """A client of the authors' dealing, refused when a part is empty (their code would divide by zero). Its samples
+    stay in the order of their shuffle, the order their DataLoader's shuffles index (clients.batches: authors)."""
     if len(train) == 0 or len(test) == 0:
         raise PartitionError(
             f"partition.draw=authors: client {client_id} gets {len(train)} training and {len(test)} test samples; "
             "every client needs both (use fewer clients or a larger partition.beta)"
         )
     empty = np.arange(0, dtype=np.int64)
-    return ClientSplit(client_id, np.sort(train), np.sort(test), empty)
-
-
-def replay_file(settings: FileSettings, labels: np.ndarray, num_clients: int, seed: int) -> list[ClientSplit]:
-    """The clients of a partition file (partition_file), a file with only `indices` split here per client."""
-    splits = []
-    for row in read_partition(settings, np.asarray(labels), num_clients):
-        if row.indices is not None:
-            split = split_client(row.client_id, row.indices, settings, rng(seed, Stream.PARTITION, 1, row.client_id))
-        else:
-            split = ClientSplit(row.client_id, np.sort(row.train), np.sort(row.test), np.sort(row.val))
-        splits.append(ClientSplit(split.client_id, split.train, split.test, split.val, row.noise_std))
-    return splits
+    return ClientSplit(client_id, train, test, empty)
 
 
 def authors_attackers(
-    settings: AnyPartition,
+    settings: SchemeSettings,
     labels: np.ndarray,
     num_clients: int,
     seed: int,
@@ -639,14 +552,6 @@ def authors_attackers(
     settings.authors_assign(np.asarray(labels), num_clients, state, groups)
     chosen = state.choice(range(num_clients if among is None else among), count, replace=False)
     return frozenset(int(c) for c in chosen)
-
-
-def marked_malicious(settings: AnyPartition, labels: np.ndarray, num_clients: int) -> frozenset[int] | None:
-    """The attackers a partition file marks (its `malicious` column), None for every other scheme."""
-    if not isinstance(settings, FileSettings):
-        return None
-    rows = read_partition(settings, np.asarray(labels), num_clients)
-    return frozenset(row.client_id for row in rows if row.malicious)
 
 
 def label_counts(splits: list[ClientSplit], labels: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:

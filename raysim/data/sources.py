@@ -1,80 +1,20 @@
-"""Dataset sources: each returns a whole dataset as numpy arrays, loaded once in the driver.
+"""The built-in sources that need no files in a publisher's layout: scikit-learn's digits, the generated datasets of
+the tests and the convex checks, and one `.npz` file of your own; and `load_dataset`, any source by name.
 
-The driver puts the arrays into Ray's object store once; host actors read them zero-copy and only
-ever receive index arrays for their clients.
+The other sources have a module each (fashion_mnist, idx, cifar, medmnist, image_folder, leaf, huggingface); every
+one registers its settings with raysim.data.dataset.DATASETS.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field, ValidationError
 
-from raysim.data.fashion_mnist import load_fashion_mnist
-from raysim.data.idx import MNIST_MEAN, MNIST_STD
-from raysim.errors import DataError
-
-Task = Literal["classification", "regression"]
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """A whole dataset in memory.
-
-    `x` is float32 of shape (n, *input_shape); `y` is int64 class labels for classification and
-    float32 targets for regression.
-    """
-
-    name: str
-    x: np.ndarray
-    y: np.ndarray
-    num_classes: int
-    task: Task = "classification"
-    groups: np.ndarray | None = None
-    """A natural id per sample (writer, speaker) for the `natural` partition; None if the dataset has none."""
-    mean: tuple[float, ...] | None = None
-    """Per-channel mean for on-the-fly normalization when `x` is stored as uint8 images (None: `x` is ready)."""
-    std: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        """Normalized on the fly means uint8 images (n, C, H, W) with one mean and std per channel: anything else
-        would be fed to the model unnormalized or fail deep inside a host."""
-        if self.mean is None and self.std is None:
-            return
-        channels = self.x.shape[1] if self.x.ndim == 4 else None
-        if self.mean is None or self.std is None or not len(self.mean) == len(self.std) == channels:
-            raise DataError(
-                f"dataset {self.name}: mean {self.mean} and std {self.std} need one value per channel of x "
-                f"{self.x.shape}"
-            )
-        if self.x.dtype != np.uint8 or min(self.std) <= 0:
-            raise DataError(
-                f"dataset {self.name}: per-channel mean/std normalize uint8 images with positive std, got x of dtype "
-                f"{self.x.dtype} and std {self.std}"
-            )
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
-
-    @property
-    def output_dim(self) -> int:
-        return self.num_classes if self.task == "classification" else 1
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-
-def fashion_mnist(root: str | Path | None = None, download: bool = True) -> Dataset:
-    """The 70,000 Fashion-MNIST images (official train + test, as FLAME uses them, flame.md 6.1), stored as uint8
-    (55 MB in the object store instead of 220) and normalized as they are read with MNIST's constants, as in the
-    FLAME authors' code (flame.md 11): the same float32 bits as normalizing the whole array up front."""
-    images, labels = load_fashion_mnist(root, download=download)
-    x = np.ascontiguousarray(images[:, None, :, :])
-    return Dataset("fashion_mnist", x, labels.astype(np.int64), num_classes=10, mean=MNIST_MEAN, std=MNIST_STD)
+from raysim.data.dataset import DATASETS, Dataset, DatasetSettings, open_npz
+from raysim.errors import ConfigError, DataError
 
 
 def digits() -> Dataset:
@@ -131,18 +71,6 @@ def synthetic_writers(
     return Dataset("synthetic_writers", x.astype(np.float32), y.astype(np.int64), num_classes, groups=groups)
 
 
-def open_npz(file: Path, where: str, expected: str) -> np.lib.npyio.NpzFile:
-    """An .npz archive opened without pickle; anything else is one DataError starting with `where` and saying
-    what was `expected`."""
-    try:
-        archive = np.load(file, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise DataError(f"{where}: not a readable .npz archive ({error})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataError(f"{where}: a single .npy array, not {expected}")
-    return archive
-
-
 NPZ_KEYS = "x (features, n x ...), y (labels or targets, n) and optionally groups (natural ids, n)"
 
 
@@ -186,69 +114,70 @@ def npz_dataset(path: str | Path | None) -> Dataset:
     return Dataset(name, x.astype(np.float32), y.astype(np.float32), 0, "regression", groups)
 
 
-SEEDED_SOURCES = ("synthetic_classification", "synthetic_regression", "synthetic_writers")
-"""Sources whose data are drawn from the experiment seed (the others load the same data whatever the seed)."""
+@DATASETS.register()
+class DigitsSettings(DatasetSettings):
+    name: Literal["digits"] = "digits"
+    about: ClassVar[str] = "scikit-learn's 1,797 8x8 digits"
+    layout: ClassVar[str] = "inside scikit-learn"
 
-
-@dataclass(frozen=True)
-class DataRequest:
-    """What `dataset` in a config asks for; each file-backed source reads the fields it needs."""
-
-    name: str
-    root: str | Path | None = None
-    download: bool = True
-    seed: int = 0
-    path: str | Path | None = None
-    split: str | None = None
-    subset: str | None = None
-    image: str = "image"
-    label: str = "label"
-    size: int | None = None
-    channels: int | None = None
-
-
-_BUILTIN = ("fashion_mnist", "digits", "synthetic_classification", "synthetic_regression", "synthetic_writers", "npz")
-FILE_SOURCES: dict[str, str] = {
-    "mnist": "raysim.data.idx:mnist",
-    "emnist": "raysim.data.idx:emnist",
-    "cifar10": "raysim.data.cifar:cifar10",
-    "cifar100": "raysim.data.cifar:cifar100",
-    "medmnist": "raysim.data.medmnist:medmnist",
-    "image_folder": "raysim.data.image_folder:image_folder",
-    "tiny_imagenet": "raysim.data.image_folder:tiny_imagenet",
-    "femnist": "raysim.data.leaf:femnist",
-    "huggingface": "raysim.data.huggingface:huggingface",
-}
-"""Sources read from files in their publisher's layout: config name -> `module:function` taking a DataRequest
-(imported only when used, so a source's optional dependencies load only for its users)."""
-
-SOURCES = (*_BUILTIN, *FILE_SOURCES)
-
-
-def load_dataset(
-    name: str,
-    root: str | Path | None = None,
-    download: bool = True,
-    seed: int = 0,
-    path: str | Path | None = None,
-    **options: object,
-) -> Dataset:
-    """Load a dataset by its config name (`dataset.name`); `npz` reads `path` (else `root`, naming the file);
-    `options` are the other DataRequest fields (split, subset, image, label, size)."""
-    if name == "fashion_mnist":
-        return fashion_mnist(root, download=download)
-    if name == "digits":
+    def load(self, seed: int) -> Dataset:
         return digits()
-    if name == "synthetic_classification":
+
+
+@DATASETS.register()
+class SyntheticClassificationSettings(DatasetSettings):
+    name: Literal["synthetic_classification"] = "synthetic_classification"
+    about: ClassVar[str] = "Gaussian class clusters (tests)"
+    seeded: ClassVar[bool] = True
+
+    def load(self, seed: int) -> Dataset:
         return synthetic_classification(seed=seed)
-    if name == "synthetic_regression":
+
+
+@DATASETS.register()
+class SyntheticRegressionSettings(DatasetSettings):
+    name: Literal["synthetic_regression"] = "synthetic_regression"
+    about: ClassVar[str] = "linear regression (convex checks)"
+    seeded: ClassVar[bool] = True
+
+    def load(self, seed: int) -> Dataset:
         return synthetic_regression(seed=seed)
-    if name == "synthetic_writers":
+
+
+@DATASETS.register()
+class SyntheticWritersSettings(DatasetSettings):
+    name: Literal["synthetic_writers"] = "synthetic_writers"
+    about: ClassVar[str] = "FEMNIST-like groups (tests)"
+    seeded: ClassVar[bool] = True
+
+    def load(self, seed: int) -> Dataset:
         return synthetic_writers(seed=seed)
-    if name == "npz":
-        return npz_dataset(path if path is not None else root)
-    if name in FILE_SOURCES:
-        module, _, function = FILE_SOURCES[name].partition(":")
-        loader = getattr(importlib.import_module(module), function)
-        return loader(DataRequest(name, root, download, seed, path, **options))  # type: ignore[arg-type]
-    raise DataError(f"dataset.name: unknown dataset {name!r}; allowed: {', '.join(SOURCES)}")
+
+
+@DATASETS.register()
+class NpzSettings(DatasetSettings):
+    name: Literal["npz"] = "npz"
+    path: str | None = Field(None, description=f"the .npz file, holding {NPZ_KEYS}")
+    root: str | None = Field(None, description="the .npz file, when `path` is not set")
+    about: ClassVar[str] = "x, y and optional groups in one .npz (`dataset.path`)"
+    layout: ClassVar[str] = "one .npz file"
+    get: ClassVar[str] = "your own"
+
+    def load(self, seed: int) -> Dataset:
+        return npz_dataset(self.path if self.path is not None else self.root)
+
+
+def load_dataset(name: str, seed: int = 0, **options: object) -> Dataset:
+    """The dataset of the source `name` (`dataset.name`) with these settings (`options`: the source's keys of the
+    config's `dataset` section, paths as str or Path; None leaves a key at its default); `seed` draws the generated
+    ones."""
+    given = {key: str(value) if isinstance(value, Path) else value for key, value in options.items()}
+    given = {key: value for key, value in given.items() if value is not None}
+    try:
+        settings = DATASETS.get(name).model_validate({"name": name, **given})
+    except ValidationError as error:
+        first = error.errors()[0]
+        got = "" if first["type"] == "missing" else f" (got {first['input']!r})"
+        message = first["msg"].replace("Input should be", "must be")
+        raise ConfigError(f"dataset.{'.'.join(map(str, first['loc']))}: {message}{got}") from None
+    return settings.load(seed)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from raysim.data.sources import Task
+from raysim.data.dataset import Task
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import build_module, initial_parameters
 

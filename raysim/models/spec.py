@@ -4,26 +4,40 @@ algorithms) import this and never torch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
 
+from raysim.registry import OneOf, Registry
 from raysim.settings import Settings
 
 if TYPE_CHECKING:
-    from raysim.data.sources import Task
+    from raysim.data.dataset import Task
     from raysim.models.flat import FlatModel
 
 
-ModelName = Literal["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn"]
-MODELS: tuple[str, ...] = get_args(ModelName)
-"""The networks of raysim.models.zoo, by name."""
+
+
+def _check_model(name: str, entry: object) -> None:
+    if not callable(entry):
+        raise TypeError(f"model {name!r}: register a function (input_shape, outputs) -> torch.nn.Module, not {entry!r}")
+
+
+MODELS: Registry[Callable[[tuple[int, ...], int], Any]] = Registry("model", "model.name", check=_check_model)
+"""The networks by `model.name`: factories (input shape, number of outputs) -> torch.nn.Module, each registered with
+`@MODELS.register(name)` and described by its docstring's first line (raysim.models.zoo holds the built-ins)."""
+
+ModelChoice = Annotated[str, OneOf(MODELS)]
+"""A field holding a model name."""
 
 
 class ModelSettings(Settings):
-    name: ModelName = "mlp"
+    """The clients' (and global) network: a registered model (raysim.models.zoo, or a plugin's)."""
+
+    name: ModelChoice = Field("mlp", description="the network (`raysim models` lists them)")
     init: Literal["raysim", "authors"] = Field(
         "raysim",
         description="initial parameters from raysim's model-init stream, or as the FLAME authors' code draws them "

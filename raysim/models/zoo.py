@@ -1,31 +1,59 @@
-"""The networks of FLAME's experiments (flame.md 6.2), built for the dataset's input shape.
+"""The networks of the papers' experiments (flame.md 6.2, fedslr.md 6.2), registered by name (`model.name`) as any
+plugin's model is: a factory (input shape, outputs) -> torch.nn.Module whose docstring's first line describes it.
 
-- `mlr`: multinomial logistic regression (784 -> 10: 7,850 parameters, Table II's count);
-- `mlp`: 784-128-64-10 with ReLU (109,386 parameters, the authors' code);
-- `cnn`: the CIFAR-10 CNN: conv3x3(16)-pool-conv3x3(32)-pool-FC128-FC (268,650 parameters on 3x32x32);
-- `cnn_mmnist`: CNN1 of the authors' code for Medical MNIST: conv3x3(32, no pad)-pool-conv3x3(16)-pool-FC64-FC
-  (206,678 parameters on 3x64x64 with 6 classes); their Dropout(0.2) before FC64 is left out, so that every
-  model here is a deterministic function of its parameters (training draws come from the per-client streams);
-- `cnn_femnist`: CNN2 of the authors' code for FEMNIST: conv7x7(32, pad 3)-pool-conv3x3(64, pad 1)-pool-FC
-  (214,590 parameters on 1x28x28 with 62 outputs);
-- `linear`: a bias-free linear model for regression (the convex analysis of flame.md 1.6);
-- `resnet18_gn`: torchvision's ResNet-18 with every BatchNorm replaced by GroupNorm(2) (FedSLR's model,
-  fedslr.md 6.2); inputs of at most 32 px get the CIFAR stem of the authors' code (3x3 conv, stride 1,
-  no max-pool).
+Importing this module does not import torch (the coordinator process registers the names without loading it);
+each factory imports torch when it builds. Every model here is a deterministic function of its parameters
+(training draws come from the per-client streams).
 """
 
 from __future__ import annotations
 
 import math
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from raysim.models.spec import MODELS
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-def _cifar_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    channels, height, width = input_shape
+
+def _image_input(name: str, input_shape: tuple[int, ...], smallest: int = 4) -> tuple[int, int, int]:
+    """(channels, height, width), or a ValueError naming the model when the input is not an image that big."""
+    if len(input_shape) != 3 or min(input_shape[1:]) < smallest:
+        raise ValueError(f"model.name={name} needs image input (channels, height, width), got {input_shape}")
+    return input_shape  # type: ignore[return-value]  # three entries, checked above
+
+
+@MODELS.register("mlr")
+def mlr(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """Multinomial logistic regression (784 -> 10: 7,850 parameters, FLAME's Table II)."""
+    from torch import nn
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), outputs))
+
+
+@MODELS.register("mlp")
+def mlp(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """784-128-64-10 with ReLU (109,386 parameters, the FLAME authors' code)."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(math.prod(input_shape), 128),
+        nn.ReLU(),
+        nn.Linear(128, 64),
+        nn.ReLU(),
+        nn.Linear(64, outputs),
+    )
+
+
+@MODELS.register("cnn")
+def cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """The CIFAR-10 CNN: conv3x3(16)-pool-conv3x3(32)-pool-FC128-FC (268,650 parameters on 3x32x32)."""
+    from torch import nn
+
+    channels, height, width = _image_input("cnn", input_shape)
     return nn.Sequential(
         nn.Conv2d(channels, 16, 3, padding=1),
         nn.ReLU(),
@@ -40,8 +68,14 @@ def _cifar_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     )
 
 
-def _mmnist_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    channels, height, width = input_shape
+@MODELS.register("cnn_mmnist")
+def cnn_mmnist(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """CNN1 of the FLAME authors' code for Medical MNIST (206,678 parameters on 3x64x64, 6 classes).
+
+    conv3x3(32, no padding)-pool-conv3x3(16)-pool-FC64-FC; their Dropout(0.2) before FC64 is left out."""
+    from torch import nn
+
+    channels, height, width = _image_input("cnn_mmnist", input_shape, smallest=10)
     return nn.Sequential(
         nn.Conv2d(channels, 32, 3),
         nn.ReLU(),
@@ -56,8 +90,14 @@ def _mmnist_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     )
 
 
-def _femnist_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    channels, height, width = input_shape
+@MODELS.register("cnn_femnist")
+def cnn_femnist(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """CNN2 of the FLAME authors' code for FEMNIST (214,590 parameters on 1x28x28, 62 outputs).
+
+    conv7x7(32, padding 3)-pool-conv3x3(64, padding 1)-pool-FC."""
+    from torch import nn
+
+    channels, height, width = _image_input("cnn_femnist", input_shape)
     return nn.Sequential(
         nn.Conv2d(channels, 32, 7, padding=3),
         nn.ReLU(),
@@ -70,7 +110,21 @@ def _femnist_cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     )
 
 
-def _resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+@MODELS.register("linear")
+def linear(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """A bias-free linear model for regression (the convex analysis of flame.md 1.6)."""
+    from torch import nn
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), outputs, bias=False))
+
+
+@MODELS.register("resnet18_gn")
+def resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """torchvision's ResNet-18 with GroupNorm(2) for BatchNorm (FedSLR's model, fedslr.md 6.2).
+
+    Inputs of at most 32 px get the CIFAR stem of the authors' code (3x3 conv, stride 1, no max-pool)."""
+    from torch import nn
+
     from raysim.data._torchvision import import_torchvision
 
     if len(input_shape) != 3:
@@ -87,42 +141,27 @@ def _resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 
 
 def build_module(name: str, input_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    """A freshly initialized network (torch's default init; seed it with torch.random.fork_rng)."""
-    features = math.prod(input_shape)
-    if name == "mlr":
-        return nn.Sequential(nn.Flatten(), nn.Linear(features, outputs))
-    if name == "mlp":
-        return nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(features, 128),
-            nn.ReLU(),
-            nn.Linear(128, 64),
-            nn.ReLU(),
-            nn.Linear(64, outputs),
-        )
-    if name == "cnn":
-        if len(input_shape) != 3 or input_shape[1] < 4 or input_shape[2] < 4:
-            raise ValueError(f"model.name=cnn needs image input (channels, height>=4, width>=4), got {input_shape}")
-        return _cifar_cnn(input_shape, outputs)
-    if name in ("cnn_mmnist", "cnn_femnist"):
-        if len(input_shape) != 3 or min(input_shape[1:]) < (10 if name == "cnn_mmnist" else 4):
-            raise ValueError(f"model.name={name} needs image input (channels, height, width), got {input_shape}")
-        return (_mmnist_cnn if name == "cnn_mmnist" else _femnist_cnn)(input_shape, outputs)
-    if name == "linear":
-        return nn.Sequential(nn.Flatten(), nn.Linear(features, outputs, bias=False))
-    if name == "resnet18_gn":
-        return _resnet18_gn(input_shape, outputs)
-    raise ValueError(f"model.name: unknown model {name!r}; allowed: {', '.join(MODELS)}")
+    """A freshly initialized network of the model registered as `name` (torch's default init; seed it with
+    torch.random.fork_rng)."""
+    return MODELS.get(name)(tuple(input_shape), outputs)
+
+
+def reset_parameters(module: nn.Module) -> None:
+    """Initialize every layer of `module` afresh from torch's global generator, in the order the layers were built
+    (the draws of building the module)."""
+    for layer in module.modules():
+        if hasattr(layer, "reset_parameters"):
+            layer.reset_parameters()
 
 
 def initial_parameters(module: nn.Module, seed: int) -> torch.Tensor:
     """Re-initialize `module` from `seed` and return its parameters as one flat float32 vector."""
+    import torch
+
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        for layer in module.modules():
-            if hasattr(layer, "reset_parameters"):
-                layer.reset_parameters()
+        reset_parameters(module)
     finally:
         torch.random.set_rng_state(generator_state)
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).to(torch.float32)

@@ -2,14 +2,17 @@
 
 Layout of one run's checkpoints: `<tracking.checkpoint_dir>/<run_id>/round-000010/` holding `host-<i>.npz`
 (written by each host actor in parallel), `coordinator.npz` and `manifest.json` (written last by the
-driver: a checkpoint without a manifest is incomplete and ignored). Files are written to a temporary name
-and renamed, so a crash never leaves a half-written file under the final name.
+driver). A round's folder exists whole or not at all: its files are written into a hidden folder beside it,
+synced, and the folder renamed into place (`round_folder`); a crash, a full disk or a read-only folder never
+leaves a round folder without its manifest (one without is incomplete and ignored all the same). Whether the
+folder can be written at all is checked before a run starts (`check_writable`).
 
 No pickle: a state tree is stored as a JSON description plus the arrays it references, so reading a
 checkpoint runs no code named in it. A dataclass is stored by its `module:qualname` and rebuilt only if
-it is a state class: a dataclass defined in raysim's own modules, or one a plugin registered with
-`register_state_class`. Anything else a file names (`subprocess:Popen`, `builtins:eval`, a raysim
-function) is refused with a CheckpointError before any module outside raysim is imported.
+it is a state class: a dataclass defined in raysim's own modules or in a plugin this process imported
+(raysim.plugins), or one registered with `register_state_class`. Anything else a file names
+(`subprocess:Popen`, `builtins:eval`, a raysim function) is refused with a CheckpointError before any module
+outside raysim is imported.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import importlib
 import json
 import os
 import re
+import shutil
+import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +33,7 @@ from typing import IO, Any, Protocol
 import numpy as np
 
 from raysim.errors import RaysimError
+from raysim.plugins import is_plugin_module
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -51,12 +57,17 @@ _RAYSIM_MODULE = re.compile(r"raysim(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def register_state_class(kind: type) -> type:
-    """Allow checkpoints to rebuild `kind`, a state dataclass defined outside raysim (an algorithm plugin's
-    client or server state). Usable as a class decorator."""
+    """Allow checkpoints to rebuild `kind`, a state dataclass defined outside raysim and outside the plugins (e.g.
+    in a module a plugin imports). Usable as a class decorator."""
     if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
         raise TypeError(f"register_state_class: {kind!r} is not a dataclass")
     _REGISTERED[f"{kind.__module__}:{kind.__qualname__}"] = kind
     return kind
+
+
+def _state_module(module: str) -> bool:
+    """A module whose dataclasses are state classes: raysim's own, or a plugin's (already imported)."""
+    return bool(_RAYSIM_MODULE.fullmatch(module)) or is_plugin_module(module)
 
 
 def state_class(name: str) -> type:
@@ -65,7 +76,7 @@ def state_class(name: str) -> type:
     if name in _REGISTERED:
         return _REGISTERED[name]
     module, _, qualname = name.partition(":")
-    if not _RAYSIM_MODULE.fullmatch(module):
+    if not _state_module(module):
         raise CheckpointError(f"refusing to rebuild {name!r}: not a raysim state class (see register_state_class)")
     try:
         kind: Any = importlib.import_module(module)
@@ -74,7 +85,7 @@ def state_class(name: str) -> type:
     except (ImportError, AttributeError):
         raise CheckpointError(f"cannot rebuild {name!r}: no such class in this raysim version") from None
     if not (isinstance(kind, type) and dataclasses.is_dataclass(kind) and kind.__module__ == module):
-        raise CheckpointError(f"refusing to rebuild {name!r}: not a raysim state dataclass")
+        raise CheckpointError(f"refusing to rebuild {name!r}: not a state dataclass")
     return kind
 
 
@@ -90,7 +101,7 @@ def encode_tree(value: Any, arrays: ArraySink) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kind = type(value)
         name = f"{kind.__module__}:{kind.__qualname__}"
-        if name not in _REGISTERED and not _RAYSIM_MODULE.fullmatch(kind.__module__):
+        if name not in _REGISTERED and not _state_module(kind.__module__):
             raise TypeError(f"cannot checkpoint {name}: a state class outside raysim needs register_state_class")
         fields = {f.name: encode_tree(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
         return {"__dataclass__": name, "fields": fields}
@@ -158,6 +169,17 @@ class _NpzWriter:
         self.count += 1
 
 
+def write_tree(path: str | Path, value: Any) -> str | None:
+    """`save_tree`, durable, for an actor writing its part of a checkpoint: a failure to write (a full disk, a
+    folder gone read-only) is returned as one line naming the file instead of raised, so that it reaches the
+    driver as a message and not as a Ray task error with a remote traceback."""
+    try:
+        save_tree(path, value)
+    except OSError as error:
+        return str(error)
+    return None
+
+
 def save_tree(path: str | Path, value: Any, durable: bool = True) -> None:
     """Write a state tree to one .npz file atomically (write, then rename), streaming its arrays: a Mapping
     whose values load lazily (a spilling state store) is written holding one value at a time. `durable`
@@ -222,6 +244,62 @@ def round_dir(root: str | Path, run_id: str, round_done: int) -> Path:
     return Path(root) / run_id / f"round-{round_done:06d}"
 
 
+PARTIAL = ".partial-"
+"""Marks the hidden folder a round's checkpoint is written into (`.round-000010.partial-<pid>`)."""
+
+
+def check_writable(folder: Path, key: str = "tracking.checkpoint_dir") -> None:
+    """Refuse, in one line naming `key`, a checkpoint folder that cannot be written: below a regular file,
+    read-only, not permitted. Nothing is left behind: the folder is not created here, and the probe file written
+    into it (or into its nearest existing parent) is removed at once."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CheckpointError(f"{key}={folder}: {existing} is a file, not a folder")
+    try:
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".raysim-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise CheckpointError(f"{key}={folder}: checkpoints cannot be written there ({error.strerror})") from None
+
+
+def _sync(folder: Path) -> None:
+    """fsync a folder: the names created or renamed in it are on disk."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+@contextmanager
+def round_folder(final: Path) -> Iterator[Path]:
+    """The folder to write one round's checkpoint into, which becomes `final` only whole: a hidden folder beside
+    it, synced and renamed into place once the block completes (a checkpoint of the same round written before,
+    as after resuming from an older one, is replaced). On any error it is removed; a failure to write (a full
+    disk, a read-only folder, an actor's write that failed) is one CheckpointError naming `final`."""
+    partial = final.with_name(f".{final.name}{PARTIAL}{os.getpid()}")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        yield partial
+        _sync(partial)
+        if final.exists():
+            stale = final.with_name(f".{final.name}.replaced-{os.getpid()}")
+            os.rename(final, stale)
+            os.rename(partial, final)
+            shutil.rmtree(stale)
+        else:
+            os.rename(partial, final)
+        _sync(final.parent)
+    except (OSError, CheckpointError) as error:
+        raise CheckpointError(f"checkpoint {final} not written: {error}") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Complete a checkpoint: the manifest is written last, atomically."""
     with _atomic_file(directory / MANIFEST) as handle:
@@ -253,9 +331,8 @@ def latest_checkpoint(path: str | Path) -> Path:
 
 
 def prune(directory: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints of a run."""
+    """Delete all but the newest `keep` complete checkpoints of a run, and what a driver killed while writing one
+    left behind (its hidden partial folder)."""
     complete = sorted(p for p in directory.glob("round-*") if (p / MANIFEST).exists())
-    for old in complete[:-keep] if keep > 0 else []:
-        for file in old.iterdir():
-            file.unlink()
-        old.rmdir()
+    for old in [*(complete[:-keep] if keep > 0 else []), *directory.glob(f".round-*{PARTIAL}*")]:
+        shutil.rmtree(old)

@@ -117,10 +117,10 @@ class Coordinator:
         """The actor's process id (fault-injection tests kill it)."""
         return os.getpid()
 
-    def save_checkpoint(self, path: str) -> None:
-        """Write the server state and the robust aggregator's memory to one .npz file."""
+    def save_checkpoint(self, path: str) -> str | None:
+        """Write the server state and the robust aggregator's memory to one .npz file; a failure: its one line."""
         tree = {"state": self.state, "latest": self.latest, "served_sum": self.served_sum, "seen": self.seen}
-        checkpoint.save_tree(path, tree)
+        return checkpoint.write_tree(path, tree)
 
     def restore_checkpoint(self, path: str) -> None:
         tree = checkpoint.load_tree(path)

@@ -19,7 +19,7 @@ import yaml
 from rich.console import Console
 
 from raysim.config import ExperimentConfig
-from raysim.errors import Interrupted, RaysimError
+from raysim.errors import Interrupted, RayLost, RaysimError, as_raised
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import UploadRangeError
 from raysim.runtime.problem import Problem, host_layout, prepare
@@ -54,10 +54,13 @@ def run_experiment(
     to `tracking_uri` if given, else to the URI the checkpoint names.
 
     Everything that can be refused is checked before Ray or MLflow work: the data and partition, the hosts
-    against a new local Ray's CPUs and GPUs, and the tracking store's reachability (joining a cluster, the
-    hosts are checked once connected, still before the MLflow run is created).
+    against a new local Ray's CPUs and GPUs, a checkpoint folder that cannot be written, and the tracking store's
+    scheme, database driver and reachability (joining a cluster, the hosts are checked once connected, still
+    before the MLflow run is created).
     """
     problem = prepare(config)
+    if config.tracking.checkpoint_every:
+        checkpoint.check_writable(resume.resolve().parent if resume else Path(config.tracking.checkpoint_dir))
     local = new_local_ray(config.runtime)
     if local is not None:
         host_layout(config.runtime, problem.clients, local, local)
@@ -160,19 +163,29 @@ def _interrupted(
     writer: MlflowWriter,
     result: RunResult,
     rounds: Rounds | None,
-) -> Interrupted:
-    """Ctrl-C or SIGTERM: the run is marked KILLED (what it had logged stays) and the user is told how to go
-    on; one line, no traceback (raysim.launch)."""
+) -> KeyboardInterrupt:
+    """Ctrl-C, SIGTERM or SIGHUP: the run is marked KILLED (what it had logged stays) and the user is told how to
+    go on; a local Ray lost under the run (RayLost): marked FAILED, likewise. One line, no traceback
+    (raysim.launch)."""
+    interrupt = as_raised(interrupt)
+    done = max(result.history, default=0)
+    latest = rounds.latest if rounds is not None else None
+    hint = f"; continue with `raysim resume {result.run_id}`" if latest else ""
+    if isinstance(interrupt, RayLost):
+        if result.run_id is None:
+            writer.finish("FAILED", 0)
+            return RayLost(f"{interrupt} (before the run started)")
+        writer.set_tags({"raysim.error": f"{interrupt} after round {done}"})
+        writer.finish("FAILED", config.tracking.flush_timeout_s)
+        return RayLost(f"run {result.run_id} failed after round {done} of {config.rounds}: {interrupt}: marked "
+                       f"FAILED{hint}")  # fmt: skip
     number = getattr(interrupt, "signal_number", signal.SIGINT)
     name = signal.Signals(number).name
-    done = max(result.history, default=0)
     if result.run_id is None:
         writer.finish("KILLED", 0)
         return Interrupted(f"interrupted by {name} before the run started", number)
     writer.set_tags({"raysim.error": f"interrupted by {name} after round {done}"})
     writer.finish("KILLED", config.tracking.flush_timeout_s)
-    latest = rounds.latest if rounds is not None else None
-    hint = f"; continue with `raysim resume {result.run_id}`" if latest else ""
     return Interrupted(
         f"run {result.run_id} interrupted by {name} after round {done} of {config.rounds}: marked KILLED{hint}", number
     )

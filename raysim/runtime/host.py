@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raysim.algorithms import ClientInfo, build_algorithm, run_client_step
+from raysim.algorithms import ALGORITHMS, ClientInfo, build_algorithm, run_client_step
 from raysim.algorithms.base import (
     AlgorithmSettings,
     ClientUpdate,
@@ -57,7 +57,8 @@ from raysim.tracking.metrics import (
     classification_scores_many,
     evaluation_batch,
 )
-from raysim.training.local import ClientData, Inputs, LocalTrainer
+from raysim.training.authors_batches import AuthorsBatchPlan, AuthorsStreams, ReplayedBatches
+from raysim.training.local import ClientData, Draws, Inputs, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer
 
 if TYPE_CHECKING:
@@ -99,6 +100,9 @@ class HostSettings:
     """The distinct training-split sizes of the run's clients: vectorized batches are padded to no more samples
     than one of them needs at that step (VectorizedTrainer.train_sizes; the same for every host, so results do not
     depend on the hosts)."""
+    batches: AuthorsBatchPlan | None = None
+    """clients.batches = authors: the run's clients' mini-batches are the FLAME authors' code's (every host replays
+    their streams for all clients, raysim.training.authors_batches); None: from the clients' seeded streams."""
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:
@@ -109,8 +113,21 @@ class HostSettings:
             config.aggregation.active, config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb,
             runtime.spill_dir, runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus, problem.inputs,
             config.tracking.loss_sum_batch, config.tracking.train_loss_every,
-            tuple(sorted({info.num_train for info, _ in problem.clients})),
+            tuple(sorted({info.num_train for info, _ in problem.clients})), authors_batches(config, problem),
         )  # fmt: skip
+
+
+def authors_batches(config: ExperimentConfig, problem: Problem) -> AuthorsBatchPlan | None:
+    """What replaying the authors' mini-batches needs (clients.batches = authors), else None. Their 80/20 split
+    shuffled each client's n samples and left one out: n = train + test + 1 (raysim.data.authors_draw.split)."""
+    if config.clients.batches != "authors":
+        return None
+    draws = ALGORITHMS.get(config.algorithm.name).code_draws(config.algorithm)
+    splits = [split for _, split in problem.clients]
+    return AuthorsBatchPlan(
+        config.seed, tuple(len(s.train) + len(s.test) + 1 for s in splits), tuple(len(s.train) for s in splits),
+        config.algorithm.batch_size, draws.passes, draws.picks,
+    )  # fmt: skip
 
 
 EVALUATION_CLIENTS = 64
@@ -210,6 +227,9 @@ class ClientHost:
         self.tables: dict[int, StateTable] = {}
         """Stacked steps without a state budget: each block's states as a StateTable (made at its first step)."""
         self.seed = settings.seed
+        plan = settings.batches
+        self.authors_streams = None if plan is None else AuthorsStreams(plan, settings.model.build().module)
+        """clients.batches = authors: the authors' streams of mini-batch draws, replayed for this host's clients."""
         self.attack = settings.attack
         self.sent: dict[int, Vector] = {}
         """The last message each Byzantine client sent (delta uploads must be relative to it)."""
@@ -393,9 +413,14 @@ class ClientHost:
 
     def _generators(
         self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING
-    ) -> Iterator[np.random.Generator]:
-        """The generators of a client's successive requests, keyed by (seed, stream, client, round, request number)."""
-        return (rng(self.seed, stream, client_id, round_index, number) for number in itertools.count())
+    ) -> Iterator[Draws]:
+        """The generators of a client's successive requests, keyed by (seed, stream, client, round, request number);
+        with clients.batches = authors their training batches are the authors' (one RoundDraws for the round)."""
+        generators = (rng(self.seed, stream, client_id, round_index, number) for number in itertools.count())
+        if self.authors_streams is None or stream != Stream.CLIENT_TRAINING:
+            return generators
+        draws = self.authors_streams.round_draws(client_id, round_index)
+        return (ReplayedBatches(draws, generator) for generator in generators)
 
     def _executor(self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING):
         """Runs a client's requests with randomness keyed by (seed, stream, client, round, request number)."""
@@ -554,11 +579,12 @@ class ClientHost:
         scores = self._scores([models[chunk[i]] for i in having], splits.subset(having))  # type: ignore[misc]
         return {chunk[i]: score for i, score in zip(having, scores, strict=True)}
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str) -> str | None:
         """Write this host's clients' persistent state (states, Byzantine messages sent, evaluation count) to
         one .npz file; hosts write in parallel, nothing goes through the driver. States are streamed to the
-        file one by one (spilled ones read back one at a time)."""
-        checkpoint.save_tree(path, {"states": self.states, "sent": dict(self.sent), "evaluations": self.evaluations})
+        file one by one (spilled ones read back one at a time). A failure to write: its one line."""
+        tree = {"states": self.states, "sent": dict(self.sent), "evaluations": self.evaluations}
+        return checkpoint.write_tree(path, tree)
 
     def restore_checkpoint(self, directory: str) -> None:
         """Take this host's clients' state from a checkpoint folder (any number of hosts may have written it),

@@ -15,9 +15,9 @@ from raysim.algorithms import ClientInfo, build_algorithm
 from raysim.algorithms.base import ServerContext, ServerDataStep, ServerSamples, SGDResult, TrainModel, drive
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
+from raysim.data.dataset import Dataset
 from raysim.data.partition_file import write_partition
-from raysim.data.partitions import authors_attackers, check_classes, marked_malicious
-from raysim.data.sources import Dataset
+from raysim.data.partitions import authors_attackers, check_classes
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.models.spec import ModelSpec, ParamSpec
@@ -115,11 +115,12 @@ def attack_of(config: ExperimentConfig, dataset: Dataset) -> AttackPlan | None:
     """Who attacks: the clients a partition file marks, else with `partition.draw: authors` the authors' next
     draw, else a draw from the seed; None without an attack."""
     count, m = config.clients.count, config.clients.training_count
-    marked = marked_malicious(config.partition, dataset.y, count)
+    marked = config.partition.malicious(dataset.y, count)
     if marked and config.attack.kind == "none":
+        where = f"partition.path={config.partition.path}" if hasattr(config.partition, "path") else "the partition"
         raise ConfigError(
-            f"partition.path={config.partition.path} marks clients {sorted(marked)[:10]} malicious, but attack.kind is "
-            "none; set attack.kind, or write the partition without an attack"
+            f"{where} marks clients {sorted(marked)[:10]} malicious, but attack.kind is none; set attack.kind, or "
+            "write the partition without an attack"
         )
     if config.attack.kind == "none":
         return None

@@ -84,7 +84,21 @@ class Rounds:
             self.logged_through = step
 
     def _checkpoint(self, simulation: Simulation, step: int) -> None:
+        """Write round `step`'s checkpoint whole or not at all; a failure to write stops the run with one line
+        naming the last complete checkpoint."""
         directory = checkpoint.round_dir(self.folder.parent, self.folder.name, step)
+        try:
+            with checkpoint.round_folder(directory) as partial:
+                self._write_checkpoint(simulation, step, partial)
+        except checkpoint.CheckpointError as error:
+            kept = (f"the last complete one is {self.latest}: free space and continue with `raysim resume "
+                    f"{self.result.run_id}`" if self.latest else "no checkpoint of this run is complete")  # fmt: skip
+            raise checkpoint.CheckpointError(f"{error}; {kept}") from None
+        self.latest = directory
+        self.writer.set_tags({"raysim.checkpoint": str(directory)})
+        checkpoint.prune(self.folder, self.config.tracking.checkpoint_keep)
+
+    def _write_checkpoint(self, simulation: Simulation, step: int, directory: Path) -> None:
         simulation.save_checkpoint(directory)
         checkpoint.write_manifest(
             directory,
@@ -101,9 +115,6 @@ class Rounds:
                 "written": time.time(),
             },
         )
-        self.latest = directory
-        self.writer.set_tags({"raysim.checkpoint": str(directory)})
-        checkpoint.prune(self.folder, self.config.tracking.checkpoint_keep)
 
     def _restore(self, simulation: Simulation, directory: Path) -> int:
         """Every actor takes its state from the checkpoint; the driver its history; returns the round."""

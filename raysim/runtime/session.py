@@ -1,10 +1,25 @@
-"""The Ray session of a run: join a cluster or start a local Ray, and leave Ray as it was found."""
+"""The Ray session of a run: join a cluster or start a local Ray, and leave Ray as it was found.
+
+A local Ray's daemons (GCS server, raylet and their helpers) are started each in a session of its own. Ray
+starts them in the driver's process group, so a signal to the whole group (a closed terminal's SIGHUP,
+`kill -- -PGID`, a batch scheduler, a container stop) killed them under the driver: its next Ray call then
+waited for a GCS server that was not coming back until Ray ended the process after 60 s, with the run left
+RUNNING. In sessions of their own they get only the signals sent to them; the driver ends the run as for a
+signal to its PID (marked KILLED) and then stops them. They still die with the driver if it is killed outright
+(Ray starts them with PR_SET_PDEATHSIG).
+
+If the GCS server or the raylet dies anyway (killed, out of memory), a watch thread raises RayLost in the main
+thread within `WATCH_EVERY_S`, so the run is marked FAILED with one line instead of hanging; `ray_usable()`
+tells the code that ends the actors to skip Ray calls that would wait for the dead GCS.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +28,14 @@ import ray
 import torch
 
 from raysim.config import ExperimentConfig, RuntimeSettings
-from raysim.errors import sigterm_interrupts
+from raysim.errors import Interrupted, RayLost, raise_from_handler, sigterm_interrupts
+
+WATCH_EVERY_S = 0.5
+VITAL = {"gcs_server": "GCS server", "raylet": "raylet"}
+"""The daemons (executable name: what the message calls it) without which a local Ray is gone."""
+LOST_SIGNAL = signal.SIGUSR1
+"""What the watch thread sends the main thread when a vital daemon died: it wakes a sleeping system call and
+is seen inside Ray's blocking calls, which check for signals."""
 
 
 def new_local_ray(runtime: RuntimeSettings) -> dict[str, float] | None:
@@ -38,9 +60,105 @@ def _token_auth_explicitly() -> None:
     Config.initialize("")  # Ray's own step after setting the mode (ray._private.authentication)
 
 
+class LocalDaemons:
+    """The processes a local Ray starts (its GCS server, raylet, log monitor...), each in a session of its own,
+    and a watch on the vital ones."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+        self.lost: str | None = None
+        """What happened to the local Ray, once a vital daemon is gone."""
+        self._watching = threading.Event()
+
+    @contextmanager
+    def own_sessions(self) -> Iterator[None]:
+        """Inside: every process Ray starts through its one process launcher (`ray._private.services.
+        ConsolePopen`, Ray 2.x) gets a session of its own (setsid) and is remembered. Should a Ray version lack
+        the launcher, its daemons stay in the driver's process group (the watch still ends a run that loses
+        them)."""
+        from ray._private import services
+
+        original = getattr(services, "ConsolePopen", None)
+        if original is None:
+            yield
+            return
+        daemons = self
+
+        class OwnSessionPopen(original):  # type: ignore[misc, valid-type]
+            def __init__(self, *args, **kwargs) -> None:
+                kwargs["start_new_session"] = True
+                super().__init__(*args, **kwargs)
+                daemons.started.append(self)
+
+        services.ConsolePopen = OwnSessionPopen
+        try:
+            yield
+        finally:
+            services.ConsolePopen = original
+
+    def gone(self) -> str | None:
+        """Which vital daemon has exited, as a phrase ("its raylet (pid 12) was killed by SIGKILL"), or None."""
+        for process in self.started:
+            name = VITAL.get(os.path.basename(process.args[0])) if isinstance(process.args, list) else None
+            code = process.poll() if name else None
+            if code is None:
+                continue
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            return f"its {name} (pid {process.pid}) {how}"
+        return None
+
+    def end_leftovers(self) -> None:
+        """Kill what is left in the daemons' sessions once a Ray that lost a vital daemon is shut down: the
+        raylet's agents outlive a raylet that lost its GCS server by a minute or more."""
+        for process in self.started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+    @contextmanager
+    def watched(self) -> Iterator[None]:
+        """Inside (main thread only): a vital daemon's death raises RayLost in the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        main = threading.main_thread().ident
+
+        def raise_lost(_signum: int, _frame: object) -> None:
+            if self.lost is not None:
+                raise_from_handler(RayLost(self.lost))
+
+        def watch() -> None:
+            while not self._watching.wait(WATCH_EVERY_S):
+                reason = self.gone()
+                if reason is not None:
+                    self.lost = f"the local Ray is gone: {reason}"
+                    signal.pthread_kill(main, LOST_SIGNAL)  # type: ignore[arg-type]
+                    return
+
+        previous = signal.signal(LOST_SIGNAL, raise_lost)
+        thread = threading.Thread(target=watch, name="local-ray-watch", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            self._watching.set()
+            thread.join()
+            signal.signal(LOST_SIGNAL, previous)
+
+
+_local: LocalDaemons | None = None
+"""The daemons of the local Ray this process started (None when it joined a running Ray or a cluster)."""
+
+
+def ray_usable() -> bool:
+    """False once the local Ray this process started has lost its GCS server or raylet: Ray calls that need
+    them (ending actors, removing a placement group) would wait until Ray ends the process."""
+    return _local is None or _local.gone() is None
+
+
 @contextmanager
 def ray_session(config: ExperimentConfig) -> Iterator[None]:
     """Connect to `runtime.address` / $RAY_ADDRESS, or start a local Ray; leave Ray as it was found."""
+    global _local
     if ray.is_initialized():
         yield
         return
@@ -48,22 +166,38 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
     local = new_local_ray(config.runtime)
     main_thread = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main_thread else None
-    if local is None:
-        ray.init(address=address, logging_level=logging.WARNING)
-    else:
-        _token_auth_explicitly()
-        ray.init(
-            address="local",
-            num_cpus=int(local["CPU"]),
-            num_gpus=config.runtime.num_gpus,
-            object_store_memory=config.runtime.object_store_mb * 2**20,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+    daemons = LocalDaemons() if local is not None else None
     try:
-        with sigterm_interrupts():  # ray.init installed a SIGTERM handler that exits on the spot
-            yield
+        try:
+            if daemons is None:
+                ray.init(address=address, logging_level=logging.WARNING)
+            else:
+                _token_auth_explicitly()
+                _local = daemons
+                with daemons.own_sessions():
+                    ray.init(
+                        address="local",
+                        num_cpus=int(local["CPU"]),
+                        num_gpus=config.runtime.num_gpus,
+                        object_store_memory=config.runtime.object_store_mb * 2**20,
+                        include_dashboard=False,
+                        logging_level=logging.WARNING,
+                    )
+        except SystemExit as stop:  # ray.init's own SIGTERM handler, which exits on the spot, ran
+            if stop.code != signal.SIGTERM:
+                raise
+            raise Interrupted("", signal.SIGTERM) from None
+        with sigterm_interrupts():  # in place of ray.init's SIGTERM handler
+            if daemons is None:
+                yield
+            else:
+                with daemons.watched():
+                    yield
     finally:
+        lost = daemons if daemons is not None and daemons.gone() is not None else None
         ray.shutdown()
+        if lost is not None:
+            lost.end_leftovers()
+        _local = None
         if handler is not None:
             signal.signal(signal.SIGTERM, handler)

@@ -2,11 +2,13 @@
 
 Per round: the coordinator's broadcast goes to the hosts through the object store (one copy); each host
 runs its selected clients and sends the exact sum of their uploads straight to the coordinator, only
-per-client records come back to the driver; the coordinator runs the server step.
+per-client records come back to the driver; the coordinator runs the server step. The hosts' and the coordinator's
+settings reach them `carry`-ed: each actor imports the run's plugins before it unpickles them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -15,10 +17,13 @@ import ray
 
 from raysim.config import ExperimentConfig
 from raysim.errors import RaysimError
+from raysim.plugins import carry
+from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.host import ClientHost, HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem, sample_clients
+from raysim.runtime.session import ray_usable
 from raysim.tracking.metrics import evaluation_table, mean_client_metrics, round_records
 
 
@@ -73,7 +78,7 @@ class Simulation:
                 max_restarts=0,
                 max_task_retries=0,
             )
-            .remote(self._settings, *self._host_arguments[index])
+            .remote(carry(self._settings), *self._host_arguments[index])
         )
 
     def _start_coordinator(self) -> ray.actor.ActorHandle:
@@ -89,7 +94,7 @@ class Simulation:
                 max_task_retries=0,
             )
             .remote(
-                config.algorithm,
+                carry(config.algorithm),
                 self._params,
                 init_ref,
                 self._num_training,
@@ -139,7 +144,11 @@ class Simulation:
                 partial, records = host.train.options(num_returns=2).remote(round_index, chosen, broadcast)
                 partials.append(partial)
                 record_refs.append(records)
-        records = round_records(ray.get(record_refs))
+        try:
+            records = round_records(ray.get(record_refs))
+        except Exception:
+            _retrieve_ready([*partials, *record_refs])
+            raise
         self.dropped = records.filter(records["dropped"])["client_id"].to_pylist()
         self._check_usable(round_index, len(selected))
         trained = time.perf_counter()
@@ -207,12 +216,15 @@ class Simulation:
         return ray.get(self.coordinator.server_state.remote())
 
     def save_checkpoint(self, directory: Path) -> None:
-        """Every host writes its own clients' file in parallel; the coordinator writes the server state."""
-        directory.mkdir(parents=True, exist_ok=True)
-        ray.get(
+        """Every host writes its own clients' file in parallel; the coordinator writes the server state. A write
+        that failed is a CheckpointError with its line."""
+        failures = ray.get(
             [host.save_checkpoint.remote(str(directory / f"host-{i}.npz")) for i, host in enumerate(self.hosts)]
             + [self.coordinator.save_checkpoint.remote(str(directory / "coordinator.npz"))]
         )
+        failed = [failure for failure in failures if failure is not None]
+        if failed:
+            raise checkpoint.CheckpointError(failed[0])
 
     def restore_checkpoint(self, directory: Path) -> None:
         """Load a checkpoint into every actor, replacing those that died (`_replace`) and waiting up to
@@ -245,9 +257,21 @@ class Simulation:
                 )
 
     def close(self, wait_s: float = 10.0) -> None:
-        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup)."""
+        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup).
+        Nothing to do once the local Ray is gone (its actors went with it; the calls would wait for it)."""
+        if not ray_usable():
+            return
         if self.config.runtime.state_memory_mb is not None:
             ray.wait([host.close.remote() for host in self.hosts], num_returns=len(self.hosts), timeout=wait_s)
         for actor in [*self.hosts, self.coordinator]:
             ray.kill(actor)
         self.placement.release()
+
+
+def _retrieve_ready(refs: list[ray.ObjectRef]) -> None:
+    """Get the results a failed round's tasks have, errors included: Ray logs every error result dropped without
+    being got as an "Unhandled error" with its traceback, on the console of a study that goes on after the run."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in ready:
+        with contextlib.suppress(Exception):  # the round's error is already raised; these are its siblings
+            ray.get(ref)

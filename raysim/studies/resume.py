@@ -4,22 +4,28 @@ The parent run is reopened, and each child it should have is matched by its run 
 a sweep's `sweep/tNNN setting seed=N`, unique within the parent) to what the store holds:
 
 - FINISHED: kept as it is (its metrics are read back for the parent's reports, nothing is logged again);
-- unfinished with a checkpoint (`tracking.checkpoint_every` > 0): continued from it in the same MLflow run, as
-  `raysim resume RUN_ID` would;
-- unfinished without one: deleted (MLflow's soft delete) and run again from the start, so the parent never
-  holds two children of one setting and seed;
+- failed or unfinished (FAILED, KILLED, or RUNNING after its driver was killed outright) with a checkpoint
+  (`tracking.checkpoint_every` > 0) written with the setting the study now asks for: continued from it in the
+  same MLflow run, as `raysim resume RUN_ID` would;
+- failed or unfinished otherwise (no checkpoint, or its setting was changed in the study's file since, e.g. to
+  fix what made it fail): deleted (MLflow's soft delete) and run again from the start, so the parent never holds
+  two children of one setting and seed;
 - missing: run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
 from raysim.runtime import checkpoint
-from raysim.runtime.rounds import RunResult, summary_from_logged
+from raysim.runtime.rounds import summary_from_logged
+from raysim.studies.children import ChildOutcome
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 HISTORY_METRICS = ("pm/acc", "gm/acc", "hm/acc", "heldout/pm/acc")
@@ -32,25 +38,62 @@ class Previous:
 
     children: dict[str, Any]
 
-    def state(self, run_name: str) -> str:
-        """`new`, `finished`, `checkpointed` or `restart` for the child of that name (see the module docstring)."""
-        run = self.children.get(run_name)
+    def state(self, config: ExperimentConfig) -> str:
+        """`new`, `finished`, `checkpointed` or `restart` for the child of this config (module docstring)."""
+        run = self.children.get(config.tracking.run_name or "")
         if run is None:
             return "new"
         if run.info.status == "FINISHED":
             return "finished"
         folder = run.data.tags.get("raysim.checkpoint")
-        if folder and Path(folder).exists() and _has_checkpoint(Path(folder).parent):
+        if folder and Path(folder).exists() and _checkpointed_setting(Path(folder).parent) == _setting(config):
             return "checkpointed"
         return "restart"
 
 
-def _has_checkpoint(folder: Path) -> bool:
+def _setting(config: ExperimentConfig) -> dict[str, Any]:
+    """What decides a run's results: its config but where it is logged (`tracking`)."""
+    return {key: value for key, value in config.shown().items() if key != "tracking"}
+
+
+def _checkpointed_setting(folder: Path) -> dict[str, Any] | None:
+    """The setting a run's latest complete checkpoint under `folder` was written with; None without one."""
     try:
-        checkpoint.latest_checkpoint(folder)
+        manifest = checkpoint.read_manifest(checkpoint.latest_checkpoint(folder))
     except checkpoint.CheckpointError:
-        return False
-    return True
+        return None
+    return {key: value for key, value in yaml.safe_load(manifest["config"]).items() if key != "tracking"}
+
+
+@dataclass
+class ResumePlan:
+    """A resumed study's children by run name: the finished ones kept, the ones continued from a checkpoint."""
+
+    kept: dict[str, ChildOutcome] = field(default_factory=dict)
+    continued: dict[str, str] = field(default_factory=dict)
+    """Run name -> the MLflow run id to continue."""
+
+    def summary(self) -> str:
+        """The progress line of a resumed study ("" when nothing is kept or continued)."""
+        if not (self.kept or self.continued):
+            return ""
+        return f"resuming: {len(self.kept)} finished children kept, {len(self.continued)} continued from checkpoints"
+
+
+def plan_resume(writer: MlflowWriter, previous: Previous, configs: list[ExperimentConfig]) -> ResumePlan:
+    """Sort a resumed study's children (`configs`) by what the store holds of them (module docstring); the
+    unfinished ones that start again are deleted here."""
+    plan = ResumePlan()
+    for config in configs:
+        name = config.tracking.run_name or ""
+        state = previous.state(config)
+        if state == "finished":
+            plan.kept[name] = kept_outcome(writer, previous.children[name])
+        elif state == "checkpointed":
+            plan.continued[name] = previous.children[name].info.run_id
+        elif state == "restart":
+            discard(writer, previous.children[name])
+    return plan
 
 
 def reopen_parent(writer: MlflowWriter, parent: str, kind: str, name: str) -> Previous:
@@ -81,17 +124,15 @@ def reopen_parent(writer: MlflowWriter, parent: str, kind: str, name: str) -> Pr
     return Previous(by_name)
 
 
-def kept_result(writer: MlflowWriter, run: Any) -> RunResult:
-    """A finished child as a RunResult, read back from the store: its summaries and accuracy series."""
+def kept_outcome(writer: MlflowWriter, run: Any) -> ChildOutcome:
+    """A finished child's outcome, read back from the store: its summaries and accuracy series."""
     client, run_id = writer.client, run.info.run_id
     history: dict[int, dict[str, float]] = {}
     for key in HISTORY_METRICS:
         if key in run.data.metrics:
             for metric in client.get_metric_history(run_id, key):
                 history.setdefault(metric.step, {})[key] = metric.value
-    summary = summary_from_logged(run.data.metrics)
-    malicious = [int(c) for c in run.data.tags.get("malicious_clients", "").split(",") if c]
-    return RunResult(run_id, history, [], summary, malicious)
+    return ChildOutcome("finished", run_id, history, summary_from_logged(run.data.metrics))
 
 
 def discard(writer: MlflowWriter, run: Any) -> None:

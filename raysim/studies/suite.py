@@ -6,13 +6,13 @@ whole section, `algorithm.rho: 0.1` one value). With `seeds`, every run is repea
 child is an ordinary `run_experiment` whose MLflow run has `mlflow.parentRunId` = the suite's run, so the
 MLflow UI charts them side by side; the parent run gets a comparison plot and a Parquet summary table.
 All child configs are validated, and their partitions made once (`check_partitions`), before anything runs;
-one Ray instance serves every child.
+one Ray instance serves every child. A child that fails at run time is marked FAILED and the others run; the
+parent's artifacts come from the children that finished (raysim.studies.children).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import tempfile
 from dataclasses import dataclass, field
@@ -21,16 +21,14 @@ from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
-from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
+from raysim.config import ExperimentConfig, ExperimentFamily, set_value, top_level_keys, validate_config
 from raysim.data import partition_dataset
 from raysim.data.partitions import check_classes
-from raysim.data.sources import SEEDED_SOURCES
 from raysim.errors import ConfigError, DataError, PartitionError
-from raysim.runtime.driver import resume_experiment, run_experiment
-from raysim.runtime.rounds import RunResult
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
-from raysim.studies.resume import Previous, discard, kept_result, reopen_parent
+from raysim.studies.children import ChildOutcome, ParentRun, outcome_line, run_child
+from raysim.studies.resume import ResumePlan, plan_resume, reopen_parent
 from raysim.studies.table import write_tables
 from raysim.threats.attacks import check_benign_left
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
@@ -64,7 +62,7 @@ class SuiteConfig(ExperimentFamily):
             for seed in self.seeds or [None]:
                 tree = copy.deepcopy(base)
                 for key, value in run.overrides.items():
-                    apply_override(tree, f"{key}={json.dumps(value)}")
+                    set_value(tree, key, value)
                 if seed is not None:
                     tree["seed"] = seed
                 tree.setdefault("tracking", {})["run_name"] = run.name if seed is None else f"{run.name}/seed{seed}"
@@ -79,7 +77,7 @@ class SuiteConfig(ExperimentFamily):
 class SuiteChild:
     name: str
     config: ExperimentConfig
-    result: RunResult
+    outcome: ChildOutcome
 
 
 @dataclass
@@ -88,12 +86,17 @@ class SuiteResult:
     tracking_uri: str
     children: list[SuiteChild] = field(default_factory=list)
     table: list[dict[str, Any]] = field(default_factory=list)
-    """One row per child: run name, seed, algorithm, MLflow run id and its final/best summary."""
+    """One row per child: run name, seed, algorithm, status, MLflow run id, error and its final/best summary."""
+
+    @property
+    def failed(self) -> list[SuiteChild]:
+        return [c for c in self.children if not c.outcome.finished]
 
     def mean_final(self, name: str, metric: str) -> float:
-        """Mean over the seeds of run `name` of a summary metric (e.g. `final/pm/acc`)."""
-        values = [c.result.summary.get(metric, math.nan) for c in self.children if c.name == name]
-        return sum(values) / len(values)
+        """Mean over the finished seeds of run `name` of a summary metric (e.g. `final/pm/acc`); NaN if none."""
+        values = [c.outcome.summary.get(metric, math.nan) for c in self.children
+                  if c.name == name and c.outcome.finished]  # fmt: skip
+        return sum(values) / len(values) if values else math.nan
 
 
 def is_suite_file(path: str | Path) -> bool:
@@ -101,9 +104,12 @@ def is_suite_file(path: str | Path) -> bool:
     return "runs" in top_level_keys(path)
 
 
-def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SuiteConfig:
-    """Read a suite YAML; `--set` overrides apply to its base experiment."""
-    return SuiteConfig.load(path, overrides)
+def load_suite(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), extra_plugins: list[str] | tuple[str, ...] = ()
+) -> SuiteConfig:
+    """Read a suite YAML and import its plugins and `extra_plugins` (`--plugin`); `--set` overrides apply to its base
+    experiment."""
+    return SuiteConfig.load(path, overrides, extra_plugins)
 
 
 def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
@@ -113,7 +119,7 @@ def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
     find out inside its own run. Each dataset is loaded once (once per seed for the synthetic ones)."""
     by_dataset: dict[tuple[str, int | None], list[tuple[str, ExperimentConfig]]] = {}
     for where, config in experiments:
-        seed = config.seed if config.dataset.name in SEEDED_SOURCES else None
+        seed = config.seed if config.dataset.seeded else None
         by_dataset.setdefault((config.dataset.model_dump_json(), seed), []).append((where, config))
     done: set[tuple[str, str, int, int]] = set()
     for (dataset_key, _), members in by_dataset.items():
@@ -133,9 +139,14 @@ def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
             done.add(key)
 
 
-def run_suite(suite: SuiteConfig, show_progress: bool = True, resume: str | None = None) -> SuiteResult:
+def run_suite(
+    suite: SuiteConfig, show_progress: bool = True, resume: str | None = None, command: str | None = None
+) -> SuiteResult:
     """Run every child experiment under one parent MLflow run; log the comparison plot, the summary and the result
-    tables. `resume`: the parent run of this suite stopped earlier, continued (raysim.studies.resume)."""
+    tables. A child that fails is recorded FAILED and the others run (raysim.studies.children); Ctrl-C or
+    SIGTERM stops the suite, its parent run KILLED. `resume`: the parent run of this suite stopped earlier,
+    continued (raysim.studies.resume). `command`: the command line that runs this suite, for the line that says
+    how to continue it."""
     children = suite.experiments()
     check_partitions([(f"suite run {c.tracking.run_name!r}", c) for _, c in children])
     first = children[0][1]
@@ -143,44 +154,44 @@ def run_suite(suite: SuiteConfig, show_progress: bool = True, resume: str | None
     if resume is None:
         params = {"suite.runs": ",".join(r.name for r in suite.runs), "suite.seeds": suite.seeds or [first.seed]}
         parent = writer.start(suite.name, params, {"suite": suite.name, "mlflow.source.git.commit": git_commit()})
-        previous = Previous({})
+        plan = ResumePlan()
     else:
-        previous, parent = reopen_parent(writer, resume, "suite", suite.name), resume
+        parent = resume
+        plan = plan_resume(writer, reopen_parent(writer, resume, "suite", suite.name), [c for _, c in children])
     result = SuiteResult(parent, writer.tracking_uri)
-    try:
+    say = print if show_progress else (lambda *_, **__: None)
+    with ParentRun(writer, "suite", suite.name, command) as parent_run:
+        if plan.summary():
+            say(plan.summary(), flush=True)
         with ray_session(first):
             for index, (name, config) in enumerate(children, start=1):
-                if show_progress:
-                    print(f"[{index}/{len(children)}] {config.tracking.run_name}", flush=True)
-                run = _child(writer, previous, config, parent, show_progress)
-                result.children.append(SuiteChild(name, config, run))
+                run_name = config.tracking.run_name or name
+                outcome = plan.kept.get(run_name)
+                if outcome is None:
+                    say(f"[{index}/{len(children)}] {run_name}", flush=True)
+                    parent_run.doing = f"in its child {run_name!r} ({index - 1} of {len(children)} done)"
+                    outcome = run_child(config, parent, plan.continued.get(run_name), show_progress)
+                    if not outcome.finished:
+                        say(f"[{index}/{len(children)}] {outcome_line(run_name, outcome)}", flush=True)
+                result.children.append(SuiteChild(name, config, outcome))
+        parent_run.record([(c.config, c.outcome) for c in result.children])
         result.table = summary_table(result.children)
-        with tempfile.TemporaryDirectory() as directory:
-            folder = Path(directory)
-            write_summary(result.table, folder / "summary.parquet")
-            write_comparison_plot(result.children, suite.name, folder / "comparison.png")
-            reports = write_suite_reports(result.children, suite.name, folder)
-            tables = write_tables(writer.tracking_uri, parent, folder)
-            for name in ("summary.parquet", "comparison.png", *reports, *(t.name for t in tables)):
-                writer.log_artifact(folder / name)
-    except BaseException:
-        writer.finish("FAILED")
-        raise
-    writer.finish("FINISHED")
+        _log_parent(writer, suite.name, result)
     return result
 
 
-def _child(writer: MlflowWriter, previous: Previous, config: ExperimentConfig, parent: str, show: bool) -> RunResult:
-    """Run one child, or with a resumed suite keep, continue or restart what the store holds of it."""
-    state = previous.state(config.tracking.run_name or "")
-    if state == "finished":
-        return kept_result(writer, previous.children[config.tracking.run_name])
-    if state == "checkpointed":
-        run_id = previous.children[config.tracking.run_name].info.run_id
-        return resume_experiment(run_id, writer.tracking_uri, show_progress=show)
-    if state == "restart":
-        discard(writer, previous.children[config.tracking.run_name])
-    return run_experiment(config, show_progress=show, parent=parent)
+def _log_parent(writer: MlflowWriter, title: str, result: SuiteResult) -> None:
+    """The parent's artifacts, made from the children that finished; the failed ones are marked (their rows'
+    status and error, `(failed)` in the plot's legend, named under the tables)."""
+    finished = [c for c in result.children if c.outcome.finished]
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory)
+        write_summary(result.table, folder / "summary.parquet")
+        write_comparison_plot(result.children, title, folder / "comparison.png")
+        reports = write_suite_reports(finished, title, folder) if finished else []
+        tables = write_tables(writer.tracking_uri, result.parent_run_id, folder) if finished else []
+        for name in ("summary.parquet", "comparison.png", *reports, *(t.name for t in tables)):
+            writer.log_artifact(folder / name)
 
 
 def summary_table(children: list[SuiteChild]) -> list[dict[str, Any]]:
@@ -189,8 +200,10 @@ def summary_table(children: list[SuiteChild]) -> list[dict[str, Any]]:
             "run": c.name,
             "seed": c.config.seed,
             "algorithm": c.config.algorithm.name,
-            "run_id": c.result.run_id,
-            **c.result.summary,
+            "status": c.outcome.status,
+            "run_id": c.outcome.run_id or "",
+            "error": c.outcome.error,
+            **c.outcome.summary,
         }
         for c in children
     ]
@@ -206,17 +219,24 @@ def write_summary(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def write_comparison_plot(children: list[SuiteChild], title: str, path: Path) -> None:
-    """Mean test accuracy against the round, one line per run (mean over its seeds), for PM, GM and HM."""
+    """Mean test accuracy against the round, one line per run (mean over its finished seeds), for PM, GM and HM;
+    a run with failed seeds says so in the legend (`(failed)`, or `(1 of 2 seeds failed)`) and a run none of
+    whose seeds finished has no line, only its legend entry."""
     import numpy as np
 
     from raysim.tracking import plots
 
     curves: dict[str, list[plots.Series]] = {"pm": [], "gm": [], "hm": []}
     for name in dict.fromkeys(c.name for c in children):
-        histories = [c.result.history for c in children if c.name == name]
-        rounds = sorted(set.intersection(*({r for r in h if "pm/acc" in h[r]} for h in histories)))
+        members = [c for c in children if c.name == name]
+        histories = [c.outcome.history for c in members if c.outcome.finished]
+        failed = len(members) - len(histories)
+        label = name
+        if failed:
+            label += " (failed)" if not histories else f" ({failed} of {len(members)} seeds failed)"
+        rounds = sorted(set.intersection(*({r for r in h if "pm/acc" in h[r]} for h in histories))) if histories else []
         for kind, series in curves.items():
-            series.append(plots.Series(name, {r: np.mean([h[r][f"{kind}/acc"] for h in histories]) for r in rounds}))
+            series.append(plots.Series(label, {r: np.mean([h[r][f"{kind}/acc"] for h in histories]) for r in rounds}))
     panels = [
         plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "")
         for kind, series in curves.items()

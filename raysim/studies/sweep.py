@@ -11,7 +11,7 @@ under one parent run, which only this process creates and which gets the summary
 setting). Every trial's config is validated and every distinct partition made (`suite.check_partitions`)
 before the parent run or any Ray work, so an impossible request fails at once naming its trial. A trial
 that fails later is recorded as failed (status and error in the table, its MLflow run marked FAILED) and
-the others go on.
+the others go on, as a suite's children do (raysim.studies.children).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import math
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,12 +31,13 @@ import numpy as np
 import ray
 from pydantic import Field, model_validator
 
-from raysim.config import ExperimentConfig, ExperimentFamily, apply_override, top_level_keys, validate_config
+from raysim.config import ExperimentConfig, ExperimentFamily, set_value, top_level_keys, validate_config
 from raysim.errors import ConfigError
-from raysim.runtime.driver import resume_experiment, run_experiment
+from raysim.plugins import carry
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
-from raysim.studies.resume import Previous, discard, kept_result, reopen_parent
+from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_line, run_child
+from raysim.studies.resume import ResumePlan, plan_resume, reopen_parent
 from raysim.studies.suite import check_partitions, write_summary
 from raysim.studies.table import write_tables
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
@@ -120,7 +121,7 @@ class SweepConfig(ExperimentFamily):
             for seed in self.seeds or [None]:
                 tree = copy.deepcopy(base)
                 for key, value in setting.items():
-                    apply_override(tree, f"{key}={json.dumps(value)}")
+                    set_value(tree, key, value)
                 if seed is not None:
                     tree["seed"] = seed
                 index = len(trials)
@@ -152,33 +153,24 @@ class Trial:
 
 
 @dataclass
-class TrialOutcome:
-    status: str
-    """finished or failed"""
-    run_id: str | None = None
-    history: dict[int, dict[str, float]] = field(default_factory=dict)
-    summary: dict[str, float] = field(default_factory=dict)
-    error: str = ""
-    node: str = ""
-    seconds: float = 0.0
-
-
-@dataclass
 class SweepResult:
     parent_run_id: str
     tracking_uri: str
     trials: list[Trial]
-    outcomes: list[TrialOutcome]
+    outcomes: list[ChildOutcome]
     table: list[dict[str, Any]]
 
     @property
     def failed(self) -> list[int]:
-        return [t.index for t, o in zip(self.trials, self.outcomes, strict=True) if o.status != "finished"]
+        return [t.index for t, o in zip(self.trials, self.outcomes, strict=True) if not o.finished]
 
 
-def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
-    """Read a sweep YAML; `--set` overrides apply to its base experiment."""
-    return SweepConfig.load(path, overrides)
+def load_sweep(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), extra_plugins: list[str] | tuple[str, ...] = ()
+) -> SweepConfig:
+    """Read a sweep YAML and import its plugins and `extra_plugins` (`--plugin`); `--set` overrides apply to its base
+    experiment."""
+    return SweepConfig.load(path, overrides, extra_plugins)
 
 
 def parse_sweep(data: dict[str, Any], where: str = "sweep") -> SweepConfig:
@@ -195,22 +187,11 @@ def absolute_tracking_uri(configured: str | None) -> str:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_trial(config: ExperimentConfig, parent: str, resume_run: str | None = None) -> TrialOutcome:
-    """One trial on the cluster: an ordinary experiment nested under the sweep's run, or `resume_run` continued
-    from its checkpoint (a resumed sweep); errors are returned."""
-    start = time.perf_counter()
-    node = ray.get_runtime_context().get_node_id()
-    try:
-        if resume_run is not None:
-            result = resume_experiment(resume_run, config.tracking.uri, show_progress=False)
-        else:
-            result = run_experiment(config, show_progress=False, parent=parent)
-    except Exception as error:  # noqa: BLE001 - a failed trial is a result, not the end of the sweep
-        message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
-        return TrialOutcome("failed", error=message, node=node, seconds=time.perf_counter() - start)
-    return TrialOutcome(
-        "finished", result.run_id, result.history, result.summary, node=node, seconds=time.perf_counter() - start
-    )
+def _run_trial(config: ExperimentConfig, parent: str, continue_run: str | None = None) -> ChildOutcome:
+    """One trial on the cluster (raysim.studies.children.run_child): errors are returned."""
+    outcome = run_child(config, parent, continue_run)
+    outcome.node = ray.get_runtime_context().get_node_id()
+    return outcome
 
 
 def trial_cpus(config: ExperimentConfig) -> float | None:
@@ -231,9 +212,14 @@ def concurrency(sweep: SweepConfig, trials: list[Trial]) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1) // max(needs)))  # type: ignore[type-var]
 
 
-def run_sweep(sweep: SweepConfig, show_progress: bool = True, resume: str | None = None) -> SweepResult:
+def run_sweep(
+    sweep: SweepConfig, show_progress: bool = True, resume: str | None = None, command: str | None = None
+) -> SweepResult:
     """Run every trial on the cluster under one parent MLflow run; log the summary, the result tables and the
-    plots. `resume`: the parent run of this sweep stopped earlier, continued (raysim.studies.resume)."""
+    plots. A trial that fails is recorded FAILED and the others run (raysim.studies.children); Ctrl-C or SIGTERM
+    stops the sweep, its parent run KILLED. `resume`: the parent run of this sweep stopped earlier, continued
+    (raysim.studies.resume). `command`: the command line that runs this sweep, for the line that says how to
+    continue it."""
     base = validate_config(sweep.base_tree())
     uri = absolute_tracking_uri(base.tracking.uri)
     trials = sweep.trials(uri)
@@ -249,102 +235,92 @@ def run_sweep(sweep: SweepConfig, show_progress: bool = True, resume: str | None
         params |= {f"sweep.random.{k}": v.model_dump(exclude_none=True) for k, v in sweep.random.params.items()}
     if resume is None:
         parent = writer.start(sweep.name, params, {"sweep": sweep.name, "mlflow.source.git.commit": git_commit()})
-        previous = Previous({})
+        plan = ResumePlan()
     else:
-        previous, parent = reopen_parent(writer, resume, "sweep", sweep.name), resume
+        parent = resume
+        plan = plan_resume(writer, reopen_parent(writer, resume, "sweep", sweep.name), [t.config for t in trials])
     say = print if show_progress else (lambda *_, **__: None)
-    say(f"sweep {sweep.name}: parent run {parent} at {uri}, {len(trials)} trials", flush=True)
-    try:
+    say(f"sweep {sweep.name}: parent run {parent} at {writer.shown_uri}, {len(trials)} trials", flush=True)
+    with ParentRun(writer, "sweep", sweep.name, command) as parent_run:
         with ray_session(base):
             limit = concurrency(sweep, trials)
             say(f"running up to {limit} trials at once", flush=True)
-            kept, continued = _sort_previous(writer, previous, trials)
-            if kept or continued:
-                say(f"resuming: {len(kept)} finished trials kept, {len(continued)} continued from checkpoints")
-            outcomes = _schedule(trials, parent, limit, say, kept, continued)
-        _record_failures(writer, trials, outcomes, parent)
+            if plan.summary():
+                say(plan.summary(), flush=True)
+            outcomes = _schedule(writer, trials, parent, limit, say, plan, parent_run)
+        parent_run.record([(t.config, o) for t, o in zip(trials, outcomes, strict=True)])
         table = summary_rows(trials, outcomes)
         _log_parent(writer, sweep, trials, outcomes, table)
-    except BaseException:
-        writer.finish("FAILED")
-        raise
-    writer.finish("FINISHED")
     return SweepResult(parent, uri, trials, outcomes, table)
 
 
-def _sort_previous(
-    writer: MlflowWriter, previous: Previous, trials: list[Trial]
-) -> tuple[dict[int, TrialOutcome], dict[int, str]]:
-    """A resumed sweep's trials: the finished ones kept (index -> outcome) and the ones with a checkpoint to
-    continue (index -> run id); an unfinished trial without one is deleted and runs again."""
-    kept, continued = {}, {}
-    for trial in trials:
-        name = trial.config.tracking.run_name or ""
-        state = previous.state(name)
-        if state == "finished":
-            result = kept_result(writer, previous.children[name])
-            kept[trial.index] = TrialOutcome("finished", result.run_id, result.history, result.summary)
-        elif state == "checkpointed":
-            continued[trial.index] = previous.children[name].info.run_id
-        elif state == "restart":
-            discard(writer, previous.children[name])
-    return kept, continued
-
-
 def _schedule(
+    writer: MlflowWriter,
     trials: list[Trial],
     parent: str,
     limit: int,
     say,
-    kept: dict[int, TrialOutcome] | None = None,
-    continued: dict[int, str] | None = None,
-) -> list[TrialOutcome]:
-    """Keep up to `limit` trial tasks in flight; a task that dies (worker crash, OOM) is a failed trial. `kept`
-    trials (a resumed sweep's finished ones) do not run; `continued` ones resume their run from its checkpoint."""
-    outcomes: dict[int, TrialOutcome] = dict(kept or {})
-    continued = continued or {}
+    plan: ResumePlan,
+    parent_run: ParentRun,
+) -> list[ChildOutcome]:
+    """Keep up to `limit` trial tasks in flight; a task that dies (worker crash, OOM) is a failed trial. The
+    plan's kept trials (a resumed sweep's finished ones) do not run; its continued ones resume their run from its
+    checkpoint. Ctrl-C or SIGTERM cancels the trials in flight (each marks its run KILLED) and is re-raised."""
+    name = {t.index: t.config.tracking.run_name or "" for t in trials}
+    outcomes = {t.index: plan.kept[name[t.index]] for t in trials if name[t.index] in plan.kept}
     queue = [t for t in trials if t.index not in outcomes]
     pending: dict[ray.ObjectRef, Trial] = {}
-    while queue or pending:
-        while queue and len(pending) < limit:
-            trial = queue.pop(0)
-            pending[_run_trial.remote(trial.config, parent, continued.get(trial.index))] = trial
-        done, _ = ray.wait(list(pending), num_returns=1)
-        for ref in done:
-            trial = pending.pop(ref)
-            try:
-                outcome = ray.get(ref)
-            except Exception as error:  # noqa: BLE001 - the task itself died
-                outcome = TrialOutcome("failed", error=f"{type(error).__name__}: {error}".splitlines()[0][:500])
-            outcomes[trial.index] = outcome
-            final = outcome.summary.get("final/pm/acc")
-            shown = f"final PM {final:.4f}" if final is not None else outcome.error
-            say(f"trial {trial.index:3d} {trial.label} seed={trial.config.seed}: {outcome.status} {shown}", flush=True)
+    try:
+        while queue or pending:
+            while queue and len(pending) < limit:
+                trial = queue.pop(0)
+                pending[_run_trial.remote(carry(trial.config), parent, plan.continued.get(name[trial.index]))] = trial
+            parent_run.doing = f"with {len(outcomes)} of {len(trials)} trials done"
+            done = _wait_for_one(list(pending))
+            for ref in done:
+                trial = pending.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except Exception as error:  # noqa: BLE001 - the task itself died
+                    outcome = ChildOutcome("failed", error=one_line(error))
+                outcomes[trial.index] = outcome
+                say(f"trial {trial.index:3d} {outcome_line(f'{trial.label} seed={trial.config.seed}', outcome)}",
+                    flush=True)  # fmt: skip
+    except KeyboardInterrupt:
+        _cancel(writer, parent, pending)
+        raise
     return [outcomes[t.index] for t in trials]
 
 
-def _record_failures(writer: MlflowWriter, trials: list[Trial], outcomes: list[TrialOutcome], parent: str) -> None:
-    """Every failed trial gets a FAILED child run with its error: the one it started, or a new one."""
-    failed = [(t, o) for t, o in zip(trials, outcomes, strict=True) if o.status != "finished"]
-    if not failed:
-        return
-    children = writer.client.search_runs(
-        [writer.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'", max_results=10000
+def _wait_for_one(refs: list[ray.ObjectRef], poll_s: float = 0.2) -> list[ray.ObjectRef]:
+    """The refs done once at least one is, waited for in Python between non-blocking looks: a signal's exception
+    (raysim.errors.Interrupted, which knows the signal) raised while Ray itself waits comes out of ray.wait as a
+    plain KeyboardInterrupt, and the sweep would report SIGTERM as SIGINT."""
+    while True:
+        done, _ = ray.wait(refs, num_returns=1, timeout=0)
+        if done:
+            return done
+        time.sleep(poll_s)
+
+
+def _cancel(writer: MlflowWriter, parent: str, pending: dict[ray.ObjectRef, Trial], wait_s: float = 20.0) -> None:
+    """Stop the trials in flight: each task gets a KeyboardInterrupt, so its run ends KILLED as an interrupted
+    run does (raysim.runtime.driver: "interrupted by SIGINT"); a run still RUNNING `wait_s` later is marked KILLED
+    from here."""
+    for ref in pending:
+        ray.cancel(ref, recursive=False)  # its own actors' tasks go on until it closes them, so it ends KILLED
+    ray.wait(list(pending), num_returns=len(pending), timeout=wait_s)
+    names = {t.config.tracking.run_name for t in pending.values()}
+    running = writer.client.search_runs(
+        [writer.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and attributes.status = 'RUNNING'"
     )
-    by_name = {run.info.run_name: run.info.run_id for run in children}
-    for trial, outcome in failed:
-        name = trial.config.tracking.run_name
-        child = MlflowWriter(writer.tracking_uri, trial.config.tracking.experiment)
-        if name in by_name:
-            child.run_id = by_name[name]
-        else:
-            child.start(name, trial.config.flat(), {"algorithm": trial.config.algorithm.name}, parent=parent)
-        child.set_tags({"raysim.error": outcome.error or "failed"})
-        child.finish("FAILED")
-        outcome.run_id = child.run_id
+    for run in running:
+        if run.info.run_name in names:
+            writer.client.set_tag(run.info.run_id, "raysim.error", "interrupted: its sweep was stopped")
+            writer.client.set_terminated(run.info.run_id, "KILLED")
 
 
-def summary_rows(trials: list[Trial], outcomes: list[TrialOutcome]) -> list[dict[str, Any]]:
+def summary_rows(trials: list[Trial], outcomes: list[ChildOutcome]) -> list[dict[str, Any]]:
     """One row per trial: index, setting, seed, status, run id, swept values, final/best metrics."""
     keys = list(dict.fromkeys(k for t in trials for k in t.setting))
     rows = []
@@ -366,7 +342,7 @@ def summary_rows(trials: list[Trial], outcomes: list[TrialOutcome]) -> list[dict
 
 
 def setting_stats(
-    trials: list[Trial], outcomes: list[TrialOutcome], metric: str
+    trials: list[Trial], outcomes: list[ChildOutcome], metric: str
 ) -> list[tuple[str, float, float, int]]:
     """(setting label, mean, std, finished seeds) of a final metric over the seeds of each setting."""
     stats = []
@@ -374,7 +350,7 @@ def setting_stats(
         values = [
             o.summary[metric]
             for t, o in zip(trials, outcomes, strict=True)
-            if t.setting_index == setting_index and o.status == "finished" and metric in o.summary
+            if t.setting_index == setting_index and o.finished and metric in o.summary
         ]
         label = next(t.label for t in trials if t.setting_index == setting_index)
         mean = float(np.mean(values)) if values else math.nan
@@ -384,8 +360,10 @@ def setting_stats(
 
 
 def _log_parent(writer, sweep: SweepConfig, trials, outcomes, table) -> None:
-    finished = sum(o.status == "finished" for o in outcomes)
-    metrics = {"trials/finished": finished, "trials/failed": len(outcomes) - finished}
+    """The parent's artifacts, made from the trials that finished; the failed ones are marked (their rows' status
+    and error, `(failed)` in the curves' legend, named under the tables)."""
+    finished = sum(o.finished for o in outcomes)
+    metrics = {}
     for label, mean, _, _ in setting_stats(trials, outcomes, "final/pm/acc"):
         metrics[re.sub(r"[^\w\-. :/]", "_", f"setting/{label}/final_pm_acc_mean")[:250]] = mean
     writer.log_metrics(0, metrics)
@@ -399,7 +377,7 @@ def _log_parent(writer, sweep: SweepConfig, trials, outcomes, table) -> None:
             writer.log_artifact(folder / name)
 
 
-def write_trial_curves(trials: list[Trial], outcomes: list[TrialOutcome], title: str, path: Path) -> None:
+def write_trial_curves(trials: list[Trial], outcomes: list[ChildOutcome], title: str, path: Path) -> None:
     """PM, GM and HM test accuracy against the round, one line per finished trial (colour: setting; style: seed)."""
     from raysim.tracking import plots
 
@@ -410,7 +388,7 @@ def write_trial_curves(trials: list[Trial], outcomes: list[TrialOutcome], title:
         for kind, series in curves.items():
             series.append(
                 plots.Series(
-                    f"{trial.label} s{trial.config.seed}",
+                    f"{trial.label} s{trial.config.seed}" + ("" if outcome.finished else " (failed)"),
                     {r: outcome.history[r][f"{kind}/acc"] for r in rounds},
                     color=f"C{trial.setting_index % 10}",
                     linestyle=plots.LINE_STYLES[seeds.index(trial.config.seed) % len(plots.LINE_STYLES)],
@@ -423,7 +401,7 @@ def write_trial_curves(trials: list[Trial], outcomes: list[TrialOutcome], title:
     plots.save(plots.round_curves(panels, title=f"{title}: accuracy per trial", sharey=True), path)
 
 
-def write_setting_bars(trials: list[Trial], outcomes: list[TrialOutcome], title: str, path: Path) -> None:
+def write_setting_bars(trials: list[Trial], outcomes: list[ChildOutcome], title: str, path: Path) -> None:
     """Final PM / GM / HM accuracy per setting: mean over seeds with +/- one standard deviation."""
     from raysim.tracking import plots
 

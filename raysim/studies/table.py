@@ -1,6 +1,8 @@
 """Result tables as papers print them: one row per setting of a suite or sweep (or per configuration of an
 experiment's runs), one column per metric, each cell the mean +/- sample std over the setting's seeds at the final
-round or at each run's best round (with the rounds).
+round or at each run's best round (with the rounds): the round where one metric (`best_by`, default pm/acc)
+peaks, every metric taken at that round, as a paper reports a model at its best accuracy (a metric's own best
+would take the variances at round 0, before any training).
 
 The numbers are read back from MLflow, the same metric histories the UI plots, so a table can be made for any
 finished suite or sweep (`raysim table PARENT_RUN`) and is also logged on the parent run when it finishes
@@ -14,7 +16,7 @@ import difflib
 import io
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +27,7 @@ from raysim.errors import RaysimError
 At = Literal["final", "best"]
 Format = Literal["markdown", "csv", "latex"]
 DEFAULT_METRICS = ("pm/acc", "gm/acc", "hm/acc")
+DEFAULT_BEST_BY = "pm/acc"
 FORMATS: dict[str, str] = {"markdown": "md", "csv": "csv", "latex": "tex"}
 
 
@@ -60,8 +63,10 @@ class Table:
     metrics: list[str]
     rows: list[tuple[str, list[int], dict[str, Cell]]]
     """(setting, its seeds, metric -> cell), in the order the settings first ran."""
-    left_out: int = 0
-    """Child runs that did not finish (not in the table)."""
+    best_by: str = DEFAULT_BEST_BY
+    """With `at` = best: the metric whose best round each run's values are taken at."""
+    left_out: list[str] = field(default_factory=list)
+    """The runs that did not finish (not in the table), as `name (STATUS)`."""
 
     def render(self, form: Format) -> str:
         return {"markdown": self.markdown, "csv": self.csv, "latex": self.latex}[form]()
@@ -80,7 +85,7 @@ class Table:
     def markdown(self) -> str:
         head = ["setting", "seeds", *self.metrics]
         lines = [
-            f"**{self.title}**: {self.at} round, mean ± sample std over seeds" + self._footnote(),
+            f"**{self.title}**: {self.caption()}",
             "",
             "| " + " | ".join(head) + " |",
             "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
@@ -92,6 +97,7 @@ class Table:
 
     def csv(self) -> str:
         out = io.StringIO()
+        out.write(f"# {self.title}: {self.caption()}\n")  # read with e.g. pandas.read_csv(path, skiprows=1)
         writer = csv.writer(out, lineterminator="\n")
         columns = ["setting", "seeds"]
         for metric in self.metrics:
@@ -112,7 +118,7 @@ class Table:
 
     def latex(self) -> str:
         lines = [
-            f"% {self.title}: {self.at} round, mean \\pm sample std over seeds{self._footnote()}",
+            f"% {self.title}: " + self.caption().replace("±", r"\pm"),
             "\\begin{tabular}{l r " + "c " * len(self.metrics) + "}",
             "\\hline",
             " & ".join(["setting", "seeds", *(_latex_escape(m) for m in self.metrics)]) + " \\\\",
@@ -124,8 +130,22 @@ class Table:
         lines += ["\\hline", "\\end{tabular}"]
         return "\n".join(lines) + "\n"
 
-    def _footnote(self) -> str:
-        return f" ({self.left_out} unfinished runs left out)" if self.left_out else ""
+    def caption(self) -> str:
+        """Which round the values come from, what a cell is, and which runs are left out."""
+        if self.at == "best":
+            direction = "lowest" if lower_is_better(self.best_by) else "highest"
+            when = f"each run's best round by {self.best_by} (its {direction}), every metric at that round"
+        else:
+            when = "final round"
+        text = f"{when}; mean ± sample std over seeds"
+        if self.left_out:
+            text += f"; left out, not finished: {listed(self.left_out)}"
+        return text
+
+
+def listed(names: list[str], limit: int = 10) -> str:
+    """Names as one comma-separated line, at most `limit` of them and how many more."""
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _latex_escape(text: str) -> str:
@@ -138,18 +158,38 @@ def lower_is_better(metric: str) -> bool:
     return "loss" in name or name.endswith(("_var", "_std")) or name in ("lagging_share",)
 
 
-def pick(history: list[tuple[int, float]], at: At, metric: str) -> tuple[float, int]:
-    """(value, round) of a metric history: its last round's, or its best (earliest best round on ties)."""
-    ordered = sorted(history)
-    if at == "final":
-        step, value = ordered[-1]
-        return value, step
+def final_value(history: list[tuple[int, float]]) -> tuple[float, int]:
+    """(value, round) of a metric history at its last round."""
+    step, value = max(history)
+    return value, step
+
+
+def best_round(history: list[tuple[int, float]], metric: str) -> int:
+    """The round at which a metric history is best: highest, or lowest for losses, variances and spreads
+    (`lower_is_better`); the earliest on ties."""
     chooser = min if lower_is_better(metric) else max
-    best = chooser(value for _, value in ordered)
-    return best, next(step for step, value in ordered if value == best)
+    best = chooser(value for _, value in history)
+    return min(step for step, value in history if value == best)
 
 
-def build_table(runs: list[RunValues], metrics: list[str], at: At, title: str, left_out: int = 0) -> Table:
+def value_at(history: list[tuple[int, float]], step: int) -> tuple[float, int] | None:
+    """(value, round) of a metric history at `step`, or, not logged then, at the last round before it; None if it
+    was first logged after `step`."""
+    earlier = [(s, v) for s, v in history if s <= step]
+    if not earlier:
+        return None
+    found, value = max(earlier)
+    return value, found
+
+
+def build_table(
+    runs: list[RunValues],
+    metrics: list[str],
+    at: At,
+    title: str,
+    left_out: list[str] | None = None,
+    best_by: str = DEFAULT_BEST_BY,
+) -> Table:
     """Group runs by setting (in order of appearance) and average each metric over the setting's seeds."""
     settings = list(dict.fromkeys(r.setting for r in runs))
     rows = []
@@ -165,7 +205,7 @@ def build_table(runs: list[RunValues], metrics: list[str], at: At, title: str, l
             cells[metric] = Cell(float(values.mean()), std, len(values), tuple(s for _, s in found),
                                  tuple(float(v) for v in values))  # fmt: skip
         rows.append((setting, [r.seed for r in members], cells))
-    return Table(title, at, list(metrics), rows, left_out)
+    return Table(title, at, list(metrics), rows, best_by, list(left_out or []))
 
 
 SUITE_CHILD = re.compile(r"^(?P<setting>.+)/seed(?P<seed>-?\d+)$")
@@ -182,8 +222,10 @@ def setting_of(run_name: str) -> str:
     return run_name
 
 
-def fetch_runs(tracking_uri: str, target: str, metrics: list[str], at: At) -> tuple[str, list[RunValues], int]:
-    """(title, the finished runs' values, how many unfinished runs were left out) of a suite's or sweep's
+def fetch_runs(
+    tracking_uri: str, target: str, metrics: list[str], at: At, best_by: str = DEFAULT_BEST_BY
+) -> tuple[str, list[RunValues], list[str]]:
+    """(title, the finished runs' values, the unfinished runs left out as `name (STATUS)`) of a suite's or sweep's
     parent run id, or of an experiment name (its top-level runs, one row per configuration but the seed)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -195,6 +237,7 @@ def fetch_runs(tracking_uri: str, target: str, metrics: list[str], at: At) -> tu
         parent = client.get_run(target)
     except MlflowException:
         parent = None
+    studies: list[Any] = []
     if parent is not None:
         title = parent.data.tags.get("suite") or parent.data.tags.get("sweep") or parent.info.run_name
         runs = client.search_runs(
@@ -209,32 +252,55 @@ def fetch_runs(tracking_uri: str, target: str, metrics: list[str], at: At) -> tu
         if experiment is None:
             raise TableError(f"{target}: neither a run id nor an experiment name in {redact(tracking_uri)}")
         title = target
-        runs = [
+        top_level = [
             run
-            for run in client.search_runs([experiment.experiment_id], max_results=50000,
-                                          order_by=["attributes.start_time ASC"])  # fmt: skip
-            if "mlflow.parentRunId" not in run.data.tags and not {"suite", "sweep"} & set(run.data.tags)
+            for run in client.search_runs(
+                [experiment.experiment_id], max_results=50000, order_by=["attributes.start_time ASC"]
+            )  # fmt: skip
+            if "mlflow.parentRunId" not in run.data.tags
         ]
+        studies = [run for run in top_level if {"suite", "sweep"} & set(run.data.tags)]
+        runs = [run for run in top_level if run not in studies]
         labels = _labels_by_configuration(runs)
     finished = [run for run in runs if run.info.status == "FINISHED"]
     if not finished:
-        raise TableError(f"{target}: no finished run to tabulate ({len(runs)} unfinished)")
+        raise TableError(f"{target}: no finished run to tabulate ({len(runs)} unfinished){_studies_hint(studies)}")
     logged = set().union(*(run.data.metrics for run in finished))
-    for metric in metrics:
+    for metric in [*metrics, *([best_by] if at == "best" else [])]:
         if metric not in logged:
             close = difflib.get_close_matches(metric, sorted(logged), n=3, cutoff=0.5)
             hint = f"; close: {', '.join(close)}" if close else ""
             raise TableError(f"metric {metric!r} is not logged by any run of {target}{hint}")
     values = []
     for run in finished:
-        picked = {}
-        for metric in metrics:
-            history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
-            if history:
-                picked[metric] = pick(history, at, metric)
+        histories = {metric: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
+                     for metric in dict.fromkeys([*metrics, best_by])}  # fmt: skip
+        if at == "final":
+            picked = {metric: final_value(histories[metric]) for metric in metrics if histories[metric]}
+        elif histories[best_by]:
+            step = best_round(histories[best_by], best_by)
+            found = {metric: value_at(histories[metric], step) for metric in metrics}
+            picked = {metric: value for metric, value in found.items() if value is not None}
+        else:
+            picked = {}
         seed = int(run.data.params.get("seed", 0))
         values.append(RunValues(labels[run.info.run_id], seed, run.info.run_id, picked))
-    return title, values, len(runs) - len(finished)
+    left_out = [f"{run.info.run_name} ({run.info.status})" for run in runs if run.info.status != "FINISHED"]
+    return title, values, left_out
+
+
+def _studies_hint(studies: list[Any]) -> str:
+    """Where an experiment's results are when it holds only suites and sweeps: their parent runs, which
+    `raysim table PARENT_RUN` tabulates (newest first)."""
+    if not studies:
+        return ""
+    shown = [
+        f"`raysim table {run.info.run_id}` ({'suite' if 'suite' in run.data.tags else 'sweep'} "
+        f"{run.data.tags.get('suite') or run.data.tags.get('sweep')!r}, {run.info.status})"
+        for run in reversed(studies[-5:])
+    ]
+    more = f" and {len(studies) - 5} older" if len(studies) > 5 else ""
+    return f"; its suites and sweeps are tabulated by their parent runs: {', '.join(shown)}{more}"
 
 
 def _labels_by_configuration(runs: list[Any]) -> dict[str, str]:
@@ -257,12 +323,16 @@ def _labels_by_configuration(runs: list[Any]) -> dict[str, str]:
 
 
 def make_table(
-    tracking_uri: str, target: str, metrics: list[str] | None = None, at: At = "final"
+    tracking_uri: str,
+    target: str,
+    metrics: list[str] | None = None,
+    at: At = "final",
+    best_by: str = DEFAULT_BEST_BY,
 ) -> Table:
     """The table of a parent run id or an experiment name (see the module docstring)."""
     chosen = list(metrics or DEFAULT_METRICS)
-    title, runs, left_out = fetch_runs(tracking_uri, target, chosen, at)
-    return build_table(runs, chosen, at, title, left_out)
+    title, runs, left_out = fetch_runs(tracking_uri, target, chosen, at, best_by)
+    return build_table(runs, chosen, at, title, left_out, best_by)
 
 
 def write_tables(tracking_uri: str, parent: str, folder: Path, metrics: list[str] | None = None) -> list[Path]:

@@ -21,26 +21,101 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import Vector
 from raysim.errors import ConfigError
+from raysim.registry import OneOf, Registry
 from raysim.seeding import Stream, rng
 from raysim.settings import Settings
 
-AttackKind = Literal["none", "same_value", "sign_flip", "gaussian", "label_poisoning"]
-BYZANTINE = ("same_value", "sign_flip", "gaussian")
 PAPER_STD = math.sqrt(0.1)
-CODE_STD = {"same_value": 0.01, "sign_flip": 1.0, "gaussian": 1.0}
+
+
+class AttackKind:
+    """An `attack.kind`: a subclass sets `kind`, and a Byzantine one (`byzantine`) forges the message its attackers
+    upload instead of the honest one; registered with `@ATTACKS.register()`."""
+
+    kind: ClassVar[str]
+    byzantine: ClassVar[bool] = True
+    code_std: ClassVar[float] = 1.0
+    """gamma with `attack.noise: code` (the FLAME authors' code's noise for its attacks)."""
+
+    @staticmethod
+    def forge(settings: AttackSettings, honest: Vector, broadcast: object, generator: np.random.Generator) -> Vector:
+        """The message replacing `honest` (float32, its shape); `broadcast` is what the server sent this round;
+        noise from `generator`, keyed by (seed, client, round)."""
+        raise ValueError("this attack kind does not replace messages")
+
+
+ATTACKS: Registry[type[AttackKind]] = Registry("attack kind", "attack.kind")
+"""The attack kinds by `attack.kind` (AttackKind subclasses)."""
+
+
+@ATTACKS.register()
+class NoAttack(AttackKind):
+    """Every client is honest."""
+
+    kind = "none"
+    byzantine = False
+
+
+@ATTACKS.register()
+class LabelPoisoning(AttackKind):
+    """The attackers train on uniformly random labels and then follow the protocol."""
+
+    kind = "label_poisoning"
+    byzantine = False
+
+
+@ATTACKS.register()
+class SameValue(AttackKind):
+    """Every coordinate p, p ~ N(0, gamma^2)."""
+
+    kind = "same_value"
+    code_std = 0.01
+
+    @staticmethod
+    def forge(settings, honest, broadcast, generator):
+        return np.full(honest.shape, settings.gamma() * generator.standard_normal(), dtype=np.float32)
+
+
+@ATTACKS.register()
+class SignFlip(AttackKind):
+    """-|p| times the honest message (or, `sign_flip_base: global`, the global model), p ~ N(0, gamma^2)."""
+
+    kind = "sign_flip"
+
+    @staticmethod
+    def forge(settings, honest, broadcast, generator):
+        base = honest
+        if settings.sign_flip_base == "global":
+            if not isinstance(broadcast, np.ndarray) or broadcast.shape != honest.shape:
+                raise ValueError("attack.sign_flip_base=global needs an algorithm that broadcasts the global model")
+            base = broadcast
+        return (-abs(settings.gamma() * generator.standard_normal()) * np.asarray(base)).astype(np.float32)
+
+
+@ATTACKS.register()
+class Gaussian(AttackKind):
+    """N(0, gamma^2 I_d)."""
+
+    kind = "gaussian"
+
+    @staticmethod
+    def forge(settings, honest, broadcast, generator):
+        return (settings.gamma() * generator.standard_normal(honest.shape)).astype(np.float32)
 
 
 class AttackSettings(Settings):
     """The config's `attack` section."""
 
-    kind: AttackKind = Field("none", description="none, same_value, sign_flip, gaussian or label_poisoning")
+    kind: Annotated[str, OneOf(ATTACKS)] = Field(
+        "none", description="what the malicious clients do (see the module docstring of raysim.threats.attacks)"
+    )
     fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of malicious clients: floor(fraction * m)")
     count: Literal["paper", "code"] = Field(
         "paper", description="number of attackers: int(fraction * m) (paper) or max(int(fraction * m), 1) (code)"
@@ -67,12 +142,12 @@ class AttackSettings(Settings):
 
     @property
     def byzantine(self) -> bool:
-        return self.kind in BYZANTINE
+        return ATTACKS.get(self.kind).byzantine
 
     def gamma(self) -> float:
         if self.std is not None:
             return self.std
-        return PAPER_STD if self.noise == "paper" else CODE_STD.get(self.kind, 1.0)
+        return PAPER_STD if self.noise == "paper" else ATTACKS.get(self.kind).code_std
 
     def num_malicious(self, num_clients: int) -> int:
         """floor(fraction * m) (flame.md 4.2; the 1e-9 keeps e.g. 0.29 * 100 at 29 where Python's int() of the
@@ -150,17 +225,8 @@ def attack_plan(
 def byzantine_message(
     settings: AttackSettings, honest: Vector, broadcast: object, generator: np.random.Generator
 ) -> Vector:
-    """One Byzantine message (see the module docstring), the shape of `honest`."""
-    gamma = settings.gamma()
-    if settings.kind == "same_value":
-        return np.full(honest.shape, gamma * generator.standard_normal(), dtype=np.float32)
-    if settings.kind == "sign_flip":
-        base = honest
-        if settings.sign_flip_base == "global":
-            if not isinstance(broadcast, np.ndarray) or broadcast.shape != honest.shape:
-                raise ValueError("attack.sign_flip_base=global needs an algorithm that broadcasts the global model")
-            base = broadcast
-        return (-abs(gamma * generator.standard_normal()) * np.asarray(base)).astype(np.float32)
-    if settings.kind == "gaussian":
-        return (gamma * generator.standard_normal(honest.shape)).astype(np.float32)
-    raise ValueError(f"attack.kind={settings.kind!r} does not replace messages")
+    """One Byzantine message (see the module docstring and the kind's `forge`), the shape of `honest`."""
+    attack = ATTACKS.get(settings.kind)
+    if not attack.byzantine:
+        raise ValueError(f"attack.kind={settings.kind!r} does not replace messages")
+    return attack.forge(settings, honest, broadcast, generator)

@@ -13,19 +13,28 @@ An aggregator maps the n messages (rows of a matrix) to one vector that replaces
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.base import Vector
+from raysim.registry import OneOf, Registry
 from raysim.settings import Settings
+
+Rule = Callable[["RobustSettings", np.ndarray, int, Vector], Vector]
+"""A robust rule: (settings, messages as rows, the assumed number f of Byzantine messages, the current global model)
+-> the vector that replaces the messages' mean."""
+
+ROBUST_RULES: Registry[Rule] = Registry("aggregation rule", "aggregation.rule")
+"""The robust rules by `aggregation.rule`, each registered with `@ROBUST_RULES.register(name)`."""
 
 
 class RobustSettings(Settings):
     """The config's `aggregation` section."""
 
-    rule: Literal["mean", "multi_krum", "median", "trimmed_mean", "norm_clip"] = Field(
+    rule: Annotated[str, OneOf(ROBUST_RULES)] = Field(
         "mean", description="how the server combines messages; `mean` is the algorithm's own step"
     )
     byzantine: int | None = Field(
@@ -86,15 +95,38 @@ def norm_clip(messages: np.ndarray, reference: Vector, threshold: float | None) 
     return reference + (changes * scale[:, None]).mean(axis=0)
 
 
-def aggregate(settings: RobustSettings, messages: np.ndarray, byzantine: int, reference: Vector) -> Vector:
-    """The robust replacement of the mean of `messages` (rows); `byzantine` is the default f."""
-    f = byzantine if settings.byzantine is None else settings.byzantine
-    if settings.rule == "multi_krum":
-        return multi_krum(messages, f, settings.krum_selected, settings.krum_variant)[0]
-    if settings.rule == "median":
-        return np.median(messages, axis=0)
-    if settings.rule == "trimmed_mean":
-        return trimmed_mean(messages, settings.trim_fraction)
-    if settings.rule == "norm_clip":
-        return norm_clip(messages, reference, settings.clip_norm)
+@ROBUST_RULES.register("mean")
+def _mean(settings: RobustSettings, messages: np.ndarray, byzantine: int, reference: Vector) -> Vector:
+    """The plain mean (the algorithm's own server step does it; no robust rule)."""
     return messages.mean(axis=0)
+
+
+@ROBUST_RULES.register("multi_krum")
+def _multi_krum(settings: RobustSettings, messages: np.ndarray, byzantine: int, reference: Vector) -> Vector:
+    """Multi-Krum (Blanchard et al.; the authors' code's variant with krum_variant: code)."""
+    return multi_krum(messages, byzantine, settings.krum_selected, settings.krum_variant)[0]
+
+
+@ROBUST_RULES.register("median")
+def _median(settings: RobustSettings, messages: np.ndarray, byzantine: int, reference: Vector) -> Vector:
+    """The coordinate-wise median."""
+    return np.median(messages, axis=0)
+
+
+@ROBUST_RULES.register("trimmed_mean")
+def _trimmed_mean(settings: RobustSettings, messages: np.ndarray, byzantine: int, reference: Vector) -> Vector:
+    """The coordinate-wise mean without the trim_fraction smallest and largest values."""
+    return trimmed_mean(messages, settings.trim_fraction)
+
+
+@ROBUST_RULES.register("norm_clip")
+def _norm_clip(settings: RobustSettings, messages: np.ndarray, byzantine: int, reference: Vector) -> Vector:
+    """The mean of the changes from the global model, each clipped to clip_norm."""
+    return norm_clip(messages, reference, settings.clip_norm)
+
+
+def aggregate(settings: RobustSettings, messages: np.ndarray, byzantine: int, reference: Vector) -> Vector:
+    """The robust replacement of the mean of `messages` (rows) by the rule `aggregation.rule` names; `byzantine`
+    is the default f."""
+    f = byzantine if settings.byzantine is None else settings.byzantine
+    return ROBUST_RULES.get(settings.rule)(settings, messages, f, reference)

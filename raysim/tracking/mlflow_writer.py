@@ -27,7 +27,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from raysim.errors import RaysimError
-from raysim.tracking.credentials import connect_uri, redact
+from raysim.tracking.credentials import connect_uri, redact, redact_text
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 """The experiment tag that makes MLflow 3's UI open raysim's experiments as model training (runs, charts),
@@ -63,6 +63,7 @@ def check_reachable(uri: str, timeout_s: float) -> None:
     MLflow is given (credentials already moved out of it, see credentials.connect_uri)."""
     parts = urllib.parse.urlsplit(uri)
     shown = redact(uri)
+    _check_store_kind(uri, shown)
     if parts.scheme in ("http", "https"):
         query = urllib.parse.urlencode({"experiment_name": "Default"})
         request = urllib.request.Request(
@@ -90,6 +91,40 @@ def check_reachable(uri: str, timeout_s: float) -> None:
         folder = Path(parts.path[1:] if uri.startswith("sqlite:///") else parts.path).parent
         if not folder.is_dir():
             raise TrackingError(f"tracking.uri {shown}: folder {folder} does not exist")
+
+
+def _check_store_kind(uri: str, shown: str | None) -> None:
+    """Refuse a URI MLflow has no tracking store for (`ftp://`), and a database URI whose driver (the DBAPI
+    module SQLAlchemy imports for it) is not installed: MLflow would fail only once the run had started."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES, SQLITE
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+    from mlflow.utils.uri import get_uri_scheme
+
+    try:
+        _tracking_store_registry.get_store_builder(uri)
+    except UnsupportedModelRegistryStoreURIException:
+        allowed = ", ".join(sorted(scheme for scheme in _tracking_store_registry._registry if scheme))
+        raise TrackingError(
+            f"tracking.uri {shown}: MLflow has no tracking store for scheme {get_uri_scheme(uri)!r}; allowed: "
+            f"{allowed} (or a plain path)"
+        ) from None
+    if get_uri_scheme(uri) not in DATABASE_ENGINES or get_uri_scheme(uri) == SQLITE:
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        dialect = make_url(uri).get_dialect()
+    except (ArgumentError, ImportError) as error:
+        raise TrackingError(f"tracking.uri {shown}: not a usable database URL ({error})") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as error:
+        raise TrackingError(
+            f"tracking.uri {shown}: its database driver {dialect.driver!r} is not installed ({error}); install it, "
+            f"or name an installed one as {dialect.name}+DRIVER://"
+        ) from None
 
 
 def _is_mlflow_answer(error: urllib.error.HTTPError) -> bool:
@@ -191,20 +226,25 @@ class MlflowWriter:
     def start(
         self, run_name: str | None, params: dict[str, object], tags: dict[str, str], parent: str | None = None
     ) -> str:
-        """Create the run; params whose value is None (options left unset) are not logged."""
+        """Create the run; params whose value is None (options left unset) are not logged. Credentials in any
+        value (a URI, the command line in `mlflow.source.name`) are redacted, as in every tag set later."""
         if parent:
             tags = {**tags, "mlflow.parentRunId": parent}
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        tags = {key: redact_text(str(value)) for key, value in tags.items()}
+        run = self.client.create_run(self.experiment_id, run_name=run_name and redact_text(run_name), tags=tags)
         self.run_id = run.info.run_id
-        items = [Param(k, str(v)[:6000]) for k, v in params.items() if v is not None]
+        items = [Param(k, redact_text(str(v))[:6000]) for k, v in params.items() if v is not None]
         for start in range(0, len(items), MAX_PARAMS):
             self.client.log_batch(self.run_id, params=items[start : start + MAX_PARAMS])
         return self.run_id
 
     def reopen(self, run_id: str) -> None:
-        """Continue an existing run (raysim resume): it is marked RUNNING again."""
+        """Continue an existing run (raysim resume, a resumed suite or sweep): it is marked RUNNING again, without
+        the `raysim.error` tag that said why it stopped (a run that stops again is tagged anew)."""
         self.run_id = run_id
         self.client.update_run(run_id, status="RUNNING")
+        if "raysim.error" in self.client.get_run(run_id).data.tags:
+            self.client.delete_tag(run_id, "raysim.error")
 
     def last_step(self, key: str) -> int:
         """The highest step logged for `key` (-1 if none): what a resumed run must not log again."""
@@ -218,7 +258,8 @@ class MlflowWriter:
             self._queue.put(("metrics", items[start : start + MAX_METRICS]))
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        """Queue tags (credentials in their values redacted)."""
+        items = [RunTag(k, redact_text(str(v))) for k, v in tags.items()]
         for start in range(0, len(items), MAX_TAGS):
             self._queue.put(("tags", items[start : start + MAX_TAGS]))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -65,5 +66,7 @@ class ProgressBar(RoundCallback):
         self.progress.update(self.task, completed=rounds_done)
 
     def close(self) -> None:
+        """Stop the live bar; a terminal that is gone (closed: the run is ending on its SIGHUP) is not an error."""
         if self.live:
-            self.progress.stop()
+            with contextlib.suppress(OSError):
+                self.progress.stop()

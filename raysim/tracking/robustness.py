@@ -28,7 +28,7 @@ def _mean_over_seeds(children: list[Any]) -> dict[str, dict[str, Any]]:
         name: {
             "config": runs[0].config,
             "summary": {
-                k: float(np.mean([r.result.summary.get(k, np.nan) for r in runs])) for k in runs[0].result.summary
+                k: float(np.mean([r.outcome.summary.get(k, np.nan) for r in runs])) for k in runs[0].outcome.summary
             },
         }
         for name, runs in grouped.items()

@@ -9,22 +9,33 @@ behind your network's protection: the server has no authentication).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from raysim.errors import RaysimError
-from raysim.tracking.credentials import connect_uri, redact
+from raysim.tracking.credentials import connect_uri, redact, redact_text
 
 
 class ServerError(RaysimError):
     """The tracking server did not come up."""
+
+
+TIMESTAMP = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\s+")  # MLflow's log lines start with one
+ERROR = re.compile(r"\b(ERROR|Error|error)\b|Errno|Exception")
 
 
 @dataclass(frozen=True)
@@ -73,28 +84,155 @@ def is_healthy(url: str) -> bool:
         return False
 
 
+def listening_pids(port: int) -> set[int] | None:
+    """The processes holding a listening TCP socket on `port` (any address), read from /proc; None where /proc
+    does not tell (not Linux). Another user's processes show only to root."""
+    inodes: set[str] = set()
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not any(table.exists() for table in tables):
+        return None
+    for table in tables:
+        with contextlib.suppress(OSError):
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    pids: set[int] = set()
+    if not inodes:
+        return pids
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in (process / "fd").iterdir()):
+                pids.add(int(process.name))
+    return pids
+
+
+def port_holder(port: int) -> str | None:
+    """`pid N: its command line` (redacted, shortened) of the process listening on `port`, if knowable."""
+    pids = listening_pids(port)
+    if not pids:
+        return None
+    pid = min(pids)  # the server's first process; its workers share the socket
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return f"pid {pid}"
+    command = redact_text(" ".join(" ".join(arguments).split()))  # one line, whatever the arguments hold
+    return f"pid {pid}: {command[:100]}{'...' if len(command) > 100 else ''}"
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server could not listen on (host, port) now: binding it as servers do (SO_REUSEADDR, so a
+    closed server's lingering connections do not count) fails with "address in use". Any other reason (an
+    address not on this machine, a port below 1024) is a ServerError naming it."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as error:
+        raise ServerError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return True
+            raise ServerError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return False
+
+
+def in_use_message(host: str, port: int) -> str:
+    holder = port_holder(port)
+    return f"port {port} on {host} is in use" + (f" by {holder}" if holder else "")
+
+
+def check_port(host: str, port: int) -> None:
+    """A ServerError naming the port and who holds it if a server could not listen on it."""
+    if port_in_use(host, port):
+        raise ServerError(f"{in_use_message(host, port)}: choose another --port, or stop it")
+
+
+def next_free_port(host: str, first: int, tries: int = 100) -> int:
+    """The first port from `first` on that nothing listens on."""
+    for port in range(first, min(first + tries, 65536)):
+        if not port_in_use(host, port):
+            return port
+    raise ServerError(f"ports {first}-{first + tries - 1} on {host} are all in use: choose one with --port")
+
+
 class TrackingServer:
-    """A tracking server in its own process group, stopped with everything it started."""
+    """A tracking server in its own process group, stopped with everything it started. Its output goes to
+    `log_path` (default: a temporary file, removed when the server is stopped unless it failed)."""
 
     def __init__(self, settings: ServerSettings, log_path: Path | None = None):
         self.settings = settings
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
+        self._temporary_log = log_path is None
+        self._failed = False
 
     def start(self, timeout_s: float = 90.0) -> TrackingServer:
-        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            self.settings.command(), env=server_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        """Start the server and wait until it answers on its port, refusing a port in use (one line naming
+        it and who holds it). Healthy means /health answers and the listening socket is this server's, so
+        another server that took the port meanwhile is never mistaken for it."""
+        check_port(self.settings.host, self.settings.port)
+        if self.log_path is None:
+            handle, name = tempfile.mkstemp(prefix="raysim-mlflow-", suffix=".log")
+            os.close(handle)
+            self.log_path = Path(name)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.settings.command(), env=server_env(), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+            self._wait_until_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_ready(self, timeout_s: float) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerError(f"mlflow server exited with code {self.process.returncode} (log: {self.log_path})")
-            if is_healthy(self.settings.url):
-                return self
+                raise self.failure(f"exited with code {self.process.returncode}")
+            if is_healthy(self.settings.url) and self._listening():
+                return
             time.sleep(0.5)
-        self.stop()
-        raise ServerError(f"mlflow server not healthy at {self.settings.url} after {timeout_s:.0f} s")
+        raise self.failure(f"not healthy after {timeout_s:.0f} s")
+
+    def _listening(self) -> bool:
+        """Whether the socket listening on the port is this server's (True where /proc cannot tell)."""
+        pids = listening_pids(self.settings.port)
+        return pids is None or bool(self._own(pids))
+
+    def _own(self, pids: set[int]) -> set[int]:
+        """Those of `pids` in this server's process group (the server and the workers it started)."""
+        own = set()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                if self.process is not None and os.getpgid(pid) == self.process.pid:
+                    own.add(pid)
+        return own
+
+    def failure(self, what: str) -> ServerError:
+        """The one line for a server that did not start or stopped by itself: what happened, the last error of
+        its log (else its last line), who holds the port if someone else does; the log is kept. (MLflow exits
+        with code 0 when its port is taken: its log tells.)"""
+        self._failed = True
+        lines: list[str] = []
+        with contextlib.suppress(OSError):
+            text = Path(self.log_path).read_text(errors="replace")
+            lines = [" ".join(TIMESTAMP.sub("", line).split()) for line in text.splitlines() if line.strip()]
+        last = next((line for line in reversed(lines) if ERROR.search(line)), lines[-1] if lines else "")
+        pids = listening_pids(self.settings.port) or set()
+        if pids - self._own(pids):
+            last += f" ({in_use_message(self.settings.host, self.settings.port)})"
+        detail = f": {redact_text(last)[:300]}" if last else ""
+        return ServerError(f"MLflow server on {self.settings.url} {what}{detail} (log: {self.log_path})")
 
     def stop(self, wait_s: float = 15.0) -> None:
         """SIGTERM to the server's whole process group (its workers too, even when the leader has already
@@ -110,6 +248,8 @@ class TrackingServer:
             while time.monotonic() < deadline and _group_alive(self.process):
                 time.sleep(0.1)
         self.process.wait()
+        if self._temporary_log and not self._failed and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> TrackingServer:
         return self.start()
@@ -134,20 +274,25 @@ def runs_page(url: str, tracking_uri: str, experiment: str | None = None) -> str
     return f"{url}/#/experiments/{found.experiment_id}/runs?{view}"
 
 
-def serve(settings: ServerSettings, what: str = "MLflow tracking server", landing: str | None = None) -> int:
-    """Run the server in the foreground until Ctrl-C or SIGTERM, then stop it with every process it started
-    (the server runs in its own process group, so nothing is left holding the port); `landing`: a link to
-    print for the user to open."""
+def serve(
+    settings: ServerSettings, what: str = "MLflow tracking server", landing: Callable[[str], str] | None = None
+) -> NoReturn:
+    """Run the server until Ctrl-C or SIGTERM, then stop it with every process it started (the server runs in
+    its own process group, so nothing is left holding the port). Nothing is printed before it answers on its
+    port; `landing`: the link to print then for the user to open, made from the server's URL. A server that
+    fails to start, or stops by itself, is one `error:` line (ServerError)."""
     from raysim.errors import sigterm_interrupts
 
-    artifacts = f", artifacts {settings.artifacts_destination}" if settings.artifacts_destination else ""
-    print(f"{what} on {settings.url} (backend {redact(settings.backend_store_uri)}{artifacts})", flush=True)
-    if landing:
-        print(f"open {landing}", flush=True)
     server = TrackingServer(settings)
     with sigterm_interrupts():
         try:
-            server.process = subprocess.Popen(settings.command(), env=server_env(), start_new_session=True)
-            return server.process.wait()
+            server.start(timeout_s=300)  # MLflow takes 6 s on an idle machine, a minute on a busy one
+            artifacts = f", artifacts {settings.artifacts_destination}" if settings.artifacts_destination else ""
+            print(f"{what} on {settings.url} (backend {redact(settings.backend_store_uri)}{artifacts}; log "
+                  f"{server.log_path})", flush=True)  # fmt: skip
+            if landing:
+                print(f"open {landing(settings.url)}", flush=True)
+            assert server.process is not None
+            raise server.failure(f"stopped by itself with code {server.process.wait()}")
         finally:
             server.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,6 +14,7 @@ from raysim.algorithms.base import FullGradient, GradientResult, LocalSGD, SGDRe
 from raysim.algorithms.prox import soft_threshold
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
+from raysim.training.authors_batches import ReplayedBatches
 
 Augment = Literal["none", "crop_flip"]
 """Training-time augmentation (dataset.augment): crop_flip = with probability `crop_probability` a random crop of
@@ -39,6 +41,10 @@ def model_inputs(rows: np.ndarray, mean: tuple[float, ...] | None, std: tuple[fl
     return normalized
 
 
+Draws = np.random.Generator | ReplayedBatches
+"""Where a client's training randomness comes from: its seeded stream, or that stream with the mini-batches replayed
+from the FLAME authors' code (clients.batches: authors)."""
+
 CropDraws = tuple[np.ndarray, np.ndarray]
 """Per sample: the crop's top-left corner in the padded image (n x 2, each in 0..2 padding) and whether to flip (n)."""
 
@@ -63,7 +69,7 @@ class Inputs:
         """Rows are model input as stored: no normalization and no augmentation."""
         return self.mean is None and self.augment == "none"
 
-    def draw(self, count: int, generator: np.random.Generator | None) -> CropDraws | None:
+    def draw(self, count: int, generator: Draws | None) -> CropDraws | None:
         """The augmentation of `count` training samples, drawn from the client's stream (corners, then flips)."""
         if self.augment == "none":
             return None
@@ -149,7 +155,7 @@ class ClientData:
     """How stored rows of `x` become model input (normalization of uint8 images, training augmentation)."""
 
     def batch(
-        self, indices: np.ndarray, generator: np.random.Generator | None = None, training: bool = False
+        self, indices: np.ndarray, generator: Draws | None = None, training: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
         """The samples `indices` as this client sees them: with its noise and poisoned labels, freshly drawn, and
         for a `training` batch its augmentation (drawn first, then the noise, then the labels)."""
@@ -178,13 +184,32 @@ def _tensor(array: np.ndarray | None, dtype: type) -> torch.Tensor | None:
     return None if array is None else torch.from_numpy(np.array(array, dtype=dtype))
 
 
+def training_batches(request: LocalSGD, indices: np.ndarray, generator: Draws) -> Iterator[np.ndarray]:
+    """The samples of each step of a LocalSGD request: `epochs` passes over a fresh shuffle of `indices` in batches
+    (the last one smaller), or `random_batches` steps each on one batch picked uniformly among a fresh shuffle's
+    batches (the FLAME authors' `random.choice(list(trainloader))`). Lazily, so that whatever a batch draws from the
+    generator (noise, labels, augmentation) is drawn before the next shuffle."""
+    size = request.batch_size
+    if request.random_batches is None:
+        for _epoch in range(request.epochs):
+            order = generator.permutation(len(indices))
+            for start in range(0, len(order), size):
+                yield indices[order[start : start + size]]
+        return
+    count = -(-len(indices) // size)
+    for _step in range(request.random_batches if count else 0):
+        order = generator.permutation(len(indices))
+        pick = generator.pick(count) if isinstance(generator, ReplayedBatches) else int(generator.integers(count))
+        yield indices[order[pick * size : (pick + 1) * size]]
+
+
 class LocalTrainer:
     """Executes LocalSGD requests for the clients of one process with one torch model instance."""
 
     def __init__(self, model: FlatModel):
         self.model = model
 
-    def sgd(self, request: LocalSGD, data: ClientData, generator: np.random.Generator) -> SGDResult:
+    def sgd(self, request: LocalSGD, data: ClientData, generator: Draws) -> SGDResult:
         """Mini-batch SGD (with optional momentum) on the request's objective; see LocalSGD."""
         x = torch.from_numpy(np.array(request.start, dtype=np.float32))
         # Copies: the arrays may be read-only views of Ray's object store, which torch must not alias.
@@ -195,31 +220,24 @@ class LocalTrainer:
         l1 = None if request.l1 is None else request.lr * _tensor(request.l1, np.float32)
         velocity = torch.zeros_like(x) if request.momentum else None
         losses: list[float] = []
-        indices = data.train
-        budget = request.max_steps
-        for _epoch in range(request.epochs if budget is None else min(request.epochs, budget)):
-            order = generator.permutation(len(indices))
-            for start in range(0, len(order), request.batch_size):
-                if budget is not None and len(losses) == budget:
-                    break
-                batch = indices[order[start : start + request.batch_size]]
-                xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
-                loss, grad = self.model.loss_and_grad(x if offset is None else offset + x, xb, yb)
-                losses.append(loss)
-                if request.weight_decay:
-                    grad.add_(x, alpha=request.weight_decay)
-                if request.prox_weight:
-                    grad.add_(x - center, alpha=request.prox_weight)  # type: ignore[operator]
-                if linear is not None:
-                    grad.add_(linear)
-                if mask is not None:
-                    grad.masked_fill_(~mask, 0.0)
-                if velocity is not None:
-                    velocity.mul_(request.momentum).add_(grad)
-                    grad = velocity
-                x.sub_(grad, alpha=request.lr)
-                if l1 is not None:
-                    x = soft_threshold(x, l1) if mask is None else torch.where(mask, soft_threshold(x, l1), x)
+        for batch in training_batches(request, data.train, generator):
+            xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
+            loss, grad = self.model.loss_and_grad(x if offset is None else offset + x, xb, yb)
+            losses.append(loss)
+            if request.weight_decay:
+                grad.add_(x, alpha=request.weight_decay)
+            if request.prox_weight:
+                grad.add_(x - center, alpha=request.prox_weight)  # type: ignore[operator]
+            if linear is not None:
+                grad.add_(linear)
+            if mask is not None:
+                grad.masked_fill_(~mask, 0.0)
+            if velocity is not None:
+                velocity.mul_(request.momentum).add_(grad)
+                grad = velocity
+            x.sub_(grad, alpha=request.lr)
+            if l1 is not None:
+                x = soft_threshold(x, l1) if mask is None else torch.where(mask, soft_threshold(x, l1), x)
         return SGDResult(
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )

@@ -38,9 +38,9 @@ from torch.func import functional_call, vmap
 from raysim.algorithms.base import LocalSGD, SGDResult, unstack
 from raysim.algorithms.prox import soft_threshold
 from raysim.models.flat import FlatModel, perceptron_layers
-from raysim.training.local import ClientData, LocalTrainer
+from raysim.training.local import ClientData, Draws, LocalTrainer
 
-SGDJob = tuple[LocalSGD, ClientData, np.random.Generator]
+SGDJob = tuple[LocalSGD, ClientData, Draws]
 """One client's request, its data and the generator LocalTrainer.sgd would draw its batches from."""
 
 Layers = dict[str, torch.Tensor]
@@ -66,7 +66,7 @@ def group_key(request: LocalSGD) -> tuple:
         request.mask is not None,
         request.offset is not None,
         request.l1 is not None,
-        request.max_steps,
+        request.random_batches,
     )
 
 
@@ -133,13 +133,13 @@ class VectorizedTrainer:
         return results  # type: ignore[return-value]
 
     def sgd_rows(
-        self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[np.random.Generator]
+        self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[Draws]
     ) -> SGDResult:
         """LocalTrainer.sgd of each row of a stacked request: its vectors are [k, n] (row i is client i's, whose
         data and generator are `data[i]` and `generators[i]`) or one [n] vector shared by every row; its numbers
         are shared. Returns params [k, n] (one new array), mean_loss [k] and steps [k]."""
         count = len(data)
-        if self.unavailable is not None or request.max_steps is not None:  # a few capped steps: no lockstep loop
+        if self.unavailable is not None or request.random_batches is not None:  # a few random batches: no lockstep
             results = [
                 self._sequential.sgd(row, d, g)
                 for row, d, g in zip(unstack(request, count), data, generators, strict=True)
@@ -259,7 +259,7 @@ class VectorizedTrainer:
         return tensor.expand(count, -1) if tensor.ndim == 1 else tensor
 
     def _train(
-        self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[np.random.Generator]
+        self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[Draws]
     ) -> SGDResult:
         """One chunk of rows, sorted by step count (longest first), in one lockstep loop."""
         count = len(data)
@@ -410,6 +410,8 @@ def _rows_of(request: LocalSGD, order: np.ndarray, count: int) -> LocalSGD:
 
 def _steps(request: LocalSGD, data: ClientData) -> int:
     """How many SGD steps LocalTrainer.sgd takes for a request on a client's data."""
+    if request.random_batches is not None:
+        return request.random_batches if len(data.train) else 0
     return request.epochs * -(-len(data.train) // request.batch_size)
 
 
@@ -430,7 +432,7 @@ class _Batches:
         request: LocalSGD,
         widths: np.ndarray | None,
         data: Sequence[ClientData],
-        generators: Sequence[np.random.Generator],
+        generators: Sequence[Draws],
         source: Callable[[np.ndarray], torch.Tensor],
         features: Callable[[int, tuple[int, ...]], torch.Tensor],
     ):

@@ -1,0 +1,143 @@
+"""What a dataset is in memory (`Dataset`), what a dataset source is (a `DatasetSettings` subclass: the config's
+`dataset` section for that source, and how it loads), and the registry `dataset.name` chooses a source from
+(DATASETS). The built-in sources (raysim.data.sources, fashion_mnist, idx, cifar, medmnist, image_folder, leaf,
+huggingface) register here exactly as a plugin's do.
+
+A source loads a whole dataset as numpy arrays, once, in the driver: the driver puts the arrays into Ray's object
+store once; host actors read them zero-copy and only ever receive index arrays for their clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from raysim.errors import DataError
+from raysim.registry import Registry
+from raysim.settings import Settings
+
+Task = Literal["classification", "regression"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A whole dataset in memory.
+
+    `x` is float32 of shape (n, *input_shape); `y` is int64 class labels for classification and
+    float32 targets for regression.
+    """
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int
+    task: Task = "classification"
+    groups: np.ndarray | None = None
+    """A natural id per sample (writer, speaker) for the `natural` partition; None if the dataset has none."""
+    mean: tuple[float, ...] | None = None
+    """Per-channel mean for on-the-fly normalization when `x` is stored as uint8 images (None: `x` is ready)."""
+    std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        """Normalized on the fly means uint8 images (n, C, H, W) with one mean and std per channel: anything else
+        would be fed to the model unnormalized or fail deep inside a host."""
+        if self.mean is None and self.std is None:
+            return
+        channels = self.x.shape[1] if self.x.ndim == 4 else None
+        if self.mean is None or self.std is None or not len(self.mean) == len(self.std) == channels:
+            raise DataError(
+                f"dataset {self.name}: mean {self.mean} and std {self.std} need one value per channel of x "
+                f"{self.x.shape}"
+            )
+        if self.x.dtype != np.uint8 or min(self.std) <= 0:
+            raise DataError(
+                f"dataset {self.name}: per-channel mean/std normalize uint8 images with positive std, got x of dtype "
+                f"{self.x.dtype} and std {self.std}"
+            )
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    @property
+    def output_dim(self) -> int:
+        return self.num_classes if self.task == "classification" else 1
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def open_npz(file: Path, where: str, expected: str) -> np.lib.npyio.NpzFile:
+    """An .npz archive opened without pickle; anything else is one DataError starting with `where` and saying
+    what was `expected`."""
+    try:
+        archive = np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{where}: not a readable .npz archive ({error})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"{where}: a single .npy array, not {expected}")
+    return archive
+
+
+
+class DatasetSettings(Settings):
+    """The `dataset` section: `dataset.name` chooses the source, whose settings these are. A source subclasses this
+    with `name: Literal["its_name"] = "its_name"`, its own options and `load`, and registers with
+    `@DATASETS.register()`; the class variables are what `raysim datasets` shows of it."""
+
+    name: str
+    augment: Literal["none", "crop_flip"] = Field(
+        "none", description="training-time augmentation of images: crop_flip = random crop after zero padding and "
+        "horizontal flip (FedSLR on CIFAR and Tiny-ImageNet, fedslr.md 6.1), drawn from each client's seeded stream"
+    )  # fmt: skip
+    crop_padding: int = Field(4, ge=0, description="crop_flip: zero padding before the crop (Tiny-ImageNet: 8)")
+    crop_probability: float = Field(
+        0.5, ge=0, le=1, description="crop_flip: share of samples cropped (0.5 as FedSLR; 1: always)"
+    )
+
+    about: ClassVar[str] = ""
+    """One line on what the data are (default: the class docstring's first line)."""
+    layout: ClassVar[str] = "generated"
+    """What `dataset.root` must hold (torchvision's or the publisher's layout)."""
+    get: ClassVar[str] = "always there"
+    """Where to get the data."""
+    markers: ClassVar[tuple[str, ...]] = ()
+    """Paths under a root (glob patterns) any of which shows the data are there; empty: nothing to look for."""
+    seeded: ClassVar[bool] = False
+    """The data are drawn from the experiment seed (else every seed loads the same data)."""
+
+    @classmethod
+    def summary(cls) -> str:
+        """`about`, else the first line of the class docstring."""
+        return cls.about or (cls.__doc__ or "").strip().split("\n")[0]
+
+    def load(self, seed: int) -> Dataset:
+        """The whole dataset these settings name (`seed` draws the generated ones)."""
+        raise NotImplementedError(f"dataset.name={self.name} implements no load")
+
+
+class RootSettings(DatasetSettings):
+    """A source read from files under a folder."""
+
+    root: str | None = Field(None, description="directory holding the dataset files (else the default places)")
+
+
+class DownloadSettings(RootSettings):
+    """A source read from files that raysim can also download."""
+
+    download: bool = Field(True, description="download the files when no local copy exists")
+
+
+def _check_source(name: str, entry: type[DatasetSettings]) -> None:
+    if not (isinstance(entry, type) and issubclass(entry, DatasetSettings)):
+        raise TypeError(f"dataset {name!r}: {entry!r} must subclass raysim.data.dataset.DatasetSettings")
+
+
+DATASETS: Registry[type[DatasetSettings]] = Registry(
+    "dataset", "dataset.name", settings=lambda entry: entry, check=_check_source
+)
+"""The dataset sources by `dataset.name`: settings classes registered with `@DATASETS.register()`."""
