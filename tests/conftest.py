@@ -42,6 +42,22 @@ def cluster():
         assert not started.own_pids()
 
 
+@pytest.fixture(scope="session")
+def fmnist_tenth(tmp_path_factory) -> Path:
+    """A tenth of the installed Fashion-MNIST as a `dataset.root` in its standard layout (the four IDX files):
+    the first 6,000 training and 1,000 test images, real ones, read by the real loader and normalized as uint8
+    images like the whole set, at a tenth of the cost of every pass over the data."""
+    from raysim.data.fashion_mnist import FILES, load_fashion_mnist
+    from tests.test_datasets_files import _write_idx
+
+    x, y = load_fashion_mnist(download=False)
+    root = tmp_path_factory.mktemp("fashion-mnist-tenth")
+    for part, rows in (("train", slice(0, 6000)), ("test", slice(60000, 61000))):
+        _write_idx(root / FILES[f"{part}_images"], x[rows])
+        _write_idx(root / FILES[f"{part}_labels"], y[rows].astype("uint8"))
+    return root
+
+
 @pytest.fixture
 def mlflow_uri(tmp_path) -> str:
     """A fresh sqlite tracking store for one test."""

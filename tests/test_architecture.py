@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "raysim"
 
 FLOORS = (
     ("raysim.errors", "raysim.plugins", "raysim.registry", "raysim.settings", "raysim.seeding",
-     "raysim.jit", "raysim.credentials"),
+     "raysim.jit", "raysim.credentials", "raysim.examples"),
     ("raysim.data",),
     ("raysim.models",),
     ("raysim.algorithms",),

@@ -65,6 +65,24 @@ def test_rows_read_through_the_compiled_normalization_are_model_inputs_bits():
     assert (out[[4, 5, 7]] == 7.0).all()
 
 
+@pytest.mark.parametrize("normalized", [True, False])
+def test_an_empty_split_of_a_client_with_per_access_randomness_reads_as_no_rows(normalized):
+    """A client whose samples get noise or random labels at every access (quality skew, label poisoning) and whose
+    validation split is empty (partition.val_fraction 0): reading that split gives 0 rows of the model's input
+    shape, for uint8 images normalized on the fly as for rows stored ready (the quality quickstart's crash)."""
+    x, y = _images(10, seed=2)
+    inputs = Inputs(MEAN, STD) if normalized else Inputs()
+    x = x if normalized else model_inputs(x, MEAN, STD)
+    for noise, labels in ((0.3, 0), (0.0, 4), (0.3, 4)):
+        data = ClientData(x, y, np.arange(8), np.arange(8, 10), EMPTY, noise, labels, inputs=inputs)
+        features, targets = data.arrays("val", np.random.default_rng(0))
+        assert features.shape == (0, *SHAPE) and features.dtype == np.float32
+        assert targets.shape == (0,) and targets.dtype == y.dtype
+    out = np.full((2, int(np.prod(SHAPE))), 7.0, np.float32)
+    inputs.rows_into(x, EMPTY, out, EMPTY)
+    assert (out == 7.0).all()
+
+
 def test_dataset_refuses_inconsistent_normalization():
     x, y = _images(4, seed=0)
     with pytest.raises(DataError, match="one value per channel"):

@@ -1,17 +1,27 @@
 """Every shipped `configs/paper/*.yaml` runs as the README says, `raysim run CONFIG --set dataset.root=...`,
-on a small folder in its dataset's standard layout (one round, a few clients; Fashion-MNIST is the real one)."""
+on a small folder in its dataset's standard layout (one round, a few clients; Fashion-MNIST is the real one); and
+every other shipped config, with the first setting of every shipped suite and sweep at its first seed, runs one
+round in this process on the same folders (Fashion-MNIST: a tenth of the real one)."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
+from raysim.config import apply_overrides, load_config, read_mapping, validate_config
+from raysim.runtime.driver import run_experiment
+from raysim.studies.suite import is_suite_file, load_suite
+from raysim.studies.sweep import is_sweep_file, load_sweep
 from tests.cluster import ROOT
 from tests.conftest import run_through_cli
+from tests.logged import check_logged
 from tests.test_datasets_files import MNIST_STEMS, _cifar_batch, _write_cifar100, _write_emnist, _write_idx
 from tests.test_datasets_folders import write_leaf, write_medmnist, write_tiny_imagenet
 
@@ -114,8 +124,9 @@ def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, 
     if name == "flame_fmnist.yaml":
         sets.remove(f"dataset.root={root}")
     run = run_through_cli(PAPER / name, mlflow_uri, *sets)
-    assert run.info.status == "FINISHED"
     assert 0.0 <= run.data.metrics["pm/acc"] <= 1.0 and 0.0 <= run.data.metrics["gm/acc"] <= 1.0
+    config = load_config(PAPER / name, sets).model_dump(mode="json", by_alias=True)
+    check_logged(MlflowClient(mlflow_uri), run.info.run_id, config)
 
 
 @pytest.mark.slow
@@ -129,3 +140,92 @@ def test_the_other_loaders_run_end_to_end_with_a_cnn(loader, tmp_path, ray_local
     sets = [*OTHER_LOADERS[loader](root), f"dataset.root={root}", "clients.count=2", "rounds=1"]
     run = run_through_cli(config, mlflow_uri, *sets, f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1")
     assert run.info.status == "FINISHED" and run.data.params["dataset.name"] == loader
+
+
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+"""Run through the CLI below in both executors (its partition switched to quality skew), so not again here."""
+SHIPPED = sorted({*(ROOT / "configs").glob("*.yaml"), *(PAPER / "suites").glob("*.yaml")} - {QUICKSTART})
+"""Every shipped experiment, suite and sweep but `configs/paper/*.yaml` (run through the CLI above) and the
+quickstart."""
+
+SCALED_DOWN = {
+    "augfl.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.pm_epochs=1"],
+}
+"""Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL keeps 20,000 from
+every client for its teacher and D_s (here 2,000 each; one pretraining epoch, not five)."""
+
+
+def first_setting(path: Path, tracking_uri: str) -> tuple[dict[str, Any], Path]:
+    """A shipped file's experiment as a raw config tree: the file itself, a suite's first run at its first seed,
+    or a sweep's first trial; and the experiment file it derives from (its `base_config`, else itself)."""
+    if is_suite_file(path):
+        config = load_suite(path).experiments()[0][1]
+    elif is_sweep_file(path):
+        config = load_sweep(path).trials(tracking_uri)[0].config
+    else:
+        return read_mapping(path), path
+    base = read_mapping(path).get("base_config")
+    return config.model_dump(mode="json", by_alias=True), (path.parent / base).resolve() if base else path
+
+
+def _experiment_key(path: Path) -> str:
+    """What a shipped file runs, without its run's name, length and store: files that run the same experiment
+    (a suite's first child and the config it is based on) run it once."""
+    tree = validate_config(first_setting(path, "sqlite:///shipped.db")[0]).model_dump(mode="json", by_alias=True)
+    for key in ("run_name", "uri"):
+        tree["tracking"].pop(key)
+    tree.pop("rounds")
+    return json.dumps(tree, sort_keys=True)
+
+
+def distinct_experiments() -> list[list[Path]]:
+    """The shipped files grouped by the experiment they run, in file order."""
+    groups: dict[str, list[Path]] = {}
+    for path in SHIPPED:
+        groups.setdefault(_experiment_key(path), []).append(path)
+    return list(groups.values())
+
+
+def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
+    for path in SHIPPED:
+        tree, source = first_setting(path, "sqlite:///unused.db")
+        dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
+        assert source.name in DATA or dataset == "fashion_mnist", f"{path.name}: no fixture for dataset {dataset}"
+    assert set(SCALED_DOWN) <= {p.name for p in SHIPPED}
+    assert sorted(path for group in distinct_experiments() for path in group) == SHIPPED
+    shipped = {*(ROOT / "configs").glob("*.yaml"), *PAPER.glob("*.yaml"), *(PAPER / "suites").glob("*.yaml")}
+    assert shipped == {*SHIPPED, *(PAPER / name for name in DATA), QUICKSTART}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "paths", distinct_experiments(), ids=lambda paths: "=".join(str(p.relative_to(ROOT / "configs")) for p in paths)
+)
+def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, ray_local, mlflow_uri, fmnist_tenth):
+    """In this process (the CLI path of each kind of file has its own tests): the paper datasets that are not
+    installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN where it holds too little)."""
+    tree, source = first_setting(paths[0], mlflow_uri)
+    sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1"]
+    if tree.get("dataset", {}).get("name", "fashion_mnist") == "fashion_mnist":
+        sets += [f"dataset.root={fmnist_tenth}", *SCALED_DOWN.get(source.name, [])]
+    else:
+        root = tmp_path / "data"
+        root.mkdir()
+        sets += [f"dataset.root={root}", *DATA[source.name](root)]
+    apply_overrides(tree, sets)
+    config = validate_config(tree)
+    result = run_experiment(config, show_progress=False)
+    check_logged(MlflowClient(mlflow_uri), result.run_id, config.model_dump(mode="json", by_alias=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+def test_the_quickstart_with_quality_skew_runs_through_the_cli(executor, ray_local, mlflow_uri, fmnist_tenth):
+    """Issue 29's first report: every client's empty validation split, read with its per-access noise at round-0
+    evaluation, crashed both executors."""
+    sets = ["partition={scheme: quality, sigma: 0.1}", "rounds=1", f"runtime.client_training={executor}",
+            f"dataset.root={fmnist_tenth}", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1"]  # fmt: skip
+    run = run_through_cli(QUICKSTART, mlflow_uri, *sets)
+    assert run.data.params["partition.scheme"] == "quality"
+    config = load_config(QUICKSTART, sets).model_dump(mode="json", by_alias=True)
+    check_logged(MlflowClient(mlflow_uri), run.info.run_id, config)

@@ -57,6 +57,7 @@ from raysim.algorithms.base import (
     Vector,
 )
 from raysim.errors import ConfigError
+from raysim.examples import ExampleContext, Fragment
 from raysim.models.spec import ModelChoice
 from raysim.seeding import Stream, torch_seed
 from raysim.settings import Settings
@@ -256,6 +257,17 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
     Upload = AugFlUpload
     _pm: np.ndarray | None = None
     _transfer: ContrastiveTransfer | None = None
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """A small AugFL as the paper runs it: CRD from an MLP teacher pretrained for one epoch (64 negatives), on
+        the meta partition whose held-back pools it needs, with a quarter of the clients held out as targets."""
+        from raysim.data.meta_partition import MetaSettings
+
+        algorithm = {"name": cls.name, "regularizer": "crd", "transfer": {"negatives": 64}, "pm_model": "mlp",
+                     "pm_epochs": 1}  # fmt: skip
+        clients = {**context.base.get("clients", {}), "heldout": 0.25}
+        return {"algorithm": algorithm, "clients": clients, **MetaSettings.example(context)}
 
     def regularized(self) -> bool:
         """Whether the server step has a regularizer R_h (lambda > 0), hence needs theta_p and D_s."""

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import ConfigDict, Field
 
+from raysim.examples import ExampleContext, Fragment
 from raysim.models.spec import ParamSpec
 from raysim.registry import Registry
 from raysim.settings import Settings
@@ -364,6 +365,12 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def downlink_bytes(self, broadcast: B) -> int:
         """Bytes each selected client receives for `broadcast`, as float32 (override for factorized models)."""
         return payload_bytes(broadcast)
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """The config sections under which this algorithm runs in a small experiment (raysim.examples): its default
+        settings; an algorithm that cannot run without other settings (a partition, a dataset) names them too."""
+        return {"algorithm": {"name": cls.name}}
 
     @classmethod
     def code_draws(cls, settings: AlgorithmSettings) -> CodeDraws | None:

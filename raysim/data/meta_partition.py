@@ -14,6 +14,7 @@ from pydantic import Field
 
 from raysim.data.scheme import PARTITIONS, SchemeSettings
 from raysim.errors import PartitionError
+from raysim.examples import ExampleContext, Fragment
 from raysim.seeding import Stream, rng
 
 
@@ -30,6 +31,11 @@ class MetaSettings(SchemeSettings):
     server_samples: int = Field(
         10_000, ge=0, description="further samples held by no client: the server's knowledge-transfer set D_s"
     )
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """Few-shot clients with small held-back pools (the defaults keep back 20,000 samples)."""
+        return {"partition": {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 256}}
 
     def assign(self, labels, num_clients, generator, groups):
         labels = np.asarray(labels)

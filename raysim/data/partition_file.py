@@ -34,6 +34,7 @@ from pydantic import Field
 
 from raysim.data.scheme import PARTITIONS, ClientSplit, SchemeSettings, split_client
 from raysim.errors import PartitionError
+from raysim.examples import ExampleContext, Fragment
 from raysim.seeding import Stream, rng
 
 METADATA_KEY = b"raysim"
@@ -53,6 +54,11 @@ class FileSettings(SchemeSettings):
     )
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="for a file with only `indices`: test share")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="for a file with only `indices`: validation share")
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """The replay of the base experiment's partition, written by `raysim partition`."""
+        return {"partition": {"scheme": "file", "path": str(context.partition_file)}}
 
     def splits(self, labels, num_clients, seed, groups):
         """The clients of the file; a file with only `indices` split here per client."""

@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 import raysim.data.authors_draw as authors_draw
 from raysim.data.scheme import PARTITIONS, ClientSplit, SchemeSettings
 from raysim.errors import PartitionError
+from raysim.examples import ExampleContext, Fragment
 from raysim.seeding import Stream, rng
 
 
@@ -170,6 +171,11 @@ class NaturalSettings(_FlameScheme):
     are dealt contiguously, (number of groups) // m per client; leftover groups are not used, as in the code."""
 
     scheme: Literal["natural"] = "natural"
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """Natural ids need a dataset that has them: the synthetic writers (FEMNIST-like, always available)."""
+        return {"partition": {"scheme": "natural"}, "dataset": {"name": "synthetic_writers"}}
 
     def assign(self, labels, num_clients, generator, groups):
         return natural(groups, num_clients)

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.errors import PartitionError
+from raysim.examples import ExampleContext, Fragment
 from raysim.registry import Registry
 from raysim.seeding import Stream, rng
 from raysim.settings import Settings
@@ -47,6 +48,12 @@ class SchemeSettings(Settings):
     )
     by_label: ClassVar[bool] = False
     """The scheme deals by class label, so it refuses a dataset without integer labels (a regression target)."""
+
+    @classmethod
+    def example(cls, context: ExampleContext) -> Fragment:
+        """The config sections under which this scheme runs in a small experiment (raysim.examples): its default
+        settings; a scheme that cannot run without other settings (e.g. a dataset) names them too."""
+        return {"partition": {"scheme": cls.model_fields["scheme"].default}}
 
     def assign(
         self, labels: np.ndarray, num_clients: int, generator: np.random.Generator, groups: np.ndarray | None

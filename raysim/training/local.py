@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -85,7 +86,7 @@ class Inputs:
         """The samples `indices` of the stored array `x` as model input, cropped and flipped as `draws` say."""
         if draws is None and self._normalizes(x):
             out = np.empty((len(indices), *x.shape[1:]), np.float32)
-            self.rows_into(x, indices, out.reshape(len(indices), -1), np.arange(len(indices)))
+            self.rows_into(x, indices, out.reshape(len(indices), _width(x)), np.arange(len(indices)))
             return out
         rows = x[indices]
         if draws is not None:
@@ -99,11 +100,17 @@ class Inputs:
             mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
             _normalize_rows(x.reshape(len(x), len(mean), -1), indices, mean, std, out, positions)
         else:
-            out[positions] = model_inputs(x[indices], self.mean, self.std).reshape(len(indices), -1)
+            out[positions] = model_inputs(x[indices], self.mean, self.std).reshape(len(indices), _width(x))
 
     def _normalizes(self, x: np.ndarray) -> bool:
         """Whether rows of `x` are uint8 images that this normalization turns into float32."""
         return self.mean is not None and x.dtype == np.uint8 and x.ndim == 4 and x.shape[1] == len(self.mean)
+
+
+def _width(x: np.ndarray) -> int:
+    """Features per row of `x`, spelled out: reshape(0, -1) is ambiguous, and an empty split (a client's
+    validation part when partition.val_fraction is 0) is read as 0 rows."""
+    return math.prod(x.shape[1:])
 
 
 @kernel

@@ -1,0 +1,62 @@
+"""What a finished run must have logged, read back from its MLflow store (docs/usage.md, "What is logged")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+EVALUATED = ("acc", "loss", "train_loss", "loss_var", "acc_var", "acc_std", "loss_std", "acc_min", "acc_p10",
+             "lagging_share", "loss_sum_var")  # fmt: skip
+"""Per evaluation, for pm, gm, hm (and hm_val with a validation split, and heldout/... with held-out clients)."""
+PER_ROUND = ("time/clients", "time/aggregation", "time/round", "traffic/uplink_bytes", "traffic/downlink_bytes",
+             "traffic/uplink_bytes_total", "traffic/downlink_bytes_total")  # fmt: skip
+AT_THE_END = ("pm/best_acc", "gm/best_acc", "hm/best_acc")
+SYSTEM = "system/"
+"""MLflow's system metrics (tracking.system_metrics): sampled every 10 s, their steps count samples, not rounds."""
+
+
+def evaluated_steps(config: Mapping[str, Any]) -> set[int]:
+    """0 (before training), every tracking.eval_every-th round and the last."""
+    rounds, every = config["rounds"], config["tracking"].get("eval_every", 1)
+    return {0, rounds} | set(range(every, rounds + 1, every))
+
+
+def expected_keys(config: Mapping[str, Any], step: int) -> set[str]:
+    """The metric keys the docs promise at `step` of a run of `config` (a raw config tree, defaults filled)."""
+    keys: set[str] = set()
+    if step in evaluated_steps(config):
+        models = ["pm", "gm", "hm", *(["hm_val"] if config["partition"].get("val_fraction") else [])]
+        if config["clients"].get("heldout"):
+            models += [f"heldout/{model}" for model in models]
+        scored = EVALUATED if config["tracking"].get("train_loss", True) is True else set(EVALUATED) - {"train_loss"}
+        keys |= {f"{model}/{name}" for model in models for name in scored} | {"hm/pm_chosen_share"}
+    if step > 0:
+        keys |= set(PER_ROUND) | ({"time/evaluation"} if step in evaluated_steps(config) else set())
+    if step == config["rounds"]:
+        keys |= set(AT_THE_END)
+    return keys
+
+
+def check_logged(client: MlflowClient, run_id: str, config: Mapping[str, Any]) -> None:
+    """The run FINISHED; every metric it logged is finite and logged at most once per step; every step 0..rounds
+    has the documented keys, and no metric but the system metrics is logged at another step."""
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED", run.data.tags.get("raysim.error")
+    at_step: dict[int, set[str]] = {}
+    for key in run.data.metrics:
+        history = client.get_metric_history(run_id, key)
+        steps = [m.step for m in history]
+        assert len(steps) == len(set(steps)), f"{key} logged more than once at a step: {sorted(steps)}"
+        bad = [(m.step, m.value) for m in history if not math.isfinite(m.value)]
+        assert not bad, f"{key} is not finite at (step, value) {bad}"
+        if key.startswith(SYSTEM):
+            continue
+        for step in steps:
+            at_step.setdefault(step, set()).add(key)
+    assert sorted(at_step) == list(range(config["rounds"] + 1))
+    for step, keys in at_step.items():
+        missing = expected_keys(config, step) - keys
+        assert not missing, f"step {step} lacks {sorted(missing)}"
