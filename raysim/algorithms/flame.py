@@ -108,19 +108,18 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         s = self.settings
         w = broadcast
         lam_alpha = np.atleast_1d(s.lam * np.asarray(client.weight)).astype(np.float32)  # one per row
-        theta, w_i, pi = state.theta, state.w, state.pi
         passes = [s.epochs] if s.dual_updates == "per_round" else [1] * s.epochs
-        # A donated state (ClientChunk.in_place) is trained and updated where it is; else w_i and pi_i are copied
-        # once and the copies updated. Dual updates per epoch need the round's starting state to the end.
-        own = client.in_place and len(passes) == 1
+        # A donated state (ClientChunk.in_place) is trained and updated where it is, else copies of w_i and pi_i are
+        # updated; dual updates per epoch keep the round's starting state to the end.
+        keep = len(passes) > 1
+        w_i, pi = client.writable(state.w, state.pi, keep=keep)
+        theta, in_place = state.theta, client.may_write(keep)
         losses = []
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
-            result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=own)
+            result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=in_place)
             losses.append(result.mean_loss)  # a number, or one per row
-            theta = np.asarray(result.params, np.float32)
-            if not own:
-                w_i, pi, own = w_i.copy(), pi.copy(), True
+            theta, in_place = np.asarray(result.params, np.float32), True  # later epochs train the step's own theta
             delta_u, primal, dual, lemma3 = _admm_update(
                 rows(theta), rows(w_i), rows(pi), w, lam_alpha, np.float32(s.rho)
             )
