@@ -19,7 +19,7 @@ stacked rows (`Algorithm.stacks`), reading theta_i, w_i and pi_i once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -59,8 +59,8 @@ class FlameClientState:
     pi: Vector
 
     def message(self, rho: float) -> Vector:
-        """u_i = w_i + pi_i / rho, the vector the server averages."""
-        return self.w + self.pi / rho
+        """u_i, the vector the server averages."""
+        return paper_message(self.w, self.pi, rho)
 
 
 @dataclass
@@ -149,13 +149,28 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         return state.theta
 
 
+def paper_update(theta: Any, w_i: Any, pi: Any, w: Any, lam_alpha: Any, rho: Any) -> tuple[Any, Any]:
+    """Eqs. (12) and (13) as the paper writes them, in array operators over numpy arrays or torch tensors (one
+    client's vectors, or a chunk's rows with `lam_alpha` a column): the new w_i and pi_i, as new arrays. The
+    compiled `_admm_update` gives exactly their float32 bits (tests/test_flame.py); the tests and benchmarks take
+    the paper's form from here.
+
+        w_i  <- (lambda alpha_i theta_i + rho w - pi_i) / (lambda alpha_i + rho)      (12)
+        pi_i <- pi_i + rho (w_i - w)                                                (13)
+    """
+    new_w = (lam_alpha * theta + rho * w - pi) / (lam_alpha + rho)
+    return new_w, pi + rho * (new_w - w)
+
+
+def paper_message(w_i: Any, pi: Any, rho: Any) -> Any:
+    """u_i = w_i + pi_i / rho, the message whose mean over all m clients is the global model (14)."""
+    return w_i + pi / rho
+
+
 @kernel
 def _admm_update(theta, w_i, pi, w, lam_alpha, rho):
-    """For every row i (client), eqs. (12) and (13), written into w_i and pi (each entry read before it is
-    written, one pass):
-
-        w_i  <- (lambda alpha_i theta_i + rho w - pi_i) / (lambda alpha_i + rho)
-        pi_i <- pi_i + rho (w_i - w)
+    """For every row i (client), eqs. (12) and (13) (`paper_update`), written into w_i and pi (each entry read
+    before it is written, one pass).
 
     Returns the change of the message u_i = w_i + pi_i / rho, ||w_i - w|| (primal residual), the change of pi_i in
     norm (dual change) and ||pi_i - lambda alpha_i (theta_i - w_i)||, Lemma 3's residual (eq. 33: zero in exact
