@@ -29,19 +29,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.algorithms.base import Upload
 from raysim.algorithms.flame import _admm_update, paper_message, paper_update
+from raysim.algorithms.servers import DeltaUpload
 from raysim.runtime.exact_sum import SCALE, add_rows
 from raysim.runtime.host import _keep_freed_memory
-
-
-@dataclass
-class DeltaUpload(Upload):
-    delta_u: np.ndarray
 
 
 def numpy_step(theta, w_i, pi, w, lam_alpha, rho):

@@ -173,7 +173,7 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
     in_place = run_stacked_step(algorithm, clients, donated, broadcast, _exact_prox_rows(targets, ids), in_place=True)
     for name in ("theta", "w", "pi"):
         assert np.array_equal(getattr(in_place.state, name), getattr(stacked.state, name))
-    np.testing.assert_array_equal(in_place.upload.delta_u, stacked.upload.delta_u)
+    np.testing.assert_array_equal(in_place.upload.change, stacked.upload.change)
     if dual_updates == "per_round":  # per epoch the round's starting w_i and pi_i are kept
         assert in_place.state.w is donated.w and in_place.state.pi is donated.pi
     together = unstack_update(stacked, len(clients))
@@ -181,7 +181,7 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
         for name in ("theta", "w", "pi"):
             np.testing.assert_allclose(getattr(got.state, name), getattr(want.state, name), rtol=1e-6, atol=1e-6)
             assert getattr(got.state, name).dtype == np.float32
-        np.testing.assert_allclose(got.upload.delta_u, want.upload.delta_u, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.upload.change, want.upload.change, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(algorithm.message(got), algorithm.message(want), rtol=1e-6, atol=1e-6)
         assert got.metrics.keys() == want.metrics.keys()
         assert all(isinstance(value, float) for value in got.metrics.values())

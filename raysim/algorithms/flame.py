@@ -33,10 +33,9 @@ from raysim.algorithms.base import (
     ClientUpdate,
     CodeDraws,
     SGDSettings,
-    Upload,
     Vector,
 )
-from raysim.algorithms.servers import running_mean
+from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.jit import add_square, distances, kernel, rows
 
 
@@ -63,27 +62,11 @@ class FlameClientState:
         return paper_message(self.w, self.pi, rho)
 
 
-@dataclass
-class FlameServerState:
-    w: Vector
-    sum_u: np.ndarray
-    """float64 running sum over all m clients of their latest u_i."""
-    num_clients: int
-
-
-@dataclass
-class FlameUpload(Upload):
-    delta_u: Vector
-
-    message_field = "delta_u"
-    delta = True
-
-
 @ALGORITHMS.register()
-class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector, FlameUpload]):
+class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector, DeltaUpload]):
     name = "flame"
     Settings = FlameSettings
-    Upload = FlameUpload
+    Upload = DeltaUpload
 
     @classmethod
     def code_draws(cls, settings: FlameSettings) -> CodeDraws:  # type: ignore[override]
@@ -91,9 +74,8 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         return CodeDraws(passes=settings.epochs)
     stacks = True
 
-    def init_server(self, init_params: Vector, num_clients: int) -> FlameServerState:
-        # theta_i^0 = w_i^0 = w^0 and pi_i^0 = 0 (authors' code), so every u_i^0 = w^0.
-        return FlameServerState(init_params.copy(), num_clients * init_params.astype(np.float64), num_clients)
+    def init_server(self, init_params: Vector, num_clients: int) -> RunningMeanState:
+        return start_running_mean(init_params, num_clients)  # theta_i^0 = w_i^0 = w^0, pi_i^0 = 0 (authors' code)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FlameClientState:
         # pi^0 = lambda alpha_i (theta^0 - w^0) = 0, the initialization Lemma 3 requires (eq. 33). theta and w
@@ -101,7 +83,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         # a state's vectors), so thousands of clients cost nothing before they train.
         return FlameClientState(init_params, init_params, np.zeros(init_params.shape, init_params.dtype))
 
-    def broadcast(self, server: FlameServerState) -> Vector:
+    def broadcast(self, server: RunningMeanState) -> Vector:
         return server.w
 
     def client_step(self, client: ClientInfo | ClientChunk, state: FlameClientState, broadcast: Vector) -> ClientStep:
@@ -132,17 +114,16 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
             "dual_change": dual,
             "lemma3_error": lemma3,
         }
-        return ClientUpdate(new, FlameUpload(delta_u.reshape(np.shape(theta))), metrics)
+        return ClientUpdate(new, DeltaUpload(delta_u.reshape(np.shape(theta))), metrics)
 
     def message(self, update: ClientUpdate) -> Vector:
         """u_i = w_i + pi_i / rho of the new state (asked for only by attacks and robust aggregation)."""
         return update.state.message(self.settings.rho)
 
-    def server_step(self, server: FlameServerState, total: FlameUpload, num_selected: int):
-        mean = running_mean(server.sum_u, total, server.num_clients, server.w)  # (14): mean over ALL m clients
-        return FlameServerState(mean.model, mean.running_sum, server.num_clients), mean.metrics
+    def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
+        return running_mean(server, total)  # (14): the mean over ALL m clients
 
-    def global_model(self, server: FlameServerState) -> Vector:
+    def global_model(self, server: RunningMeanState) -> Vector:
         return server.w
 
     def personalized_model(self, state: FlameClientState) -> Vector:
