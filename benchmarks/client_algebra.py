@@ -29,26 +29,19 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.algorithms.base import Upload
-from raysim.algorithms.flame import _admm_update
+from raysim.algorithms.flame import _admm_update, paper_message, paper_update
+from raysim.algorithms.servers import DeltaUpload
 from raysim.runtime.exact_sum import SCALE, add_rows
 from raysim.runtime.steps import keep_freed_memory
 
 
-@dataclass
-class DeltaUpload(Upload):
-    delta_u: np.ndarray
-
-
 def numpy_step(theta, w_i, pi, w, lam_alpha, rho):
     """FLAME's algebra and diagnostics as numpy expressions over one client's vectors."""
-    new_w = (lam_alpha * theta + rho * w - pi) / (lam_alpha + rho)
-    new_pi = pi + rho * (new_w - w)
-    delta = (new_w + new_pi / rho) - (w_i + pi / rho)
+    new_w, new_pi = paper_update(theta, w_i, pi, w, lam_alpha, rho)
+    delta = paper_message(new_w, new_pi, rho) - paper_message(w_i, pi, rho)
     norms = np.linalg.norm(new_w - w), np.linalg.norm(new_pi - pi), np.linalg.norm(new_pi - lam_alpha * (theta - new_w))
     return new_w, new_pi, delta, norms
 

@@ -407,18 +407,18 @@ def parser() -> argparse.ArgumentParser:
     resume.set_defaults(handler=_resume)
     pretrain = commands.add_parser(
         "pretrain",
-        help="train (or reuse the cached) pretrained model of AugFL on the meta partition's reserved pool; prints "
+        help="train (or reuse the cached) teacher of AugFL on the meta partition's reserved pool; prints "
         "its path",
     )
     pretrain.add_argument("config", help="experiment YAML with partition.scheme = meta")
     pretrain.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
-    pretrain.add_argument("--epochs", type=int, default=None, help="default: algorithm.pm_epochs")
-    pretrain.add_argument("--lr", type=float, default=None, help="default: algorithm.pm_lr")
+    pretrain.add_argument("--epochs", type=int, default=None, help="default: algorithm.teacher_epochs")
+    pretrain.add_argument("--lr", type=float, default=None, help="default: algorithm.teacher_lr")
     pretrain.add_argument(
         "--cache",
         type=Path,
         default=None,
-        help="folder of cached pretrained models (default: $RAYSIM_CACHE/pm, ~/.cache/raysim/pm)",
+        help="folder of cached teachers (default: $RAYSIM_CACHE/teacher, ~/.cache/raysim/teacher)",
     )
     _plugin_option(pretrain)
     pretrain.set_defaults(handler=_pretrain)

@@ -28,7 +28,7 @@ from raysim.data.partitions import QLabelSettings
 from raysim.errors import ConfigError
 from raysim.models.spec import ModelSettings
 from raysim.registry import UNKNOWN, Registry
-from raysim.settings import Settings
+from raysim.settings import Settings, field_keys
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings
 
@@ -438,9 +438,9 @@ def _chosen_model(section: str, node: Any) -> type[Settings] | None:
 
 
 def _field(model: Any, key: str) -> Any:
-    """The pydantic field of `model` named or aliased `key`, or None."""
+    """The pydantic field of `model` named or aliased `key` (an old name included), or None."""
     for name, field in getattr(model, "model_fields", {}).items():
-        if key in (name, field.alias):
+        if key in field_keys(name, field):
             return field
     return None
 
@@ -514,8 +514,10 @@ def _key_text(key: Any) -> str:
 
 
 def _field_level(error: dict[str, Any]) -> dict[str, Any]:
-    """The error with a bool-for-number refusal (raysim.settings, raised for the whole model) located at its
-    key, as pydantic locates its own field errors."""
+    """The error with a refusal of raysim.settings (a bool for a number, a key given twice: raised for the whole
+    model) located at its key, as pydantic locates its own field errors."""
+    if error["type"] == "key_given_twice":
+        return {**error, "loc": (*error["loc"], error["ctx"]["key"])}
     if error["type"] != "bool_for_number":
         return error
     ctx = error["ctx"]
@@ -540,7 +542,7 @@ def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
         return message.removeprefix("Value error, ")
     if kind in ("literal_error", "enum"):
         message = message.replace("Input should be", "must be")
-    shown = "" if kind in ("missing", "bool_for_number") else f" (got {error['input']!r})"
+    shown = "" if kind in ("missing", "bool_for_number", "key_given_twice") else f" (got {error['input']!r})"
     return f"{path}: {message}{shown}"
 
 

@@ -1,7 +1,6 @@
 """Run a YAML file (an experiment, a suite or a sweep) and print its outcome, with the command line's error
 and signal handling: what `raysim run` does, and what a Ray job's entrypoint runs (raysim.jobs), so that
-neither has to go through the other. Also `raysim pretrain`: an algorithm's server-side pretraining run ahead
-of time."""
+neither has to go through the other. Also `raysim pretrain`: AugFL's teacher pretrained ahead of time."""
 
 from __future__ import annotations
 
@@ -154,30 +153,13 @@ def pretrain(
     cache: Path | None = None,
     dataset: Dataset | None = None,
 ) -> Path:
-    """Train (or reuse the cached) pretrained model of `config` (AugFL's teacher, augfl.md 4.1, on the `meta`
-    partition's reserved pool) and return the path of its flat float32 parameters; `epochs` and `lr` default to
-    `algorithm.pm_epochs` and `algorithm.pm_lr`, `cache` to $RAYSIM_CACHE/pm. A run without `algorithm.pm_path`
-    does the same on first use (`AugFl.server_data`)."""
-    from raysim.algorithms.augfl import AugFlSettings
-    from raysim.algorithms.augfl import pretrain as pretrain_steps
+    """`raysim pretrain`: train (or reuse the cached) teacher of `config` in this process (AugFL's, on the `meta`
+    partition's reserved pool; raysim.algorithms.augfl.teacher.pretraining says which and how) and return the path
+    of its flat float32 parameters. A run without `algorithm.teacher_path` does the same on first use."""
+    from raysim.algorithms.augfl.teacher import pretraining
     from raysim.runtime.problem import run_server_requests, server_context
 
     if dataset is None:
         dataset = config.dataset.load(config.seed)
     context = server_context(config, dataset)
-    settings = config.algorithm if isinstance(config.algorithm, AugFlSettings) else AugFlSettings()
-    epochs = settings.pm_epochs if epochs is None else epochs
-    lr = settings.pm_lr if lr is None else lr
-    folder = context.cache / "pm" if cache is None else cache
-    architecture = pm_architecture(config, dataset.input_shape)
-    return run_server_requests(pretrain_steps(context, architecture, epochs, lr, folder), context)
-
-
-def pm_architecture(config: ExperimentConfig, input_shape: tuple[int, ...]) -> str:
-    """The pretrained model's architecture for `config`: AugFL's teacher (`algorithm.pm_model`, or the default:
-    the clients' model for L2, else the next larger one); the clients' model when the algorithm is not AugFL."""
-    from raysim.algorithms.augfl import AugFlSettings, teacher_architecture
-
-    if not isinstance(config.algorithm, AugFlSettings):
-        return config.model.name
-    return teacher_architecture(config.algorithm, config.model.name, input_shape)
+    return run_server_requests(pretraining(config.algorithm, context, epochs, lr, cache), context)

@@ -17,6 +17,7 @@ from raysim.algorithms import ALGORITHMS
 from raysim.config import SWITCHES, ExperimentConfig, choice_models
 from raysim.data import DatasetSettings
 from raysim.registry import OneOf
+from raysim.settings import field_keys
 
 
 def type_text(annotation: Any) -> str:
@@ -85,6 +86,8 @@ def field_rows(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = ()) 
         about = (field.description or "").replace("|", "\\|").replace("\n", " ")
         bounds = bounds_text(field)
         about = f"{about} ({bounds})" if bounds and about else about or (f"({bounds})" if bounds else "")
+        old = [f"`{k}`" for k in field_keys(name, field) if k not in (key, name)]
+        about = f"{about} (old key {', '.join(old)}, still accepted)".strip() if old else about
         rows.append(f"| `{prefix}{key}` | {field_type(field)} | {default_text(field)} | {about} |")
     return rows
 

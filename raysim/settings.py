@@ -11,7 +11,8 @@ from __future__ import annotations
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 _SEQUENCES = (list, tuple, set, frozenset)
@@ -74,6 +75,14 @@ def _bool_for_number(annotation: Any, value: Any, where: str = "") -> tuple[str,
     return None
 
 
+def field_keys(name: str, field: FieldInfo) -> tuple[str, ...]:
+    """The keys a config may give a field by: its key (its alias, else its name), its name, and old names it still
+    answers to (a `validation_alias` of AliasChoices, e.g. AugFL's `pm_epochs` for `teacher_epochs`)."""
+    alias = field.validation_alias
+    choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+    return tuple(dict.fromkeys([field.alias or name, name, *(c for c in choices if isinstance(c, str))]))
+
+
 class Settings(BaseModel):
     """Unknown keys, bools taken for numbers and non-finite floats are refused; validated settings are
     immutable. Every settings model of a config subclasses this.
@@ -86,13 +95,26 @@ class Settings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _refuse_key_given_twice(cls, data: Any) -> Any:
+        """A setting given by two of its keys (`lambda` and `lam`, `teacher_lr` and its old name `pm_lr`): pydantic
+        would take one and drop the other silently."""
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                given = [key for key in field_keys(name, field) if key in data]
+                if len(given) > 1:
+                    context = {"key": given[0], "other": given[1]}
+                    raise PydanticCustomError("key_given_twice", "given twice, also as {other}; keep one", context)
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _refuse_bool_for_number(cls, data: Any) -> Any:
         """A YAML `true` given for a number is a mistake, not 1."""
         if not isinstance(data, dict):
             return data
         for name, field in cls.model_fields.items():
-            key = field.alias if field.alias in data else name
-            if key not in data:
+            key = next((key for key in field_keys(name, field) if key in data), None)
+            if key is None:
                 continue
             found = _bool_for_number(field.annotation, data[key])
             if found:

@@ -155,3 +155,20 @@ def test_both_state_containers_answer_the_host_alike(container, tmp_path):
     stats = states.stats()
     assert stats is None if container == "tables" else stats.spilled == 4
     states.close()
+
+
+def test_a_step_writes_into_its_state_only_where_the_runtime_donated_it():
+    """`writable` gives a step the state's arrays themselves only for a donated chunk (ClientChunk.in_place) whose
+    step does not keep their old values to its end; otherwise equal copies (a single client's state is never
+    donated). `may_write` says the same for training in place."""
+    from raysim.algorithms.base import ClientChunk, ClientInfo
+
+    clients = (ClientInfo(0, 5, 0.5, 2), ClientInfo(1, 5, 0.5, 2))
+    w, pi = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    donated = ClientChunk(clients, in_place=True)
+    assert all(got is given for got, given in zip(donated.writable(w, pi), (w, pi), strict=True))
+    assert donated.may_write() and not donated.may_write(keep=True) and not ClientChunk(clients).may_write()
+    assert not clients[0].may_write()
+    for owner, arrays in ((donated, (w, pi)), (ClientChunk(clients), (w, pi)), (clients[0], (w[0], pi[0]))):
+        copies = owner.writable(*arrays, keep=owner is donated)
+        assert all(np.array_equal(c, a) and not np.shares_memory(c, a) for c, a in zip(copies, arrays, strict=True))

@@ -153,7 +153,7 @@ def test_flame_server_sums_the_latest_forged_messages_over_rounds():
         coordinator.aggregate(partial)
         latest |= {c: m for c, (m, _) in partial.messages.items()}
         expected = np.sum([latest[c].astype(np.float64) for c in range(6)], axis=0)
-        np.testing.assert_allclose(coordinator.server_state().sum_u, expected, atol=1e-5)
+        np.testing.assert_allclose(coordinator.server_state().running_sum, expected, atol=1e-5)
         np.testing.assert_allclose(coordinator.global_model(), expected / 6, atol=1e-6)
 
 
@@ -331,7 +331,7 @@ def test_skipping_attackers_keep_their_state_and_upload_only_the_forged_message(
             forged = problem.attack.corrupt(client_id, round_index, latest[client_id], broadcast)
             np.testing.assert_array_equal(latest[client_id], forged)
         expected = np.sum([latest.get(c, problem.init_params).astype(np.float64) for c in range(6)], axis=0)
-        np.testing.assert_allclose(coordinator.server_state().sum_u, expected, atol=1e-5)
+        np.testing.assert_allclose(coordinator.server_state().running_sum, expected, atol=1e-5)
     states = host.client_states()
     for client_id in range(6):
         same = all(np.array_equal(v, getattr(states[client_id], k)) for k, v in vars(initial[client_id]).items())

@@ -1,6 +1,6 @@
 """AugFL's mathematics (augfl.md 1.6-1.8) on the real host/coordinator code: the finite-difference Hessian-vector
 product, the dual identity y_i = -w_i d_i, the closed-form global recursion, the stationary point regularized by
-the pretrained model, and a CLI run."""
+the teacher, the teacher's settings and their old `pm_*` names, and a CLI run."""
 
 from __future__ import annotations
 
@@ -104,15 +104,15 @@ def test_full_participation_follows_the_extrapolated_gradient_recursion():
         previous = d
 
 
-def test_pm_regularizer_reaches_the_stationary_point_of_the_regularized_objective(tmp_path):
+def test_teacher_regularizer_reaches_the_stationary_point_of_the_regularized_objective(tmp_path):
     """With R_h = ||theta - theta_p||^2 the fixed point of eq. 13 solves sum_i w_i d_i(theta) + 2 lambda (theta -
     theta_p) = 0 (estimated grad F of eq. 2 plus the regularizer); a larger lambda pulls theta closer to theta_p."""
-    pm_path = tmp_path / "pm.npy"
+    path = tmp_path / "teacher.npy"
     theta_p = np.random.default_rng(1).normal(0, 0.5, size=_sim(META).problem.init_params.size).astype(np.float32)
-    np.save(pm_path, theta_p)
+    np.save(path, theta_p)
     distances = {}
     for lam in (0.5, 1.0):
-        sim = _sim(META, regularizer="l2", pm_path=str(pm_path), rho=5.0, **{"lambda": lam})  # 1/(m rho) stable
+        sim = _sim(META, regularizer="l2", teacher_path=str(path), rho=5.0, **{"lambda": lam})  # 1/(m rho) stable
         for round_index in range(200):
             sim.round(round_index, [0, 1, 2, 3])
         theta = sim.coordinator.broadcast().astype(np.float64)
@@ -122,7 +122,7 @@ def test_pm_regularizer_reaches_the_stationary_point_of_the_regularized_objectiv
         assert np.linalg.norm(residual) < 1e-3 * np.linalg.norm(gradient)
         distances[lam] = np.linalg.norm(theta - theta_p)
     assert distances[1.0] < distances[0.5]
-    assert sim.coordinator.algorithm._pm is not None and sim.host.algorithm._pm is None  # theta_p stays on the server
+    assert sim.coordinator.algorithm._teacher is not None and sim.host.algorithm._teacher is None  # on the server only
 
 
 @pytest.mark.slow
@@ -159,27 +159,27 @@ def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reser
         assert abs(len(split.train) - len(split.test)) <= 1  # support / query 50/50
 
 
-def test_pretrained_pm_fits_the_reserved_pool_and_is_cached(tmp_path):
+def test_pretrained_teacher_fits_the_reserved_pool_and_is_cached(tmp_path):
     from raysim.data.meta_partition import reserved_indices
-    from raysim.launch import pretrain as pretrain_pm
+    from raysim.launch import pretrain
     from raysim.runtime.problem import prepare
 
     partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
     config = validate_config(tiny_config(partition=partition))
-    path = pretrain_pm(config, epochs=3, lr=0.1, cache=tmp_path)
-    assert pretrain_pm(config, epochs=3, lr=0.1, cache=tmp_path) == path
+    path = pretrain(config, epochs=3, lr=0.1, cache=tmp_path)
+    assert pretrain(config, epochs=3, lr=0.1, cache=tmp_path) == path
     problem = prepare(config)
     pool = reserved_indices(len(problem.y), config.partition, config.seed)
     model = Scorer(problem.model_spec.build())
-    pm_loss, pm_acc = model.evaluate(np.load(path), problem.x[pool], problem.y[pool])
+    teacher_loss, teacher_acc = model.evaluate(np.load(path), problem.x[pool], problem.y[pool])
     init_loss, _ = model.evaluate(problem.init_params, problem.x[pool], problem.y[pool])
-    assert pm_loss < 0.8 * init_loss and pm_acc > 0.5
+    assert teacher_loss < 0.8 * init_loss and teacher_acc > 0.5
 
 
-def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partitions(tmp_path):
+def test_pretrain_subcommand_prints_the_cached_teacher_and_rejects_non_meta_partitions(tmp_path):
     config = tiny_config(partition={"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300})
     (tmp_path / "meta.yaml").write_text(yaml.safe_dump(config))
-    args = ("pretrain", str(tmp_path / "meta.yaml"), "--epochs", "1", "--cache", str(tmp_path / "pm"))
+    args = ("pretrain", str(tmp_path / "meta.yaml"), "--epochs", "1", "--cache", str(tmp_path / "teacher"))
     first = _raysim(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     path = first.stdout.strip().splitlines()[-1]
@@ -190,7 +190,7 @@ def test_pretrain_subcommand_prints_the_cached_pm_and_rejects_non_meta_partition
     again = _raysim(*args, cwd=tmp_path)
     assert again.stdout.strip().splitlines()[-1] == path and os.stat(path).st_mtime_ns == created  # reused
     (tmp_path / "dirichlet.yaml").write_text(yaml.safe_dump(tiny_config()))
-    refused = _raysim("pretrain", str(tmp_path / "dirichlet.yaml"), "--cache", str(tmp_path / "pm"), cwd=tmp_path)
+    refused = _raysim("pretrain", str(tmp_path / "dirichlet.yaml"), "--cache", str(tmp_path / "teacher"), cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.startswith("error: partition.scheme")
 
 
@@ -232,24 +232,25 @@ def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_gl
     assert sum(sim.host.info[c].weight for c in range(8)) == pytest.approx(1.0)  # weights over training clients
 
 
-def test_the_pm_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, monkeypatch):
-    """The default pretrained model (teacher) is the next larger architecture (mlr -> mlp; mlp -> cnn on images),
+def test_the_teacher_is_a_larger_network_that_only_the_coordinator_holds(tmp_path, monkeypatch):
+    """The default teacher (pretrained model) is the next larger architecture (mlr -> mlp; mlp -> cnn on images),
     pretrained on first use and cached; the CRD machinery, the teacher and D_s live in the coordinator's algorithm
     only."""
-    from raysim.launch import pm_architecture
+    from raysim.algorithms.augfl.teacher import teacher_architecture
 
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
     sim = _sim({**META, "val_fraction": 0.0}, regularizer="crd", query_split="test", **{"lambda": 5.0})
     transfer = sim.coordinator.algorithm._transfer
-    assert transfer is not None and sim.host.algorithm._transfer is None and sim.host.algorithm._pm is None
+    assert transfer is not None and sim.host.algorithm._transfer is None and sim.host.algorithm._teacher is None
     assert sim.problem.server_data.pretrained_model == "mlp" and len(transfer.y) == META["server_samples"]
     assert sim.problem.server_data.pretrained.size > sim.problem.init_params.size
-    assert list(tmp_path.glob("pm/*-mlp-*.npy"))  # pretrained on first use, cached
+    assert list(tmp_path.glob("teacher/*-mlp-*.npy"))  # pretrained on first use, cached
     losses = [sim.coordinator.aggregate(sim.host.train(r, list(range(4)), sim.coordinator.broadcast())[0])
               for r in range(15)]  # fmt: skip
     assert losses[-1]["transfer_loss"] < losses[0]["transfer_loss"]  # theta and the heads learn the teacher's structure
-    image = validate_config(tiny_config(algorithm={"name": "augfl"}, model={"name": "mlp"}))
-    assert pm_architecture(image, (1, 28, 28)) == "cnn" and pm_architecture(image, (20,)) == "mlp"
+    image = validate_config(tiny_config(algorithm={"name": "augfl"}, model={"name": "mlp"})).algorithm
+    assert teacher_architecture(image, "mlp", (1, 28, 28)) == "cnn"
+    assert teacher_architecture(image, "mlp", (20,)) == "mlp"
 
 
 def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_from_the_cache(tmp_path, monkeypatch):
@@ -270,7 +271,7 @@ def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_f
     request = next(algorithm.server_data(context))
     assert isinstance(request, TrainModel) and request.model == "mlp" and len(request.y) == META["reserved"]
     data = run_server_requests(algorithm.server_data(context), context)
-    assert list(tmp_path.glob("pm/*-mlp-*.npy")) and data.pretrained_model == "mlp"
+    assert list(tmp_path.glob("teacher/*-mlp-*.npy")) and data.pretrained_model == "mlp"
     assert len(data.y) == META["server_samples"]
     with pytest.raises(StopIteration) as cached:  # no request: the file is read
         next(algorithm.server_data(context))
@@ -279,14 +280,14 @@ def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_f
     assert build_algorithm(fedavg.algorithm, spec).server_data(context) is None
 
 
-def test_pm_settings_that_cannot_work_fail_before_any_ray_work():
+def test_teacher_settings_that_cannot_work_fail_before_any_ray_work():
     from raysim.errors import ConfigError
     from raysim.runtime.problem import prepare
 
     with pytest.raises(ConfigError, match="partition.scheme=dirichlet"):
         prepare(validate_config(tiny_config(algorithm={"name": "augfl", "regularizer": "crd"})))
-    mismatch = {"name": "augfl", "regularizer": "l2", "pm_model": "mlp"}
-    with pytest.raises(ConfigError, match="algorithm.pm_model=mlp: regularizer l2"):
+    mismatch = {"name": "augfl", "regularizer": "l2", "teacher_model": "mlp"}
+    with pytest.raises(ConfigError, match="algorithm.teacher_model=mlp: regularizer l2"):
         prepare(validate_config(tiny_config(algorithm=mismatch, partition=META)))
 
 
@@ -307,3 +308,33 @@ def test_augfl_with_crd_and_heldout_clients_runs_through_the_cli(tmp_path, mlflo
     assert metrics["server/transfer_loss"] > 0 and metrics["server/regularizer_gradient_norm"] > 0
     assert 0 <= metrics["heldout/pm/acc"] <= 1
     assert metrics["round/selected_clients"] == 8  # full participation of the training clients only
+
+
+def test_the_teachers_old_pm_keys_still_load_as_their_teacher_keys(tmp_path):
+    """`pm_model`, `pm_path`, `pm_epochs` and `pm_lr` (the teacher's keys before PM came to mean the personalized
+    model only) are aliases: in a file and under --set (a text field stays text), shown by their new names; one
+    setting under both names, or a bool for its number, is refused as for any key."""
+    from raysim.config import load_config
+    from raysim.errors import ConfigError
+    from raysim.reference import config_reference
+
+    old = {"name": "augfl", "pm_model": "cnn", "pm_path": "teacher.npy", "pm_epochs": 3, "pm_lr": 0.2}
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(algorithm=old, partition=META)))
+    settings = load_config(path).algorithm
+    assert (settings.teacher_model, settings.teacher_path, settings.teacher_epochs, settings.teacher_lr) == (
+        "cnn", "teacher.npy", 3, 0.2
+    )  # fmt: skip
+    shown = load_config(path).shown()["algorithm"]
+    assert shown["teacher_epochs"] == 3 and not any(key.startswith("pm_") for key in shown)
+    assert load_config(path, ["algorithm.pm_path=007"]).algorithm.teacher_path == "007"  # text, not the number 7
+    assert load_config(path, ["algorithm.pm_epochs=4"]).algorithm.teacher_epochs == 4
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(yaml.safe_dump(tiny_config(algorithm={**old, "teacher_lr": 0.1}, partition=META)))
+    with pytest.raises(ConfigError, match=r"^algorithm\.teacher_lr: given twice, also as pm_lr; keep one$"):
+        load_config(twice)
+    with pytest.raises(ConfigError, match=r"^algorithm\.pm_epochs: must be an integer, not a bool"):
+        load_config(path, ["algorithm.pm_epochs=true"])
+    assert "| `algorithm.teacher_epochs` |" in config_reference() and "(old key `pm_epochs`, still accepted)" in (
+        config_reference()
+    )

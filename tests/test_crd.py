@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.crd import ContrastiveTransfer, CrdState, TransferSettings, nce_loss
+from raysim.algorithms.augfl.crd import ContrastiveTransfer, CrdState, nce_loss
+from raysim.algorithms.augfl.settings import TransferSettings
 from raysim.models.flat import FlatModel
 from raysim.runtime import checkpoint
 

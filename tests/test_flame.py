@@ -173,7 +173,7 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
     in_place = run_stacked_step(algorithm, clients, donated, broadcast, _exact_prox_rows(targets, ids), in_place=True)
     for name in ("theta", "w", "pi"):
         assert np.array_equal(getattr(in_place.state, name), getattr(stacked.state, name))
-    np.testing.assert_array_equal(in_place.upload.delta_u, stacked.upload.delta_u)
+    np.testing.assert_array_equal(in_place.upload.change, stacked.upload.change)
     if dual_updates == "per_round":  # per epoch the round's starting w_i and pi_i are kept
         assert in_place.state.w is donated.w and in_place.state.pi is donated.pi
     together = unstack_update(stacked, len(clients))
@@ -181,7 +181,7 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
         for name in ("theta", "w", "pi"):
             np.testing.assert_allclose(getattr(got.state, name), getattr(want.state, name), rtol=1e-6, atol=1e-6)
             assert getattr(got.state, name).dtype == np.float32
-        np.testing.assert_allclose(got.upload.delta_u, want.upload.delta_u, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.upload.change, want.upload.change, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(algorithm.message(got), algorithm.message(want), rtol=1e-6, atol=1e-6)
         assert got.metrics.keys() == want.metrics.keys()
         assert all(isinstance(value, float) for value in got.metrics.values())
@@ -203,16 +203,15 @@ def test_the_compiled_update_is_equations_12_and_13_bit_for_bit(rows, size, rho,
     """`_admm_update` (one compiled pass, in place) gives exactly the float32 bits of (12), (13) and the message
     change written in numpy, for every row alone or together (a row never depends on its neighbours), and its
     norms are those of the differences."""
-    from raysim.algorithms.flame import _admm_update
+    from raysim.algorithms.flame import _admm_update, paper_message, paper_update
 
     generator = np.random.default_rng(seed)
     theta, w_i, pi = (generator.normal(size=(rows, size)).astype(np.float32) for _ in range(3))
     w = generator.normal(size=size).astype(np.float32)
     lam_alpha = (lam * generator.uniform(0.01, 1.0, rows)).astype(np.float32)
     rho32, la = np.float32(rho), lam_alpha[:, None]
-    want_w = (la * theta + rho32 * w - pi) / (la + rho32)  # (12)
-    want_pi = pi + rho32 * (want_w - w)  # (13)
-    want_delta = (want_w + want_pi / rho32) - (w_i + pi / rho32)
+    want_w, want_pi = paper_update(theta, w_i, pi, w, la, rho32)
+    want_delta = paper_message(want_w, want_pi, rho32) - paper_message(w_i, pi, rho32)
     new_w, new_pi = w_i.copy(), pi.copy()
     delta, primal, dual, lemma3 = _admm_update(theta, new_w, new_pi, w, lam_alpha, rho32)
     for got, want in ((new_w, want_w), (new_pi, want_pi), (delta, want_delta)):

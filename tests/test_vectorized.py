@@ -17,7 +17,8 @@ from torch import nn
 
 from raysim.algorithms import build_algorithm
 from raysim.algorithms.base import ClientInfo, ClientUpdate, LocalSGD
-from raysim.algorithms.fedavg import FedAvg, FedAvgSettings, FedAvgUpload
+from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
+from raysim.algorithms.servers import WeightedUpload
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.execution import run_client_step, run_client_steps
@@ -247,7 +248,7 @@ class _Uneven(FedAvg):
         params = broadcast
         for _ in range(client.id % 3):
             params = (yield self.settings.local_sgd(params)).params
-        return ClientUpdate(state, FedAvgUpload(params, 1.0), {"trained": float(client.id % 3)})
+        return ClientUpdate(state, WeightedUpload(params, 1.0), {"trained": float(client.id % 3)})
 
 
 def _executors(clients: list[ClientData], model: FlatModel):
@@ -486,7 +487,7 @@ def test_a_dropped_upload_leaves_its_clients_state_as_it_was_in_a_stacked_chunk(
         old, new = before[client], after[client]
         unchanged = all(np.array_equal(getattr(new, f), getattr(old, f)) for f in ("theta", "w", "pi"))
         assert unchanged == (client == 2), client
-    with pytest.raises(UploadRangeError, match="round 1: client 2: upload field 'delta_u' has NaN"):
+    with pytest.raises(UploadRangeError, match="round 1: client 2: upload field 'change' has NaN"):
         make_host(config.model_copy(update={"runtime": config.runtime.model_copy(update={"on_nonfinite": "stop"})}),
                   problem).train(1, [0, 1, 2, 3], coordinator.broadcast())  # fmt: skip
 

@@ -1,4 +1,5 @@
-"""Algorithms, one module each, registered by name (the config's `algorithm.name`, raysim.algorithms.base.ALGORITHMS).
+"""Algorithms, one module each (AugFL: a package), registered by name (the config's `algorithm.name`,
+raysim.algorithms.base.ALGORITHMS).
 
 The built-in modules are imported here so that they register, in the order `raysim algorithms` lists them; the names
 a plugin's algorithm needs are exported here (docs/extending.md)."""

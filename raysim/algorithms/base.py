@@ -86,6 +86,14 @@ class ClientInfo:
         """A single client's step never writes into its state's arrays (see ClientChunk.in_place)."""
         return False
 
+    def may_write(self, keep: bool = False) -> bool:
+        """Never: a single client's state is not donated (see ClientChunk.may_write)."""
+        return False
+
+    def writable(self, *arrays: np.ndarray, keep: bool = False) -> tuple[np.ndarray, ...]:
+        """Copies of the state's `arrays` to write the new state into (see ClientChunk.writable)."""
+        return tuple(array.copy() for array in arrays)
+
 
 @dataclass(frozen=True)
 class ClientChunk:
@@ -117,6 +125,16 @@ class ClientChunk:
     @property
     def num_clients(self) -> int:
         return self.clients[0].num_clients
+
+    def may_write(self, keep: bool = False) -> bool:
+        """Whether the step may write into its state's arrays (and train in them, LocalSGD.in_place): the runtime
+        donated them (`in_place`) and the step does not `keep` their old values to its end."""
+        return self.in_place and not keep
+
+    def writable(self, *arrays: np.ndarray, keep: bool = False) -> tuple[np.ndarray, ...]:
+        """The state's `arrays`, to write the new state into: the arrays themselves when the step `may_write` into
+        them, else copies."""
+        return arrays if self.may_write(keep) else tuple(array.copy() for array in arrays)
 
 
 def per_row(value: float | np.ndarray) -> np.ndarray:

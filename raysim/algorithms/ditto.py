@@ -31,10 +31,9 @@ from raysim.algorithms.base import (
     CodeDraws,
     LocalSGD,
     SGDSettings,
-    Upload,
     Vector,
 )
-from raysim.algorithms.servers import weighted_average
+from raysim.algorithms.servers import WeightedUpload, weighted_average
 
 
 class DittoSettings(SGDSettings):
@@ -65,20 +64,11 @@ class DittoServerState:
     w: Vector
 
 
-@dataclass
-class DittoUpload(Upload):
-    params: Vector
-    weight: float
-
-    message_field = "params"
-    weight_field = "weight"
-
-
 @ALGORITHMS.register()
-class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector, DittoUpload]):
+class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector, WeightedUpload]):
     name = "ditto"
     Settings = DittoSettings
-    Upload = DittoUpload
+    Upload = WeightedUpload
 
     def init_server(self, init_params: Vector, num_clients: int) -> DittoServerState:
         return DittoServerState(init_params.copy())
@@ -120,9 +110,9 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
             "personal_train_loss": personal.mean_loss,
             "personal_gap": float(np.linalg.norm(new.v - broadcast)),
         }
-        return ClientUpdate(new, DittoUpload(new.w.astype(np.float64), 1.0), metrics)
+        return ClientUpdate(new, WeightedUpload(new.w.astype(np.float64), 1.0), metrics)
 
-    def server_step(self, server: DittoServerState, total: DittoUpload, num_selected: int):
+    def server_step(self, server: DittoServerState, total: WeightedUpload, num_selected: int):
         w, metrics = weighted_average(total, server.w)  # uniform mean of the selected global-model copies
         return DittoServerState(w), metrics
 

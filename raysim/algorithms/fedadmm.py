@@ -25,10 +25,9 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     SGDSettings,
-    Upload,
     Vector,
 )
-from raysim.algorithms.servers import running_mean
+from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 
 
 class FedAdmmSettings(SGDSettings):
@@ -52,35 +51,19 @@ class FedAdmmClientState:
         return self.theta + self.pi / rho
 
 
-@dataclass
-class FedAdmmServerState:
-    w: Vector
-    sum_u: np.ndarray
-    """float64 running sum over all m clients of their latest u_i."""
-    num_clients: int
-
-
-@dataclass
-class FedAdmmUpload(Upload):
-    delta_u: Vector
-
-    message_field = "delta_u"
-    delta = True
-
-
 @ALGORITHMS.register()
-class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, FedAdmmServerState, Vector, FedAdmmUpload]):
+class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, Vector, DeltaUpload]):
     name = "fedadmm"
     Settings = FedAdmmSettings
-    Upload = FedAdmmUpload
+    Upload = DeltaUpload
 
-    def init_server(self, init_params: Vector, num_clients: int) -> FedAdmmServerState:
-        return FedAdmmServerState(init_params.copy(), num_clients * init_params.astype(np.float64), num_clients)
+    def init_server(self, init_params: Vector, num_clients: int) -> RunningMeanState:
+        return start_running_mean(init_params, num_clients)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedAdmmClientState:
         return FedAdmmClientState(init_params.copy(), np.zeros_like(init_params))
 
-    def broadcast(self, server: FedAdmmServerState) -> Vector:
+    def broadcast(self, server: RunningMeanState) -> Vector:
         return server.w
 
     def client_step(self, client: ClientInfo, state: FedAdmmClientState, broadcast: Vector) -> ClientStep:
@@ -99,11 +82,10 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, FedAdmmServerState,
             "primal_residual": float(np.linalg.norm(new.theta - w)),
             "dual_change": float(np.linalg.norm(new.pi - state.pi)),
         }
-        return ClientUpdate(new, FedAdmmUpload(u - state.message(s.rho)), metrics, message=u)
+        return ClientUpdate(new, DeltaUpload(u - state.message(s.rho)), metrics, message=u)
 
-    def server_step(self, server: FedAdmmServerState, total: FedAdmmUpload, num_selected: int):
-        mean = running_mean(server.sum_u, total, server.num_clients, server.w)  # w = (1/m) sum_i u_i
-        return FedAdmmServerState(mean.model, mean.running_sum, server.num_clients), mean.metrics
+    def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
+        return running_mean(server, total)  # w = (1/m) sum_i u_i
 
-    def global_model(self, server: FedAdmmServerState) -> Vector:
+    def global_model(self, server: RunningMeanState) -> Vector:
         return server.w

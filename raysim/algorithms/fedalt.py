@@ -21,11 +21,10 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     SGDSettings,
-    Upload,
     Vector,
 )
 from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
-from raysim.algorithms.servers import weighted_average
+from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.models.spec import ParamSpec
 
 
@@ -49,20 +48,11 @@ class PartialServerState:
     """Initial full model: the personal part of the GM."""
 
 
-@dataclass
-class PartialUpload(Upload):
-    weighted_shared: Vector
-    weight: float
-
-    message_field = "weighted_shared"
-    weight_field = "weight"
-
-
 @ALGORITHMS.register()
-class FedAlt(Algorithm[FedAltSettings, PartialClientState, PartialServerState, Vector, PartialUpload]):
+class FedAlt(Algorithm[FedAltSettings, PartialClientState, PartialServerState, Vector, WeightedUpload]):
     name = "fedalt"
     Settings = FedAltSettings
-    Upload = PartialUpload
+    Upload = WeightedUpload
 
     def __init__(self, settings: FedAltSettings, params: ParamSpec):
         super().__init__(settings, params)
@@ -92,10 +82,10 @@ class FedAlt(Algorithm[FedAltSettings, PartialClientState, PartialServerState, V
         per_tensor, l2 = deviation(self.params, self.shared, params[self.shared], broadcast)
         weight = float(client.num_train) if self.settings.aggregation == "samples" else 1.0
         metrics = {"train_loss": result.mean_loss, "deviation": per_tensor, "deviation_l2": l2}
-        upload = PartialUpload(weight * params[self.shared].astype(np.float64), weight)
+        upload = WeightedUpload(weight * params[self.shared].astype(np.float64), weight)
         return ClientUpdate(PartialClientState(params), upload, metrics)
 
-    def server_step(self, server: PartialServerState, total: PartialUpload, num_selected: int):
+    def server_step(self, server: PartialServerState, total: WeightedUpload, num_selected: int):
         u, metrics = weighted_average(total, server.u)  # weighted mean of the selected shared parts
         return PartialServerState(u, server.template), metrics
 

@@ -32,10 +32,9 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     SGDSettings,
-    Upload,
     Vector,
 )
-from raysim.algorithms.servers import running_mean
+from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.models.spec import ParamSpec
 
 SplitPreset = Literal["output", "last_layer", "first_layer"]
@@ -129,27 +128,22 @@ class FedApmClientState:
 
 @dataclass
 class FedApmServerState:
-    u: Vector
-    sum_z: np.ndarray
-    """float64 running sum over all m clients of their latest z_i."""
-    num_clients: int
+    shared: RunningMeanState
+    """u, the mean over all m clients of their latest z_i (8), and their sum."""
     template: Vector
     """Initial full model: the personal part of the GM."""
 
-
-@dataclass
-class FedApmUpload(Upload):
-    delta_z: Vector
-
-    message_field = "delta_z"
-    delta = True
+    @property
+    def u(self) -> Vector:
+        """The shared part of the global model."""
+        return self.shared.w
 
 
 @ALGORITHMS.register()
-class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vector, FedApmUpload]):
+class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vector, DeltaUpload]):
     name = "fedapm"
     Settings = FedApmSettings
-    Upload = FedApmUpload
+    Upload = DeltaUpload
 
     def __init__(self, settings: FedApmSettings, params: ParamSpec):
         super().__init__(settings, params)
@@ -157,8 +151,7 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         self.shared = ~self.personal
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedApmServerState:
-        u = init_params[self.shared].copy()
-        return FedApmServerState(u, num_clients * u.astype(np.float64), num_clients, init_params.copy())
+        return FedApmServerState(start_running_mean(init_params[self.shared], num_clients), init_params.copy())
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedApmClientState:
         return FedApmClientState(init_params.copy(), np.zeros(int(self.shared.sum()), np.float32))
@@ -200,15 +193,15 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
             "deviation_l2": l2,
             "dual_change": float(np.linalg.norm(pi - state.pi)),
         }
-        return ClientUpdate(new, FedApmUpload(z - z_old), metrics, message=z)
+        return ClientUpdate(new, DeltaUpload(z - z_old), metrics, message=z)
 
     def message_of(self, state: FedApmClientState) -> Vector:
         """z_i = u_i + pi_i / rho (13)."""
         return state.params[self.shared].astype(np.float64) + state.pi / self.settings.rho
 
-    def server_step(self, server: FedApmServerState, total: FedApmUpload, num_selected: int):
-        mean = running_mean(server.sum_z, total, server.num_clients, server.u)  # (8): u = (1/m) sum_i z_i
-        return FedApmServerState(mean.model, mean.running_sum, server.num_clients, server.template), mean.metrics
+    def server_step(self, server: FedApmServerState, total: DeltaUpload, num_selected: int):
+        shared, metrics = running_mean(server.shared, total)  # (8): u = (1/m) sum_i z_i
+        return FedApmServerState(shared, server.template), metrics
 
     def message_coordinates(self, params: Vector) -> Vector:
         return params[self.shared]

@@ -17,11 +17,10 @@ from raysim.algorithms.base import (
     ClientUpdate,
     LocalSGD,
     SGDSettings,
-    Upload,
     Vector,
     per_row,
 )
-from raysim.algorithms.servers import weighted_average
+from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.jit import distances
 
 
@@ -42,20 +41,11 @@ class FedAvgServerState:
     w: Vector
 
 
-@dataclass
-class FedAvgUpload(Upload):
-    weighted_params: Vector
-    weight: float
-
-    message_field = "weighted_params"
-    weight_field = "weight"
-
-
 @ALGORITHMS.register()
-class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vector, FedAvgUpload]):
+class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vector, WeightedUpload]):
     name = "fedavg"
     Settings = FedAvgSettings
-    Upload = FedAvgUpload
+    Upload = WeightedUpload
     stacks = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedAvgServerState:
@@ -76,9 +66,9 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
         samples = np.asarray(client.num_train, np.float32)  # a number, or one per row of a chunk
         weight = samples if self.settings.aggregation == "samples" else np.ones_like(samples)
         metrics = {"train_loss": result.mean_loss, "update_norm": distances(result.params, broadcast)}
-        return ClientUpdate(state, FedAvgUpload(per_row(weight) * result.params, weight), metrics)
+        return ClientUpdate(state, WeightedUpload(per_row(weight) * result.params, weight), metrics)
 
-    def server_step(self, server: FedAvgServerState, total: FedAvgUpload, num_selected: int):
+    def server_step(self, server: FedAvgServerState, total: WeightedUpload, num_selected: int):
         w, metrics = weighted_average(total, server.w)  # w = sum_i n_i theta_i / sum_i n_i (or uniform)
         return FedAvgServerState(w), metrics
 

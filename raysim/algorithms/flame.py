@@ -19,7 +19,7 @@ stacked rows (`Algorithm.stacks`), reading theta_i, w_i and pi_i once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -33,10 +33,9 @@ from raysim.algorithms.base import (
     ClientUpdate,
     CodeDraws,
     SGDSettings,
-    Upload,
     Vector,
 )
-from raysim.algorithms.servers import running_mean
+from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.jit import add_square, distances, kernel, rows
 
 
@@ -59,31 +58,15 @@ class FlameClientState:
     pi: Vector
 
     def message(self, rho: float) -> Vector:
-        """u_i = w_i + pi_i / rho, the vector the server averages."""
-        return self.w + self.pi / rho
-
-
-@dataclass
-class FlameServerState:
-    w: Vector
-    sum_u: np.ndarray
-    """float64 running sum over all m clients of their latest u_i."""
-    num_clients: int
-
-
-@dataclass
-class FlameUpload(Upload):
-    delta_u: Vector
-
-    message_field = "delta_u"
-    delta = True
+        """u_i, the vector the server averages."""
+        return paper_message(self.w, self.pi, rho)
 
 
 @ALGORITHMS.register()
-class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector, FlameUpload]):
+class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector, DeltaUpload]):
     name = "flame"
     Settings = FlameSettings
-    Upload = FlameUpload
+    Upload = DeltaUpload
 
     @classmethod
     def code_draws(cls, settings: FlameSettings) -> CodeDraws:  # type: ignore[override]
@@ -91,9 +74,8 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         return CodeDraws(passes=settings.epochs)
     stacks = True
 
-    def init_server(self, init_params: Vector, num_clients: int) -> FlameServerState:
-        # theta_i^0 = w_i^0 = w^0 and pi_i^0 = 0 (authors' code), so every u_i^0 = w^0.
-        return FlameServerState(init_params.copy(), num_clients * init_params.astype(np.float64), num_clients)
+    def init_server(self, init_params: Vector, num_clients: int) -> RunningMeanState:
+        return start_running_mean(init_params, num_clients)  # theta_i^0 = w_i^0 = w^0, pi_i^0 = 0 (authors' code)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FlameClientState:
         # pi^0 = lambda alpha_i (theta^0 - w^0) = 0, the initialization Lemma 3 requires (eq. 33). theta and w
@@ -101,26 +83,25 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
         # a state's vectors), so thousands of clients cost nothing before they train.
         return FlameClientState(init_params, init_params, np.zeros(init_params.shape, init_params.dtype))
 
-    def broadcast(self, server: FlameServerState) -> Vector:
+    def broadcast(self, server: RunningMeanState) -> Vector:
         return server.w
 
     def client_step(self, client: ClientInfo | ClientChunk, state: FlameClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
         w = broadcast
         lam_alpha = np.atleast_1d(s.lam * np.asarray(client.weight)).astype(np.float32)  # one per row
-        theta, w_i, pi = state.theta, state.w, state.pi
         passes = [s.epochs] if s.dual_updates == "per_round" else [1] * s.epochs
-        # A donated state (ClientChunk.in_place) is trained and updated where it is; else w_i and pi_i are copied
-        # once and the copies updated. Dual updates per epoch need the round's starting state to the end.
-        own = client.in_place and len(passes) == 1
+        # A donated state (ClientChunk.in_place) is trained and updated where it is, else copies of w_i and pi_i are
+        # updated; dual updates per epoch keep the round's starting state to the end.
+        keep = len(passes) > 1
+        w_i, pi = client.writable(state.w, state.pi, keep=keep)
+        theta, in_place = state.theta, client.may_write(keep)
         losses = []
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
-            result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=own)
+            result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=in_place)
             losses.append(result.mean_loss)  # a number, or one per row
-            theta = np.asarray(result.params, np.float32)
-            if not own:
-                w_i, pi, own = w_i.copy(), pi.copy(), True
+            theta, in_place = np.asarray(result.params, np.float32), True  # later epochs train the step's own theta
             delta_u, primal, dual, lemma3 = _admm_update(
                 rows(theta), rows(w_i), rows(pi), w, lam_alpha, np.float32(s.rho)
             )
@@ -133,30 +114,44 @@ class Flame(Algorithm[FlameSettings, FlameClientState, FlameServerState, Vector,
             "dual_change": dual,
             "lemma3_error": lemma3,
         }
-        return ClientUpdate(new, FlameUpload(delta_u.reshape(np.shape(theta))), metrics)
+        return ClientUpdate(new, DeltaUpload(delta_u.reshape(np.shape(theta))), metrics)
 
     def message(self, update: ClientUpdate) -> Vector:
         """u_i = w_i + pi_i / rho of the new state (asked for only by attacks and robust aggregation)."""
         return update.state.message(self.settings.rho)
 
-    def server_step(self, server: FlameServerState, total: FlameUpload, num_selected: int):
-        mean = running_mean(server.sum_u, total, server.num_clients, server.w)  # (14): mean over ALL m clients
-        return FlameServerState(mean.model, mean.running_sum, server.num_clients), mean.metrics
+    def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
+        return running_mean(server, total)  # (14): the mean over ALL m clients
 
-    def global_model(self, server: FlameServerState) -> Vector:
+    def global_model(self, server: RunningMeanState) -> Vector:
         return server.w
 
     def personalized_model(self, state: FlameClientState) -> Vector:
         return state.theta
 
 
+def paper_update(theta: Any, w_i: Any, pi: Any, w: Any, lam_alpha: Any, rho: Any) -> tuple[Any, Any]:
+    """Eqs. (12) and (13) as the paper writes them, in array operators over numpy arrays or torch tensors (one
+    client's vectors, or a chunk's rows with `lam_alpha` a column): the new w_i and pi_i, as new arrays. The
+    compiled `_admm_update` gives exactly their float32 bits (tests/test_flame.py); the tests and benchmarks take
+    the paper's form from here.
+
+        w_i  <- (lambda alpha_i theta_i + rho w - pi_i) / (lambda alpha_i + rho)      (12)
+        pi_i <- pi_i + rho (w_i - w)                                                (13)
+    """
+    new_w = (lam_alpha * theta + rho * w - pi) / (lam_alpha + rho)
+    return new_w, pi + rho * (new_w - w)
+
+
+def paper_message(w_i: Any, pi: Any, rho: Any) -> Any:
+    """u_i = w_i + pi_i / rho, the message whose mean over all m clients is the global model (14)."""
+    return w_i + pi / rho
+
+
 @kernel
 def _admm_update(theta, w_i, pi, w, lam_alpha, rho):
-    """For every row i (client), eqs. (12) and (13), written into w_i and pi (each entry read before it is
-    written, one pass):
-
-        w_i  <- (lambda alpha_i theta_i + rho w - pi_i) / (lambda alpha_i + rho)
-        pi_i <- pi_i + rho (w_i - w)
+    """For every row i (client), eqs. (12) and (13) (`paper_update`), written into w_i and pi (each entry read
+    before it is written, one pass).
 
     Returns the change of the message u_i = w_i + pi_i / rho, ||w_i - w|| (primal residual), the change of pi_i in
     norm (dual change) and ||pi_i - lambda alpha_i (theta_i - w_i)||, Lemma 3's residual (eq. 33: zero in exact

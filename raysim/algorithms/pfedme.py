@@ -9,6 +9,7 @@ pFedMe server w <- (1 - beta) w + beta mean_{i in S} w_i.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,7 +27,13 @@ from raysim.algorithms.base import (
     Upload,
     Vector,
 )
-from raysim.algorithms.servers import running_mean, server_metrics
+from raysim.algorithms.servers import (
+    DeltaUpload,
+    RunningMeanState,
+    running_mean,
+    server_metrics,
+    start_running_mean,
+)
 
 
 class PFedMeSettings(SGDSettings):
@@ -47,32 +54,17 @@ class PFedMeClientState:
 
 
 @dataclass
-class PFedMeServerState:
-    w: Vector
-    sum_w: np.ndarray
-    """float64 running sum over all m clients of their latest w_i (aggregation: all)."""
-    num_clients: int
-
-
-@dataclass
 class PFedMeUpload(Upload):
-    """aggregation: selected: the client's new local model w_i, averaged over the selected clients."""
+    """aggregation: selected: the client's new local model w_i, averaged over the selected clients (aggregation:
+    all uploads its change, a DeltaUpload)."""
 
-    delta_w: Vector
-    """w_i^new (this class) or w_i^new - w_i^old (PFedMeChangeUpload)."""
+    w: Vector
 
-    message_field = "delta_w"
-
-
-@dataclass
-class PFedMeChangeUpload(PFedMeUpload):
-    """aggregation: all: the change of w_i, added to the server's running sum over all m clients."""
-
-    delta = True
+    message_field = "w"
 
 
 @ALGORITHMS.register()
-class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, PFedMeServerState, Vector, PFedMeUpload]):
+class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vector, PFedMeUpload | DeltaUpload]):
     name = "pfedme"
     Settings = PFedMeSettings
     Upload = PFedMeUpload
@@ -82,13 +74,14 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, PFedMeServerState, Vec
         """One pass per local epoch (their update_weights' loop over the trainloader)."""
         return CodeDraws(passes=settings.epochs)
 
-    def init_server(self, init_params: Vector, num_clients: int) -> PFedMeServerState:
-        return PFedMeServerState(init_params.copy(), num_clients * init_params.astype(np.float64), num_clients)
+    def init_server(self, init_params: Vector, num_clients: int) -> RunningMeanState:
+        """The running sum of the latest w_i serves aggregation: all; aggregation: selected keeps only w."""
+        return start_running_mean(init_params, num_clients)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> PFedMeClientState:
         return PFedMeClientState(init_params.copy(), init_params.copy())
 
-    def broadcast(self, server: PFedMeServerState) -> Vector:
+    def broadcast(self, server: RunningMeanState) -> Vector:
         return server.w
 
     def client_step(self, client: ClientInfo, state: PFedMeClientState, broadcast: Vector) -> ClientStep:
@@ -101,19 +94,18 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, PFedMeServerState, Vec
             theta = result.params
             w_i = w_i - s.global_lr * s.lam * (w_i - theta)
         new = PFedMeClientState(theta.astype(np.float32), w_i.astype(np.float32))
-        upload = PFedMeChangeUpload(new.w - state.w) if s.aggregation == "all" else PFedMeUpload(new.w)
+        upload = DeltaUpload(new.w - state.w) if s.aggregation == "all" else PFedMeUpload(new.w)
         metrics = {"train_loss": float(np.mean(losses)), "local_gap": float(np.linalg.norm(new.theta - new.w))}
         return ClientUpdate(new, upload, metrics, message=new.w.astype(np.float64))
 
-    def server_step(self, server: PFedMeServerState, total: PFedMeUpload, num_selected: int):
+    def server_step(self, server: RunningMeanState, total: PFedMeUpload | DeltaUpload, num_selected: int):
         if self.settings.aggregation == "all":  # w = (1/m) sum_i w_i over all m clients
-            mean = running_mean(server.sum_w, total, server.num_clients, server.w)
-            return PFedMeServerState(mean.model, mean.running_sum, server.num_clients), mean.metrics
+            return running_mean(server, total)
         beta = self.settings.beta
-        w = ((1 - beta) * server.w + beta * total.delta_w / num_selected).astype(np.float32)
-        return PFedMeServerState(w, server.sum_w, server.num_clients), server_metrics(w, server.w)
+        w = ((1 - beta) * server.w + beta * total.w / num_selected).astype(np.float32)
+        return dataclasses.replace(server, w=w), server_metrics(w, server.w)
 
-    def global_model(self, server: PFedMeServerState) -> Vector:
+    def global_model(self, server: RunningMeanState) -> Vector:
         return server.w
 
     def personalized_model(self, state: PFedMeClientState) -> Vector:

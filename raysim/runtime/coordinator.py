@@ -10,6 +10,7 @@ import numpy as np
 
 from raysim.algorithms import build_algorithm
 from raysim.algorithms.base import AlgorithmSettings, Vector
+from raysim.algorithms.servers import start_running_mean
 from raysim.models.spec import ParamSpec
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import PartialSum
@@ -94,9 +95,9 @@ class Coordinator:
             robust = aggregate(self.robust, rows, byzantine(len(rows)), reference)
             return self.algorithm.upload_from_message(upload, scale * robust)
         initial = np.asarray(self.algorithm.message_coordinates(self.init_params), dtype=np.float64)
-        if self.latest is None:
+        if self.latest is None:  # every client's message starts as the initial model's, as the server step's sum
             self.latest = np.tile(initial.astype(np.float32), (self.num_clients, 1))
-            self.served_sum = self.num_clients * initial
+            self.served_sum = start_running_mean(initial, self.num_clients).running_sum
         for client_id, (message, previous) in messages.items():
             if client_id not in self.seen:  # its initial message was assumed to be the initial model's
                 self.served_sum += np.asarray(previous, dtype=np.float64) - initial

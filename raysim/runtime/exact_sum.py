@@ -60,7 +60,7 @@ def add_rows(
     total: PartialSum | None, upload: Any, client_ids: Sequence[int], max_terms: int
 ) -> tuple[PartialSum | None, list[int]]:
     """Add the uploads of `client_ids`, the rows of a stacked upload (each field [k, ...] for k clients; see
-    raysim.algorithms.base.stack), to `total` (None: start a sum). A client whose upload has a NaN, an inf or an
+    raysim.execution.stacking.stack), to `total` (None: start a sum). A client whose upload has a NaN, an inf or an
     entry beyond the range of exact summation is left out; returns the sum (None if nothing was added) and the
     ids of the clients left out (`rejection` says why)."""
     count = len(client_ids)

@@ -48,6 +48,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
+from raysim.algorithms.flame import paper_message, paper_update
 from raysim.config import ExperimentConfig, apply_overrides, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
@@ -201,8 +202,9 @@ def _round_seconds(ends: list[float]) -> float:
 
 
 def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cpu") -> tuple[list[float], np.ndarray]:
-    """FLAME (flame.md eqs. 11-14) as a researcher would write it without raysim; returns the end time of
-    every round and the final global model. Uses one torch thread, like each raysim host, and `device`."""
+    """FLAME (flame.md eqs. 11-14) as a researcher would write it without raysim's runtime (torch training, the
+    paper's closed forms (12)-(13) from raysim.algorithms.flame); returns the end time of every round and the final
+    global model. Uses one torch thread, like each raysim host, and `device`."""
     torch.set_num_threads(1)
     s = config.algorithm
     module = FlatModel(config.model.name, problem.model_spec.input_shape, problem.model_spec.outputs).module
@@ -234,9 +236,8 @@ def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cp
                 optimizer.step()
             theta[i] = nn.utils.parameters_to_vector(params).detach().clone()
             lam_alpha = s.lam * info.weight
-            w_local[i] = (lam_alpha * theta[i] + s.rho * w - pi[i]) / (lam_alpha + s.rho)
-            pi[i] = pi[i] + s.rho * (w_local[i] - w)
-            sum_u += (w_local[i] + pi[i] / s.rho).double()
+            w_local[i], pi[i] = paper_update(theta[i], w_local[i], pi[i], w, lam_alpha, s.rho)  # (12), (13)
+            sum_u += paper_message(w_local[i], pi[i], s.rho).double()
         w = (sum_u / m).float()
         if device != "cpu":
             torch.cuda.synchronize()

@@ -18,22 +18,38 @@ lambda * grad R_h that AugFL's server step (eq. 13) needs, `mode`:
   gradients along that epoch.
 
 The teacher's features on D_s are computed once (it is frozen and the server data are not augmented).
-Heads, memory banks, Z and momentum buffers persist across rounds in `CrdState` (raysim.algorithms.augfl, with the
-settings: this module imports torch, and only the coordinator of an AugFL run imports it).
+Heads, memory banks, Z and momentum buffers persist across rounds in `CrdState`, part of AugFL's server state. This
+module imports torch: only the coordinator of an AugFL run with the CRD regularizer imports it.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import nn
 
-from raysim.algorithms.augfl import CrdState, TransferSettings
+from raysim.algorithms.augfl.settings import TransferSettings
 from raysim.algorithms.base import Vector
 from raysim.models.flat import FlatModel
 from raysim.seeding import Stream, rng, torch_seed
+
+
+@dataclass
+class CrdState:
+    """What persists between rounds on the server (all float32 arrays, checkpointable)."""
+
+    heads: Vector
+    """Flat parameters of f^s then f^c."""
+    head_velocity: Vector
+    student_velocity: Vector
+    """Momentum of the student copy (code mode; zeros otherwise)."""
+    memory_student: np.ndarray
+    memory_teacher: np.ndarray
+    normalizers: Vector
+    """(Z_student_side, Z_teacher_side); NaN until the first batch sets them."""
+    rounds: int
 
 
 class _Heads(nn.Module):
