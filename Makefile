@@ -10,7 +10,7 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check raysim tests jobs
-	$(BIN)/pytest -q -rs --durations=25
+	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check raysim tests jobs
