@@ -3,14 +3,19 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint setup data tools docs lock clean
+.PHONY: run test test-matrix lint setup data tools docs lock clean
 
 run: setup
 	$(BIN)/raysim run configs/quickstart.yaml
 
 test: setup
 	$(BIN)/ruff check raysim tests jobs
-	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile
+	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile -m "not matrix"
+
+# The configuration matrix's runs (123 real runs, about 20 minutes of one worker): apart from `make test`, which
+# must stay under CI's hour; its planning, refusals and pairwise-cover checks are in `make test`.
+test-matrix: setup
+	$(BIN)/pytest -q -rs -n 2 -m matrix
 
 lint: setup
 	$(BIN)/ruff check raysim tests jobs

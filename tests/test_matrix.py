@@ -259,6 +259,7 @@ def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("cell", RUNS, ids=lambda cell: cell.name)
 def test_cell_runs_and_logs_every_key_once_per_step(cell, contexts, matrix_store, ray_local, pretrained_cache):
     config = experiment(cell, contexts[cell.val], matrix_store)

@@ -149,7 +149,7 @@ SHIPPED = sorted({*(ROOT / "configs").glob("*.yaml"), *(PAPER / "suites").glob("
 quickstart."""
 
 SCALED_DOWN = {
-    "augfl.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.pm_epochs=1"],
+    "augfl.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
 }
 """Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL keeps 20,000 from
 every client for its teacher and D_s (here 2,000 each; one pretraining epoch, not five)."""
