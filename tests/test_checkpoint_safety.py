@@ -177,7 +177,7 @@ def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_ray(tmp_pa
 
 @pytest.mark.slow
 def test_a_full_disk_stops_the_run_with_one_line_and_leaves_only_whole_checkpoints(tmp_path):
-    """The disk fills up after round 1's checkpoint: the next one cannot be written. The run is FAILED with one
+    """The disk fills up once a checkpoint is complete: a later one cannot be written. The run is FAILED with one
     line naming the last complete checkpoint (resumable), and no round folder without its manifest is left: a
     round's folder is renamed into place only whole."""
     from mlflow.tracking import MlflowClient
@@ -193,7 +193,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_only_whole_checkpoin
     inside = Path(f"/proc/{shell.pid}/root") / folder.relative_to("/")  # the tmpfs, seen through the namespace
     try:
         deadline = time.monotonic() + 240
-        while not list(inside.glob("*/round-000001/manifest.json")):
+        while not list(inside.glob("*/round-*/manifest.json")):  # any: only the newest two are kept
             assert shell.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
             time.sleep(0.2)
         with open(inside / "filler", "wb", buffering=0) as filler, pytest.raises(OSError, match="No space left"):
