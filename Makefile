@@ -10,10 +10,9 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check raysim tests jobs
-	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile -m "not matrix"
+	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile
 
-# The configuration matrix's runs (123 real runs, about 20 minutes of one worker): apart from `make test`, which
-# must stay under CI's hour; its planning, refusals and pairwise-cover checks are in `make test`.
+# The configuration matrix's 123 runs alone (they are also part of `make test`).
 test-matrix: setup
 	$(BIN)/pytest -q -rs -n 2 -m matrix
 

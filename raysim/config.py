@@ -129,6 +129,12 @@ class RuntimeSettings(_Section):
     )
     torch_threads: int = Field(1, ge=1, description="torch threads per actor (same value => same results)")
     object_store_mb: int = Field(1024, ge=64, description="object store size of a new local Ray instance")
+    reuse_actors: bool = Field(
+        False,
+        description="after a finished run, keep its hosts and coordinator for the next run of this driver process "
+        "on the same Ray that needs the same resources (a notebook's or test's many short runs skip seconds of "
+        "actor start each; renewed actors give the same results as new ones)",
+    )
     max_restarts: int = Field(
         3,
         ge=0,

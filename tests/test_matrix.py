@@ -5,7 +5,9 @@ each choice's own example (raysim.examples: the companion settings it needs), pr
 
 A cell runs end to end on real Fashion-MNIST (a tenth of it, in its standard IDX layout: the loader, the uint8
 normalization and the data's structure are the real ones), 4 clients, 1 round, in this process
-(raysim.runtime.driver.run_experiment) on the session's one Ray instance, logging to one sqlite MLflow store, and
+(raysim.runtime.driver.run_experiment) on the session's one Ray instance, on the actors of the cells before it
+(runtime.reuse_actors: a new actor process costs seconds, most of a cell; tests/test_crews.py shows renewed
+actors give a new crew's results), logging to one sqlite MLflow store, and
 is read back from the store: FINISHED, every metric finite, every documented metric key logged once at every step.
 A cell that combines choices which cannot run together (their examples set one section differently, or a
 Byzantine attack or robust rule with an algorithm whose uploads name no message) must be refused before any Ray
@@ -248,7 +250,7 @@ def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
     tree = {**copy.deepcopy(dict(context.base)), **copy.deepcopy(own), **copy.deepcopy(scheme)}
     if cell.val:
         tree["partition"] = {**tree["partition"], "val_fraction": cell.val}
-    tree["runtime"] = {**tree["runtime"], "client_training": cell.executor}
+    tree["runtime"] = {**tree["runtime"], "client_training": cell.executor, "reuse_actors": True}
     if cell.threat != NO_ATTACK:
         kind, rule = cell.threat
         tree["attack"] = {"kind": kind, "fraction": ATTACK_FRACTION}

@@ -13,12 +13,13 @@ from raysim.algorithms.base import AlgorithmSettings, Vector
 from raysim.algorithms.servers import start_running_mean
 from raysim.models.spec import ParamSpec
 from raysim.runtime import checkpoint
+from raysim.runtime.crews import Renewable
 from raysim.runtime.exact_sum import PartialSum
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings, aggregate
 
 
-class Coordinator:
+class Coordinator(Renewable):
     """Holds the server state and runs the server step. It imports torch only if its algorithm's server step needs
     it (FedSLR's SVD, AugFL's knowledge transfer): most coordinators only add vectors, and a process that imports
     torch starts a second later and holds 200 MB more."""

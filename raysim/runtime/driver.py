@@ -91,10 +91,12 @@ def run_experiment(
             simulation = Simulation(config, problem, layout)
             writer.set_tags({"raysim.hosts": str(len(simulation.hosts))})
             monitor = _system_metrics(config, uri, result.run_id, resumed=resume is not None)
+            finished = False
             try:
                 rounds.run(simulation)
+                finished = True
             finally:
-                simulation.close()
+                simulation.close(finished=finished)
                 if monitor is not None:
                     monitor.finish()
     except (UploadRangeError, NoUsableUpload) as error:

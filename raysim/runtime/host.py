@@ -25,6 +25,7 @@ from raysim.evaluation.records import ClientEvaluation
 from raysim.execution.drivers import drive
 from raysim.execution.stacking import own_arrays, unstack
 from raysim.runtime import checkpoint
+from raysim.runtime.crews import Renewable
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.steps import ClientSteps, keep_freed_memory
@@ -34,7 +35,7 @@ from raysim.training.local import ClientData
 EVALUATION_CLIENTS = 64
 """Clients whose splits the global model scores in one pass (ClientHost.evaluate); memory: their samples."""
 
-class ClientHost:
+class ClientHost(Renewable):
     """Simulates the clients `clients` (ClientInfo, ClientSplit pairs) of one host."""
 
     def __init__(

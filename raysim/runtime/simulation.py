@@ -22,6 +22,7 @@ from raysim.evaluation.summaries import mean_client_metrics
 from raysim.plugins import carry
 from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.crews import Crew, crew_key, park, take
 from raysim.runtime.host import ClientHost
 from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.placement import HostPlacement
@@ -62,11 +63,25 @@ class Simulation:
         self._coordinator_arguments = (init_ref, server_ref)
         self._settings = HostSettings.from_config(config, problem)
         self._params, self._num_training = problem.params, problem.num_training
-        self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
         self.replacements: dict[str, int] = {}
         """How many times each actor ("host 1", "coordinator") was replaced after dying."""
-        self.hosts = [self._start_host(index) for index in range(len(self.host_clients))]
-        self.coordinator = self._start_coordinator()
+        self._crew_key = crew_key(runtime, len(host_clients)) if runtime.reuse_actors else None
+        parked = take(self._crew_key) if self._crew_key is not None else None
+        if parked is not None:
+            self._renew(parked)
+        else:
+            self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
+            self.hosts = [self._start_host(index) for index in range(len(self.host_clients))]
+            self.coordinator = self._start_coordinator()
+
+    def _host_arguments_of(self, index: int) -> tuple:
+        return (carry(self._settings), *self._host_arguments[index])
+
+    def _coordinator_arguments_of(self) -> tuple[tuple, dict]:
+        runtime, config = self.config.runtime, self.config
+        init_ref, server_ref = self._coordinator_arguments
+        arguments = (carry(config.algorithm), self._params, init_ref, self._num_training, runtime.torch_threads)
+        return arguments, {"robust": config.aggregation, "attack": config.attack, "server_data": server_ref}
 
     def _start_host(self, index: int) -> ray.actor.ActorHandle:
         runtime = self.config.runtime
@@ -80,12 +95,12 @@ class Simulation:
                 max_restarts=0,
                 max_task_retries=0,
             )
-            .remote(carry(self._settings), *self._host_arguments[index])
+            .remote(*self._host_arguments_of(index))
         )
 
     def _start_coordinator(self) -> ray.actor.ActorHandle:
-        runtime, config = self.config.runtime, self.config
-        init_ref, server_ref = self._coordinator_arguments
+        runtime = self.config.runtime
+        arguments, keywords = self._coordinator_arguments_of()
         return (
             ray.remote(Coordinator)
             .options(
@@ -95,17 +110,26 @@ class Simulation:
                 max_restarts=0,
                 max_task_retries=0,
             )
-            .remote(
-                carry(config.algorithm),
-                self._params,
-                init_ref,
-                self._num_training,
-                runtime.torch_threads,
-                robust=config.aggregation,
-                attack=config.attack,
-                server_data=server_ref,
-            )
+            .remote(*arguments, **keywords)
         )
+
+    def _renew(self, crew: Crew) -> None:
+        """Set up a parked crew's actors for this run (runtime.reuse_actors); a crew whose actor died since is
+        dismissed and new actors start, as without it."""
+        self.placement, self.hosts, self.coordinator = crew.placement, crew.hosts, crew.coordinator
+        arguments, keywords = self._coordinator_arguments_of()
+        renewing = [host.renew.remote(*self._host_arguments_of(i)) for i, host in enumerate(self.hosts)]
+        renewing.append(self.coordinator.renew.remote(*arguments, **keywords))
+        try:
+            ray.get(renewing)
+        except ray.exceptions.RayActorError:
+            crew.dismiss()
+            self.placement = HostPlacement.reserve(self.config.runtime, len(self.host_clients))
+            self.hosts = [self._start_host(index) for index in range(len(self.host_clients))]
+            self.coordinator = self._start_coordinator()
+        except BaseException:
+            crew.dismiss()
+            raise
 
     def _replace(self, name: str) -> None:
         """Start a new actor in place of a dead one (`name`: "host 2" or "coordinator"), or raise RecoveryError
@@ -258,16 +282,19 @@ class Simulation:
                     "wait longer with runtime.restore_timeout_s)"
                 )
 
-    def close(self, wait_s: float = 10.0) -> None:
-        """End the actors; hosts first remove their spilled client state (ray.kill skips Python's cleanup).
-        Nothing to do once the local Ray is gone (its actors went with it; the calls would wait for it)."""
+    def close(self, wait_s: float = 10.0, finished: bool = False) -> None:
+        """End the actors, or with runtime.reuse_actors and a `finished` run park them for the next run (crews);
+        hosts first remove their spilled client state (ray.kill skips Python's cleanup). Nothing to do once the
+        local Ray is gone (its actors went with it; the calls would wait for it)."""
         if not ray_usable():
             return
         if self.config.runtime.state_memory_mb is not None:
             ray.wait([host.close.remote() for host in self.hosts], num_returns=len(self.hosts), timeout=wait_s)
-        for actor in [*self.hosts, self.coordinator]:
-            ray.kill(actor)
-        self.placement.release()
+        crew = Crew(self.placement, self.hosts, self.coordinator)
+        if finished and self._crew_key is not None:
+            park(self._crew_key, crew)
+        else:
+            crew.dismiss()
 
 
 def _retrieve_ready(refs: list[ray.ObjectRef]) -> None:

@@ -1,0 +1,73 @@
+"""runtime.reuse_actors (raysim.runtime.crews): a finished run's actors serve the next run of the process, which
+then gives exactly the results new actors give, whatever ran on them before; a crew that lost an actor, or a
+failed run's, is never reused."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from raysim.config import validate_config
+from raysim.errors import RaysimError
+from raysim.runtime import crews
+from raysim.runtime.driver import run_experiment
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp_path, reuse: bool, **sections):
+    tracking = {"experiment": "crews", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    runtime = {"num_hosts": 2, "reuse_actors": reuse}
+    return validate_config(tiny_config(rounds=2, runtime=runtime, tracking=tracking, **sections))
+
+
+def _scores(config) -> dict[int, dict[str, float]]:
+    """Every logged metric but timings (which differ run to run)."""
+    history = run_experiment(config, show_progress=False).history
+    return {step: {k: v for k, v in row.items() if not k.startswith("time/")} for step, row in history.items()}
+
+
+def _parked_actor_ids() -> list[str]:
+    return sorted(
+        actor._actor_id.hex() for parked in crews._parked.values() for crew in parked
+        for actor in [*crew.hosts, crew.coordinator]
+    )  # fmt: skip
+
+
+@pytest.fixture
+def empty_crews(ray_local):
+    for parked in crews._parked.values():
+        for crew in parked:
+            crew.dismiss()
+    crews._parked.clear()
+    yield
+    for parked in crews._parked.values():
+        for crew in parked:
+            crew.dismiss()
+    crews._parked.clear()
+
+
+def test_renewed_actors_give_a_new_crews_results_after_another_algorithm_ran_on_them(tmp_path, empty_crews):
+    flame = _scores(_config(tmp_path, reuse=False))
+    assert not crews._parked  # off: nothing kept
+    ditto = {"name": "ditto", "lambda": 0.5, "lr": 0.05, "batch_size": 32}
+    _scores(_config(tmp_path, reuse=True, algorithm=ditto))
+    first = _parked_actor_ids()
+    assert len(first) == 3  # two hosts and the coordinator
+    assert _scores(_config(tmp_path, reuse=True)) == flame
+    assert _parked_actor_ids() == first  # the same actors ran it
+
+
+def test_a_crew_that_lost_an_actor_is_replaced_and_a_failed_runs_crew_is_not_kept(tmp_path, empty_crews):
+    flame = _scores(_config(tmp_path, reuse=True))
+    (key,) = crews._parked
+    (crew,) = crews._parked[key]
+    lost = crew.hosts[1]._actor_id.hex()
+    ray.kill(crew.hosts[1])
+    assert _scores(_config(tmp_path, reuse=True)) == flame
+    assert lost not in _parked_actor_ids() and len(_parked_actor_ids()) == 3
+    diverging = _config(tmp_path, reuse=True, algorithm={"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 1e30})
+    with pytest.raises(RaysimError):
+        run_experiment(diverging, show_progress=False)
+    assert _parked_actor_ids() == []
