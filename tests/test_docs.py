@@ -260,6 +260,9 @@ def test_a_page_s_commands_run_pasted_into_a_fresh_shell(page, checkout):
     transcript = f"{out[-4000:]}\n{err[-3000:]}"
     assert shell.returncode == 0, f"{page} failed after {time.monotonic() - started:.0f} s:\n{transcript}"
     assert "Traceback" not in out + err, transcript
+    starts = [line for line in err.splitlines() if re.match(r"raysim \S+ on \S+: run [0-9a-f]{32}", line)]
+    assert all(re.search(r" at \S+://\S+$", line) for line in starts), starts  # whole in a log, URI included
+    assert starts or page != "README.md", transcript
     print(f"{page}: {time.monotonic() - started:.0f} s\n{out}")
 
 

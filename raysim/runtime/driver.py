@@ -84,7 +84,8 @@ def run_experiment(
                 verb = f"resuming from {resume}" if resume else "run"
                 console.print(
                     f"[bold]raysim[/] {config.algorithm.name} on {config.dataset.name}: {verb} {result.run_id} "
-                    f"at {writer.shown_uri}"
+                    f"at {writer.shown_uri}",
+                    soft_wrap=True,  # one line in a log too (a console that is not a terminal is 80 columns wide)
                 )
                 callbacks.append(ProgressBar(console, config.rounds))
             rounds = Rounds(config, writer, result, problem, resume, callbacks, inspect)

@@ -62,7 +62,7 @@ class ProgressBar(RoundCallback):
             self.console.print(f"round {step}/{self.total}  {accuracy}  {secs}", highlight=False, soft_wrap=True)
 
     def on_restore(self, step: int, checkpoint: Path, rounds_done: int, reason: str) -> None:
-        self.console.print(f"[yellow]round {step}: actor lost ({reason}); restoring {checkpoint}[/]")
+        self.console.print(f"[yellow]round {step}: actor lost ({reason}); restoring {checkpoint}[/]", soft_wrap=True)
         self.progress.update(self.task, completed=rounds_done)
 
     def close(self) -> None:
