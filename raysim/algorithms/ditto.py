@@ -32,6 +32,7 @@ from raysim.algorithms.base import (
     LocalSGD,
     SGDSettings,
     Vector,
+    train,
 )
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 
@@ -90,19 +91,19 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
 
     def client_step(self, client: ClientInfo, state: DittoClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
-        personal = yield s.local_sgd(state.v, prox_weight=s.lam, prox_center=broadcast)
+        personal = yield from train(s.local_sgd(state.v, prox_weight=s.lam, prox_center=broadcast))
         shared = broadcast if s.global_resync else state.w
         global_lr = s.lr if s.global_lr is None else s.global_lr
         if s.global_steps == "one_batch":
             losses = []
             for _epoch in range(s.epochs):  # a new optimizer per epoch: its H steps share one momentum buffer
                 step = LocalSGD(shared, 1, global_lr, s.batch_size, momentum=s.momentum, random_batches=s.epochs)
-                result = yield step
+                result = yield from train(step)
                 shared = result.params
                 losses.append(result.mean_loss)
             shared_loss = float(np.mean(losses))
         else:
-            result = yield s.model_copy(update={"lr": global_lr}).local_sgd(shared)
+            result = yield from train(s.model_copy(update={"lr": global_lr}).local_sgd(shared))
             shared, shared_loss = result.params, result.mean_loss
         new = DittoClientState(personal.params.astype(np.float32), shared.astype(np.float32))
         metrics = {

@@ -24,6 +24,7 @@ class FedProxSettings(FedAvgSettings):
 class FedProx(FedAvg):
     name = "fedprox"
     Settings = FedProxSettings
+    settings: FedProxSettings
 
     def local_request(self, broadcast: Vector) -> LocalSGD:
         return self.settings.local_sgd(broadcast, prox_weight=self.settings.mu, prox_center=broadcast)

@@ -34,6 +34,7 @@ from raysim.algorithms.base import (
     CodeDraws,
     SGDSettings,
     Vector,
+    train,
 )
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.jit import add_square, distances, kernel, rows
@@ -99,7 +100,9 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         losses = []
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
-            result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=in_place)
+            result = yield from train(
+                s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=in_place)
+            )
             losses.append(result.mean_loss)  # a number, or one per row
             theta, in_place = np.asarray(result.params, np.float32), True  # later epochs train the step's own theta
             delta_u, primal, dual, lemma3 = _admm_update(

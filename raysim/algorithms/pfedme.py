@@ -26,6 +26,7 @@ from raysim.algorithms.base import (
     SGDSettings,
     Upload,
     Vector,
+    train,
 )
 from raysim.algorithms.servers import (
     DeltaUpload,
@@ -89,7 +90,7 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vect
         theta, w_i = state.theta, broadcast.astype(np.float64)
         losses = []
         for _epoch in range(s.epochs):
-            result = yield s.local_sgd(theta, 1, prox_weight=s.lam, prox_center=w_i.astype(np.float32))
+            result = yield from train(s.local_sgd(theta, 1, prox_weight=s.lam, prox_center=w_i.astype(np.float32)))
             losses.append(result.mean_loss)
             theta = result.params
             w_i = w_i - s.global_lr * s.lam * (w_i - theta)
@@ -99,7 +100,7 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vect
         return ClientUpdate(new, upload, metrics, message=new.w.astype(np.float64))
 
     def server_step(self, server: RunningMeanState, total: PFedMeUpload | DeltaUpload, num_selected: int):
-        if self.settings.aggregation == "all":  # w = (1/m) sum_i w_i over all m clients
+        if isinstance(total, DeltaUpload):  # aggregation "all": w = (1/m) sum_i w_i over all m clients
             return running_mean(server, total)
         beta = self.settings.beta
         w = ((1 - beta) * server.w + beta * total.w / num_selected).astype(np.float32)
