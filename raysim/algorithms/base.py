@@ -203,10 +203,12 @@ class CodeDraws:
 
 @dataclass(frozen=True, eq=False)
 class SGDResult:
+    """A LocalSGD request's result; of a stacked request (a ClientChunk's), params [k, n] and [k] arrays."""
+
     params: Vector
-    mean_loss: float
+    mean_loss: Number
     """Mean data loss f_i over the mini-batches seen (before each step)."""
-    steps: int
+    steps: int | np.ndarray
 
 
 @dataclass
@@ -417,7 +419,7 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         return {"algorithm": {"name": cls.name}}
 
     @classmethod
-    def code_draws(cls, settings: AlgorithmSettings) -> CodeDraws | None:
+    def code_draws(cls, settings: P) -> CodeDraws | None:
         """The mini-batch draws a client makes per round in the FLAME authors' code for these settings, in the
         order this algorithm's requests make them (`clients.batches: authors` replays them); None (default): no
         such code, or settings whose draws differ from it."""

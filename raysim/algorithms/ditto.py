@@ -81,7 +81,7 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
         return server.w
 
     @classmethod
-    def code_draws(cls, settings: DittoSettings) -> CodeDraws | None:  # type: ignore[override]
+    def code_draws(cls, settings: DittoSettings) -> CodeDraws | None:
         """At H = 1 their update_weights makes a pass for the personal model, then one for the copy's step and
         its pick, in the order `client_step` requests them; at H > 1 it interleaves the copy's steps with the
         personal epochs, which the personal model's one request (momentum kept across epochs) cannot."""
@@ -101,10 +101,10 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
                 result = yield from train(step)
                 shared = result.params
                 losses.append(result.mean_loss)
-            shared_loss = float(np.mean(losses))
+            shared_loss = float(np.mean(np.array(losses)))
         else:
             result = yield from train(s.model_copy(update={"lr": global_lr}).local_sgd(shared))
-            shared, shared_loss = result.params, result.mean_loss
+            shared, shared_loss = result.params, float(result.mean_loss)
         new = DittoClientState(personal.params.astype(np.float32), shared.astype(np.float32))
         metrics = {
             "train_loss": shared_loss,

@@ -16,7 +16,7 @@ from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 
 
 class FedProxSettings(FedAvgSettings):
-    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]
+    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]  # its own, extending FedAvg's settings
     mu: float = Field(0.1, ge=0, description="proximal weight towards the received global model")
 
 

@@ -14,7 +14,7 @@ from raysim.algorithms.fedalt import FedAlt, FedAltSettings
 
 
 class FedSimSettings(FedAltSettings):
-    name: Literal["fedsim"] = "fedsim"  # type: ignore[assignment]
+    name: Literal["fedsim"] = "fedsim"  # type: ignore[assignment]  # its own, extending FedAlt's settings
 
 
 @ALGORITHMS.register()

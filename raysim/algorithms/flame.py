@@ -70,7 +70,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
     Upload = DeltaUpload
 
     @classmethod
-    def code_draws(cls, settings: FlameSettings) -> CodeDraws:  # type: ignore[override]
+    def code_draws(cls, settings: FlameSettings) -> CodeDraws:
         """One pass per local epoch (their update_weights' loop over the trainloader)."""
         return CodeDraws(passes=settings.epochs)
     stacks = True
@@ -112,7 +112,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         if len(passes) > 1:  # the message's change and the dual's since the round's start, not the last epoch's
             delta_u, dual = new.message(s.rho) - state.message(s.rho), distances(new.pi, state.pi)
         metrics = {
-            "train_loss": np.mean(losses, axis=0),
+            "train_loss": np.mean(np.array(losses), axis=0),
             "primal_residual": primal,
             "dual_change": dual,
             "lemma3_error": lemma3,

@@ -71,7 +71,7 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vect
     Upload = PFedMeUpload
 
     @classmethod
-    def code_draws(cls, settings: PFedMeSettings) -> CodeDraws:  # type: ignore[override]
+    def code_draws(cls, settings: PFedMeSettings) -> CodeDraws:
         """One pass per local epoch (their update_weights' loop over the trainloader)."""
         return CodeDraws(passes=settings.epochs)
 
@@ -96,7 +96,8 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vect
             w_i = w_i - s.global_lr * s.lam * (w_i - theta)
         new = PFedMeClientState(theta.astype(np.float32), w_i.astype(np.float32))
         upload = DeltaUpload(new.w - state.w) if s.aggregation == "all" else PFedMeUpload(new.w)
-        metrics = {"train_loss": float(np.mean(losses)), "local_gap": float(np.linalg.norm(new.theta - new.w))}
+        train_loss, gap = float(np.mean(np.array(losses))), float(np.linalg.norm(new.theta - new.w))
+        metrics = {"train_loss": train_loss, "local_gap": gap}
         return ClientUpdate(new, upload, metrics, message=new.w.astype(np.float64))
 
     def server_step(self, server: RunningMeanState, total: PFedMeUpload | DeltaUpload, num_selected: int):

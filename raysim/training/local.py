@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -180,7 +180,15 @@ class ClientData:
         return self.batch(getattr(self, split), generator)
 
 
-def _tensor(array: np.ndarray | None, dtype: type) -> torch.Tensor | None:
+@overload
+def _tensor(array: None, dtype: type) -> None: ...
+
+
+@overload
+def _tensor(array: np.ndarray | float, dtype: type) -> torch.Tensor: ...
+
+
+def _tensor(array: np.ndarray | float | None, dtype: type) -> torch.Tensor | None:
     return None if array is None else torch.from_numpy(np.array(array, dtype=dtype))
 
 
@@ -226,8 +234,8 @@ class LocalTrainer:
             losses.append(loss)
             if request.weight_decay:
                 grad.add_(x, alpha=request.weight_decay)
-            if request.prox_weight:
-                grad.add_(x - center, alpha=request.prox_weight)  # type: ignore[operator]
+            if request.prox_weight and center is not None:  # LocalSGD: a prox_weight comes with its center
+                grad.add_(x - center, alpha=request.prox_weight)
             if linear is not None:
                 grad.add_(linear)
             if mask is not None:
