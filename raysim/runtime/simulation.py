@@ -43,7 +43,7 @@ class Simulation:
     def __init__(self, config: ExperimentConfig, problem: Problem, host_clients: list[list[int]]):
         """`host_clients`: the clients each host owns (`host_layout`)."""
         self.config = config
-        self.uplink_total = 0
+        self.uplink_total: float = 0
         self.downlink_total = 0
         self.empty_rounds = 0
         """Consecutive rounds in which every selected upload was dropped (runtime.on_nonfinite = drop_client)."""
@@ -70,7 +70,7 @@ class Simulation:
 
     def _start_host(self, index: int) -> ray.actor.ActorHandle:
         runtime = self.config.runtime
-        return (
+        host = (
             ray.remote(ClientHost)
             .options(
                 num_cpus=runtime.host_cpus,
@@ -82,11 +82,13 @@ class Simulation:
             )
             .remote(carry(self._settings), *self._host_arguments[index])
         )
+        assert isinstance(host, ray.actor.ActorHandle)  # Ray types a started actor as its handle or its class
+        return host
 
     def _start_coordinator(self) -> ray.actor.ActorHandle:
         runtime, config = self.config.runtime, self.config
         init_ref, server_ref = self._coordinator_arguments
-        return (
+        coordinator = (
             ray.remote(Coordinator)
             .options(
                 num_cpus=runtime.coordinator_cpus,
@@ -106,6 +108,8 @@ class Simulation:
                 server_data=server_ref,
             )
         )
+        assert isinstance(coordinator, ray.actor.ActorHandle)  # as a host's (_start_host)
+        return coordinator
 
     def _replace(self, name: str) -> None:
         """Start a new actor in place of a dead one (`name`: "host 2" or "coordinator"), or raise RecoveryError

@@ -176,7 +176,7 @@ class ClientData:
         """Whether an access draws noise or labels: only then does an evaluation need the client's generator."""
         return bool(self.noise_std or self.random_labels)
 
-    def arrays(self, split: str, generator: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self, split: str, generator: Draws | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self.batch(getattr(self, split), generator)
 
 
@@ -250,7 +250,7 @@ class LocalTrainer:
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )
 
-    def full_gradient(self, request: FullGradient, data: ClientData, generator: np.random.Generator) -> GradientResult:
+    def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws) -> GradientResult:
         """The mean loss over the request's split and its gradient, in one batch."""
         if request.split not in ("train", "val", "test"):
             raise ValueError(f"FullGradient.split: {request.split!r}; allowed: train, val, test")
