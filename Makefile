@@ -10,6 +10,7 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check raysim tests jobs
+	$(BIN)/mypy raysim jobs
 	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile -m "not matrix"
 
 # The configuration matrix's runs (123 real runs, about 20 minutes of one worker): apart from `make test`, which
@@ -19,6 +20,7 @@ test-matrix: setup
 
 lint: setup
 	$(BIN)/ruff check raysim tests jobs
+	$(BIN)/mypy raysim jobs
 
 setup: $(STAMP) data tools
 
