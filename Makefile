@@ -10,6 +10,7 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check raysim tests jobs
+	$(BIN)/mypy raysim jobs
 	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile
 
 # The configuration matrix's 123 runs alone (they are also part of `make test`).
@@ -18,6 +19,7 @@ test-matrix: setup
 
 lint: setup
 	$(BIN)/ruff check raysim tests jobs
+	$(BIN)/mypy raysim jobs
 
 setup: $(STAMP) data tools
 

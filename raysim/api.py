@@ -151,7 +151,6 @@ def run(
     chosen = experiment_config(config, overrides, plugins, tracking_uri)
     final = _FinalModels(chosen.rounds, personalized)
     outcome = run_experiment(chosen, show_progress=progress, inspect=final)
-    assert outcome.run_id is not None  # run_experiment returns only once the run is opened and finished
     return _result(chosen, outcome, final)
 
 
@@ -201,8 +200,8 @@ def run_suite(
     if "runs" not in read_mapping(path, "suite"):
         raise ConfigError(f"{path}: not a suite (no top-level `runs:`); run one experiment with raysim.run")
     assignments = [*overrides, *([f"tracking.uri={tracking_uri}"] if tracking_uri is not None else [])]
-    suite = suites.load_suite(path, assignments, plugins)
-    done = suites.run_suite(suite, show_progress=progress, command=study_command(path, assignments, plugins))
+    suite = suites.load_suite(path, assignments, tuple(plugins))
+    done = suites.run_suite(suite, show_progress=progress, command=study_command(path, assignments, tuple(plugins)))
     histories = {
         (child.name, child.config.seed): _history(child.outcome.history)
         for child in done.children
@@ -241,6 +240,7 @@ def _result(config: ExperimentConfig, outcome: RunResult, final: _FinalModels) -
     from raysim.models.flat import ModelSpec
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
+    assert outcome.run_id is not None  # run_experiment returns only once the run is opened and finished
     if final.global_params is None:
         raise RuntimeError(f"run {outcome.run_id}: the final models were not fetched after its last round")
     dataset = _dataset(config)

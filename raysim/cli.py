@@ -201,11 +201,11 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from raysim.jobs import Kind, job_client, submit, wait_for_run_id
     from raysim.jobs import follow as follow_job
-    from raysim.jobs import job_client, submit, wait_for_run_id
     from raysim.studies.sweep import is_sweep_file
 
-    kind = "sweep" if is_sweep_file(args.config) else "experiment"
+    kind: Kind = "sweep" if is_sweep_file(args.config) else "experiment"
     submission = submit(
         kind, args.config, args.set, args.address, args.tracking_uri, args.package, args.auth_token, plugins=args.plugin
     )
@@ -525,7 +525,7 @@ def _hide_credentials_from_process_table() -> None:
     from raysim.credentials import has_credentials, redact_text
 
     if any(has_credentials(argument) for argument in sys.argv):
-        from ray._raylet import setproctitle
+        from ray._raylet import setproctitle  # type: ignore[attr-defined]  # Ray's _raylet.pyi leaves it out
 
         setproctitle(redact_text(shlex.join(sys.argv)))
 

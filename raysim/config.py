@@ -13,6 +13,7 @@ import copy
 import difflib
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
@@ -466,7 +467,7 @@ def choice_models(section: str) -> dict[str, type[Settings]]:
     """The settings model of each choice of a SWITCHES section (`algorithm`: name -> its Settings, `partition`:
     scheme -> its settings class, `dataset`: name -> its source's settings), from its registry."""
     registry = CHOICES[section]
-    return {name: registry.settings_of(name) for name in registry}  # type: ignore[misc]
+    return {name: registry.settings_of(name) for name in registry}
 
 
 def chosen(section: str, node: dict[str, Any]) -> str | None:
@@ -502,7 +503,8 @@ def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
     for key in loc[:-1]:
         node = node.get(key, {}) if isinstance(node, dict) else {}
         if model is ExperimentConfig and key in SWITCHES:
-            model = choice_models(key).get(chosen(key, node))
+            name = chosen(key, node)
+            model = None if name is None else choice_models(key).get(name)
         elif model is not None and key in getattr(model, "model_fields", {}):
             model = model.model_fields[key].annotation
         else:
@@ -519,7 +521,7 @@ def _key_text(key: Any) -> str:
     return text if text and text.isprintable() and " " not in text else repr(text)
 
 
-def _field_level(error: dict[str, Any]) -> dict[str, Any]:
+def _field_level(error: Mapping[str, Any]) -> Mapping[str, Any]:
     """The error with a refusal of raysim.settings (a bool for a number, a key given twice: raised for the whole
     model) located at its key, as pydantic locates its own field errors."""
     if error["type"] == "key_given_twice":
@@ -531,7 +533,7 @@ def _field_level(error: dict[str, Any]) -> dict[str, Any]:
     return {**error, "loc": (*error["loc"], ctx["key"]), "msg": message}
 
 
-def _format(error: dict[str, Any], data: dict[str, Any]) -> str:
+def _format(error: Mapping[str, Any], data: dict[str, Any]) -> str:
     error = _field_level(error)
     loc = tuple(error["loc"])
     path = ".".join(_key_text(k) for k in loc) or "config"
@@ -635,7 +637,8 @@ class ExperimentFamily(Settings):
         if self.base is not None:
             tree = copy.deepcopy(self.base)
         else:
-            base_config = Path(self.base_config)  # type: ignore[arg-type]  # _one_base: one of the two is set
+            assert self.base_config is not None  # _one_base: one of the two is set
+            base_config = Path(self.base_config)
             tree = with_plugins(read_mapping(base_config, "base_config"), base_config.parent)
         return with_plugins(tree, None, self.plugins)
 

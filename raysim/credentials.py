@@ -40,12 +40,12 @@ def redact_text(text: str) -> str:
 
 
 def has_credentials(uri: str | None) -> bool:
-    return bool(uri) and redact_text(uri) != uri
+    return uri is not None and redact_text(uri) != uri
 
 
 def is_redacted(uri: str | None) -> bool:
     """Whether a URI is one `redact` produced (its credentials must come from elsewhere)."""
-    return bool(uri) and f"://{REDACTED}@" in uri
+    return uri is not None and f"://{REDACTED}@" in uri
 
 
 def connect_uri(uri: str) -> str:

@@ -25,7 +25,8 @@ F = TypeVar("F", bound=Callable)
 def kernel(function: F) -> F:
     """Compile `function` with numba (no Python objects inside, no GIL held, cached on disk; division by zero
     gives inf or nan as in numpy instead of raising)."""
-    return numba.njit(cache=True, nogil=True, error_model="numpy")(function)  # type: ignore[return-value]
+    compiled = numba.njit(cache=True, nogil=True, error_model="numpy")(function)
+    return compiled  # type: ignore[return-value]  # numba's Dispatcher is called as the function it compiles
 
 
 @numba.njit(fastmath={"reassoc"}, cache=True)

@@ -244,8 +244,9 @@ def staged_plugins(runtime_env: dict[str, object], staging: Path) -> dict[str, o
     files = runtime_env.get("py_modules")
     if not files:
         return runtime_env
+    assert isinstance(files, list)  # job_spec puts a list of paths here
     folders = []
-    for file in map(Path, files):  # type: ignore[call-overload]  # job_spec puts a list of paths here
+    for file in map(Path, files):
         folder = staging / file.stem
         folder.mkdir()
         shutil.copyfile(file, folder / "__init__.py")
@@ -419,10 +420,12 @@ def _signal(pids: list[int], sig: int) -> None:
 
 def _main(argv: list[str]) -> int:
     """`python -m raysim.jobs experiment|sweep`: a job's entrypoint."""
-    if len(argv) != 1 or argv[0] not in ("experiment", "sweep"):
-        print("usage: python -m raysim.jobs experiment|sweep", file=sys.stderr)
-        return 2
-    return entrypoint(argv[0])  # type: ignore[arg-type]
+    if argv == ["experiment"]:
+        return entrypoint("experiment")
+    if argv == ["sweep"]:
+        return entrypoint("sweep")
+    print("usage: python -m raysim.jobs experiment|sweep", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -109,9 +109,10 @@ def _load_file(path: Path) -> ModuleType:
         raise PluginError(f"plugin {path}: {name!r} is not a module name; rename the file (letters, digits and _)")
     existing = sys.modules.get(name)
     if existing is not None:
-        if getattr(existing, "__file__", None) and Path(existing.__file__).resolve() == path:
+        existing_file = getattr(existing, "__file__", None)
+        if existing_file and Path(existing_file).resolve() == path:
             return existing
-        where = getattr(existing, "__file__", None) or "a built-in module"
+        where = existing_file or "a built-in module"
         raise PluginError(f"plugin {path}: module name {name!r} is taken by {where}; rename the file")
     found = importlib.util.find_spec(name)
     if found is not None and found.origin and Path(found.origin).resolve() != path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import types
 import typing
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -56,7 +56,7 @@ def _annotated_metadata(annotation: Any) -> list[Any]:
 
 def default_text(field: FieldInfo) -> str:
     if field.default_factory is not None:
-        value = field.default_factory()  # type: ignore[call-arg]
+        value = field.get_default(call_default_factory=True)
     elif field.default is PydanticUndefined:
         return "required"
     else:
@@ -133,9 +133,10 @@ def shared_fields(models: list[type[BaseModel]], skip: tuple[str, ...]) -> tuple
 
     def same(name: str) -> bool:
         fields = [model.model_fields.get(name) for model in models]
-        return all(
-            f is not None and (f.annotation, f.default, f.description) == (fields[0].annotation, fields[0].default,
-                                                                          fields[0].description)
+        first = fields[0]
+        return first is not None and all(
+            f is not None and (f.annotation, f.default, f.description) == (first.annotation, first.default,
+                                                                          first.description)
             for f in fields
         )  # fmt: skip
 
@@ -164,5 +165,5 @@ def config_keys() -> set[str]:
     return keys
 
 
-def _is_model(annotation: Any) -> bool:
+def _is_model(annotation: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)

@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from raysim.errors import ConfigError
 from raysim.plugins import load_installed
+from raysim.settings import Settings
 
 T = TypeVar("T")
 
@@ -41,7 +42,7 @@ class Registry(Generic[T]):
         self,
         kind: str,
         key: str,
-        settings: Callable[[T], type[BaseModel]] | None = None,
+        settings: Callable[[T], type[Settings]] | None = None,
         check: Callable[[str, T], None] | None = None,
     ):
         """`kind` names an entry in messages ("algorithm"); `key` is the config key the names are written in;
@@ -128,7 +129,7 @@ class Registry(Generic[T]):
     def __len__(self) -> int:
         return len(self._all())
 
-    def settings_of(self, name: str) -> type[BaseModel]:
+    def settings_of(self, name: str) -> type[Settings]:
         """The settings model of the entry `name` (a registry of whole sections, see `choice`)."""
         if self._settings is None:
             raise TypeError(f"the {self.kind} registry holds no settings models")
@@ -138,7 +139,8 @@ class Registry(Generic[T]):
         """The type of a config section chosen by this registry's key: validated, when the config is, by the
         settings model of the entry its `field` names (`default` when it names none; required without one), and
         dumped with that model's fields."""
-        return Annotated[SerializeAsAny[base], WrapValidator(_ChoiceValidator(self, base, default))]
+        validator = WrapValidator(_ChoiceValidator(self, base, default))
+        return Annotated[SerializeAsAny[base], validator]  # type: ignore[misc, valid-type]  # a type made at run time
 
 
 @dataclass(frozen=True)

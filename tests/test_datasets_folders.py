@@ -354,13 +354,19 @@ def test_femnist_reads_all_data_and_explains_how_to_get_it(tmp_path):
 # ---------------------------------------------------------------- downloads from a local server
 
 
+class QuietHandler(SimpleHTTPRequestHandler):
+    """Serves files without logging each request to stderr."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
 @pytest.fixture
 def http_root(tmp_path):
     """A folder served over HTTP on 127.0.0.1 (a thread of this process); yields (folder, base URL)."""
     served = tmp_path / "served"
     served.mkdir()
-    handler = partial(SimpleHTTPRequestHandler, directory=str(served))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    handler = partial(QuietHandler, directory=str(served))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -386,7 +392,7 @@ def test_medmnist_downloads_and_checks_the_md5(tmp_path, http_root, monkeypatch)
     assert data.x.shape == (11, 3, 28, 28) and (tmp_path / "cache" / "dermamnist.npz").is_file()
 
 
-def test_tiny_imagenet_downloads_and_extracts_the_zip(tmp_path, http_root, monkeypatch):
+def test_tiny_imagenet_downloads_and_extracts_the_zip(tmp_path, http_root, monkeypatch, capfd):
     served, url = http_root
     tree = write_tiny_imagenet(tmp_path / "source")
     buffer = io.BytesIO()
@@ -398,6 +404,7 @@ def test_tiny_imagenet_downloads_and_extracts_the_zip(tmp_path, http_root, monke
     monkeypatch.setattr(image_folder_module, "TINY_IMAGENET_MD5", hashlib.md5(buffer.getvalue()).hexdigest())
     data = load_dataset("tiny_imagenet", root=tmp_path / "cache")
     assert data.x.shape == (15, 3, 64, 64) and (tmp_path / "cache" / "tiny-imagenet-200" / "wnids.txt").is_file()
+    assert "GET /tiny-imagenet-200.zip" not in capfd.readouterr().err  # the server logs no request
 
 
 # ---------------------------------------------------------------- end to end through the CLI

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
 from raysim.studies.table import (
+    Format,
     RunValues,
     TableError,
     best_round,
@@ -115,7 +116,7 @@ def _children(uri: str, parent: str) -> dict[str, list]:
 def test_the_table_of_a_real_suite_reproduces_its_childrens_numbers(finished_suite, at, capsys):
     uri, parent = finished_suite
     client = MlflowClient(uri)
-    table = make_table(uri, parent, ["pm/acc", "gm/loss"], at)  # type: ignore[arg-type]
+    table = make_table(uri, parent, ["pm/acc", "gm/loss"], at)
     assert [row[0] for row in table.rows] == ["flame", "fedavg"] and table.title == "tiny"
     for setting, runs in _children(uri, parent).items():
         assert len(runs) == 2
@@ -149,7 +150,7 @@ def test_best_by_picks_the_round_of_another_metric_and_says_so(finished_suite, c
         assert cells["pm/loss_var"].values == tuple(v[r] for v, r in zip(variance, rounds, strict=True))
     said = "each run's best round by gm/loss (its lowest), every metric at that round"
     for form in ("markdown", "csv", "latex"):
-        assert said in table.render(form).splitlines()[0]  # type: ignore[arg-type]
+        assert said in table.render(form).splitlines()[0]
     assert main(["table", parent, "--tracking-uri", uri, "--best-by", "gm/loss"]) == 2
     error = capsys.readouterr().err
     assert error == "error: --best-by needs --at best (with --at final every value is the last round's)\n"
@@ -160,10 +161,11 @@ def test_the_suite_logs_its_tables_on_the_parent_and_the_cli_writes_each_format(
     uri, parent = finished_suite
     logged = {a.path for a in MlflowClient(uri).list_artifacts(parent)}
     assert {f"table_{at}.{suffix}" for at in ("final", "best") for suffix in ("md", "csv", "tex")} <= logged
-    for form, suffix in (("csv", "csv"), ("latex", "tex")):
+    forms: tuple[tuple[Format, str], ...] = (("csv", "csv"), ("latex", "tex"))
+    for form, suffix in forms:
         out = tmp_path / f"t.{suffix}"
         assert main(["table", parent, "--tracking-uri", uri, "--format", form, "--out", str(out)]) == 0
-        assert out.read_text() == make_table(uri, parent).render(form)  # type: ignore[arg-type]
+        assert out.read_text() == make_table(uri, parent).render(form)
 
 
 @pytest.mark.slow

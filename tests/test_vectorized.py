@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from raysim.algorithms import build_algorithm
-from raysim.algorithms.base import ClientInfo, ClientUpdate, LocalSGD
+from raysim.algorithms.base import ClientInfo, ClientUpdate, LocalSGD, Request, Result
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 from raysim.algorithms.servers import WeightedUpload
 from raysim.config import validate_config
@@ -288,12 +289,12 @@ def test_lockstep_driver_with_one_client_at_a_time_execution_equals_run_client_s
     executor = _executors(data, model)
     expected = [run_client_step(algorithm, i, s, broadcast, executor(i.id)) for i, s in zip(infos, states, strict=True)]
 
-    executors: dict[int, object] = {}
+    executors: dict[int, Callable[[Request], Result]] = {}
     turns: list[list[int]] = []
 
     def execute_many(requests):
         turns.append([client_id for client_id, _ in requests])
-        return [executors.setdefault(c, executor(c))(request) for c, request in requests]  # type: ignore[operator]
+        return [executors.setdefault(c, executor(c))(request) for c, request in requests]
 
     updates = run_client_steps(algorithm, infos, states, broadcast, execute_many)
     for want, got in zip(expected, updates, strict=True):

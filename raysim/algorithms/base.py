@@ -10,19 +10,20 @@ its state and messages:
 
 `client_step` is a generator: every piece of local training it needs (e.g. "H epochs of SGD on
 f_i(theta) + lambda/2 ||theta - w_i||^2") is *yielded* as a `LocalSGD` request and the result is sent
-back. The algorithm thereby states *what* to optimise; the executor decides *how* (one client at a
-time, or many clients at once): raysim.execution drives the generators (`run_client_step` with any
-executor, `run_client_steps` several clients in lockstep, `run_stacked_step` a stacked chunk).
+back (`result = yield from train(request)` gives it typed; `gradient` likewise for a `FullGradient`). The algorithm
+thereby states *what* to optimise; the executor decides *how* (one client at a time, or many clients at once):
+raysim.execution drives the generators (`run_client_step` with any executor, `run_client_steps` several clients in
+lockstep, `run_stacked_step` a stacked chunk).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from pydantic import ConfigDict, Field
@@ -32,8 +33,14 @@ from raysim.models.spec import ParamSpec
 from raysim.registry import Registry
 from raysim.settings import Settings
 
+if TYPE_CHECKING:
+    from raysim.data.dataset import Task
+
 Vector = np.ndarray
 """A flat float32 parameter vector (see raysim.models.spec.ParamSpec for its layout)."""
+Number = float | np.ndarray
+"""A client's number (an upload's weight, a metric): a float or numpy scalar, or in a step over a ClientChunk a
+[clients] array of them, one per row."""
 
 
 class AlgorithmSettings(Settings):
@@ -137,7 +144,7 @@ class ClientChunk:
         return arrays if self.may_write(keep) else tuple(array.copy() for array in arrays)
 
 
-def per_row(value: float | np.ndarray) -> np.ndarray:
+def per_row(value: Number) -> np.ndarray:
     """A client's number, or a chunk's numbers [k], as float32 shaped to scale that client's vector or each row of
     the chunk's [k, n] arrays (a trailing axis of 1)."""
     return np.asarray(value, np.float32)[..., None]
@@ -196,12 +203,15 @@ class CodeDraws:
 
 @dataclass(frozen=True, eq=False)
 class SGDResult:
+    """A LocalSGD request's result; of a stacked request (a ClientChunk's), params [k, n] and [k] arrays."""
+
     params: Vector
-    mean_loss: float
+    mean_loss: Number
     """Mean data loss f_i over the mini-batches seen (before each step)."""
-    steps: int
+    steps: int | np.ndarray
 
 
+@dataclass
 class Upload:
     """Base of the message types a client sends up.
 
@@ -231,7 +241,8 @@ P = TypeVar("P", bound=AlgorithmSettings)
 class ClientUpdate(Generic[C, U]):
     state: C
     upload: U
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: Mapping[str, Number] = field(default_factory=dict)
+    """Python floats once a driver has run the step (raysim.execution); [clients] float64 arrays in a chunk's."""
     message: Vector | None = None
     """The message this update sends, when the upload holds only a change of it (Upload.delta)."""
 
@@ -252,10 +263,27 @@ class GradientResult:
     loss: float
 
 
-ClientStep = Generator[LocalSGD | FullGradient, SGDResult | GradientResult, ClientUpdate[C, U]]
-AdaptStep = Generator[LocalSGD | FullGradient, SGDResult | GradientResult, Vector]
 Request = LocalSGD | FullGradient
 Result = SGDResult | GradientResult
+ClientStep = Generator[Request, Result, ClientUpdate[C, U]]
+AdaptStep = Generator[Request, Result, Vector]
+
+
+def train(request: LocalSGD) -> Generator[Request, Result, SGDResult]:
+    """Yield a LocalSGD request and return its result: `result = yield from train(request)` in a step gives a typed
+    SGDResult (a bare `yield` gives the union of every request's result)."""
+    result = yield request
+    if not isinstance(result, SGDResult):
+        raise TypeError(f"a LocalSGD request was answered with a {type(result).__name__}, not an SGDResult")
+    return result
+
+
+def gradient(request: FullGradient) -> Generator[Request, Result, GradientResult]:
+    """Yield a FullGradient request and return its result, typed (see `train`)."""
+    result = yield request
+    if not isinstance(result, GradientResult):
+        raise TypeError(f"a FullGradient request was answered with a {type(result).__name__}, not a GradientResult")
+    return result
 
 
 @dataclass(frozen=True, eq=False)
@@ -283,7 +311,7 @@ class ServerContext:
     input_shape: tuple[int, ...]
     num_classes: int
     """The models' output size (the number of classes for classification)."""
-    task: str
+    task: Task
     seed: int
     """The experiment seed (`seed`)."""
     cache: Path
@@ -391,7 +419,7 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         return {"algorithm": {"name": cls.name}}
 
     @classmethod
-    def code_draws(cls, settings: AlgorithmSettings) -> CodeDraws | None:
+    def code_draws(cls, settings: P) -> CodeDraws | None:
         """The mini-batch draws a client makes per round in the FLAME authors' code for these settings, in the
         order this algorithm's requests make them (`clients.batches: authors` replays them); None (default): no
         such code, or settings whose draws differ from it."""
@@ -424,12 +452,16 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
 
     def upload_from_message(self, upload: U, message: Vector, previous: Vector | None = None) -> U:
         """`upload` changed to send `message` instead; `previous` is the client's last sent message (delta)."""
+        if upload.message_field is None:
+            raise NotImplementedError(f"algorithm {self.name!r}: its Upload names no message_field")
         if upload.delta:
+            if previous is None:
+                raise ValueError(f"algorithm {self.name!r}: a delta upload needs the client's previous message")
             value = np.asarray(message, dtype=np.float64) - previous
         else:
             weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
             value = weight * np.asarray(message, dtype=np.float64)
-        return dataclasses.replace(upload, **{upload.message_field: value})  # type: ignore[type-var]
+        return dataclasses.replace(upload, **{upload.message_field: value})
 
 
 

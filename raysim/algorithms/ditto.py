@@ -32,6 +32,7 @@ from raysim.algorithms.base import (
     LocalSGD,
     SGDSettings,
     Vector,
+    train,
 )
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 
@@ -80,7 +81,7 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
         return server.w
 
     @classmethod
-    def code_draws(cls, settings: DittoSettings) -> CodeDraws | None:  # type: ignore[override]
+    def code_draws(cls, settings: DittoSettings) -> CodeDraws | None:
         """At H = 1 their update_weights makes a pass for the personal model, then one for the copy's step and
         its pick, in the order `client_step` requests them; at H > 1 it interleaves the copy's steps with the
         personal epochs, which the personal model's one request (momentum kept across epochs) cannot."""
@@ -90,20 +91,20 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
 
     def client_step(self, client: ClientInfo, state: DittoClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
-        personal = yield s.local_sgd(state.v, prox_weight=s.lam, prox_center=broadcast)
+        personal = yield from train(s.local_sgd(state.v, prox_weight=s.lam, prox_center=broadcast))
         shared = broadcast if s.global_resync else state.w
         global_lr = s.lr if s.global_lr is None else s.global_lr
         if s.global_steps == "one_batch":
             losses = []
             for _epoch in range(s.epochs):  # a new optimizer per epoch: its H steps share one momentum buffer
                 step = LocalSGD(shared, 1, global_lr, s.batch_size, momentum=s.momentum, random_batches=s.epochs)
-                result = yield step
+                result = yield from train(step)
                 shared = result.params
                 losses.append(result.mean_loss)
-            shared_loss = float(np.mean(losses))
+            shared_loss = float(np.mean(np.array(losses)))
         else:
-            result = yield s.model_copy(update={"lr": global_lr}).local_sgd(shared)
-            shared, shared_loss = result.params, result.mean_loss
+            result = yield from train(s.model_copy(update={"lr": global_lr}).local_sgd(shared))
+            shared, shared_loss = result.params, float(result.mean_loss)
         new = DittoClientState(personal.params.astype(np.float32), shared.astype(np.float32))
         metrics = {
             "train_loss": shared_loss,

@@ -26,6 +26,7 @@ from raysim.algorithms.base import (
     ClientUpdate,
     SGDSettings,
     Vector,
+    train,
 )
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 
@@ -70,8 +71,8 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
         s = self.settings
         w = broadcast
         start = w if s.start == "global" else state.theta
-        result = yield s.local_sgd(
-            start, prox_weight=s.rho / client.weight, prox_center=w, linear=state.pi / client.weight
+        result = yield from train(
+            s.local_sgd(start, prox_weight=s.rho / client.weight, prox_center=w, linear=state.pi / client.weight)
         )
         theta = result.params
         pi = state.pi if s.freeze_dual else (state.pi + s.rho * (theta - w)).astype(np.float32)

@@ -8,6 +8,7 @@ FedAPM with pi_i = 0, rho = 0, sigma_i = 0 and u_i <- u at every round start (fe
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,8 +21,12 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    Request,
+    Result,
+    SGDResult,
     SGDSettings,
     Vector,
+    train,
 )
 from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
 from raysim.algorithms.servers import WeightedUpload, weighted_average
@@ -68,10 +73,10 @@ class FedAlt(Algorithm[FedAltSettings, PartialClientState, PartialServerState, V
     def broadcast(self, server: PartialServerState) -> Vector:
         return server.u
 
-    def local_training(self, start: Vector) -> ClientStep:
+    def local_training(self, start: Vector) -> Generator[Request, Result, SGDResult]:
         """Gauss-Seidel: personal part, then shared part."""
-        personal = yield self.settings.local_sgd(start, mask=self.personal)
-        shared = yield self.settings.local_sgd(personal.params, mask=self.shared)
+        personal = yield from train(self.settings.local_sgd(start, mask=self.personal))
+        shared = yield from train(self.settings.local_sgd(personal.params, mask=self.shared))
         return shared
 
     def client_step(self, client: ClientInfo, state: PartialClientState, broadcast: Vector) -> ClientStep:

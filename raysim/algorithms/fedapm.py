@@ -33,6 +33,7 @@ from raysim.algorithms.base import (
     ClientUpdate,
     SGDSettings,
     Vector,
+    train,
 )
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.models.spec import ParamSpec
@@ -167,7 +168,9 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         start = state.params.copy()
         if s.v_anchor == "broadcast":
             start[self.shared] = u
-        v_phase = yield sgd.local_sgd(start, prox_weight=s.sigma / alpha, prox_center=state.params, mask=self.personal)
+        v_phase = yield from train(
+            sgd.local_sgd(start, prox_weight=s.sigma / alpha, prox_center=state.params, mask=self.personal)
+        )
         start = v_phase.params.copy()
         if s.u_start == "broadcast":
             start[self.shared] = u
@@ -177,8 +180,8 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         center[self.shared] = u
         linear = np.zeros_like(start)
         linear[self.shared] = state.pi / alpha
-        u_phase = yield sgd.local_sgd(
-            start, prox_weight=s.rho / alpha, prox_center=center, linear=linear, mask=self.shared
+        u_phase = yield from train(
+            sgd.local_sgd(start, prox_weight=s.rho / alpha, prox_center=center, linear=linear, mask=self.shared)
         )
         params = u_phase.params.astype(np.float32)
         u_i = params[self.shared]

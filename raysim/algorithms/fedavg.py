@@ -19,6 +19,7 @@ from raysim.algorithms.base import (
     SGDSettings,
     Vector,
     per_row,
+    train,
 )
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.jit import distances
@@ -62,7 +63,7 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
         return self.settings.local_sgd(broadcast)
 
     def client_step(self, client: ClientInfo | ClientChunk, state: FedAvgClientState, broadcast: Vector) -> ClientStep:
-        result = yield self.local_request(broadcast)
+        result = yield from train(self.local_request(broadcast))
         samples = np.asarray(client.num_train, np.float32)  # a number, or one per row of a chunk
         weight = samples if self.settings.aggregation == "samples" else np.ones_like(samples)
         metrics = {"train_loss": result.mean_loss, "update_norm": distances(result.params, broadcast)}

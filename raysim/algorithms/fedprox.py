@@ -16,7 +16,7 @@ from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 
 
 class FedProxSettings(FedAvgSettings):
-    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]
+    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]  # its own, extending FedAvg's settings
     mu: float = Field(0.1, ge=0, description="proximal weight towards the received global model")
 
 
@@ -24,6 +24,7 @@ class FedProxSettings(FedAvgSettings):
 class FedProx(FedAvg):
     name = "fedprox"
     Settings = FedProxSettings
+    settings: FedProxSettings
 
     def local_request(self, broadcast: Vector) -> LocalSGD:
         return self.settings.local_sgd(broadcast, prox_weight=self.settings.mu, prox_center=broadcast)

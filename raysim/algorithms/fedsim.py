@@ -6,14 +6,15 @@ averaged), but every mini-batch step updates the personal and the shared part to
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Literal
 
-from raysim.algorithms.base import ALGORITHMS, ClientStep, Vector
+from raysim.algorithms.base import ALGORITHMS, Request, Result, SGDResult, Vector, train
 from raysim.algorithms.fedalt import FedAlt, FedAltSettings
 
 
 class FedSimSettings(FedAltSettings):
-    name: Literal["fedsim"] = "fedsim"  # type: ignore[assignment]
+    name: Literal["fedsim"] = "fedsim"  # type: ignore[assignment]  # its own, extending FedAlt's settings
 
 
 @ALGORITHMS.register()
@@ -21,7 +22,6 @@ class FedSim(FedAlt):
     name = "fedsim"
     Settings = FedSimSettings
 
-    def local_training(self, start: Vector) -> ClientStep:
+    def local_training(self, start: Vector) -> Generator[Request, Result, SGDResult]:
         """Jacobi: one pass of SGD over the whole model."""
-        result = yield self.settings.local_sgd(start)
-        return result
+        return (yield from train(self.settings.local_sgd(start)))

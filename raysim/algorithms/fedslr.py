@@ -37,6 +37,7 @@ from raysim.algorithms.base import (
     SGDSettings,
     Upload,
     Vector,
+    train,
 )
 from raysim.algorithms.prox import FactoredModel, factored_size, layerwise_svt, matrix_shape
 
@@ -152,7 +153,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         phase1 = dataclasses.replace(
             s.local_sgd(w_t, prox_weight=1.0 / s.eta_g, prox_center=w_t, linear=-state.gamma), lr=lr
         )
-        result = yield phase1  # (4)
+        result = yield from train(phase1)  # (4)
         w_i = result.params
         gamma = state.gamma + (w_t - w_i) / s.eta_g  # (5)
         metrics = {"phase1_loss": result.mean_loss, "primal_residual": float(np.linalg.norm(w_i - w_t))}
@@ -162,7 +163,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
             phase2 = dataclasses.replace(
                 s.local_sgd(p, s.phase2_epochs, offset=w_t, l1=l1), lr=lr, weight_decay=s.p_weight_decay
             )
-            second = yield phase2  # (7)
+            second = yield from train(phase2)  # (7)
             p = second.params
             metrics["phase2_loss"] = second.mean_loss
         nonzeros = float(np.count_nonzero(p))

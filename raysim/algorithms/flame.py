@@ -34,6 +34,7 @@ from raysim.algorithms.base import (
     CodeDraws,
     SGDSettings,
     Vector,
+    train,
 )
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.jit import add_square, distances, kernel, rows
@@ -69,7 +70,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
     Upload = DeltaUpload
 
     @classmethod
-    def code_draws(cls, settings: FlameSettings) -> CodeDraws:  # type: ignore[override]
+    def code_draws(cls, settings: FlameSettings) -> CodeDraws:
         """One pass per local epoch (their update_weights' loop over the trainloader)."""
         return CodeDraws(passes=settings.epochs)
     stacks = True
@@ -99,7 +100,9 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         losses = []
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
-            result = yield s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=in_place)
+            result = yield from train(
+                s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=in_place)
+            )
             losses.append(result.mean_loss)  # a number, or one per row
             theta, in_place = np.asarray(result.params, np.float32), True  # later epochs train the step's own theta
             delta_u, primal, dual, lemma3 = _admm_update(
@@ -109,7 +112,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         if len(passes) > 1:  # the message's change and the dual's since the round's start, not the last epoch's
             delta_u, dual = new.message(s.rho) - state.message(s.rho), distances(new.pi, state.pi)
         metrics = {
-            "train_loss": np.mean(losses, axis=0),
+            "train_loss": np.mean(np.array(losses), axis=0),
             "primal_residual": primal,
             "dual_change": dual,
             "lemma3_error": lemma3,

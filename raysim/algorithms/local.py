@@ -18,6 +18,7 @@ from raysim.algorithms.base import (
     SGDSettings,
     Upload,
     Vector,
+    train,
 )
 
 
@@ -57,7 +58,7 @@ class Local(Algorithm[LocalSettings, LocalClientState, LocalServerState, None, L
         return None
 
     def client_step(self, client: ClientInfo, state: LocalClientState, broadcast: None) -> ClientStep:
-        result = yield self.settings.local_sgd(state.theta)
+        result = yield from train(self.settings.local_sgd(state.theta))
         return ClientUpdate(LocalClientState(result.params.copy()), LocalUpload(), {"train_loss": result.mean_loss})
 
     def server_step(self, server: LocalServerState, total: LocalUpload, num_selected: int):

@@ -26,6 +26,7 @@ from raysim.algorithms.base import (
     SGDSettings,
     Upload,
     Vector,
+    train,
 )
 from raysim.algorithms.servers import (
     DeltaUpload,
@@ -70,7 +71,7 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vect
     Upload = PFedMeUpload
 
     @classmethod
-    def code_draws(cls, settings: PFedMeSettings) -> CodeDraws:  # type: ignore[override]
+    def code_draws(cls, settings: PFedMeSettings) -> CodeDraws:
         """One pass per local epoch (their update_weights' loop over the trainloader)."""
         return CodeDraws(passes=settings.epochs)
 
@@ -89,17 +90,18 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vect
         theta, w_i = state.theta, broadcast.astype(np.float64)
         losses = []
         for _epoch in range(s.epochs):
-            result = yield s.local_sgd(theta, 1, prox_weight=s.lam, prox_center=w_i.astype(np.float32))
+            result = yield from train(s.local_sgd(theta, 1, prox_weight=s.lam, prox_center=w_i.astype(np.float32)))
             losses.append(result.mean_loss)
             theta = result.params
             w_i = w_i - s.global_lr * s.lam * (w_i - theta)
         new = PFedMeClientState(theta.astype(np.float32), w_i.astype(np.float32))
         upload = DeltaUpload(new.w - state.w) if s.aggregation == "all" else PFedMeUpload(new.w)
-        metrics = {"train_loss": float(np.mean(losses)), "local_gap": float(np.linalg.norm(new.theta - new.w))}
+        train_loss, gap = float(np.mean(np.array(losses))), float(np.linalg.norm(new.theta - new.w))
+        metrics = {"train_loss": train_loss, "local_gap": gap}
         return ClientUpdate(new, upload, metrics, message=new.w.astype(np.float64))
 
     def server_step(self, server: RunningMeanState, total: PFedMeUpload | DeltaUpload, num_selected: int):
-        if self.settings.aggregation == "all":  # w = (1/m) sum_i w_i over all m clients
+        if isinstance(total, DeltaUpload):  # aggregation "all": w = (1/m) sum_i w_i over all m clients
             return running_mean(server, total)
         beta = self.settings.beta
         w = ((1 - beta) * server.w + beta * total.w / num_selected).astype(np.float32)

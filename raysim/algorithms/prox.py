@@ -13,7 +13,7 @@ torch is imported where a function needs it: importing this module (every algori
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
@@ -23,12 +23,22 @@ if TYPE_CHECKING:
 from raysim.models.spec import ParamSpec
 
 
-def soft_threshold(x: torch.Tensor | np.ndarray, a: float | torch.Tensor | np.ndarray):
+@overload
+def soft_threshold(x: np.ndarray, a: float | np.ndarray) -> np.ndarray: ...
+
+
+@overload
+def soft_threshold(x: torch.Tensor, a: float | torch.Tensor) -> torch.Tensor: ...
+
+
+def soft_threshold(x: torch.Tensor | np.ndarray, a: float | torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
     """S_a(x) = sign(x) max(|x| - a, 0), elementwise (a may be a scalar or per coordinate, a >= 0)."""
     if isinstance(x, np.ndarray):
         return np.sign(x) * np.maximum(np.abs(x) - a, 0.0)
     import torch
 
+    if isinstance(a, np.ndarray):
+        raise TypeError("soft_threshold: a tensor's threshold is a number or a tensor, not a numpy array")
     return torch.sign(x) * torch.clamp(torch.abs(x) - a, min=0.0)
 
 

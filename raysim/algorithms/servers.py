@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.algorithms.base import Upload, Vector
+from raysim.algorithms.base import Number, Upload, Vector
 
 
 @dataclass
@@ -50,7 +50,7 @@ class WeightedUpload(Upload):
     """An averaging client's upload: its message times its weight, a_i x_i, and a_i."""
 
     weighted: Vector
-    weight: float
+    weight: Number
 
     message_field = "weighted"
     weight_field = "weight"

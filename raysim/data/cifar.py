@@ -18,15 +18,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+from numpy._core.multiarray import _reconstruct  # numpy >= 2's array reconstructor; pickles name either module
 
 from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
 from raysim.data.download import extract, fetch, resolve_root
 from raysim.errors import DataError
-
-try:  # numpy >= 2 moved the array reconstructor; pickles name either module
-    from numpy._core.multiarray import _reconstruct
-except ImportError:  # pragma: no cover - numpy 1.x
-    from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
 
 CIFAR10_MEAN, CIFAR10_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)

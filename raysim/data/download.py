@@ -101,10 +101,10 @@ def extract(archive: Path, into: Path) -> None:
                     if not member.isfile():
                         raise DataError(f"{archive}: member {member.name!r} is not a regular file; refusing to extract")
                     destination.parent.mkdir(parents=True, exist_ok=True)
-                    source = bundle.extractfile(member)
-                    assert source is not None  # regular files always have content
-                    with source, open(destination, "wb") as out:
-                        shutil.copyfileobj(source, out, _CHUNK)
+                    content = bundle.extractfile(member)
+                    assert content is not None  # regular files always have content
+                    with content, open(destination, "wb") as out:
+                        shutil.copyfileobj(content, out, _CHUNK)
             return
     except (OSError, EOFError, tarfile.TarError, zipfile.BadZipFile) as error:
         raise DataError(f"{archive}: cannot extract ({error})") from None

@@ -34,7 +34,7 @@ def _read_dir(directory: Path) -> tuple[np.ndarray, np.ndarray] | None:
     stems = tuple(FILES.values())  # train images, train labels, test images, test labels
     if any(find_idx([directory], stem) is None for stem in stems):
         return None
-    return read_train_test("Fashion-MNIST", stems, [directory], directory)  # type: ignore[arg-type]
+    return read_train_test("Fashion-MNIST", stems, [directory], directory)
 
 
 def candidate_dirs(root: str | Path | None) -> list[Path]:

@@ -19,9 +19,10 @@ def _apt_install() -> bool:
     if shutil.which("apt-get") is None or os.geteuid() != 0:
         return False
     print("Fashion-MNIST missing: installing the Debian package dataset-fashion-mnist", flush=True)
-    quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
-    subprocess.run(["apt-get", "update"], check=False, **quiet)
-    return subprocess.run(["apt-get", "install", "-y", "dataset-fashion-mnist"], check=False, **quiet).returncode == 0
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update"], check=False, stdout=subprocess.DEVNULL, env=env)
+    install = ["apt-get", "install", "-y", "dataset-fashion-mnist"]
+    return subprocess.run(install, check=False, stdout=subprocess.DEVNULL, env=env).returncode == 0
 
 
 def main() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Literal, get_args
 
@@ -80,7 +81,7 @@ def _missing(what: str, primary: Path, stem: str, root: Path) -> DataError:
 
 
 def read_train_test(
-    what: str, stems: tuple[str, str, str, str], directories: list[Path], root: Path
+    what: str, stems: Sequence[str], directories: list[Path], root: Path
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read train+test images and labels (stems in that order: train images, train labels, test images, test
     labels) and pool them, train first."""
@@ -91,7 +92,8 @@ def read_train_test(
             raise _missing(what, directories[0], stem, root)
         paths.append(path)
     train_x, train_y, test_x, test_y = (read_idx(p) for p in paths)
-    for images, labels, image_path, label_path in ((train_x, train_y, *paths[:2]), (test_x, test_y, *paths[2:])):
+    splits = ((train_x, train_y, paths[0], paths[1]), (test_x, test_y, paths[2], paths[3]))
+    for images, labels, image_path, label_path in splits:
         if images.dtype != np.uint8 or images.ndim != 3:
             raise DataError(f"{image_path}: expected uint8 images (n, H, W), got {images.dtype} {images.shape}")
         if labels.ndim != 1 or len(labels) != len(images):
@@ -178,7 +180,7 @@ def emnist(request: EmnistSettings) -> Dataset:
     directories = [raw, root]
     if request.download and any(find_idx(directories, stem) is None for stem in stems):
         _download_emnist(raw)
-    images, labels = read_train_test(f"emnist ({split})", stems, directories, root)  # type: ignore[arg-type]
+    images, labels = read_train_test(f"emnist ({split})", stems, directories, root)
     images = images.transpose(0, 2, 1)
     if split == "letters":
         labels = labels - 1

@@ -89,6 +89,13 @@ class ClientRow:
     noise_std: float
     malicious: bool
 
+    def held(self) -> dict[str, np.ndarray]:
+        """The client's index sets as the file gives them: `indices` alone, or train, test and val."""
+        if self.indices is not None:
+            return {"indices": self.indices}
+        assert self.train is not None and self.test is not None  # read_partition: a row without indices has both
+        return {"train": self.train, "test": self.test, "val": self.val}
+
 
 def labels_digest(labels: np.ndarray) -> str:
     """sha256 of the labels in dataset order: the same dataset, pooled the same way, gives the same digest."""
@@ -230,10 +237,7 @@ def _check_dataset(metadata: dict[str, Any], labels: np.ndarray, where: str) -> 
 
 def _check_client(row: ClientRow, num_samples: int, where: str) -> None:
     client = f"{where}: client {row.client_id}"
-    if row.indices is not None:
-        held = {"indices": row.indices}
-    else:
-        held = {"train": row.train, "test": row.test, "val": row.val}
+    held = row.held()
     for name, indices in held.items():
         if len(indices) and (indices.min() < 0 or indices.max() >= num_samples):
             bad = int(indices[(indices < 0) | (indices >= num_samples)][0])
@@ -264,8 +268,7 @@ def _check_client(row: ClientRow, num_samples: int, where: str) -> None:
 def _check_disjoint(rows: list[ClientRow], where: str) -> None:
     owner: dict[int, int] = {}
     for row in rows:
-        held = [row.indices] if row.indices is not None else [row.train, row.test, row.val]
-        for index in np.unique(np.concatenate(held)).tolist():
+        for index in np.unique(np.concatenate(list(row.held().values()))).tolist():
             if owner.setdefault(index, row.client_id) != row.client_id:
                 raise PartitionError(
                     f"{where}: sample {index} belongs to clients {owner[index]} and {row.client_id}, but the "

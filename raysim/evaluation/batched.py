@@ -180,7 +180,9 @@ class Scorer:
             padded[row, : len(x)] = x.reshape(len(x), -1)
         stacked = self.model.spec.unflatten(torch.from_numpy(np.stack(params)))
         hidden = torch.from_numpy(padded)
-        for weight, bias in self.model.layers:  # type: ignore[union-attr]
+        layers = self.model.layers
+        assert layers is not None  # only a perceptron's groups are scored stacked (sample_scores_*)
+        for weight, bias in layers:
             if weight is None:
                 hidden = torch.relu(hidden)
             elif bias is None:
@@ -190,7 +192,11 @@ class Scorer:
         return torch.cat([hidden[row, : len(x)] for row, x in enumerate(xs)])
 
     def group_scores(
-        self, samples: SampleScores, sizes: Sequence[int], sum_batch: int | None = None, keep_outputs: bool = False
+        self,
+        samples: SampleScores,
+        sizes: Sequence[int] | np.ndarray,
+        sum_batch: int | None = None,
+        keep_outputs: bool = False,
     ) -> list[Scores]:
         """Scores of consecutive groups of `sizes` samples from their samples' losses, hits and outputs (each group's
         sums in a few array operations over all groups, none depending on another group)."""

@@ -97,7 +97,7 @@ class ClientScorer:
         f1_auc = [(float("nan"), float("nan"))] * len(groups)
         if classifier and groups:
             f1_auc = classification_scores_many(
-                np.concatenate([test.outputs for test in tests]),  # type: ignore[misc]
+                np.concatenate([test.outputs for test in tests]),
                 np.concatenate([y[:size] for y, size in zip(data.y, data.parts[:, 0], strict=True)]),
                 data.parts[:, 0].tolist(),
                 self.auc_single_label,
@@ -119,6 +119,7 @@ class ClientScorer:
         self, models: dict[int, np.ndarray | None], chunk: list[int], splits: EvaluationData
     ) -> dict[int, ModelScores]:
         """The scores of the clients' own models (None: the client has none) on their own splits."""
-        having = [i for i, c in enumerate(chunk) if models[c] is not None]
-        scores = self.scores([models[chunk[i]] for i in having], splits.subset(having))  # type: ignore[misc]
+        owned = {i: model for i, c in enumerate(chunk) if (model := models[c]) is not None}
+        having = list(owned)
+        scores = self.scores(list(owned.values()), splits.subset(having))
         return {chunk[i]: score for i, score in zip(having, scores, strict=True)}

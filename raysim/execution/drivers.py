@@ -8,7 +8,7 @@ one step over their stacked state (Algorithm.stacks). Plain Python over the algo
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,7 +29,8 @@ def run_stacked_step(
     stacked state's arrays (ClientChunk.in_place). Returns the stacked update: state and upload with [k, ...]
     fields, metrics as float64 arrays [k]; `unstack_update` splits it into the clients' own."""
     chunk = ClientChunk(tuple(clients), in_place)
-    update: ClientUpdate = drive(algorithm.client_step(chunk, state, broadcast), execute)
+    step = algorithm.client_step(chunk, state, broadcast)  # type: ignore[arg-type]  # a stacking step takes chunks
+    update = drive(step, execute)
     count = len(clients)
     update.metrics = {
         name: np.broadcast_to(np.asarray(value, np.float64), (count,)) for name, value in update.metrics.items()
@@ -37,7 +38,12 @@ def run_stacked_step(
     return update
 
 
-def drive(step: Generator, execute: Callable[[Any], Any]) -> Any:
+RequestT = TypeVar("RequestT")
+ResultT = TypeVar("ResultT")
+ReturnT = TypeVar("ReturnT")
+
+
+def drive(step: Generator[RequestT, ResultT, ReturnT], execute: Callable[[RequestT], ResultT]) -> ReturnT:
     """Run a generator of requests (a client step, an adaptation) to completion; returns its value."""
     try:
         request = next(step)
@@ -81,13 +87,14 @@ def run_client_steps(
     gives the same results either way. Returns the updates in the order of `clients`.
     """
     steps = [algorithm.client_step(c, s, broadcast) for c, s in zip(clients, states, strict=True)]
-    updates: list[ClientUpdate | None] = [None] * len(steps)
+    updates: dict[int, ClientUpdate] = {}
     pending: dict[int, Request] = {}
 
     def advance(position: int, result: Result | None) -> None:
         """Send a result (None: start) to a client's step; keep its next request, or its update when it ends."""
+        step = steps[position]
         try:
-            pending[position] = steps[position].send(result)
+            pending[position] = next(step) if result is None else step.send(result)
         except StopIteration as finished:
             updates[position] = _with_float_metrics(finished.value)
 
@@ -100,4 +107,4 @@ def run_client_steps(
             raise ValueError(f"run_client_steps: {len(turn)} requests but {len(results)} results")
         for position, result in zip(turn, results, strict=True):
             advance(position, result)
-    return updates  # type: ignore[return-value]
+    return [updates[position] for position in range(len(steps))]

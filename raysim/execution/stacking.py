@@ -62,8 +62,9 @@ def unstack_update(update: ClientUpdate, count: int) -> list[ClientUpdate]:
     """The clients' own updates from a stacked one (`run_stacked_step`): vectors are views of their row, metrics
     floats."""
     messages = [None] * count if update.message is None else list(update.message)
+    metrics = {name: np.asarray(values) for name, values in update.metrics.items()}
     return [
-        ClientUpdate(state, upload, {name: float(values[i]) for name, values in update.metrics.items()}, message)
+        ClientUpdate(state, upload, {name: float(values[i]) for name, values in metrics.items()}, message)
         for i, (state, upload, message) in enumerate(
             zip(unstack(update.state, count), unstack(update.upload, count), messages, strict=True)
         )

@@ -22,7 +22,7 @@ def _image_input(name: str, input_shape: tuple[int, ...], smallest: int = 4) -> 
     """(channels, height, width), or a ValueError naming the model when the input is not an image that big."""
     if len(input_shape) != 3 or min(input_shape[1:]) < smallest:
         raise ValueError(f"model.name={name} needs image input (channels, height, width), got {input_shape}")
-    return input_shape  # type: ignore[return-value]  # three entries, checked above
+    return input_shape
 
 
 @MODELS.register("mlr")
@@ -150,8 +150,9 @@ def reset_parameters(module: nn.Module) -> None:
     """Initialize every layer of `module` afresh from torch's global generator, in the order the layers were built
     (the draws of building the module)."""
     for layer in module.modules():
-        if hasattr(layer, "reset_parameters"):
-            layer.reset_parameters()
+        reset = getattr(layer, "reset_parameters", None)
+        if reset is not None:
+            reset()
 
 
 def initial_parameters(module: nn.Module, seed: int) -> torch.Tensor:

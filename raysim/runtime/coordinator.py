@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from raysim.algorithms import build_algorithm
-from raysim.algorithms.base import AlgorithmSettings, Vector
+from raysim.algorithms.base import AlgorithmSettings, Upload, Vector
 from raysim.algorithms.servers import start_running_mean
 from raysim.models.spec import ParamSpec
 from raysim.runtime import checkpoint
@@ -74,11 +74,13 @@ class Coordinator(Renewable):
         if self.robust is not None:
             if len(total.messages) != total.count:
                 raise RuntimeError("robust aggregation needs every client's message; start hosts with send_messages")
-            upload = self._robust_upload(upload, total.messages)
+            upload = self._robust_upload(upload, total.messages, self.robust)
         self.state, metrics = self.algorithm.server_step(self.state, upload, total.count)
         return metrics
 
-    def _robust_upload(self, upload, messages: dict[int, tuple[np.ndarray, np.ndarray | None]]):
+    def _robust_upload(
+        self, upload: Upload, messages: dict[int, tuple[np.ndarray, np.ndarray | None]], rule: RobustSettings
+    ) -> Upload:
         """The summed upload changed so that the server's mean of messages becomes their robust aggregate.
 
         Averaging uploads: over this round's messages. Delta uploads: over the latest messages of all m
@@ -93,18 +95,19 @@ class Coordinator(Renewable):
             rows = np.stack([messages[c][0] for c in sorted(messages)])
             # the total carries sum(weight) * mean; without a weight field the weight is the count
             scale = 1.0 if upload.weight_field else float(len(rows))
-            robust = aggregate(self.robust, rows, byzantine(len(rows)), reference)
+            robust = aggregate(rule, rows, byzantine(len(rows)), reference)
             return self.algorithm.upload_from_message(upload, scale * robust)
         initial = np.asarray(self.algorithm.message_coordinates(self.init_params), dtype=np.float64)
         if self.latest is None:  # every client's message starts as the initial model's, as the server step's sum
             self.latest = np.tile(initial.astype(np.float32), (self.num_clients, 1))
             self.served_sum = start_running_mean(initial, self.num_clients).running_sum
+        assert self.served_sum is not None  # set together with latest
         for client_id, (message, previous) in messages.items():
             if client_id not in self.seen:  # its initial message was assumed to be the initial model's
                 self.served_sum += np.asarray(previous, dtype=np.float64) - initial
                 self.seen.add(client_id)
             self.latest[client_id] = message
-        target = self.num_clients * aggregate(self.robust, self.latest, byzantine(len(self.latest)), reference)
+        target = self.num_clients * aggregate(rule, self.latest, byzantine(len(self.latest)), reference)
         upload = self.algorithm.upload_from_message(upload, target, self.served_sum)
         self.served_sum = target
         return upload

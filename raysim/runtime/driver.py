@@ -28,7 +28,7 @@ from raysim.runtime.rounds import Rounds
 from raysim.runtime.session import new_local_ray, ray_session
 from raysim.runtime.simulation import NoUsableUpload, Simulation
 from raysim.tracking.artifacts import RunArtifacts
-from raysim.tracking.callbacks import RunResult
+from raysim.tracking.callbacks import RoundCallback, RunResult
 from raysim.tracking.identity import default_run_name, log_dataset, standard_tags
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.progress import ProgressBar
@@ -78,7 +78,7 @@ def run_experiment(
         with ray_session(config):
             layout = host_layout(config.runtime, problem.clients, ray.available_resources(), ray.cluster_resources())
             result.run_id = _open_run(config, problem, writer, manifest, parent)
-            callbacks = [RunArtifacts(config, problem, writer, resumed=resume is not None)]
+            callbacks: list[RoundCallback] = [RunArtifacts(config, problem, writer, resumed=resume is not None)]
             if show_progress:
                 console = Console(stderr=True)
                 verb = f"resuming from {resume}" if resume else "run"

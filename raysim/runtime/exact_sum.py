@@ -51,8 +51,8 @@ class PartialSum:
 
     def decode(self) -> Any:
         """The total as an upload of the original type, vectors as float64 and numbers as floats."""
-        values = {name: np.asarray(v, dtype=np.float64) / SCALE for name, v in self.fields.items()}
-        values = {name: (float(v) if v.ndim == 0 else v) for name, v in values.items()}
+        sums = {name: np.asarray(v, dtype=np.float64) / SCALE for name, v in self.fields.items()}
+        values = {name: (float(v) if v.ndim == 0 else v) for name, v in sums.items()}
         return self.upload_type(**values)
 
 
@@ -88,9 +88,9 @@ def encode(upload: Any, max_terms: int, client_id: int) -> PartialSum:
     stacked = dataclasses.replace(upload, **{f.name: np.asarray(getattr(upload, f.name))[None] for f in
                                              dataclasses.fields(upload)})  # fmt: skip
     total, rejected = add_rows(None, stacked, [client_id], max_terms)
-    if rejected:
+    if rejected or total is None:  # its one term refused
         raise UploadRangeError(rejection(upload, max_terms, client_id))
-    return total  # type: ignore[return-value]
+    return total
 
 
 def rejection(upload: Any, max_terms: int, client_id: int) -> str:

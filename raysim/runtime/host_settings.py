@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raysim.algorithms import ALGORITHMS
-from raysim.algorithms.base import AlgorithmSettings
+from raysim.algorithms.base import AlgorithmSettings, SGDSettings
 from raysim.config import ExperimentConfig
 from raysim.evaluation.classification import SingleLabelAuc
 from raysim.models.flat import ModelSpec
@@ -75,9 +75,13 @@ def authors_batches(config: ExperimentConfig, problem: Problem) -> AuthorsBatchP
     shuffled each client's n samples and left one out: n = train + test + 1 (raysim.data.authors_draw.split)."""
     if config.clients.batches != "authors":
         return None
-    draws = ALGORITHMS.get(config.algorithm.name).code_draws(config.algorithm)
+    settings = config.algorithm
+    draws = ALGORITHMS.get(settings.name).code_draws(settings)
+    # ExperimentConfig refuses clients.batches: authors for settings without the authors' draws (their algorithms all
+    # train with local SGD)
+    assert draws is not None and isinstance(settings, SGDSettings), "checked by ExperimentConfig._check_authors_batches"
     splits = [split for _, split in problem.clients]
     return AuthorsBatchPlan(
         config.seed, tuple(len(s.train) + len(s.test) + 1 for s in splits), tuple(len(s.train) for s in splits),
-        config.algorithm.batch_size, draws.passes, draws.picks,
+        settings.batch_size, draws.passes, draws.picks,
     )  # fmt: skip

@@ -69,6 +69,7 @@ class Problem:
 
     @property
     def heldout(self) -> frozenset[int]:
+        assert self.num_training is not None  # __post_init__ sets it
         return frozenset(info.id for info, _ in self.clients if info.id >= self.num_training)
 
 

@@ -57,6 +57,7 @@ class Rounds:
         self.malicious, self.heldout = problem.malicious, problem.heldout
         self.resume = resume
         tracking = config.tracking
+        assert result.run_id is not None  # run_experiment opens the MLflow run first
         self.folder = Path(tracking.checkpoint_dir).resolve() / result.run_id if tracking.checkpoint_every else None
         if resume is not None:  # keep writing next to the checkpoint resumed from, wherever it was started
             self.folder = resume.resolve().parent
@@ -70,10 +71,10 @@ class Rounds:
             self.writer.log_metrics(step, metrics)
             self.logged_through = step
 
-    def _checkpoint(self, simulation: Simulation, step: int) -> None:
-        """Write round `step`'s checkpoint whole or not at all; a failure to write stops the run with one line
-        naming the last complete checkpoint."""
-        directory = checkpoint.round_dir(self.folder.parent, self.folder.name, step)
+    def _checkpoint(self, simulation: Simulation, folder: Path, step: int) -> None:
+        """Write round `step`'s checkpoint into the run's `folder` whole or not at all; a failure to write stops the
+        run with one line naming the last complete checkpoint."""
+        directory = checkpoint.round_dir(folder.parent, folder.name, step)
         try:
             with checkpoint.round_folder(directory) as partial:
                 self._write_checkpoint(simulation, step, partial)
@@ -83,7 +84,7 @@ class Rounds:
             raise checkpoint.CheckpointError(f"{error}; {kept}") from None
         self.latest = directory
         self.writer.set_tags({"raysim.checkpoint": str(directory)})
-        checkpoint.prune(self.folder, self.config.tracking.checkpoint_keep)
+        checkpoint.prune(folder, self.config.tracking.checkpoint_keep)
 
     def _write_checkpoint(self, simulation: Simulation, step: int, directory: Path) -> None:
         simulation.save_checkpoint(directory)
@@ -133,7 +134,7 @@ class Rounds:
             self._log(0, result.history[0])
             round_index = 0
             if self.folder is not None:
-                self._checkpoint(simulation, 0)
+                self._checkpoint(simulation, self.folder, 0)
         for callback in self.callbacks:
             callback.on_start(result, round_index, self.resume is not None)
         while round_index < config.rounds:
@@ -141,7 +142,7 @@ class Rounds:
             try:
                 metrics, evaluated = self._round(simulation, round_index)
                 if self.folder is not None and (step % config.tracking.checkpoint_every == 0):
-                    self._checkpoint(simulation, step)
+                    self._checkpoint(simulation, self.folder, step)
             except ray.exceptions.RayActorError as error:
                 if self.latest is None:
                     raise

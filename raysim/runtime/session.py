@@ -23,6 +23,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import ray
 import torch
@@ -54,7 +55,7 @@ def _token_auth_explicitly() -> None:
     before ray.init so that Ray does not warn on every run that it chose this default."""
     if "RAY_AUTH_MODE" in os.environ:
         return
-    from ray._raylet import Config
+    from ray._raylet import Config  # type: ignore[attr-defined]  # Ray's _raylet.pyi leaves it out
 
     os.environ["RAY_AUTH_MODE"] = "token"
     Config.initialize("")  # Ray's own step after setting the mode (ray._private.authentication)
@@ -78,23 +79,23 @@ class LocalDaemons:
         them)."""
         from ray._private import services
 
-        original = getattr(services, "ConsolePopen", None)
+        original: Any = getattr(services, "ConsolePopen", None)  # a class, looked up: a Ray may lack it
         if original is None:
             yield
             return
         daemons = self
 
-        class OwnSessionPopen(original):  # type: ignore[misc, valid-type]
+        class OwnSessionPopen(original):
             def __init__(self, *args, **kwargs) -> None:
                 kwargs["start_new_session"] = True
                 super().__init__(*args, **kwargs)
                 daemons.started.append(self)
 
-        services.ConsolePopen = OwnSessionPopen
+        services.ConsolePopen = OwnSessionPopen  # type: ignore[misc]  # patching Ray's launcher class
         try:
             yield
         finally:
-            services.ConsolePopen = original
+            services.ConsolePopen = original  # type: ignore[misc]  # restoring it
 
     def gone(self) -> str | None:
         """Which vital daemon has exited, as a phrase ("its raylet (pid 12) was killed by SIGKILL"), or None."""
@@ -121,6 +122,7 @@ class LocalDaemons:
             yield
             return
         main = threading.main_thread().ident
+        assert main is not None  # the main thread has started
 
         def raise_lost(_signum: int, _frame: object) -> None:
             if self.lost is not None:
@@ -131,7 +133,7 @@ class LocalDaemons:
                 reason = self.gone()
                 if reason is not None:
                     self.lost = f"the local Ray is gone: {reason}"
-                    signal.pthread_kill(main, LOST_SIGNAL)  # type: ignore[arg-type]
+                    signal.pthread_kill(main, LOST_SIGNAL)
                     return
 
         previous = signal.signal(LOST_SIGNAL, raise_lost)
@@ -172,6 +174,7 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
             if daemons is None:
                 ray.init(address=address, logging_level=logging.WARNING)
             else:
+                assert local is not None  # daemons are made for a new local Ray only
                 _token_auth_explicitly()
                 _local = daemons
                 with daemons.own_sessions():

@@ -44,7 +44,7 @@ class Simulation:
     def __init__(self, config: ExperimentConfig, problem: Problem, host_clients: list[list[int]]):
         """`host_clients`: the clients each host owns (`host_layout`)."""
         self.config = config
-        self.uplink_total = 0
+        self.uplink_total: float = 0
         self.downlink_total = 0
         self.empty_rounds = 0
         """Consecutive rounds in which every selected upload was dropped (runtime.on_nonfinite = drop_client)."""
@@ -85,7 +85,7 @@ class Simulation:
 
     def _start_host(self, index: int) -> ray.actor.ActorHandle:
         runtime = self.config.runtime
-        return (
+        host = (
             ray.remote(ClientHost)
             .options(
                 num_cpus=runtime.host_cpus,
@@ -97,11 +97,13 @@ class Simulation:
             )
             .remote(*self._host_arguments_of(index))
         )
+        assert isinstance(host, ray.actor.ActorHandle)  # Ray types a started actor as its handle or its class
+        return host
 
     def _start_coordinator(self) -> ray.actor.ActorHandle:
         runtime = self.config.runtime
         arguments, keywords = self._coordinator_arguments_of()
-        return (
+        coordinator = (
             ray.remote(Coordinator)
             .options(
                 num_cpus=runtime.coordinator_cpus,
@@ -112,6 +114,8 @@ class Simulation:
             )
             .remote(*arguments, **keywords)
         )
+        assert isinstance(coordinator, ray.actor.ActorHandle)  # as a host's (_start_host)
+        return coordinator
 
     def _renew(self, crew: Crew) -> None:
         """Set up a parked crew's actors for this run (runtime.reuse_actors); a crew whose actor died since is

@@ -45,7 +45,7 @@ class StateTable:
         mask; default all), skipping fields whose new rows are the table's own (written in place)."""
         if kept is not None and not kept.all():
             rows = np.flatnonzero(kept)
-            clients = [clients[r] for r in rows]
+            clients = [clients[r] for r in rows.tolist()]
             new = dataclasses.replace(new, **{name: np.asarray(getattr(new, name))[rows] for name, _ in _arrays(new)})
         if not clients:
             return

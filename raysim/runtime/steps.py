@@ -226,8 +226,8 @@ class ClientSteps:
             uploads.append(upload)
             total, refused = add_rows(total, one_row(upload), [client_id], self.num_clients)
             rejected += refused
-            if message is not None and not refused:
-                total.messages[client_id] = message  # type: ignore[union-attr]
+            if message is not None and total is not None and not refused:  # an added upload: a sum exists
+                total.messages[client_id] = message
         return total, rejected, uploads
 
     def _outgoing(self, client_id: int, round_index: int, update, broadcast) -> tuple[object, tuple | None]:
@@ -242,7 +242,8 @@ class ClientSteps:
             previous = self.algorithm.previous_message(update)
         upload = update.upload
         if byzantine:
-            message = self.attack.corrupt(client_id, round_index, message, broadcast)  # type: ignore[union-attr]
+            assert self.attack is not None  # a Byzantine client is the attack's
+            message = self.attack.corrupt(client_id, round_index, message, broadcast)
             upload = self.algorithm.upload_from_message(upload, message, previous)
             self.sent[client_id] = message
         return upload, ((np.asarray(message, np.float32), previous) if self.settings.send_messages else None)
@@ -275,13 +276,15 @@ class ClientSteps:
         at once; gradients one row at a time. Each row's randomness is keyed as `executor` keys it."""
         generators = {c: self._generators(c, round_index) for c in client_ids}
         data = [self.data[c] for c in client_ids]
+        vectorized = self.vectorized
+        assert vectorized is not None  # only a vectorized host steps chunks stacked (self.stacked)
 
         def execute(request: Request) -> Result:
             drawn = [next(generators[c]) for c in client_ids]
             if isinstance(request, FullGradient):
                 rows = unstack(request, len(client_ids))
                 return stack([self.trainer.full_gradient(*job) for job in zip(rows, data, drawn, strict=True)])
-            return self.vectorized.sgd_rows(request, data, drawn)  # type: ignore[union-attr]
+            return vectorized.sgd_rows(request, data, drawn)
 
         return execute
 
@@ -290,10 +293,10 @@ class ClientSteps:
     ) -> Callable[[list[tuple[int, LocalSGD | FullGradient]]], list[SGDResult | GradientResult]]:
         """The lockstep executor of a round (runtime.client_training = vectorized): each client's randomness is
         keyed as by `executor`; a turn's SGD requests train together, its gradient requests one at a time."""
-        generators: dict[int, Iterator[np.random.Generator]] = {}
+        generators: dict[int, Iterator[Draws]] = {}
 
         def execute_many(requests: list[tuple[int, LocalSGD | FullGradient]]) -> list[SGDResult | GradientResult]:
-            results: list[SGDResult | GradientResult | None] = [None] * len(requests)
+            results: dict[int, SGDResult | GradientResult] = {}
             jobs: list[SGDJob] = []
             positions: list[int] = []
             for position, (client_id, request) in enumerate(requests):
@@ -307,6 +310,6 @@ class ClientSteps:
                     positions.append(position)
             for position, result in zip(positions, trainer.sgd(jobs), strict=True):
                 results[position] = result
-            return results  # type: ignore[return-value]
+            return [results[position] for position in range(len(requests))]
 
         return execute_many

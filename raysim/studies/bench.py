@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from raysim.algorithms.flame import paper_message, paper_update
+from raysim.algorithms.flame import FlameSettings, paper_message, paper_update
 from raysim.config import ExperimentConfig, apply_overrides, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel
@@ -191,7 +191,7 @@ def workload(
             },
         }
     )
-    apply_overrides(tree, overrides)
+    apply_overrides(tree, tuple(overrides))
     return validate_config(tree)
 
 
@@ -207,6 +207,7 @@ def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cp
     global model. Uses one torch thread, like each raysim host, and `device`."""
     torch.set_num_threads(1)
     s = config.algorithm
+    assert isinstance(s, FlameSettings), "run_bench runs the reference loop for FLAME only"
     module = FlatModel(config.model.name, problem.model_spec.input_shape, problem.model_spec.outputs).module
     module = module.to(device)
     params = list(module.parameters())
@@ -245,7 +246,7 @@ def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cp
     return ends, w.cpu().numpy()
 
 
-def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+def _views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [part.view_as(p) for part, p in zip(flat.split([p.numel() for p in like]), like, strict=True)]
 
 

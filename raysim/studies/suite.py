@@ -58,8 +58,9 @@ class SuiteConfig(ExperimentFamily):
         """(run name, validated config) for every run and seed, in order."""
         base = self.base_tree()
         children = []
+        seeds: list[int | None] = [*self.seeds] if self.seeds else [None]
         for run in self.runs:
-            for seed in self.seeds or [None]:
+            for seed in seeds:
                 tree = copy.deepcopy(base)
                 for key, value in run.overrides.items():
                     set_value(tree, key, value)
@@ -236,7 +237,8 @@ def write_comparison_plot(children: list[SuiteChild], title: str, path: Path) ->
             label += " (failed)" if not histories else f" ({failed} of {len(members)} seeds failed)"
         rounds = sorted(set.intersection(*({r for r in h if "pm/acc" in h[r]} for h in histories))) if histories else []
         for kind, series in curves.items():
-            series.append(plots.Series(label, {r: np.mean([h[r][f"{kind}/acc"] for h in histories]) for r in rounds}))
+            means = {r: float(np.mean([h[r][f"{kind}/acc"] for h in histories])) for r in rounds}
+            series.append(plots.Series(label, means))
     panels = [
         plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "")
         for kind, series in curves.items()

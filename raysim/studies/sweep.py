@@ -76,7 +76,8 @@ class Distribution(_Model):
             return float(generator.uniform(*self.uniform))
         if self.loguniform is not None:
             return float(math.exp(generator.uniform(math.log(self.loguniform[0]), math.log(self.loguniform[1]))))
-        low, high = self.randint  # type: ignore[misc]
+        assert self.randint is not None  # _one: the other three are None
+        low, high = self.randint
         return int(generator.integers(low, high + 1))
 
 
@@ -115,10 +116,11 @@ class SweepConfig(ExperimentFamily):
     def trials(self, tracking_uri: str) -> list[Trial]:
         """Every trial (setting x seed), validated; all log to `tracking_uri`."""
         base = self.base_tree()
-        trials = []
+        trials: list[Trial] = []
+        seeds: list[int | None] = [*self.seeds] if self.seeds else [None]
         for setting_index, setting in enumerate(self.settings()):
             label = setting_label(setting) or "base"
-            for seed in self.seeds or [None]:
+            for seed in seeds:
                 tree = copy.deepcopy(base)
                 for key, value in setting.items():
                     set_value(tree, key, value)
@@ -187,7 +189,7 @@ def absolute_tracking_uri(configured: str | None) -> str:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_trial(config: ExperimentConfig, parent: str, continue_run: str | None = None) -> ChildOutcome:
+def _run_trial(config: ExperimentConfig, parent: str, continue_run: str | None) -> ChildOutcome:
     """One trial on the cluster (raysim.studies.children.run_child): errors are returned."""
     outcome = run_child(config, parent, continue_run)
     outcome.node = ray.get_runtime_context().get_node_id()
@@ -207,9 +209,10 @@ def concurrency(sweep: SweepConfig, trials: list[Trial]) -> int:
     if sweep.max_concurrent is not None:
         return sweep.max_concurrent
     needs = [trial_cpus(t.config) for t in trials]
-    if any(n is None or n == 0 for n in needs):
+    known = [n for n in needs if n]  # a need of None (unknown) or 0 runs the trials one at a time
+    if len(known) < len(needs):
         return 1
-    return max(1, int(ray.cluster_resources().get("CPU", 1) // max(needs)))  # type: ignore[type-var]
+    return max(1, int(ray.cluster_resources().get("CPU", 1) // max(known)))
 
 
 def run_sweep(

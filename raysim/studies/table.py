@@ -18,17 +18,20 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from raysim.errors import RaysimError
 
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+
 At = Literal["final", "best"]
 Format = Literal["markdown", "csv", "latex"]
 DEFAULT_METRICS = ("pm/acc", "gm/acc", "hm/acc")
 DEFAULT_BEST_BY = "pm/acc"
-FORMATS: dict[str, str] = {"markdown": "md", "csv": "csv", "latex": "tex"}
+FORMATS: dict[Format, str] = {"markdown": "md", "csv": "csv", "latex": "tex"}
 
 
 class TableError(RaysimError):
@@ -237,7 +240,8 @@ def fetch_runs(
         parent = client.get_run(target)
     except MlflowException:
         parent = None
-    studies: list[Any] = []
+    studies: list[Run] = []
+    runs: list[Run]
     if parent is not None:
         title = parent.data.tags.get("suite") or parent.data.tags.get("sweep") or parent.info.run_name
         runs = client.search_runs(
@@ -339,9 +343,9 @@ def write_tables(tracking_uri: str, parent: str, folder: Path, metrics: list[str
     """table_{final,best}.{md,csv,tex} of a finished suite or sweep, written into `folder` (to log on its parent)."""
     written = []
     for at in ("final", "best"):
-        table = make_table(tracking_uri, parent, metrics, at)  # type: ignore[arg-type]
+        table = make_table(tracking_uri, parent, metrics, at)
         for form, suffix in FORMATS.items():
             path = folder / f"table_{at}.{suffix}"
-            path.write_text(table.render(form))  # type: ignore[arg-type]
+            path.write_text(table.render(form))
             written.append(path)
     return written

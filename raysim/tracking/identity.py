@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from raysim.config import ExperimentConfig
+from raysim.data.partitions import DirichletSettings, QLabelSettings
 
 _DATASET_SHORT = {"fashion_mnist": "fmnist", "cifar10": "cifar10", "cifar100": "cifar100"}
 
@@ -24,9 +25,9 @@ def default_run_name(config: ExperimentConfig) -> str:
 def partition_label(config: ExperimentConfig) -> str:
     """The partition in a few characters: `iid`, `q2` (q_label), `dir0.5` (dirichlet), else the scheme."""
     partition = config.partition
-    if partition.scheme == "q_label":
+    if partition.scheme == "q_label" and isinstance(partition, QLabelSettings):
         return f"q{partition.q}"
-    if partition.scheme == "dirichlet":
+    if partition.scheme == "dirichlet" and isinstance(partition, DirichletSettings):
         return f"dir{partition.beta:g}"
     return partition.scheme
 

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
@@ -211,12 +212,14 @@ class MlflowWriter:
     def client(self) -> MlflowClient:
         """The MLflow client of the store (waits for it to be open)."""
         self._ready()
-        return self._client  # type: ignore[return-value]
+        assert self._client is not None  # _open set it, or _ready raised why it could not
+        return self._client
 
     @property
     def experiment_id(self) -> str:
         self._ready()
-        return self._experiment_id  # type: ignore[return-value]
+        assert self._experiment_id is not None  # as the client (see `client`)
+        return self._experiment_id
 
     @property
     def shown_uri(self) -> str:
@@ -224,7 +227,7 @@ class MlflowWriter:
         return redact(self.tracking_uri) or ""
 
     def start(
-        self, run_name: str | None, params: dict[str, object], tags: dict[str, str], parent: str | None = None
+        self, run_name: str | None, params: Mapping[str, object], tags: dict[str, str], parent: str | None = None
     ) -> str:
         """Create the run; params whose value is None (options left unset) are not logged. Credentials in any
         value (a URI, the command line in `mlflow.source.name`) are redacted, as in every tag set later."""
@@ -246,9 +249,15 @@ class MlflowWriter:
         if "raysim.error" in self.client.get_run(run_id).data.tags:
             self.client.delete_tag(run_id, "raysim.error")
 
+    def _run(self) -> str:
+        """The run's id: `start` or `reopen` one first."""
+        if self.run_id is None:
+            raise RuntimeError("MlflowWriter: no run yet (start or reopen one)")
+        return self.run_id
+
     def last_step(self, key: str) -> int:
         """The highest step logged for `key` (-1 if none): what a resumed run must not log again."""
-        return max((m.step for m in self.client.get_metric_history(self.run_id, key)), default=-1)
+        return max((m.step for m in self.client.get_metric_history(self._run(), key)), default=-1)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Queue one step's metrics (non-finite values are skipped) in as few requests as allowed."""
@@ -325,15 +334,16 @@ class MlflowWriter:
         first = items[0]
         return any(
             m.step == first.step and m.timestamp == first.timestamp
-            for m in self.client.get_metric_history(self.run_id, first.key)
+            for m in self.client.get_metric_history(self._run(), first.key)
         )
 
     def _send(self, kind: str, payload) -> None:
+        run_id = self._run()
         if kind == "metrics":
-            self.client.log_batch(self.run_id, metrics=payload)
+            self.client.log_batch(run_id, metrics=payload)
         elif kind == "tags":
-            self.client.log_batch(self.run_id, tags=payload)
+            self.client.log_batch(run_id, tags=payload)
         elif kind == "artifact":
-            self.client.log_artifact(self.run_id, str(payload[0]), payload[1])
+            self.client.log_artifact(run_id, str(payload[0]), payload[1])
         else:
-            self.client.set_terminated(self.run_id, payload)
+            self.client.set_terminated(run_id, payload)

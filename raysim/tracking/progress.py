@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -50,7 +51,7 @@ class ProgressBar(RoundCallback):
             self.progress.start()
 
     def on_round(self, step: int, metrics: dict[str, float]) -> None:
-        shown = {k: f"{metrics[f'{k}/acc']:.4f}" for k in ("pm", "gm", "hm") if f"{k}/acc" in metrics}
+        shown: dict[str, Any] = {k: f"{metrics[f'{k}/acc']:.4f}" for k in ("pm", "gm", "hm") if f"{k}/acc" in metrics}
         self.latest |= shown
         secs = f"{metrics['time/round']:.2f}s/round"
         self.progress.update(self.task, completed=step, **shown, secs=secs)

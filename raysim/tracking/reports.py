@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,9 @@ from raysim.evaluation.records import ClientEvaluation
 from raysim.tracking import plots
 
 
-def write_client_table(evaluations: list[ClientEvaluation], extra: dict[int, dict[str, float]], path: Path) -> None:
+def write_client_table(
+    evaluations: list[ClientEvaluation], extra: Mapping[int, Mapping[str, object]], path: Path
+) -> None:
     """One row per client: its final PM/GM/HM scores plus `extra` columns (e.g. sample counts)."""
     rows = [{**e.row(), **extra.get(e.client_id, {})} for e in sorted(evaluations, key=lambda e: e.client_id)]
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -53,7 +56,9 @@ def write_convergence_plot(history: dict[int, dict[str, float]], title: str, pat
     plots.save(figure, path)
 
 
-def write_partition_table(counts: dict[str, np.ndarray], extra: dict[int, dict[str, float]], path: Path) -> None:
+def write_partition_table(
+    counts: dict[str, np.ndarray], extra: Mapping[int, Mapping[str, object]], path: Path
+) -> None:
     """The partition summary: one row per (client, label) with its train/test/val sample counts."""
     clients, classes = counts["train"].shape
     rows = [
@@ -66,7 +71,7 @@ def write_partition_table(counts: dict[str, np.ndarray], extra: dict[int, dict[s
 
 def write_partition_heatmap(counts: dict[str, np.ndarray], title: str, path: Path) -> None:
     """Label distribution per client: share of each label in the client's samples (all parts), with its size."""
-    total = sum(counts.values())
+    total = sum(counts.values(), np.zeros_like(counts["train"]))
     sizes = total.sum(axis=1)
     shares = total / np.maximum(sizes, 1)[:, None]
     clients, classes = total.shape

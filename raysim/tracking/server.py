@@ -224,6 +224,7 @@ class TrackingServer:
         with code 0 when its port is taken: its log tells.)"""
         self._failed = True
         lines: list[str] = []
+        assert self.log_path is not None  # start chose it
         with contextlib.suppress(OSError):
             text = Path(self.log_path).read_text(errors="replace")
             lines = [" ".join(TIMESTAMP.sub("", line).split()) for line in text.splitlines() if line.strip()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -176,11 +176,19 @@ class ClientData:
         """Whether an access draws noise or labels: only then does an evaluation need the client's generator."""
         return bool(self.noise_std or self.random_labels)
 
-    def arrays(self, split: str, generator: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self, split: str, generator: Draws | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self.batch(getattr(self, split), generator)
 
 
-def _tensor(array: np.ndarray | None, dtype: type) -> torch.Tensor | None:
+@overload
+def _tensor(array: None, dtype: type) -> None: ...
+
+
+@overload
+def _tensor(array: np.ndarray | float, dtype: type) -> torch.Tensor: ...
+
+
+def _tensor(array: np.ndarray | float | None, dtype: type) -> torch.Tensor | None:
     return None if array is None else torch.from_numpy(np.array(array, dtype=dtype))
 
 
@@ -226,8 +234,8 @@ class LocalTrainer:
             losses.append(loss)
             if request.weight_decay:
                 grad.add_(x, alpha=request.weight_decay)
-            if request.prox_weight:
-                grad.add_(x - center, alpha=request.prox_weight)  # type: ignore[operator]
+            if request.prox_weight and center is not None:  # LocalSGD: a prox_weight comes with its center
+                grad.add_(x - center, alpha=request.prox_weight)
             if linear is not None:
                 grad.add_(linear)
             if mask is not None:
@@ -242,7 +250,7 @@ class LocalTrainer:
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )
 
-    def full_gradient(self, request: FullGradient, data: ClientData, generator: np.random.Generator) -> GradientResult:
+    def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws) -> GradientResult:
         """The mean loss over the request's split and its gradient, in one batch."""
         if request.split not in ("train", "val", "test"):
             raise ValueError(f"FullGradient.split: {request.split!r}; allowed: train, val, test")

@@ -29,7 +29,7 @@ import logging
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -115,7 +115,7 @@ class VectorizedTrainer:
 
     def sgd(self, jobs: Sequence[SGDJob]) -> list[SGDResult]:
         """LocalTrainer.sgd of every job, in the order given (each result its own array)."""
-        results: list[SGDResult | None] = [None] * len(jobs)
+        results: dict[int, SGDResult] = {}
         groups: dict[tuple, list[int]] = defaultdict(list)
         for position, (request, _data, _generator) in enumerate(jobs):
             groups[group_key(request)].append(position)
@@ -127,11 +127,12 @@ class VectorizedTrainer:
                 stacked = self.sgd_rows(
                     stack_requests([jobs[p][0] for p in part]), [jobs[p][1] for p in part], [jobs[p][2] for p in part]
                 )
+                losses, steps = np.asarray(stacked.mean_loss), np.asarray(stacked.steps)
                 for row, position in enumerate(part):  # its own array, as LocalTrainer's: a state must not keep
                     results[position] = SGDResult(  # the chunk's buffer alive
-                        stacked.params[row].copy(), float(stacked.mean_loss[row]), int(stacked.steps[row])
+                        stacked.params[row].copy(), float(losses[row]), int(steps[row])
                     )
-        return results  # type: ignore[return-value]
+        return [results[position] for position in range(len(jobs))]
 
     def sgd_rows(
         self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[Draws]
@@ -160,7 +161,7 @@ class VectorizedTrainer:
         if ordered:
             return result
         back = np.argsort(order)
-        return SGDResult(result.params[back], result.mean_loss[back], result.steps[back])
+        return SGDResult(result.params[back], np.asarray(result.mean_loss)[back], np.asarray(result.steps)[back])
 
     def _forward(self, params: Layers, x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, params, (x,))
@@ -248,6 +249,12 @@ class VectorizedTrainer:
             cached = self._sources[id(array)] = (array, tensor)
         return cached[1]
 
+    @overload
+    def _rows(self, vectors: np.ndarray, count: int, dtype: torch.dtype = ...) -> torch.Tensor: ...
+
+    @overload
+    def _rows(self, vectors: np.ndarray | None, count: int, dtype: torch.dtype = ...) -> torch.Tensor | None: ...
+
     def _rows(self, vectors: np.ndarray | None, count: int, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
         """A request's [k, n] rows (or one [n] vector for every row, expanded without a copy) as a tensor on the
         device: on the CPU a view of the array (only ever read), on a GPU a copy."""
@@ -269,7 +276,7 @@ class VectorizedTrainer:
             flat = torch.from_numpy(start)  # the rows themselves (LocalSGD.in_place): no copy
         else:
             flat = torch.empty((count, self.model.size), dtype=torch.float32, device=self.device)
-            flat.copy_(self._rows(start, count))  # type: ignore[arg-type]
+            flat.copy_(self._rows(start, count))
         params = self.model.spec.unflatten(flat)  # per-layer views [k, *shape] of the one buffer
         offset = self._rows(request.offset, count)
         shift = None if offset is None else self.model.spec.unflatten(offset)
@@ -337,7 +344,9 @@ class _Update:
         if request.l1 is not None:
             size = sum(p[0].numel() for p in params.values())
             l1 = np.broadcast_to(np.asarray(request.l1, np.float32), (size,)) if np.ndim(request.l1) < 2 else request.l1
-            self.threshold = {name: request.lr * value for name, value in layers(l1).items()}  # type: ignore[union-attr]
+            per_layer = layers(l1)
+            assert per_layer is not None  # layers of an array
+            self.threshold = {name: request.lr * value for name, value in per_layer.items()}
         self.velocity = {name: torch.zeros_like(p) for name, p in params.items()} if request.momentum else None
 
     def __call__(self, name: str, p: torch.Tensor, gradient: Gradient) -> None:
@@ -383,7 +392,7 @@ class _Update:
 def stack_requests(requests: Sequence[LocalSGD]) -> LocalSGD:
     """Requests of the same group (`group_key`) as one request over their rows: vectors [k, n], numbers shared."""
     first = requests[0]
-    vectors = {}
+    vectors: dict[str, Any] = {}
     for name in ROW_FIELDS:
         values = [getattr(r, name) for r in requests]
         if values[0] is not None and (name != "l1" or np.ndim(values[0]) > 0):
@@ -500,7 +509,9 @@ class _Batches:
                 plan[epoch, :n] = client.train[generator.permutation(n)]
                 for batch in range(per_epoch if augments else 0):
                     count, at = min(request.batch_size, n - batch * request.batch_size), epoch * per_epoch + batch
-                    corners[at, :count], flips[at, :count] = client.inputs.draw(count, generator)  # type: ignore[misc]
+                    drawn = client.inputs.draw(count, generator)
+                    assert drawn is not None  # augments: Inputs.draw draws
+                    corners[at, :count], flips[at, :count] = drawn
             plan[:, n:] = plan[:, :1]  # padding: a real sample, weighted zero
             index[:total, i] = plan.reshape(total, width)
             labels[:total, i] = client.y[index[:total, i]]
@@ -527,8 +538,9 @@ class _Batches:
         width = int(self.widths[step])
         rows = self.buffer[: active * width]
         features = rows.view(active, width, *rows.shape[1:])
-        if self.shared:
-            torch.index_select(self.sources[0], 0, self.index[step, :active, :width].reshape(-1), out=rows)  # type: ignore[arg-type]
+        shared = self.sources[0] if self.shared else None  # every client reads the one source
+        if shared is not None:
+            torch.index_select(shared, 0, self.index[step, :active, :width].reshape(-1), out=rows)
         elif self.read_together:
             data = self.data[0]
             real = np.flatnonzero(np.arange(width) < self.counts[step, :active, None])
@@ -544,8 +556,8 @@ class _Batches:
                     torch.index_select(source, 0, self.index[step, i, :width], out=features[i])
                 elif not (data.noise_std or data.random_labels):  # a fresh client's batch is made below
                     count, draws = self.counts[step, i], self.draws.get(i)
-                    cropping = None if draws is None else tuple(d[:count] for d in _at(draws, step))
-                    plan = data.inputs.rows(data.x, self.plan[step, i, :count], cropping)  # type: ignore[arg-type]
+                    cropping = None if draws is None else _at(draws, step, count)
+                    plan = data.inputs.rows(data.x, self.plan[step, i, :count], cropping)
                     features[i, :count].copy_(torch.from_numpy(plan))
         for i in self.fresh:
             if i >= active:
@@ -580,6 +592,6 @@ def step_widths(sizes: np.ndarray, batch_size: int, epochs: int) -> np.ndarray:
     return widths
 
 
-def _at(draws: tuple[np.ndarray, np.ndarray], step: int) -> tuple[np.ndarray, np.ndarray]:
-    """One step's augmentation draws of a client."""
-    return draws[0][step], draws[1][step]
+def _at(draws: tuple[np.ndarray, np.ndarray], step: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """A client's augmentation draws at one step, of its batch's first `count` samples."""
+    return draws[0][step, :count], draws[1][step, :count]

@@ -49,6 +49,7 @@ from raysim.algorithms.base import (
     ServerDataStep,
     Upload,
     Vector,
+    gradient,
 )
 from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment
@@ -194,16 +195,16 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
     def client_step(self, client: ClientInfo, state: AugFlClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
         theta = broadcast.astype(np.float64)
-        support = yield FullGradient(broadcast, s.support_split)
+        support = yield from gradient(FullGradient(broadcast, s.support_split))
         phi = theta - s.alpha * support.grad  # (7)
-        query = yield FullGradient(phi.astype(np.float32), s.query_split)
+        query = yield from gradient(FullGradient(phi.astype(np.float32), s.query_split))
         r = query.grad.astype(np.float64)
         k = state.participations + 1
         g = np.zeros_like(theta)
         if s.hessian == "finite_difference":
             delta = self.delta(k)
-            plus = yield FullGradient((theta + delta * r).astype(np.float32), s.support_split)
-            minus = yield FullGradient((theta - delta * r).astype(np.float32), s.support_split)
+            plus = yield from gradient(FullGradient((theta + delta * r).astype(np.float32), s.support_split))
+            minus = yield from gradient(FullGradient((theta - delta * r).astype(np.float32), s.support_split))
             g = (plus.grad.astype(np.float64) - minus.grad) / (2 * delta)  # (10)
         meta_gradient = r - s.alpha * g
         theta_i = theta - (state.y + client.weight * meta_gradient) / s.rho  # (11)
@@ -223,7 +224,7 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
 
     def adapt(self, client: ClientInfo, global_params: Vector) -> AdaptStep:
         """A target client's personalized model: one step from theta on its support set (eq. 7)."""
-        support = yield FullGradient(global_params, self.settings.support_split)
+        support = yield from gradient(FullGradient(global_params, self.settings.support_split))
         return (global_params.astype(np.float64) - self.settings.alpha * support.grad).astype(np.float32)
 
     def regularizer_gradient(self, server: AugFlServerState) -> tuple[np.ndarray, CrdState | None, dict]:
