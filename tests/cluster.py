@@ -29,10 +29,19 @@ NODES = {
 }
 
 
+FREE_PORTS = range(20000, 32768)
+"""Where tests take ports for their servers: above Ray's worker ports (10002-19999) and below the kernel's
+ephemeral range (32768-60999, where port 0 binds and outgoing connections go), so that no Ray worker or client
+socket of a test running beside takes a port between its choice and its server's start (seen in CI: an MLflow
+server's port answered by a Ray process)."""
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    while True:
+        port = secrets.choice(FREE_PORTS)
+        with socket.socket() as probe, contextlib.suppress(OSError):
+            probe.bind(("127.0.0.1", port))
+            return port
 
 
 class LocalCluster:

@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
+from tests.cluster import free_port
 
 HOLD = """
 import http.server, os, sys, time
@@ -78,7 +72,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.mark.parametrize("command", ["ui", "server"])
 def test_a_port_given_and_taken_is_refused_in_one_line_naming_its_holder(command, tmp_path):
-    port = _free_port()
+    port = free_port()
     holder, held = _hold(port)
     assert held
     store = ["--tracking-uri" if command == "ui" else "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
@@ -144,7 +138,7 @@ def test_ui_exits_in_one_line_when_mlflow_does_not_come_up(tmp_path):
     """A process takes the port after raysim checked it and before MLflow binds it, and answers /health like a
     server: MLflow fails with "address already in use", raysim is not fooled by the other server's answers,
     prints no link and exits 2 with one line naming what happened and who holds the port."""
-    port = _free_port()
+    port = free_port()
     holder, _ = _hold(port, "after-mlflow-starts")
     try:
         done = subprocess.run(
@@ -192,7 +186,7 @@ def test_screenshots_show_the_runs_table_and_a_run_whose_first_charts_are_the_cu
     done = _raysim("run", str(config), "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("screens").experiment_id])
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "raysim.cli", "ui", "--tracking-uri", uri, "--port", str(port)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,

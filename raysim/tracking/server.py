@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import http.client
 import os
 import re
 import signal
@@ -80,7 +81,7 @@ def is_healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
             return response.status == 200
-    except (urllib.error.URLError, OSError):
+    except (OSError, http.client.HTTPException):  # nothing there, or something that does not speak HTTP
         return False
 
 
