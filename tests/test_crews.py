@@ -16,9 +16,9 @@ from tests.conftest import tiny_config
 pytestmark = pytest.mark.slow
 
 
-def _config(tmp_path, reuse: bool, **sections):
+def _config(tmp_path, reuse: bool, num_hosts: int = 2, **sections):
     tracking = {"experiment": "crews", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    runtime = {"num_hosts": 2, "reuse_actors": reuse}
+    runtime = {"num_hosts": num_hosts, "reuse_actors": reuse}
     return validate_config(tiny_config(rounds=2, runtime=runtime, tracking=tracking, **sections))
 
 
@@ -37,15 +37,9 @@ def _parked_actor_ids() -> list[str]:
 
 @pytest.fixture
 def empty_crews(ray_local):
-    for parked in crews._parked.values():
-        for crew in parked:
-            crew.dismiss()
-    crews._parked.clear()
+    crews.dismiss_parked()
     yield
-    for parked in crews._parked.values():
-        for crew in parked:
-            crew.dismiss()
-    crews._parked.clear()
+    crews.dismiss_parked()
 
 
 def test_renewed_actors_give_a_new_crews_results_after_another_algorithm_ran_on_them(tmp_path, empty_crews):
@@ -71,3 +65,11 @@ def test_a_crew_that_lost_an_actor_is_replaced_and_a_failed_runs_crew_is_not_kep
     with pytest.raises(RaysimError):
         run_experiment(diverging, show_progress=False)
     assert _parked_actor_ids() == []
+
+
+def test_a_run_needing_other_resources_ends_the_parked_crew_instead_of_waiting_for_its_cpus(tmp_path, empty_crews):
+    """The session's Ray has 2 CPUs: a parked one-host crew holds one, a two-host run needs both."""
+    run_experiment(_config(tmp_path, reuse=True, num_hosts=1), show_progress=False)
+    assert len(_parked_actor_ids()) == 2
+    run_experiment(_config(tmp_path, reuse=True), show_progress=False)
+    assert len(_parked_actor_ids()) == 3  # only the two-host crew is left

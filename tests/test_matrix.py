@@ -34,6 +34,7 @@ from raysim.data import PARTITIONS
 from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment
 from raysim.models import MODELS
+from raysim.runtime import crews
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import save_partition
 from raysim.threats import ATTACKS, ROBUST_RULES
@@ -215,6 +216,13 @@ RUNS, REFUSALS = plan()
 
 # Session set-up: the partition files the examples replay, one MLflow store (the tenth of Fashion-MNIST:
 # tests/conftest.py).
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_crew_left():
+    """The cells' last crew holds CPUs of the session's Ray that the next module's runs need."""
+    yield
+    crews.dismiss_parked()
 
 
 @pytest.fixture(scope="session")

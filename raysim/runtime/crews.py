@@ -80,3 +80,12 @@ def park(key: tuple, crew: Crew) -> None:
         return
     _parked.setdefault(key, []).append(crew)
 
+
+def dismiss_parked() -> None:
+    """End every parked crew of this process: they hold CPUs and GPUs that a run needing other resources, or
+    anything else on this Ray, may be waiting for."""
+    while _parked:
+        crews = _parked.popitem()[1]
+        if ray.is_initialized():
+            for crew in crews:
+                crew.dismiss()

@@ -22,7 +22,7 @@ from raysim.evaluation.summaries import mean_client_metrics
 from raysim.plugins import carry
 from raysim.runtime import checkpoint
 from raysim.runtime.coordinator import Coordinator
-from raysim.runtime.crews import Crew, crew_key, park, take
+from raysim.runtime.crews import Crew, crew_key, dismiss_parked, park, take
 from raysim.runtime.host import ClientHost
 from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.placement import HostPlacement
@@ -70,6 +70,7 @@ class Simulation:
         if parked is not None:
             self._renew(parked)
         else:
+            dismiss_parked()  # their resources may be what this run's placement group waits for
             self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
             self.hosts = [self._start_host(index) for index in range(len(self.host_clients))]
             self.coordinator = self._start_coordinator()
