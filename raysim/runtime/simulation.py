@@ -67,13 +67,16 @@ class Simulation:
         """How many times each actor ("host 1", "coordinator") was replaced after dying."""
         self._crew_key = crew_key(runtime, len(host_clients)) if runtime.reuse_actors else None
         parked = take(self._crew_key) if self._crew_key is not None else None
-        if parked is not None:
-            self._renew(parked)
-        else:
-            dismiss_parked()  # their resources may be what this run's placement group waits for
-            self.placement = HostPlacement.reserve(runtime, len(self.host_clients))
-            self.hosts = [self._start_host(index) for index in range(len(self.host_clients))]
-            self.coordinator = self._start_coordinator()
+        if parked is None or not self._renewed(parked):
+            self._start_crew()
+
+    def _start_crew(self) -> None:
+        """A placement group and new actors, after ending the parked crews: their resources may be what the group
+        waits for."""
+        dismiss_parked()
+        self.placement = HostPlacement.reserve(self.config.runtime, len(self.host_clients))
+        self.hosts = [self._start_host(index) for index in range(len(self.host_clients))]
+        self.coordinator = self._start_coordinator()
 
     def _host_arguments_of(self, index: int) -> tuple:
         return (carry(self._settings), *self._host_arguments[index])
@@ -118,9 +121,9 @@ class Simulation:
         assert isinstance(coordinator, ray.actor.ActorHandle)  # as a host's (_start_host)
         return coordinator
 
-    def _renew(self, crew: Crew) -> None:
-        """Set up a parked crew's actors for this run (runtime.reuse_actors); a crew whose actor died since is
-        dismissed and new actors start, as without it."""
+    def _renewed(self, crew: Crew) -> bool:
+        """Set up a parked crew's actors for this run (runtime.reuse_actors); False, with the crew dismissed, when
+        one of its actors died since."""
         self.placement, self.hosts, self.coordinator = crew.placement, crew.hosts, crew.coordinator
         arguments, keywords = self._coordinator_arguments_of()
         renewing = [host.renew.remote(*self._host_arguments_of(i)) for i, host in enumerate(self.hosts)]
@@ -129,12 +132,11 @@ class Simulation:
             ray.get(renewing)
         except ray.exceptions.RayActorError:
             crew.dismiss()
-            self.placement = HostPlacement.reserve(self.config.runtime, len(self.host_clients))
-            self.hosts = [self._start_host(index) for index in range(len(self.host_clients))]
-            self.coordinator = self._start_coordinator()
+            return False
         except BaseException:
             crew.dismiss()
             raise
+        return True
 
     def _replace(self, name: str) -> None:
         """Start a new actor in place of a dead one (`name`: "host 2" or "coordinator"), or raise RecoveryError
