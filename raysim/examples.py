@@ -29,3 +29,11 @@ class ExampleContext:
     partition_file: Path
     """A Parquet file of the base experiment's partition, as `raysim partition` writes it (for an example that
     replays one)."""
+
+
+def model_example(factory: Any, context: ExampleContext) -> Fragment:
+    """The config sections a registered model needs besides `model` (raysim.models.spec.MODELS): its factory's
+    `example(context)` when it has one (a multimodal model names a dataset with its modalities), else none: the
+    model runs on any dataset."""
+    example = getattr(factory, "example", None)
+    return {} if example is None else example(context)

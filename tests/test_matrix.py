@@ -32,7 +32,7 @@ from raysim.algorithms import ALGORITHMS
 from raysim.config import RuntimeSettings, validate_config
 from raysim.data import PARTITIONS
 from raysim.errors import ConfigError
-from raysim.examples import ExampleContext, Fragment
+from raysim.examples import ExampleContext, Fragment, model_example
 from raysim.models import MODELS
 from raysim.runtime import crews
 from raysim.runtime.driver import run_experiment
@@ -197,17 +197,36 @@ FEW_SHOT = "meta"
 ResNet-18 trains and scores in seconds."""
 
 
+def model_sections(model: str, context: ExampleContext) -> Fragment:
+    """The sections the model's own example sets (raysim.examples.model_example: a multimodal model's dataset)."""
+    return model_example(MODELS.get(model), context)
+
+
+def takes(cell: Cell, model: str) -> bool:
+    """Whether the cell's algorithm and scheme examples leave the sections the model's example sets alone, so that
+    the model can run in it (the file scheme replays the base dataset's partition: none of its own)."""
+    own = model_sections(model, PLANNING)
+    if not own:
+        return True
+    algorithm, scheme = fragments(cell, PLANNING)
+    return cell.scheme != "file" and not (own.keys() & (algorithm.keys() | scheme.keys()) - {"algorithm"})
+
+
 def with_every_model(cells: list[Cell]) -> list[Cell]:
     """The cells with every model but the base's given to the few-shot cells in turn (a few-shot cell copied
-    when there are more models than such cells)."""
+    when there are more models than such cells); a model whose example sets sections (its dataset) only to a cell
+    whose examples leave those sections alone."""
     others = [model for model in REGISTRIES.models if model != BASE["model"]["name"]]
-    few_shot = [position for position, cell in enumerate(cells) if cell.scheme == FEW_SHOT]
     cells = list(cells)
-    for turn, model in enumerate(others):
-        if turn < len(few_shot):
-            cells[few_shot[turn]] = cells[few_shot[turn]]._replace(model=model)
+    free = [position for position, cell in enumerate(cells) if cell.scheme == FEW_SHOT]
+    for model in others:
+        fitting = [position for position in free if takes(cells[position], model)]
+        if fitting:
+            cells[fitting[0]] = cells[fitting[0]]._replace(model=model)
+            free.remove(fitting[0])
         else:
-            cells.append(cells[few_shot[0]]._replace(model=model))
+            source = next(cell for cell in cells if cell.scheme == FEW_SHOT and takes(cell, model))
+            cells.append(source._replace(model=model))
     return cells
 
 
@@ -253,7 +272,8 @@ def pretrained_cache(tmp_path_factory):
 
 def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
     """The cell's raw config: the base, its algorithm's example, then its scheme's (which wins a section both
-    set), its validation split, executor and threat, logged to `uri` under the cell's name."""
+    set), its validation split, executor and threat, logged to `uri` under the cell's name, and the sections its
+    model's example sets (`takes`: none that the algorithm or scheme set)."""
     own, scheme = fragments(cell, context)
     tree = {**copy.deepcopy(dict(context.base)), **copy.deepcopy(own), **copy.deepcopy(scheme)}
     if cell.val:
@@ -265,6 +285,7 @@ def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
         tree["aggregation"] = {"rule": rule}
     tree["tracking"] = {**tree["tracking"], "uri": uri, "run_name": cell.name}
     tree["model"] = {**tree["model"], "name": cell.model}
+    tree.update(copy.deepcopy(model_sections(cell.model, context)))
     return tree
 
 

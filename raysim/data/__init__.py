@@ -3,7 +3,7 @@ which samples, chosen by `partition.scheme`). The built-in modules are imported 
 (raysim.data.dataset.DATASETS, raysim.data.scheme.PARTITIONS), in the order the listings show them."""
 
 # isort: off
-from raysim.data import fashion_mnist, idx, leaf, cifar, medmnist, image_folder, huggingface  # noqa: F401
+from raysim.data import fashion_mnist, idx, leaf, cifar, medmnist, image_folder, huggingface, substitutes  # noqa: F401
 from raysim.data import sources, partitions, meta_partition, partition_file  # noqa: F401
 
 # isort: on

@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.data.modalities import Modalities
 from raysim.errors import DataError
 from raysim.registry import Registry
 from raysim.settings import Settings
@@ -28,7 +29,8 @@ class Dataset:
     """A whole dataset in memory.
 
     `x` is float32 of shape (n, *input_shape); `y` is int64 class labels for classification and
-    float32 targets for regression.
+    float32 targets for regression. A multimodal dataset stores each sample as one packed row (n, width) and
+    says in `modalities` how the row splits into its named inputs (raysim.data.modalities).
     """
 
     name: str
@@ -41,10 +43,20 @@ class Dataset:
     mean: tuple[float, ...] | None = None
     """Per-channel mean for on-the-fly normalization when `x` is stored as uint8 images (None: `x` is ready)."""
     std: tuple[float, ...] | None = None
+    modalities: Modalities | None = None
+    """The named inputs packed in each row of `x` (None: `x` holds one input of shape x.shape[1:])."""
 
     def __post_init__(self) -> None:
         """Normalized on the fly means uint8 images (n, C, H, W) with one mean and std per channel: anything else
-        would be fed to the model unnormalized or fail deep inside a host."""
+        would be fed to the model unnormalized or fail deep inside a host. Packed multimodal rows are float32
+        (n, width of the modalities)."""
+        if self.modalities is not None and (
+            self.x.dtype != np.float32 or self.x.shape[1:] != tuple(self.modalities) or self.mean is not None
+        ):
+            raise DataError(
+                f"dataset {self.name}: {self.modalities} are packed as float32 rows (n, {self.modalities[0]}), "
+                f"got x of dtype {self.x.dtype} and shape {self.x.shape}"
+            )
         if self.mean is None and self.std is None:
             return
         channels = self.x.shape[1] if self.x.ndim == 4 else None
@@ -61,7 +73,8 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
+        """A sample's shape: x.shape[1:], or the Modalities (a tuple (width,) with its named parts)."""
+        return self.modalities if self.modalities is not None else tuple(self.x.shape[1:])
 
     @property
     def output_dim(self) -> int:

@@ -7,6 +7,8 @@ vectors: cheap to add, zero-copy through Ray's object store, and sliceable per l
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +18,7 @@ from torch.func import functional_call
 
 from raysim.data.dataset import Task
 from raysim.models.spec import ParamSpec
-from raysim.models.zoo import build_module, initial_parameters
+from raysim.models.zoo import as_shape, build_module, initial_parameters
 
 
 @dataclass(frozen=True)
@@ -38,13 +40,16 @@ class FlatModel:
     def __init__(self, name: str, input_shape: tuple[int, ...], outputs: int, task: Task = "classification"):
         self.name = name
         self.task = task
-        self.input_shape = tuple(input_shape)
+        self.input_shape = as_shape(input_shape)
         self.module = build_module(name, input_shape, outputs)
         self.spec = param_spec(self.module)
         self.head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
         """The last linear layer: its input is the features (`features`), its outputs the logits."""
         self.layers = perceptron_layers(self.module, self.input_shape)
         """(weight, bias) names of a Flatten/Linear/ReLU stack, which `forward` runs without functional_call."""
+        self.stochastic = any(isinstance(layer, nn.Dropout) and layer.p > 0 for layer in self.module.modules())
+        """The network has dropout: off (eval mode) except in `loss_and_grad` given a `dropout_seed`."""
+        self.module.eval()
 
     @property
     def size(self) -> int:
@@ -102,12 +107,31 @@ class FlatModel:
             handle.remove()
         return captured[0], logits
 
-    def loss_and_grad(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """Mean minibatch loss at `flat` and its gradient (a new flat tensor)."""
+    def loss_and_grad(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dropout_seed: int | None = None
+    ) -> tuple[float, torch.Tensor]:
+        """Mean minibatch loss at `flat` and its gradient (a new flat tensor). With `dropout_seed` a network with
+        dropout trains with it on, its masks drawn from a torch generator seeded so (the caller draws the seed from
+        the client's stream: the same masks wherever the client runs); else dropout is off."""
         point = flat.detach().requires_grad_(True)
-        loss = self._loss(self.forward(point, x), y)
+        with self._dropout(dropout_seed):
+            loss = self._loss(self.forward(point, x), y)
         (grad,) = torch.autograd.grad(loss, point)
         return loss.item(), grad
+
+    @contextmanager
+    def _dropout(self, seed: int | None) -> Iterator[None]:
+        """Dropout on, from torch's generator seeded with `seed` (restored afterwards), within the block."""
+        if seed is None or not self.stochastic:
+            yield
+            return
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.module.train()
+            try:
+                yield
+            finally:
+                self.module.eval()
 
     @torch.no_grad()
     def predict(self, flat: np.ndarray, x: np.ndarray, chunk: int = 2048) -> np.ndarray:

@@ -9,8 +9,10 @@ each factory imports torch when it builds. Every model here is a deterministic f
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from raysim.examples import ExampleContext, Fragment
 from raysim.models.spec import MODELS
 
 if TYPE_CHECKING:
@@ -140,10 +142,67 @@ def resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     return net
 
 
+def _crisismmd_example(context: ExampleContext) -> Fragment:
+    """A small CrisisMMD-shaped substitute: the model needs an image and a token sequence (raysim.examples)."""
+    return {"dataset": {"name": "crisismmd_synthetic", "samples": 1000}}
+
+
+@MODELS.register("image_text_classifier")
+def image_text_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """FedAPM's CrisisMMD model, code sizes: image projection + text GRU + attention fusion (545,870 parameters)."""
+    from raysim.models.multimodal import ImageTextClassifier, needs_modalities
+
+    return ImageTextClassifier(needs_modalities("image_text_classifier", input_shape, ("image", "text")), outputs)
+
+
+image_text_classifier.example = _crisismmd_example  # type: ignore[attr-defined]
+
+
+@MODELS.register("image_text_classifier_paper")
+def image_text_classifier_paper(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """FedAPM's CrisisMMD model with the paper's sizes (hidden 64, 4 attention heads) instead of the code's."""
+    from raysim.models.multimodal import ImageTextClassifier, needs_modalities
+
+    modalities = needs_modalities("image_text_classifier_paper", input_shape, ("image", "text"))
+    return ImageTextClassifier(modalities, outputs, paper=True)
+
+
+image_text_classifier_paper.example = _crisismmd_example  # type: ignore[attr-defined]
+
+
+@MODELS.register("har_classifier")
+def har_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """FedAPM's KU-HAR model: accelerometer and gyroscope Conv1d encoders + GRUs + attention (420,814 parameters)."""
+    from raysim.models.multimodal import HARClassifier, needs_modalities
+
+    return HARClassifier(needs_modalities("har_classifier", input_shape, ("acc", "gyro")), outputs)
+
+
+har_classifier.example = lambda context: {"dataset": {"name": "kuhar_synthetic", "samples": 1000}}  # type: ignore[attr-defined]
+
+
+@MODELS.register("mm_action_classifier")
+def mm_action_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """FedAPM's Crema-D model: audio Conv1d encoder + GRU, video GRU, attention (823,338 parameters)."""
+    from raysim.models.multimodal import MMActionClassifier, needs_modalities
+
+    return MMActionClassifier(needs_modalities("mm_action_classifier", input_shape, ("audio", "video")), outputs)
+
+
+mm_action_classifier.example = lambda context: {  # type: ignore[attr-defined]
+    "dataset": {"name": "cremad_synthetic", "samples": 1000, "frames": 96}
+}
+
+
 def build_module(name: str, input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """A freshly initialized network of the model registered as `name` (torch's default init; seed it with
     torch.random.fork_rng)."""
-    return MODELS.get(name)(tuple(input_shape), outputs)
+    return MODELS.get(name)(as_shape(input_shape), outputs)
+
+
+def as_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    """A sample's shape as a tuple; Modalities (a tuple with named parts, raysim.data.modalities) as they are."""
+    return input_shape if isinstance(input_shape, tuple) else tuple(input_shape)
 
 
 def reset_parameters(module: nn.Module) -> None:

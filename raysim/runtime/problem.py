@@ -91,7 +91,12 @@ def prepare(config: ExperimentConfig) -> Problem:
             f"dataset {config.dataset.name} has samples of shape {dataset.input_shape}"
         )
     inputs = Inputs(
-        dataset.mean, dataset.std, config.dataset.augment, config.dataset.crop_padding, config.dataset.crop_probability
+        dataset.mean,
+        dataset.std,
+        config.dataset.augment,
+        config.dataset.crop_padding,
+        config.dataset.crop_probability,
+        dataset.modalities.length_columns if dataset.modalities is not None else (),
     )
     m = config.clients.training_count
     total_train = sum(len(s.train) for s in splits[:m])

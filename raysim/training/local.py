@@ -63,6 +63,9 @@ class Inputs:
     crop_probability: float = 0.5
     """crop_flip: the share of samples that are cropped (0.5 in FedSLR's setting, fedslr.md 6.1; 1: always, as
     torchvision's RandomCrop); the others keep the centred, uncropped image."""
+    lengths: tuple[int, ...] = ()
+    """Columns of packed multimodal rows that hold sequence lengths (raysim.data.modalities): feature noise
+    leaves them as they are."""
 
     @property
     def plain(self) -> bool:
@@ -166,7 +169,10 @@ class ClientData:
         if generator is None:
             raise ValueError("ClientData.batch: a client with noisy features or poisoned labels needs a generator")
         if self.noise_std:
-            x = x + generator.normal(0.0, self.noise_std, size=x.shape).astype(x.dtype)
+            noise = generator.normal(0.0, self.noise_std, size=x.shape).astype(x.dtype)
+            if self.inputs.lengths:  # drawn for every column, as for any dataset: the same stream either way
+                noise[:, list(self.inputs.lengths)] = 0.0
+            x = x + noise
         if self.random_labels:
             y = generator.integers(0, self.random_labels, size=len(y)).astype(y.dtype)
         return x, y
@@ -230,7 +236,8 @@ class LocalTrainer:
         losses: list[float] = []
         for batch in training_batches(request, data.train, generator):
             xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
-            loss, grad = self.model.loss_and_grad(x if offset is None else offset + x, xb, yb)
+            dropout_seed = int(generator.integers(2**62)) if self.model.stochastic else None  # after the batch's draws
+            loss, grad = self.model.loss_and_grad(x if offset is None else offset + x, xb, yb, dropout_seed)
             losses.append(loss)
             if request.weight_decay:
                 grad.add_(x, alpha=request.weight_decay)

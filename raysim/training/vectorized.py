@@ -97,7 +97,11 @@ class VectorizedTrainer:
         self._sequential = LocalTrainer(model)
         self._sources: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
         self._buffer: torch.Tensor | None = None
-        self.unavailable = self._probe()
+        self.unavailable = (
+            f"model {model.name!r} has dropout, whose masks each client draws from its own stream"
+            if model.stochastic
+            else self._probe()
+        )
         """Why this model cannot be trained vectorized (every request then runs on LocalTrainer), or None."""
         self.mode: Literal["perceptron", "vmap", "sequential"] = (
             "sequential" if self.unavailable is not None else "vmap" if self._layers is None else "perceptron"

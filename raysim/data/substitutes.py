@@ -1,0 +1,165 @@
+"""Offline substitutes for FedAPM's multimodal benchmarks (fedapm.md 7.3): generated features of the exact shapes the
+authors' models read (fedapm.md 4.1), so that the same models and algorithms run on a machine with no download.
+
+They are substitutes, not the data sets: every name ends in `_synthetic`, and no number measured on them compares
+with the paper's. What they keep of the real sets is their structure:
+- class-conditional features: each class has its own mean per modality, and a modality's `signal` scales how far
+  apart the classes' means lie (its informativeness: a weak modality still helps, a strong one alone nearly
+  suffices);
+- natural ids (`groups`: synthetic participants or speakers) with their own shift of every feature (feature skew,
+  for the `natural` partition);
+- variable-length sequences where the real ones vary (tweet tokens, audio frames), zero beyond each length.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from raysim.data.dataset import DATASETS, Dataset, DatasetSettings
+from raysim.data.modalities import Modalities, Modality
+
+
+def _class_features(
+    generator: np.random.Generator,
+    labels: np.ndarray,
+    groups: np.ndarray,
+    shape: tuple[int, ...],
+    signal: float,
+    group_shift: float,
+) -> np.ndarray:
+    """Features (n, *shape) float32: the class's mean (one vector over the last axis, N(0, signal^2) per class),
+    plus the group's shift (N(0, group_shift^2)), plus unit Gaussian noise for every value."""
+    features = shape[-1]
+    means = generator.normal(0.0, signal, size=(labels.max() + 1, features)).astype(np.float32)
+    shifts = generator.normal(0.0, group_shift, size=(groups.max() + 1, features)).astype(np.float32)
+    values = generator.standard_normal(size=(len(labels), *shape), dtype=np.float32)
+    expand = (slice(None),) + (None,) * (len(shape) - 1) + (slice(None),)
+    values += (means[labels] + shifts[groups])[expand]
+    return values
+
+
+def _lengths(generator: np.random.Generator, count: int, shortest: int, longest: int) -> np.ndarray:
+    return generator.integers(shortest, longest + 1, size=count)
+
+
+def _labels_and_groups(
+    generator: np.random.Generator, samples: int, classes: int, num_groups: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Group ids (each group the same number of samples, give or take one) and uniform class labels."""
+    groups = np.sort(np.arange(samples) % num_groups)
+    return generator.integers(0, classes, size=samples), groups
+
+
+@DATASETS.register()
+class CrisisMMDSyntheticSettings(DatasetSettings):
+    """CrisisMMD-shaped substitute: image [1,1280] + tweet tokens [<=32,512], 8 classes (fedapm.md 7.3)."""
+
+    name: Literal["crisismmd_synthetic"] = "crisismmd_synthetic"
+    samples: int = Field(
+        4000, ge=16, description="samples (CrisisMMD has 18,100; a padded sample is 69 KB, so the default keeps fewer)"
+    )
+    classes: int = Field(8, ge=2, description="humanitarian classes (8 in the authors' code)")
+    tokens: int = Field(32, ge=1, description="longest tweet, in tokens (32 in the authors' features)")
+    image_dim: int = Field(1280, ge=1, description="image feature size (MobileNetV2: 1280)")
+    text_dim: int = Field(512, ge=1, description="token feature size (MobileBERT: 512)")
+    image_signal: float = Field(0.3, ge=0, description="spread of the classes' image means (informativeness)")
+    text_signal: float = Field(0.15, ge=0, description="spread of the classes' token means (informativeness)")
+    sources: int = Field(40, ge=1, description="synthetic natural ids (groups), each with its own feature shift")
+    group_shift: float = Field(0.2, ge=0, description="spread of a group's feature shift")
+    about: ClassVar[str] = "CrisisMMD-shaped synthetic image + text features (offline substitute)"
+    seeded: ClassVar[bool] = True
+
+    def load(self, seed: int) -> Dataset:
+        generator = np.random.default_rng([seed, 0xC815])
+        labels, groups = _labels_and_groups(generator, self.samples, self.classes, self.sources)
+        modalities = Modalities(
+            [Modality("image", (1, self.image_dim)), Modality("text", (self.tokens, self.text_dim), sequence=True)]
+        )
+        image = _class_features(generator, labels, groups, (1, self.image_dim), self.image_signal, self.group_shift)
+        text = _class_features(
+            generator, labels, groups, (self.tokens, self.text_dim), self.text_signal, self.group_shift
+        )
+        lengths = _lengths(generator, self.samples, min(4, self.tokens), self.tokens)
+        x = modalities.pack({"image": image, "text": text}, {"text": lengths})
+        return Dataset(self.name, x, labels.astype(np.int64), self.classes, groups=groups, modalities=modalities)
+
+
+@DATASETS.register()
+class CremaDSyntheticSettings(DatasetSettings):
+    """Crema-D-shaped substitute: MFCC frames [<=600,80] + video frame features [6,1280], 4 emotions, 72 speakers
+    (fedapm.md 7.3)."""
+
+    name: Literal["cremad_synthetic"] = "cremad_synthetic"
+    samples: int = Field(2000, ge=16, description="samples (Crema-D's 4 emotions: 4,798; a padded sample is 223 KB)")
+    classes: int = Field(4, ge=2)
+    frames: int = Field(600, ge=8, description="longest clip, in MFCC frames (600 in the authors' features)")
+    mfcc: int = Field(80, ge=1, description="MFCCs per frame")
+    video_frames: int = Field(6, ge=1)
+    video_dim: int = Field(1280, ge=1, description="frame feature size (MobileNetV2: 1280)")
+    audio_signal: float = Field(0.3, ge=0, description="spread of the classes' MFCC means (informativeness)")
+    video_signal: float = Field(0.1, ge=0, description="spread of the classes' frame-feature means")
+    speakers: int = Field(72, ge=1, description="synthetic speakers (groups), each with its own feature shift")
+    group_shift: float = Field(0.3, ge=0, description="spread of a speaker's feature shift")
+    about: ClassVar[str] = "Crema-D-shaped synthetic audio + video features (offline substitute)"
+    seeded: ClassVar[bool] = True
+
+    def load(self, seed: int) -> Dataset:
+        generator = np.random.default_rng([seed, 0xC3E7])
+        labels, groups = _labels_and_groups(generator, self.samples, self.classes, self.speakers)
+        modalities = Modalities(
+            [
+                Modality("audio", (self.frames, self.mfcc), sequence=True),
+                Modality("video", (self.video_frames, self.video_dim)),
+            ]
+        )
+        audio = _class_features(
+            generator, labels, groups, (self.frames, self.mfcc), self.audio_signal, self.group_shift
+        )
+        video = _class_features(
+            generator, labels, groups, (self.video_frames, self.video_dim), self.video_signal, self.group_shift
+        )
+        lengths = _lengths(generator, self.samples, max(8, self.frames // 3), self.frames)
+        x = modalities.pack({"audio": audio, "video": video}, {"audio": lengths})
+        return Dataset(self.name, x, labels.astype(np.int64), self.classes, groups=groups, modalities=modalities)
+
+
+@DATASETS.register()
+class KUHARSyntheticSettings(DatasetSettings):
+    """KU-HAR-shaped substitute: accelerometer [256,3] + gyroscope [256,3], 8 activities, synthetic participants
+    (the IMU generator of fedapm.md 7.3, without the BasicMotions recordings)."""
+
+    name: Literal["kuhar_synthetic"] = "kuhar_synthetic"
+    samples: int = Field(4000, ge=16, description="windows (KU-HAR: 10,300)")
+    classes: int = Field(8, ge=2, description="activities")
+    window: int = Field(256, ge=8, description="samples per window")
+    participants: int = Field(80, ge=1, description="synthetic participants (groups)")
+    noise: float = Field(0.5, ge=0, description="sensor noise (standard deviation)")
+    about: ClassVar[str] = "KU-HAR-shaped synthetic accelerometer + gyroscope windows (offline substitute)"
+    seeded: ClassVar[bool] = True
+
+    def load(self, seed: int) -> Dataset:
+        """Each activity has its own frequency, and per axis and sensor an amplitude and phase; a participant
+        scales every signal by a gain and adds an offset per axis; a window starts at a random phase."""
+        generator = np.random.default_rng([seed, 0x4A12])
+        labels, groups = _labels_and_groups(generator, self.samples, self.classes, self.participants)
+        modalities = Modalities([Modality("acc", (self.window, 3)), Modality("gyro", (self.window, 3))])
+        frequencies = generator.uniform(0.5, 4.0, size=self.classes) / 50.0  # cycles per sample at 50 Hz
+        time = np.arange(self.window, dtype=np.float32)
+        values = {}
+        for sensor in ("acc", "gyro"):
+            amplitudes = generator.uniform(0.2, 2.0, size=(self.classes, 3))
+            phases = generator.uniform(0, 2 * np.pi, size=(self.classes, 3))
+            gains = np.exp(generator.normal(0.0, 0.2, size=self.participants))
+            offsets = generator.normal(0.0, 0.5, size=(self.participants, 3))
+            start = generator.uniform(0, 2 * np.pi, size=self.samples)
+            angle = 2 * np.pi * frequencies[labels][:, None, None] * time[None, :, None]
+            wave = amplitudes[labels][:, None, :] * np.sin(angle + phases[labels][:, None, :] + start[:, None, None])
+            noise = self.noise * generator.standard_normal(size=wave.shape)
+            values[sensor] = (gains[groups][:, None, None] * wave + offsets[groups][:, None, :] + noise).astype(
+                np.float32
+            )
+        x = modalities.pack(values)
+        return Dataset(self.name, x, labels.astype(np.int64), self.classes, groups=groups, modalities=modalities)
