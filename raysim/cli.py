@@ -59,7 +59,8 @@ def _table(args: argparse.Namespace) -> int:
     if args.best_by is not None and args.at != "best":
         raise ConfigError("--best-by needs --at best (with --at final every value is the last round's)")
     best_by = args.best_by or DEFAULT_BEST_BY
-    table = make_table(resolve_tracking_uri(args.tracking_uri), args.target, args.metrics, args.at, best_by)
+    table = make_table(resolve_tracking_uri(args.tracking_uri), args.target, args.metrics, args.at, best_by,
+                       args.std, args.over_rounds, args.rounds_to)  # fmt: skip
     text = table.render(args.format)
     if args.out:
         Path(args.out).write_text(text)
@@ -368,10 +369,12 @@ def parser() -> argparse.ArgumentParser:
         "table",
         help="the result table of a suite or sweep (mean +/- std over seeds)",
         description="One row per setting of a suite or sweep (parent run id), or per configuration of an "
-        "experiment's runs (experiment name); one column per metric; each cell the mean +/- sample std over "
-        "the seeds, at the final round or at each run's best round (where --best-by peaks; every metric at that "
-        "round). Example: raysim table 3f2c... --at best --metrics pm/acc gm/acc hm/acc pm/loss_var --format latex "
-        "--out table.tex",
+        "experiment's runs (experiment name); one column per metric; each cell the mean +/- std over the seeds "
+        "(sample or population) of each seed's value at the final round, at its best round (where --best-by peaks; "
+        "every metric at that round), or each metric's own max or min over rounds; optional columns give the "
+        "rounds to reach a target. Examples: raysim table 3f2c... --at best --metrics pm/acc gm/acc hm/acc "
+        "pm/loss_var --format latex --out table.tex; FedAPM's Table 3: raysim table 3f2c... --metrics pm/acc pm/f1 "
+        "pm/auc --over-rounds max --std population --rounds-to 'pm/train_loss<=0.5'",
     )
     table.add_argument("target", help="parent run id of a suite or sweep, or an experiment name")
     table.add_argument("--metrics", nargs="+", default=None, help="logged metric keys (default: pm/acc gm/acc hm/acc)")
@@ -381,6 +384,20 @@ def parser() -> argparse.ArgumentParser:
     table.add_argument(
         "--best-by", metavar="METRIC", help="with --at best: the metric whose best round (highest; lowest for losses "
         "and variances) every metric is taken at (default: pm/acc)"
+    )  # fmt: skip
+    table.add_argument(
+        "--over-rounds", choices=["final", "max", "min"], default="final", help="with --at final: each seed's value "
+        "is the final round's (default), or each metric's own max (min, for a loss) over rounds 1 to the last, as "
+        "FedAPM's authors aggregate"
+    )  # fmt: skip
+    table.add_argument(
+        "--std", choices=["sample", "population"], default="sample", help="the std over seeds: sample (ddof 1, "
+        "default) or population (np.std, ddof 0, as FedAPM's authors)"
+    )  # fmt: skip
+    table.add_argument(
+        "--rounds-to", action="append", default=[], metavar="METRIC<=VALUE", help="add a column: the first round at "
+        "which each seed's curve meets the target (<=, >=, < or >), mean +/- std over the seeds that do, '>T' for "
+        "those that do not by their last round T; repeatable. Example: --rounds-to 'pm/train_loss<=0.5'"
     )  # fmt: skip
     table.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown", help="default: markdown")
     table.add_argument("--out", help="write the table to this file instead of printing it")

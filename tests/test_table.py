@@ -184,3 +184,188 @@ def test_an_experiment_name_tabulates_its_top_level_runs_and_bad_targets_are_one
     child = _children(uri, parent)["flame"][0].info.run_id
     with pytest.raises(TableError, match="has no child runs"):
         make_table(uri, child)
+
+
+# FedAPM's aggregation (spec fedapm.md 4.4): each metric's max (or min) over rounds per seed, population std, and
+# the rounds to reach a target, on a store whose runs are written through the MLflow client with known curves.
+
+ACCURACY = np.random.default_rng(0).uniform(0.3, 0.9, size=(5, 7))  # 5 runs x rounds 0..6
+ACCURACY[0, 0] = 0.99  # round 0 (before training) above every trained round: not the max over rounds
+ACCURACY[0, 5] = ACCURACY[0, 2] = 0.95  # a tie: the earliest round is the max's round
+ACCURACY[4, 3] = math.nan  # a diverged round is passed over
+TRAIN_LOSS = np.array([
+    [2.0, 1.2, 0.8, 0.45, 0.5, 0.3, 0.2],  # fedapm seed 1: <=0.5 first at round 3
+    [2.0, 1.5, 1.0, 0.7, 0.5, 0.4, 0.35],  # fedapm seed 2: at round 4 (exactly 0.5)
+    [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, math.nan],  # fedapm seed 3: never by its last round, 6
+    [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4],  # fedavg seed 1: never
+    [2.1, 2.0, 1.9, 1.8, 1.7, 1.6, 1.5],  # fedavg seed 2: never
+])  # fmt: skip
+HAND_RUNS = (("fedapm", 1), ("fedapm", 2), ("fedapm", 3), ("fedavg", 1), ("fedavg", 2))
+
+
+@pytest.fixture(scope="module")
+def hand_suite(tmp_path_factory):
+    """A sqlite store with a suite's parent and five finished children (plus one failed, left out) written through
+    the MLflow client, each with the curves above at steps 0..6; (tracking URI, parent run id)."""
+    from mlflow.entities import Metric, Param
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('hand') / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("hand")
+    parent = client.create_run(experiment, run_name="hand", tags={"suite": "hand"}).info.run_id
+    for index, (name, seed) in enumerate([*HAND_RUNS, ("fedavg", 3)]):
+        run = client.create_run(experiment, run_name=f"{name}/seed{seed}", tags={"mlflow.parentRunId": parent})
+        curves = {"pm/acc": ACCURACY[index % 5], "pm/train_loss": TRAIN_LOSS[index % 5]}
+        metrics = [Metric(key, float(value), 0, step) for key, curve in curves.items() for step, value in
+                   enumerate(curve)]  # fmt: skip
+        client.log_batch(run.info.run_id, metrics=metrics, params=[Param("seed", str(seed))])
+        client.set_terminated(run.info.run_id, "FAILED" if index == 5 else "FINISHED")
+    client.set_terminated(parent, "FINISHED")
+    return uri, parent
+
+
+def _rows(table) -> dict[str, tuple[list[int], dict]]:
+    return {setting: (seeds, cells) for setting, seeds, cells in table.rows}
+
+
+def test_a_table_of_max_over_rounds_with_population_std_is_numpys(hand_suite):
+    uri, parent = hand_suite
+    table = make_table(uri, parent, ["pm/acc", "pm/train_loss"], over_rounds="max", std="population")
+    sample = make_table(uri, parent, ["pm/acc"], over_rounds="max")
+    lowest = make_table(uri, parent, ["pm/train_loss"], over_rounds="min", std="population")
+    for setting in ("fedapm", "fedavg"):
+        members = [i for i, (name, _) in enumerate(HAND_RUNS) if name == setting]
+        trained = ACCURACY[members, 1:]  # rounds 1..6: round 0 is the evaluation before training
+        maxima = np.nanmax(trained, axis=1)
+        seeds, cells = _rows(table)[setting]
+        assert seeds == [HAND_RUNS[i][1] for i in members]
+        assert cells["pm/acc"].values == tuple(maxima) and cells["pm/acc"].mean == np.mean(maxima)
+        assert cells["pm/acc"].std == np.std(maxima)  # population, as FedAPM's code
+        assert cells["pm/acc"].rounds == tuple(np.nanargmax(trained, axis=1) + 1)
+        assert _rows(sample)[setting][1]["pm/acc"].std == np.std(maxima, ddof=1)
+        minima = np.nanmin(TRAIN_LOSS[members, 1:], axis=1)
+        assert _rows(lowest)[setting][1]["pm/train_loss"].values == tuple(minima)
+        assert _rows(lowest)[setting][1]["pm/train_loss"].std == np.std(minima)
+    assert _rows(table)["fedapm"][1]["pm/acc"].rounds[0] == 2  # the tie at rounds 2 and 5; round 0's 0.99 left out
+    assert math.isnan(ACCURACY[4, 3]) and not math.isnan(_rows(table)["fedavg"][1]["pm/acc"].mean)
+    assert table.left_out == ["fedavg/seed3 (FAILED)"]
+    caption = table.render("markdown").splitlines()[0]
+    assert caption == (
+        "**hand**: each run's max over rounds 1 to its last of every metric; mean ± population std (np.std) over "
+        "seeds; left out, not finished: fedavg/seed3 (FAILED)"
+    )
+    assert "mean ± sample std over seeds" in sample.render("csv").splitlines()[0]
+    assert "population std (np.std)" in table.render("latex").splitlines()[0]
+
+
+def test_rounds_to_a_target_averages_the_seeds_that_reach_it_and_shows_the_others(hand_suite, capsys):
+    uri, parent = hand_suite
+    table = make_table(uri, parent, ["pm/acc"], std="population", rounds_to=["pm/train_loss<=0.5", "pm/acc>0.8"])
+    for setting in ("fedapm", "fedavg"):
+        members = [i for i, (name, _) in enumerate(HAND_RUNS) if name == setting]
+        for target, meets in (("pm/train_loss<=0.5", TRAIN_LOSS <= 0.5), ("pm/acc>0.8", ACCURACY > 0.8)):
+            firsts = [int(np.flatnonzero(meets[i])[0]) if meets[i].any() else None for i in members]
+            cell = table.reach[setting][f"rounds to {target}"]
+            assert cell.rounds == tuple(firsts) and cell.lasts == (6,) * len(members)
+            reached = [f for f in firsts if f is not None]
+            if reached:
+                assert cell.mean == np.mean(reached) and cell.std == np.std(reached)
+            else:
+                assert math.isnan(cell.mean) and math.isnan(cell.std)
+    assert table.reach["fedapm"]["rounds to pm/train_loss<=0.5"].rounds == (3, 4, None)
+    markdown = table.render("markdown")
+    assert "| setting | seeds | pm/acc | rounds to pm/train_loss<=0.5 | rounds to pm/acc>0.8 |" in markdown
+    loss_cells = {line.split(" | ")[0][2:]: line.split(" | ")[3] for line in markdown.splitlines()[4:]}
+    assert loss_cells == {"fedapm": "3.5 ± 0.5 (1 of 3 seeds >6)", "fedavg": ">6 (2 of 2 seeds)"}
+    assert "rounds to a target: the first logged round it is met" in markdown.splitlines()[0]
+
+    rows = {row["setting"]: row for row in csv.DictReader(table.render("csv").splitlines()[1:])}
+    assert rows["fedapm"]["rounds to pm/train_loss<=0.5 rounds"] == "3;4;>6"
+    assert rows["fedapm"]["rounds to pm/train_loss<=0.5 reached"] == "2"
+    assert float(rows["fedapm"]["rounds to pm/train_loss<=0.5 mean"]) == 3.5
+    assert rows["fedavg"]["rounds to pm/train_loss<=0.5 mean"] == rows["fedavg"]["rounds to pm/train_loss<=0.5 std"]
+    assert rows["fedavg"]["rounds to pm/train_loss<=0.5 mean"] == ""
+    assert rows["fedavg"]["rounds to pm/train_loss<=0.5 rounds"] == ">6;>6"
+    latex = table.render("latex")
+    assert "rounds to pm/train\\_loss$\\leq$0.5 & rounds to pm/acc$>$0.8 \\\\" in latex
+    assert "$3.5 \\pm 0.5$ (1 of 3 seeds $>$6)" in latex and "$>$6 (2 of 2 seeds)" in latex
+
+    command = ["table", parent, "--tracking-uri", uri, "--metrics", "pm/acc", "--std", "population",
+               "--rounds-to", "pm/train_loss<=0.5", "--rounds-to", "pm/acc>0.8"]  # fmt: skip
+    assert main(command) == 0
+    assert capsys.readouterr().out == markdown
+
+
+def test_the_fedapm_aggregation_through_the_cli_and_bad_options_in_one_line(hand_suite, capsys, tmp_path):
+    uri, parent = hand_suite
+    out = tmp_path / "t.csv"
+    command = ["table", parent, "--tracking-uri", uri, "--metrics", "pm/acc", "--over-rounds", "max", "--std",
+               "population", "--format", "csv", "--out", str(out)]  # fmt: skip
+    assert main(command) == 0
+    expected = make_table(uri, parent, ["pm/acc"], over_rounds="max", std="population")
+    assert out.read_text() == expected.render("csv")
+    fedapm = ACCURACY[:3, 1:]
+    row = next(csv.DictReader(out.read_text().splitlines()[1:]))
+    assert float(row["pm/acc mean"]) == np.mean(np.nanmax(fedapm, axis=1))
+    assert float(row["pm/acc std"]) == np.std(np.nanmax(fedapm, axis=1))
+    capsys.readouterr()
+
+    accepted = "expected METRIC<=VALUE, METRIC>=VALUE, METRIC<VALUE or METRIC>VALUE with a number as VALUE"
+    for bad in ("pm/train_loss=0.5", "pm/train_loss<=", "<=0.5", "pm/train_loss<=0.5x", "pm/loss<=nan", "a<=1<=2"):
+        assert main(["table", parent, "--tracking-uri", uri, "--rounds-to", bad]) == 2
+        assert capsys.readouterr().err == f"error: --rounds-to {bad!r}: {accepted}, e.g. 'pm/train_loss<=0.5'\n"
+    assert main(["table", parent, "--tracking-uri", uri, "--metrics", "pm/acc", "--rounds-to", "pm/train_los<=1"]) == 2
+    assert capsys.readouterr().err.startswith("error: metric 'pm/train_los' is not logged by any run of ")
+    assert main(["table", parent, "--tracking-uri", uri, "--at", "best", "--over-rounds", "max"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --over-rounds max needs --at final: --at best takes every metric at the round where --best-by "
+        "peaks, --over-rounds each metric's own max or min\n"
+    )
+    with pytest.raises(SystemExit) as wrong_std:
+        main(["table", parent, "--tracking-uri", uri, "--std", "pop"])
+    assert wrong_std.value.code == 2 and "--std: invalid choice: 'pop'" in capsys.readouterr().err
+
+
+def test_targets_parse_strictly_and_extremes_skip_round_zero_and_nans():
+    from raysim.studies.table import extreme_value, parse_target
+
+    target = parse_target(" pm/train_loss <= 5e-1 ")
+    assert (target.metric, target.comparison, target.threshold) == ("pm/train_loss", "<=", 0.5)
+    assert target.label == "rounds to pm/train_loss<=5e-1"
+    assert target.first_round([(2, 0.5), (0, 2.0), (1, math.nan), (3, 0.4)]) == 2
+    assert parse_target("gm/acc>.9").first_round([(0, 0.9), (1, 0.95)]) == 1
+    assert parse_target("gm/acc>=.9").first_round([(0, 0.9), (1, 0.95)]) == 0
+    assert parse_target("x<-1").first_round([(0, -1.0)]) is None
+    history = [(0, 9.0), (1, 1.0), (2, math.nan), (3, 3.0), (4, 3.0)]
+    assert extreme_value(history, highest=True) == (3.0, 3) and extreme_value(history, highest=False) == (1.0, 1)
+    assert extreme_value([(0, 9.0)], highest=False) == (9.0, 0)  # only round 0 logged: it is the value
+    assert math.isnan(extreme_value([(0, 1.0), (1, math.nan)], highest=True)[0])
+
+
+@pytest.mark.slow
+def test_fedapms_aggregation_of_a_real_suite_reproduces_its_childrens_curves(finished_suite):
+    """--over-rounds max/min --std population and --rounds-to on the curves the driver logged (step = round,
+    round 0 the evaluation before training)."""
+    uri, parent = finished_suite
+    client = MlflowClient(uri)
+
+    def curves(runs: list, metric: str) -> list[np.ndarray]:
+        histories = [sorted(client.get_metric_history(r.info.run_id, metric), key=lambda m: m.step) for r in runs]
+        assert all([m.step for m in h] == [0, 1, 2, 3] for h in histories)
+        return [np.array([m.value for m in h]) for h in histories]
+
+    children = _children(uri, parent)
+    # a target some curves meet after training and others may not: the median GM loss of the trained rounds
+    threshold = float(np.median(np.concatenate([c[1:] for runs in children.values() for c in curves(runs, "gm/loss")])))
+    target = f"gm/loss<={threshold!r}"
+    highest = make_table(uri, parent, ["pm/acc"], over_rounds="max", std="population", rounds_to=[target])
+    lowest = make_table(uri, parent, ["gm/loss"], over_rounds="min", std="population")
+    for setting, runs in children.items():
+        maxima = [float(curve[1:].max()) for curve in curves(runs, "pm/acc")]
+        cell = dict((row[0], row[2]) for row in highest.rows)[setting]["pm/acc"]
+        assert cell.values == tuple(maxima) and cell.mean == np.mean(maxima) and cell.std == np.std(maxima)
+        loss = curves(runs, "gm/loss")
+        minima = [float(curve[1:].min()) for curve in loss]
+        assert dict((row[0], row[2]) for row in lowest.rows)[setting]["gm/loss"].values == tuple(minima)
+        firsts = [int(np.flatnonzero(curve <= threshold)[0]) if (curve <= threshold).any() else None for curve in loss]
+        assert highest.reach[setting][f"rounds to {target}"].rounds == tuple(firsts)

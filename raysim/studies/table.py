@@ -1,8 +1,11 @@
 """Result tables as papers print them: one row per setting of a suite or sweep (or per configuration of an
-experiment's runs), one column per metric, each cell the mean +/- sample std over the setting's seeds at the final
-round or at each run's best round (with the rounds): the round where one metric (`best_by`, default pm/acc)
-peaks, every metric taken at that round, as a paper reports a model at its best accuracy (a metric's own best
-would take the variances at round 0, before any training).
+experiment's runs), one column per metric, each cell the mean +/- std over the setting's seeds (sample std, or the
+population std FedAPM's code takes with `np.std`) of one value per seed: at the final round, at each run's best
+round (with the rounds: the round where one metric, `best_by`, default pm/acc, peaks, every metric taken at that
+round, as a paper reports a model at its best accuracy; a metric's own best would take the variances at round 0,
+before any training), or each metric's own max (or min) over the trained rounds, as FedAPM's authors aggregate
+(spec fedapm.md 4.4). Optional columns give the rounds each seed needs to reach a target, e.g. `pm/train_loss<=0.5`
+(FedAPM's "communication rounds", spec 4.4 and 7.2 item 8).
 
 The numbers are read back from MLflow, the same metric histories the UI plots, so a table can be made for any
 finished suite or sweep (`raysim table PARENT_RUN`) and is also logged on the parent run when it finishes
@@ -15,7 +18,9 @@ import csv
 import difflib
 import io
 import math
+import operator
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,6 +33,8 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
 At = Literal["final", "best"]
+Std = Literal["sample", "population"]
+OverRounds = Literal["final", "max", "min"]
 Format = Literal["markdown", "csv", "latex"]
 DEFAULT_METRICS = ("pm/acc", "gm/acc", "hm/acc")
 DEFAULT_BEST_BY = "pm/acc"
@@ -38,25 +45,102 @@ class TableError(RaysimError):
     """A table cannot be made: an unknown run or experiment, or a metric no run logged."""
 
 
+COMPARISONS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt
+}  # fmt: skip
+TARGET = re.compile(
+    r"^(?P<metric>[^\s<>=]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)$"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A level a metric's curve must reach, `pm/train_loss<=0.5`: the rounds to reach it are FedAPM's
+    communication efficiency (spec fedapm.md 4.4, "rounds needed to reach a given training loss")."""
+
+    metric: str
+    comparison: str
+    """One of COMPARISONS: <=, >=, < or >."""
+    threshold: float
+    text: str
+    """As given, without blanks: the column's name is `rounds to TEXT`."""
+
+    @property
+    def label(self) -> str:
+        return f"rounds to {self.text}"
+
+    def first_round(self, history: list[tuple[int, float]]) -> int | None:
+        """The first logged round at which the metric meets the target (round 0: before any training); None if
+        it never does (a NaN never meets it)."""
+        meets = COMPARISONS[self.comparison]
+        return next((step for step, value in sorted(history) if meets(value, self.threshold)), None)
+
+
+def parse_target(text: str) -> Target:
+    """`METRIC<=VALUE` (or >=, <, >) as a Target; anything else is refused in one line naming --rounds-to."""
+    found = TARGET.match(text.strip())
+    if not found:
+        raise TableError(
+            f"--rounds-to {text!r}: expected METRIC<=VALUE, METRIC>=VALUE, METRIC<VALUE or METRIC>VALUE with a "
+            "number as VALUE, e.g. 'pm/train_loss<=0.5'"
+        )
+    metric, comparison, value = found["metric"], found["op"], found["value"]
+    return Target(metric, comparison, float(value), f"{metric}{comparison}{value}")
+
+
+@dataclass(frozen=True)
+class Reach:
+    """When one run first met a Target: its round (None: never), and the last round the metric was logged."""
+
+    first: int | None
+    last: int
+
+
 @dataclass(frozen=True)
 class RunValues:
-    """One finished run: its setting (the table row), seed, and per metric (value, round) at final or best."""
+    """One finished run: its setting (the table row), seed, per metric (value, round) at final or best round or
+    at its max or min over rounds, and per Target label when it was reached."""
 
     setting: str
     seed: int
     run_id: str
     values: dict[str, tuple[float, int]]
+    reached: dict[str, Reach] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Cell:
     mean: float
     std: float
-    """Sample standard deviation over the seeds (NaN for one seed)."""
+    """Standard deviation over the seeds: sample (NaN for one seed) or population (`np.std`), as Table.std."""
     n: int
     rounds: tuple[int, ...]
-    """The round each seed's value comes from (the best round with `--at best`)."""
+    """The round each seed's value comes from (the best round with `--at best`, the max's or min's round with
+    `--over-rounds max|min`)."""
     values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ReachCell:
+    """The rounds a setting's seeds need to reach a Target: mean +/- std over the seeds that reach it."""
+
+    mean: float
+    """NaN if no seed reaches it."""
+    std: float
+    rounds: tuple[int | None, ...]
+    """Per seed (in seed order) its first round at the target, None if it never gets there."""
+    lasts: tuple[int, ...]
+    """Per seed the last round its metric was logged: one that never reaches the target needs more."""
+
+    @property
+    def missed(self) -> list[int]:
+        """The last rounds of the seeds that never reach the target."""
+        return [last for first, last in zip(self.rounds, self.lasts, strict=True) if first is None]
+
+    def per_seed(self) -> list[str]:
+        """Each seed's round, `>T` for a seed that does not reach the target by its last round T."""
+        pairs = zip(self.rounds, self.lasts, strict=True)
+        return [str(first) if first is not None else f">{last}" for first, last in pairs]
 
 
 @dataclass
@@ -70,6 +154,12 @@ class Table:
     """With `at` = best: the metric whose best round each run's values are taken at."""
     left_out: list[str] = field(default_factory=list)
     """The runs that did not finish (not in the table), as `name (STATUS)`."""
+    std: Std = "sample"
+    over_rounds: OverRounds = "final"
+    """With `at` = final: each seed's value is the final round's, or each metric's own max or min over rounds."""
+    targets: list[Target] = field(default_factory=list)
+    reach: dict[str, dict[str, ReachCell]] = field(default_factory=dict)
+    """setting -> Target label -> the rounds its seeds need to reach the target (a column after the metrics)."""
 
     def render(self, form: Format) -> str:
         return {"markdown": self.markdown, "csv": self.csv, "latex": self.latex}[form]()
@@ -80,13 +170,34 @@ class Table:
         pm = r" \pm " if latex else " ± "
         text = f"{cell.mean:.4f}" + ("" if math.isnan(cell.std) else f"{pm}{cell.std:.4f}")
         text = f"${text}$" if latex else text
-        if self.at == "best":
+        if self.at == "best" or self.over_rounds != "final":
             low, high = min(cell.rounds), max(cell.rounds)
             text += f" (r {low})" if low == high else f" (r {low}-{high})"
         return text
 
+    def _reach_text(self, cell: ReachCell | None, latex: bool = False) -> str:
+        """`12.5 ± 2.1`; `12.0 (1 of 3 seeds >40)` when some seeds never reach the target by their last round
+        (the smallest of those rounds is shown); `>40 (3 of 3 seeds)` when none does."""
+        if cell is None:
+            return "-"
+        more = r"$>$" if latex else ">"
+        missed, n = cell.missed, len(cell.rounds)
+        if len(missed) == n:
+            return f"{more}{min(missed)} ({n} of {n} seeds)"
+        pm = r" \pm " if latex else " ± "
+        text = f"{cell.mean:.1f}" + ("" if math.isnan(cell.std) else f"{pm}{cell.std:.1f}")
+        text = f"${text}$" if latex else text
+        return text + (f" ({len(missed)} of {n} seeds {more}{min(missed)})" if missed else "")
+
+    def _shown(self, setting: str, cells: dict[str, Cell], latex: bool = False) -> list[str]:
+        """A row's cells as text: the metrics', then the targets'."""
+        reach = self.reach.get(setting, {})
+        return [self._text(cells.get(m), latex) for m in self.metrics] + [
+            self._reach_text(reach.get(t.label), latex) for t in self.targets
+        ]
+
     def markdown(self) -> str:
-        head = ["setting", "seeds", *self.metrics]
+        head = ["setting", "seeds", *self.metrics, *(t.label for t in self.targets)]
         lines = [
             f"**{self.title}**: {self.caption()}",
             "",
@@ -94,7 +205,7 @@ class Table:
             "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
         ]
         for setting, seeds, cells in self.rows:
-            shown = [self._text(cells.get(m)) for m in self.metrics]
+            shown = self._shown(setting, cells)
             lines.append("| " + " | ".join([setting.replace("|", "\\|"), str(len(seeds)), *shown]) + " |")
         return "\n".join(lines) + "\n"
 
@@ -105,6 +216,9 @@ class Table:
         columns = ["setting", "seeds"]
         for metric in self.metrics:
             columns += [f"{metric} mean", f"{metric} std", f"{metric} n", f"{metric} rounds", f"{metric} values"]
+        for target in self.targets:
+            columns += [f"{target.label} mean", f"{target.label} std", f"{target.label} reached",
+                        f"{target.label} rounds"]  # fmt: skip
         writer.writerow(columns)
         for setting, seeds, cells in self.rows:
             row: list[Any] = [setting, ";".join(map(str, seeds))]
@@ -116,31 +230,47 @@ class Table:
                 std = "" if math.isnan(cell.std) else repr(cell.std)
                 row += [repr(cell.mean), std, cell.n, ";".join(map(str, cell.rounds)),
                         ";".join(map(repr, cell.values))]  # fmt: skip
+            for target in self.targets:
+                reach = self.reach.get(setting, {}).get(target.label)
+                if reach is None:
+                    row += ["", "", 0, ""]
+                    continue
+                row += [_number(reach.mean), _number(reach.std), len(reach.rounds) - len(reach.missed),
+                        ";".join(reach.per_seed())]  # fmt: skip
             writer.writerow(row)
         return out.getvalue()
 
     def latex(self) -> str:
+        columns = [*self.metrics, *(t.label for t in self.targets)]
         lines = [
             f"% {self.title}: " + self.caption().replace("±", r"\pm"),
-            "\\begin{tabular}{l r " + "c " * len(self.metrics) + "}",
+            "\\begin{tabular}{l r " + "c " * len(columns) + "}",
             "\\hline",
-            " & ".join(["setting", "seeds", *(_latex_escape(m) for m in self.metrics)]) + " \\\\",
+            " & ".join(["setting", "seeds", *(_latex_escape(c) for c in columns)]) + " \\\\",
             "\\hline",
         ]
         for setting, seeds, cells in self.rows:
-            shown = [self._text(cells.get(m), latex=True) for m in self.metrics]
+            shown = self._shown(setting, cells, latex=True)
             lines.append(" & ".join([_latex_escape(setting), str(len(seeds)), *shown]) + " \\\\")
         lines += ["\\hline", "\\end{tabular}"]
         return "\n".join(lines) + "\n"
 
     def caption(self) -> str:
-        """Which round the values come from, what a cell is, and which runs are left out."""
+        """Which round the values come from, what a cell is (which std), and which runs are left out."""
         if self.at == "best":
             direction = "lowest" if lower_is_better(self.best_by) else "highest"
             when = f"each run's best round by {self.best_by} (its {direction}), every metric at that round"
+        elif self.over_rounds != "final":
+            when = f"each run's {self.over_rounds} over rounds 1 to its last of every metric"
         else:
             when = "final round"
-        text = f"{when}; mean ± sample std over seeds"
+        spread = "population std (np.std)" if self.std == "population" else "sample std"
+        text = f"{when}; mean ± {spread} over seeds"
+        if self.targets:
+            text += (
+                "; rounds to a target: the first logged round it is met, mean ± std over the seeds that meet it, "
+                ">T: seeds that do not by their last round T"
+            )
         if self.left_out:
             text += f"; left out, not finished: {listed(self.left_out)}"
         return text
@@ -152,7 +282,21 @@ def listed(names: list[str], limit: int = 10) -> str:
 
 
 def _latex_escape(text: str) -> str:
-    return re.sub(r"([&%$#_{}])", r"\\\1", text).replace("±", r"$\pm$")
+    escaped = re.sub(r"([&%$#_{}])", r"\\\1", text).replace("±", r"$\pm$")
+    signs = {"<=": r"$\leq$", ">=": r"$\geq$", "<": "$<$", ">": "$>$"}
+    return re.sub(r"<=|>=|<|>", lambda sign: signs[sign[0]], escaped)
+
+
+def _number(value: float) -> str:
+    """A CSV number: empty for NaN (no std of one seed, no mean of no seed)."""
+    return "" if math.isnan(value) else repr(value)
+
+
+def spread(values: np.ndarray, std: Std) -> float:
+    """The std over seeds: population (`np.std`, ddof 0, as FedAPM's code) or sample (ddof 1; NaN for one)."""
+    if std == "population":
+        return float(values.std())
+    return float(values.std(ddof=1)) if len(values) > 1 else math.nan
 
 
 def lower_is_better(metric: str) -> bool:
@@ -175,6 +319,19 @@ def best_round(history: list[tuple[int, float]], metric: str) -> int:
     return min(step for step, value in history if value == best)
 
 
+def extreme_value(history: list[tuple[int, float]], highest: bool) -> tuple[float, int]:
+    """(value, round) of a metric history's max (`highest`) or min over the trained rounds (the earliest on ties),
+    as FedAPM's code takes each seed's table value: round 0, the evaluation before any training, counts only if
+    nothing else was logged; NaN rounds (a diverged run) are passed over unless all are NaN."""
+    trained = [(step, value) for step, value in history if step > 0] or history
+    finite = [(step, value) for step, value in trained if not math.isnan(value)]
+    if not finite:
+        return final_value(trained)
+    chooser = max if highest else min
+    best = chooser(value for _, value in finite)
+    return best, min(step for step, value in finite if value == best)
+
+
 def value_at(history: list[tuple[int, float]], step: int) -> tuple[float, int] | None:
     """(value, round) of a metric history at `step`, or, not logged then, at the last round before it; None if it
     was first logged after `step`."""
@@ -192,10 +349,15 @@ def build_table(
     title: str,
     left_out: list[str] | None = None,
     best_by: str = DEFAULT_BEST_BY,
+    std: Std = "sample",
+    over_rounds: OverRounds = "final",
+    targets: Sequence[Target] = (),
 ) -> Table:
-    """Group runs by setting (in order of appearance) and average each metric over the setting's seeds."""
+    """Group runs by setting (in order of appearance) and average each metric, and each target's rounds, over the
+    setting's seeds."""
     settings = list(dict.fromkeys(r.setting for r in runs))
     rows = []
+    reach: dict[str, dict[str, ReachCell]] = {}
     for setting in settings:
         members = sorted((r for r in runs if r.setting == setting), key=lambda r: r.seed)
         cells = {}
@@ -204,11 +366,20 @@ def build_table(
             if not found:
                 continue
             values = np.array([v for v, _ in found], dtype=np.float64)
-            std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
-            cells[metric] = Cell(float(values.mean()), std, len(values), tuple(s for _, s in found),
+            cells[metric] = Cell(float(values.mean()), spread(values, std), len(values), tuple(s for _, s in found),
                                  tuple(float(v) for v in values))  # fmt: skip
         rows.append((setting, [r.seed for r in members], cells))
-    return Table(title, at, list(metrics), rows, best_by, list(left_out or []))
+        for target in targets:
+            reaches = [r.reached[target.label] for r in members if target.label in r.reached]
+            if not reaches:
+                continue
+            met = np.array([r.first for r in reaches if r.first is not None], dtype=np.float64)
+            mean = float(met.mean()) if len(met) else math.nan
+            std_met = spread(met, std) if len(met) else math.nan
+            cell = ReachCell(mean, std_met, tuple(r.first for r in reaches), tuple(r.last for r in reaches))
+            reach.setdefault(setting, {})[target.label] = cell
+    return Table(title, at, list(metrics), rows, best_by, list(left_out or []), std, over_rounds, list(targets),
+                 reach)  # fmt: skip
 
 
 SUITE_CHILD = re.compile(r"^(?P<setting>.+)/seed(?P<seed>-?\d+)$")
@@ -226,7 +397,13 @@ def setting_of(run_name: str) -> str:
 
 
 def fetch_runs(
-    tracking_uri: str, target: str, metrics: list[str], at: At, best_by: str = DEFAULT_BEST_BY
+    tracking_uri: str,
+    target: str,
+    metrics: list[str],
+    at: At,
+    best_by: str = DEFAULT_BEST_BY,
+    over_rounds: OverRounds = "final",
+    targets: Sequence[Target] = (),
 ) -> tuple[str, list[RunValues], list[str]]:
     """(title, the finished runs' values, the unfinished runs left out as `name (STATUS)`) of a suite's or sweep's
     parent run id, or of an experiment name (its top-level runs, one row per configuration but the seed)."""
@@ -270,7 +447,7 @@ def fetch_runs(
     if not finished:
         raise TableError(f"{target}: no finished run to tabulate ({len(runs)} unfinished){_studies_hint(studies)}")
     logged = set().union(*(run.data.metrics for run in finished))
-    for metric in [*metrics, *([best_by] if at == "best" else [])]:
+    for metric in [*metrics, *([best_by] if at == "best" else []), *(t.metric for t in targets)]:
         if metric not in logged:
             close = difflib.get_close_matches(metric, sorted(logged), n=3, cutoff=0.5)
             hint = f"; close: {', '.join(close)}" if close else ""
@@ -278,17 +455,25 @@ def fetch_runs(
     values = []
     for run in finished:
         histories = {metric: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
-                     for metric in dict.fromkeys([*metrics, best_by])}  # fmt: skip
-        if at == "final":
+                     for metric in dict.fromkeys([*metrics, best_by, *(t.metric for t in targets)])}  # fmt: skip
+        if at == "final" and over_rounds == "final":
             picked = {metric: final_value(histories[metric]) for metric in metrics if histories[metric]}
+        elif at == "final":
+            highest = over_rounds == "max"
+            picked = {metric: extreme_value(histories[metric], highest) for metric in metrics if histories[metric]}
         elif histories[best_by]:
             step = best_round(histories[best_by], best_by)
             found = {metric: value_at(histories[metric], step) for metric in metrics}
             picked = {metric: value for metric, value in found.items() if value is not None}
         else:
             picked = {}
+        reached = {
+            t.label: Reach(t.first_round(histories[t.metric]), max(histories[t.metric])[0])
+            for t in targets
+            if histories[t.metric]
+        }
         seed = int(run.data.params.get("seed", 0))
-        values.append(RunValues(labels[run.info.run_id], seed, run.info.run_id, picked))
+        values.append(RunValues(labels[run.info.run_id], seed, run.info.run_id, picked, reached))
     left_out = [f"{run.info.run_name} ({run.info.status})" for run in runs if run.info.status != "FINISHED"]
     return title, values, left_out
 
@@ -332,11 +517,21 @@ def make_table(
     metrics: list[str] | None = None,
     at: At = "final",
     best_by: str = DEFAULT_BEST_BY,
+    std: Std = "sample",
+    over_rounds: OverRounds = "final",
+    rounds_to: Sequence[str] = (),
 ) -> Table:
-    """The table of a parent run id or an experiment name (see the module docstring)."""
+    """The table of a parent run id or an experiment name (see the module docstring); `rounds_to` are targets as
+    `parse_target` reads them (`pm/train_loss<=0.5`), a column each."""
+    if at == "best" and over_rounds != "final":
+        raise TableError(
+            f"--over-rounds {over_rounds} needs --at final: --at best takes every metric at the round where "
+            "--best-by peaks, --over-rounds each metric's own max or min"
+        )
+    targets = list(dict.fromkeys(parse_target(text) for text in rounds_to))
     chosen = list(metrics or DEFAULT_METRICS)
-    title, runs, left_out = fetch_runs(tracking_uri, target, chosen, at, best_by)
-    return build_table(runs, chosen, at, title, left_out, best_by)
+    title, runs, left_out = fetch_runs(tracking_uri, target, chosen, at, best_by, over_rounds, targets)
+    return build_table(runs, chosen, at, title, left_out, best_by, std, over_rounds, targets)
 
 
 def write_tables(tracking_uri: str, parent: str, folder: Path, metrics: list[str] | None = None) -> list[Path]:
