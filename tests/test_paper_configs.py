@@ -221,7 +221,7 @@ def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, 
     if dataset == "fashion_mnist":
         sets += [f"dataset.root={fmnist_tenth}", *SCALED_DOWN.get(source.name, [])]
     elif dataset in BUILT_IN:
-        sets += [*BUILT_IN[dataset], "algorithm.epochs=1"]
+        sets += [*BUILT_IN[dataset], "algorithm.epochs=1", "runtime.reuse_actors=true"]
     else:
         root = tmp_path / "data"
         root.mkdir()
