@@ -154,6 +154,15 @@ SCALED_DOWN = {
 """Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL keeps 20,000 from
 every client for its teacher and D_s (here 2,000 each; one pretraining epoch, not five)."""
 
+BUILT_IN = {
+    "digits": [],
+    "crisismmd_synthetic": ["dataset.samples=200", "dataset.image_dim=24", "dataset.text_dim=8", "dataset.tokens=6"],
+    "kuhar_synthetic": ["dataset.samples=160", "dataset.window=32"],
+    "cremad_synthetic": ["dataset.samples=288", "dataset.frames=24", "dataset.mfcc=8", "dataset.video_dim=16"],
+}
+"""Data sets inside the package (FedAPM's offline substitutes, fedapm.md 7.3), with the overrides that keep one
+round of their suites lean: fewer and smaller samples (the models read their sizes from the data), one epoch."""
+
 
 def first_setting(path: Path, tracking_uri: str) -> tuple[dict[str, Any], Path]:
     """A shipped file's experiment as a raw config tree: the file itself, a suite's first run at its first seed,
@@ -190,7 +199,8 @@ def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
     for path in SHIPPED:
         tree, source = first_setting(path, "sqlite:///unused.db")
         dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
-        assert source.name in DATA or dataset == "fashion_mnist", f"{path.name}: no fixture for dataset {dataset}"
+        known = source.name in DATA or dataset in ("fashion_mnist", *BUILT_IN)
+        assert known, f"{path.name}: no fixture for dataset {dataset}"
     assert set(SCALED_DOWN) <= {p.name for p in SHIPPED}
     assert sorted(path for group in distinct_experiments() for path in group) == SHIPPED
     shipped = {*(ROOT / "configs").glob("*.yaml"), *PAPER.glob("*.yaml"), *(PAPER / "suites").glob("*.yaml")}
@@ -203,11 +213,15 @@ def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
 )
 def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, ray_local, mlflow_uri, fmnist_tenth):
     """In this process (the CLI path of each kind of file has its own tests): the paper datasets that are not
-    installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN where it holds too little)."""
+    installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN where it holds too little), the
+    built-in ones are scaled down (BUILT_IN)."""
     tree, source = first_setting(paths[0], mlflow_uri)
     sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1"]
-    if tree.get("dataset", {}).get("name", "fashion_mnist") == "fashion_mnist":
+    dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
+    if dataset == "fashion_mnist":
         sets += [f"dataset.root={fmnist_tenth}", *SCALED_DOWN.get(source.name, [])]
+    elif dataset in BUILT_IN:
+        sets += [*BUILT_IN[dataset], "algorithm.epochs=1", "runtime.reuse_actors=true"]
     else:
         root = tmp_path / "data"
         root.mkdir()

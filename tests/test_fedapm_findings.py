@@ -1,0 +1,173 @@
+"""FedAPM's paper suites (configs/paper/suites/fedapm_table3_*.yaml, fedapm_table4_*.yaml) and the qualitative
+findings of fedapm.md 7.3 on the offline substitutes.
+
+Issue 31's "done when": the Table 3 suites run end to end on a fresh clone on the substitutes (every dataset,
+every method, one seed, shortened), and on the substitutes FedAPM's findings hold at a fixed seed, each checked
+by real runs compared with each other (no number is written down here).
+
+Three of fedapm.md 7.3's four findings are checked here. The fourth, "FedAPM's training loss is lower", is not: on
+this setting FedAlt's PM training loss is the lower one for the first ~23 rounds (round 8: FedAPM 1.98, FedAlt
+1.956), and FedAPM's only drops below it from round 24 on (round 30: 0.919 vs 1.058), a run too long for this
+file's budget; at a step 3x larger (lr 6.0) FedAlt stays lower through round 15 (0.753 vs 0.391). raysim's FedAlt
+averages the selected clients only, where the authors' code averages all m stored models, as FedAPM's server
+does; that damps their FedAlt and likely accounts for part of the paper's gap (fedapm.md 1.5)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from raysim.studies.suite import load_suite, run_suite
+from tests.cluster import ROOT
+from tests.test_paper_configs import BUILT_IN
+
+SUITES = ROOT / "configs" / "paper" / "suites"
+TABLE3 = {
+    "cifar10": ("digits", {"fedapm", "fedavg", "fedalt", "fedsim", "fedprox"}),
+    "crisismmd": ("crisismmd_synthetic", {"fedapm", "fedavg", "fedalt", "fedsim", "fedprox"}),
+    "kuhar": ("kuhar_synthetic", {"fedapm", "fedavg", "fedalt", "fedsim", "fedprox"}),
+    "cremad": ("cremad_synthetic", {"fedapm", "fedavg", "fedalt", "fedsim", "fedprox"}),
+}
+"""Table 3's datasets: the substitute each suite runs by default, and the methods of the table (fedapm.md 5.1)."""
+
+
+def _suite_paths() -> list:
+    return sorted(SUITES.glob("fedapm_table[34]_*.yaml"))
+
+
+def test_every_fedapm_table_suite_switches_its_data_with_one_setting():
+    """The substitute is the default, no run touches the `dataset` section (so the base's `dataset.name`, set
+    with `--set`, reaches every child), and the switch replaces the substitute's own settings."""
+    paths = _suite_paths()
+    assert {p.name for p in paths} == {f"fedapm_table{t}_{d}.yaml" for t in (3, 4) for d in TABLE3}
+    for path in paths:
+        dataset = path.stem.split("_", 2)[2]
+        substitute, methods = TABLE3[dataset]
+        suite = load_suite(path)
+        children = suite.experiments()
+        assert {c.dataset.name for _, c in children} == {substitute}, path.name
+        assert not any(key.split(".")[0] == "dataset" for run in suite.runs for key in run.overrides), path.name
+        if path.name.startswith("fedapm_table3"):
+            assert {c.algorithm.name for _, c in children} == methods
+            assert len(children) == len(methods) * 5  # the authors' five seeds
+    switched = load_suite(SUITES / "fedapm_table3_cifar10.yaml", ["dataset.name=cifar10", "dataset.root=/data"])
+    assert {(c.dataset.name, c.dataset.root) for _, c in switched.experiments()} == {("cifar10", "/data")}
+    crisis = load_suite(SUITES / "fedapm_table3_crisismmd.yaml", ["dataset.name=digits"]).experiments()
+    assert {c.dataset.model_dump()["name"] for _, c in crisis} == {"digits"}
+    assert not any("image_dim" in c.dataset.model_dump() for _, c in crisis)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", sorted(TABLE3))
+def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path, ray_local):
+    """Every method of the suite at its first seed, 2 rounds, small substitutes (BUILT_IN), one epoch, on one
+    Ray with the actors kept between the children: all finish, every round's PM accuracy is a share and the
+    partial personalization methods report the deviation of their shared part."""
+    substitute, methods = TABLE3[dataset]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sets = [*BUILT_IN[substitute], "algorithm.epochs=1", "rounds=2", "runtime.num_hosts=1",
+            "runtime.reuse_actors=true", f"tracking.uri={uri}"]  # fmt: skip
+    suite = load_suite(SUITES / f"fedapm_table3_{dataset}.yaml", sets)
+    suite = suite.model_copy(update={"seeds": suite.seeds[:1]})
+    result = run_suite(suite, show_progress=False)
+    assert not result.failed, [(c.name, c.outcome.error) for c in result.failed]
+    assert {c.name for c in result.children} == methods and len(result.children) == len(methods)
+    for child in result.children:
+        assert child.config.dataset.name == substitute and child.config.seed == suite.seeds[0]
+        history = child.outcome.history
+        assert all(0.0 <= history[step]["pm/acc"] <= 1.0 for step in (0, 1, 2)), child.name
+        if child.name in ("fedapm", "fedalt", "fedsim"):
+            assert all(math.isfinite(history[step]["update/deviation"]) for step in (1, 2)), child.name
+
+
+FINDINGS_DATA = {"name": "crisismmd_synthetic", "samples": 800, "image_dim": 24, "text_dim": 8, "tokens": 6,
+                 "image_signal": 1.0, "text_signal": 0.5}  # fmt: skip
+"""The CrisisMMD substitute, small (the models read their sizes from it) and informative enough that 20 clients
+learn within a few rounds."""
+FINDINGS_ROUNDS = 8
+PERSONAL = ["img_proj.*", "text_rnn.*"]
+LR = 2.0
+"""FedAPM's lr on the alpha_i-weighted objective (step lr/m = 0.1); the baselines take that step, lr/m."""
+
+
+def _findings_run(algorithm: dict, tracking_uri: str, fraction: float = 0.3) -> dict[int, dict[str, float]]:
+    """One seeded run of the findings' setting (fedapm_table3_crisismmd.yaml's, scaled down: 20 clients,
+    Dirichlet(1.0), 2 epochs per phase, batch 50, FINDINGS_ROUNDS rounds); its history by round."""
+    from raysim.config import validate_config
+    from raysim.runtime.driver import run_experiment
+
+    config = {
+        "algorithm": {**algorithm, "epochs": 2, "batch_size": 50},
+        "dataset": FINDINGS_DATA,
+        "partition": {"scheme": "dirichlet", "beta": 1.0},
+        "model": {"name": "image_text_classifier"},
+        "clients": {"count": 20, "fraction": fraction},
+        "rounds": FINDINGS_ROUNDS,
+        "seed": 3,
+        "runtime": {"num_hosts": 1, "reuse_actors": True},
+        "tracking": {"uri": tracking_uri, "experiment": "fedapm-findings"},
+    }
+    return run_experiment(validate_config(config), show_progress=False).history
+
+
+def _fedapm(rho: float = 0.01) -> dict:
+    """FedAPM as the authors' multimodal code runs it (v-step on the received u, u-step started from it)."""
+    return {"name": "fedapm", "lr": LR, "rho": rho, "sigma": 0.01, "personal": PERSONAL,
+            "v_anchor": "broadcast", "u_start": "broadcast"}  # fmt: skip
+
+
+def _rounds_to_reach(history: dict[int, dict[str, float]], target: float) -> float:
+    """The first round whose mean PM training loss is at most `target` (inf if none): fedapm.md 4.4's
+    communication efficiency, rounds to reach a given training loss."""
+    return next((step for step in sorted(history) if history[step]["pm/train_loss"] <= target), math.inf)
+
+
+def _faster(fast: dict[int, dict[str, float]], slow: dict[int, dict[str, float]]) -> bool:
+    """`fast` reaches the PM training loss that `slow` ends with in fewer rounds than `slow` takes."""
+    target = slow[max(slow)]["pm/train_loss"]
+    return _rounds_to_reach(fast, target) < _rounds_to_reach(slow, target)
+
+
+def _mean_deviation(history: dict[int, dict[str, float]]) -> float:
+    """The mean over the rounds of the selected clients' mean deviation of their shared part, sum_k ||u_i[k] -
+    u[k]||_F (fedapm.md 1.5; the paper's bars average the first rounds of the curve, 5.3)."""
+    values = [history[step]["update/deviation"] for step in sorted(history) if step > 0]
+    return sum(values) / len(values)
+
+
+@pytest.fixture(scope="module")
+def findings(tmp_path_factory, ray_local) -> dict[str, dict[int, dict[str, float]]]:
+    """The runs the findings compare, at one seed, on one Ray with the actors kept between them."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('findings') / 'mlflow.db'}"
+    baseline = {"lr": LR / 20, "personal": PERSONAL}
+    return {
+        "fedapm": _findings_run(_fedapm(), uri),
+        "fedapm_rho0.1": _findings_run(_fedapm(rho=0.1), uri),
+        "fedalt": _findings_run({"name": "fedalt", **baseline}, uri),
+        "fedsim": _findings_run({"name": "fedsim", **baseline}, uri),
+        "fedapm_frac0.1": _findings_run(_fedapm(), uri, fraction=0.1),
+        "fedapm_frac0.5": _findings_run(_fedapm(), uri, fraction=0.5),
+    }
+
+
+@pytest.mark.slow
+def test_fedapm_keeps_the_shared_part_closer_to_the_global_one(findings):
+    """fedapm.md 5.3 (Fig. 5): FedAPM's local shared part deviates less from u than FedAlt's and FedSim's, on
+    average over the rounds."""
+    fedapm = _mean_deviation(findings["fedapm"])
+    assert fedapm < _mean_deviation(findings["fedalt"]) and fedapm < _mean_deviation(findings["fedsim"])
+
+
+@pytest.mark.slow
+def test_a_larger_rho_converges_more_slowly(findings):
+    """fedapm.md 6 (Fig. 6/9): rho = 0.1 is slower than rho = 0.01."""
+    assert _faster(findings["fedapm"], findings["fedapm_rho0.1"])
+    assert not _faster(findings["fedapm_rho0.1"], findings["fedapm"])
+
+
+@pytest.mark.slow
+def test_more_participation_converges_faster(findings):
+    """fedapm.md 6 (Fig. 7/10): 50% of the clients per round is faster than 30%, which is faster than 10%."""
+    assert _faster(findings["fedapm_frac0.5"], findings["fedapm"])
+    assert _faster(findings["fedapm"], findings["fedapm_frac0.1"])
