@@ -130,16 +130,18 @@ def deviation(params: ParamSpec, shared: np.ndarray, local: Vector, reference: V
     """||u_i - u|| over the shared tensors (`local`, `reference`: shared-part vectors, or a chunk's [k, n_shared]
     rows): the sum of per-tensor Frobenius norms (the paper's curves, fedapm.md 1.5) and the global L2 norm; numbers
     for one client's vectors, [k] arrays for rows."""
-    diff = np.asarray(local - reference, np.float64)
     position = np.cumsum(shared) - shared  # a shared coordinate's index within the shared part
-    per_tensor = np.zeros(diff.shape[:-1])
-    for name in params.names:
+    per_tensor: Number = 0.0
+    squares: Number = 0.0
+    for name in params.names:  # one tensor at a time: a chunk's rows are never copied whole
         where = params.slice(name)
         if shared[where].all():
             start = int(position[where.start])
-            per_tensor = per_tensor + np.linalg.norm(diff[..., start : start + where.stop - where.start], axis=-1)
-    l2 = np.linalg.norm(diff, axis=-1)
-    if diff.ndim == 1:
+            stop = start + where.stop - where.start
+            norm = np.linalg.norm(np.asarray(local[..., start:stop], np.float64) - reference[start:stop], axis=-1)
+            per_tensor, squares = per_tensor + norm, squares + norm**2
+    l2 = np.sqrt(squares)
+    if np.ndim(local) == 1:
         return float(per_tensor), float(l2)
     return per_tensor, l2
 

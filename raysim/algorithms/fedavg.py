@@ -113,7 +113,9 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
     def client_step(self, client: ClientInfo | ClientChunk, state: ClientState, broadcast: Vector) -> ClientStep:
         result = yield from train(self.local_request(broadcast))
         params = np.asarray(result.params, np.float32)
-        per_tensor, l2 = deviation(self.params, self.shared, params[..., self.shared], broadcast[self.shared])
+        whole = self.shared.all()  # then no copy of the shared part
+        local, received = (params, broadcast) if whole else (params[..., self.shared], broadcast[self.shared])
+        per_tensor, l2 = deviation(self.params, self.shared, local, received)
         metrics = {
             "train_loss": result.mean_loss,
             "update_norm": distances(params, broadcast),
