@@ -218,17 +218,16 @@ def test_fedavg_deviation_is_the_sum_of_per_tensor_norms_over_the_shared_tensors
         np.testing.assert_allclose(metrics["deviation_l2"], l2)
 
 
-def _fedavg(name: str, **settings) -> InProcess:
-    algorithm = {"name": name, "lr": 0.1, "batch_size": 32, "epochs": 1, "shared_only": True, **settings}
-    return InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients={"count": 5, "per_round": 2})))
-
-
+@pytest.mark.parametrize("training", ["sequential", "vectorized"])
 @pytest.mark.parametrize("name", ["fedavg", "fedprox"])
-def test_shared_only_fedavg_keeps_the_personal_part_at_init_and_averages_all_m(name):
+def test_shared_only_fedavg_keeps_the_personal_part_at_init_and_averages_all_m(name, training):
     """The authors' FedAvg/FedProx (fedapm.md 1.5): only the shared part trains, the personal part stays bitwise the
     common initial model, and the server's shared part is the mean over ALL m clients' latest shared parts, the
-    stale (here: never selected, still initial) ones included."""
-    sim = _fedavg(name)
+    stale (here: never selected, still initial) ones included; one client at a time or a stacked chunk alike."""
+    algorithm = {"name": name, "lr": 0.1, "batch_size": 32, "epochs": 1, "shared_only": True}
+    clients, runtime = {"count": 5, "per_round": 2}, {"num_hosts": 1, "client_training": training}
+    sim = InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients=clients, runtime=runtime)))
+    assert sim.host.steps.stacked == (training == "vectorized")
     algorithm, init = sim.host.algorithm, sim.problem.init_params
     personal = ~algorithm.shared
     request = next(algorithm.client_step(ClientInfo(0, 10, 0.2, 5), sim.states[0], sim.coordinator.broadcast()))
