@@ -14,6 +14,9 @@ EVALUATED = ("acc", "loss", "train_loss", "loss_var", "acc_var", "acc_std", "los
 PER_ROUND = ("time/clients", "time/aggregation", "time/round", "traffic/uplink_bytes", "traffic/downlink_bytes",
              "traffic/uplink_bytes_total", "traffic/downlink_bytes_total")  # fmt: skip
 AT_THE_END = ("pm/best_acc", "gm/best_acc", "hm/best_acc")
+DEVIATION = ("update/deviation", "update/deviation_l2", "update/deviation_std", "update/deviation_l2_std")
+"""Per round, for the methods of FedAPM's Table 3: ||u_i - u|| over the shared tensors (docs/algorithms.md)."""
+DEVIATION_ALGORITHMS = ("fedapm", "fedalt", "fedsim", "fedavg", "fedprox")
 SYSTEM = "system/"
 """MLflow's system metrics (tracking.system_metrics): sampled every 10 s, their steps count samples, not rounds."""
 
@@ -35,6 +38,8 @@ def expected_keys(config: Mapping[str, Any], step: int) -> set[str]:
         keys |= {f"{model}/{name}" for model in models for name in scored} | {"hm/pm_chosen_share"}
     if step > 0:
         keys |= set(PER_ROUND) | ({"time/evaluation"} if step in evaluated_steps(config) else set())
+        if config["algorithm"]["name"] in DEVIATION_ALGORITHMS:
+            keys |= set(DEVIATION)
     if step == config["rounds"]:
         keys |= set(AT_THE_END)
     return keys

@@ -6,11 +6,18 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
-from raysim.algorithms.fedapm import FedApmSettings, personal_mask
+from raysim.algorithms.base import ClientChunk, ClientInfo, SGDResult
+from raysim.algorithms.fedapm import FedApm, FedApmSettings, personal_mask
+from raysim.algorithms.fedavg import FedAvg, FedAvgClientState, FedAvgSettings
 from raysim.config import validate_config
+from raysim.data.modalities import Modalities, Modality
+from raysim.errors import ConfigError
 from raysim.evaluation.classification import classification_scores
 from raysim.models.flat import FlatModel
+from raysim.models.spec import ParamSpec
+from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 
@@ -22,14 +29,17 @@ def _fedapm(**settings) -> InProcess:
     return InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients={"count": 5, "per_round": 2})))
 
 
-@pytest.mark.parametrize("switches", [{}, {"v_anchor": "broadcast", "u_start": "broadcast"}])
+@pytest.mark.parametrize(
+    "switches", [{}, {"v_anchor": "broadcast", "u_start": "broadcast"}, {"reset_personal": True}]
+)
 def test_dual_invariant_after_every_aggregation(switches):
     """sum_i pi_i + rho sum_i (u_i - u) = 0 after every aggregation (fedapm.md 4, from eq. 79): u is the mean of
     z_i = u_i + pi_i/rho over all m clients. Holds under partial participation only if the server's running sum
-    of z_i is kept exactly; float32 states give atol 1e-5 relative to rho * ||u||."""
+    of z_i is kept exactly; float32 states give atol 1e-5 relative to rho * ||u||. With `reset_personal` (the
+    authors' CIFAR code) u, pi_i and z_i cover the whole model, and so does the invariant."""
     rho = 0.5
     sim = _fedapm(rho=rho, **switches)
-    shared = sim.host.algorithm.shared
+    shared = sim.host.algorithm.synced
     for round_index in range(4):
         sim.round(round_index)
         u = sim.server.u.astype(np.float64)
@@ -91,8 +101,8 @@ def test_fedsim_moves_both_parts_from_the_same_batches_fedalt_in_turn():
     assert np.abs(results["fedalt"] - results["fedsim"]).max() > 1e-4
 
 
-def _names(model: str, shape: tuple[int, ...], **split) -> tuple[list[str], int]:
-    flat = FlatModel(model, shape, 10)
+def _names(model: str, shape: tuple[int, ...], classes: int = 10, **split) -> tuple[list[str], int]:
+    flat = FlatModel(model, shape, classes)
     mask = personal_mask(FedApmSettings(**split), flat.spec)
     personal = [n for n in flat.spec.names if mask[flat.spec.slice(n)].all()]
     return personal, int(mask.sum())
@@ -109,9 +119,9 @@ def test_presets_reproduce_the_papers_splits():
 
 
 def test_a_split_with_an_empty_part_is_rejected_naming_the_setting():
-    with pytest.raises(ValueError, match=r"algorithm.preset='output' makes every parameter personal"):
+    with pytest.raises(ConfigError, match=r"algorithm.preset=.output. makes every parameter personal"):
         _names("mlr", (784,))
-    with pytest.raises(ValueError, match=r"algorithm.personal=\['fc.\*'\] makes no parameter personal"):
+    with pytest.raises(ConfigError, match=r"algorithm.personal=\['fc.\*'\] makes no parameter personal"):
         _names("mlp", (784,), personal=["fc.*"])
 
 
@@ -131,3 +141,152 @@ def test_single_label_split_auc_follows_the_convention():
     logits = np.zeros((3, 4), np.float32)
     assert classification_scores(logits, np.array([2, 2, 2]), "zero")[1] == 0.0
     assert math.isnan(classification_scores(logits, np.array([2, 2, 2]), "nan")[1])
+
+
+KUHAR = Modalities([Modality("acc", (256, 3)), Modality("gyro", (256, 3))])
+CRISISMMD = Modalities([Modality("image", (1, 1280)), Modality("text", (32, 512), sequence=True)])
+CREMAD = Modalities([Modality("audio", (600, 80), sequence=True), Modality("video", (6, 1280))])
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "classes", "preset", "modules", "layer_num", "personal_count"),
+    [
+        ("cnn", (3, 32, 32), 10, "output", {"7", "9"}, -4, 263_562),
+        ("image_text_classifier", CRISISMMD, 8, "input", {"img_proj", "text_rnn"}, 8, 427_008),
+        ("har_classifier", KUHAR, 8, "split_input_code", {"acc_conv", "gyro_conv"}, 12, 103_808),
+        ("mm_action_classifier", CREMAD, 4, "input", {"audio_conv", "audio_rnn", "video_rnn"}, 14, 704_736),
+    ],
+)
+def test_presets_personalize_the_papers_modules(model, shape, classes, preset, modules, layer_num, personal_count):
+    """fedapm.md 2: each strategy's personal part is exactly the spec's modules, and the authors' code's `layer_num`
+    tensor count agrees: the first 8/12/14 tensors are personal for the multimodal models, the first 4 (the convs)
+    are shared for the CIFAR CNN (a negative count here)."""
+    flat = FlatModel(model, shape, classes)
+    names, count = _names(model, shape, classes, preset=preset)
+    assert {n.split(".")[0] for n in names} == modules
+    assert names == (list(flat.spec.names[:layer_num]) if layer_num > 0 else list(flat.spec.names[-layer_num:]))
+    assert count == personal_count
+
+
+def test_split_input_personalizes_the_accelerometer_encoder_only():
+    """The paper's KU-HAR split: the accelerometer Conv1d encoder is personal, the gyroscope's (which sees the other
+    slice of the input) shared; the code variant (`split_input_code`, checked above) makes both personal."""
+    names, count = _names("har_classifier", KUHAR, 8, preset="split_input")
+    assert {n.split(".")[0] for n in names} == {"acc_conv"} and count == 103_808 // 2
+
+
+def test_output_is_the_classifier_for_the_multimodal_models():
+    names, _ = _names("image_text_classifier", CRISISMMD, 8)
+    assert {n.split(".")[0] for n in names} == {"classifier"}
+
+
+def test_a_preset_a_model_does_not_define_is_one_line_naming_the_allowed():
+    for model, shape, message in [
+        ("mlp", (784,), "algorithm.preset='input' is not defined for model 'mlp'; allowed: output, first_layer, "
+         "last_layer"),
+        ("har_classifier", KUHAR, "algorithm.preset='input' is not defined for model 'har_classifier'; allowed: "
+         "split_input, split_input_code, output, first_layer, last_layer"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as raised:
+            _names(model, shape, 8, preset="input")
+        assert str(raised.value) == message
+
+
+EMPTY = np.arange(0)
+SPEC = ParamSpec(("a.weight", "a.bias", "b.weight"), ((2, 2), (2,), (3,)), (0, 4, 6))
+"""A hand-made layout: tensor `b` personal, `a` shared."""
+
+
+def test_fedavg_deviation_is_the_sum_of_per_tensor_norms_over_the_shared_tensors():
+    """fedapm.md 1.5, 4.4: sum_k ||u_i[k] - u[k]||_F over the shared tensors (those of the personalized methods'
+    split). The shared part moves by a.weight [3, 4, 0, 0] (norm 5) and a.bias [0, 2] (norm 2): 7; the global L2
+    norm sqrt(9 + 16 + 4); the personal tensor's change (100) counts in neither. A chunk's rows give one per row."""
+    algorithm = FedAvg(FedAvgSettings(personal=("b.*",)), SPEC)
+    broadcast = np.arange(9, dtype=np.float32)
+    moved = broadcast + np.array([3, 4, 0, 0, 0, 2, 100, 0, 0], np.float32)
+    one = ClientInfo(0, 10, 0.5, 2)
+    for client, params, expected, l2 in [
+        (one, moved, 7.0, math.sqrt(29)),
+        (ClientChunk((one, ClientInfo(1, 10, 0.5, 2))), np.stack([moved, broadcast]), [7.0, 0.0], [math.sqrt(29), 0]),
+    ]:
+        step = algorithm.client_step(client, FedAvgClientState(), broadcast)
+        next(step)
+        with pytest.raises(StopIteration) as done:
+            step.send(SGDResult(params, 1.0, 1))
+        metrics = done.value.value.metrics
+        np.testing.assert_allclose(metrics["deviation"], expected)
+        np.testing.assert_allclose(metrics["deviation_l2"], l2)
+
+
+@pytest.mark.parametrize("training", ["sequential", "vectorized"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox"])
+def test_shared_only_fedavg_keeps_the_personal_part_at_init_and_averages_all_m(name, training):
+    """The authors' FedAvg/FedProx (fedapm.md 1.5): only the shared part trains, the personal part stays bitwise the
+    common initial model, and the server's shared part is the mean over ALL m clients' latest shared parts, the
+    stale (here: never selected, still initial) ones included; one client at a time or a stacked chunk alike."""
+    algorithm = {"name": name, "lr": 0.1, "batch_size": 32, "epochs": 1, "shared_only": True}
+    clients, runtime = {"count": 5, "per_round": 2}, {"num_hosts": 1, "client_training": training}
+    sim = InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients=clients, runtime=runtime)))
+    assert sim.host.steps.stacked == (training == "vectorized")
+    algorithm, init = sim.host.algorithm, sim.problem.init_params
+    personal = ~algorithm.shared
+    request = next(algorithm.client_step(ClientInfo(0, 10, 0.2, 5), sim.states[0], sim.coordinator.broadcast()))
+    assert np.array_equal(request.mask, algorithm.shared)
+    for round_index in range(3):
+        sim.round(round_index)
+        states = sim.states
+        np.testing.assert_array_equal(sim.server.w[personal], init[personal])
+        mean = np.mean([states[i].shared.astype(np.float64) for i in range(5)], axis=0)
+        np.testing.assert_allclose(sim.server.w[algorithm.shared], mean, atol=1e-6)
+        untouched = [i for i in range(5) if np.array_equal(states[i].shared, init[algorithm.shared])]
+        if round_index == 0:
+            assert len(untouched) == 3  # two selected, three stale at the initial model, all in the mean
+    assert np.linalg.norm(sim.server.w - init) > 1e-3
+
+
+def test_full_model_fedavg_on_a_one_layer_model_takes_the_deviation_over_the_whole_model():
+    """The default preset cannot split MLR (one layer): FedAvg then counts every tensor as shared, while an explicit
+    split that leaves a part empty, or shared-only training without a split, is refused."""
+    sim = InProcess(validate_config(tiny_config(algorithm={"name": "fedavg", "lr": 0.1})))
+    assert sim.host.algorithm.shared.all()
+    with pytest.raises(ConfigError, match="algorithm.preset='output' makes every parameter personal"):
+        InProcess(validate_config(tiny_config(algorithm={"name": "fedavg", "shared_only": True})))
+
+
+def test_reset_personal_starts_the_head_from_the_aggregate():
+    """The authors' CIFAR code (fedapm.md 2, caveat): at a selected client's round start its personal part is the
+    aggregate's (`load_remaining_layers(w, 4)`), and the v-step's proximal anchor with it; without the switch the
+    client's own v_i (the paper's persistent v_i). u, pi_i, z_i then cover the whole model."""
+    for reset in (True, False):
+        algorithm = FedApm(FedApmSettings(personal=("b.*",), reset_personal=reset), SPEC)
+        state = algorithm.init_client(ClientInfo(0, 10, 0.5, 2), np.zeros(9, np.float32))
+        state.params[6:] = [70, 80, 90]  # a trained v_i, not the aggregate's
+        broadcast = np.arange(9 if reset else 6, dtype=np.float32) + 1
+        request = next(algorithm.client_step(ClientInfo(0, 10, 0.5, 2), state, broadcast))
+        head = broadcast[6:] if reset else state.params[6:]
+        assert np.array_equal(request.start[6:], head) and np.array_equal(request.prox_center[6:], head)
+        assert np.array_equal(request.mask, [False] * 6 + [True] * 3)
+
+
+def test_fedapm_weight_decay_sits_inside_the_alpha_scaled_gradient():
+    """The code's v-step gradient g = (1/m)(grad + mu v) + sigma (v - v_i^t) (fedapm.md 1.5), alpha = 1/m = 1/4,
+    mu = 0.01 (the code's; the paper states none, so raysim's default is 0): two full-batch steps of the local
+    trainer on FedAPM's v-step request equal two steps of lr * g computed by hand from the model's gradients."""
+    model = FlatModel("mlp", (4,), 3)
+    generator = np.random.default_rng(3)
+    data = ClientData(generator.normal(size=(8, 4)).astype(np.float32), np.arange(8) % 3, np.arange(8), EMPTY, EMPTY)
+    lr, alpha, mu, sigma = 0.5, 0.25, 0.01, 0.02
+    settings = FedApmSettings(lr=lr, weight_decay=mu, sigma=sigma, epochs=2, batch_size=8)
+    algorithm = FedApm(settings, model.spec)
+    init = model.initial_parameters(0)
+    client = ClientInfo(0, 8, alpha, 4)
+    state = algorithm.init_client(client, init)
+    request = next(algorithm.client_step(client, state, init[algorithm.shared]))
+    trained = LocalTrainer(model).sgd(request, data, np.random.default_rng(0)).params
+    v = init.copy()
+    for _ in range(2):
+        _, grad = model.loss_and_grad(torch.from_numpy(v), torch.from_numpy(data.x), torch.from_numpy(data.y))
+        g = alpha * (grad.numpy() + mu * v) + sigma * (v - init)
+        v = np.where(algorithm.personal, v - lr * g, v)
+    assert np.abs(v - init).max() > 1e-3
+    np.testing.assert_allclose(trained, v, rtol=1e-5, atol=1e-7)

@@ -31,26 +31,31 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    Number,
     SGDSettings,
     Vector,
     train,
 )
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
-from raysim.models.spec import ParamSpec
+from raysim.errors import ConfigError
+from raysim.models.spec import ParamSpec, personalization
 
-SplitPreset = Literal["output", "last_layer", "first_layer"]
+SplitPreset = Literal["output", "input", "split_input", "split_input_code", "first_layer", "last_layer"]
 
 
 class SplitSettings(AlgorithmSettings):
-    """Which parameters are personal; shared by FedAPM and its partial-personalization baselines."""
+    """Which parameters are personal; shared by FedAPM and its baselines (the shared part is what they sync, and
+    the tensors the deviation is taken over)."""
 
     personal: tuple[str, ...] | None = Field(
         None, description="fnmatch patterns over parameter names (e.g. ['7.*', '9.*']); overrides `preset`"
     )
     preset: SplitPreset = Field(
         "output",
-        description="output: the layers after the last convolution (the paper's CIFAR CNN: fc1, fc2), or the "
-        "last layer for models without convolutions; last_layer; first_layer (input personalization)",
+        description="the personal modules: a strategy of fedapm.md 2 from the model's table (input, output, "
+        "split_input, split_input_code: the authors' code's both encoders), or for a model without a table "
+        "`output` = the layers after the last convolution (the last layer without convolutions); any model: "
+        "first_layer, last_layer",
     )
 
 
@@ -64,39 +69,81 @@ def _layers(params: ParamSpec) -> list[str]:
     return layers
 
 
-def personal_mask(settings: SplitSettings, params: ParamSpec) -> np.ndarray:
-    """Boolean mask over the flat vector: True on personal coordinates. Raises if either part is empty."""
+def allowed_presets(params: ParamSpec) -> tuple[str, ...]:
+    """The presets that mean something for this model: its table's strategies (or `output` by the generic rule
+    when it has none), and the positional first_layer and last_layer."""
+    table = personalization(params.model)
+    return (*(table if table else ("output",)), "first_layer", "last_layer")
+
+
+def preset_names(preset: str, params: ParamSpec) -> list[str]:
+    """The parameter names `preset` makes personal: by module prefix from the model's table, else by position.
+    An unknown preset for this model is a ConfigError naming the allowed ones."""
+    table = personalization(params.model)
+    if preset not in allowed_presets(params):
+        model = f"model {params.model!r}" if params.model else "this model"
+        allowed = ", ".join(allowed_presets(params))
+        raise ConfigError(f"algorithm.preset={preset!r} is not defined for {model}; allowed: {allowed}")
+    if preset in table:
+        names = []
+        for module in table[preset]:
+            matched = [n for n in params.names if n.startswith(module + ".")]
+            if not matched:
+                raise TypeError(
+                    f"model {params.model!r}: its personalization {preset!r} names module {module!r}, which has no "
+                    "parameters"
+                )
+            names += matched
+        return names
+    layers = _layers(params)
+    if preset == "first_layer":
+        chosen = layers[:1]
+    elif preset == "last_layer":
+        chosen = layers[-1:]
+    else:
+        conv = [n.rsplit(".", 1)[0] for n, shape in zip(params.names, params.shapes, strict=True) if len(shape) > 2]
+        chosen = layers[layers.index(conv[-1]) + 1 :] if conv else layers[-1:]
+    return [n for n in params.names if n.rsplit(".", 1)[0] in chosen]
+
+
+def personal_mask(settings: SplitSettings, params: ParamSpec, allow_empty: bool = False) -> np.ndarray:
+    """Boolean mask over the flat vector: True on personal coordinates. A ConfigError if either part is empty,
+    unless `allow_empty`."""
     if settings.personal is not None:
         personal = [n for n in params.names if any(fnmatch.fnmatchcase(n, p) for p in settings.personal)]
         source = f"algorithm.personal={list(settings.personal)}"
     else:
-        layers = _layers(params)
-        if settings.preset == "first_layer":
-            chosen = layers[:1]
-        elif settings.preset == "last_layer":
-            chosen = layers[-1:]
-        else:
-            conv = [n.rsplit(".", 1)[0] for n, shape in zip(params.names, params.shapes, strict=True) if len(shape) > 2]
-            chosen = layers[layers.index(conv[-1]) + 1 :] if conv else layers[-1:]
-        personal = [n for n in params.names if n.rsplit(".", 1)[0] in chosen]
+        personal = preset_names(settings.preset, params)
         source = f"algorithm.preset={settings.preset!r}"
     mask = np.zeros(params.size, dtype=bool)
     for name in personal:
         mask[params.slice(name)] = True
-    if mask.all() or not mask.any():
+    if (mask.all() or not mask.any()) and not allow_empty:
         kind = "every" if mask.all() else "no"
-        raise ValueError(
+        raise ConfigError(
             f"{source} makes {kind} parameter personal; parameters of this model: {', '.join(params.names)}"
         )
     return mask
 
 
-def deviation(params: ParamSpec, shared: np.ndarray, local: Vector, reference: Vector) -> tuple[float, float]:
-    """||u_i - u||: the sum of per-tensor Frobenius norms (the paper's curves, 1.5) and the global L2 norm."""
-    diff = np.zeros(params.size)
-    diff[shared] = local - reference
-    per_tensor = sum(float(np.linalg.norm(diff[params.slice(n)])) for n in params.names)
-    return per_tensor, float(np.linalg.norm(diff))
+def deviation(params: ParamSpec, shared: np.ndarray, local: Vector, reference: Vector) -> tuple[Number, Number]:
+    """||u_i - u|| over the shared tensors (`local`, `reference`: shared-part vectors, or a chunk's [k, n_shared]
+    rows): the sum of per-tensor Frobenius norms (the paper's curves, fedapm.md 1.5) and the global L2 norm; numbers
+    for one client's vectors, [k] arrays for rows."""
+    position = np.cumsum(shared) - shared  # a shared coordinate's index within the shared part
+    per_tensor: Number = 0.0
+    squares: Number = 0.0
+    for name in params.names:  # one tensor at a time: a chunk's rows are never copied whole
+        where = params.slice(name)
+        if shared[where].all():
+            start = int(position[where.start])
+            stop = start + where.stop - where.start
+            norm = np.linalg.norm(np.asarray(local[..., start:stop], np.float64) - reference[start:stop], axis=-1)
+            per_tensor, squares = per_tensor + norm, squares + norm**2
+    l2 = np.sqrt(squares)
+    if np.ndim(local) == 1:
+        return float(per_tensor), float(l2)
+    return per_tensor, l2
 
 
 class FedApmSettings(SGDSettings, SplitSettings):
@@ -116,6 +163,11 @@ class FedApmSettings(SGDSettings, SplitSettings):
     )
     freeze_dual: bool = Field(
         False, description="keep pi_i = 0: with rho -> 0, sigma = 0 and both switches 'broadcast' this is FedAlt"
+    )
+    reset_personal: bool = Field(
+        False,
+        description="the authors' CIFAR-10 code (fedapm.md 2, caveat): duals and z_i cover the whole model, the "
+        "server averages all of it, and a selected client's personal part starts each round from the aggregate's",
     )
 
 
@@ -150,12 +202,14 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         super().__init__(settings, params)
         self.personal = personal_mask(settings, params)
         self.shared = ~self.personal
+        self.synced = np.ones_like(self.shared) if settings.reset_personal else self.shared
+        """The coordinates of u, pi_i and z_i: the shared part (paper), or the whole model (`reset_personal`)."""
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedApmServerState:
-        return FedApmServerState(start_running_mean(init_params[self.shared], num_clients), init_params.copy())
+        return FedApmServerState(start_running_mean(init_params[self.synced], num_clients), init_params.copy())
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedApmClientState:
-        return FedApmClientState(init_params.copy(), np.zeros(int(self.shared.sum()), np.float32))
+        return FedApmClientState(init_params.copy(), np.zeros(int(self.synced.sum()), np.float32))
 
     def broadcast(self, server: FedApmServerState) -> Vector:
         return server.u
@@ -164,12 +218,17 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         s = self.settings
         alpha = client.weight if s.alpha is None else s.alpha
         sgd = s.model_copy(update={"lr": s.lr * alpha})
-        u = broadcast
-        start = state.params.copy()
+        received = np.zeros_like(state.params)
+        received[self.synced] = broadcast
+        u = received[self.shared]
+        anchor = state.params.copy()
+        if s.reset_personal:  # the code's load_remaining_layers(w, 4): the aggregate's head, trained from there
+            anchor[self.personal] = received[self.personal]
+        start = anchor.copy()
         if s.v_anchor == "broadcast":
             start[self.shared] = u
         v_phase = yield from train(
-            sgd.local_sgd(start, prox_weight=s.sigma / alpha, prox_center=state.params, mask=self.personal)
+            sgd.local_sgd(start, prox_weight=s.sigma / alpha, prox_center=anchor, mask=self.personal)
         )
         start = v_phase.params.copy()
         if s.u_start == "broadcast":
@@ -179,13 +238,14 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         center = np.zeros_like(start)
         center[self.shared] = u
         linear = np.zeros_like(start)
-        linear[self.shared] = state.pi / alpha
+        linear[self.synced] = state.pi / alpha
         u_phase = yield from train(
             sgd.local_sgd(start, prox_weight=s.rho / alpha, prox_center=center, linear=linear, mask=self.shared)
         )
         params = u_phase.params.astype(np.float32)
         u_i = params[self.shared]
-        pi = state.pi if s.freeze_dual else (state.pi + s.rho * (u_i - u)).astype(np.float32)  # (12)
+        change = params[self.synced] - broadcast
+        pi = state.pi if s.freeze_dual else (state.pi + s.rho * change).astype(np.float32)  # (12)
         new = FedApmClientState(params, pi)
         z, z_old = self.message_of(new), self.message_of(state)
         per_tensor, l2 = deviation(self.params, self.shared, u_i, u)
@@ -200,18 +260,18 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
 
     def message_of(self, state: FedApmClientState) -> Vector:
         """z_i = u_i + pi_i / rho (13)."""
-        return state.params[self.shared].astype(np.float64) + state.pi / self.settings.rho
+        return state.params[self.synced].astype(np.float64) + state.pi / self.settings.rho
 
     def server_step(self, server: FedApmServerState, total: DeltaUpload, num_selected: int):
         shared, metrics = running_mean(server.shared, total)  # (8): u = (1/m) sum_i z_i
         return FedApmServerState(shared, server.template), metrics
 
     def message_coordinates(self, params: Vector) -> Vector:
-        return params[self.shared]
+        return params[self.synced]
 
     def global_model(self, server: FedApmServerState) -> Vector:
         full = server.template.copy()
-        full[self.shared] = server.u
+        full[self.synced] = server.u
         return full
 
     def personalized_model(self, state: FedApmClientState) -> Vector:

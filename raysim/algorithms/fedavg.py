@@ -1,4 +1,13 @@
-"""FedAvg: clients run local SGD from the global model; the server averages the results (flame.md 2.3)."""
+"""FedAvg: clients run local SGD from the global model; the server averages the results (flame.md 2.3).
+
+Every client logs the deviation ||theta_i - w|| over the shared tensors of FedAPM's split (`personal` / `preset`,
+fedapm.md 4.4 footnote 3: for the non-personalized methods the "shared components" are the same tensors), so that
+Table 3's methods compare on one measure; a model the preset cannot split (one layer) counts whole.
+
+`shared_only` is the FedAPM authors' code (fedapm.md 1.5): a client trains only the shared part (the personal part
+stays at the common initial model, as the broadcast carries it), and the server averages the latest shared parts of
+ALL m clients, stale ones included (u = (1/m) sum_i u_i, the running mean FedAPM's server keeps), unweighted.
+"""
 
 from __future__ import annotations
 
@@ -21,14 +30,29 @@ from raysim.algorithms.base import (
     per_row,
     train,
 )
-from raysim.algorithms.servers import WeightedUpload, weighted_average
+from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
+from raysim.algorithms.servers import (
+    DeltaUpload,
+    RunningMeanState,
+    WeightedUpload,
+    running_mean,
+    start_running_mean,
+    weighted_average,
+)
 from raysim.jit import distances
+from raysim.models.spec import ParamSpec
 
 
-class FedAvgSettings(SGDSettings):
+class FedAvgSettings(SGDSettings, SplitSettings):
     name: Literal["fedavg"] = "fedavg"
     aggregation: Literal["samples", "uniform"] = Field(
         "samples", description="weight local models by training-set size (McMahan et al.) or equally"
+    )
+    shared_only: bool = Field(
+        False,
+        description="the FedAPM authors' code: train only the shared part of the split (personal / preset), the "
+        "personal part frozen at the initial model, and average the latest shared parts of all m clients "
+        "(stale ones included, unweighted; `aggregation` does not apply)",
     )
 
 
@@ -38,21 +62,45 @@ class FedAvgClientState:
 
 
 @dataclass
+class SharedOnlyClientState:
+    """`shared_only`: the client's latest shared part, the model the authors' server keeps for it."""
+
+    shared: Vector
+
+
+@dataclass
 class FedAvgServerState:
     w: Vector
+    running: RunningMeanState | None = None
+    """`shared_only`: the mean over all m clients of their latest shared parts (w's shared part), and their sum."""
+
+
+ClientState = FedAvgClientState | SharedOnlyClientState
 
 
 @ALGORITHMS.register()
-class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vector, WeightedUpload]):
+class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, WeightedUpload | DeltaUpload]):
     name = "fedavg"
     Settings = FedAvgSettings
     Upload = WeightedUpload
+    """A DeltaUpload of the shared part with `shared_only`."""
     stacks = True
 
-    def init_server(self, init_params: Vector, num_clients: int) -> FedAvgServerState:
-        return FedAvgServerState(init_params.copy())
+    def __init__(self, settings: FedAvgSettings, params: ParamSpec):
+        super().__init__(settings, params)
+        # The whole model is shared where a preset leaves a part empty (FedAvg has no personal part of its own);
+        # explicit patterns and the shared-only training need a real split.
+        personal = personal_mask(settings, params, allow_empty=settings.personal is None and not settings.shared_only)
+        self.shared = ~personal if personal.any() and not personal.all() else np.ones_like(personal)
 
-    def init_client(self, client: ClientInfo, init_params: Vector) -> FedAvgClientState:
+    def init_server(self, init_params: Vector, num_clients: int) -> FedAvgServerState:
+        if not self.settings.shared_only:
+            return FedAvgServerState(init_params.copy())
+        return FedAvgServerState(init_params.copy(), start_running_mean(init_params[self.shared], num_clients))
+
+    def init_client(self, client: ClientInfo, init_params: Vector) -> ClientState:
+        if self.settings.shared_only:
+            return SharedOnlyClientState(init_params[self.shared])
         return FedAvgClientState()
 
     def broadcast(self, server: FedAvgServerState) -> Vector:
@@ -60,18 +108,45 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
 
     def local_request(self, broadcast: Vector) -> LocalSGD:
         """The local training of a round (FedProx adds its proximal term here)."""
-        return self.settings.local_sgd(broadcast)
+        return self.settings.local_sgd(broadcast, mask=self.shared if self.settings.shared_only else None)
 
-    def client_step(self, client: ClientInfo | ClientChunk, state: FedAvgClientState, broadcast: Vector) -> ClientStep:
+    def client_step(self, client: ClientInfo | ClientChunk, state: ClientState, broadcast: Vector) -> ClientStep:
         result = yield from train(self.local_request(broadcast))
+        params = np.asarray(result.params, np.float32)
+        whole = self.shared.all()  # then no copy of the shared part
+        local, received = (params, broadcast) if whole else (params[..., self.shared], broadcast[self.shared])
+        per_tensor, l2 = deviation(self.params, self.shared, local, received)
+        metrics = {
+            "train_loss": result.mean_loss,
+            "update_norm": distances(params, broadcast),
+            "deviation": per_tensor,
+            "deviation_l2": l2,
+        }
+        if isinstance(state, SharedOnlyClientState):
+            new = SharedOnlyClientState(params[..., self.shared])
+            change = new.shared.astype(np.float64) - state.shared
+            return ClientUpdate(new, DeltaUpload(change), metrics)
         samples = np.asarray(client.num_train, np.float32)  # a number, or one per row of a chunk
         weight = samples if self.settings.aggregation == "samples" else np.ones_like(samples)
-        metrics = {"train_loss": result.mean_loss, "update_norm": distances(result.params, broadcast)}
-        return ClientUpdate(state, WeightedUpload(per_row(weight) * result.params, weight), metrics)
+        return ClientUpdate(state, WeightedUpload(per_row(weight) * params, weight), metrics)
 
-    def server_step(self, server: FedAvgServerState, total: WeightedUpload, num_selected: int):
-        w, metrics = weighted_average(total, server.w)  # w = sum_i n_i theta_i / sum_i n_i (or uniform)
-        return FedAvgServerState(w), metrics
+    def message(self, update: ClientUpdate) -> Vector:
+        """`shared_only`: the client's new shared part (the running mean's message); else the local model."""
+        if isinstance(update.state, SharedOnlyClientState):
+            return np.asarray(update.state.shared, np.float64)
+        return super().message(update)
+
+    def server_step(self, server: FedAvgServerState, total: WeightedUpload | DeltaUpload, num_selected: int):
+        if server.running is None:
+            w, metrics = weighted_average(total, server.w)  # w = sum_i n_i theta_i / sum_i n_i (or uniform)
+            return FedAvgServerState(w), metrics
+        running, metrics = running_mean(server.running, total)  # u = (1/m) sum_i u_i over ALL m (fedapm.md 1.5)
+        w = server.w.copy()
+        w[self.shared] = running.w
+        return FedAvgServerState(w, running), metrics
+
+    def message_coordinates(self, params: Vector) -> Vector:
+        return params[self.shared] if self.settings.shared_only else params
 
     def global_model(self, server: FedAvgServerState) -> Vector:
         return server.w

@@ -2,11 +2,13 @@
 
 FedAPM's experiments grid-search mu (their code hard-codes 0.1, fedapm.md 1.5); FLAME's reading of FedADMM
 with pi = 0 is the same step with mu = rho / alpha_i. The server is FedAvg's (weighted mean of the
-selected clients' models).
+selected clients' models), or with `shared_only` the authors' code's (fedapm.md 1.5): the shared part trained with the
+prox term 0.1 (w - w^start) on it, the mean over all m clients' latest shared parts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from pydantic import Field
@@ -27,4 +29,5 @@ class FedProx(FedAvg):
     settings: FedProxSettings
 
     def local_request(self, broadcast: Vector) -> LocalSGD:
-        return self.settings.local_sgd(broadcast, prox_weight=self.settings.mu, prox_center=broadcast)
+        plain = super().local_request(broadcast)  # FedAvg's, shared-part mask included
+        return dataclasses.replace(plain, prox_weight=self.settings.mu, prox_center=broadcast)

@@ -42,7 +42,7 @@ class FlatModel:
         self.task = task
         self.input_shape = as_shape(input_shape)
         self.module = build_module(name, input_shape, outputs)
-        self.spec = param_spec(self.module)
+        self.spec = param_spec(self.module, name)
         self.head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
         """The last linear layer: its input is the features (`features`), its outputs the logits."""
         self.layers = perceptron_layers(self.module, self.input_shape)
@@ -141,15 +141,16 @@ class FlatModel:
         return torch.cat(parts).numpy() if parts else np.zeros((0, 0), np.float32)
 
 
-def param_spec(module: nn.Module) -> ParamSpec:
-    """The layout of a module's parameters in the flat vector, in `named_parameters` order."""
+def param_spec(module: nn.Module, model: str = "") -> ParamSpec:
+    """The layout of a module's parameters in the flat vector, in `named_parameters` order; `model`: its registered
+    name (personalization presets look up the model's table by it, raysim.models.spec.personalization)."""
     names, shapes, offsets, offset = [], [], [], 0
     for name, param in module.named_parameters():
         names.append(name)
         shapes.append(tuple(param.shape))
         offsets.append(offset)
         offset += param.numel()
-    return ParamSpec(tuple(names), tuple(shapes), tuple(offsets))
+    return ParamSpec(tuple(names), tuple(shapes), tuple(offsets), model)
 
 
 def perceptron_layers(module: nn.Module, input_shape: tuple[int, ...]) -> list[tuple[str | None, str | None]] | None:

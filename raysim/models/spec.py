@@ -46,6 +46,8 @@ class ParamSpec:
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
+    model: str = ""
+    """The registered model (`model.name`) these parameters belong to; "" when unknown (a hand-made layout)."""
 
     @property
     def size(self) -> int:
@@ -64,3 +66,12 @@ class ParamSpec:
             name: flat[..., offset : offset + int(np.prod(shape))].reshape(*leading, *shape)
             for name, shape, offset in zip(self.names, self.shapes, self.offsets, strict=True)
         }
+
+
+def personalization(model: str) -> dict[str, tuple[str, ...]]:
+    """The personalization strategies a registered model declares (fedapm.md 2): strategy (`algorithm.preset`) ->
+    the module prefixes whose parameters are personal, from its factory's `personalization` attribute (as
+    `example` in raysim.examples); {} for a model that declares none or an unknown name."""
+    if not model or model not in MODELS:
+        return {}
+    return dict(getattr(MODELS.get(model), "personalization", {}))

@@ -1,6 +1,9 @@
 """The networks of the papers' experiments (flame.md 6.2, fedslr.md 6.2), registered by name (`model.name`) as any
 plugin's model is: a factory (input shape, outputs) -> torch.nn.Module whose docstring's first line describes it.
 
+A factory may carry attributes: `example` (the config sections it needs, raysim.examples.model_example) and
+`personalization` (strategy -> personal module names, fedapm.md 2; raysim.models.spec.personalization).
+
 Importing this module does not import torch (the coordinator process registers the names without loading it);
 each factory imports torch when it builds. Every model here is a deterministic function of its parameters
 (training draws come from the per-client streams).
@@ -68,6 +71,9 @@ def cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
         nn.ReLU(),
         nn.Linear(128, outputs),
     )
+
+
+cnn.personalization = {"output": ("7", "9")}  # type: ignore[attr-defined]  # fc1, fc2 (fedapm.md 2; code layer_num=4)
 
 
 @MODELS.register("cnn_mmnist")
@@ -156,6 +162,9 @@ def image_text_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Modu
 
 
 image_text_classifier.example = _crisismmd_example  # type: ignore[attr-defined]
+IMAGE_TEXT_PERSONALIZATION = {"input": ("img_proj", "text_rnn"), "output": ("classifier",)}
+"""Input personalization: the image projection and the text GRU (fedapm.md 2; the code's layer_num=8)."""
+image_text_classifier.personalization = IMAGE_TEXT_PERSONALIZATION  # type: ignore[attr-defined]
 
 
 @MODELS.register("image_text_classifier_paper")
@@ -168,6 +177,7 @@ def image_text_classifier_paper(input_shape: tuple[int, ...], outputs: int) -> n
 
 
 image_text_classifier_paper.example = _crisismmd_example  # type: ignore[attr-defined]
+image_text_classifier_paper.personalization = IMAGE_TEXT_PERSONALIZATION  # type: ignore[attr-defined]
 
 
 @MODELS.register("har_classifier")
@@ -179,6 +189,11 @@ def har_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 
 
 har_classifier.example = lambda context: {"dataset": {"name": "kuhar_synthetic", "samples": 1000}}  # type: ignore[attr-defined]
+har_classifier.personalization = {  # type: ignore[attr-defined]
+    "split_input": ("acc_conv",),  # the paper: the accelerometer encoder; the gyroscope's sees the other slice
+    "split_input_code": ("acc_conv", "gyro_conv"),  # the authors' code, layer_num=12: both Conv1d encoders
+    "output": ("classifier",),
+}
 
 
 @MODELS.register("mm_action_classifier")
@@ -191,6 +206,10 @@ def mm_action_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Modul
 
 mm_action_classifier.example = lambda context: {  # type: ignore[attr-defined]
     "dataset": {"name": "cremad_synthetic", "samples": 1000, "frames": 96}
+}
+mm_action_classifier.personalization = {  # type: ignore[attr-defined]
+    "input": ("audio_conv", "audio_rnn", "video_rnn"),  # fedapm.md 2; the code's layer_num=14
+    "output": ("classifier",),
 }
 
 
