@@ -17,6 +17,7 @@ from raysim.config import validate_config
 from raysim.data import DataError, PartitionError, load_dataset, partition_dataset
 from raysim.data.fedmultimodal import SOURCES, convert, main, read_pickle
 from raysim.data.partitions import DirichletSettings, LabelPriorSettings, NaturalSettings
+from raysim.data.substitutes import basic_motions, basic_motions_windows
 from raysim.evaluation.columns import client_evaluations
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
@@ -209,3 +210,34 @@ def test_the_datasets_command_lists_the_real_sets_and_finds_a_converted_one(tmp_
     assert f"found in {tmp_path}" in lines["kuhar"]
     assert "missing" in lines["crisismmd"] and "missing" in lines["cremad"]
     assert "raysim.data.fedmultimodal convert crisismmd" in out
+
+
+def test_basic_motions_is_read_from_the_installed_sktime_wheel():
+    series, activity = basic_motions()
+    assert series.shape == (80, 6, 100) and np.bincount(activity).tolist() == [20, 20, 20, 20]
+    assert np.isfinite(series).all() and series[:, :3].std() > 0.1 and series[:, 3:].std() > 0.1
+
+
+def test_every_window_carries_a_shifted_basic_motions_recording_of_its_activity():
+    """At the recordings' own length (no resampling) each window is a circular shift of a recording of activity
+    label % 4, accelerometer and gyroscope of the same recording."""
+    series, activity = basic_motions()
+    labels = np.arange(24) % 8
+    windows = basic_motions_windows(labels, 100, np.random.default_rng(0))
+    both = np.concatenate([windows["acc"], windows["gyro"]], axis=2).transpose(0, 2, 1)  # (n, 6, 100)
+    for sample, label in enumerate(labels):
+        candidates = np.flatnonzero(activity == label % 4)
+        starts = np.argwhere(np.isclose(series[candidates], both[sample][:, :1]).all(axis=1))  # (recording, shift)
+        assert any(np.allclose(np.roll(series[candidates[r]], -shift, axis=1), both[sample]) for r, shift in starts), (
+            sample
+        )
+
+
+def test_the_kuhar_substitute_on_basic_motions_keeps_its_generated_part_and_seed():
+    generated = load_dataset("kuhar_synthetic", seed=3, samples=200)
+    recorded = load_dataset("kuhar_synthetic", seed=3, samples=200, recordings="basic_motions")
+    again = load_dataset("kuhar_synthetic", seed=3, samples=200, recordings="basic_motions")
+    assert recorded.modalities == generated.modalities and recorded.x.shape == (200, 2 * 256 * 3)
+    assert np.array_equal(recorded.y, generated.y) and np.array_equal(recorded.groups, generated.groups)
+    assert np.array_equal(recorded.x, again.x) and np.abs(recorded.x - generated.x).mean() > 0.1
+    assert sorted(set(recorded.y.tolist())) == list(range(8))
