@@ -4,6 +4,7 @@ which samples, chosen by `partition.scheme`). The built-in modules are imported 
 
 # isort: off
 from raysim.data import fashion_mnist, idx, leaf, cifar, medmnist, image_folder, huggingface, substitutes  # noqa: F401
+from raysim.data import fedmultimodal  # noqa: F401
 from raysim.data import sources, partitions, meta_partition, partition_file  # noqa: F401
 
 # isort: on

@@ -7,7 +7,7 @@ With `test_fraction = 0.5` a client's train split is its support set and its tes
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -23,6 +23,7 @@ class MetaSettings(SchemeSettings):
     """2 random classes per client, D_i ~ U(M, 2M) split evenly over them, none from the reserved pool."""
 
     scheme: Literal["meta"] = "meta"
+    global_test: ClassVar[bool] = False
     test_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="query share of each client (50/50 in the paper)")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of the support part held out as validation")
     classes_per_client: int = Field(2, ge=1)

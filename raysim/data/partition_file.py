@@ -25,7 +25,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,7 @@ class FileSettings(SchemeSettings):
     where the file or `disjoint` claims it."""
 
     scheme: Literal["file"] = "file"
+    global_test: ClassVar[bool] = False
     path: str = Field(description="the Parquet file (`raysim partition CONFIG --out FILE` writes one)")
     disjoint: bool | None = Field(
         None, description="check that no sample belongs to two clients (default: as the file's metadata says)"

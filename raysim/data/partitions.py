@@ -40,6 +40,11 @@ class _FlameScheme(SchemeSettings):
     def _check_authors_draw(self):
         if self.draw != "authors":
             return self
+        if self.test_split == "global":
+            raise ValueError(
+                "partition.test_split=global: partition.draw=authors replays the authors' per-client 80/20 split; "
+                "use test_split client or draw raysim"
+            )
         if self.val_fraction:
             raise ValueError(
                 f"partition.val_fraction={self.val_fraction}: partition.draw=authors splits each client into train "
@@ -168,9 +173,24 @@ class QuantitySettings(_FlameScheme):
 @PARTITIONS.register()
 class NaturalSettings(_FlameScheme):
     """Feature skew by a natural id (flame.md 6.3 scheme 5: FEMNIST writers): the dataset's group ids, sorted,
-    are dealt contiguously, (number of groups) // m per client; leftover groups are not used, as in the code."""
+    are dealt contiguously, (number of groups) // m per client; leftover groups are not used, as in the code.
+
+    `id_offsets` deals them as FedAPM's KU-HAR code does instead (fedapm.md 4.1): client i holds the ids at sorted
+    positions i + o for each offset o, [0, 19, 39, 59] there. Such clients may share an id (there client 0 and
+    client 19 both hold position 19), as in that code."""
 
     scheme: Literal["natural"] = "natural"
+    id_offsets: list[int] | None = Field(
+        None,
+        description="client i holds the sorted group ids at positions i + offset for each offset (FedAPM's KU-HAR: "
+        "[0, 19, 39, 59]); default: contiguous runs of groups // m ids",
+    )
+
+    @model_validator(mode="after")
+    def _check_offsets(self):
+        if self.id_offsets is not None and (not self.id_offsets or min(self.id_offsets) < 0):
+            raise ValueError(f"partition.id_offsets={self.id_offsets}: give one or more offsets, each 0 or more")
+        return self
 
     @classmethod
     def example(cls, context: ExampleContext) -> Fragment:
@@ -178,10 +198,10 @@ class NaturalSettings(_FlameScheme):
         return {"partition": {"scheme": "natural"}, "dataset": {"name": "synthetic_writers"}}
 
     def assign(self, labels, num_clients, generator, groups):
-        return natural(groups, num_clients)
+        return natural(groups, num_clients, self.id_offsets)
 
     def authors_assign(self, labels, num_clients, state, groups):
-        return natural(groups, num_clients)
+        return natural(groups, num_clients, self.id_offsets)
 
 
 @PARTITIONS.register()
@@ -237,6 +257,8 @@ class LabelPriorSettings(SchemeSettings):
     test_fraction: float = Field(
         0.2, gt=0.0, lt=1.0, description="share of the dataset held out as the test pool that no client trains on"
     )
+
+    global_test: ClassVar[bool] = False
 
     def splits(self, labels, num_clients, seed, groups):  # draws its own per-client test sets
         return label_prior(labels, num_clients, self, rng(seed, Stream.PARTITION))
@@ -342,11 +364,20 @@ def quantity(
     return np.split(generator.permutation(pool), np.cumsum(sizes)[:-1])
 
 
-def natural(groups: np.ndarray | None, num_clients: int) -> list[np.ndarray]:
-    """Contiguous runs of (number of groups) // m sorted group ids per client (flame.md 6.3 scheme 5)."""
+def natural(groups: np.ndarray | None, num_clients: int, offsets: list[int] | None = None) -> list[np.ndarray]:
+    """Contiguous runs of (number of groups) // m sorted group ids per client (flame.md 6.3 scheme 5), or with
+    `offsets` the sorted ids at positions i + o for client i (see NaturalSettings)."""
     if groups is None:
         raise PartitionError("partition.scheme=natural needs a dataset with a group id column (e.g. writer ids)")
     ids = np.unique(groups)
+    if offsets is not None:
+        needed = num_clients + max(offsets)
+        if needed > len(ids):
+            raise PartitionError(
+                f"partition.id_offsets={offsets} with clients.count={num_clients} needs {needed} group ids; the "
+                f"dataset has {len(ids)}"
+            )
+        return [np.flatnonzero(np.isin(groups, ids[[c + o for o in offsets]])) for c in range(num_clients)]
     per_client = len(ids) // num_clients
     if per_client < 1:
         raise PartitionError(

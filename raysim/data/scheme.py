@@ -5,15 +5,18 @@ partition_file) register here exactly as a plugin's do.
 A scheme implements `assign` (the sample indices of each client); each client's samples are then shuffled and
 split into train / test (/ validation) here, per client, from the scheme's fractions (flame.md 6.1: 80/20 per
 client, so test data follow the client's distribution). A scheme that makes its splits itself overrides `splits`.
+
+`test_split: global` instead holds out one shared test split of the whole dataset before `assign` deals the rest,
+and scores every client on it (FedAPM's CrisisMMD code, fedapm.md 4.1 and 7.2 item 7).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raysim.errors import PartitionError
 from raysim.examples import ExampleContext, Fragment
@@ -42,12 +45,30 @@ class SchemeSettings(Settings):
     """The base of every scheme's settings; a subclass sets `scheme: Literal["its_name"] = "its_name"`."""
 
     scheme: str
-    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="per-client share held out for testing")
+    test_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="per-client share held out for testing (test_split global: of the dataset)"
+    )
     val_fraction: float = Field(
         0.0, ge=0.0, lt=1.0, description="share of each client's training part held out for the HM-val choice"
     )
+    test_split: Literal["client", "global"] = Field(
+        "client",
+        description="client: each client's own test_fraction of its samples; global: a test_fraction of the whole "
+        "dataset held out before the dealing, one test split every client is scored on (FedAPM's CrisisMMD)",
+    )
     by_label: ClassVar[bool] = False
     """The scheme deals by class label, so it refuses a dataset without integer labels (a regression target)."""
+    global_test: ClassVar[bool] = True
+    """The scheme's clients can share one global test split (False for schemes that draw their own test sets)."""
+
+    @model_validator(mode="after")
+    def _check_test_split(self):
+        if self.test_split == "global" and not self.global_test:
+            raise ValueError(
+                f"partition.test_split=global: partition.scheme={self.scheme} draws its own test sets; use "
+                "test_split client"
+            )
+        return self
 
     @classmethod
     def example(cls, context: ExampleContext) -> Fragment:
@@ -78,10 +99,16 @@ class SchemeSettings(Settings):
         self, labels: np.ndarray, num_clients: int, seed: int, groups: np.ndarray | None
     ) -> list[ClientSplit]:
         """Every client's train / test / val indices: `assign`, each client's share split by `split_client`, and
-        the scheme's noise levels."""
-        parts = self.assign(labels, num_clients, rng(seed, Stream.PARTITION), groups)
+        the scheme's noise levels. With `test_split: global`, `assign` deals only the samples outside the shared
+        test split (`global_test_split`), and every client's test split is that one."""
+        shared = None
+        pool = np.arange(len(labels))
+        if self.test_split == "global":
+            shared, pool = global_test_split(len(labels), self.test_fraction, num_clients, seed)
+        pool_groups = None if groups is None else np.asarray(groups)[pool]
+        parts = self.assign(np.asarray(labels)[pool], num_clients, rng(seed, Stream.PARTITION), pool_groups)
         splits = [
-            split_client(client, indices, self, rng(seed, Stream.PARTITION, 1, client))
+            split_client(client, pool[indices], self, rng(seed, Stream.PARTITION, 1, client), shared)
             for client, indices in enumerate(parts)
         ]
         return self.with_noise(splits, num_clients)
@@ -95,12 +122,33 @@ class SchemeSettings(Settings):
         return noisy
 
 
+def global_test_split(
+    num_samples: int, test_fraction: float, num_clients: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The shared test split of `test_split: global` (a uniform `test_fraction` of the samples, from its own
+    stream) and the sorted rest that the scheme deals to the clients."""
+    held = round(test_fraction * num_samples)
+    if held < 1 or num_samples - held < num_clients:
+        raise PartitionError(
+            f"partition.test_split=global: partition.test_fraction={test_fraction} holds out {held} of "
+            f"{num_samples} samples, leaving {num_samples - held} for clients.count={num_clients}; both the test "
+            "split and one sample per client are needed"
+        )
+    order = rng(seed, Stream.PARTITION, 2).permutation(num_samples)
+    return np.sort(order[:held]), np.sort(order[held:])
+
+
 def split_client(
-    client_id: int, indices: np.ndarray, settings: SchemeSettings, generator: np.random.Generator
+    client_id: int,
+    indices: np.ndarray,
+    settings: SchemeSettings,
+    generator: np.random.Generator,
+    shared_test: np.ndarray | None = None,
 ) -> ClientSplit:
-    """Shuffle a client's samples and split them into train / test (/ validation)."""
+    """Shuffle a client's samples and split them into train / test (/ validation); with a `shared_test` split
+    (test_split global) the client's samples are all train (/ validation) and its test split is the shared one."""
     shuffled = generator.permutation(indices)
-    n_test = max(1, round(settings.test_fraction * len(shuffled)))
+    n_test = 0 if shared_test is not None else max(1, round(settings.test_fraction * len(shuffled)))
     n_val = round(settings.val_fraction * (len(shuffled) - n_test))
     if settings.val_fraction > 0:
         n_val = max(1, n_val)
@@ -110,7 +158,7 @@ def split_client(
             f"{settings.test_fraction} and partition.val_fraction={settings.val_fraction}"
         )
     test, val, train = np.split(shuffled, [n_test, n_test + n_val])
-    return ClientSplit(client_id, np.sort(train), np.sort(test), np.sort(val))
+    return ClientSplit(client_id, np.sort(train), np.sort(test) if shared_test is None else shared_test, np.sort(val))
 
 
 def _check_scheme(name: str, entry: type[SchemeSettings]) -> None:

@@ -13,6 +13,8 @@ with the paper's. What they keep of the real sets is their structure:
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -20,6 +22,11 @@ from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, DatasetSettings
 from raysim.data.modalities import Modalities, Modality
+from raysim.errors import DataError
+
+BASIC_MOTIONS = ("BasicMotions/BasicMotions_TRAIN.ts", "BasicMotions/BasicMotions_TEST.ts")
+"""sktime's bundled BasicMotions (under sktime/datasets/data/): 80 real smartwatch recordings, 4 activities, 3-axis
+accelerometer (dimensions 0-2) and gyroscope (3-5), 100 steps at 10 Hz."""
 
 
 def _class_features(
@@ -129,7 +136,7 @@ class CremaDSyntheticSettings(DatasetSettings):
 @DATASETS.register()
 class KUHARSyntheticSettings(DatasetSettings):
     """KU-HAR-shaped substitute: accelerometer [256,3] + gyroscope [256,3], 8 activities, synthetic participants
-    (the IMU generator of fedapm.md 7.3, without the BasicMotions recordings)."""
+    (the IMU generator of fedapm.md 7.3), optionally on top of sktime's real BasicMotions recordings."""
 
     name: Literal["kuhar_synthetic"] = "kuhar_synthetic"
     samples: int = Field(4000, ge=16, description="windows (KU-HAR: 10,300)")
@@ -137,17 +144,28 @@ class KUHARSyntheticSettings(DatasetSettings):
     window: int = Field(256, ge=8, description="samples per window")
     participants: int = Field(80, ge=1, description="synthetic participants (groups)")
     noise: float = Field(0.5, ge=0, description="sensor noise (standard deviation)")
+    recordings: Literal["none", "basic_motions"] = Field(
+        "none",
+        description="basic_motions: each window adds a real recording of sktime's BasicMotions (activity k % 4, "
+        "resampled to the window, circularly shifted) under the generated pattern; needs sktime installed",
+    )
     about: ClassVar[str] = "KU-HAR-shaped synthetic accelerometer + gyroscope windows (offline substitute)"
     seeded: ClassVar[bool] = True
 
     def load(self, seed: int) -> Dataset:
         """Each activity has its own frequency, and per axis and sensor an amplitude and phase; a participant
-        scales every signal by a gain and adds an offset per axis; a window starts at a random phase."""
+        scales every signal by a gain and adds an offset per axis; a window starts at a random phase. With
+        `recordings: basic_motions` every window also carries a real BasicMotions recording of activity k % 4 (so
+        activities k and k + 4 share the real motion and differ in the generated pattern), drawn from its own
+        stream so the generated part is the same as without it."""
         generator = np.random.default_rng([seed, 0x4A12])
         labels, groups = _labels_and_groups(generator, self.samples, self.classes, self.participants)
         modalities = Modalities([Modality("acc", (self.window, 3)), Modality("gyro", (self.window, 3))])
         frequencies = generator.uniform(0.5, 4.0, size=self.classes) / 50.0  # cycles per sample at 50 Hz
         time = np.arange(self.window, dtype=np.float32)
+        base = {"acc": np.zeros(1, np.float32), "gyro": np.zeros(1, np.float32)}
+        if self.recordings == "basic_motions":
+            base = basic_motions_windows(labels, self.window, np.random.default_rng([seed, 0x4A12, 1]))
         values = {}
         for sensor in ("acc", "gyro"):
             amplitudes = generator.uniform(0.2, 2.0, size=(self.classes, 3))
@@ -158,8 +176,51 @@ class KUHARSyntheticSettings(DatasetSettings):
             angle = 2 * np.pi * frequencies[labels][:, None, None] * time[None, :, None]
             wave = amplitudes[labels][:, None, :] * np.sin(angle + phases[labels][:, None, :] + start[:, None, None])
             noise = self.noise * generator.standard_normal(size=wave.shape)
-            values[sensor] = (gains[groups][:, None, None] * wave + offsets[groups][:, None, :] + noise).astype(
-                np.float32
-            )
+            signal = gains[groups][:, None, None] * (base[sensor] + wave) + offsets[groups][:, None, :] + noise
+            values[sensor] = signal.astype(np.float32)
         x = modalities.pack(values)
         return Dataset(self.name, x, labels.astype(np.int64), self.classes, groups=groups, modalities=modalities)
+
+
+def basic_motions() -> tuple[np.ndarray, np.ndarray]:
+    """sktime's BasicMotions read from the installed package's .ts files (without importing sktime): the series
+    (80, 6, 100) float32 and their activity (0..3, the order of the files' @classLabel line)."""
+    spec = importlib.util.find_spec("sktime")
+    if spec is None or spec.origin is None:
+        raise DataError("dataset.recordings=basic_motions needs sktime installed (its wheel ships BasicMotions)")
+    folder = Path(spec.origin).parent / "datasets" / "data"
+    series, labels, classes = [], [], []
+    for name in BASIC_MOTIONS:
+        file = folder / name
+        try:
+            lines = file.read_text().splitlines()
+        except OSError as error:
+            raise DataError(f"{file}: sktime's BasicMotions is not readable ({error})") from None
+        data = False
+        for line in lines:
+            if line.lower().startswith("@classlabel"):
+                classes = [c.lower() for c in line.split()[2:]]
+            elif line.lower().startswith("@data"):
+                data = True
+            elif data and line.strip():
+                *dimensions, label = line.strip().split(":")
+                series.append([[float(v) for v in dimension.split(",")] for dimension in dimensions])
+                labels.append(classes.index(label.lower()))
+    array = np.asarray(series, np.float32)
+    if array.shape != (80, 6, 100):
+        raise DataError(f"{folder / 'BasicMotions'}: 80 series of 6 dimensions x 100 steps, got {array.shape}")
+    return array, np.asarray(labels, np.int64)
+
+
+def basic_motions_windows(labels: np.ndarray, window: int, generator: np.random.Generator) -> dict[str, np.ndarray]:
+    """Per sample, a BasicMotions recording of activity label % 4 drawn at random, linearly resampled to `window`
+    steps and circularly shifted by a random start: acc and gyro (n, window, 3)."""
+    series, activity = basic_motions()
+    steps = series.shape[2]
+    grid = np.linspace(0, steps - 1, window)
+    resampled = np.stack([[np.interp(grid, np.arange(steps), channel) for channel in s] for s in series])
+    chosen = np.array([generator.choice(np.flatnonzero(activity == label % 4)) for label in labels], np.int64)
+    shifts = generator.integers(0, window, size=len(labels))
+    rows = (np.arange(window)[None, :] + shifts[:, None]) % window
+    windows = np.take_along_axis(resampled[chosen], rows[:, None, :], axis=2).transpose(0, 2, 1)  # (n, window, 6)
+    return {"acc": windows[:, :, :3], "gyro": windows[:, :, 3:]}
