@@ -7,8 +7,8 @@ from each client's stream. This measures the best case of a batched version befo
 
 - `sequential`: `LocalTrainer.sgd`, the path these models train on (packed GRUs, dropout on);
 - `vmapped`: the same steps for `--chunk` clients at once through `vmap(functional_call)`, the GRUs written as a
-  step loop (vmappable, the packed GRU's outputs on real steps) and dropout off, which only flatters it: masks
-  drawn per client would add work.
+  step loop of torch's GRU equations (vmappable; outputs beyond a sequence's length zeroed, as run_gru's) and
+  dropout off, which only flatters it: masks drawn per client would add work.
 
 One torch thread (as each raysim host), offline substitutes, the best of `--repeats` alternating timings:
 
