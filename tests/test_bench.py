@@ -79,7 +79,7 @@ def test_report_adds_the_gpu_columns_when_a_way_used_a_gpu(tmp_path):
     console = Console(width=250, record=True)
     report(results, tmp_path / "bench.json", console)
     text = console.export_text()
-    assert "GPU util %" in text and "GPU/host" in text and "flame round on Fashion-MNIST" in text
+    assert "GPU util %" in text and "GPU/host" in text and "flame round on fashion_mnist" in text
     rows = [line for line in text.splitlines() if line.startswith("│")]
     assert "0.25" in rows[1] and "cuda" in rows[1] and "63" in rows[1] and "5120" in rows[1] and "250" in rows[1]
     assert rows[0].rstrip("│ ").endswith("-")  # the reference sampled no GPU
@@ -117,3 +117,14 @@ def test_bench_refuses_the_flame_reference_for_another_algorithm(tmp_path):
         "error: --set algorithm.name=fedavg: the reference loop is FLAME's; "
         "run the other ways alone (--ways sequential vectorized)"
     )
+
+
+def test_bench_refuses_the_reference_for_a_model_with_dropout(tmp_path):
+    """The reference loop trains without dropout: its w would differ from a multimodal model's for that alone."""
+    done = _raysim("bench", "--clients", "2", "--set", "model.name=image_text_classifier", "--set",
+                   "dataset.name=crisismmd_synthetic", "--set", "dataset.samples=40", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: --set model.name=image_text_classifier: the reference loop trains without dropout, which this model "
+        "has; run the other ways alone (--ways sequential vectorized)"
+    )
+    assert not (tmp_path / "bench.json").exists()

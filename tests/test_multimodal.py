@@ -10,6 +10,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from raysim.algorithms.base import LocalSGD
 from raysim.config import validate_config
 from raysim.data import Dataset
 from raysim.data.modalities import Modalities, Modality
@@ -20,6 +21,7 @@ from raysim.models.zoo import build_module
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, Inputs, LocalTrainer
+from raysim.training.vectorized import VectorizedTrainer
 from tests.conftest import tiny_config
 from tests.logged import check_logged
 
@@ -132,7 +134,6 @@ def test_sgd_on_a_multimodal_client_is_reproducible_and_learns():
     data = load_dataset(**{**SMALL_CRISIS, "image_signal": 2.0})
     model = FlatModel("image_text_classifier", data.input_shape, data.num_classes)
     client = ClientData(data.x, data.y, np.arange(100), np.arange(100, 120), np.arange(0))
-    from raysim.algorithms.base import LocalSGD
 
     request = LocalSGD(model.initial_parameters(0), epochs=8, lr=0.2, batch_size=20)
     first, second = (LocalTrainer(model).sgd(request, client, np.random.default_rng(3)) for _ in range(2))
@@ -142,6 +143,24 @@ def test_sgd_on_a_multimodal_client_is_reproducible_and_learns():
     end = model.loss_and_grad(torch.from_numpy(first.params), torch.from_numpy(data.x[:100]),
                               torch.from_numpy(data.y[:100]))[0]  # fmt: skip
     assert end < 0.7 * start
+
+
+def test_the_vectorized_trainer_trains_multimodal_clients_one_at_a_time_with_their_own_masks():
+    """Stacking does not pay for these models (docs/performance.md) and their dropout masks come from each
+    client's stream: the vectorized executor falls back to LocalTrainer, client for client bit for bit."""
+    data = load_dataset(**SMALL_CRISIS)
+    model = FlatModel("image_text_classifier", data.input_shape, data.num_classes)
+    trainer = VectorizedTrainer(model, chunk=2)
+    assert trainer.mode == "sequential" and "dropout" in (trainer.unavailable or "")
+    spans = [(0, 30), (30, 45), (45, 90)]
+    clients = [ClientData(data.x, data.y, np.arange(a, b), np.arange(0), np.arange(0)) for a, b in spans]
+    requests = [LocalSGD(model.initial_parameters(seed), epochs=2, lr=0.1, batch_size=20) for seed in range(3)]
+    pairs = list(zip(requests, clients, strict=True))
+    got = trainer.sgd([(request, client, np.random.default_rng(i)) for i, (request, client) in enumerate(pairs)])
+    for i, (request, client) in enumerate(pairs):
+        want = LocalTrainer(model).sgd(request, client, np.random.default_rng(i))
+        np.testing.assert_array_equal(got[i].params, want.params)
+        assert got[i].mean_loss == want.mean_loss and got[i].steps == want.steps
 
 
 @pytest.mark.parametrize("name", ["crisismmd_synthetic", "kuhar_synthetic", "cremad_synthetic"])

@@ -18,7 +18,9 @@ process: that process and every process it started), and the ratio of the second
 reference's (`ratio vs reference`, < 1 is faster). `max |w - w_ref|` checks
 that every way computed the reference's global model. Results go to a table and to JSON. `--set
 algorithm.name=fedavg` (any `--set key.path=value`) changes the workload; the reference loop is FLAME's, so
-another algorithm is measured without it.
+another algorithm is measured without it; `--set model.name=har_classifier --set dataset.name=kuhar_synthetic`
+measures another model on its data (a model with dropout, such as FedAPM's multimodal ones, without the reference
+loop, which trains without dropout).
 
 On a GPU machine the raysim ways run once per `host_gpus` share asked for (0.25: four hosts per GPU), and
 nvidia-smi, asked every 200 ms, gives each way's mean GPU utilisation and peak GPU memory over the measured
@@ -89,6 +91,8 @@ class Measurement:
     evaluation_vs_round: float | None = None
     """evaluation_seconds / seconds_per_round (the target is at most 1)."""
     algorithm: str = "flame"
+    dataset: str = "fashion_mnist"
+    """dataset.name (`--set dataset.name=...` with a model for that data, e.g. FedAPM's multimodal models)."""
 
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
@@ -208,8 +212,13 @@ def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cp
     torch.set_num_threads(1)
     s = config.algorithm
     assert isinstance(s, FlameSettings), "run_bench runs the reference loop for FLAME only"
-    module = FlatModel(config.model.name, problem.model_spec.input_shape, problem.model_spec.outputs).module
-    module = module.to(device)
+    model = FlatModel(config.model.name, problem.model_spec.input_shape, problem.model_spec.outputs)
+    if model.stochastic:
+        raise RaysimError(
+            f"--set model.name={config.model.name}: the reference loop trains without dropout, which this model has; "
+            "run the other ways alone (--ways sequential vectorized)"
+        )
+    module = model.module.to(device)
     params = list(module.parameters())
     features = model_inputs(problem.x, problem.inputs.mean, problem.inputs.std)  # uint8 images: normalized once
     x, y = torch.from_numpy(features).to(device), torch.from_numpy(problem.y).to(device)
@@ -271,8 +280,9 @@ def _measure_reference(
         ready = time.perf_counter()
         ends, w = reference_loop(config, problem, device)
     seconds = _round_seconds(ends)
-    measured = Measurement("reference", clients, model, rounds, 1, seconds, clients / seconds, ready - start,
-                           memory.peak_mib, 1.0, 0.0, 0.0, device, *gpu.usage(*_measured_window(ends)))  # fmt: skip
+    measured = Measurement("reference", clients, config.model.name, rounds, 1, seconds, clients / seconds,
+                           ready - start, memory.peak_mib, 1.0, 0.0, 0.0, device, *gpu.usage(*_measured_window(ends)),
+                           algorithm=config.algorithm.name, dataset=config.dataset.name)  # fmt: skip
     return measured, w
 
 
@@ -324,6 +334,7 @@ def _measure_raysim(
         evaluation,
         None if evaluation is None else evaluation / seconds,
         config.algorithm.name,
+        config.dataset.name,
     )
 
 
@@ -388,7 +399,8 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
     console = console or Console(width=200)
     gpus = any(r.host_gpus or r.device != "cpu" for r in results)
     algorithms = ", ".join(sorted({r.algorithm for r in results}))  # algorithm.name
-    table = Table(title=f"{algorithms} round on Fashion-MNIST ({os.cpu_count()} CPUs, torch {torch.__version__})")
+    datasets = ", ".join(sorted({r.dataset for r in results}))  # dataset.name
+    table = Table(title=f"{algorithms} round on {datasets} ({os.cpu_count()} CPUs, torch {torch.__version__})")
     columns = ["clients", "model", "way", "hosts", "chunk", "s/round", "updates/s", "start-up s", "peak RSS MiB",
                "ratio vs reference", "max |w - w_ref|"]  # fmt: skip
     evaluated = any(r.evaluation_seconds is not None for r in results)

@@ -7,7 +7,9 @@ model's `functional_call` computes every client's mini-batch in a few batched ke
 differentiates the sum of the clients' losses (each client's parameters get only its own gradient).
 Perceptrons (Flatten/Linear/ReLU stacks: mlr, mlp, linear) are written out as batched matrix products
 with their backward pass by hand, which lets a weight's gradient product land straight in the velocity
-or the parameters; a model that cannot be vmapped falls back to LocalTrainer.
+or the parameters; a model that cannot be vmapped, or that has dropout (whose masks each client draws from its
+own stream, FedAPM's multimodal models: stacked they measured slower, docs/performance.md), falls back to
+LocalTrainer.
 
 The unit of work is a chunk's rows (`sgd_rows`): a request whose vectors are [clients, n] (or one [n] vector
 shared by all, such as a received global model) trains in one buffer [clients, n] whose per-layer views are
@@ -98,7 +100,8 @@ class VectorizedTrainer:
         self._sources: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
         self._buffer: torch.Tensor | None = None
         self.unavailable = (
-            f"model {model.name!r} has dropout, whose masks each client draws from its own stream"
+            f"model {model.name!r} has dropout, whose masks each client draws from its own stream (FedAPM's "
+            "multimodal models, which have it, also ran slower stacked: docs/performance.md)"
             if model.stochastic
             else self._probe()
         )
