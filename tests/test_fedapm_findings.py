@@ -157,7 +157,8 @@ def findings(tmp_path_factory, ray_local) -> dict[str, dict[int, dict[str, float
 @pytest.mark.slow
 def test_fedapm_keeps_the_shared_part_closer_to_the_global_one(findings):
     """fedapm.md 5.3 (Fig. 5): FedAPM's local shared part deviates less from u than FedAlt's, FedSim's and
-    FedAvg's, on average over the rounds."""
+    FedAvg's, on average over the rounds. Against FedAvg the gap is small (0.5% at this seed, 1-2% at seeds 1, 2
+    and 4; FedAvg is the lower one in some rounds): rho = 0.01 against the loss weight 1/m is a weak pull."""
     fedapm = _mean_deviation(findings["fedapm"])
     for other in ("fedalt", "fedsim", "fedavg"):
         assert fedapm < _mean_deviation(findings[other]), other
