@@ -3,14 +3,16 @@ findings of fedapm.md 7.3 on the offline substitutes.
 
 Issue 31's "done when": the Table 3 suites run end to end on a fresh clone on the substitutes (every dataset,
 every method, one seed, shortened), and on the substitutes FedAPM's findings hold at a fixed seed, each checked
-by real runs compared with each other (no number is written down here).
+by real runs compared with each other (no number is written down here). FedAvg runs as Table 3's suites run it,
+the authors' code (`shared_only`: the shared part trained, the server mean over all m), at FedAPM's step.
 
-Three of fedapm.md 7.3's four findings are checked here. The fourth, "FedAPM's training loss is lower", is not: on
-this setting FedAlt's PM training loss is the lower one for the first ~23 rounds (round 8: FedAPM 1.98, FedAlt
-1.956), and FedAPM's only drops below it from round 24 on (round 30: 0.919 vs 1.058), a run too long for this
-file's budget; at a step 3x larger (lr 6.0) FedAlt stays lower through round 15 (0.753 vs 0.391). raysim's FedAlt
-averages the selected clients only, where the authors' code averages all m stored models, as FedAPM's server
-does; that damps their FedAlt and likely accounts for part of the paper's gap (fedapm.md 1.5)."""
+fedapm.md 7.3's four findings are checked here, the second only in part: FedAPM's training loss is below FedAvg's
+at every round, but not below FedAlt's. On this setting FedAlt's PM training loss is the lower one for the first
+~23 rounds (round 8: FedAPM 1.98, FedAlt 1.956; FedAvg 2.057), and FedAPM's only drops below it from round 24 on
+(round 30: 0.919 vs 1.058), a run too long for this file's budget; at a step 3x larger (lr 6.0) FedAlt stays
+lower through round 15 (0.753 vs 0.391). raysim's FedAlt averages the selected clients only, where the authors'
+code averages all m stored models, as FedAPM's server does; that damps their FedAlt and likely accounts for part
+of the paper's gap (fedapm.md 1.5)."""
 
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def test_every_fedapm_table_suite_switches_its_data_with_one_setting():
 def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path, ray_local):
     """Every method of the suite at its first seed, 2 rounds, small substitutes (BUILT_IN), one epoch, on one
     Ray with the actors kept between the children: all finish, every round's PM accuracy is a share and the
-    partial personalization methods report the deviation of their shared part."""
+    methods, FedAvg and FedProx included, report the deviation of the shared part."""
     substitute, methods = TABLE3[dataset]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sets = [*BUILT_IN[substitute], "algorithm.epochs=1", "rounds=2", "runtime.num_hosts=1",
@@ -77,8 +79,7 @@ def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path, r
         assert child.config.dataset.name == substitute and child.config.seed == suite.seeds[0]
         history = child.outcome.history
         assert all(0.0 <= history[step]["pm/acc"] <= 1.0 for step in (0, 1, 2)), child.name
-        if child.name in ("fedapm", "fedalt", "fedsim"):
-            assert all(math.isfinite(history[step]["update/deviation"]) for step in (1, 2)), child.name
+        assert all(math.isfinite(history[step]["update/deviation"]) for step in (1, 2)), child.name
 
 
 FINDINGS_DATA = {"name": "crisismmd_synthetic", "samples": 800, "image_dim": 24, "text_dim": 8, "tokens": 6,
@@ -86,7 +87,8 @@ FINDINGS_DATA = {"name": "crisismmd_synthetic", "samples": 800, "image_dim": 24,
 """The CrisisMMD substitute, small (the models read their sizes from it) and informative enough that 20 clients
 learn within a few rounds."""
 FINDINGS_ROUNDS = 8
-PERSONAL = ["img_proj.*", "text_rnn.*"]
+PRESET = "input"
+"""The suite's split (fedapm.md 2: image projection + text GRU personal), the same for every method."""
 LR = 2.0
 """FedAPM's lr on the alpha_i-weighted objective (step lr/m = 0.1); the baselines take that step, lr/m."""
 
@@ -113,7 +115,7 @@ def _findings_run(algorithm: dict, tracking_uri: str, fraction: float = 0.3) -> 
 
 def _fedapm(rho: float = 0.01) -> dict:
     """FedAPM as the authors' multimodal code runs it (v-step on the received u, u-step started from it)."""
-    return {"name": "fedapm", "lr": LR, "rho": rho, "sigma": 0.01, "personal": PERSONAL,
+    return {"name": "fedapm", "lr": LR, "rho": rho, "sigma": 0.01, "preset": PRESET,
             "v_anchor": "broadcast", "u_start": "broadcast"}  # fmt: skip
 
 
@@ -140,9 +142,10 @@ def _mean_deviation(history: dict[int, dict[str, float]]) -> float:
 def findings(tmp_path_factory, ray_local) -> dict[str, dict[int, dict[str, float]]]:
     """The runs the findings compare, at one seed, on one Ray with the actors kept between them."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('findings') / 'mlflow.db'}"
-    baseline = {"lr": LR / 20, "personal": PERSONAL}
+    baseline = {"lr": LR / 20, "preset": PRESET}
     return {
         "fedapm": _findings_run(_fedapm(), uri),
+        "fedavg": _findings_run({"name": "fedavg", "shared_only": True, **baseline}, uri),
         "fedapm_rho0.1": _findings_run(_fedapm(rho=0.1), uri),
         "fedalt": _findings_run({"name": "fedalt", **baseline}, uri),
         "fedsim": _findings_run({"name": "fedsim", **baseline}, uri),
@@ -153,10 +156,21 @@ def findings(tmp_path_factory, ray_local) -> dict[str, dict[int, dict[str, float
 
 @pytest.mark.slow
 def test_fedapm_keeps_the_shared_part_closer_to_the_global_one(findings):
-    """fedapm.md 5.3 (Fig. 5): FedAPM's local shared part deviates less from u than FedAlt's and FedSim's, on
-    average over the rounds."""
+    """fedapm.md 5.3 (Fig. 5): FedAPM's local shared part deviates less from u than FedAlt's, FedSim's and
+    FedAvg's, on average over the rounds. Against FedAvg the gap is small (0.5% at this seed, 1-2% at seeds 1, 2
+    and 4; FedAvg is the lower one in some rounds): rho = 0.01 against the loss weight 1/m is a weak pull."""
     fedapm = _mean_deviation(findings["fedapm"])
-    assert fedapm < _mean_deviation(findings["fedalt"]) and fedapm < _mean_deviation(findings["fedsim"])
+    for other in ("fedalt", "fedsim", "fedavg"):
+        assert fedapm < _mean_deviation(findings[other]), other
+
+
+@pytest.mark.slow
+def test_fedapm_trains_to_a_lower_loss_than_fedavg(findings):
+    """fedapm.md 7.3 "FedAPM's loss curve is lower", against FedAvg as the authors' code trains it (the personal
+    part frozen at the initial model): FedAPM's mean PM training loss is the lower one at every round after the
+    first. Not against FedAlt in these rounds (the module's docstring)."""
+    fedapm, fedavg = findings["fedapm"], findings["fedavg"]
+    assert all(fedapm[step]["pm/train_loss"] < fedavg[step]["pm/train_loss"] for step in sorted(fedapm) if step > 0)
 
 
 @pytest.mark.slow
