@@ -9,8 +9,12 @@ import pytest
 
 from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.config import validate_config
+from raysim.errors import ConfigError
 from raysim.evaluation.classification import classification_scores
+from raysim.execution import run_client_step
 from raysim.models.flat import FlatModel
+from raysim.runtime.problem import sample_clients
+from raysim.training.local import LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 
@@ -131,3 +135,77 @@ def test_single_label_split_auc_follows_the_convention():
     logits = np.zeros((3, 4), np.float32)
     assert classification_scores(logits, np.array([2, 2, 2]), "zero")[1] == 0.0
     assert math.isnan(classification_scores(logits, np.array([2, 2, 2]), "nan")[1])
+
+
+def _fedalt(per_round: int = 2, **settings) -> InProcess:
+    algorithm = {"name": "fedalt", "lr": 0.1, "batch_size": 32, "epochs": 1, **settings}
+    clients = {"count": 5, "per_round": per_round}
+    return InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients=clients)))
+
+
+def test_fedalt_average_over_all_is_the_mean_of_every_clients_latest_shared_part():
+    """average_over: all (the FedAPM authors' server, fedapm.md 1.5): u is the mean over all m = 5 clients of
+    their latest shared parts, stale ones and never-selected clients' initial ones included, not the mean of
+    the 2 selected; float32 states against the float64 running sum: atol 1e-6."""
+    sim = _fedalt(average_over="all")
+    shared = sim.host.algorithm.shared
+    differs = 0.0
+    for round_index in range(3):
+        selected = sample_clients(sim.config.seed, round_index, 5, 2)
+        sim.round(round_index, selected)
+        latest = np.mean([state.params[shared] for state in sim.states.values()], axis=0)
+        np.testing.assert_allclose(sim.server.u, latest, atol=1e-6)
+        of_selected = np.mean([sim.states[i].params[shared] for i in selected], axis=0)
+        differs = max(differs, float(np.abs(sim.server.u - of_selected).max()))
+    assert differs > 1e-3  # the stale clients really count
+
+
+@pytest.mark.parametrize(("alpha", "loss_scale"), [(1.0, "1"), (0.2, "1/m")])
+def test_fedalt_average_over_all_is_fedapm_without_dual_under_partial_participation(alpha, loss_scale):
+    """FedAPM's server is the mean over all m of the latest z_i; with pi_i = 0, rho -> 0, sigma_i = 0 and u_i <- u
+    it is FedAlt with average_over: all, also when only 2 of 5 clients train a round (the default FedAlt differs
+    there), and FedAPM's alpha_i = 1/m is FedAlt's loss_scale 1/m (the same steps). The rho = 1e-7 prox term and
+    float32 rounding: atol 1e-5."""
+    apm = _fedapm(rho=1e-7, sigma=0.0, alpha=alpha, freeze_dual=True, v_anchor="broadcast", u_start="broadcast")
+    alt, selected_only = _fedalt(average_over="all", loss_scale=loss_scale), _fedalt(loss_scale=loss_scale)
+    for round_index in range(3):
+        for sim in (apm, alt, selected_only):
+            sim.round(round_index)
+    np.testing.assert_allclose(apm.server.u, alt.server.u, atol=1e-5)
+    for i, state in alt.states.items():
+        np.testing.assert_allclose(apm.states[i].params, state.params, atol=1e-5)
+    assert np.abs(selected_only.server.u - alt.server.u).max() > 1e-3
+
+
+def test_fedalt_average_over_all_needs_uniform_weights():
+    with pytest.raises(ConfigError, match="average_over='all' averages uniformly"):
+        validate_config(tiny_config(algorithm={"name": "fedalt", "average_over": "all", "aggregation": "samples"}))
+
+
+@pytest.mark.parametrize("order", ["personal_first", "shared_first"])
+def test_fedalt_order_chooses_which_part_trains_first(order):
+    """Two phases of E epochs, each moving one part only: personal then shared (Gauss-Seidel), or with
+    order: shared_first the received shared part first (the FedAPM authors' unimodal path, where the averaged
+    part is the head and the body stays local: `personal` patterns on the body)."""
+    sim = _fedalt(order=order, personal=["1.*", "3.*"])
+    algorithm = sim.host.algorithm
+    client, _split = sim.problem.clients[0]
+    data = sim.host.data[client.id]
+    masks: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    trainer = LocalTrainer(sim.problem.model_spec.build())
+
+    def execute(request):
+        masks.append(request.mask)
+        starts.append(request.start)
+        return trainer.sgd(request, data, np.random.default_rng(0))
+
+    update = run_client_step(algorithm, client, sim.states[client.id], sim.coordinator.broadcast(), execute)
+    first, second = (algorithm.shared, algorithm.personal)
+    if order == "personal_first":
+        first, second = second, first
+    assert [m.tolist() for m in masks] == [first.tolist(), second.tolist()]
+    assert algorithm.personal.sum() > algorithm.shared.sum()  # the body (two layers) is personal, the head shared
+    moved = update.state.params != starts[0]
+    assert moved[first].any() and moved[second].any()
+

@@ -118,6 +118,12 @@ class FedApmSettings(SGDSettings, SplitSettings):
         False, description="keep pi_i = 0: with rho -> 0, sigma = 0 and both switches 'broadcast' this is FedAlt"
     )
 
+    def effective_lr(self, num_clients: int, weighting: str) -> str:
+        """lr * alpha_i: the step on f_i (alpha_i = 1/m matches the others' loss_scale 1/m)."""
+        if self.alpha is None and weighting == "samples":
+            return f"{self.lr:.6g}*n_i/n"
+        return f"{self.lr * (1.0 / num_clients if self.alpha is None else self.alpha):.6g}"
+
 
 @dataclass
 class FedApmClientState:

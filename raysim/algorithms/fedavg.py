@@ -48,6 +48,7 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
     Settings = FedAvgSettings
     Upload = WeightedUpload
     stacks = True
+    scales_loss = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedAvgServerState:
         return FedAvgServerState(init_params.copy())
@@ -63,7 +64,7 @@ class FedAvg(Algorithm[FedAvgSettings, FedAvgClientState, FedAvgServerState, Vec
         return self.settings.local_sgd(broadcast)
 
     def client_step(self, client: ClientInfo | ClientChunk, state: FedAvgClientState, broadcast: Vector) -> ClientStep:
-        result = yield from train(self.local_request(broadcast))
+        result = yield from train(self.settings.scaled(self.local_request(broadcast), client.num_clients))
         samples = np.asarray(client.num_train, np.float32)  # a number, or one per row of a chunk
         weight = samples if self.settings.aggregation == "samples" else np.ones_like(samples)
         metrics = {"train_loss": result.mean_loss, "update_norm": distances(result.params, broadcast)}
