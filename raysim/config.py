@@ -215,7 +215,14 @@ class TrackingSettings(_Section):
         100,
         ge=1,
         description="batch size of the FLAME authors' fairness unit: per client, the sum over test batches of the "
-        "batch-mean loss (logged as */loss_sum_var, the variance of that sum across clients)",
+        "batch-mean loss (logged as */loss_sum_var, the variance of that sum across clients); also of the "
+        "training loss with train_loss_unit batch_sum",
+    )
+    train_loss_unit: Literal["mean", "batch_sum"] = Field(
+        "mean",
+        description="unit of the scored training loss (*/train_loss): the mean over the training split, or the "
+        "FedAPM authors' unit, the sum over its batches of loss_sum_batch samples of the batch-mean loss "
+        "(fedapm.md 4.4: set loss_sum_batch to their batch size, 50 on CIFAR-10)",
     )
     system_metrics: bool = Field(
         True,

@@ -6,15 +6,17 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.evaluation.classification import classification_scores
+from raysim.evaluation.clients import ClientScorer, evaluation_data
 from raysim.execution import run_client_step
 from raysim.models.flat import FlatModel
 from raysim.runtime.problem import sample_clients
-from raysim.training.local import LocalTrainer
+from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 
@@ -209,3 +211,25 @@ def test_fedalt_order_chooses_which_part_trains_first(order):
     moved = update.state.params != starts[0]
     assert moved[first].any() and moved[second].any()
 
+
+def test_training_loss_in_the_authors_unit_is_the_sum_of_batch_means():
+    """tracking.train_loss_unit batch_sum scores the training loss as the FedAPM authors' `inference` does
+    (fedapm.md 4.4): per client the sum over batches of loss_sum_batch consecutive training samples of the
+    batch-mean loss (here 7 batches of 10 and one of 3); mean stays the mean. float32 sums: rtol 1e-5."""
+    source = np.random.default_rng(4)
+    x = source.normal(size=(90, 6)).astype(np.float32)
+    y = source.integers(0, 3, 90).astype(np.int64)
+    data = {0: ClientData(x, y, np.arange(73), np.arange(73, 90), np.array([], np.int64))}
+    model = FlatModel("mlp", (6,), 3)
+    params = model.initial_parameters(1)
+    splits = evaluation_data(data, [0], True, seed=0, evaluation=1)
+    mean = ClientScorer(model, 10, "zero").scores(params, splits)[0].train_loss
+    summed = ClientScorer(model, 10, "zero", "batch_sum").scores(params, splits)[0].train_loss
+    losses = torch.nn.functional.cross_entropy(
+        model.forward(torch.from_numpy(params), torch.from_numpy(x[:73])), torch.from_numpy(y[:73]), reduction="none"
+    ).detach().numpy()
+    assert mean == pytest.approx(losses.mean(), rel=1e-5)
+    assert summed == pytest.approx(sum(losses[i : i + 10].mean() for i in range(0, 73, 10)), rel=1e-5)
+    assert summed > 7 * mean
+    config = validate_config(tiny_config(tracking={"experiment": "tests", "train_loss_unit": "batch_sum"}))
+    assert config.tracking.train_loss_unit == "batch_sum"
