@@ -6,6 +6,8 @@ grad f_i(theta) = b_i (theta - theta_hat_i). Full-batch steps make every local s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -13,9 +15,10 @@ import torch
 from raysim.algorithms.base import LocalSGD
 from raysim.algorithms.fedavg import FedAvgSettings
 from raysim.algorithms.fedprox import FedProxSettings
-from raysim.config import validate_config
+from raysim.config import load_config, validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
+from raysim.studies.suite import load_suite
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
 from tests.conftest import tiny_config
@@ -154,3 +157,16 @@ def test_loss_scale_only_where_the_step_applies_it():
     assert validate_config(tiny_config(algorithm=fedapm, clients=clients)).flat()["algorithm.effective_lr"] == "0.005"
     plain = validate_config(tiny_config(algorithm={"name": "fedalt", "lr": 0.1}, clients=clients)).flat()
     assert plain["algorithm.effective_lr"] == "0.1"
+
+
+def test_the_shipped_comparison_configs_are_step_matched():
+    """Issue 35: FedAPM's comparison configs run every method at the same step on the unweighted loss, as the
+    runs' `algorithm.effective_lr` parameter states: 0.05 in configs/compare.yaml (FedAPM with alpha_i = 1), 0.01 in
+    configs/fedapm.yaml (alpha_i = 1/m), fedalt.yaml and fedsim.yaml (loss_scale 1/m)."""
+    configs = Path(__file__).resolve().parent.parent / "configs"
+    suite = load_suite(configs / "compare.yaml").experiments()
+    compare = {name: config.flat()["algorithm.effective_lr"] for name, config in suite}
+    assert set(compare.values()) == {"0.05"} and len(compare) == 10
+    names = ("fedapm", "fedalt", "fedsim")
+    steps = {name: load_config(configs / f"{name}.yaml").flat()["algorithm.effective_lr"] for name in names}
+    assert steps == {"fedapm": "0.01", "fedalt": "0.01", "fedsim": "0.01"}
