@@ -21,7 +21,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 import raysim.plugins as plugins
-from raysim.algorithms import ALGORITHMS, AlgorithmSettings
+from raysim.algorithms import ALGORITHMS, AlgorithmSettings, SGDSettings
 from raysim.credentials import redact
 from raysim.data import DATASETS, PARTITIONS, DatasetSettings, SchemeSettings
 from raysim.data.fashion_mnist import FashionMnistSettings
@@ -215,7 +215,14 @@ class TrackingSettings(_Section):
         100,
         ge=1,
         description="batch size of the FLAME authors' fairness unit: per client, the sum over test batches of the "
-        "batch-mean loss (logged as */loss_sum_var, the variance of that sum across clients)",
+        "batch-mean loss (logged as */loss_sum_var, the variance of that sum across clients); also of the "
+        "training loss with train_loss_unit batch_sum",
+    )
+    train_loss_unit: Literal["mean", "batch_sum"] = Field(
+        "mean",
+        description="unit of the scored training loss (*/train_loss): the mean over the training split, or the "
+        "FedAPM authors' unit, the sum over its batches of loss_sum_batch samples of the batch-mean loss "
+        "(fedapm.md 4.4: set loss_sum_batch to their batch size, 50 on CIFAR-10)",
     )
     system_metrics: bool = Field(
         True,
@@ -274,6 +281,17 @@ class ExperimentConfig(Settings):
         return self
 
     @model_validator(mode="after")
+    def _check_loss_scale(self) -> ExperimentConfig:
+        """loss_scale 1/m only where the client step applies it (Algorithm.scales_loss)."""
+        if getattr(self.algorithm, "loss_scale", "1") != "1" and not ALGORITHMS.get(self.algorithm.name).scales_loss:
+            raise ValueError(
+                f"algorithm.loss_scale: algorithm {self.algorithm.name!r} does not scale its loss (FedAPM weights it "
+                "by algorithm.alpha instead); allowed with loss_scale 1/m: "
+                + ", ".join(name for name, entry in ALGORITHMS.items() if entry.scales_loss)
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_authors_batches(self) -> ExperimentConfig:
         """Replaying the authors' mini-batches needs their stream of draws: their partition and model, every client
         training every round, and none of their draws that raysim makes elsewhere (raysim.training.authors_batches)."""
@@ -306,8 +324,15 @@ class ExperimentConfig(Settings):
         return tree
 
     def flat(self) -> dict[str, Any]:
-        """The resolved config as dotted keys (MLflow params), credentials redacted."""
-        return flatten(self.shown())
+        """The resolved config as dotted keys (MLflow params), credentials redacted, and for local SGD the step on
+        the unweighted loss f_i, `algorithm.effective_lr` (lr times the loss weight: loss_scale, FedAPM's alpha_i),
+        which tells whether two methods compared run at matched steps."""
+        flat = flatten(self.shown())
+        if isinstance(self.algorithm, SGDSettings):
+            flat["algorithm.effective_lr"] = self.algorithm.effective_lr(
+                self.clients.training_count, self.clients.weighting
+            )
+        return flat
 
     def to_yaml(self) -> str:
         """The resolved config as YAML, credentials redacted."""

@@ -6,9 +6,21 @@ grad f_i(theta) = b_i (theta - theta_hat_i). Full-batch steps make every local s
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from raysim.config import validate_config
+import numpy as np
+import pytest
+import torch
+
+from raysim.algorithms.base import LocalSGD
+from raysim.algorithms.fedavg import FedAvgSettings
+from raysim.algorithms.fedprox import FedProxSettings
+from raysim.config import load_config, validate_config
+from raysim.errors import ConfigError
+from raysim.models.flat import FlatModel
+from raysim.studies.suite import load_suite
+from raysim.training.local import ClientData, LocalTrainer
+from raysim.training.vectorized import VectorizedTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 from tests.test_flame import _orthogonal_regression
@@ -77,3 +89,84 @@ def test_local_reaches_each_clients_own_least_squares_and_sends_nothing():
     algorithm = sim.host.algorithm
     assert algorithm.uplink_bytes(algorithm.Upload()) == 0
     assert algorithm.downlink_bytes(algorithm.broadcast(sim.server)) == 0
+
+
+def _loss_scale_problem() -> tuple[FlatModel, ClientData, np.ndarray, np.ndarray]:
+    """An MLP, one client of 24 samples, a start point and a prox centre away from it."""
+    source = np.random.default_rng(3)
+    x = source.normal(size=(24, 6)).astype(np.float32)
+    y = source.integers(0, 3, 24).astype(np.int64)
+    empty = np.array([], np.int64)
+    model = FlatModel("mlp", (6,), 3)
+    start = model.initial_parameters(0)
+    center = (start + 0.3 * source.normal(size=start.shape)).astype(np.float32)
+    return model, ClientData(x, y, np.arange(24), empty, empty), start, center
+
+
+def _execute(executor: str, model: FlatModel, request: LocalSGD, data: ClientData) -> np.ndarray:
+    if executor == "sequential":
+        return LocalTrainer(model).sgd(request, data, np.random.default_rng(0)).params
+    return VectorizedTrainer(model, 2).sgd([(request, data, np.random.default_rng(0))])[0].params
+
+
+M = 4
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+def test_loss_scale_without_prox_is_the_step_lr_over_m(executor):
+    """loss_scale 1/m weights the loss and its weight_decay term by 1/m; with no other term that is SGD with lr/m:
+    the same iterates, bit for bit (momentum included), on either executor."""
+    model, data, start, _center = _loss_scale_problem()
+    sgd = {"name": "fedavg", "lr": 0.4, "batch_size": 8, "epochs": 2, "momentum": 0.5, "weight_decay": 0.01}
+    scaled = FedAvgSettings(**sgd, loss_scale="1/m")
+    plain = FedAvgSettings(**{**sgd, "lr": 0.4 / M})
+    got = _execute(executor, model, scaled.scaled(scaled.local_sgd(start), M), data)
+    np.testing.assert_array_equal(got, _execute(executor, model, plain.scaled(plain.local_sgd(start), M), data))
+    assert np.abs(got - start).max() > 1e-3
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+def test_loss_scale_leaves_the_prox_term_unscaled(executor):
+    """The FedAPM authors' FedProx step, g = (1/m)(grad f_i + mu w) + p (w - w_c) (fedapm.md 1.5): one full-batch
+    step with loss_scale 1/m is w - lr g, and differs from the step with lr/m (which scales the prox term too) by
+    exactly the prox term's unscaled part, lr p (1 - 1/m) (w - w_c). float32 rounding: atol 1e-6."""
+    model, data, start, center = _loss_scale_problem()
+    settings = FedProxSettings(name="fedprox", lr=0.4, batch_size=24, epochs=1, weight_decay=0.01, mu=0.5)
+    scaled = settings.model_copy(update={"loss_scale": "1/m"})
+    request = scaled.scaled(scaled.local_sgd(start, prox_weight=settings.mu, prox_center=center), M)
+    got = _execute(executor, model, request, data)
+    xb, yb = (torch.from_numpy(a) for a in data.arrays("train"))
+    _loss, grad = model.loss_and_grad(torch.from_numpy(start.copy()), xb, yb)
+    w = start.astype(np.float64)
+    authors = w - 0.4 * ((grad.numpy() + 0.01 * w) / M + 0.5 * (w - center))
+    np.testing.assert_allclose(got, authors, atol=1e-6)
+    lr_over_m = settings.model_copy(update={"lr": 0.4 / M})
+    other = _execute(executor, model, lr_over_m.local_sgd(start, prox_weight=settings.mu, prox_center=center), data)
+    np.testing.assert_allclose(other - got, 0.4 * 0.5 * (1 - 1 / M) * (w - center), atol=1e-6)
+
+
+def test_loss_scale_only_where_the_step_applies_it():
+    """loss_scale 1/m on an algorithm that weights its loss otherwise (FedAPM's alpha_i) is refused; the run's
+    parameters state each method's step on f_i: lr/m with loss_scale 1/m, lr * alpha_i for FedAPM."""
+    with pytest.raises(ConfigError, match="algorithm.loss_scale: algorithm 'fedapm' does not scale its loss"):
+        validate_config(tiny_config(algorithm={"name": "fedapm", "loss_scale": "1/m"}, model={"name": "mlp"}))
+    clients = {"count": 20}
+    fedavg = {"name": "fedavg", "lr": 0.1, "loss_scale": "1/m"}
+    assert validate_config(tiny_config(algorithm=fedavg, clients=clients)).flat()["algorithm.effective_lr"] == "0.005"
+    fedapm = {"name": "fedapm", "lr": 0.1}
+    assert validate_config(tiny_config(algorithm=fedapm, clients=clients)).flat()["algorithm.effective_lr"] == "0.005"
+    plain = validate_config(tiny_config(algorithm={"name": "fedalt", "lr": 0.1}, clients=clients)).flat()
+    assert plain["algorithm.effective_lr"] == "0.1"
+
+
+def test_the_shipped_comparison_configs_are_step_matched():
+    """Issue 35: FedAPM's comparison configs run every method at the same step on the unweighted loss, as the
+    runs' `algorithm.effective_lr` parameter states: 0.05 in configs/compare.yaml (FedAPM with alpha_i = 1), 0.01 in
+    configs/fedapm.yaml (alpha_i = 1/m), fedalt.yaml and fedsim.yaml (loss_scale 1/m)."""
+    configs = Path(__file__).resolve().parent.parent / "configs"
+    suite = load_suite(configs / "compare.yaml").experiments()
+    compare = {name: config.flat()["algorithm.effective_lr"] for name, config in suite}
+    assert set(compare.values()) == {"0.05"} and len(compare) == 10
+    names = ("fedapm", "fedalt", "fedsim")
+    steps = {name: load_config(configs / f"{name}.yaml").flat()["algorithm.effective_lr"] for name in names}
+    assert steps == {"fedapm": "0.01", "fedalt": "0.01", "fedsim": "0.01"}

@@ -15,8 +15,11 @@ from raysim.config import validate_config
 from raysim.data.modalities import Modalities, Modality
 from raysim.errors import ConfigError
 from raysim.evaluation.classification import classification_scores
+from raysim.evaluation.clients import ClientScorer, evaluation_data
+from raysim.execution import run_client_step
 from raysim.models.flat import FlatModel
 from raysim.models.spec import ParamSpec
+from raysim.runtime.problem import sample_clients
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
@@ -290,3 +293,99 @@ def test_fedapm_weight_decay_sits_inside_the_alpha_scaled_gradient():
         v = np.where(algorithm.personal, v - lr * g, v)
     assert np.abs(v - init).max() > 1e-3
     np.testing.assert_allclose(trained, v, rtol=1e-5, atol=1e-7)
+
+
+def _fedalt(per_round: int = 2, **settings) -> InProcess:
+    algorithm = {"name": "fedalt", "lr": 0.1, "batch_size": 32, "epochs": 1, **settings}
+    clients = {"count": 5, "per_round": per_round}
+    return InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients=clients)))
+
+
+def test_fedalt_average_over_all_is_the_mean_of_every_clients_latest_shared_part():
+    """average_over: all (the FedAPM authors' server, fedapm.md 1.5): u is the mean over all m = 5 clients of
+    their latest shared parts, stale ones and never-selected clients' initial ones included, not the mean of
+    the 2 selected; float32 states against the float64 running sum: atol 1e-6."""
+    sim = _fedalt(average_over="all")
+    shared = sim.host.algorithm.shared
+    differs = 0.0
+    for round_index in range(3):
+        selected = sample_clients(sim.config.seed, round_index, 5, 2)
+        sim.round(round_index, selected)
+        latest = np.mean([state.params[shared] for state in sim.states.values()], axis=0)
+        np.testing.assert_allclose(sim.server.u, latest, atol=1e-6)
+        of_selected = np.mean([sim.states[i].params[shared] for i in selected], axis=0)
+        differs = max(differs, float(np.abs(sim.server.u - of_selected).max()))
+    assert differs > 1e-3  # the stale clients really count
+
+
+@pytest.mark.parametrize(("alpha", "loss_scale"), [(1.0, "1"), (0.2, "1/m")])
+def test_fedalt_average_over_all_is_fedapm_without_dual_under_partial_participation(alpha, loss_scale):
+    """FedAPM's server is the mean over all m of the latest z_i; with pi_i = 0, rho -> 0, sigma_i = 0 and u_i <- u
+    it is FedAlt with average_over: all, also when only 2 of 5 clients train a round (the default FedAlt differs
+    there), and FedAPM's alpha_i = 1/m is FedAlt's loss_scale 1/m (the same steps). The rho = 1e-7 prox term and
+    float32 rounding: atol 1e-5."""
+    apm = _fedapm(rho=1e-7, sigma=0.0, alpha=alpha, freeze_dual=True, v_anchor="broadcast", u_start="broadcast")
+    alt, selected_only = _fedalt(average_over="all", loss_scale=loss_scale), _fedalt(loss_scale=loss_scale)
+    for round_index in range(3):
+        for sim in (apm, alt, selected_only):
+            sim.round(round_index)
+    np.testing.assert_allclose(apm.server.u, alt.server.u, atol=1e-5)
+    for i, state in alt.states.items():
+        np.testing.assert_allclose(apm.states[i].params, state.params, atol=1e-5)
+    assert np.abs(selected_only.server.u - alt.server.u).max() > 1e-3
+
+
+def test_fedalt_average_over_all_needs_uniform_weights():
+    with pytest.raises(ConfigError, match="average_over='all' averages uniformly"):
+        validate_config(tiny_config(algorithm={"name": "fedalt", "average_over": "all", "aggregation": "samples"}))
+
+
+@pytest.mark.parametrize("order", ["personal_first", "shared_first"])
+def test_fedalt_order_chooses_which_part_trains_first(order):
+    """Two phases of E epochs, each moving one part only: personal then shared (Gauss-Seidel), or with
+    order: shared_first the received shared part first (the FedAPM authors' unimodal path, where the averaged
+    part is the head and the body stays local: `personal` patterns on the body)."""
+    sim = _fedalt(order=order, personal=["1.*", "3.*"])
+    algorithm = sim.host.algorithm
+    client, _split = sim.problem.clients[0]
+    data = sim.host.data[client.id]
+    masks: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    trainer = LocalTrainer(sim.problem.model_spec.build())
+
+    def execute(request):
+        masks.append(request.mask)
+        starts.append(request.start)
+        return trainer.sgd(request, data, np.random.default_rng(0))
+
+    update = run_client_step(algorithm, client, sim.states[client.id], sim.coordinator.broadcast(), execute)
+    first, second = (algorithm.shared, algorithm.personal)
+    if order == "personal_first":
+        first, second = second, first
+    assert [m.tolist() for m in masks] == [first.tolist(), second.tolist()]
+    assert algorithm.personal.sum() > algorithm.shared.sum()  # the body (two layers) is personal, the head shared
+    moved = update.state.params != starts[0]
+    assert moved[first].any() and moved[second].any()
+
+
+def test_training_loss_in_the_authors_unit_is_the_sum_of_batch_means():
+    """tracking.train_loss_unit batch_sum scores the training loss as the FedAPM authors' `inference` does
+    (fedapm.md 4.4): per client the sum over batches of loss_sum_batch consecutive training samples of the
+    batch-mean loss (here 7 batches of 10 and one of 3); mean stays the mean. float32 sums: rtol 1e-5."""
+    source = np.random.default_rng(4)
+    x = source.normal(size=(90, 6)).astype(np.float32)
+    y = source.integers(0, 3, 90).astype(np.int64)
+    data = {0: ClientData(x, y, np.arange(73), np.arange(73, 90), np.array([], np.int64))}
+    model = FlatModel("mlp", (6,), 3)
+    params = model.initial_parameters(1)
+    splits = evaluation_data(data, [0], True, seed=0, evaluation=1)
+    mean = ClientScorer(model, 10, "zero").scores(params, splits)[0].train_loss
+    summed = ClientScorer(model, 10, "zero", "batch_sum").scores(params, splits)[0].train_loss
+    losses = torch.nn.functional.cross_entropy(
+        model.forward(torch.from_numpy(params), torch.from_numpy(x[:73])), torch.from_numpy(y[:73]), reduction="none"
+    ).detach().numpy()
+    assert mean == pytest.approx(losses.mean(), rel=1e-5)
+    assert summed == pytest.approx(sum(losses[i : i + 10].mean() for i in range(0, 73, 10)), rel=1e-5)
+    assert summed > 7 * mean
+    config = validate_config(tiny_config(tracking={"experiment": "tests", "train_loss_unit": "batch_sum"}))
+    assert config.tracking.train_loss_unit == "batch_sum"

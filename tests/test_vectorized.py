@@ -347,6 +347,15 @@ RUNS = {
     ),
     "fedavg": ({"name": "fedavg", "lr": 0.05, "batch_size": 32}, {"clients": {"count": 6}}),
     "fedapm": ({"name": "fedapm", "lr": 0.05, "batch_size": 32, "rho": 0.25}, {"model": {"name": "mlp"}}),
+    "fedprox_loss_scale": (
+        {"name": "fedprox", "lr": 0.2, "batch_size": 32, "mu": 0.5, "weight_decay": 0.01, "loss_scale": "1/m"},
+        {"clients": {"count": 6, "per_round": 4}},
+    ),
+    "fedalt_authors": (
+        {"name": "fedalt", "lr": 0.2, "batch_size": 32, "loss_scale": "1/m", "average_over": "all",
+         "order": "shared_first"},
+        {"model": {"name": "mlp"}, "clients": {"count": 5, "per_round": 2}},
+    ),
     "fedslr": ({"name": "fedslr", "lambda": 0.05, "mu": 0.01, "lr": 0.05, "batch_size": 32}, {}),
 }
 

@@ -23,10 +23,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from raysim.examples import ExampleContext, Fragment
 from raysim.models.spec import ParamSpec
@@ -58,6 +58,30 @@ class SGDSettings(AlgorithmSettings):
     batch_size: int = Field(100, ge=1)
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (0.5 in the FLAME authors' code)")
     weight_decay: float = Field(0.0, ge=0, description="extra L2 term mu*theta (0.01 in the FLAME authors' code)")
+    loss_scale: Literal["1", "1/m"] = Field(
+        "1",
+        description="weight of the loss and its weight_decay term in the local objective: 1, or 1/m (m training "
+        "clients) as the FedAPM authors' code divides every gradient, g = (1/m)(grad f_i + mu w) (fedapm.md 1.5); "
+        "proximal, dual and linear terms stay unscaled. Step-matches a method with FedAPM at alpha_i = 1/m",
+    )
+
+    @field_validator("loss_scale", mode="before")
+    @classmethod
+    def _loss_scale_one(cls, value: Any) -> Any:
+        """`loss_scale: 1` as a YAML number means "1"."""
+        return "1" if isinstance(value, int | float) and not isinstance(value, bool) and value == 1 else value
+
+    def loss_factor(self, num_clients: int) -> float:
+        """The loss weight that `loss_scale` gives with m = `num_clients` training clients."""
+        return 1.0 / num_clients if self.loss_scale == "1/m" else 1.0
+
+    def scaled(self, request: LocalSGD, num_clients: int) -> LocalSGD:
+        """`request` with its loss weighted by `loss_scale` (see `scale_loss`)."""
+        return scale_loss(request, self.loss_factor(num_clients))
+
+    def effective_lr(self, num_clients: int, weighting: str) -> str:
+        """The step on the unweighted loss f_i, lr times the loss's weight, as the run's parameters state it."""
+        return f"{self.lr * self.loss_factor(num_clients):.6g}"
 
     def local_sgd(self, start: Vector, epochs: int | None = None, **objective: Any) -> LocalSGD:
         """A LocalSGD request with these hyperparameters; `objective` sets the prox/linear terms."""
@@ -189,6 +213,21 @@ class LocalSGD:
             raise ValueError("LocalSGD: prox_weight > 0 needs a prox_center")
         if self.random_batches is not None and self.random_batches < 1:
             raise ValueError(f"LocalSGD: random_batches must be at least 1, got {self.random_batches}")
+
+
+def scale_loss(request: LocalSGD, factor: float) -> LocalSGD:
+    """`request` on the objective factor * (f_i + weight_decay/2 ||x||^2) + the other terms unscaled, as SGD with
+    lr * factor on the objective whose prox, linear and l1 terms are divided by `factor`: the same iterates (with
+    momentum too), and FedAPM's way of weighting its loss by alpha_i (raysim.algorithms.fedapm)."""
+    if factor == 1.0:
+        return request
+    return dataclasses.replace(
+        request,
+        lr=request.lr * factor,
+        prox_weight=request.prox_weight / factor,
+        linear=None if request.linear is None else request.linear / np.float32(factor),
+        l1=None if request.l1 is None else request.l1 / np.float32(factor),
+    )
 
 
 @dataclass(frozen=True)
@@ -343,6 +382,9 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     Settings: ClassVar[type[AlgorithmSettings]]
     Upload: ClassVar[type[Upload]]
     stacks: ClassVar[bool] = False
+    scales_loss: ClassVar[bool] = False
+    """Its client step weights every local loss by `SGDSettings.loss_scale` (`SGDSettings.scaled`); the config
+    refuses loss_scale 1/m for the others (FedAPM, FLAME and FedADMM weight their loss by alpha_i instead)."""
     """`client_step` also runs on a ClientChunk whose state is stacked (ClientChunk; raysim.execution.drivers):
     a vectorized host then updates a chunk of clients in a few array operations instead of one client at a time."""
 

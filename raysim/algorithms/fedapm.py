@@ -170,6 +170,12 @@ class FedApmSettings(SGDSettings, SplitSettings):
         "server averages all of it, and a selected client's personal part starts each round from the aggregate's",
     )
 
+    def effective_lr(self, num_clients: int, weighting: str) -> str:
+        """lr * alpha_i: the step on f_i (alpha_i = 1/m matches the others' loss_scale 1/m)."""
+        if self.alpha is None and weighting == "samples":
+            return f"{self.lr:.6g}*n_i/n"
+        return f"{self.lr * (1.0 / num_clients if self.alpha is None else self.alpha):.6g}"
+
 
 @dataclass
 class FedApmClientState:

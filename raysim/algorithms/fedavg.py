@@ -85,6 +85,7 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
     Upload = WeightedUpload
     """A DeltaUpload of the shared part with `shared_only`."""
     stacks = True
+    scales_loss = True
 
     def __init__(self, settings: FedAvgSettings, params: ParamSpec):
         super().__init__(settings, params)
@@ -111,7 +112,7 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
         return self.settings.local_sgd(broadcast, mask=self.shared if self.settings.shared_only else None)
 
     def client_step(self, client: ClientInfo | ClientChunk, state: ClientState, broadcast: Vector) -> ClientStep:
-        result = yield from train(self.local_request(broadcast))
+        result = yield from train(self.settings.scaled(self.local_request(broadcast), client.num_clients))
         params = np.asarray(result.params, np.float32)
         whole = self.shared.all()  # then no copy of the shared part
         local, received = (params, broadcast) if whole else (params[..., self.shared], broadcast[self.shared])

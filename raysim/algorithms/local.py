@@ -47,6 +47,7 @@ class Local(Algorithm[LocalSettings, LocalClientState, LocalServerState, None, L
     name = "local"
     Settings = LocalSettings
     Upload = LocalUpload
+    scales_loss = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> LocalServerState:
         return LocalServerState(init_params.copy())
@@ -58,7 +59,7 @@ class Local(Algorithm[LocalSettings, LocalClientState, LocalServerState, None, L
         return None
 
     def client_step(self, client: ClientInfo, state: LocalClientState, broadcast: None) -> ClientStep:
-        result = yield from train(self.settings.local_sgd(state.theta))
+        result = yield from train(self.settings.scaled(self.settings.local_sgd(state.theta), client.num_clients))
         return ClientUpdate(LocalClientState(result.params.copy()), LocalUpload(), {"train_loss": result.mean_loss})
 
     def server_step(self, server: LocalServerState, total: LocalUpload, num_selected: int):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -18,6 +18,10 @@ from raysim.seeding import Stream, rng
 
 if TYPE_CHECKING:
     from raysim.training.local import ClientData
+
+TrainLossUnit = Literal["mean", "batch_sum"]
+"""The scored training loss: the mean over the split, or the sum over its batches of loss_sum_batch samples of the
+batch-mean loss (the FedAPM authors' `inference`, fedapm.md 4.4; tracking.train_loss_unit)."""
 
 SPLITS = ("train", "test", "val")
 """A client's splits, in the order whose position keys a split's access-time draws at an evaluation."""
@@ -81,6 +85,8 @@ class ClientScorer:
     """Batch size of the summed test loss (tracking.loss_sum_batch)."""
     auc_single_label: SingleLabelAuc
     """The AUC of a one-label test split (raysim.evaluation.classification.classification_scores)."""
+    train_loss_unit: TrainLossUnit = "mean"
+    """The unit of the training loss (tracking.train_loss_unit)."""
 
     def scores(self, params: np.ndarray | list[np.ndarray], data: EvaluationData) -> list[ModelScores]:
         """The scores on each client's splits of one model shared by all (a vector: Scorer.sample_scores_many) or
@@ -106,7 +112,7 @@ class ClientScorer:
             ModelScores(
                 test.accuracy,
                 test.loss,
-                train.loss if data.with_train else float("nan"),
+                (train.loss if self.train_loss_unit == "mean" else train.loss_sum) if data.with_train else float("nan"),
                 val.accuracy if size else float("nan"),
                 f1,
                 auc,

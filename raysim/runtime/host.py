@@ -123,7 +123,9 @@ class ClientHost(Renewable):
         with_train = bool(every) and (self.evaluations - 1) % every == 0
         evaluations = []
         ids = self.client_ids
-        scorer = ClientScorer(self.model, self.settings.loss_sum_batch, self.settings.auc_single_label)
+        scorer = ClientScorer(
+            self.model, self.settings.loss_sum_batch, self.settings.auc_single_label, self.settings.train_loss_unit
+        )
         for begin in range(0, len(ids), EVALUATION_CLIENTS):
             chunk = ids[begin : begin + EVALUATION_CLIENTS]
             splits = evaluation_data(self.data, chunk, with_train, self.seed, self.evaluations)

@@ -9,6 +9,7 @@ from raysim.algorithms import ALGORITHMS
 from raysim.algorithms.base import AlgorithmSettings, SGDSettings
 from raysim.config import ExperimentConfig
 from raysim.evaluation.classification import SingleLabelAuc
+from raysim.evaluation.clients import TrainLossUnit
 from raysim.models.flat import ModelSpec
 from raysim.threats.attacks import AttackPlan
 from raysim.training.authors_batches import AuthorsBatchPlan
@@ -56,6 +57,8 @@ class HostSettings:
     batches: AuthorsBatchPlan | None = None
     """clients.batches = authors: the run's clients' mini-batches are the FLAME authors' code's (every host replays
     their streams for all clients, raysim.training.authors_batches); None: from the clients' seeded streams."""
+    train_loss_unit: TrainLossUnit = "mean"
+    """Unit of the scored training loss (tracking.train_loss_unit)."""
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:
@@ -67,6 +70,7 @@ class HostSettings:
             runtime.spill_dir, runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus, problem.inputs,
             config.tracking.loss_sum_batch, config.tracking.train_loss_every,
             tuple(sorted({info.num_train for info, _ in problem.clients})), authors_batches(config, problem),
+            train_loss_unit=config.tracking.train_loss_unit,
         )  # fmt: skip
 
 
