@@ -3,16 +3,18 @@ findings of fedapm.md 7.3 on the offline substitutes.
 
 Issue 31's "done when": the Table 3 suites run end to end on a fresh clone on the substitutes (every dataset,
 every method, one seed, shortened), and on the substitutes FedAPM's findings hold at a fixed seed, each checked
-by real runs compared with each other (no number is written down here). FedAvg runs as Table 3's suites run it,
-the authors' code (`shared_only`: the shared part trained, the server mean over all m), at FedAPM's step.
+by real runs compared with each other (no number is written down here). The baselines run as Table 3's suites run
+them, the authors' code at FedAPM's step (`loss_scale: 1/m` at FedAPM's lr): FedAvg `shared_only` (the shared
+part trained, the server mean over all m), FedAlt and FedSim `average_over: all` (the same server).
 
-fedapm.md 7.3's four findings are checked here, the second only in part: FedAPM's training loss is below FedAvg's
-at every round, but not below FedAlt's. On this setting FedAlt's PM training loss is the lower one for the first
-~23 rounds (round 8: FedAPM 1.98, FedAlt 1.956; FedAvg 2.057), and FedAPM's only drops below it from round 24 on
-(round 30: 0.919 vs 1.058), a run too long for this file's budget; at a step 3x larger (lr 6.0) FedAlt stays
-lower through round 15 (0.753 vs 0.391). raysim's FedAlt averages the selected clients only, where the authors'
-code averages all m stored models, as FedAPM's server does; that damps their FedAlt and likely accounts for part
-of the paper's gap (fedapm.md 1.5)."""
+fedapm.md 7.3's four findings are checked here. With the authors' FedAlt server (the mean of all m latest shared
+parts, stale ones included) FedAPM's PM training loss is below FedAlt's and FedSim's at every round from the third
+on, at seeds 1-4 alike (round 8, seed 3: FedAPM 1.980, FedAlt 2.008, FedSim 2.008, FedAvg 2.057; seeds 1, 2, 4:
+FedAPM 1.995 / 1.977 / 2.000, FedAlt 2.015 / 2.005 / 2.023); in the first two rounds they are within 1e-3, either
+one lower. Raysim's default FedAlt, which averages the selected clients only, is the lower one for the first ~23
+rounds (round 8, seed 3: 1.956) and FedAPM's drops below it only from round 24 on: the stale models in the
+authors' mean damp their FedAlt as they damp FedAPM's own server, so the paper's ordering holds here against the
+authors' FedAlt, not against Pillutla et al.'s in these rounds (fedapm.md 1.5)."""
 
 from __future__ import annotations
 
@@ -58,6 +60,12 @@ def test_every_fedapm_table_suite_switches_its_data_with_one_setting():
     crisis = load_suite(SUITES / "fedapm_table3_crisismmd.yaml", ["dataset.name=digits"]).experiments()
     assert {c.dataset.model_dump()["name"] for _, c in crisis} == {"digits"}
     assert not any("image_dim" in c.dataset.model_dump() for _, c in crisis)
+    kuhar = load_suite(SUITES / "fedapm_table3_kuhar.yaml").experiments()
+    assert {c.dataset.model_dump()["recordings"] for _, c in kuhar} == {"basic_motions"}
+    real = load_suite(SUITES / "fedapm_table3_kuhar.yaml", ["dataset.name=kuhar", "dataset.root=/data"])
+    assert {c.dataset.name for _, c in real.experiments()} == {"kuhar"}
+    assert not any("recordings" in c.dataset.model_dump() for _, c in real.experiments())
+    assert {tuple(c.partition.id_offsets) for _, c in real.experiments()} == {(0, 19, 39, 59)}
 
 
 @pytest.mark.slow
@@ -90,7 +98,7 @@ FINDINGS_ROUNDS = 8
 PRESET = "input"
 """The suite's split (fedapm.md 2: image projection + text GRU personal), the same for every method."""
 LR = 2.0
-"""FedAPM's lr on the alpha_i-weighted objective (step lr/m = 0.1); the baselines take that step, lr/m."""
+"""FedAPM's lr on the alpha_i-weighted objective (step lr/m = 0.1); the baselines take it with `loss_scale: 1/m`."""
 
 
 def _findings_run(algorithm: dict, tracking_uri: str, fraction: float = 0.3) -> dict[int, dict[str, float]]:
@@ -142,13 +150,13 @@ def _mean_deviation(history: dict[int, dict[str, float]]) -> float:
 def findings(tmp_path_factory, ray_local) -> dict[str, dict[int, dict[str, float]]]:
     """The runs the findings compare, at one seed, on one Ray with the actors kept between them."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('findings') / 'mlflow.db'}"
-    baseline = {"lr": LR / 20, "preset": PRESET}
+    baseline = {"lr": LR, "loss_scale": "1/m", "preset": PRESET}
     return {
         "fedapm": _findings_run(_fedapm(), uri),
         "fedavg": _findings_run({"name": "fedavg", "shared_only": True, **baseline}, uri),
         "fedapm_rho0.1": _findings_run(_fedapm(rho=0.1), uri),
-        "fedalt": _findings_run({"name": "fedalt", **baseline}, uri),
-        "fedsim": _findings_run({"name": "fedsim", **baseline}, uri),
+        "fedalt": _findings_run({"name": "fedalt", "average_over": "all", **baseline}, uri),
+        "fedsim": _findings_run({"name": "fedsim", "average_over": "all", **baseline}, uri),
         "fedapm_frac0.1": _findings_run(_fedapm(), uri, fraction=0.1),
         "fedapm_frac0.5": _findings_run(_fedapm(), uri, fraction=0.5),
     }
@@ -165,12 +173,16 @@ def test_fedapm_keeps_the_shared_part_closer_to_the_global_one(findings):
 
 
 @pytest.mark.slow
-def test_fedapm_trains_to_a_lower_loss_than_fedavg(findings):
-    """fedapm.md 7.3 "FedAPM's loss curve is lower", against FedAvg as the authors' code trains it (the personal
-    part frozen at the initial model): FedAPM's mean PM training loss is the lower one at every round after the
-    first. Not against FedAlt in these rounds (the module's docstring)."""
-    fedapm, fedavg = findings["fedapm"], findings["fedavg"]
-    assert all(fedapm[step]["pm/train_loss"] < fedavg[step]["pm/train_loss"] for step in sorted(fedapm) if step > 0)
+@pytest.mark.parametrize(("other", "from_round"), [("fedavg", 1), ("fedalt", 3), ("fedsim", 3)])
+def test_fedapm_trains_to_a_lower_loss(findings, other, from_round):
+    """fedapm.md 7.3 "FedAPM's loss curve is lower", against the baselines as the authors' code trains them
+    (FedAvg's personal part frozen at the initial model; FedAlt and FedSim averaged over all m): FedAPM's mean PM
+    training loss is the lower one at every round from `from_round` on. In the first two rounds the partial
+    methods are within 1e-3 of FedAPM (each starts with E epochs on the personal part, and FedAPM's rho = 0.01
+    pull is weak against the loss weight 1/m), either one lower at seeds 1-4."""
+    fedapm, baseline = findings["fedapm"], findings[other]
+    rounds = [step for step in sorted(fedapm) if step >= from_round]
+    assert all(fedapm[step]["pm/train_loss"] < baseline[step]["pm/train_loss"] for step in rounds)
 
 
 @pytest.mark.slow
