@@ -247,6 +247,45 @@ def test_shared_only_fedavg_keeps_the_personal_part_at_init_and_averages_all_m(n
     assert np.linalg.norm(sim.server.w - init) > 1e-3
 
 
+@pytest.mark.parametrize("training", ["sequential", "vectorized"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox"])
+def test_shared_start_local_is_the_authors_unimodal_fedavg(name, training):
+    """The authors' unimodal FedAvg/FedProx (NieFeiteng/FedAPM `partial_update.py`: `load_remaining_layers` loads
+    only the head, which FedAvg never trains): a selected client's shared part starts from its OWN latest one, never
+    the server's mean, so FedAvg is local training; FedProx's prox centre is that start (the code's v_i_t, 0.1 hard-
+    coded); the personal part stays the initial model; and the PM scored is the client's own model."""
+    algorithm = {"name": name, "lr": 0.1, "batch_size": 32, "epochs": 1, "shared_only": True, "shared_start": "local"}
+    clients, runtime = {"count": 4, "per_round": 2}, {"num_hosts": 1, "client_training": training}
+    sim = InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients=clients, runtime=runtime)))
+    algorithm, init = sim.host.algorithm, sim.problem.init_params
+    shared, personal = algorithm.shared, ~algorithm.shared
+    sim.round(0, [0, 1])
+    sim.round(1, [0, 2])
+    states = sim.states
+    np.testing.assert_array_equal(states[3].shared, init[shared])  # never selected: untouched
+    mean = np.mean([states[i].shared.astype(np.float64) for i in range(4)], axis=0)
+    np.testing.assert_allclose(sim.server.w[shared], mean, atol=1e-6)  # the server's mean, which no client loads
+    np.testing.assert_array_equal(sim.server.w[personal], init[personal])
+    broadcast = sim.coordinator.broadcast()
+    assert np.abs(broadcast[shared] - states[1].shared).max() > 1e-3
+    request = next(algorithm.client_step(ClientInfo(1, 10, 0.25, 4), states[1], broadcast))
+    np.testing.assert_array_equal(request.start[shared], states[1].shared)  # its own model, not the broadcast
+    np.testing.assert_array_equal(request.start[personal], init[personal])
+    assert np.array_equal(request.mask, shared)
+    if name == "fedprox":
+        assert request.prox_weight == 0.1
+        np.testing.assert_array_equal(request.prox_center, request.start)  # the client's own previous model
+    own = algorithm.evaluated_model(states[1], broadcast)
+    np.testing.assert_array_equal(own[shared], states[1].shared)
+    np.testing.assert_array_equal(own[personal], init[personal])
+    # Client 1's second round from its own model equals two rounds of training alone: FedAvg is local training.
+    before = states[1].shared.copy()
+    sim.round(2, [1, 3])
+    assert np.abs(sim.states[1].shared - before).max() > 1e-4
+    with pytest.raises(ValueError, match="shared_start='local'.*shared_only=true"):
+        FedAvgSettings(shared_start="local")
+
+
 def test_full_model_fedavg_on_a_one_layer_model_takes_the_deviation_over_the_whole_model():
     """The default preset cannot split MLR (one layer): FedAvg then counts every tensor as shared, while an explicit
     split that leaves a part empty, or shared-only training without a split, is refused."""

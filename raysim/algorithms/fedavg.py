@@ -7,6 +7,10 @@ Table 3's methods compare on one measure; a model the preset cannot split (one l
 `shared_only` is the FedAPM authors' code (fedapm.md 1.5): a client trains only the shared part (the personal part
 stays at the common initial model, as the broadcast carries it), and the server averages the latest shared parts of
 ALL m clients, stale ones included (u = (1/m) sum_i u_i, the running mean FedAPM's server keeps), unweighted.
+`shared_start: local` adds their unimodal path (the MLP/CNN rows): `load_remaining_layers` loads only the head from
+the server, so a client's shared part continues from its own latest one and is never synchronized (their FedAvg is
+local training of the shared part, FedProx's prox centre is the client's own previous model), and each client's own
+model is scored (the PM), not the global one.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raysim.algorithms.base import (
     ALGORITHMS,
@@ -54,6 +58,19 @@ class FedAvgSettings(SGDSettings, SplitSettings):
         "personal part frozen at the initial model, and average the latest shared parts of all m clients "
         "(stale ones included, unweighted; `aggregation` does not apply)",
     )
+    shared_start: Literal["broadcast", "local"] = Field(
+        "broadcast",
+        description="with shared_only: where a client's shared part starts each round: the server's mean (the "
+        "authors' multimodal path), or the client's own latest shared part, never synchronized (their unimodal "
+        "path: FedAvg is then local training, FedProx pulls towards the client's previous model, the PM is scored)",
+    )
+
+    @model_validator(mode="after")
+    def _check_shared_start(self) -> FedAvgSettings:
+        if self.shared_start == "local" and not self.shared_only:
+            raise ValueError("algorithm.shared_start='local' is the authors' code's shared-only path: set "
+                             "algorithm.shared_only=true")
+        return self
 
 
 @dataclass
@@ -107,19 +124,30 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
     def broadcast(self, server: FedAvgServerState) -> Vector:
         return server.w
 
-    def local_request(self, broadcast: Vector) -> LocalSGD:
-        """The local training of a round (FedProx adds its proximal term here)."""
-        return self.settings.local_sgd(broadcast, mask=self.shared if self.settings.shared_only else None)
+    def local_request(self, start: Vector) -> LocalSGD:
+        """The local training of a round from `start` (FedProx adds its proximal term towards it here)."""
+        return self.settings.local_sgd(start, mask=self.shared if self.settings.shared_only else None)
+
+    def start(self, state: ClientState, broadcast: Vector) -> Vector:
+        """The round's starting model: the broadcast, or with `shared_start: local` the broadcast's personal part
+        (the common initial one) with the client's own latest shared part (one row per client of a chunk)."""
+        if self.settings.shared_start == "broadcast" or not isinstance(state, SharedOnlyClientState):
+            return broadcast
+        start = np.repeat(broadcast[None], len(state.shared), axis=0) if state.shared.ndim == 2 else broadcast.copy()
+        start[..., self.shared] = state.shared
+        return start
 
     def client_step(self, client: ClientInfo | ClientChunk, state: ClientState, broadcast: Vector) -> ClientStep:
-        result = yield from train(self.settings.scaled(self.local_request(broadcast), client.num_clients))
+        start = self.start(state, broadcast)
+        result = yield from train(self.settings.scaled(self.local_request(start), client.num_clients))
         params = np.asarray(result.params, np.float32)
         whole = self.shared.all()  # then no copy of the shared part
+        # The deviation is from the server's model even where the client starts from its own (the authors' measure)
         local, received = (params, broadcast) if whole else (params[..., self.shared], broadcast[self.shared])
         per_tensor, l2 = deviation(self.params, self.shared, local, received)
         metrics = {
             "train_loss": result.mean_loss,
-            "update_norm": distances(params, broadcast),
+            "update_norm": distances(params, start),
             "deviation": per_tensor,
             "deviation_l2": l2,
         }
@@ -151,3 +179,11 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
 
     def global_model(self, server: FedAvgServerState) -> Vector:
         return server.w
+
+    def evaluated_model(self, state: ClientState, global_params: Vector) -> Vector | None:
+        """`shared_start: local`: the client's own model (its shared part, the global personal part) is its PM."""
+        if self.settings.shared_start == "broadcast" or not isinstance(state, SharedOnlyClientState):
+            return None
+        own = global_params.copy()
+        own[self.shared] = state.shared
+        return own

@@ -3,7 +3,8 @@
 FedAPM's experiments grid-search mu (their code hard-codes 0.1, fedapm.md 1.5); FLAME's reading of FedADMM
 with pi = 0 is the same step with mu = rho / alpha_i. The server is FedAvg's (weighted mean of the
 selected clients' models), or with `shared_only` the authors' code's (fedapm.md 1.5): the shared part trained with the
-prox term 0.1 (w - w^start) on it, the mean over all m clients' latest shared parts.
+prox term 0.1 (w - w^start) on it, the mean over all m clients' latest shared parts; with `shared_start: local`
+w^start is the client's own previous model (their unimodal path).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 
 class FedProxSettings(FedAvgSettings):
     name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]  # its own, extending FedAvg's settings
-    mu: float = Field(0.1, ge=0, description="proximal weight towards the received global model")
+    mu: float = Field(
+        0.1, ge=0, description="proximal weight towards the round's starting model (the received global model)"
+    )
 
 
 @ALGORITHMS.register()
@@ -28,6 +31,6 @@ class FedProx(FedAvg):
     Settings = FedProxSettings
     settings: FedProxSettings
 
-    def local_request(self, broadcast: Vector) -> LocalSGD:
-        plain = super().local_request(broadcast)  # FedAvg's, shared-part mask included
-        return dataclasses.replace(plain, prox_weight=self.settings.mu, prox_center=broadcast)
+    def local_request(self, start: Vector) -> LocalSGD:
+        plain = super().local_request(start)  # FedAvg's, shared-part mask included
+        return dataclasses.replace(plain, prox_weight=self.settings.mu, prox_center=start)
