@@ -20,6 +20,9 @@ CHILDREN = {
     "fedslr_vs_fedavg_cifar10.yaml": 6,
     "fedapm_comparison_cifar10.yaml": 25,
     "augfl_fmnist_table2.yaml": 15,
+    "fedapm_authors_fmnist.yaml": 8,  # 4 methods x 2 seeds
+    **{f"fedapm_table3_{d}.yaml": 25 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 5 methods x 5 seeds
+    **{f"fedapm_table4_{d}.yaml": 15 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 3 methods x 5 seeds
 }
 
 
