@@ -151,19 +151,13 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
             "deviation": per_tensor,
             "deviation_l2": l2,
         }
-        if isinstance(state, SharedOnlyClientState):
-            new = SharedOnlyClientState(params[..., self.shared])
-            change = new.shared.astype(np.float64) - state.shared
-            return ClientUpdate(new, DeltaUpload(change), metrics)
+        if isinstance(state, SharedOnlyClientState):  # the change of the latest shared part (see servers.py)
+            shared = params[..., self.shared]
+            message = shared.astype(np.float64)
+            return ClientUpdate(SharedOnlyClientState(shared), DeltaUpload(message - state.shared), metrics, message)
         samples = np.asarray(client.num_train, np.float32)  # a number, or one per row of a chunk
         weight = samples if self.settings.aggregation == "samples" else np.ones_like(samples)
         return ClientUpdate(state, WeightedUpload(per_row(weight) * params, weight), metrics)
-
-    def message(self, update: ClientUpdate) -> Vector:
-        """`shared_only`: the client's new shared part (the running mean's message); else the local model."""
-        if isinstance(update.state, SharedOnlyClientState):
-            return np.asarray(update.state.shared, np.float64)
-        return super().message(update)
 
     def server_step(self, server: FedAvgServerState, total: WeightedUpload | DeltaUpload, num_selected: int):
         if server.running is None:
