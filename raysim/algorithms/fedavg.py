@@ -178,6 +178,4 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
         """`shared_start: local`: the client's own model (its shared part, the global personal part) is its PM."""
         if self.settings.shared_start == "broadcast" or not isinstance(state, SharedOnlyClientState):
             return None
-        own = global_params.copy()
-        own[self.shared] = state.shared
-        return own
+        return self.start(state, global_params)
