@@ -16,6 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.config import apply_overrides, load_config, read_mapping, validate_config
+from raysim.runtime import crews
 from raysim.runtime.driver import run_experiment
 from raysim.studies.suite import is_suite_file, load_suite
 from raysim.studies.sweep import is_sweep_file, load_sweep
@@ -195,6 +196,13 @@ def distinct_experiments() -> list[list[Path]]:
     return list(groups.values())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_crew_left():
+    """The last reused crew holds CPUs of the session's Ray that the next module's runs need."""
+    yield
+    crews.dismiss_parked()
+
+
 def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
     for path in SHIPPED:
         tree, source = first_setting(path, "sqlite:///unused.db")
@@ -214,14 +222,16 @@ def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
 def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, ray_local, mlflow_uri, fmnist_tenth):
     """In this process (the CLI path of each kind of file has its own tests): the paper datasets that are not
     installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN where it holds too little), the
-    built-in ones are scaled down (BUILT_IN)."""
+    built-in ones are scaled down (BUILT_IN). Each run takes the actors of the one before (runtime.reuse_actors: a
+    new actor process costs most of a one-round run; tests/test_crews.py shows renewed actors give a new crew's
+    results)."""
     tree, source = first_setting(paths[0], mlflow_uri)
-    sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1"]
+    sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", "runtime.reuse_actors=true"]
     dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
     if dataset == "fashion_mnist":
         sets += [f"dataset.root={fmnist_tenth}", *SCALED_DOWN.get(source.name, [])]
     elif dataset in BUILT_IN:
-        sets += [*BUILT_IN[dataset], "algorithm.epochs=1", "runtime.reuse_actors=true"]
+        sets += [*BUILT_IN[dataset], "algorithm.epochs=1"]
     else:
         root = tmp_path / "data"
         root.mkdir()
