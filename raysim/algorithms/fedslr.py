@@ -35,6 +35,7 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    Number,
     SGDSettings,
     Upload,
     Vector,
@@ -108,8 +109,9 @@ class FedSlrBroadcast:
 @dataclass
 class FedSlrUpload(Upload):
     w: Vector
-    count: float = 1.0
-    """1 per client, so that a robust aggregate replacing the sum of w_i is still divided correctly."""
+    count: Number = 1.0
+    """1 per client (one per row of a chunk's stacked upload: GPGD stacks), so that a robust aggregate replacing the
+    sum of w_i is still divided correctly."""
 
     message_field = "w"
     weight_field = "count"
@@ -222,7 +224,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         summed = np.asarray(total.w, dtype=np.float64)
         # Partial-participation Alg. 3: only the selected clients' gamma_i changed, by (w_t - w_i)/eta_g (FedDyn's h).
         gamma_mean = mirrored_dual_mean(server.gamma_mean, server.w, summed, num_selected, s.eta_g, server.num_clients)
-        before = dual_corrected_mean(summed, total.count, gamma_mean, s.eta_g)
+        before = dual_corrected_mean(summed, float(total.count), gamma_mean, s.eta_g)
         prox, metrics = self.low_rank(before, s.lam * s.eta_g, server.w)  # (6)
         metrics["gamma_mean_norm"] = float(np.linalg.norm(gamma_mean))
         new = FedSlrServerState(prox.params, prox.model, gamma_mean, server.round + 1, prox.ranks, server.num_clients)
