@@ -25,6 +25,10 @@ ALGORITHMS = {
     "fedalt": {},
     "fedsim": {},
     "local": {},
+    "scaffold": {},
+    "feddyn": {"alpha": 0.1},
+    "gpgd": {"lambda": 0.01},
+    "lpgd": {"lambda": 0.01},
 }
 
 

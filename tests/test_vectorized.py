@@ -357,6 +357,10 @@ RUNS = {
         {"model": {"name": "mlp"}, "clients": {"count": 5, "per_round": 2}},
     ),
     "fedslr": ({"name": "fedslr", "lambda": 0.05, "mu": 0.01, "lr": 0.05, "batch_size": 32}, {}),
+    "scaffold": ({"name": "scaffold", "lr": 0.05, "batch_size": 32}, {"clients": {"count": 6, "per_round": 4}}),
+    "feddyn": ({"name": "feddyn", "alpha": 0.1, "lr": 0.05, "batch_size": 32}, {"clients": {"count": 6}}),
+    "gpgd": ({"name": "gpgd", "lambda": 0.05, "lr": 0.05, "batch_size": 32}, {"model": {"name": "mlp"}}),
+    "lpgd": ({"name": "lpgd", "lambda": 0.05, "lr": 0.05, "batch_size": 32}, {"model": {"name": "mlp"}}),
 }
 
 

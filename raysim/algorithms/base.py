@@ -179,7 +179,7 @@ class LocalSGD:
     """Request: mini-batch SGD from `start` on the client's training split, minimising
 
         f_i(offset + x) + (prox_weight/2) ||x - prox_center||^2 + <linear, x> + (weight_decay/2) ||x||^2
-            + l1 ||x||_1
+            + l1 ||x||_1 + nuclear sum_l ||W_l||_*
 
     for `epochs` passes of shuffled mini-batches (the last batch may be smaller), or for `random_batches` steps on
     one random batch each, moving only the coordinates in `mask` when one is given.
@@ -200,6 +200,11 @@ class LocalSGD:
     """If given, f_i is evaluated at offset + x (FedSLR Phase II trains p with w_t frozen, fedslr.md eq. 7)."""
     l1: float | Vector | None = None
     """If given, proximal SGD for + l1 ||x||_1: soft-threshold at lr * l1 after every step (scalar or per entry)."""
+    nuclear: float | None = None
+    """If given, proximal SGD for + nuclear sum_l ||W_l||_* over the matrix (>= 2-D) parameters W_l, matrixized as
+    raysim.algorithms.prox.matrixize: singular value thresholding of each at lr * nuclear after every step (and after
+    the l1 step), the per-step proximal operator of FedSLR's LPGD ablation (fedslr.md A.2 eq. 18). An SVD per layer
+    and step: the vectorized trainer runs such requests one client at a time. Not with `mask`."""
     random_batches: int | None = None
     """If given, instead of `epochs` passes: this many steps, each on one batch picked uniformly among the batches of
     a fresh shuffle of the split (the smaller last batch included), as `random.choice(list(trainloader))` does in
@@ -211,6 +216,8 @@ class LocalSGD:
     def __post_init__(self) -> None:
         if self.prox_weight and self.prox_center is None:
             raise ValueError("LocalSGD: prox_weight > 0 needs a prox_center")
+        if self.nuclear is not None and self.mask is not None:
+            raise ValueError("LocalSGD: nuclear (a per-layer prox) cannot be combined with a mask")
         if self.random_batches is not None and self.random_batches < 1:
             raise ValueError(f"LocalSGD: random_batches must be at least 1, got {self.random_batches}")
 
@@ -227,6 +234,7 @@ def scale_loss(request: LocalSGD, factor: float) -> LocalSGD:
         prox_weight=request.prox_weight / factor,
         linear=None if request.linear is None else request.linear / np.float32(factor),
         l1=None if request.l1 is None else request.l1 / np.float32(factor),
+        nuclear=None if request.nuclear is None else request.nuclear / factor,
     )
 
 

@@ -13,7 +13,8 @@ M clients (Alg. 3 in its partial-participation form, fedslr.md 2.8; gamma is nev
 
 layer-wise (SVT of linear and matrixized conv weights; biases and norm parameters pass unchanged). The
 SVD's thresholded factors U sqrt(S), sqrt(S) V^T are the downlink (fedslr.md 2.4): `downlink_bytes`
-counts min(dense, factored) per layer. With lambda = mu = 0, Phase I and the server are FedDyn's.
+counts min(dense, factored) per layer. Phase I, the dual update and the server's mean before the prox are FedDyn's
+(alpha = 1/eta_g), written once in raysim.algorithms.feddyn; with lambda = mu = 0 FedSLR's w_t is FedDyn's theta.
 Evaluation scores GM = w, PM = the mixed model w + p_i and `personal` = p_i alone (`extra_models`); the
 parameter counts of fedslr.md 6.5 are `server/global_params` and the per-client `update/mixed_params`.
 """
@@ -34,12 +35,15 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    Number,
     SGDSettings,
     Upload,
     Vector,
     train,
 )
-from raysim.algorithms.prox import FactoredModel, factored_size, layerwise_svt, matrix_shape
+from raysim.algorithms.feddyn import dual_corrected_mean, dual_update, dynamic_request, mirrored_dual_mean
+from raysim.algorithms.prox import FactoredModel, LayerwiseSVT, factored_size, layerwise_svt, matrix_shape
+from raysim.models.spec import ParamSpec
 
 
 class FedSlrSettings(SGDSettings):
@@ -105,11 +109,56 @@ class FedSlrBroadcast:
 @dataclass
 class FedSlrUpload(Upload):
     w: Vector
-    count: float = 1.0
-    """1 per client, so that a robust aggregate replacing the sum of w_i is still divided correctly."""
+    count: Number = 1.0
+    """1 per client (one per row of a chunk's stacked upload: GPGD stacks), so that a robust aggregate replacing the
+    sum of w_i is still divided correctly."""
 
     message_field = "w"
     weight_field = "count"
+
+
+@dataclass(frozen=True)
+class LowRankProx:
+    """FedSLR's server prox (eq. 6, Alg. 2; fedslr.md 2.3, 2.4, 6.5): layer-wise SVT of the aggregate, whose factors
+    are the next downlink, and what it logs (ranks, parameter count, SVD time). GPGD's server is the same prox of a
+    plain mean (fedslr.md A.2 eq. 21)."""
+
+    params: ParamSpec
+    svd_device: str
+    """auto, cpu or cuda (the settings' `svd_device`)."""
+
+    def full_ranks(self) -> dict[str, int]:
+        layers = zip(self.params.names, self.params.shapes, strict=True)
+        return {name: min(matrix_shape(shape)) for name, shape in layers if len(shape) > 1}
+
+    def parameter_count(self, ranks: dict[str, int]) -> int:
+        """#params of a low-rank model (fedslr.md 6.5): min(d1 d2, r (d1 + d2)) per matrix plus the 1-D ones."""
+        layers = zip(self.params.names, self.params.shapes, strict=True)
+        return sum(factored_size(shape, ranks.get(name, 0)) for name, shape in layers)
+
+    def device(self) -> str:
+        import torch  # the server step's SVD runs in torch (only this coordinator imports it)
+
+        if self.svd_device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.svd_device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("algorithm.svd_device: cuda requested but the coordinator has no GPU; use auto or cpu")
+        return self.svd_device
+
+    def __call__(self, before: np.ndarray, threshold: float, previous: Vector) -> tuple[LayerwiseSVT, dict[str, float]]:
+        """Prox_{threshold sum_l ||W_l||_*}(before) and the server metrics (`previous`: the current global model)."""
+        start = time.perf_counter()
+        prox = layerwise_svt(before, self.params, threshold, self.device())
+        seconds = time.perf_counter() - start
+        full = self.full_ranks()
+        metrics = {
+            "global_change": float(np.linalg.norm(prox.params - previous)),
+            "svd_seconds": seconds,
+            "rank_fraction": sum(prox.ranks.values()) / max(sum(full.values()), 1),
+            "global_params": float(self.parameter_count(prox.ranks)),
+            **{f"rank/{name}": float(rank) for name, rank in prox.ranks.items()},
+        }
+        return prox, metrics
 
 
 @ALGORITHMS.register()
@@ -117,6 +166,10 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
     name = "fedslr"
     Settings = FedSlrSettings
     Upload = FedSlrUpload
+
+    def __init__(self, settings: FedSlrSettings, params: ParamSpec):
+        super().__init__(settings, params)
+        self.low_rank = LowRankProx(params, settings.svd_device)
 
     def _matrix_coordinates(self) -> np.ndarray:
         """Boolean mask of the entries that belong to matrix (>= 2-D) parameters."""
@@ -126,15 +179,11 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
                 mask[self.params.slice(name)] = True
         return mask
 
-    def _full_ranks(self) -> dict[str, int]:
-        layers = zip(self.params.names, self.params.shapes, strict=True)
-        return {name: min(matrix_shape(shape)) for name, shape in layers if len(shape) > 1}
-
     def init_server(self, init_params: Vector, num_clients: int) -> FedSlrServerState:
         # gamma_{i,0} = 0 (authors' code); w_0 is sent dense, so its ranks count as full.
         zeros = np.zeros(init_params.shape, dtype=np.float64)
         w = np.asarray(init_params, dtype=np.float32)
-        return FedSlrServerState(w.copy(), FactoredModel.of_dense(w), zeros, 0, self._full_ranks(), num_clients)
+        return FedSlrServerState(w.copy(), FactoredModel.of_dense(w), zeros, 0, self.low_rank.full_ranks(), num_clients)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedSlrClientState:
         p = np.zeros_like(init_params)
@@ -150,12 +199,9 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         s = self.settings
         w_t = broadcast.model.params(self.params)
         lr = s.lr * s.lr_decay**broadcast.round
-        phase1 = dataclasses.replace(
-            s.local_sgd(w_t, prox_weight=1.0 / s.eta_g, prox_center=w_t, linear=-state.gamma), lr=lr
-        )
-        result = yield from train(phase1)  # (4)
+        result = yield from train(dynamic_request(s, w_t, state.gamma, s.eta_g, lr))  # (4), FedDyn's client step
         w_i = result.params
-        gamma = state.gamma + (w_t - w_i) / s.eta_g  # (5)
+        gamma = dual_update(state.gamma, w_t, w_i, s.eta_g)  # (5)
         metrics = {"phase1_loss": result.mean_loss, "primal_residual": float(np.linalg.norm(w_i - w_t))}
         p = state.p
         if s.phase2_epochs:
@@ -170,46 +216,23 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         mixed = self.global_parameter_count(broadcast.ranks) + nonzeros  # fedslr.md 6.5: GKR + nnz(p_i)
         metrics |= {"p_nonzeros": nonzeros, "p_density": nonzeros / p.size, "mixed_params": mixed, "lr": lr}
         received = w_t.copy() if s.eval_pairing == "received" else None
-        new = FedSlrClientState(gamma.astype(np.float32), p.astype(np.float32), received)
+        new = FedSlrClientState(gamma, p.astype(np.float32), received)
         return ClientUpdate(new, FedSlrUpload(w_i.astype(np.float32)), metrics)
-
-    def _device(self) -> str:
-        import torch  # the server step's SVD runs in torch (only this coordinator imports it)
-
-        device = self.settings.svd_device
-        if device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("algorithm.svd_device: cuda requested but the coordinator has no GPU; use auto or cpu")
-        return device
 
     def server_step(self, server: FedSlrServerState, total: FedSlrUpload, num_selected: int):
         s = self.settings
-        w_t = server.w.astype(np.float64)
         summed = np.asarray(total.w, dtype=np.float64)
-        # Partial-participation Alg. 3: only the selected clients' gamma_i changed, by (w_t - w_i)/eta_g.
-        gamma_mean = server.gamma_mean + (num_selected * w_t - summed) / (s.eta_g * server.num_clients)
-        before = summed / total.count - s.eta_g * gamma_mean
-        start = time.perf_counter()
-        prox = layerwise_svt(before, self.params, s.lam * s.eta_g, self._device())
-        seconds = time.perf_counter() - start
-        w = prox.params
-        full = self._full_ranks()
-        metrics = {
-            "global_change": float(np.linalg.norm(w - server.w)),
-            "gamma_mean_norm": float(np.linalg.norm(gamma_mean)),
-            "svd_seconds": seconds,
-            "rank_fraction": sum(prox.ranks.values()) / max(sum(full.values()), 1),
-            "global_params": float(self.global_parameter_count(prox.ranks)),
-            **{f"rank/{name}": float(rank) for name, rank in prox.ranks.items()},
-        }
-        new = FedSlrServerState(w, prox.model, gamma_mean, server.round + 1, prox.ranks, server.num_clients)
+        # Partial-participation Alg. 3: only the selected clients' gamma_i changed, by (w_t - w_i)/eta_g (FedDyn's h).
+        gamma_mean = mirrored_dual_mean(server.gamma_mean, server.w, summed, num_selected, s.eta_g, server.num_clients)
+        before = dual_corrected_mean(summed, float(total.count), gamma_mean, s.eta_g)
+        prox, metrics = self.low_rank(before, s.lam * s.eta_g, server.w)  # (6)
+        metrics["gamma_mean_norm"] = float(np.linalg.norm(gamma_mean))
+        new = FedSlrServerState(prox.params, prox.model, gamma_mean, server.round + 1, prox.ranks, server.num_clients)
         return new, metrics
 
     def global_parameter_count(self, ranks: dict[str, int]) -> int:
-        """#params of the GKR (fedslr.md 6.5): min(d1 d2, r (d1 + d2)) per matrix plus the 1-D parameters."""
-        layers = zip(self.params.names, self.params.shapes, strict=True)
-        return sum(factored_size(shape, ranks.get(name, 0)) for name, shape in layers)
+        """#params of the GKR (fedslr.md 6.5): see LowRankProx.parameter_count."""
+        return self.low_rank.parameter_count(ranks)
 
     def downlink_bytes(self, broadcast: FedSlrBroadcast) -> int:
         """What is sent: the GKR's dense layers and factors (fedslr.md 2.4), plus the round, as float32."""

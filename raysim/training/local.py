@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms.base import FullGradient, GradientResult, LocalSGD, SGDResult
-from raysim.algorithms.prox import soft_threshold
+from raysim.algorithms.prox import layerwise_svt, soft_threshold
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
 from raysim.training.authors_batches import ReplayedBatches
@@ -253,6 +253,8 @@ class LocalTrainer:
             x.sub_(grad, alpha=request.lr)
             if l1 is not None:
                 x = soft_threshold(x, l1) if mask is None else torch.where(mask, soft_threshold(x, l1), x)
+            if request.nuclear is not None:  # LocalSGD.nuclear: SVT of every matrix parameter at lr * nuclear
+                x = torch.from_numpy(layerwise_svt(x.numpy(), self.model.spec, request.lr * request.nuclear).params)
         return SGDResult(
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )

@@ -69,6 +69,7 @@ def group_key(request: LocalSGD) -> tuple:
         request.mask is not None,
         request.offset is not None,
         request.l1 is not None,
+        request.nuclear,
         request.random_batches,
     )
 
@@ -148,7 +149,8 @@ class VectorizedTrainer:
         data and generator are `data[i]` and `generators[i]`) or one [n] vector shared by every row; its numbers
         are shared. Returns params [k, n] (one new array), mean_loss [k] and steps [k]."""
         count = len(data)
-        if self.unavailable is not None or request.random_batches is not None:  # a few random batches: no lockstep
+        # A few random batches, or a per-step SVD of every client's layers (LocalSGD.nuclear): no lockstep.
+        if self.unavailable is not None or request.random_batches is not None or request.nuclear is not None:
             results = [
                 self._sequential.sgd(row, d, g)
                 for row, d, g in zip(unstack(request, count), data, generators, strict=True)

@@ -1,0 +1,156 @@
+"""FedDyn: federated learning with dynamic regularization (Acar, Zhao, Matas, Mattina, Whatmough, Saligrama,
+"Federated Learning Based on Dynamic Regularization", ICLR 2021, arXiv:2111.04263).
+
+FedSLR's Table 1 global baseline with penalty alpha = 0.1 (fedslr.md 6.4). A selected client k, given the server
+model theta^{t-1}, solves (inexactly, by local SGD from theta^{t-1}) and updates its gradient state (Alg. 1):
+
+    theta_k^t = argmin_theta L_k(theta) - <grad L_k(theta_k^{t-1}), theta> + alpha/2 ||theta - theta^{t-1}||^2  (line 6)
+    grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})                             (line 7)
+
+and the server, over the selected set P_t of the m clients,
+
+    h^t = h^{t-1} - alpha (1/m) sum_{P_t} (theta_k^t - theta^{t-1}),
+    theta^t = (1/|P_t|) sum_{P_t} theta_k^t - h^t / alpha                                          (lines 9-10)
+
+This is FedSLR's Phase I and dual update with alpha = 1/eta_g (gamma_k = grad L_k(theta_k), fedslr.md 2.1, 2.2)
+and its server before the nuclear prox with h = the mean of all m duals (Alg. 3's partial-participation form,
+fedslr.md 2.8): the functions below are that one implementation, and raysim.algorithms.fedslr uses them. The local
+rate decays as FedSLR's, eta_l 0.998^t (fedslr.md 6.3). At a fixed point (every theta_k = theta) the gradient states sum
+to zero, so on convex L_k the server model is the minimizer of sum_k L_k (the paper's Section 3).
+
+As alpha -> 0 the client step is FedAvg's local SGD (the linear and proximal terms vanish), but the global model is
+not FedAvg's: h^t / alpha = -(1/m) sum over rounds of sum_{P_t} (theta_k - theta) does not depend on alpha, so the
+server keeps adding the accumulated mean change (tests/test_feddyn.py checks both). The step stacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from raysim.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    ClientChunk,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    LocalSGD,
+    SGDSettings,
+    Vector,
+    per_row,
+    train,
+)
+from raysim.algorithms.servers import WeightedUpload, server_metrics
+from raysim.jit import distances
+
+
+def dynamic_request(settings: SGDSettings, w_t: Vector, gamma: Vector, eta_g: float, lr: float) -> LocalSGD:
+    """Local SGD from w_t on f_i(w) - <gamma_i, w> + 1/(2 eta_g) ||w - w_t||^2 at rate `lr` (FedDyn Alg. 1 line 6
+    with alpha = 1/eta_g; FedSLR eq. 4)."""
+    return dataclasses.replace(
+        settings.local_sgd(w_t, prox_weight=1.0 / eta_g, prox_center=w_t, linear=-gamma), lr=lr
+    )
+
+
+def dual_update(gamma: Vector, w_t: Vector, w_i: Vector, eta_g: float) -> Vector:
+    """gamma_i + (w_t - w_i) / eta_g (FedDyn Alg. 1 line 7; FedSLR eq. 5), float32; it equals grad f_i(w_i) after
+    an exact local solve (FedSLR eq. 25)."""
+    return (gamma + (w_t - w_i) / eta_g).astype(np.float32)
+
+
+def mirrored_dual_mean(
+    gamma_mean: np.ndarray, w_t: Vector, summed: np.ndarray, num_selected: int, eta_g: float, num_clients: int
+) -> np.ndarray:
+    """The mean over all m clients of their duals after a round in which only the selected ones changed theirs, by
+    (w_t - w_i)/eta_g each, from the sum of their w_i: FedDyn's h (Alg. 1 line 9), FedSLR's gamma-bar (Alg. 3)."""
+    w = w_t.astype(np.float64)
+    return gamma_mean + (num_selected * w - summed) / (eta_g * num_clients)
+
+
+def dual_corrected_mean(summed: np.ndarray, count: float, gamma_mean: np.ndarray, eta_g: float) -> np.ndarray:
+    """mean_S w_i - eta_g gamma-bar (float64): FedDyn's theta^t (Alg. 1 line 10), FedSLR's point before its prox
+    (eq. 6)."""
+    return summed / count - eta_g * gamma_mean
+
+
+class FedDynSettings(SGDSettings):
+    name: Literal["feddyn"] = "feddyn"
+    epochs: int = Field(2, ge=1, description="local epochs (2 in FedSLR's comparison, fedslr.md 6.3)")
+    lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
+    batch_size: int = Field(20, ge=1)
+    lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")
+    alpha: float = Field(0.1, gt=0, description="alpha: dynamic-regularization weight (0.1 in FedSLR's Table 1)")
+
+    @property
+    def eta_g(self) -> float:
+        """1/alpha, FedSLR's name for the same step (the shared functions take it)."""
+        return 1.0 / self.alpha
+
+
+@dataclass
+class FedDynClientState:
+    gamma: Vector
+    """grad L_k(theta_k), the client's gradient state (zeros before its first round)."""
+
+
+@dataclass
+class FedDynServerState:
+    w: Vector
+    """theta^t, the server model."""
+    h: np.ndarray
+    """float64: h^t, the mean over all m clients of their gradient states."""
+    round: int
+    num_clients: int
+
+
+@dataclass(frozen=True, eq=False)
+class FedDynBroadcast:
+    w: Vector
+    round: int
+    """t, for the local learning-rate decay."""
+
+
+@ALGORITHMS.register()
+class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, FedDynBroadcast, WeightedUpload]):
+    name = "feddyn"
+    Settings = FedDynSettings
+    Upload = WeightedUpload
+    stacks = True
+
+    def init_server(self, init_params: Vector, num_clients: int) -> FedDynServerState:
+        return FedDynServerState(init_params.copy(), np.zeros(init_params.shape, np.float64), 0, num_clients)
+
+    def init_client(self, client: ClientInfo, init_params: Vector) -> FedDynClientState:
+        return FedDynClientState(np.zeros_like(init_params))
+
+    def broadcast(self, server: FedDynServerState) -> FedDynBroadcast:
+        return FedDynBroadcast(server.w, server.round)
+
+    def client_step(
+        self, client: ClientInfo | ClientChunk, state: FedDynClientState, broadcast: FedDynBroadcast
+    ) -> ClientStep:
+        s = self.settings
+        w_t = broadcast.w
+        lr = s.lr * s.lr_decay**broadcast.round
+        result = yield from train(dynamic_request(s, w_t, state.gamma, s.eta_g, lr))  # line 6
+        w_i = np.asarray(result.params, np.float32)
+        gamma = dual_update(state.gamma, w_t, w_i, s.eta_g)  # line 7
+        count = np.ones_like(np.asarray(client.num_train, np.float32))  # a number, or one per row of a chunk
+        metrics = {"train_loss": result.mean_loss, "update_norm": distances(w_i, w_t), "lr": lr}
+        return ClientUpdate(FedDynClientState(gamma), WeightedUpload(per_row(count) * w_i, count), metrics)
+
+    def server_step(self, server: FedDynServerState, total: WeightedUpload, num_selected: int):
+        eta_g = self.settings.eta_g
+        summed = np.asarray(total.weighted, np.float64)
+        h = mirrored_dual_mean(server.h, server.w, summed, num_selected, eta_g, server.num_clients)  # line 9
+        w = dual_corrected_mean(summed, float(total.weight), h, eta_g).astype(np.float32)  # line 10
+        metrics = server_metrics(w, server.w) | {"h_norm": float(np.linalg.norm(h))}
+        return FedDynServerState(w, h, server.round + 1, server.num_clients), metrics
+
+    def global_model(self, server: FedDynServerState) -> Vector:
+        return server.w
