@@ -33,10 +33,10 @@ def simulate(algorithm: dict, rounds: int = 2, model: str = "mlp", **sections) -
 
 
 def check_round(algorithm: dict, selected: list[int], model: str = "mlp") -> tuple[InProcess, list]:
-    """One round of `selected` after a first one; every selected client's step recomputed from its state before
-    the round with the host's own executor (the same draws); unselected clients' states must stay bit for bit.
-    Returns the simulation and the recomputed updates."""
-    sim = simulate(algorithm, rounds=1, model=model)
+    """One round of `selected` after a first one, one client at a time; every selected client's step recomputed
+    from its state before the round with the host's own executor (the same draws, the same bits); unselected
+    clients' states must stay bit for bit. Returns the simulation and the recomputed updates."""
+    sim = simulate(algorithm, rounds=1, model=model, runtime={"num_hosts": 2, "client_training": "sequential"})
     before = {c: dataclasses.replace(s) for c, s in sim.states.items()}
     broadcast = sim.coordinator.broadcast()
     expected = [
@@ -49,7 +49,7 @@ def check_round(algorithm: dict, selected: list[int], model: str = "mlp") -> tup
             got, was = getattr(state, field.name), getattr(before[client], field.name)
             if client in selected:
                 want = getattr(expected[selected.index(client)].state, field.name)
-                np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"client {client} {field.name}")
+                np.testing.assert_array_equal(got, want, err_msg=f"client {client} {field.name}")
             else:
                 assert got.tobytes() == was.tobytes(), f"unselected client {client} changed its {field.name}"
     return sim, expected
