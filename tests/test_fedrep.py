@@ -136,6 +136,9 @@ def test_settings_errors_name_the_field():
     spec = FlatModel("mlp", (1, 28, 28), 10).spec
     with pytest.raises(ConfigError, match=r"algorithm.personal=\['\*'\] makes the whole model the personal head"):
         build_algorithm(FedRepSettings(name="fedrep", personal=("*",)), spec)
+    one_layer = FlatModel("mlr", (1, 28, 28), 10).spec
+    with pytest.raises(ConfigError, match="algorithm.preset='last_layer' makes the whole model the personal head"):
+        build_algorithm(FedRepSettings(name="fedrep"), one_layer)
     with pytest.raises(ConfigError, match="algorithm.preset='input' is not defined for model 'mlp'"):
         build_algorithm(FedRepSettings(name="fedrep", preset="input"), spec)
     with pytest.raises(ConfigError, match="algorithm.head_epochs"):

@@ -173,7 +173,8 @@ class FedRep(SharedPartAlgorithm[FedRepSettings]):
         settings = self.settings
         head = personal_mask(settings, params, allow_empty=True)
         if head.all():
-            source = f"personal={list(settings.personal)}" if settings.personal is not None else "preset"
+            patterns = settings.personal
+            source = f"personal={list(patterns)}" if patterns is not None else f"preset={settings.preset!r}"
             raise ConfigError(
                 f"algorithm.{source} makes the whole model the personal head: nothing is shared; parameters of this "
                 f"model: {', '.join(params.names)}"
