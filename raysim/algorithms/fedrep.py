@@ -1,5 +1,7 @@
-"""FedRep: a shared body (representation) and a personal head per client (Collins et al., ICML 2021,
-arXiv:2102.07078; FedSLR's baseline, fedslr.md 6.4: conv layers shared, the last linear layer personal).
+"""FedRep: a shared body, a personal head per client, trained head first (Collins et al., ICML 2021).
+
+Collins, Hassani, Mokhtari, Shakkottai, arXiv:2102.07078; FedSLR's baseline (fedslr.md 6.4: conv layers shared, the
+last linear layer personal).
 
 A selected client i, given the global body phi, runs (Algorithm 1 of Collins et al.)
 

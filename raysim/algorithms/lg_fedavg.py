@@ -1,6 +1,7 @@
-"""LG-FedAvg: personal local representations, shared global layers (Liang et al., 2020, "Think Locally, Act
-Globally: Federated Learning with Local and Global Representations", arXiv:2001.01523; FedSLR's baseline,
-fedslr.md 6.4: conv layers personal, the linear layers shared).
+"""LG-FedAvg: personal lower layers (local representation), shared top layers (Liang et al., 2020).
+
+Liang et al., "Think Locally, Act Globally: Federated Learning with Local and Global Representations",
+arXiv:2001.01523; FedSLR's baseline (fedslr.md 6.4: conv layers personal, the linear layers shared).
 
 The split is FedRep's turned round: the lower layers (the local representation l_i) stay on the client, the top
 layers (the global model g) are federated. A selected client trains both together on its own data, from its own
