@@ -15,7 +15,7 @@ from raysim.runtime.problem import sample_clients
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 
-SPLIT = ("fedapm", "fedalt", "fedsim")
+SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg")
 ALGORITHMS = {
     "fedadmm": {"rho": 0.25},
     "fedprox": {"mu": 0.1},
@@ -29,6 +29,9 @@ ALGORITHMS = {
     "feddyn": {"alpha": 0.1},
     "gpgd": {"lambda": 0.01},
     "lpgd": {"lambda": 0.01},
+    "fedrep": {"head_epochs": 2},
+    "lg_fedavg": {},
+    "fedspa": {"density": 0.5},
 }
 
 

@@ -36,6 +36,9 @@ ALGORITHMS = {
     "augfl": {"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0, "query_split": "val"},
     "scaffold": {"name": "scaffold", "lr": 0.05, "batch_size": 32},
     "feddyn": {"name": "feddyn", "alpha": 0.1, "lr": 0.05, "batch_size": 32},
+    "fedrep": {"name": "fedrep", "personal": ["*.bias"], "head_epochs": 2, "lr": 0.05, "batch_size": 32},
+    "lg_fedavg": {"name": "lg_fedavg", "global_layers": ["*.bias"], "lr": 0.05, "batch_size": 32},
+    "fedspa": {"name": "fedspa", "density": 0.5, "lr": 0.05, "batch_size": 32},
 }
 AUGFL_PARTITION = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
 

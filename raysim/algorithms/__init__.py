@@ -10,6 +10,7 @@ from __future__ import annotations
 from raysim.algorithms import flame, fedavg, fedadmm, fedprox, pfedme, ditto, fedapm, fedalt, fedsim, local  # noqa: F401
 from raysim.algorithms import fedslr, augfl  # noqa: F401
 from raysim.algorithms import scaffold, feddyn, gpgd, lpgd  # noqa: F401
+from raysim.algorithms import fedrep, lg_fedavg, fedspa  # noqa: F401
 
 # isort: on
 from raysim.algorithms.base import (
