@@ -25,7 +25,7 @@ ALGORITHMS = {
     "fedalt": {},
     "fedsim": {},
     "local": {},
-    "perfedavg": {"alpha": 0.05, "beta": 0.1},
+    "perfedavg": {"alpha": 0.05},
     "apfl": {"adaptive_alpha": True},
     "lp_proj": {"lambda": 1.0, "rho": 0.25, "d_sub": 3},
 }

@@ -35,7 +35,7 @@ def _sim(algorithm: dict, rounds: int):
 def test_alpha_zero_is_fedavg_with_lr_beta():
     """With alpha = 0, temp = w and each step is w - beta grad f_i(w; D'): with full batches, FedAvg's epochs of
     full-batch steps at lr beta, to float rounding."""
-    perfedavg, _ = _sim({"name": "perfedavg", "alpha": 0.0, "beta": 0.2, "batch_size": N, "local_steps": 3}, 3)
+    perfedavg, _ = _sim({"name": "perfedavg", "alpha": 0.0, "lr": 0.2, "batch_size": N, "local_steps": 3}, 3)
     fedavg, _ = _sim({"name": "fedavg", "lr": 0.2, "batch_size": N, "epochs": 3}, 3)
     np.testing.assert_allclose(perfedavg.server.w, fedavg.server.w, atol=1e-6)
     assert np.linalg.norm(perfedavg.server.w) > 0.1  # it moved
@@ -48,7 +48,7 @@ def test_one_step_matches_the_closed_form_meta_gradient(hessian):
     finite differences give on a quadratic (exact up to rounding). One full-batch step per client from w^0 = 0,
     then the server's mean (equal sample counts)."""
     alpha, beta = 0.1, 0.2
-    algorithm = {"name": "perfedavg", "alpha": alpha, "beta": beta, "batch_size": N, "local_steps": 1,
+    algorithm = {"name": "perfedavg", "alpha": alpha, "lr": beta, "batch_size": N, "local_steps": 1,
                  "hessian": hessian, "delta": 0.1}
     sim, theta_hat = _sim(algorithm, 1)
     power = 1 if hessian == "first_order" else 2
@@ -100,7 +100,7 @@ def test_communication_is_the_model_both_ways():
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("beta", 0.0), ("alpha", -0.1), ("hessian", "autograd"), ("local_steps", 0)]
+    ("field", "value"), [("lr", 0.0), ("alpha", -0.1), ("hessian", "autograd"), ("local_steps", 0)]
 )
 def test_settings_are_validated(field, value):
     with pytest.raises(ConfigError, match=f"algorithm.{field}"):
@@ -109,6 +109,6 @@ def test_settings_are_validated(field, value):
 
 @pytest.mark.parametrize("hessian", ["first_order", "finite_difference"])
 def test_sequential_and_vectorized_executors_agree(hessian):
-    algorithm = {"name": "perfedavg", "alpha": 0.05, "beta": 0.1, "batch_size": 16, "hessian": hessian}
+    algorithm = {"name": "perfedavg", "alpha": 0.05, "lr": 0.1, "batch_size": 16, "hessian": hessian}
     sections = {"model": {"name": "mlp"}, "clients": {"count": 5, "per_round": 4}}
     _assert_close_runs(_run(algorithm, "sequential", **sections), _run(algorithm, "vectorized", **sections))

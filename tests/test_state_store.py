@@ -34,7 +34,7 @@ ALGORITHMS = {
     "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
     "fedslr": {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 0.01, "lr": 0.05, "batch_size": 32},
     "augfl": {"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0, "query_split": "val"},
-    "perfedavg": {"name": "perfedavg", "alpha": 0.05, "beta": 0.1, "hessian": "finite_difference"},
+    "perfedavg": {"name": "perfedavg", "alpha": 0.05, "lr": 0.1, "hessian": "finite_difference"},
     "apfl": {"name": "apfl", "lr": 0.05, "adaptive_alpha": True},
     "lp_proj": {"name": "lp_proj", "lambda": 1.0, "rho": 0.25, "d_sub": 3, "lr": 0.05},
 }

@@ -13,7 +13,7 @@ training split, FL-bench's count, `batch_steps`), each on fresh independent batc
          the finite-difference Hessian-vector product
 
 and sends w back; the server averages them as FedAvg (by training-set size, or uniformly). With alpha = 0 each
-step is an SGD step of lr beta, FedAvg's.
+step is an SGD step of lr beta, FedAvg's. beta is the setting `lr` (the local learning rate, as every method's).
 
 The personalized model is one step of gradient descent with lr alpha from the global model on the client's whole
 training split (the adaptation the MAML objective prepares, AugFL's protocol for Per-FedAvg, augfl.md 2.3): a
@@ -62,7 +62,7 @@ from raysim.jit import distances
 class PerFedAvgSettings(AlgorithmSettings):
     name: Literal["perfedavg"] = "perfedavg"
     alpha: float = Field(0.01, ge=0, description="alpha: the adaptation step size (fedslr.md 6.4: 0.01)")
-    beta: float = Field(0.001, gt=0, description="beta: the meta (local) learning rate (fedslr.md 6.4: 0.001)")
+    lr: float = Field(0.001, gt=0, description="beta: the meta (local) learning rate (fedslr.md 6.4: 0.001)")
     hessian: Literal["first_order", "finite_difference"] = Field(
         "first_order",
         description="Per-FedAvg (FO), or (HF): the Hessian-vector product by finite differences on a third batch",
@@ -151,7 +151,7 @@ class PerFedAvg(Algorithm[PerFedAvgSettings, PerFedAvgClientState, PerFedAvgServ
             third = yield from batch_gradients(BatchGradients(points, s.batch_size))
             product = (third.grads[..., 0, :] - third.grads[..., 1, :]) / np.float32(2 * s.delta)
             direction = direction - np.float32(s.alpha) * product
-        moved = w - np.float32(s.beta) * direction
+        moved = w - np.float32(s.lr) * direction
         return np.where(np.asarray(active)[..., None], moved, w).astype(np.float32), second.losses[..., 0]
 
     def server_step(self, server: PerFedAvgServerState, total: WeightedUpload, num_selected: int):
