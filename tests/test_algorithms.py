@@ -32,6 +32,9 @@ ALGORITHMS = {
     "fedrep": {"head_epochs": 2},
     "lg_fedavg": {},
     "fedspa": {"density": 0.5},
+    "perfedavg": {"alpha": 0.05},
+    "apfl": {"adaptive_alpha": True},
+    "lp_proj": {"lambda": 1.0, "rho": 0.25, "d_sub": 3},
 }
 
 

@@ -151,9 +151,11 @@ quickstart."""
 
 SCALED_DOWN = {
     "augfl.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
+    "perfedavg.yaml": ["partition.reserved=2000", "partition.server_samples=2000"],
 }
 """Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL keeps 20,000 from
-every client for its teacher and D_s (here 2,000 each; one pretraining epoch, not five)."""
+every client for its teacher and D_s (here 2,000 each; one pretraining epoch, not five), and Per-FedAvg in AugFL's
+setting the same 20,000 (so that its clients are AugFL's)."""
 
 BUILT_IN = {
     "digits": [],

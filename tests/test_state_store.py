@@ -39,6 +39,9 @@ ALGORITHMS = {
     "fedrep": {"name": "fedrep", "personal": ["*.bias"], "head_epochs": 2, "lr": 0.05, "batch_size": 32},
     "lg_fedavg": {"name": "lg_fedavg", "global_layers": ["*.bias"], "lr": 0.05, "batch_size": 32},
     "fedspa": {"name": "fedspa", "density": 0.5, "lr": 0.05, "batch_size": 32},
+    "perfedavg": {"name": "perfedavg", "alpha": 0.05, "lr": 0.1, "hessian": "finite_difference"},
+    "apfl": {"name": "apfl", "lr": 0.05, "adaptive_alpha": True},
+    "lp_proj": {"name": "lp_proj", "lambda": 1.0, "rho": 0.25, "d_sub": 3, "lr": 0.05},
 }
 AUGFL_PARTITION = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
 

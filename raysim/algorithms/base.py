@@ -10,17 +10,18 @@ its state and messages:
 
 `client_step` is a generator: every piece of local training it needs (e.g. "H epochs of SGD on
 f_i(theta) + lambda/2 ||theta - w_i||^2") is *yielded* as a `LocalSGD` request and the result is sent
-back (`result = yield from train(request)` gives it typed; `gradient` likewise for a `FullGradient`). The algorithm
-thereby states *what* to optimise; the executor decides *how* (one client at a time, or many clients at once):
-raysim.execution drives the generators (`run_client_step` with any executor, `run_client_steps` several clients in
-lockstep, `run_stacked_step` a stacked chunk).
+back (`result = yield from train(request)` gives it typed; `gradient` likewise for a `FullGradient`,
+`batch_gradients` for a `BatchGradients`: gradients at given points on one fresh mini-batch, for steps that run their
+own loop). The algorithm thereby states *what* to optimise; the executor decides *how* (one client at a time, or many
+clients at once): raysim.execution drives the generators (`run_client_step` with any executor, `run_client_steps`
+several clients in lockstep, `run_stacked_step` a stacked chunk).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
@@ -180,6 +181,7 @@ class LocalSGD:
 
         f_i(offset + x) + (prox_weight/2) ||x - prox_center||^2 + <linear, x> + (weight_decay/2) ||x||^2
             + l1 ||x||_1 + nuclear sum_l ||W_l||_*
+            + (projected_prox_weight/2) ||projection x - projected_prox_center||^2
 
     for `epochs` passes of shuffled mini-batches (the last batch may be smaller), or for `random_batches` steps on
     one random batch each, moving only the coordinates in `mask` when one is given.
@@ -209,29 +211,42 @@ class LocalSGD:
     """If given, instead of `epochs` passes: this many steps, each on one batch picked uniformly among the batches of
     a fresh shuffle of the split (the smaller last batch included), as `random.choice(list(trainloader))` does in
     the FLAME authors' code for Ditto's global copy (flame.md 11); momentum carries over between the steps."""
+    projection: np.ndarray | None = None
+    """P [d_sub, n], one matrix shared by every row of a chunk: with `projected_prox_weight` the proximal term pulls
+    the projection P x towards `projected_prox_center` (Lp-Proj-2's lambda/2 ||P theta - w_i||^2, flame.md 2.5,
+    whose gradient lambda P^T (P theta - w_i) enters every step)."""
+    projected_prox_weight: float = 0.0
+    projected_prox_center: Vector | None = None
+    """[d_sub] (a chunk's: [k, d_sub] or one [d_sub] shared)."""
     in_place: bool = False
     """The executor may train in `start`'s memory and return it as the result (the step needs the old values no
     more, ClientChunk.in_place); without it, or where it cannot, it trains a copy."""
+
+    shared_fields: ClassVar[tuple[str, ...]] = ("projection",)
+    """Matrix fields that one request of a chunk shares by every row (raysim.execution.stacking.unstack)."""
 
     def __post_init__(self) -> None:
         if self.prox_weight and self.prox_center is None:
             raise ValueError("LocalSGD: prox_weight > 0 needs a prox_center")
         if self.nuclear is not None and self.mask is not None:
             raise ValueError("LocalSGD: nuclear (a per-layer prox) cannot be combined with a mask")
+        if self.projected_prox_weight and (self.projection is None or self.projected_prox_center is None):
+            raise ValueError("LocalSGD: projected_prox_weight > 0 needs a projection and a projected_prox_center")
         if self.random_batches is not None and self.random_batches < 1:
             raise ValueError(f"LocalSGD: random_batches must be at least 1, got {self.random_batches}")
 
 
 def scale_loss(request: LocalSGD, factor: float) -> LocalSGD:
     """`request` on the objective factor * (f_i + weight_decay/2 ||x||^2) + the other terms unscaled, as SGD with
-    lr * factor on the objective whose prox, linear and l1 terms are divided by `factor`: the same iterates (with
-    momentum too), and FedAPM's way of weighting its loss by alpha_i (raysim.algorithms.fedapm)."""
+    lr * factor on the objective whose prox, projected prox, linear and l1 terms are divided by `factor`: the same
+    iterates (with momentum too), and FedAPM's way of weighting its loss by alpha_i (raysim.algorithms.fedapm)."""
     if factor == 1.0:
         return request
     return dataclasses.replace(
         request,
         lr=request.lr * factor,
         prox_weight=request.prox_weight / factor,
+        projected_prox_weight=request.projected_prox_weight / factor,
         linear=None if request.linear is None else request.linear / np.float32(factor),
         l1=None if request.l1 is None else request.l1 / np.float32(factor),
         nuclear=None if request.nuclear is None else request.nuclear / factor,
@@ -310,8 +325,40 @@ class GradientResult:
     loss: float
 
 
-Request = LocalSGD | FullGradient
-Result = SGDResult | GradientResult
+@dataclass(frozen=True, eq=False)
+class BatchGradients:
+    """Request: the mean loss f_i and its gradient at each of `points`, all on ONE fresh mini-batch of the client's
+    training split (min(batch_size, n_i) samples drawn uniformly without replacement, with the split's augmentation,
+    noise and labels as a LocalSGD batch draws them).
+
+    One request is one stochastic-gradient evaluation, so that a step that is not plain SGD on one objective runs
+    its own loop over steps: Per-FedAvg's MAML step needs gradients at x and at the adapted x - alpha g on two
+    batches, and its Hessian-free version a finite difference of gradients at x +- delta v on a third (both points
+    on the same batch); APFL needs the gradients at its global and its mixed model on the same batch. Each request
+    draws its batch from its own generator (as every request does), so the steps' batches are independent."""
+
+    points: np.ndarray
+    """[p, n]: p parameter vectors; a ClientChunk's request [k, p, n] (row i: client i's points)."""
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if np.ndim(self.points) < 2:
+            raise ValueError(f"BatchGradients: points must be [p, n] or [k, p, n], got shape {np.shape(self.points)}")
+        if self.batch_size < 1:
+            raise ValueError(f"BatchGradients: batch_size must be at least 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True, eq=False)
+class BatchGradientsResult:
+    """A BatchGradients request's result: grads [p, n] and losses [p] (a chunk's: [k, p, n] and [k, p]); an empty
+    training split gives zero gradients and NaN losses."""
+
+    grads: np.ndarray
+    losses: np.ndarray
+
+
+Request = LocalSGD | FullGradient | BatchGradients
+Result = SGDResult | GradientResult | BatchGradientsResult
 ClientStep = Generator[Request, Result, ClientUpdate[C, U]]
 AdaptStep = Generator[Request, Result, Vector]
 
@@ -330,6 +377,36 @@ def gradient(request: FullGradient) -> Generator[Request, Result, GradientResult
     result = yield request
     if not isinstance(result, GradientResult):
         raise TypeError(f"a FullGradient request was answered with a {type(result).__name__}, not a GradientResult")
+    return result
+
+
+def batch_steps(num_train: Number, batch_size: int, epochs: int, batches_per_step: int = 1) -> np.ndarray:
+    """How many steps of `batches_per_step` BatchGradients batches make about `epochs` passes over a training split
+    of `num_train` samples: epochs * ceil(n_i / batch_size) // batches_per_step, at least 1 where n_i > 0 (FL-bench's
+    count for Per-FedAvg, len(trainloader) // 2 per epoch); an int array shaped like `num_train` (one per row)."""
+    n = np.asarray(num_train, np.int64)
+    steps = (epochs * (-(-n // batch_size))) // batches_per_step
+    return np.where(n > 0, np.maximum(steps, 1), 0)
+
+
+def mean_over_steps(losses: Sequence[Number], steps: np.ndarray) -> np.ndarray:
+    """Each row's mean of the losses of its own first `steps` steps (NaN without any), from the per-step losses of
+    a loop that runs to the longest row's count (`batch_steps`)."""
+    if not losses:
+        return np.full(np.shape(steps), np.nan)
+    seen = np.array(losses, np.float64)
+    counted = np.arange(len(seen)).reshape(-1, *[1] * np.ndim(steps)) < steps
+    total = np.where(counted, seen, 0.0).sum(axis=0)
+    return np.where(steps > 0, total / np.maximum(steps, 1), np.nan)
+
+
+def batch_gradients(request: BatchGradients) -> Generator[Request, Result, BatchGradientsResult]:
+    """Yield a BatchGradients request and return its result, typed (see `train`)."""
+    result = yield request
+    if not isinstance(result, BatchGradientsResult):
+        raise TypeError(
+            f"a BatchGradients request was answered with a {type(result).__name__}, not a BatchGradientsResult"
+        )
     return result
 
 

@@ -43,12 +43,16 @@ def one_row(item: Any) -> Any:
 
 def unstack(stacked: Any, count: int) -> list[Any]:
     """The `count` rows of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
-    ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row."""
+    ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row, as is
+    a field the type names in `shared_fields` (LocalSGD's projection matrix)."""
     request = isinstance(stacked, LocalSGD | FullGradient)
+    shared = getattr(stacked, "shared_fields", ())
     columns = {}
     for f in dataclasses.fields(stacked):
         value = getattr(stacked, f.name)
-        if isinstance(value, np.ndarray) and value.ndim == 2:
+        if f.name in shared:
+            columns[f.name] = [value] * count
+        elif isinstance(value, np.ndarray) and value.ndim == 2:
             columns[f.name] = list(value)
         elif isinstance(value, np.ndarray) and value.ndim == 1 and not request:
             columns[f.name] = value.tolist()

@@ -20,11 +20,12 @@ import torch
 
 from raysim.algorithms.base import (
     Algorithm,
+    BatchGradients,
+    BatchGradientsResult,
     ClientInfo,
     ClientUpdate,
     FullGradient,
     GradientResult,
-    LocalSGD,
     Request,
     Result,
     SGDResult,
@@ -79,11 +80,14 @@ class ChunkUpdate:
     commit: Callable[[np.ndarray], None]
 
 
-def untrained(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
+def untrained(request: Request) -> Result:
     """Executor of a Byzantine client that skips training: every SGD request returns its start point, every
     gradient is zero."""
     if isinstance(request, FullGradient):
         return GradientResult(np.zeros_like(request.point), float("nan"))
+    if isinstance(request, BatchGradients):
+        points = np.asarray(request.points, np.float32)
+        return BatchGradientsResult(np.zeros_like(points), np.full(points.shape[:-1], np.nan))
     return SGDResult(np.array(request.start, copy=True), float("nan"), 0)
 
 
@@ -263,17 +267,20 @@ class ClientSteps:
         """Runs a client's requests with randomness keyed by (seed, stream, client, round, request number)."""
         generators = self._generators(client_id, round_index, stream)
 
-        def execute(request: LocalSGD | FullGradient) -> SGDResult | GradientResult:
+        def execute(request: Request) -> Result:
             generator = next(generators)
             if isinstance(request, FullGradient):
                 return self.trainer.full_gradient(request, self.data[client_id], generator)
+            if isinstance(request, BatchGradients):
+                return self.trainer.batch_gradients(request, self.data[client_id], generator)
             return self.trainer.sgd(request, self.data[client_id], generator)
 
         return execute
 
     def _rows_executor(self, round_index: int, client_ids: list[int]) -> Callable[[Request], Result]:
-        """Runs a chunk's stacked requests (row i: client `client_ids[i]`): SGD on the vectorized trainer, all rows
-        at once; gradients one row at a time. Each row's randomness is keyed as `executor` keys it."""
+        """Runs a chunk's stacked requests (row i: client `client_ids[i]`): SGD and mini-batch gradients on the
+        vectorized trainer, all rows at once; full gradients one row at a time. Each row's randomness is keyed as
+        `executor` keys it."""
         generators = {c: self._generators(c, round_index) for c in client_ids}
         data = [self.data[c] for c in client_ids]
         vectorized = self.vectorized
@@ -284,19 +291,21 @@ class ClientSteps:
             if isinstance(request, FullGradient):
                 rows = unstack(request, len(client_ids))
                 return stack([self.trainer.full_gradient(*job) for job in zip(rows, data, drawn, strict=True)])
+            if isinstance(request, BatchGradients):
+                return vectorized.batch_gradients_rows(request, data, drawn)
             return vectorized.sgd_rows(request, data, drawn)
 
         return execute
 
     def _execute_many(
         self, round_index: int, trainer: VectorizedTrainer
-    ) -> Callable[[list[tuple[int, LocalSGD | FullGradient]]], list[SGDResult | GradientResult]]:
+    ) -> Callable[[list[tuple[int, Request]]], list[Result]]:
         """The lockstep executor of a round (runtime.client_training = vectorized): each client's randomness is
         keyed as by `executor`; a turn's SGD requests train together, its gradient requests one at a time."""
         generators: dict[int, Iterator[Draws]] = {}
 
-        def execute_many(requests: list[tuple[int, LocalSGD | FullGradient]]) -> list[SGDResult | GradientResult]:
-            results: dict[int, SGDResult | GradientResult] = {}
+        def execute_many(requests: list[tuple[int, Request]]) -> list[Result]:
+            results: dict[int, Result] = {}
             jobs: list[SGDJob] = []
             positions: list[int] = []
             for position, (client_id, request) in enumerate(requests):
@@ -305,6 +314,8 @@ class ClientSteps:
                 generator = next(generators[client_id])
                 if isinstance(request, FullGradient):
                     results[position] = self.trainer.full_gradient(request, self.data[client_id], generator)
+                elif isinstance(request, BatchGradients):
+                    results[position] = self.trainer.batch_gradients(request, self.data[client_id], generator)
                 else:
                     jobs.append((request, self.data[client_id], generator))
                     positions.append(position)

@@ -10,7 +10,14 @@ from typing import Literal, overload
 import numpy as np
 import torch
 
-from raysim.algorithms.base import FullGradient, GradientResult, LocalSGD, SGDResult
+from raysim.algorithms.base import (
+    BatchGradients,
+    BatchGradientsResult,
+    FullGradient,
+    GradientResult,
+    LocalSGD,
+    SGDResult,
+)
 from raysim.algorithms.prox import layerwise_svt, soft_threshold
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
@@ -231,6 +238,8 @@ class LocalTrainer:
         linear = _tensor(request.linear, np.float32)
         mask = _tensor(request.mask, bool)
         offset = _tensor(request.offset, np.float32)
+        projection = _tensor(request.projection, np.float32) if request.projected_prox_weight else None
+        projected_center = _tensor(request.projected_prox_center, np.float32)
         l1 = None if request.l1 is None else request.lr * _tensor(request.l1, np.float32)
         velocity = torch.zeros_like(x) if request.momentum else None
         losses: list[float] = []
@@ -245,6 +254,8 @@ class LocalTrainer:
                 grad.add_(x - center, alpha=request.prox_weight)
             if linear is not None:
                 grad.add_(linear)
+            if projection is not None and projected_center is not None:  # P^T (P x - c), LocalSGD.projection
+                grad.add_(projection.T @ (projection @ x - projected_center), alpha=request.projected_prox_weight)
             if mask is not None:
                 grad.masked_fill_(~mask, 0.0)
             if velocity is not None:
@@ -258,6 +269,22 @@ class LocalTrainer:
         return SGDResult(
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )
+
+    def batch_gradients(self, request: BatchGradients, data: ClientData, generator: Draws) -> BatchGradientsResult:
+        """The loss and gradient at each point of the request on one fresh mini-batch (see BatchGradients): its
+        samples a uniform draw without replacement, then their augmentation, noise and labels, then one dropout
+        seed shared by every point (a finite difference of gradients needs the same network at both points)."""
+        points = np.asarray(request.points, np.float32)
+        grads, losses = np.zeros_like(points), np.full(len(points), np.nan)
+        if not len(data.train):
+            return BatchGradientsResult(grads, losses)
+        batch = data.train[generator.permutation(len(data.train))[: request.batch_size]]
+        xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
+        dropout_seed = int(generator.integers(2**62)) if self.model.stochastic else None
+        for index, point in enumerate(points):
+            loss, grad = self.model.loss_and_grad(torch.from_numpy(point.copy()), xb, yb, dropout_seed)
+            grads[index], losses[index] = grad.numpy(), loss
+        return BatchGradientsResult(grads, losses)
 
     def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws) -> GradientResult:
         """The mean loss over the request's split and its gradient, in one batch."""

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from raysim.algorithms.base import LocalSGD, SGDResult
+from raysim.algorithms.base import BatchGradients, BatchGradientsResult, LocalSGD, SGDResult
 from raysim.algorithms.prox import soft_threshold
 from raysim.execution.stacking import unstack
 from raysim.models.flat import FlatModel, perceptron_layers
@@ -71,6 +71,8 @@ def group_key(request: LocalSGD) -> tuple:
         request.l1 is not None,
         request.nuclear,
         request.random_batches,
+        request.projected_prox_weight,
+        None if request.projection is None else id(request.projection),
     )
 
 
@@ -171,6 +173,60 @@ class VectorizedTrainer:
             return result
         back = np.argsort(order)
         return SGDResult(result.params[back], np.asarray(result.mean_loss)[back], np.asarray(result.steps)[back])
+
+    def batch_gradients_rows(
+        self, request: BatchGradients, data: Sequence[ClientData], generators: Sequence[Draws]
+    ) -> BatchGradientsResult:
+        """LocalTrainer.batch_gradients of each row of a stacked request (points [k, p, n], row i client i's, drawing
+        from `data[i]` with `generators[i]`): each row's batch drawn as there, padded with samples of weight zero
+        to the widest, and each of the p points one batched gradient for all rows. Returns grads [k, p, n] and
+        losses [k, p]."""
+        points = np.asarray(request.points, np.float32)
+        count, size = len(data), self.model.size
+        if points.ndim != 3 or points.shape[0] != count:
+            raise ValueError(f"batch_gradients_rows: points must be [{count}, p, n], got {points.shape}")
+        if self.unavailable is not None:
+            rows = [
+                self._sequential.batch_gradients(BatchGradients(points[i], request.batch_size), data[i], generators[i])
+                for i in range(count)
+            ]
+            return BatchGradientsResult(np.stack([r.grads for r in rows]), np.stack([r.losses for r in rows]))
+        batches: list[tuple[np.ndarray, np.ndarray] | None] = []
+        for client, generator in zip(data, generators, strict=True):
+            if not len(client.train):
+                batches.append(None)
+                continue
+            batch = client.train[generator.permutation(len(client.train))[: request.batch_size]]
+            batches.append(client.batch(batch, generator, training=True))
+        width = max([len(b[1]) for b in batches if b is not None], default=1)
+        first = next((b for b in batches if b is not None), None)
+        grads = np.zeros_like(points)
+        losses = np.full(points.shape[:2], np.nan)
+        if first is None:
+            return BatchGradientsResult(grads, losses)
+        x = torch.zeros((count, width, *first[0].shape[1:]), dtype=torch.float32)
+        y = torch.zeros((count, width), dtype=torch.from_numpy(first[1]).dtype)
+        weight = torch.zeros((count, width), dtype=torch.float32)
+        for i, b in enumerate(batches):
+            if b is not None:
+                n = len(b[1])
+                x[i, :n], y[i, :n], weight[i, :n] = torch.from_numpy(b[0]), torch.from_numpy(b[1]), 1.0 / n
+                x[i, n:] = x[i, :1]  # padding: a real sample, weighted zero
+        x, y, weight = x.to(self.device), y.to(self.device), weight.to(self.device)
+        out = torch.empty((count, size), dtype=torch.float32, device=self.device)
+        views = self.model.spec.unflatten(out)
+        for index in range(points.shape[1]):
+            params = self.model.spec.unflatten(self._rows(np.ascontiguousarray(points[:, index]), count))
+            loss, gradients = self._gradients(params, None, x, y, weight)
+            for name, gradient in gradients.items():
+                if isinstance(gradient, tuple):  # a perceptron's weight: its factors' product
+                    gradient = torch.bmm(gradient[0], gradient[1].transpose(1, 2))
+                views[name].copy_(gradient)
+            grads[:, index] = out.cpu().numpy()
+            losses[:, index] = loss.cpu().numpy()
+        empty = np.array([b is None for b in batches])
+        grads[empty], losses[empty] = 0.0, np.nan
+        return BatchGradientsResult(grads, losses)
 
     def _forward(self, params: Layers, x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, params, (x,))
@@ -290,6 +346,7 @@ class VectorizedTrainer:
         offset = self._rows(request.offset, count)
         shift = None if offset is None else self.model.spec.unflatten(offset)
         update = _Update(request, params, lambda v, dtype=torch.float32: self._layers_of(v, count, dtype))
+        projected = _ProjectedProx(request, count, self.device, self.model.spec.unflatten)
         widths = None if self.train_sizes is None else step_widths(self.train_sizes, request.batch_size, request.epochs)
         batches = _Batches(request, widths, data, generators, self._source, self._features)
         losses = torch.zeros((count, len(batches.active)), dtype=torch.float32, device=self.device)
@@ -298,6 +355,7 @@ class VectorizedTrainer:
             now = {name: p[:active] for name, p in params.items()}
             moved = None if shift is None else {name: o[:active] for name, o in shift.items()}
             losses[:active, step], gradients = self._gradients(now, moved, x, y, weight)
+            update.step_terms = projected.gradient(flat[:active])
             for name, p in now.items():
                 update(name, p, gradients[name])
         seen = losses.cpu().numpy().astype(np.float64)
@@ -357,6 +415,8 @@ class _Update:
             assert per_layer is not None  # layers of an array
             self.threshold = {name: request.lr * value for name, value in per_layer.items()}
         self.velocity = {name: torch.zeros_like(p) for name, p in params.items()} if request.momentum else None
+        self.step_terms: Layers | None = None
+        """Gradient terms of this step computed from the whole vector before it (the projected prox's), per layer."""
 
     def __call__(self, name: str, p: torch.Tensor, gradient: Gradient) -> None:
         """One SGD step of layer `name` for the active clients (the first len(p) of the chunk)."""
@@ -389,6 +449,8 @@ class _Update:
             target.add_(self.center[name][:active], alpha=-scale * self.prox_weight)
         if self.linear is not None:
             target.add_(self.linear[name][:active], alpha=scale)
+        if self.step_terms is not None:
+            target.add_(self.step_terms[name][:active], alpha=scale)
 
     def _shrink(self, name: str, p: torch.Tensor, frozen: torch.Tensor | None) -> None:
         """The l1 proximal step after the gradient step (soft-thresholding, only where not frozen)."""
@@ -398,6 +460,27 @@ class _Update:
         p.copy_(shrunk if frozen is None else torch.where(frozen, p, shrunk))
 
 
+class _ProjectedProx:
+    """The projected proximal term's gradient w P^T (P x - c) of a chunk's active rows (LocalSGD.projection), from
+    the flat rows before the step, as per-layer views for `_Update`'s step terms."""
+
+    def __init__(self, request: LocalSGD, count: int, device: torch.device, unflatten: Callable[..., Layers]):
+        self.weight = request.projected_prox_weight
+        self.unflatten = unflatten
+        self.projection = self.center = None
+        if self.weight and request.projection is not None and request.projected_prox_center is not None:
+            self.projection = torch.from_numpy(np.array(request.projection, np.float32)).to(device)
+            center = torch.from_numpy(np.array(request.projected_prox_center, np.float32)).to(device)
+            self.center = center.expand(count, -1) if center.ndim == 1 else center
+
+    def gradient(self, flat: torch.Tensor) -> Layers | None:
+        """The term for the first len(flat) rows (None without a projected prox)."""
+        if self.projection is None or self.center is None:
+            return None
+        residual = flat @ self.projection.T - self.center[: len(flat)]
+        return self.unflatten(self.weight * (residual @ self.projection))
+
+
 def stack_requests(requests: Sequence[LocalSGD]) -> LocalSGD:
     """Requests of the same group (`group_key`) as one request over their rows: vectors [k, n], numbers shared."""
     first = requests[0]
@@ -405,11 +488,12 @@ def stack_requests(requests: Sequence[LocalSGD]) -> LocalSGD:
     for name in ROW_FIELDS:
         values = [getattr(r, name) for r in requests]
         if values[0] is not None and (name != "l1" or np.ndim(values[0]) > 0):
-            vectors[name] = np.stack([np.broadcast_to(np.asarray(v), (_size(first),)) for v in values])
+            width = np.shape(values[0])[-1] if name == "projected_prox_center" else _size(first)
+            vectors[name] = np.stack([np.broadcast_to(np.asarray(v), (width,)) for v in values])
     return dataclasses.replace(first, **vectors)
 
 
-ROW_FIELDS = ("start", "prox_center", "linear", "mask", "offset", "l1")
+ROW_FIELDS = ("start", "prox_center", "linear", "mask", "offset", "l1", "projected_prox_center")
 """The LocalSGD fields that are vectors, one row per client in a stacked request (l1 also as a shared number)."""
 
 
