@@ -15,7 +15,7 @@ from raysim.runtime.problem import sample_clients
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 
-SPLIT = ("fedapm", "fedalt", "fedsim")
+SPLIT = ("fedapm", "fedalt", "fedsim", "fedproto", "fedrod")
 ALGORITHMS = {
     "fedadmm": {"rho": 0.25},
     "fedprox": {"mu": 0.1},
@@ -25,6 +25,8 @@ ALGORITHMS = {
     "fedalt": {},
     "fedsim": {},
     "local": {},
+    "fedproto": {"lambda": 1.0},
+    "fedrod": {},
 }
 
 

@@ -175,6 +175,36 @@ def per_row(value: Number) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
+class FeatureLoss:
+    """A local loss on a classifier's features z = f(x) (the input of its head, ParamSpec.head) and its logits, in
+    place of LocalSGD's plain task loss f_i, for methods that act on a model's features and head:
+
+        CE(logits + logit_shift, y)
+          + target_weight * (1/(B d)) sum_b ||z_b - targets[y_b]||^2 over the samples whose class has_target
+          + [second_head] CE(stopgrad(logits) + W2 stopgrad(z) + b2, y)
+
+    over a batch of B samples. `logit_shift` adds a per-class constant to the logits (log class counts: the
+    balanced softmax of Ren et al. 2020); the target term pulls each sample's features towards a per-class vector
+    (a class prototype) and is divided by B d as torch's mse_loss divides it (a sample without a target adds 0 to
+    the sum, as an MSE against itself). With `second_head` the trained vector is the model's parameters followed by
+    a second head (W2, b2) laid out as the model's head, which only the last term trains: a head that corrects the
+    model's detached logits on its detached features (its gradient reaches neither the body nor the first head)."""
+
+    logit_shift: Vector | None = None
+    """[classes], added to the logits of the first term."""
+    targets: np.ndarray | None = None
+    """[classes, d]: the vector each class's features are pulled towards."""
+    has_target: np.ndarray | None = None
+    """[classes] bool: the classes that have a target (default: all, when `targets` is given)."""
+    target_weight: float = 0.0
+    second_head: bool = False
+
+    def __post_init__(self) -> None:
+        if self.target_weight and self.targets is None:
+            raise ValueError("FeatureLoss: target_weight > 0 needs targets")
+
+
+@dataclass(frozen=True, eq=False)
 class LocalSGD:
     """Request: mini-batch SGD from `start` on the client's training split, minimising
 
@@ -204,6 +234,9 @@ class LocalSGD:
     """If given, instead of `epochs` passes: this many steps, each on one batch picked uniformly among the batches of
     a fresh shuffle of the split (the smaller last batch included), as `random.choice(list(trainloader))` does in
     the FLAME authors' code for Ditto's global copy (flame.md 11); momentum carries over between the steps."""
+    loss: FeatureLoss | None = None
+    """If given, the local loss on the features and logits that replaces f_i (vectors such as `prox_center` are then
+    sized as `start`, which holds a second head too with FeatureLoss.second_head)."""
     in_place: bool = False
     """The executor may train in `start`'s memory and return it as the result (the step needs the old values no
     more, ClientChunk.in_place); without it, or where it cannot, it trains a copy."""
@@ -302,8 +335,34 @@ class GradientResult:
     loss: float
 
 
-Request = LocalSGD | FullGradient
-Result = SGDResult | GradientResult
+@dataclass(frozen=True, eq=False)
+class ClassMeans:
+    """Request: how many samples of each class one split of the client's data holds and, at `point`, the mean of
+    their features z = f(x) (the head's input, ParamSpec.head) per class: a classifier's class prototypes (FedProto,
+    Tan et al. 2022, eq. 5). Evaluation mode (no dropout, no augmentation); `point` None: the counts only."""
+
+    point: Vector | None
+    split: str = "train"
+    """"train", "val" or "test": the ClientData index set to count and average over."""
+
+    @property
+    def draws(self) -> bool:
+        """Whether it reads the client's randomness (redrawn noise or labels): not for the counts alone, which count
+        the stored labels, so that asking for them takes no request number (`draws_randomness`) and leaves the
+        draws of the step's other requests as they were."""
+        return self.point is not None
+
+
+@dataclass(frozen=True, eq=False)
+class ClassMeansResult:
+    counts: np.ndarray
+    """[classes] float64: samples of each class in the split."""
+    means: np.ndarray | None
+    """[classes, d] float32: mean features of each class (zero for a class with no sample); None without a point."""
+
+
+Request = LocalSGD | FullGradient | ClassMeans
+Result = SGDResult | GradientResult | ClassMeansResult
 ClientStep = Generator[Request, Result, ClientUpdate[C, U]]
 AdaptStep = Generator[Request, Result, Vector]
 
@@ -322,6 +381,20 @@ def gradient(request: FullGradient) -> Generator[Request, Result, GradientResult
     result = yield request
     if not isinstance(result, GradientResult):
         raise TypeError(f"a FullGradient request was answered with a {type(result).__name__}, not a GradientResult")
+    return result
+
+
+def draws_randomness(request: Request) -> bool:
+    """Whether an executor gives the request the generator of the client's next request number (keyed by seed,
+    client, round and that number): every request but a ClassMeans for the counts alone (ClassMeans.draws)."""
+    return not isinstance(request, ClassMeans) or request.draws
+
+
+def class_means(request: ClassMeans) -> Generator[Request, Result, ClassMeansResult]:
+    """Yield a ClassMeans request and return its result, typed (see `train`)."""
+    result = yield request
+    if not isinstance(result, ClassMeansResult):
+        raise TypeError(f"a ClassMeans request was answered with a {type(result).__name__}, not a ClassMeansResult")
     return result
 
 

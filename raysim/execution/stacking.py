@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.algorithms.base import ClientUpdate, FullGradient, LocalSGD
+from raysim.algorithms.base import ClassMeans, ClientUpdate, FullGradient, LocalSGD
 
 
 def stack(items: Sequence[Any]) -> Any:
@@ -44,7 +44,7 @@ def one_row(item: Any) -> Any:
 def unstack(stacked: Any, count: int) -> list[Any]:
     """The `count` rows of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
     ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row."""
-    request = isinstance(stacked, LocalSGD | FullGradient)
+    request = isinstance(stacked, LocalSGD | FullGradient | ClassMeans)
     columns = {}
     for f in dataclasses.fields(stacked):
         value = getattr(stacked, f.name)
