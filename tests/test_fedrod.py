@@ -133,3 +133,20 @@ def test_communication_is_body_and_generic_head():
 def test_invalid_settings_are_refused_naming_the_field(key, value):
     with pytest.raises(ConfigError, match=rf"algorithm\.{key}"):
         validate_config(tiny_config(algorithm={"name": "fedrod", key: value}))
+
+
+def test_class_counts_draw_nothing_and_follow_redrawn_labels():
+    """The counts alone read the stored labels (no generator); a client whose labels are redrawn uniformly from r
+    classes (label poisoning) gets their expected counts n / r, so no label it trains on has a zero prior."""
+    from raysim.algorithms.base import ClassMeans, draws_randomness
+    from raysim.training.local import ClientData, LocalTrainer
+
+    model = FlatModel("mlp", (DIM,), CLASSES)
+    y = np.array([0, 0, 1, 1, 1, 0], np.int64)
+    empty = np.array([], np.int64)
+    data = ClientData(np.zeros((6, DIM), np.float32), y, np.arange(6), empty, empty)
+    request = ClassMeans(None)
+    assert not draws_randomness(request) and draws_randomness(ClassMeans(model.initial_parameters(0)))
+    assert LocalTrainer(model).run(request, data, None).counts.tolist() == [3.0, 3.0, 0.0]
+    poisoned = ClientData(data.x, y, data.train, empty, empty, random_labels=CLASSES)
+    assert LocalTrainer(model).run(request, poisoned, None).counts.tolist() == [2.0, 2.0, 2.0]

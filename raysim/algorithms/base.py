@@ -339,7 +339,8 @@ class GradientResult:
 class ClassMeans:
     """Request: how many samples of each class one split of the client's data holds and, at `point`, the mean of
     their features z = f(x) (the head's input, ParamSpec.head) per class: a classifier's class prototypes (FedProto,
-    Tan et al. 2022, eq. 5). Evaluation mode (no dropout, no augmentation); `point` None: the counts only."""
+    Tan et al. 2022, eq. 5). Evaluation mode (no dropout, no augmentation); `point` None: the counts only (of the
+    stored labels; for a client whose labels are redrawn, their expected counts)."""
 
     point: Vector | None
     split: str = "train"

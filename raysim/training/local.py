@@ -291,11 +291,17 @@ class LocalTrainer:
 
     def class_means(self, request: ClassMeans, data: ClientData, generator: Draws | None) -> ClassMeansResult:
         """The per-class sample counts of the request's split and, at its point, their mean features (the samples
-        as the client sees them, with its noise and labels redrawn); the counts alone: of the stored labels."""
+        as the client sees them, with its noise and labels redrawn). The counts alone draw nothing: those of the
+        stored labels, or for a client whose labels are redrawn uniformly from r classes their expectation, n / r
+        for each of the r classes."""
         _check_split("ClassMeans", request.split, data)
         classes = self.model.head.out_features
         if not request.draws:
             labels = data.y[getattr(data, request.split)]
+            if data.random_labels:
+                counts = np.zeros(classes)
+                counts[: data.random_labels] = len(labels) / data.random_labels
+                return ClassMeansResult(counts, None)
             return ClassMeansResult(self.model.class_means(None, data.x[:0], labels, classes)[0], None)
         xb, yb = data.arrays(request.split, generator)
         counts, means = self.model.class_means(request.point, xb, yb, classes)
