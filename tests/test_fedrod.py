@@ -150,3 +150,31 @@ def test_class_counts_draw_nothing_and_follow_redrawn_labels():
     assert LocalTrainer(model).run(request, data, None).counts.tolist() == [3.0, 3.0, 0.0]
     poisoned = ClientData(data.x, y, data.train, empty, empty, random_labels=CLASSES)
     assert LocalTrainer(model).run(request, poisoned, None).counts.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_the_lockstep_executor_runs_a_feature_loss_one_client_at_a_time():
+    """VectorizedTrainer.sgd trains each FeatureLoss request alone (its own prior and second head), with the result
+    of LocalTrainer.sgd bit for bit, next to plain requests that it stacks."""
+    from raysim.algorithms.fedrod import FedRoDSettings
+    from raysim.training.local import ClientData, LocalTrainer
+    from raysim.training.vectorized import VectorizedTrainer
+
+    model, point, x, y = _batch(8)
+    empty = np.array([], np.int64)
+    data = ClientData(x.numpy(), y.numpy(), np.arange(len(y)), empty, empty)
+    settings = FedRoDSettings(lr=0.1, batch_size=4, epochs=2)
+    start = np.concatenate([point.numpy(), np.zeros(model.spec.head_size, np.float32)])
+    requests = [
+        settings.local_sgd(start, loss=FeatureLoss(logit_shift=class_prior_shift(np.array([6.0, 3.0, 1.0])),
+                                                   second_head=True)),  # fmt: skip
+        settings.local_sgd(point.numpy()),
+        settings.local_sgd(start, loss=FeatureLoss(second_head=True)),
+    ]
+    lockstep = VectorizedTrainer(model, 4).sgd([(r, data, np.random.default_rng(i)) for i, r in enumerate(requests)])
+    for i, request in enumerate(requests):
+        alone = LocalTrainer(model).sgd(request, data, np.random.default_rng(i))
+        if request.loss is not None:
+            np.testing.assert_array_equal(lockstep[i].params, alone.params)
+        else:
+            np.testing.assert_allclose(lockstep[i].params, alone.params, atol=1e-6)
+    assert np.abs(lockstep[0].params - lockstep[2].params).max() > 1e-4
