@@ -127,10 +127,14 @@ class FedProto(Algorithm[FedProtoSettings, FedProtoClientState, FedProtoServerSt
         loss = FeatureLoss(targets=broadcast.prototypes, has_target=broadcast.present, target_weight=s.lam)
         result = yield from train(s.local_sgd(state.theta, loss=loss if regularized else None))  # eq. 8
         theta = np.asarray(result.params, np.float32)
-        local = yield from class_means(ClassMeans(theta))  # eq. 5: the local prototypes C_i^(j)
-        held = local.counts > 0
-        weight = local.counts if s.aggregation == "samples" else held.astype(np.float64)
-        means = np.zeros((self.classes, self.feature_dim)) if local.means is None else local.means.astype(np.float64)
+        means = np.zeros((self.classes, self.feature_dim))
+        counts = np.zeros(self.classes)
+        if client.num_train:  # eq. 5: the local prototypes C_i^(j)
+            local = yield from class_means(ClassMeans(theta))
+            counts = local.counts
+            means = means if local.means is None else local.means.astype(np.float64)
+        held = counts > 0
+        weight = counts if s.aggregation == "samples" else held.astype(np.float64)
         upload = PrototypeUpload(weight[:, None] * means, weight)
         metrics = {"train_loss": result.mean_loss, "classes_held": float(held.sum())}
         return ClientUpdate(FedProtoClientState(theta), upload, metrics)
