@@ -22,7 +22,7 @@ from raysim.models.spec import ParamSpec
 from raysim.models.zoo import as_shape, build_module, initial_parameters
 
 if TYPE_CHECKING:
-    from raysim.algorithms.base import FeatureLoss
+    from raysim.models.losses import FeatureLoss
 
 
 @dataclass(frozen=True)
@@ -134,12 +134,13 @@ class FlatModel:
         model = point[: self.size]
         with self._dropout(dropout_seed):
             features, logits = self.features(model, x)
-        shift = None if loss.logit_shift is None else torch.from_numpy(np.asarray(loss.logit_shift, np.float32))
+        # Copies (torch.tensor): the arrays may be read-only views of Ray's object store, which torch must not alias.
+        shift = None if loss.logit_shift is None else torch.tensor(np.asarray(loss.logit_shift, np.float32))
         total = nn.functional.cross_entropy(logits if shift is None else logits + shift, y)
         if loss.target_weight:
-            targets = torch.from_numpy(np.asarray(loss.targets, np.float32))[y]
+            targets = torch.tensor(np.asarray(loss.targets, np.float32))[y]
             if loss.has_target is not None:
-                kept = torch.from_numpy(np.asarray(loss.has_target, bool))[y]
+                kept = torch.tensor(np.asarray(loss.has_target, bool))[y]
                 targets = torch.where(kept[:, None], targets, features.detach())
             total = total + loss.target_weight * nn.functional.mse_loss(features, targets)
         if loss.second_head:
