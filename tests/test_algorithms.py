@@ -16,6 +16,7 @@ from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 
 SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg")
+SPLIT = ("fedapm", "fedalt", "fedsim", "fedproto", "fedrod")
 ALGORITHMS = {
     "fedadmm": {"rho": 0.25},
     "fedprox": {"mu": 0.1},
@@ -35,6 +36,8 @@ ALGORITHMS = {
     "perfedavg": {"alpha": 0.05},
     "apfl": {"adaptive_alpha": True},
     "lp_proj": {"lambda": 1.0, "rho": 0.25, "d_sub": 3},
+    "fedproto": {"lambda": 1.0},
+    "fedrod": {},
 }
 
 

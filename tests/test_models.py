@@ -154,3 +154,48 @@ def test_the_direct_forward_of_a_perceptron_equals_the_module_call(name):
     (grad_ours,) = torch.autograd.grad(ours.square().sum(), flat)
     (grad_theirs,) = torch.autograd.grad(theirs.square().sum(), flat)
     assert torch.equal(grad_ours, grad_theirs)
+
+
+def _small_input(name: str) -> tuple:
+    """An input shape each registered model builds on (small multimodal parts)."""
+    from raysim.data.modalities import Modalities, Modality
+
+    multimodal = {
+        "image_text_classifier": [Modality("image", (1, 12)), Modality("text", (5, 4), sequence=True)],
+        "image_text_classifier_paper": [Modality("image", (1, 12)), Modality("text", (5, 4), sequence=True)],
+        "har_classifier": [Modality("acc", (16, 3)), Modality("gyro", (16, 3))],
+        "mm_action_classifier": [Modality("audio", (16, 5), sequence=True), Modality("video", (3, 7))],
+    }
+    if name in multimodal:
+        return Modalities(multimodal[name])
+    return (1, 12, 12) if name in ("cnn", "cnn_femnist", "cnn_mmnist", "resnet18_gn") else (1, 6, 6)
+
+
+@pytest.mark.parametrize("name", ["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn",
+                                  "image_text_classifier", "image_text_classifier_paper", "har_classifier",
+                                  "mm_action_classifier"])  # fmt: skip
+def test_every_model_splits_into_body_and_head(name):
+    """ParamSpec.head names the last linear layer, whose input is FlatModel.features: the logits are the head
+    applied to the features, for every model of the zoo (the multimodal ones' classifier, ResNet-18's fc)."""
+    import numpy as np
+
+    from raysim.models import MODELS
+    from raysim.models.flat import FlatModel
+
+    assert name in MODELS.names()
+    shape = _small_input(name)
+    model = FlatModel(name, shape, 5)
+    spec = model.spec
+    assert spec.head and spec.head_outputs == 5 and spec.head_mask().sum() == spec.head_size
+    x = torch.from_numpy(np.random.default_rng(0).normal(size=(3, *shape)).astype(np.float32))
+    if hasattr(shape, "parts"):  # packed multimodal rows: sequence lengths of 2 steps
+        x[:, list(shape.length_columns)] = 2.0
+    flat = torch.from_numpy(model.initial_parameters(1))
+    with torch.no_grad():
+        features, logits = model.features(flat, x)
+        params = spec.unflatten(flat)
+        bias = params[spec.head[1]] if len(spec.head) > 1 else None
+        head = torch.nn.functional.linear(features, params[spec.head[0]], bias)
+    assert features.shape == (3, spec.feature_dim)
+    torch.testing.assert_close(logits, head)
+    torch.testing.assert_close(logits, model.forward(flat, x))

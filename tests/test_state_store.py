@@ -42,6 +42,8 @@ ALGORITHMS = {
     "perfedavg": {"name": "perfedavg", "alpha": 0.05, "lr": 0.1, "hessian": "finite_difference"},
     "apfl": {"name": "apfl", "lr": 0.05, "adaptive_alpha": True},
     "lp_proj": {"name": "lp_proj", "lambda": 1.0, "rho": 0.25, "d_sub": 3, "lr": 0.05},
+    "fedproto": {"name": "fedproto", "lambda": 1.0, "lr": 0.05, "batch_size": 32},
+    "fedrod": {"name": "fedrod", "lr": 0.05, "batch_size": 32},
 }
 AUGFL_PARTITION = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
 

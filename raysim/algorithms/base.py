@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, field_validator
 
 from raysim.examples import ExampleContext, Fragment
+from raysim.models.losses import FeatureLoss
 from raysim.models.spec import ParamSpec
 from raysim.registry import Registry
 from raysim.settings import Settings
@@ -218,6 +219,9 @@ class LocalSGD:
     projected_prox_weight: float = 0.0
     projected_prox_center: Vector | None = None
     """[d_sub] (a chunk's: [k, d_sub] or one [d_sub] shared)."""
+    loss: FeatureLoss | None = None
+    """If given, the local loss on the features and logits that replaces f_i (vectors such as `prox_center` are then
+    sized as `start`, which holds a second head too with FeatureLoss.second_head)."""
     in_place: bool = False
     """The executor may train in `start`'s memory and return it as the result (the step needs the old values no
     more, ClientChunk.in_place); without it, or where it cannot, it trains a copy."""
@@ -357,8 +361,35 @@ class BatchGradientsResult:
     losses: np.ndarray
 
 
-Request = LocalSGD | FullGradient | BatchGradients
-Result = SGDResult | GradientResult | BatchGradientsResult
+@dataclass(frozen=True, eq=False)
+class ClassMeans:
+    """Request: how many samples of each class one split of the client's data holds and, at `point`, the mean of
+    their features z = f(x) (the head's input, ParamSpec.head) per class: a classifier's class prototypes (FedProto,
+    Tan et al. 2022, eq. 5). Evaluation mode (no dropout, no augmentation); `point` None: the counts only (of the
+    stored labels; for a client whose labels are redrawn, their expected counts)."""
+
+    point: Vector | None
+    split: str = "train"
+    """"train", "val" or "test": the ClientData index set to count and average over."""
+
+    @property
+    def draws(self) -> bool:
+        """Whether it reads the client's randomness (redrawn noise or labels): not for the counts alone, which count
+        the stored labels, so that asking for them takes no request number (`draws_randomness`) and leaves the
+        draws of the step's other requests as they were."""
+        return self.point is not None
+
+
+@dataclass(frozen=True, eq=False)
+class ClassMeansResult:
+    counts: np.ndarray
+    """[classes] float64: samples of each class in the split."""
+    means: np.ndarray | None
+    """[classes, d] float32: mean features of each class (zero for a class with no sample); None without a point."""
+
+
+Request = LocalSGD | FullGradient | BatchGradients | ClassMeans
+Result = SGDResult | GradientResult | BatchGradientsResult | ClassMeansResult
 ClientStep = Generator[Request, Result, ClientUpdate[C, U]]
 AdaptStep = Generator[Request, Result, Vector]
 
@@ -407,6 +438,20 @@ def batch_gradients(request: BatchGradients) -> Generator[Request, Result, Batch
         raise TypeError(
             f"a BatchGradients request was answered with a {type(result).__name__}, not a BatchGradientsResult"
         )
+    return result
+
+
+def draws_randomness(request: Request) -> bool:
+    """Whether an executor gives the request the generator of the client's next request number (keyed by seed,
+    client, round and that number): every request but a ClassMeans for the counts alone (ClassMeans.draws)."""
+    return not isinstance(request, ClassMeans) or request.draws
+
+
+def class_means(request: ClassMeans) -> Generator[Request, Result, ClassMeansResult]:
+    """Yield a ClassMeans request and return its result, typed (see `train`)."""
+    result = yield request
+    if not isinstance(result, ClassMeansResult):
+        raise TypeError(f"a ClassMeans request was answered with a {type(result).__name__}, not a ClassMeansResult")
     return result
 
 

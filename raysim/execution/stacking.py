@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.algorithms.base import ClientUpdate, FullGradient, LocalSGD
+from raysim.algorithms.base import ClassMeans, ClientUpdate, FullGradient, LocalSGD
 
 
 def stack(items: Sequence[Any]) -> Any:
@@ -45,7 +45,7 @@ def unstack(stacked: Any, count: int) -> list[Any]:
     """The `count` rows of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
     ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row, as is
     a field the type names in `shared_fields` (LocalSGD's projection matrix)."""
-    request = isinstance(stacked, LocalSGD | FullGradient)
+    request = isinstance(stacked, LocalSGD | FullGradient | ClassMeans)
     shared = getattr(stacked, "shared_fields", ())
     columns = {}
     for f in dataclasses.fields(stacked):

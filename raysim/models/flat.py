@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ from torch.func import functional_call
 from raysim.data.dataset import Task
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import as_shape, build_module, initial_parameters
+
+if TYPE_CHECKING:
+    from raysim.models.losses import FeatureLoss
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,8 @@ class FlatModel:
         self.input_shape = as_shape(input_shape)
         self.module = build_module(name, input_shape, outputs)
         self.spec = param_spec(self.module, name)
-        self.head = [layer for layer in self.module.modules() if isinstance(layer, nn.Linear)][-1]
-        """The last linear layer: its input is the features (`features`), its outputs the logits."""
+        self.head = last_linear(self.module)[1]
+        """The last linear layer: its input is the features (`features`), its outputs the logits (ParamSpec.head)."""
         self.layers = perceptron_layers(self.module, self.input_shape)
         """(weight, bias) names of a Flatten/Linear/ReLU stack, which `forward` runs without functional_call."""
         self.stochastic = any(isinstance(layer, nn.Dropout) and layer.p > 0 for layer in self.module.modules())
@@ -119,6 +123,60 @@ class FlatModel:
         (grad,) = torch.autograd.grad(loss, point)
         return loss.item(), grad
 
+    def feature_loss_and_grad(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: FeatureLoss, dropout_seed: int | None = None
+    ) -> tuple[float, torch.Tensor]:
+        """FeatureLoss `loss` on the batch at `flat` (the model's parameters, then with `loss.second_head` a second
+        head laid out as `spec.head`) and its gradient (a new flat tensor); dropout as in `loss_and_grad`."""
+        if self.task != "classification":
+            raise ValueError(f"a feature loss needs a classifier; model {self.name!r} is trained for {self.task}")
+        point = flat.detach().requires_grad_(True)
+        model = point[: self.size]
+        with self._dropout(dropout_seed):
+            features, logits = self.features(model, x)
+        # Copies (torch.tensor): the arrays may be read-only views of Ray's object store, which torch must not alias.
+        shift = None if loss.logit_shift is None else torch.tensor(np.asarray(loss.logit_shift, np.float32))
+        total = nn.functional.cross_entropy(logits if shift is None else logits + shift, y)
+        if loss.target_weight:
+            targets = torch.tensor(np.asarray(loss.targets, np.float32))[y]
+            if loss.has_target is not None:
+                kept = torch.tensor(np.asarray(loss.has_target, bool))[y]
+                targets = torch.where(kept[:, None], targets, features.detach())
+            total = total + loss.target_weight * nn.functional.mse_loss(features, targets)
+        if loss.second_head:
+            head = self.spec_head(point[self.size :])
+            corrected = logits.detach() + nn.functional.linear(features.detach(), *head)
+            total = total + nn.functional.cross_entropy(corrected, y)
+        (grad,) = torch.autograd.grad(total, point)
+        return total.item(), grad
+
+    def spec_head(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A head's (weight, bias) from a vector laid out as the model's head (`spec.head`: weight, then bias)."""
+        weight = self.head.weight
+        size = weight.numel()
+        if flat.numel() != self.spec.head_size:
+            raise ValueError(
+                f"a second head of model {self.name!r} has {self.spec.head_size} values, got {flat.numel()}"
+            )
+        bias = flat[size:] if self.head.bias is not None else None
+        return flat[:size].reshape(weight.shape), bias
+
+    @torch.no_grad()
+    def class_means(self, flat: np.ndarray | None, x: np.ndarray, y: np.ndarray, classes: int, chunk: int = 2048
+                    ) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+        """Per class: the samples' count [classes] (float64) and, at `flat`, their mean features [classes, d]
+        (float32, summed in float64; zero for a class without samples). Dropout off."""
+        counts = np.bincount(np.asarray(y, np.int64), minlength=classes).astype(np.float64)[:classes]
+        if flat is None:
+            return counts, None
+        params = torch.tensor(flat, dtype=torch.float32)
+        sums = torch.zeros((classes, self.head.in_features), dtype=torch.float64)
+        for start in range(0, len(x), chunk):
+            features, _ = self.features(params, torch.from_numpy(x[start : start + chunk]))
+            sums.index_add_(0, torch.from_numpy(np.asarray(y[start : start + chunk], np.int64)), features.double())
+        means = sums / torch.from_numpy(np.maximum(counts, 1.0))[:, None]
+        return counts, means.to(torch.float32).numpy()
+
     @contextmanager
     def _dropout(self, seed: int | None) -> Iterator[None]:
         """Dropout on, from torch's generator seeded with `seed` (restored afterwards), within the block."""
@@ -150,7 +208,18 @@ def param_spec(module: nn.Module, model: str = "") -> ParamSpec:
         shapes.append(tuple(param.shape))
         offsets.append(offset)
         offset += param.numel()
-    return ParamSpec(tuple(names), tuple(shapes), tuple(offsets), model)
+    prefix, head = last_linear(module)
+    head_names = tuple(f"{prefix}.{part}" for part in ("weight", "bias") if getattr(head, part) is not None)
+    return ParamSpec(tuple(names), tuple(shapes), tuple(offsets), model, head_names)
+
+
+def last_linear(module: nn.Module) -> tuple[str, nn.Linear]:
+    """The network's head, its last linear layer in module order, and its name: every model of the zoo ends in one
+    (the classifier of a multimodal model, a ResNet's fc), and its input is the network's features."""
+    linears = [(name, layer) for name, layer in module.named_modules() if isinstance(layer, nn.Linear)]
+    if not linears:
+        raise ValueError(f"model {type(module).__name__} has no linear layer to serve as its head")
+    return linears[-1]
 
 
 def perceptron_layers(module: nn.Module, input_shape: tuple[int, ...]) -> list[tuple[str | None, str | None]] | None:

@@ -48,6 +48,10 @@ class ParamSpec:
     offsets: tuple[int, ...]
     model: str = ""
     """The registered model (`model.name`) these parameters belong to; "" when unknown (a hand-made layout)."""
+    head: tuple[str, ...] = ()
+    """The parameters of the network's head, its last linear layer: its weight [outputs, features], then its bias if
+    it has one. The head's input is the network's features z = f(x) (raysim.models.flat.FlatModel.features), its
+    output the logits; everything before it is the body (feature extractor). () when unknown (a hand-made layout)."""
 
     @property
     def size(self) -> int:
@@ -57,6 +61,35 @@ class ParamSpec:
     def slice(self, name: str) -> slice:
         index = self.names.index(name)
         return slice(self.offsets[index], self.offsets[index] + int(np.prod(self.shapes[index])))
+
+    def head_mask(self) -> np.ndarray:
+        """Boolean, parameter-sized: True on the head's coordinates (`head`), False on the body's."""
+        mask = np.zeros(self.size, dtype=bool)
+        for name in self.require_head():
+            mask[self.slice(name)] = True
+        return mask
+
+    @property
+    def head_size(self) -> int:
+        """Number of the head's parameters (weight and bias)."""
+        return sum(int(np.prod(self.shapes[self.names.index(name)])) for name in self.require_head())
+
+    @property
+    def feature_dim(self) -> int:
+        """d: the size of the features z = f(x), the head's input."""
+        return self.shapes[self.names.index(self.require_head()[0])][1]
+
+    @property
+    def head_outputs(self) -> int:
+        """The head's outputs (the number of classes of a classifier)."""
+        return self.shapes[self.names.index(self.require_head()[0])][0]
+
+    def require_head(self) -> tuple[str, ...]:
+        """`head`, or a ValueError when this layout does not know it."""
+        if not self.head:
+            raise ValueError(f"the parameter layout of model {self.model or '(unnamed)'!r} names no head (last linear "
+                             "layer); build it with raysim.models.flat.param_spec")
+        return self.head
 
     def unflatten(self, flat: Any) -> dict[str, Any]:
         """`flat` shaped like the module's parameters: a vector [size] gives views (gradients flow back into it),

@@ -22,14 +22,18 @@ from raysim.algorithms.base import (
     Algorithm,
     BatchGradients,
     BatchGradientsResult,
+    ClassMeans,
+    ClassMeansResult,
     ClientInfo,
     ClientUpdate,
     FullGradient,
     GradientResult,
+    LocalSGD,
     Request,
     Result,
     SGDResult,
     Vector,
+    draws_randomness,
 )
 from raysim.execution.drivers import run_client_step, run_client_steps, run_stacked_step
 from raysim.execution.stacking import one_row, stack, unstack, unstack_update
@@ -82,12 +86,14 @@ class ChunkUpdate:
 
 def untrained(request: Request) -> Result:
     """Executor of a Byzantine client that skips training: every SGD request returns its start point, every
-    gradient is zero."""
+    gradient is zero, every class count zero (it reports no data)."""
     if isinstance(request, FullGradient):
         return GradientResult(np.zeros_like(request.point), float("nan"))
     if isinstance(request, BatchGradients):
         points = np.asarray(request.points, np.float32)
         return BatchGradientsResult(np.zeros_like(points), np.full(points.shape[:-1], np.nan))
+    if isinstance(request, ClassMeans):
+        return ClassMeansResult(np.zeros(0), None)
     return SGDResult(np.array(request.start, copy=True), float("nan"), 0)
 
 
@@ -268,12 +274,8 @@ class ClientSteps:
         generators = self._generators(client_id, round_index, stream)
 
         def execute(request: Request) -> Result:
-            generator = next(generators)
-            if isinstance(request, FullGradient):
-                return self.trainer.full_gradient(request, self.data[client_id], generator)
-            if isinstance(request, BatchGradients):
-                return self.trainer.batch_gradients(request, self.data[client_id], generator)
-            return self.trainer.sgd(request, self.data[client_id], generator)
+            generator = next(generators) if draws_randomness(request) else None
+            return self.trainer.run(request, self.data[client_id], generator)
 
         return execute
 
@@ -287,13 +289,13 @@ class ClientSteps:
         assert vectorized is not None  # only a vectorized host steps chunks stacked (self.stacked)
 
         def execute(request: Request) -> Result:
-            drawn = [next(generators[c]) for c in client_ids]
-            if isinstance(request, FullGradient):
-                rows = unstack(request, len(client_ids))
-                return stack([self.trainer.full_gradient(*job) for job in zip(rows, data, drawn, strict=True)])
+            if isinstance(request, LocalSGD):
+                return vectorized.sgd_rows(request, data, [next(generators[c]) for c in client_ids])
             if isinstance(request, BatchGradients):
-                return vectorized.batch_gradients_rows(request, data, drawn)
-            return vectorized.sgd_rows(request, data, drawn)
+                return vectorized.batch_gradients_rows(request, data, [next(generators[c]) for c in client_ids])
+            drawn = [next(generators[c]) if draws_randomness(request) else None for c in client_ids]
+            rows = unstack(request, len(client_ids))
+            return stack([self.trainer.run(*job) for job in zip(rows, data, drawn, strict=True)])
 
         return execute
 
@@ -301,7 +303,7 @@ class ClientSteps:
         self, round_index: int, trainer: VectorizedTrainer
     ) -> Callable[[list[tuple[int, Request]]], list[Result]]:
         """The lockstep executor of a round (runtime.client_training = vectorized): each client's randomness is
-        keyed as by `executor`; a turn's SGD requests train together, its gradient requests one at a time."""
+        keyed as by `executor`; a turn's SGD requests train together, its other requests one at a time."""
         generators: dict[int, Iterator[Draws]] = {}
 
         def execute_many(requests: list[tuple[int, Request]]) -> list[Result]:
@@ -311,14 +313,12 @@ class ClientSteps:
             for position, (client_id, request) in enumerate(requests):
                 if client_id not in generators:
                     generators[client_id] = self._generators(client_id, round_index)
-                generator = next(generators[client_id])
-                if isinstance(request, FullGradient):
-                    results[position] = self.trainer.full_gradient(request, self.data[client_id], generator)
-                elif isinstance(request, BatchGradients):
-                    results[position] = self.trainer.batch_gradients(request, self.data[client_id], generator)
-                else:
-                    jobs.append((request, self.data[client_id], generator))
+                if isinstance(request, LocalSGD):
+                    jobs.append((request, self.data[client_id], next(generators[client_id])))
                     positions.append(position)
+                else:
+                    generator = next(generators[client_id]) if draws_randomness(request) else None
+                    results[position] = self.trainer.run(request, self.data[client_id], generator)
             for position, result in zip(positions, trainer.sgd(jobs), strict=True):
                 results[position] = result
             return [results[position] for position in range(len(requests))]

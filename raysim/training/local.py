@@ -13,9 +13,13 @@ import torch
 from raysim.algorithms.base import (
     BatchGradients,
     BatchGradientsResult,
+    ClassMeans,
+    ClassMeansResult,
     FullGradient,
     GradientResult,
     LocalSGD,
+    Request,
+    Result,
     SGDResult,
 )
 from raysim.algorithms.prox import layerwise_svt, soft_threshold
@@ -246,7 +250,11 @@ class LocalTrainer:
         for batch in training_batches(request, data.train, generator):
             xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
             dropout_seed = int(generator.integers(2**62)) if self.model.stochastic else None  # after the batch's draws
-            loss, grad = self.model.loss_and_grad(x if offset is None else offset + x, xb, yb, dropout_seed)
+            point = x if offset is None else offset + x
+            if request.loss is None:
+                loss, grad = self.model.loss_and_grad(point, xb, yb, dropout_seed)
+            else:
+                loss, grad = self.model.feature_loss_and_grad(point, xb, yb, request.loss, dropout_seed)
             losses.append(loss)
             if request.weight_decay:
                 grad.add_(x, alpha=request.weight_decay)
@@ -286,16 +294,52 @@ class LocalTrainer:
             grads[index], losses[index] = grad.numpy(), loss
         return BatchGradientsResult(grads, losses)
 
+    def run(self, request: Request, data: ClientData, generator: Draws | None) -> Result:
+        """Any request of a client step, by its kind; `generator` None only for one that draws nothing
+        (raysim.algorithms.base.draws_randomness)."""
+        if isinstance(request, ClassMeans):
+            return self.class_means(request, data, generator)
+        if generator is None:
+            raise ValueError(f"a {type(request).__name__} request needs the client's generator")
+        if isinstance(request, FullGradient):
+            return self.full_gradient(request, data, generator)
+        if isinstance(request, BatchGradients):
+            return self.batch_gradients(request, data, generator)
+        return self.sgd(request, data, generator)
+
     def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws) -> GradientResult:
         """The mean loss over the request's split and its gradient, in one batch."""
-        if request.split not in ("train", "val", "test"):
-            raise ValueError(f"FullGradient.split: {request.split!r}; allowed: train, val, test")
-        if not len(getattr(data, request.split)):
-            raise ValueError(
-                f"FullGradient: this client's {request.split!r} split is empty (check the algorithm's split settings "
-                "and partition.test_fraction / val_fraction)"
-            )
+        _check_split("FullGradient", request.split, data)
         xb, yb = (torch.from_numpy(a) for a in data.arrays(request.split, generator))
         point = torch.from_numpy(np.array(request.point, dtype=np.float32))
         loss, grad = self.model.loss_and_grad(point, xb, yb)
         return GradientResult(grad.numpy(), float(loss))
+
+    def class_means(self, request: ClassMeans, data: ClientData, generator: Draws | None) -> ClassMeansResult:
+        """The per-class sample counts of the request's split and, at its point, their mean features (the samples
+        as the client sees them, with its noise and labels redrawn). The counts alone draw nothing: those of the
+        stored labels, or for a client whose labels are redrawn uniformly from r classes their expectation, n / r
+        for each of the r classes."""
+        _check_split("ClassMeans", request.split, data)
+        classes = self.model.head.out_features
+        if not request.draws:
+            labels = data.y[getattr(data, request.split)]
+            if data.random_labels:
+                counts = np.zeros(classes)
+                counts[: data.random_labels] = len(labels) / data.random_labels
+                return ClassMeansResult(counts, None)
+            return ClassMeansResult(self.model.class_means(None, data.x[:0], labels, classes)[0], None)
+        xb, yb = data.arrays(request.split, generator)
+        counts, means = self.model.class_means(request.point, xb, yb, classes)
+        return ClassMeansResult(counts, means)
+
+
+def _check_split(kind: str, split: str, data: ClientData) -> None:
+    """A ValueError unless `split` names a non-empty split of the client's data."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"{kind}.split: {split!r}; allowed: train, val, test")
+    if not len(getattr(data, split)):
+        raise ValueError(
+            f"{kind}: this client's {split!r} split is empty (check the algorithm's split settings "
+            "and partition.test_fraction / val_fraction)"
+        )

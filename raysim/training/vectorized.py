@@ -127,8 +127,11 @@ class VectorizedTrainer:
         """LocalTrainer.sgd of every job, in the order given (each result its own array)."""
         results: dict[int, SGDResult] = {}
         groups: dict[tuple, list[int]] = defaultdict(list)
-        for position, (request, _data, _generator) in enumerate(jobs):
-            groups[group_key(request)].append(position)
+        for position, (request, data, generator) in enumerate(jobs):
+            if request.loss is not None:  # each client's own FeatureLoss: one at a time (see sgd_rows)
+                results[position] = self._sequential.sgd(request, data, generator)
+            else:
+                groups[group_key(request)].append(position)
         for members in groups.values():
             # Longest first: within a chunk the clients still training are then always a prefix.
             members.sort(key=lambda position: -_steps(jobs[position][0], jobs[position][1]))
@@ -151,8 +154,11 @@ class VectorizedTrainer:
         data and generator are `data[i]` and `generators[i]`) or one [n] vector shared by every row; its numbers
         are shared. Returns params [k, n] (one new array), mean_loss [k] and steps [k]."""
         count = len(data)
-        # A few random batches, or a per-step SVD of every client's layers (LocalSGD.nuclear): no lockstep.
-        if self.unavailable is not None or request.random_batches is not None or request.nuclear is not None:
+        # A few random batches, a per-step SVD of every client's layers (LocalSGD.nuclear): no lockstep. A feature
+        # loss (LocalSGD.loss) runs through FlatModel.features, a forward hook on the head that vmap and the
+        # perceptron's hand-written backward pass do not take.
+        lockstep = request.random_batches is None and request.nuclear is None and request.loss is None
+        if self.unavailable is not None or not lockstep:
             results = [
                 self._sequential.sgd(row, d, g)
                 for row, d, g in zip(unstack(request, count), data, generators, strict=True)
