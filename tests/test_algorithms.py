@@ -25,7 +25,10 @@ ALGORITHMS = {
     "fedalt": {},
     "fedsim": {},
     "local": {},
+    "fedlp": {"teacher_epochs": 1},
 }
+PARTITIONS = {"fedlp": {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}}
+"""Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""
 
 
 def _config(name: str, **sections):
@@ -35,6 +38,7 @@ def _config(name: str, **sections):
             model={"name": "mlp" if name in SPLIT else "mlr"},
             clients={"count": 5, "per_round": 2},
             rounds=3,
+            **({"partition": PARTITIONS[name]} if name in PARTITIONS else {}),
             **sections,
         )
     )
@@ -65,7 +69,8 @@ class StateWatch:
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_unselected_clients_keep_their_state_bit_for_bit_in_process(name):
+def test_unselected_clients_keep_their_state_bit_for_bit_in_process(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))  # a pretrained model's cache
     config = _config(name)
     sim = InProcess(config)
     watch = StateWatch(name, config.seed)

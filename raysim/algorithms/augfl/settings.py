@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, ConfigDict, Field
 
 from raysim.algorithms.base import AlgorithmSettings
 from raysim.models.spec import ModelChoice
@@ -31,7 +31,32 @@ class TransferSettings(Settings):
     crd_weight: float = Field(0.8, ge=0, description="code mode: weight of the CRD term")
 
 
-class AugFlSettings(AlgorithmSettings):
+class PretrainingSettings(Settings):
+    """The pretrained model theta_p's source (`algorithm.teacher_*`): a file, or pretrained on the first pool the
+    `meta` partition keeps back (raysim.algorithms.augfl.teacher); shared by AugFL and the PM-aided baselines."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    teacher_path: str | None = Field(
+        None,
+        validation_alias=AliasChoices("teacher_path", "pm_path"),
+        description="flat float32 .npy of the teacher's parameters theta_p; default: pretrained and cached",
+    )
+    teacher_epochs: int = Field(
+        5,
+        ge=1,
+        validation_alias=AliasChoices("teacher_epochs", "pm_epochs"),
+        description="the teacher's pretraining epochs (raysim pretrain)",
+    )
+    teacher_lr: float = Field(
+        0.05,
+        gt=0,
+        validation_alias=AliasChoices("teacher_lr", "pm_lr"),
+        description="the teacher's pretraining learning rate",
+    )
+
+
+class AugFlSettings(AlgorithmSettings, PretrainingSettings):
     name: Literal["augfl"] = "augfl"
     alpha: float = Field(0.03, gt=0, description="alpha: one-step adaptation rate (0.03 in the paper, Table I)")
     rho: float = Field(0.7, gt=0, description="rho_i: ADMM penalty, the same for every client (Table I)")
@@ -56,21 +81,4 @@ class AugFlSettings(AlgorithmSettings):
         validation_alias=AliasChoices("teacher_model", "pm_model"),
         description="the teacher's (pretrained model's) architecture; default: the next larger model (mlp -> cnn), "
         "the clients' model for l2",
-    )
-    teacher_path: str | None = Field(
-        None,
-        validation_alias=AliasChoices("teacher_path", "pm_path"),
-        description="flat float32 .npy of the teacher's parameters theta_p; default: pretrained and cached",
-    )
-    teacher_epochs: int = Field(
-        5,
-        ge=1,
-        validation_alias=AliasChoices("teacher_epochs", "pm_epochs"),
-        description="the teacher's pretraining epochs (raysim pretrain)",
-    )
-    teacher_lr: float = Field(
-        0.05,
-        gt=0,
-        validation_alias=AliasChoices("teacher_lr", "pm_lr"),
-        description="the teacher's pretraining learning rate",
     )
