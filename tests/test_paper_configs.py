@@ -150,9 +150,11 @@ quickstart."""
 
 SCALED_DOWN = {
     "augfl.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
+    "fedlp.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
 }
-"""Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL keeps 20,000 from
-every client for its teacher and D_s (here 2,000 each; one pretraining epoch, not five)."""
+"""Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL and the PM-aided
+baselines keep 20,000 from every client for the pretrained model and D_s (here 2,000 each; one pretraining epoch, not
+five)."""
 
 BUILT_IN = {
     "digits": [],
