@@ -26,6 +26,7 @@ ALGORITHMS = {
     "fedsim": {},
     "local": {},
     "fedlp": {"teacher_epochs": 1},
+    "fedala": {},
 }
 PARTITIONS = {"fedlp": {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}}
 """Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""

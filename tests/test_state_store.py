@@ -34,6 +34,7 @@ ALGORITHMS = {
     "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
     "fedslr": {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 0.01, "lr": 0.05, "batch_size": 32},
     "augfl": {"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0, "query_split": "val"},
+    "fedala": {"name": "fedala", "lr": 0.05, "batch_size": 32},
 }
 AUGFL_PARTITION = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
 

@@ -257,16 +257,27 @@ class LocalTrainer:
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )
 
-    def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws) -> GradientResult:
-        """The mean loss over the request's split and its gradient, in one batch."""
+    def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws | None) -> GradientResult:
+        """The mean loss over the request's split (its `indices`, or a random `fraction` of them) and its gradient,
+        in one batch."""
         if request.split not in ("train", "val", "test"):
             raise ValueError(f"FullGradient.split: {request.split!r}; allowed: train, val, test")
-        if not len(getattr(data, request.split)):
+        split = getattr(data, request.split)
+        if not len(split):
             raise ValueError(
                 f"FullGradient: this client's {request.split!r} split is empty (check the algorithm's split settings "
                 "and partition.test_fraction / val_fraction)"
             )
-        xb, yb = (torch.from_numpy(a) for a in data.arrays(request.split, generator))
+        positions = np.arange(len(split)) if request.indices is None else np.asarray(request.indices, np.int64)
+        drawn = None
+        if request.fraction < 1:
+            if generator is None:
+                raise ValueError("FullGradient: a random fraction of the split needs the client's generator")
+            count = max(1, int(request.fraction * len(positions)))
+            drawn = positions[generator.permutation(len(positions))[:count]]
+            positions = drawn
+        rows = split if request.indices is None and drawn is None else split[positions]
+        xb, yb = (torch.from_numpy(a) for a in data.batch(rows, generator))
         point = torch.from_numpy(np.array(request.point, dtype=np.float32))
         loss, grad = self.model.loss_and_grad(point, xb, yb)
-        return GradientResult(grad.numpy(), float(loss))
+        return GradientResult(grad.numpy(), float(loss), drawn)
