@@ -27,15 +27,20 @@ ALGORITHMS = {
     "local": {},
     "fedlp": {"teacher_epochs": 1},
     "fedala": {},
+    "kd_only": {"teacher_epochs": 1, "transfer": {"negatives": 32}},
 }
-PARTITIONS = {"fedlp": {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}}
+META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}
+PARTITIONS = {"fedlp": META, "kd_only": META}
+SGD = {"lr": 0.05, "batch_size": 32}
+NO_LOCAL_TRAINING = ("kd_only",)
+"""Algorithms without local SGD settings."""
 """Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""
 
 
 def _config(name: str, **sections):
     return validate_config(
         tiny_config(
-            algorithm={"name": name, "lr": 0.05, "batch_size": 32, **ALGORITHMS[name]},
+            algorithm={"name": name, **({} if name in NO_LOCAL_TRAINING else SGD), **ALGORITHMS[name]},
             model={"name": "mlp" if name in SPLIT else "mlr"},
             clients={"count": 5, "per_round": 2},
             rounds=3,

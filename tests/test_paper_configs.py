@@ -151,6 +151,7 @@ quickstart."""
 SCALED_DOWN = {
     "augfl.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
     "fedlp.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
+    "kd_only.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
 }
 """Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL and the PM-aided
 baselines keep 20,000 from every client for the pretrained model and D_s (here 2,000 each; one pretraining epoch, not

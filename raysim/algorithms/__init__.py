@@ -9,7 +9,7 @@ from __future__ import annotations
 # isort: off
 from raysim.algorithms import flame, fedavg, fedadmm, fedprox, pfedme, ditto, fedapm, fedalt, fedsim, local  # noqa: F401
 from raysim.algorithms import fedslr, augfl  # noqa: F401
-from raysim.algorithms import fedlp, fedala  # noqa: F401
+from raysim.algorithms import fedlp, fedala, kd_only  # noqa: F401
 
 # isort: on
 from raysim.algorithms.base import (
