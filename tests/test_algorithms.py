@@ -38,16 +38,26 @@ ALGORITHMS = {
     "lp_proj": {"lambda": 1.0, "rho": 0.25, "d_sub": 3},
     "fedproto": {"lambda": 1.0},
     "fedrod": {},
+    "fedlp": {"teacher_epochs": 1},
+    "fedala": {},
+    "kd_only": {"teacher_epochs": 1, "transfer": {"negatives": 32}},
 }
+META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}
+PARTITIONS = {"fedlp": META, "kd_only": META}
+SGD = {"lr": 0.05, "batch_size": 32}
+NO_LOCAL_TRAINING = ("kd_only",)
+"""Algorithms without local SGD settings."""
+"""Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""
 
 
 def _config(name: str, **sections):
     return validate_config(
         tiny_config(
-            algorithm={"name": name, "lr": 0.05, "batch_size": 32, **ALGORITHMS[name]},
+            algorithm={"name": name, **({} if name in NO_LOCAL_TRAINING else SGD), **ALGORITHMS[name]},
             model={"name": "mlp" if name in SPLIT else "mlr"},
             clients={"count": 5, "per_round": 2},
             rounds=3,
+            **({"partition": PARTITIONS[name]} if name in PARTITIONS else {}),
             **sections,
         )
     )
@@ -78,7 +88,8 @@ class StateWatch:
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_unselected_clients_keep_their_state_bit_for_bit_in_process(name):
+def test_unselected_clients_keep_their_state_bit_for_bit_in_process(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))  # a pretrained model's cache
     config = _config(name)
     sim = InProcess(config)
     watch = StateWatch(name, config.seed)

@@ -152,10 +152,12 @@ quickstart."""
 SCALED_DOWN = {
     "augfl.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
     "perfedavg.yaml": ["partition.reserved=2000", "partition.server_samples=2000"],
+    "fedlp.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
+    "kd_only.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
 }
-"""Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL keeps 20,000 from
-every client for its teacher and D_s (here 2,000 each; one pretraining epoch, not five), and Per-FedAvg in AugFL's
-setting the same 20,000 (so that its clients are AugFL's)."""
+"""Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL and the PM-aided
+baselines keep 20,000 from every client for the pretrained model and D_s (here 2,000 each; one pretraining epoch, not
+five), and Per-FedAvg in AugFL's setting the same 20,000 (so that its clients are AugFL's)."""
 
 BUILT_IN = {
     "digits": [],

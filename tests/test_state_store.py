@@ -44,6 +44,7 @@ ALGORITHMS = {
     "lp_proj": {"name": "lp_proj", "lambda": 1.0, "rho": 0.25, "d_sub": 3, "lr": 0.05},
     "fedproto": {"name": "fedproto", "lambda": 1.0, "lr": 0.05, "batch_size": 32},
     "fedrod": {"name": "fedrod", "lr": 0.05, "batch_size": 32},
+    "fedala": {"name": "fedala", "lr": 0.05, "batch_size": 32},
 }
 AUGFL_PARTITION = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
 

@@ -13,6 +13,7 @@ from raysim.algorithms import scaffold, feddyn, gpgd, lpgd  # noqa: F401
 from raysim.algorithms import fedrep, lg_fedavg, fedspa  # noqa: F401
 from raysim.algorithms import perfedavg, apfl, lp_proj  # noqa: F401
 from raysim.algorithms import fedproto, fedrod  # noqa: F401
+from raysim.algorithms import fedlp, fedala, kd_only  # noqa: F401
 
 # isort: on
 from raysim.algorithms.base import (

@@ -321,12 +321,25 @@ class FullGradient:
     point: Vector
     split: str = "train"
     """"train", "val" or "test": the ClientData index set the loss averages over."""
+    indices: np.ndarray | None = None
+    """If given, positions within the split: the loss averages over those samples only (a mini-batch of it)."""
+    fraction: float = 1.0
+    """Below 1: the loss averages over a random subset of the split (of `indices`, if given) of floor(fraction n)
+    samples (at least one), drawn without replacement from the client's stream, in random order; the result's
+    `indices` names them, so that later requests can take mini-batches of the same subset (FedALA's weight learning
+    on a random share of the local data, raysim.algorithms.fedala)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"FullGradient: fraction must be in (0, 1], got {self.fraction}")
 
 
 @dataclass(frozen=True, eq=False)
 class GradientResult:
     grad: Vector
     loss: float
+    indices: np.ndarray | None = None
+    """The positions within the split the request's `fraction` drew (None when it drew none)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -307,13 +307,24 @@ class LocalTrainer:
             return self.batch_gradients(request, data, generator)
         return self.sgd(request, data, generator)
 
-    def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws) -> GradientResult:
-        """The mean loss over the request's split and its gradient, in one batch."""
+    def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws | None) -> GradientResult:
+        """The mean loss over the request's split (its `indices`, or a random `fraction` of them) and its gradient,
+        in one batch."""
         _check_split("FullGradient", request.split, data)
-        xb, yb = (torch.from_numpy(a) for a in data.arrays(request.split, generator))
+        split = getattr(data, request.split)
+        positions = np.arange(len(split)) if request.indices is None else np.asarray(request.indices, np.int64)
+        drawn = None
+        if request.fraction < 1:
+            if generator is None:
+                raise ValueError("FullGradient: a random fraction of the split needs the client's generator")
+            count = max(1, int(request.fraction * len(positions)))
+            drawn = positions[generator.permutation(len(positions))[:count]]
+            positions = drawn
+        rows = split if request.indices is None and drawn is None else split[positions]
+        xb, yb = (torch.from_numpy(a) for a in data.batch(rows, generator))
         point = torch.from_numpy(np.array(request.point, dtype=np.float32))
         loss, grad = self.model.loss_and_grad(point, xb, yb)
-        return GradientResult(grad.numpy(), float(loss))
+        return GradientResult(grad.numpy(), float(loss), drawn)
 
     def class_means(self, request: ClassMeans, data: ClientData, generator: Draws | None) -> ClassMeansResult:
         """The per-class sample counts of the request's split and, at its point, their mean features (the samples

@@ -30,13 +30,12 @@ current theta on their support set (augfl.md 2.3).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from raysim.algorithms.augfl.settings import AugFlSettings
-from raysim.algorithms.augfl.teacher import CACHE, check_pools, pretrain, teacher_architecture, teacher_model
+from raysim.algorithms.augfl.teacher import check_pools, pretrained_parameters, teacher_architecture
 from raysim.algorithms.base import (
     ALGORITHMS,
     AdaptStep,
@@ -51,7 +50,6 @@ from raysim.algorithms.base import (
     Vector,
     gradient,
 )
-from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment
 
 if TYPE_CHECKING:
@@ -138,20 +136,7 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
         s = self.settings
         check_pools(context, f"algorithm {self.name!r} with a teacher")
         architecture = teacher_architecture(s, context.model, context.input_shape)
-        if s.teacher_path:
-            path = Path(s.teacher_path).expanduser()
-        else:
-            path = yield from pretrain(context, architecture, s.teacher_epochs, s.teacher_lr, context.cache / CACHE)
-        try:
-            params = np.load(path).astype(np.float32)
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"algorithm.teacher_path: cannot read {path} ({error})") from None
-        expected = teacher_model(architecture, context).size
-        if params.shape != (expected,):
-            raise ConfigError(
-                f"algorithm.teacher_path: {path} holds {params.size} parameters, the teacher's architecture "
-                f"{architecture} has {expected} (set algorithm.teacher_model to its architecture)"
-            )
+        params = yield from pretrained_parameters(s, context, architecture)
         transfer = context.pools[1]
         return AugFlServerData(
             params, architecture, transfer.x, transfer.y, context.model, context.input_shape, context.num_classes,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, ConfigDict, Field
 
 from raysim.algorithms.base import AlgorithmSettings
 from raysim.models.spec import ModelChoice
@@ -31,32 +31,12 @@ class TransferSettings(Settings):
     crd_weight: float = Field(0.8, ge=0, description="code mode: weight of the CRD term")
 
 
-class AugFlSettings(AlgorithmSettings):
-    name: Literal["augfl"] = "augfl"
-    alpha: float = Field(0.03, gt=0, description="alpha: one-step adaptation rate (0.03 in the paper, Table I)")
-    rho: float = Field(0.7, gt=0, description="rho_i: ADMM penalty, the same for every client (Table I)")
-    lam: float = Field(5.0, ge=0, alias="lambda", description="lambda: weight of the regularizer R_h (Table I)")
-    hessian: Literal["finite_difference", "first_order"] = Field(
-        "finite_difference", description="g_i by eq. 10 (paper) or g_i = 0 (first-order ablation)"
-    )
-    delta_scale: float = Field(10.0, gt=0, description="delta_k = 1/(delta_scale k + delta_offset): 1/(10k + 100)")
-    delta_offset: float = Field(100.0, gt=0)
-    support_split: Literal["train", "val", "test"] = Field("train", description="the client's split used as D^s")
-    query_split: Literal["train", "val", "test"] = Field(
-        "test", description="the client's split used as D^q (the meta partition's test split is the query set)"
-    )
-    regularizer: Literal["crd", "l2", "none"] = Field(
-        "crd",
-        description="R_h: contrastive distillation from the pretrained teacher (paper), ||theta - theta_p||^2 (same "
-        "architecture) or none (AugFL without the teacher)",
-    )
-    transfer: TransferSettings = Field(default_factory=TransferSettings, description="CRD settings (regularizer crd)")
-    teacher_model: ModelChoice | None = Field(
-        None,
-        validation_alias=AliasChoices("teacher_model", "pm_model"),
-        description="the teacher's (pretrained model's) architecture; default: the next larger model (mlp -> cnn), "
-        "the clients' model for l2",
-    )
+class PretrainingSettings(Settings):
+    """The pretrained model theta_p's source (`algorithm.teacher_*`): a file, or pretrained on the first pool the
+    `meta` partition keeps back (raysim.algorithms.augfl.teacher); shared by AugFL and the PM-aided baselines."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
     teacher_path: str | None = Field(
         None,
         validation_alias=AliasChoices("teacher_path", "pm_path"),
@@ -73,4 +53,38 @@ class AugFlSettings(AlgorithmSettings):
         gt=0,
         validation_alias=AliasChoices("teacher_lr", "pm_lr"),
         description="the teacher's pretraining learning rate",
+    )
+
+
+class TransferStepSettings(AlgorithmSettings, PretrainingSettings):
+    """What AugFL's server knowledge-transfer step (eq. 13) and its held-out adaptation (eq. 7) take; shared by AugFL
+    and the KD-only ablation (raysim.algorithms.kd_only)."""
+
+    alpha: float = Field(0.03, gt=0, description="alpha: one-step adaptation rate (0.03 in the paper, Table I)")
+    rho: float = Field(0.7, gt=0, description="rho_i: ADMM penalty, the same for every client (Table I)")
+    lam: float = Field(5.0, ge=0, alias="lambda", description="lambda: weight of the regularizer R_h (Table I)")
+    support_split: Literal["train", "val", "test"] = Field("train", description="the client's split used as D^s")
+    transfer: TransferSettings = Field(default_factory=TransferSettings, description="CRD settings (regularizer crd)")
+    teacher_model: ModelChoice | None = Field(
+        None,
+        validation_alias=AliasChoices("teacher_model", "pm_model"),
+        description="the teacher's (pretrained model's) architecture; default: the next larger model (mlp -> cnn), "
+        "the clients' model for l2",
+    )
+
+
+class AugFlSettings(TransferStepSettings):
+    name: Literal["augfl"] = "augfl"
+    hessian: Literal["finite_difference", "first_order"] = Field(
+        "finite_difference", description="g_i by eq. 10 (paper) or g_i = 0 (first-order ablation)"
+    )
+    delta_scale: float = Field(10.0, gt=0, description="delta_k = 1/(delta_scale k + delta_offset): 1/(10k + 100)")
+    delta_offset: float = Field(100.0, gt=0)
+    query_split: Literal["train", "val", "test"] = Field(
+        "test", description="the client's split used as D^q (the meta partition's test split is the query set)"
+    )
+    regularizer: Literal["crd", "l2", "none"] = Field(
+        "crd",
+        description="R_h: contrastive distillation from the pretrained teacher (paper), ||theta - theta_p||^2 (same "
+        "architecture) or none (AugFL without the teacher)",
     )

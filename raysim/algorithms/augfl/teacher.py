@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raysim.algorithms.augfl.settings import AugFlSettings
+from raysim.algorithms.augfl.settings import AugFlSettings, PretrainingSettings
 from raysim.algorithms.base import AlgorithmSettings, LocalSGD, ServerContext, SGDResult, TrainModel
 from raysim.errors import ConfigError
 from raysim.seeding import Stream, torch_seed
@@ -95,6 +95,30 @@ def pretrain(
     return path
 
 
+def pretrained_parameters(
+    settings: PretrainingSettings, context: ServerContext, architecture: str
+) -> Generator[TrainModel, SGDResult, np.ndarray]:
+    """theta_p, the flat float32 parameters of a model of `architecture`: read from `teacher_path`, or pretrained on
+    the first held-back pool (`pretrain`, cached); checked against the architecture's size."""
+    if settings.teacher_path:
+        path = Path(settings.teacher_path).expanduser()
+    else:
+        path = yield from pretrain(
+            context, architecture, settings.teacher_epochs, settings.teacher_lr, context.cache / CACHE
+        )
+    try:
+        params = np.load(path).astype(np.float32)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"algorithm.teacher_path: cannot read {path} ({error})") from None
+    expected = teacher_model(architecture, context).size
+    if params.shape != (expected,):
+        raise ConfigError(
+            f"algorithm.teacher_path: {path} holds {params.size} parameters, the teacher's architecture "
+            f"{architecture} has {expected} (set algorithm.teacher_model to its architecture)"
+        )
+    return params
+
+
 def pretraining(
     settings: AlgorithmSettings,
     context: ServerContext,
@@ -105,9 +129,9 @@ def pretraining(
     """`raysim pretrain`: the teacher of a config's algorithm `settings`, pretrained (or reused) as a run would
     (`pretrain`), returning its path. `epochs` and `lr` default to `algorithm.teacher_epochs` and
     `algorithm.teacher_lr`, `folder` to $RAYSIM_CACHE/teacher. For an algorithm other than AugFL: a model of the
-    clients' architecture, with AugFL's default pretraining."""
+    clients' architecture, with its own pretraining settings (FedLP) or AugFL's defaults."""
     augfl = settings if isinstance(settings, AugFlSettings) else None
-    defaults = augfl or AugFlSettings()
+    defaults = settings if isinstance(settings, PretrainingSettings) else AugFlSettings()
     architecture = teacher_architecture(augfl, context.model, context.input_shape) if augfl else context.model
     epochs = defaults.teacher_epochs if epochs is None else epochs
     lr = defaults.teacher_lr if lr is None else lr
