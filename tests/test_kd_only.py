@@ -96,3 +96,13 @@ def test_settings():
     with pytest.raises(ConfigError, match="regularizer"):
         _config(regularizer="none")
     assert prepare(_config(**CRD)).server_data.pretrained_model == "mlp"  # AugFL's teacher: the next larger model
+
+
+def test_raysim_pretrain_prepares_augfl_teacher():
+    """`raysim pretrain` on a KD-only config pretrains AugFL's teacher (mlr clients: an MLP), not the clients' model."""
+    from raysim.algorithms.augfl.teacher import pretraining
+    from raysim.runtime.problem import server_context
+
+    config = validate_config(tiny_config(algorithm={"name": "kd_only", "teacher_epochs": 1}, partition=META))
+    request = next(pretraining(config.algorithm, server_context(config, config.dataset.load(config.seed))))
+    assert (request.model, request.sgd.epochs) == ("mlp", 1)

@@ -45,11 +45,10 @@ from raysim.models.spec import ParamSpec
 
 class KdOnlySettings(TransferStepSettings):
     name: Literal["kd_only"] = "kd_only"
-    regularizer: Literal["crd", "l2"] = "crd"
-    """R_h as AugFL's: CRD from the pretrained teacher (paper) or ||theta - theta_p||^2 (same architecture)."""
-
     @model_validator(mode="after")
     def _transfers(self) -> KdOnlySettings:
+        if self.regularizer == "none":
+            raise ValueError("algorithm.regularizer: KD only needs R_h; allowed: crd, l2")
         if self.lam <= 0:
             raise ValueError("algorithm.lambda: KD only moves the model by lambda grad R_h alone; it must be > 0")
         return self

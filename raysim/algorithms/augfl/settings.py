@@ -64,6 +64,11 @@ class TransferStepSettings(AlgorithmSettings, PretrainingSettings):
     rho: float = Field(0.7, gt=0, description="rho_i: ADMM penalty, the same for every client (Table I)")
     lam: float = Field(5.0, ge=0, alias="lambda", description="lambda: weight of the regularizer R_h (Table I)")
     support_split: Literal["train", "val", "test"] = Field("train", description="the client's split used as D^s")
+    regularizer: Literal["crd", "l2", "none"] = Field(
+        "crd",
+        description="R_h: contrastive distillation from the pretrained teacher (paper), ||theta - theta_p||^2 (same "
+        "architecture) or none (AugFL without the teacher)",
+    )
     transfer: TransferSettings = Field(default_factory=TransferSettings, description="CRD settings (regularizer crd)")
     teacher_model: ModelChoice | None = Field(
         None,
@@ -82,9 +87,4 @@ class AugFlSettings(TransferStepSettings):
     delta_offset: float = Field(100.0, gt=0)
     query_split: Literal["train", "val", "test"] = Field(
         "test", description="the client's split used as D^q (the meta partition's test split is the query set)"
-    )
-    regularizer: Literal["crd", "l2", "none"] = Field(
-        "crd",
-        description="R_h: contrastive distillation from the pretrained teacher (paper), ||theta - theta_p||^2 (same "
-        "architecture) or none (AugFL without the teacher)",
     )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raysim.algorithms.augfl.settings import AugFlSettings, PretrainingSettings
+from raysim.algorithms.augfl.settings import AugFlSettings, PretrainingSettings, TransferStepSettings
 from raysim.algorithms.base import AlgorithmSettings, LocalSGD, ServerContext, SGDResult, TrainModel
 from raysim.errors import ConfigError
 from raysim.seeding import Stream, torch_seed
@@ -27,7 +27,7 @@ CACHE = "teacher"
 """The teachers' subfolder of raysim's cache folder (`ServerContext.cache`)."""
 
 
-def teacher_architecture(settings: AugFlSettings, model: str, input_shape: tuple[int, ...]) -> str:
+def teacher_architecture(settings: TransferStepSettings, model: str, input_shape: tuple[int, ...]) -> str:
     """The teacher's architecture: `teacher_model`, or by default the clients' `model` for the L2 regularizer (it
     compares parameters) and the next larger network for CRD (mlp on non-image input)."""
     explicit = settings.teacher_model
@@ -129,8 +129,8 @@ def pretraining(
     """`raysim pretrain`: the teacher of a config's algorithm `settings`, pretrained (or reused) as a run would
     (`pretrain`), returning its path. `epochs` and `lr` default to `algorithm.teacher_epochs` and
     `algorithm.teacher_lr`, `folder` to $RAYSIM_CACHE/teacher. For an algorithm other than AugFL: a model of the
-    clients' architecture, with its own pretraining settings (FedLP) or AugFL's defaults."""
-    augfl = settings if isinstance(settings, AugFlSettings) else None
+    clients' architecture, with its own pretraining settings (FedLP) or AugFL's defaults; KD only's is AugFL's."""
+    augfl = settings if isinstance(settings, TransferStepSettings) else None
     defaults = settings if isinstance(settings, PretrainingSettings) else AugFlSettings()
     architecture = teacher_architecture(augfl, context.model, context.input_shape) if augfl else context.model
     epochs = defaults.teacher_epochs if epochs is None else epochs
