@@ -131,7 +131,7 @@ def test_server_learning_rate_scales_the_mean_model_change():
                             algorithm.broadcast(server), problem.executor(i)).upload
             for i in range(m)
         ]
-        models[eta_g] = algorithm.server_step(server, _total(uploads), m)[0].x
+        models[eta_g] = algorithm.server_step(server, _total(uploads), m)[0].w
     np.testing.assert_allclose(models[0.5] - x0, 0.5 * (models[1.0] - x0), atol=1e-6)
 
 

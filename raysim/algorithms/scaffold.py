@@ -59,8 +59,8 @@ class ScaffoldClientState:
 
 @dataclass
 class ScaffoldServerState:
-    x: Vector
-    """The global model."""
+    w: Vector
+    """The global model, the paper's x."""
     c: np.ndarray
     """float64 server control variate c = (1/N) sum_i c_i (it starts at zero with every c_i)."""
     num_clients: int
@@ -102,7 +102,7 @@ class Scaffold(
         return ScaffoldClientState(np.zeros_like(init_params))
 
     def broadcast(self, server: ScaffoldServerState) -> ScaffoldBroadcast:
-        return ScaffoldBroadcast(server.x, server.c.astype(np.float32))
+        return ScaffoldBroadcast(server.w, server.c.astype(np.float32))
 
     def client_step(
         self, client: ClientInfo | ClientChunk, state: ScaffoldClientState, broadcast: ScaffoldBroadcast
@@ -124,12 +124,12 @@ class Scaffold(
         return ClientUpdate(ScaffoldClientState(new_c), ScaffoldUpload(per_row(count) * y, count, delta_c), metrics)
 
     def server_step(self, server: ScaffoldServerState, total: ScaffoldUpload, num_selected: int):
-        x = server.x.astype(np.float64)
+        x = server.w.astype(np.float64)
         mean_y = np.asarray(total.y, np.float64) / np.asarray(total.count, np.float64)
         new_x = (x + self.settings.eta_g * (mean_y - x)).astype(np.float32)  # line 16
         new_c = server.c + np.asarray(total.delta_c, np.float64) / server.num_clients  # line 17: (|S|/N) mean
-        metrics = server_metrics(new_x, server.x) | {"control_norm": float(np.linalg.norm(new_c))}
+        metrics = server_metrics(new_x, server.w) | {"control_norm": float(np.linalg.norm(new_c))}
         return ScaffoldServerState(new_x, new_c, server.num_clients), metrics
 
     def global_model(self, server: ScaffoldServerState) -> Vector:
-        return server.x
+        return server.w
