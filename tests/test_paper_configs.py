@@ -15,6 +15,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from raysim.algorithms import ALGORITHMS
 from raysim.config import apply_overrides, load_config, read_mapping, validate_config
 from raysim.runtime import crews
 from raysim.runtime.driver import run_experiment
@@ -70,15 +71,17 @@ def _fashion_mnist(root: Path) -> list[str]:
     return []  # the real data, installed by `make setup`
 
 
+SMALL_RESNET_RUN = ["clients.count=6", "clients.per_round=2", "model.name=cnn"]
+"""FedSLR's ResNet-18-GN trains at ~100 s a round on two cores even here: the runs use the CIFAR CNN, the network has
+its own test (tests/test_models.py)."""
+
 DATA = {
     "flame_mnist.yaml": _mnist,
     "flame_fmnist.yaml": _fashion_mnist,
     "flame_cifar10.yaml": _cifar10,
     "flame_mmnist.yaml": _medical_mnist,
     "flame_femnist.yaml": _femnist,
-    # ResNet-18-GN trains at ~100 s a round on two cores even here: the run uses the CIFAR CNN, the network has
-    # its own test (tests/test_models.py)
-    "fedslr_cifar10.yaml": lambda root: [*_cifar10(root), "clients.count=6", "clients.per_round=2", "model.name=cnn"],
+    "fedslr_cifar10.yaml": lambda root: [*_cifar10(root), *SMALL_RESNET_RUN],
     "fedapm_cifar10.yaml": lambda root: [*_cifar10(root), "clients.count=6"],
 }
 
@@ -109,6 +112,16 @@ def _tiny_imagenet(root: Path) -> list[str]:
 
 
 OTHER_LOADERS = {"emnist": _emnist, "cifar100": _cifar100, "medmnist": _medmnist, "tiny_imagenet": _tiny_imagenet}
+FEDSLR_TABLE1 = {"cifar10": _cifar10, "cifar100": _cifar100, "tiny_imagenet": _tiny_imagenet}
+SUITE_DATA = {
+    f"fedslr_table1_{data}_{split}.yaml": lambda root, data=data: [
+        *FEDSLR_TABLE1[data](root), *SMALL_RESNET_RUN, *([] if data == "cifar10" else ["clients.count=2"])
+    ]
+    for data in FEDSLR_TABLE1
+    for split in ("iid", "noniid")
+}
+"""The fixture folders of the suites whose base is inline (not a configs/paper file), by suite file (the CIFAR-100
+and Tiny-ImageNet fixtures hold a few samples: two clients)."""
 
 
 def test_every_paper_config_has_a_test():
@@ -149,15 +162,12 @@ SHIPPED = sorted({*(ROOT / "configs").glob("*.yaml"), *(PAPER / "suites").glob("
 """Every shipped experiment, suite and sweep but `configs/paper/*.yaml` (run through the CLI above) and the
 quickstart."""
 
-SCALED_DOWN = {
-    "augfl.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
-    "perfedavg.yaml": ["partition.reserved=2000", "partition.server_samples=2000"],
-    "fedlp.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
-    "kd_only.yaml": ["partition.reserved=2000", "partition.server_samples=2000", "algorithm.teacher_epochs=1"],
-}
+HELD_BACK = ["partition.reserved=2000", "partition.server_samples=2000"]
+SCALED_DOWN = {name: HELD_BACK for name in ("augfl.yaml", "perfedavg.yaml", "fedlp.yaml", "kd_only.yaml")}
 """Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL and the PM-aided
-baselines keep 20,000 from every client for the pretrained model and D_s (here 2,000 each; one pretraining epoch, not
-five), and Per-FedAvg in AugFL's setting the same 20,000 (so that its clients are AugFL's)."""
+baselines keep 20,000 from every client for the pretrained model and D_s (here 2,000 each), and Per-FedAvg in
+AugFL's setting the same 20,000 (so that its clients are AugFL's). A method that pretrains a model pretrains it for
+one epoch, not five (`run_one_round`)."""
 
 BUILT_IN = {
     "digits": [],
@@ -211,7 +221,7 @@ def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
     for path in SHIPPED:
         tree, source = first_setting(path, "sqlite:///unused.db")
         dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
-        known = source.name in DATA or dataset in ("fashion_mnist", *BUILT_IN)
+        known = source.name in DATA or source.name in SUITE_DATA or dataset in ("fashion_mnist", *BUILT_IN)
         assert known, f"{path.name}: no fixture for dataset {dataset}"
     assert set(SCALED_DOWN) <= {p.name for p in SHIPPED}
     assert sorted(path for group in distinct_experiments() for path in group) == SHIPPED
@@ -219,31 +229,70 @@ def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
     assert shipped == {*SHIPPED, *(PAPER / name for name in DATA), QUICKSTART}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "paths", distinct_experiments(), ids=lambda paths: "=".join(str(p.relative_to(ROOT / "configs")) for p in paths)
-)
-def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, ray_local, mlflow_uri, fmnist_tenth):
-    """In this process (the CLI path of each kind of file has its own tests): the paper datasets that are not
-    installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN where it holds too little), the
-    built-in ones are scaled down (BUILT_IN). Each run takes the actors of the one before (runtime.reuse_actors: a
-    new actor process costs most of a one-round run; tests/test_crews.py shows renewed actors give a new crew's
-    results)."""
-    tree, source = first_setting(paths[0], mlflow_uri)
+def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri: str, fmnist_tenth: Path) -> None:
+    """One round of a shipped experiment tree, in this process (the CLI path of each kind of file has its own tests):
+    the paper datasets that are not installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN
+    where it holds too little), the built-in ones are scaled down (BUILT_IN). Each run takes the actors of the one
+    before (runtime.reuse_actors: a new actor process costs most of a one-round run; tests/test_crews.py shows
+    renewed actors give a new crew's results)."""
     sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", "runtime.reuse_actors=true"]
     dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
     if dataset == "fashion_mnist":
         sets += [f"dataset.root={fmnist_tenth}", *SCALED_DOWN.get(source.name, [])]
+        if "teacher_epochs" in ALGORITHMS.get(tree["algorithm"]["name"]).Settings.model_fields:
+            sets.append("algorithm.teacher_epochs=1")
     elif dataset in BUILT_IN:
         sets += [*BUILT_IN[dataset], "algorithm.epochs=1"]
     else:
         root = tmp_path / "data"
         root.mkdir()
-        sets += [f"dataset.root={root}", *DATA[source.name](root)]
+        sets += [f"dataset.root={root}", *{**DATA, **SUITE_DATA}[source.name](root)]
     apply_overrides(tree, sets)
     config = validate_config(tree)
     result = run_experiment(config, show_progress=False)
     check_logged(MlflowClient(mlflow_uri), result.run_id, config.model_dump(mode="json", by_alias=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "paths", distinct_experiments(), ids=lambda paths: "=".join(str(p.relative_to(ROOT / "configs")) for p in paths)
+)
+def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, ray_local, mlflow_uri, fmnist_tenth):
+    run_one_round(*first_setting(paths[0], mlflow_uri), tmp_path, mlflow_uri, fmnist_tenth)
+
+
+def suite_methods() -> dict[str, tuple[Path, int]]:
+    """Every algorithm that a paper suite runs, at the first child that runs it (suites in file order), but those
+    whose first child is a suite's first setting (run by the test above): algorithm -> (suite, child index). Every
+    child of every suite is validated by `first_setting` (test_every_shipped_file_...); running each setting of each
+    suite would be hundreds of runs, so each method runs one round once in a paper suite's setting."""
+    found: dict[str, tuple[Path, int]] = {}
+    for path in sorted((PAPER / "suites").glob("*.yaml")):
+        for index, (_name, config) in enumerate(load_suite(path).experiments()):
+            found.setdefault(config.algorithm.name, (path, index))
+    return {algorithm: (path, index) for algorithm, (path, index) in found.items() if index}
+
+
+SUITE_METHODS = suite_methods()
+
+
+def test_every_registered_algorithm_runs_in_a_shipped_suite():
+    """The baselines suite (configs/compare.yaml) and the paper suites together run every method in raysim."""
+    suites = [path for path in SHIPPED if is_suite_file(path)]
+    run = {config.algorithm.name for path in suites for _name, config in load_suite(path).experiments()}
+    assert set(ALGORITHMS.names()) <= run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", sorted(SUITE_METHODS))
+def test_every_method_of_the_shipped_suites_runs_one_round_in_a_suite_setting(
+    algorithm, tmp_path, ray_local, mlflow_uri, fmnist_tenth
+):
+    path, index = SUITE_METHODS[algorithm]
+    config = load_suite(path).experiments()[index][1]
+    tree = config.model_dump(mode="json", by_alias=True)
+    base = read_mapping(path).get("base_config")
+    run_one_round(tree, (path.parent / base).resolve() if base else path, tmp_path, mlflow_uri, fmnist_tenth)
 
 
 @pytest.mark.slow
