@@ -248,6 +248,10 @@ class Simulation:
     def server_state(self) -> object:
         return ray.get(self.coordinator.server_state.remote())
 
+    def global_model(self) -> object:
+        """The algorithm's global model (GM) now, whatever its server state holds."""
+        return ray.get(self.coordinator.global_model.remote())
+
     def save_checkpoint(self, directory: Path) -> None:
         """Every host writes its own clients' file in parallel; the coordinator writes the server state. A write
         that failed is a CheckpointError with its line."""

@@ -301,7 +301,7 @@ def _measure_raysim(
         ends.append(time.perf_counter())
         used_hosts[0] = len(simulation.hosts)
         if round_index == rounds - 1:
-            final["w"] = np.asarray(simulation.server_state().w)
+            final["w"] = np.asarray(simulation.global_model())  # any algorithm's, not a server state's `w`
 
     with PeakMemory() as memory, GpuSampler(runtime.host_gpus > 0) as gpu:
         start = time.perf_counter()
