@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from raysim.algorithms import ALGORITHMS
 from raysim.reference import config_keys, config_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,3 +279,10 @@ def test_a_page_s_python_runs_as_one_notebook(page, checkout):
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, f"{page} failed:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}"
     print(f"{page}: {time.monotonic() - started:.0f} s\n{done.stdout}")
+
+
+def test_the_algorithms_page_has_a_row_for_every_registered_algorithm():
+    """docs/algorithms.md's first table names every algorithm `raysim algorithms` lists."""
+    table = (ROOT / "docs" / "algorithms.md").read_text().split("\n\n")[1]
+    named = {name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z_0-9]+)`", row.split("|")[1])}
+    assert named == set(ALGORITHMS.names())
