@@ -13,7 +13,7 @@ test: setup
 	$(BIN)/mypy raysim jobs
 	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile
 
-# The configuration matrix's 123 runs alone (they are also part of `make test`).
+# The configuration matrix's 273 runs alone (they are also part of `make test`).
 test-matrix: setup
 	$(BIN)/pytest -q -rs -n 2 -m matrix
 

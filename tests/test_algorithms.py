@@ -15,8 +15,8 @@ from raysim.runtime.problem import sample_clients
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 
-SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg")
-SPLIT = ("fedapm", "fedalt", "fedsim", "fedproto", "fedrod")
+SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg", "fedproto", "fedrod")
+"""Algorithms that need a model of several layers (a personal and a shared part, a body and a head)."""
 ALGORITHMS = {
     "fedadmm": {"rho": 0.25},
     "fedprox": {"mu": 0.1},
@@ -44,10 +44,10 @@ ALGORITHMS = {
 }
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}
 PARTITIONS = {"fedlp": META, "kd_only": META}
+"""Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""
 SGD = {"lr": 0.05, "batch_size": 32}
 NO_LOCAL_TRAINING = ("kd_only",)
 """Algorithms without local SGD settings."""
-"""Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""
 
 
 def _config(name: str, **sections):

@@ -286,7 +286,23 @@ def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
     tree["tracking"] = {**tree["tracking"], "uri": uri, "run_name": cell.name}
     tree["model"] = {**tree["model"], "name": cell.model}
     tree.update(copy.deepcopy(model_sections(cell.model, context)))
+    tree["algorithm"] = {**tree["algorithm"], **light_training(tree["algorithm"])}
     return tree
+
+
+LIGHT = {"epochs": 1, "head_epochs": 1, "phase2_epochs": 1}
+"""A cell checks that its choices run together and log every key, not what they learn: every pass count that the
+algorithm's example sets above one is one (FedSLR's setting trains 2 epochs at batch 20, ten times FedAvg's work),
+and batches are at least 100 samples."""
+
+
+def light_training(algorithm: Mapping[str, Any]) -> dict[str, Any]:
+    """The algorithm section's local-training settings made light (LIGHT), where its settings have them."""
+    fields = REGISTRIES.algorithms[algorithm["name"]].Settings.model_fields
+    light = {key: value for key, value in LIGHT.items() if key in fields}
+    if "batch_size" in fields:
+        light["batch_size"] = max(100, algorithm.get("batch_size", fields["batch_size"].default))
+    return light
 
 
 @pytest.mark.slow
