@@ -78,12 +78,22 @@ def dual_corrected_mean(summed: np.ndarray, count: float, gamma_mean: np.ndarray
     return summed / count - eta_g * gamma_mean
 
 
-class FedDynSettings(SGDSettings):
-    name: Literal["feddyn"] = "feddyn"
+class FedSlrSolverSettings(SGDSettings):
+    """FedSLR's local solver (fedslr.md 6.3), the defaults of FedSLR, FedDyn, GPGD and LPGD: 2 local epochs at batch
+    20 and eta_l = 0.1, decayed by 0.998 every round."""
+
     epochs: int = Field(2, ge=1, description="local epochs (2 in FedSLR's comparison, fedslr.md 6.3)")
     lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
     batch_size: int = Field(20, ge=1)
     lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")
+
+    def lr_at(self, round_index: int) -> float:
+        """eta_l^(t) = lr * lr_decay^t, the local rate of round t."""
+        return self.lr * self.lr_decay**round_index
+
+
+class FedDynSettings(FedSlrSolverSettings):
+    name: Literal["feddyn"] = "feddyn"
     alpha: float = Field(0.1, gt=0, description="alpha: dynamic-regularization weight (0.1 in FedSLR's Table 1)")
 
     @property
@@ -136,7 +146,7 @@ class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, Fed
     ) -> ClientStep:
         s = self.settings
         w_t = broadcast.w
-        lr = s.lr * s.lr_decay**broadcast.round
+        lr = s.lr_at(broadcast.round)
         result = yield from train(dynamic_request(s, w_t, state.gamma, s.eta_g, lr))  # line 6
         w_i = np.asarray(result.params, np.float32)
         gamma = dual_update(state.gamma, w_t, w_i, s.eta_g)  # line 7

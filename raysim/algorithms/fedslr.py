@@ -36,22 +36,24 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     Number,
-    SGDSettings,
     Upload,
     Vector,
     train,
 )
-from raysim.algorithms.feddyn import dual_corrected_mean, dual_update, dynamic_request, mirrored_dual_mean
+from raysim.algorithms.feddyn import (
+    FedSlrSolverSettings,
+    dual_corrected_mean,
+    dual_update,
+    dynamic_request,
+    mirrored_dual_mean,
+)
 from raysim.algorithms.prox import FactoredModel, LayerwiseSVT, factored_size, layerwise_svt, matrix_shape
 from raysim.models.spec import ParamSpec
 
 
-class FedSlrSettings(SGDSettings):
+class FedSlrSettings(FedSlrSolverSettings):
     name: Literal["fedslr"] = "fedslr"
     epochs: int = Field(2, ge=1, description="Phase I local epochs (2 in the paper's experiments)")
-    lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
-    batch_size: int = Field(20, ge=1)
-    lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")
     phase2_epochs: int = Field(1, ge=0, description="Phase II local epochs (1 in the paper); 0 skips Phase II")
     lam: float = Field(1e-4, ge=0, alias="lambda", description="lambda: nuclear-norm (low-rank) penalty")
     mu: float = Field(1e-3, ge=0, description="mu: L1 (sparsity) penalty of the personal component")
@@ -198,7 +200,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
     def client_step(self, client: ClientInfo, state: FedSlrClientState, broadcast: FedSlrBroadcast) -> ClientStep:
         s = self.settings
         w_t = broadcast.model.params(self.params)
-        lr = s.lr * s.lr_decay**broadcast.round
+        lr = s.lr_at(broadcast.round)
         result = yield from train(dynamic_request(s, w_t, state.gamma, s.eta_g, lr))  # (4), FedDyn's client step
         w_i = result.params
         gamma = dual_update(state.gamma, w_t, w_i, s.eta_g)  # (5)

@@ -33,23 +33,19 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    SGDSettings,
     Vector,
     per_row,
     train,
 )
+from raysim.algorithms.feddyn import FedSlrSolverSettings
 from raysim.algorithms.fedslr import FedSlrBroadcast, FedSlrUpload, LowRankProx
 from raysim.algorithms.prox import FactoredModel
 from raysim.jit import distances
 from raysim.models.spec import ParamSpec
 
 
-class GpgdSettings(SGDSettings):
+class GpgdSettings(FedSlrSolverSettings):
     name: Literal["gpgd"] = "gpgd"
-    epochs: int = Field(2, ge=1, description="local epochs (FedSLR's Phase I: 2)")
-    lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
-    batch_size: int = Field(20, ge=1)
-    lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")
     lam: float = Field(1e-4, ge=0, alias="lambda", description="lambda: nuclear-norm (low-rank) penalty")
     eta_g: float = Field(10.0, gt=0, description="eta_g: the server's proximal step; SVT threshold lambda * eta_g")
     svd_device: Literal["auto", "cpu", "cuda"] = Field(
@@ -98,7 +94,7 @@ class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, FedSlrBroad
     ) -> ClientStep:
         s = self.settings
         w_t = broadcast.model.params(self.params)
-        lr = s.lr * s.lr_decay**broadcast.round
+        lr = s.lr_at(broadcast.round)
         result = yield from train(s.model_copy(update={"lr": lr}).local_sgd(w_t))  # (20)
         w_i = np.asarray(result.params, np.float32)
         count = np.ones_like(np.asarray(client.num_train, np.float32))  # a number, or one per row of a chunk

@@ -33,22 +33,18 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    SGDSettings,
     Vector,
     per_row,
     train,
 )
+from raysim.algorithms.feddyn import FedSlrSolverSettings
 from raysim.algorithms.prox import matrix_shape
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.jit import distances
 
 
-class LpgdSettings(SGDSettings):
+class LpgdSettings(FedSlrSolverSettings):
     name: Literal["lpgd"] = "lpgd"
-    epochs: int = Field(2, ge=1, description="local epochs (FedSLR's Phase I: 2)")
-    lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
-    batch_size: int = Field(20, ge=1)
-    lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")
     lam: float = Field(
         1e-4, ge=0, alias="lambda", description="lambda: nuclear-norm penalty; SVT at eta_l * lambda per local step"
     )
@@ -92,7 +88,7 @@ class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, LpgdBroadca
         self, client: ClientInfo | ClientChunk, state: LpgdClientState, broadcast: LpgdBroadcast
     ) -> ClientStep:
         s = self.settings
-        lr = s.lr * s.lr_decay**broadcast.round
+        lr = s.lr_at(broadcast.round)
         request = s.model_copy(update={"lr": lr}).local_sgd(broadcast.w, nuclear=s.lam if s.lam else None)
         result = yield from train(request)  # (18)
         w_i = np.asarray(result.params, np.float32)
