@@ -44,7 +44,7 @@ from raysim.algorithms.base import (
     mean_over_steps,
     per_row,
 )
-from raysim.algorithms.servers import WeightedUpload, weighted_average
+from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_average
 from raysim.jit import distances
 
 
@@ -141,8 +141,7 @@ class Apfl(Algorithm[ApflSettings, ApflClientState, ApflServerState, Vector, Wei
             "alpha": alpha,
             "update_norm": distances(w, broadcast),
         }
-        samples = np.asarray(client.num_train, np.float32)
-        weight = samples if s.aggregation == "samples" else np.ones_like(samples)
+        weight = upload_weight(client.num_train, s.aggregation)
         upload = WeightedUpload(per_row(weight) * w.astype(np.float64), weight)
         new_alpha = alpha if alpha.ndim else float(alpha)
         return ClientUpdate(ApflClientState(v.astype(np.float32), new_alpha), upload, metrics)

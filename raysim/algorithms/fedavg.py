@@ -41,6 +41,7 @@ from raysim.algorithms.servers import (
     WeightedUpload,
     running_mean,
     start_running_mean,
+    upload_weight,
     weighted_average,
 )
 from raysim.jit import distances
@@ -155,8 +156,7 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
             shared = params[..., self.shared]
             message = shared.astype(np.float64)
             return ClientUpdate(SharedOnlyClientState(shared), DeltaUpload(message - state.shared), metrics, message)
-        samples = np.asarray(client.num_train, np.float32)  # a number, or one per row of a chunk
-        weight = samples if self.settings.aggregation == "samples" else np.ones_like(samples)
+        weight = upload_weight(client.num_train, self.settings.aggregation)  # a number, or one per row of a chunk
         return ClientUpdate(state, WeightedUpload(per_row(weight) * params, weight), metrics)
 
     def server_step(self, server: FedAvgServerState, total: WeightedUpload | DeltaUpload, num_selected: int):

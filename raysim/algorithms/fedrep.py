@@ -47,7 +47,7 @@ from raysim.algorithms.base import (
     train,
 )
 from raysim.algorithms.fedapm import SplitPreset, SplitSettings, personal_mask
-from raysim.algorithms.servers import WeightedUpload, weighted_average
+from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_average
 from raysim.errors import ConfigError
 from raysim.models.spec import ParamSpec
 
@@ -140,8 +140,7 @@ class SharedPartAlgorithm(Algorithm[P, PersonalPartState, SharedPartServerState,
         result, metrics = yield from self.local_training(start, client.num_clients)
         params = np.asarray(result.params, np.float32)
         shared = params[..., self.shared]
-        samples = np.asarray(client.num_train, np.float32)  # a number, or one per row of a chunk
-        weight = samples if self.settings.aggregation == "samples" else np.ones_like(samples)
+        weight = upload_weight(client.num_train, self.settings.aggregation)  # a number, or one per row of a chunk
         metrics = {
             "train_loss": result.mean_loss,
             "shared_change": np.linalg.norm(np.asarray(shared, np.float64) - broadcast, axis=-1),

@@ -55,7 +55,7 @@ from raysim.algorithms.base import (
     mean_over_steps,
     per_row,
 )
-from raysim.algorithms.servers import WeightedUpload, weighted_average
+from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_average
 from raysim.jit import distances
 
 
@@ -132,8 +132,7 @@ class PerFedAvg(Algorithm[PerFedAvgSettings, PerFedAvgClientState, PerFedAvgServ
             "adaptation_loss": adaptation.loss,
             "update_norm": distances(w, broadcast),
         }
-        samples = np.asarray(client.num_train, np.float32)
-        weight = samples if s.aggregation == "samples" else np.ones_like(samples)
+        weight = upload_weight(client.num_train, s.aggregation)
         upload = WeightedUpload(per_row(weight) * w.astype(np.float64), weight)
         return ClientUpdate(PerFedAvgClientState(personal), upload, metrics)
 

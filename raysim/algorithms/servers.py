@@ -83,6 +83,13 @@ def running_mean(server: RunningMeanState, total: Upload) -> tuple[RunningMeanSt
     return RunningMeanState(model, new_sum, server.num_clients), server_metrics(model, server.w)
 
 
+def upload_weight(num_train: Number, aggregation: str) -> np.ndarray:
+    """A client's weight in a WeightedUpload (float32; one per row of a chunk): its training-set size n_i with
+    `aggregation: samples` (McMahan et al.), else 1."""
+    samples = np.asarray(num_train, np.float32)
+    return samples if aggregation == "samples" else np.ones_like(samples)
+
+
 def weighted_average(total: Upload, previous: Vector) -> tuple[Vector, dict[str, float]]:
     """sum(weight * message) / sum(weight) over the selected clients (float32), and the server metrics.
 
