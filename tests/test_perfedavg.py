@@ -16,20 +16,10 @@ from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
+from tests.test_baselines import B, D, N, b
+from tests.test_baselines import _run as _sim
 from tests.test_flame import _orthogonal_regression
 from tests.test_vectorized import _assert_close_runs, _clients, _run
-
-B, N, D = [1.0, 2.0, 3.0], 40, 4
-b = np.array(B)[:, None]
-
-
-def _sim(algorithm: dict, rounds: int):
-    problem, theta_hat = _orthogonal_regression(B, N, D, seed=5)
-    config = validate_config(tiny_config(algorithm=algorithm, clients={"count": 3}, model={"name": "linear"}))
-    sim = InProcess(config, problem)
-    for round_index in range(rounds):
-        sim.round(round_index)
-    return sim, theta_hat
 
 
 def test_alpha_zero_is_fedavg_with_lr_beta():
