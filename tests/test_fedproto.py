@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from raysim.algorithms.base import FeatureLoss
-from raysim.algorithms.fedproto import FedProtoSettings, PrototypeUpload
+from raysim.algorithms.fedproto import FedProtoBroadcast, FedProtoSettings, PrototypeUpload
 from raysim.config import validate_config
 from raysim.errors import ConfigError
+from raysim.evaluation.batched import Scorer
+from raysim.evaluation.columns import client_evaluations
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
@@ -159,6 +161,45 @@ def test_communication_is_prototypes_only():
     assert algorithm.uplink_bytes(held) == 4 * 2 * (64 + 1)
     assert algorithm.downlink_bytes(algorithm.broadcast(sim.server)) == 4 * CLASSES * 64
     assert algorithm.downlink_bytes(algorithm.broadcast(algorithm.init_server(problem.init_params, 2))) == 0
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def test_proto_model_is_inference_by_the_nearest_global_prototype():
+    """`proto` (extra model): on every sample, its softmax is that of the negative mean squared distances of the
+    client's features to the global prototypes (the authors' test_inference_new_het_lt), so it predicts the nearest
+    one; a class without a prototype is never predicted. The host scores it as `proto` on each client's test split
+    given the coordinator's context, and without a context there is none."""
+    problem = labelled_problem(3, 10, seed=12, held=[[0, 1], [1, 2], [0, 2]])
+    sim = _fedproto(problem, 2, 3)
+    algorithm, server = sim.coordinator.algorithm, sim.server
+    context = algorithm.evaluation_context(server)
+    assert context.present.all()
+    model = problem.model_spec.build()
+    x = torch.from_numpy(problem.x)
+    missing = FedProtoBroadcast(context.prototypes, np.array([True, True, False]))
+    for state in sim.states.values():
+        for prototypes in (context, missing):
+            proto = algorithm.extra_models(state, server.w, prototypes)["proto"]
+            with torch.no_grad():
+                z, _ = model.features(torch.from_numpy(state.theta), x)
+                _, logits = model.features(torch.from_numpy(proto), x)
+            distances = ((z.numpy()[:, None, :] - prototypes.prototypes[None]) ** 2).mean(axis=2)
+            distances[:, ~prototypes.present] = np.inf
+            np.testing.assert_array_equal(logits.numpy().argmax(axis=1), distances.argmin(axis=1))
+            if prototypes is context:
+                np.testing.assert_allclose(_softmax(logits.numpy()), _softmax(-distances), atol=1e-5)
+                body = ~model.spec.head_mask()
+                np.testing.assert_array_equal(proto[body], state.theta[body])
+    evaluations = client_evaluations(sim.host.evaluate(server.w, context))
+    for (info, split), evaluation in zip(problem.clients, evaluations, strict=True):
+        proto = algorithm.extra_models(sim.states[info.id], server.w, context)["proto"]
+        assert evaluation.extra["proto"].test_acc == Scorer(model).evaluate(proto, problem.x[split.test],
+                                                                            problem.y[split.test])[1]  # fmt: skip
+    assert all(not e.extra for e in client_evaluations(sim.host.evaluate(server.w)))
 
 
 @pytest.mark.parametrize(("key", "value"), [("lambda", -1.0), ("aggregation", "median")])

@@ -584,9 +584,16 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def setup_server(self, data: Any) -> None:
         """Take the server data that `server_data` returned (called once, on the coordinator only)."""
 
-    def extra_models(self, state: C, global_params: Vector) -> dict[str, Vector]:
-        """Further per-client models to score at evaluation, by name (FedSLR: `personal`, p_i alone); each is
-        summarized as `<name>/acc`, `<name>/loss`, ... like PM and GM. Default: none."""
+    def evaluation_context(self, server: S) -> Any:
+        """What the clients' models at evaluation need of the server state besides the global model (FedProto: the
+        global prototypes, for nearest-prototype inference); the runtime sends it to every host with the global
+        model and it reaches `extra_models`. Default: None."""
+        return None
+
+    def extra_models(self, state: C, global_params: Vector, context: Any = None) -> dict[str, Vector]:
+        """Further per-client models to score at evaluation, by name (FedSLR: `personal`, p_i alone), given the
+        global model and `evaluation_context`; each is summarized as `<name>/acc`, `<name>/loss`, ... like PM and
+        GM. Default: none."""
         return {}
 
     def uplink_bytes(self, upload: U) -> int:

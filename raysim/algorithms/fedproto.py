@@ -20,10 +20,16 @@ sends it. A selected client
 The server averages the prototypes per class over the clients that hold the class, weighted by their counts
 (eq. 7, `aggregation: samples`; `clients`: the unweighted mean of the authors' code), from this round's uploads.
 
-PM = the client's own model, scored by its head (the paper's evaluation of the local models); inference by the
-nearest global prototype (also in the authors' code) is not scored. GM: there is no global model; the common
-initial model is reported as raysim's Local does. Uplink: the prototypes and counts of the classes a client holds;
-downlink: the global prototypes that exist (classes x feature dimension).
+PM = the client's own model, scored by its head (the paper's evaluation of the local models). `proto` (extra
+model, `proto/acc`, ...) = the client's body with inference by the nearest global prototype, the authors' code's
+second accuracy (`test_inference_new_het_lt`: the class whose prototype has the least mean squared distance
+||z - C_bar^(j)||^2 / d to the features z). As logits -||z - C_bar^(j)||^2 / d, whose softmax equals that of
+(2 z.C_bar^(j) - ||C_bar^(j)||^2) / d, it is the client's network with that linear head in place of its own: so it
+is scored like any model (accuracy, loss of the softmax over negative distances, F1, AUC). A class without a global
+prototype is never predicted (its distance is infinite in the authors' code; here its logit is -1e9). It needs a
+head with a bias (every zoo model's has one) and is scored from the first aggregation on. GM: there is no global
+model; the common initial model is reported as raysim's Local does. Uplink: the prototypes and counts of the
+classes a client holds; downlink: the global prototypes that exist (classes x feature dimension).
 
 Not stacked (`stacks = False`): the feature loss runs through FlatModel.features, one client at a time.
 """
@@ -108,6 +114,7 @@ class FedProto(Algorithm[FedProtoSettings, FedProtoClientState, FedProtoServerSt
     def __init__(self, settings: FedProtoSettings, params: ParamSpec):
         super().__init__(settings, params)
         self.classes, self.feature_dim = params.head_outputs, params.feature_dim
+        self.params = params
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedProtoServerState:
         empty = FedProtoBroadcast(
@@ -155,6 +162,18 @@ class FedProto(Algorithm[FedProtoSettings, FedProtoClientState, FedProtoServerSt
     def personalized_model(self, state: FedProtoClientState) -> Vector:
         return state.theta
 
+    def evaluation_context(self, server: FedProtoServerState) -> FedProtoBroadcast:
+        """The global prototypes, for nearest-prototype inference (`extra_models`)."""
+        return server.prototypes
+
+    def extra_models(
+        self, state: FedProtoClientState, global_params: Vector, context: FedProtoBroadcast | None = None
+    ) -> dict[str, Vector]:
+        """`proto`: the client's body with the nearest-global-prototype classifier as its head (module docstring)."""
+        if context is None or not context.present.any() or len(self.params.head) < 2:
+            return {}
+        return {"proto": prototype_classifier(self.params, state.theta, context)}
+
     def uplink_bytes(self, upload: PrototypeUpload) -> int:
         """The prototype and the count of each class the client holds, as float32."""
         return 4 * int((upload.weight > 0).sum()) * (self.feature_dim + 1)
@@ -162,3 +181,22 @@ class FedProto(Algorithm[FedProtoSettings, FedProtoClientState, FedProtoServerSt
     def downlink_bytes(self, broadcast: FedProtoBroadcast) -> int:
         """The global prototypes that exist, as float32 (classes x feature dimension)."""
         return 4 * int(broadcast.present.sum()) * self.feature_dim
+
+
+NO_PROTOTYPE_LOGIT = -1e9
+"""The logit of a class without a global prototype: never predicted (the authors' code's infinite distance)."""
+
+
+def prototype_classifier(params: ParamSpec, theta: Vector, prototypes: FedProtoBroadcast) -> Vector:
+    """theta with its head (weight W, bias b) replaced by W_j = 2 C_bar^(j) / d, b_j = -||C_bar^(j)||^2 / d: logits
+    that differ from -||z - C_bar^(j)||^2 / d by -||z||^2 / d, the same for every class, so the same softmax and the
+    same nearest prototype."""
+    weight_name, bias_name = params.head[:2]
+    centers = prototypes.prototypes.astype(np.float64)
+    d = params.feature_dim
+    weight = np.where(prototypes.present[:, None], 2.0 * centers / d, 0.0)
+    bias = np.where(prototypes.present, -(centers**2).sum(axis=1) / d, NO_PROTOTYPE_LOGIT)
+    model = np.array(theta, dtype=np.float32, copy=True)
+    model[params.slice(weight_name)] = weight.ravel()
+    model[params.slice(bias_name)] = bias
+    return model

@@ -251,6 +251,8 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         w = global_params if self.settings.eval_pairing == "latest" or state.w is None else state.w
         return w + state.p
 
-    def extra_models(self, state: FedSlrClientState, global_params: Vector) -> dict[str, Vector]:
+    def extra_models(
+        self, state: FedSlrClientState, global_params: Vector, context: object = None
+    ) -> dict[str, Vector]:
         """`personal`: p_i alone, the pure personal component (fedslr.md B.3.3 reports its accuracy)."""
         return {"personal": state.p}

@@ -115,6 +115,10 @@ class Coordinator(Renewable):
     def global_model(self) -> Vector:
         return self.algorithm.global_model(self.state)
 
+    def evaluation_context(self) -> object:
+        """What evaluation needs of the server state besides the global model (Algorithm.evaluation_context)."""
+        return self.algorithm.evaluation_context(self.state)
+
     def server_state(self) -> object:
         return self.state
 

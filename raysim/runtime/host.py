@@ -113,8 +113,9 @@ class ClientHost(Renewable):
             records.add([c for c, ok in zip(ids, kept, strict=True) if ok], uplink, metrics)
         return total, records.batch()
 
-    def evaluate(self, global_params: Vector) -> pa.RecordBatch:
-        """PM, GM (and the algorithm's extra models') scores of every client of this host as columns
+    def evaluate(self, global_params: Vector, context: Any = None) -> pa.RecordBatch:
+        """PM, GM (and the algorithm's extra models', given the server's `context`: Algorithm.evaluation_context)
+        scores of every client of this host as columns
         (raysim.evaluation.columns.evaluation_batch), EVALUATION_CLIENTS clients at a time: the GM, shared by all,
         scores their splits in shared passes, and their own models (PMs, extra models) score each its own split in
         batched passes."""
@@ -134,7 +135,7 @@ class ClientHost(Renewable):
             pms = scorer.own_scores(
                 {c: self._personal_model(c, states[c], global_params) for c in chunk}, chunk, splits
             )
-            models = {c: self.algorithm.extra_models(states[c], global_params) for c in chunk}
+            models = {c: self.algorithm.extra_models(states[c], global_params, context) for c in chunk}
             names = sorted({name for extra in models.values() for name in extra})
             extras = {name: scorer.own_scores({c: models[c].get(name) for c in chunk}, chunk, splits) for name in names}
             for client_id, gm in zip(chunk, gms, strict=True):

@@ -240,7 +240,8 @@ class Simulation:
         the last round's start (the current one before any round of this process)."""
         before = self.config.tracking.gm_scored == "before_aggregation" and self.broadcast_model is not None
         global_params = self.broadcast_model if before else self.coordinator.global_model.remote()
-        return evaluation_table(ray.get([host.evaluate.remote(global_params) for host in self.hosts]))
+        context = self.coordinator.evaluation_context.remote()
+        return evaluation_table(ray.get([host.evaluate.remote(global_params, context) for host in self.hosts]))
 
     def client_states(self) -> dict[int, object]:
         return {c: s for states in ray.get([h.client_states.remote() for h in self.hosts]) for c, s in states.items()}
