@@ -31,16 +31,15 @@ from pydantic import Field
 from raysim.algorithms.base import (
     ALGORITHMS,
     Algorithm,
-    AlgorithmSettings,
     BatchGradients,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    LocalStepsSettings,
     Number,
     Vector,
     batch_gradients,
-    batch_steps,
     mean_over_steps,
     per_row,
 )
@@ -48,17 +47,12 @@ from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_av
 from raysim.jit import distances
 
 
-class ApflSettings(AlgorithmSettings):
+class ApflSettings(LocalStepsSettings):
     name: Literal["apfl"] = "apfl"
     alpha: float = Field(0.5, ge=0, le=1, description="the mixing weight alpha_i at the start (fedslr.md 6.4: 0.5)")
     adaptive_alpha: bool = Field(False, description="update alpha_i by its gradient each step (eq. 10)")
     alpha_lr: float | None = Field(None, gt=0, description="eta_alpha of the adaptive update (default: lr)")
     lr: float = Field(0.01, gt=0, description="eta: the learning rate of w and v_i")
-    batch_size: int = Field(100, ge=1)
-    epochs: int = Field(1, ge=1, description="local passes over the training split per round (sets local_steps)")
-    local_steps: int | None = Field(
-        None, ge=1, description="local steps per round; default epochs * ceil(n_i / batch_size), one batch each"
-    )
     aggregation: Literal["samples", "uniform"] = Field(
         "samples", description="weight the global-model copies by training-set size (as FedAvg) or equally"
     )
@@ -113,11 +107,7 @@ class Apfl(Algorithm[ApflSettings, ApflClientState, ApflServerState, Vector, Wei
         s = self.settings
         eta = np.float32(s.lr)
         eta_alpha = s.lr if s.alpha_lr is None else s.alpha_lr
-        steps = (
-            np.full(np.shape(client.num_train), s.local_steps, np.int64)
-            if s.local_steps is not None
-            else batch_steps(client.num_train, s.batch_size, s.epochs)
-        )
+        steps = s.step_counts(client.num_train)
         v = np.array(state.v, np.float32)
         w = np.array(np.broadcast_to(broadcast, v.shape), np.float32)
         alpha = np.array(state.alpha, np.float64)

@@ -433,6 +433,25 @@ def batch_steps(num_train: Number, batch_size: int, epochs: int, batches_per_ste
     return np.where(n > 0, np.maximum(steps, 1), 0)
 
 
+class LocalStepsSettings(AlgorithmSettings):
+    """Local work counted in steps that each draw fresh batches (BatchGradients: Per-FedAvg, APFL), not in passes."""
+
+    batch_size: int = Field(100, ge=1, description="samples of each batch a step draws")
+    epochs: int = Field(1, ge=1, description="local passes over the training split per round (sets local_steps)")
+    local_steps: int | None = Field(
+        None,
+        ge=1,
+        description="local steps per round; default epochs * ceil(n_i / batch_size) // the batches one step draws "
+        "(APFL 1; Per-FedAvg 2 for FO, 3 for HF: FL-bench's count)",
+    )
+
+    def step_counts(self, num_train: Number, batches_per_step: int = 1) -> np.ndarray:
+        """Local steps per round of a client (one per row of a chunk): `local_steps`, else `batch_steps`."""
+        if self.local_steps is not None:
+            return np.full(np.shape(num_train), self.local_steps, np.int64)
+        return batch_steps(num_train, self.batch_size, self.epochs, batches_per_step)
+
+
 def mean_over_steps(losses: Sequence[Number], steps: np.ndarray) -> np.ndarray:
     """Each row's mean of the losses of its own first `steps` steps (NaN without any), from the per-step losses of
     a loop that runs to the longest row's count (`batch_steps`)."""

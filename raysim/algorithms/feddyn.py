@@ -119,14 +119,16 @@ class FedDynServerState:
 
 
 @dataclass(frozen=True, eq=False)
-class FedDynBroadcast:
+class ModelAtRound:
+    """The broadcast of FedDyn and LPGD: the server model and the round (FedSlrSolverSettings.lr_at)."""
+
     w: Vector
     round: int
     """t, for the local learning-rate decay."""
 
 
 @ALGORITHMS.register()
-class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, FedDynBroadcast, WeightedUpload]):
+class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, ModelAtRound, WeightedUpload]):
     name = "feddyn"
     Settings = FedDynSettings
     Upload = WeightedUpload
@@ -138,11 +140,11 @@ class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, Fed
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedDynClientState:
         return FedDynClientState(np.zeros_like(init_params))
 
-    def broadcast(self, server: FedDynServerState) -> FedDynBroadcast:
-        return FedDynBroadcast(server.w, server.round)
+    def broadcast(self, server: FedDynServerState) -> ModelAtRound:
+        return ModelAtRound(server.w, server.round)
 
     def client_step(
-        self, client: ClientInfo | ClientChunk, state: FedDynClientState, broadcast: FedDynBroadcast
+        self, client: ClientInfo | ClientChunk, state: FedDynClientState, broadcast: ModelAtRound
     ) -> ClientStep:
         s = self.settings
         w_t = broadcast.w

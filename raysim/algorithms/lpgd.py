@@ -37,7 +37,7 @@ from raysim.algorithms.base import (
     per_row,
     train,
 )
-from raysim.algorithms.feddyn import FedSlrSolverSettings
+from raysim.algorithms.feddyn import FedSlrSolverSettings, ModelAtRound
 from raysim.algorithms.prox import matrix_shape
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.jit import distances
@@ -61,15 +61,8 @@ class LpgdServerState:
     round: int
 
 
-@dataclass(frozen=True, eq=False)
-class LpgdBroadcast:
-    w: Vector
-    round: int
-    """t, for the local learning-rate decay."""
-
-
 @ALGORITHMS.register()
-class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, LpgdBroadcast, WeightedUpload]):
+class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, ModelAtRound, WeightedUpload]):
     name = "lpgd"
     Settings = LpgdSettings
     Upload = WeightedUpload
@@ -81,11 +74,11 @@ class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, LpgdBroadca
     def init_client(self, client: ClientInfo, init_params: Vector) -> LpgdClientState:
         return LpgdClientState()
 
-    def broadcast(self, server: LpgdServerState) -> LpgdBroadcast:
-        return LpgdBroadcast(server.w, server.round)
+    def broadcast(self, server: LpgdServerState) -> ModelAtRound:
+        return ModelAtRound(server.w, server.round)
 
     def client_step(
-        self, client: ClientInfo | ClientChunk, state: LpgdClientState, broadcast: LpgdBroadcast
+        self, client: ClientInfo | ClientChunk, state: LpgdClientState, broadcast: ModelAtRound
     ) -> ClientStep:
         s = self.settings
         lr = s.lr_at(broadcast.round)

@@ -38,19 +38,18 @@ from raysim.algorithms.base import (
     ALGORITHMS,
     AdaptStep,
     Algorithm,
-    AlgorithmSettings,
     BatchGradients,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
     FullGradient,
+    LocalStepsSettings,
     Number,
     Request,
     Result,
     Vector,
     batch_gradients,
-    batch_steps,
     gradient,
     mean_over_steps,
     per_row,
@@ -59,7 +58,7 @@ from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_av
 from raysim.jit import distances
 
 
-class PerFedAvgSettings(AlgorithmSettings):
+class PerFedAvgSettings(LocalStepsSettings):
     name: Literal["perfedavg"] = "perfedavg"
     alpha: float = Field(0.01, ge=0, description="alpha: the adaptation step size (fedslr.md 6.4: 0.01)")
     lr: float = Field(0.001, gt=0, description="beta: the meta (local) learning rate (fedslr.md 6.4: 0.001)")
@@ -69,13 +68,6 @@ class PerFedAvgSettings(AlgorithmSettings):
     )
     delta: float = Field(0.001, gt=0, description="HF: the finite-difference step delta")
     batch_size: int = Field(100, ge=1, description="samples of each of a step's batches D, D' (and D'')")
-    epochs: int = Field(1, ge=1, description="local passes over the training split per round (sets local_steps)")
-    local_steps: int | None = Field(
-        None,
-        ge=1,
-        description="tau: local steps per round; default epochs * ceil(n_i / batch_size) // batches per step "
-        "(2 for FO, 3 for HF: FL-bench's count)",
-    )
     aggregation: Literal["samples", "uniform"] = Field(
         "samples", description="weight local models by training-set size (as FedAvg) or equally"
     )
@@ -108,20 +100,13 @@ class PerFedAvg(Algorithm[PerFedAvgSettings, PerFedAvgClientState, PerFedAvgServ
     def broadcast(self, server: PerFedAvgServerState) -> Vector:
         return server.w
 
-    def steps(self, num_train: int | np.ndarray) -> np.ndarray:
-        """Local steps per round of a client (one per row of a chunk)."""
-        s = self.settings
-        if s.local_steps is not None:
-            return np.full(np.shape(num_train), s.local_steps, np.int64)
-        return batch_steps(num_train, s.batch_size, s.epochs, 3 if s.hessian == "finite_difference" else 2)
-
     def client_step(
         self, client: ClientInfo | ClientChunk, state: PerFedAvgClientState, broadcast: Vector
     ) -> ClientStep:
         s = self.settings
         adaptation = yield from gradient(FullGradient(broadcast, "train"))
         personal = (broadcast - np.float32(s.alpha) * adaptation.grad).astype(np.float32)
-        steps = self.steps(client.num_train)
+        steps = s.step_counts(client.num_train, 3 if s.hessian == "finite_difference" else 2)
         w = np.array(np.broadcast_to(broadcast, np.shape(personal)), np.float32)
         losses = []
         for step in range(int(steps.max(initial=0))):
