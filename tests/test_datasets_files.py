@@ -192,6 +192,11 @@ def test_cifar10_reads_pickled_batches_as_nchw_uint8_in_file_order(tmp_path):
     np.testing.assert_array_equal(data.y, np.concatenate([b[b"labels"] for b in batches]))
     np.testing.assert_array_equal(data.x[-4:].reshape(4, -1), batches[-1][b"data"])  # test batch last
     assert data.mean == (0.5, 0.5, 0.5) and data.std == (0.5, 0.5, 0.5)
+    own = load_dataset("cifar10", root=tmp_path, download=False, normalization="dataset")  # FedSLR's
+    assert (own.mean, own.std) == ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+    np.testing.assert_array_equal(own.x, data.x)
+    with pytest.raises(ConfigError, match=r"dataset\.normalization.*'half'.*'dataset'"):
+        load_dataset("cifar10", root=tmp_path, download=False, normalization="imagenet")
 
 
 def test_cifar100_uses_the_fine_labels(tmp_path):

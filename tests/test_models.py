@@ -17,7 +17,8 @@ from raysim.models.zoo import build_module
         ("cnn", (3, 32, 32), 10, 268_650),  # CIFAR-10
         ("cnn_mmnist", (3, 64, 64), 6, 206_678),  # Medical MNIST at 64x64 (CNN1)
         ("cnn_femnist", (1, 28, 28), 62, 214_590),  # FEMNIST (CNN2, 62 outputs)
-        ("resnet18_gn", (3, 32, 32), 10, 11_173_962),  # FedSLR's ResNet-18, GroupNorm (same affine count as BN)
+        ("resnet18_gn", (3, 32, 32), 10, 11_173_952),  # FedSLR's CIFAR ResNet-18-GN, last layer without bias
+        ("resnet18_gn", (3, 32, 32), 100, 11_220_032),  # the same for CIFAR-100 (fedslr.md 6.2)
     ],
 )
 def test_parameter_counts_match_the_papers(name, input_shape, outputs, parameters):

@@ -81,7 +81,7 @@ DATA = {
     "flame_cifar10.yaml": _cifar10,
     "flame_mmnist.yaml": _medical_mnist,
     "flame_femnist.yaml": _femnist,
-    "fedslr_cifar10.yaml": lambda root: [*_cifar10(root), *SMALL_RESNET_RUN],
+    "fedslr_cifar10.yaml": lambda root: [*_cifar10(root), *SMALL_RESNET_RUN, *LABEL_PRIOR_FIXTURE],
     "fedapm_cifar10.yaml": lambda root: [*_cifar10(root), "clients.count=6"],
 }
 
@@ -112,10 +112,30 @@ def _tiny_imagenet(root: Path) -> list[str]:
 
 
 OTHER_LOADERS = {"emnist": _emnist, "cifar100": _cifar100, "medmnist": _medmnist, "tiny_imagenet": _tiny_imagenet}
-FEDSLR_TABLE1 = {"cifar10": _cifar10, "cifar100": _cifar100, "tiny_imagenet": _tiny_imagenet}
+def _cifar100_few_classes(root: Path) -> list[str]:
+    """CIFAR-100's layout holding enough samples of five of its classes for FedSLR's label-prior split."""
+    rng = np.random.default_rng(0)
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    for name, n in (("train", 160), ("test", 40)):
+        (folder / name).write_bytes(pickle.dumps(_cifar_batch(n, b"fine_labels", 5, rng), protocol=2))
+    return ["dataset.name=cifar100"]
+
+
+def _tiny_imagenet_larger(root: Path) -> list[str]:
+    write_tiny_imagenet(root, per_class=12, val_per_class=4)
+    return ["dataset.name=tiny_imagenet"]
+
+
+FEDSLR_TABLE1 = {"cifar10": _cifar10, "cifar100": _cifar100_few_classes, "tiny_imagenet": _tiny_imagenet_larger}
+LABEL_PRIOR_FIXTURE = ["partition.test_samples=4", "partition.test_fraction=0.5"]
+"""FedSLR's label-prior split on the fixtures: 100 test samples per client need more than they hold."""
 SUITE_DATA = {
-    f"fedslr_table1_{data}_{split}.yaml": lambda root, data=data: [
-        *FEDSLR_TABLE1[data](root), *SMALL_RESNET_RUN, *([] if data == "cifar10" else ["clients.count=2"])
+    f"fedslr_table1_{data}_{split}.yaml": lambda root, data=data, split=split: [
+        *FEDSLR_TABLE1[data](root),
+        *SMALL_RESNET_RUN,
+        *([] if data == "cifar10" else ["clients.count=2"]),
+        *(LABEL_PRIOR_FIXTURE if split == "noniid" else []),
     ]
     for data in FEDSLR_TABLE1
     for split in ("iid", "noniid")

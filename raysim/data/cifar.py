@@ -3,7 +3,8 @@
 Images are returned as uint8 (n, 3, 32, 32), train batches then test batch pooled, as FLAME and FedAPM pool
 CIFAR-10 (flame.md 6.1, fedapm.md 4.1); the partitions make the splits. Normalization constants:
 - CIFAR-10: mean 0.5 / std 0.5 per channel, as the FLAME and FedAPM code normalize it (flame.md 6.1,
-  fedapm.md 4.1). FedSLR's digest only says "per-dataset mean/std" (fedslr.md 6.1) without values.
+  fedapm.md 4.1); `normalization: dataset` takes its training set's own per-channel statistics instead, FedSLR's
+  "per-dataset mean/std" (fedslr.md 6.1, which gives no values).
 - CIFAR-100 (used by FedSLR only): the usual per-channel statistics of its training set.
 
 The batches are pickles, so they are read with an unpickler that can only build dicts, lists, bytes, str,
@@ -19,12 +20,15 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy._core.multiarray import _reconstruct  # numpy >= 2's array reconstructor; pickles name either module
+from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
 from raysim.data.download import extract, fetch, resolve_root
 from raysim.errors import DataError
 
 CIFAR10_MEAN, CIFAR10_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+CIFAR10_DATASET_MEAN, CIFAR10_DATASET_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+"""CIFAR-10's 50,000 training images' per-channel mean and standard deviation (of pixel values in [0, 1])."""
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 
 CIFAR10_ARCHIVE: tuple[str, str] = (
@@ -118,6 +122,11 @@ class Cifar10Settings(DownloadSettings):
     layout: ClassVar[str] = "cifar-10-batches-py/ (the python version)"
     get: ClassVar[str] = "`dataset.download: true` online (cs.toronto.edu, md5-checked)"
     markers: ClassVar[tuple[str, ...]] = ("cifar-10-batches-py/data_batch_1",)
+    normalization: Literal["half", "dataset"] = Field(
+        "half",
+        description="per-channel mean/std: 0.5/0.5 (FLAME's and FedAPM's code) or the training set's own statistics "
+        "(FedSLR's per-dataset normalization, fedslr.md 6.1)",
+    )
 
     def load(self, seed: int) -> Dataset:
         return cifar10(self)
@@ -135,10 +144,12 @@ class Cifar100Settings(DownloadSettings):
         return cifar100(self)
 
 
-def cifar10(request: DownloadSettings) -> Dataset:
+def cifar10(request: Cifar10Settings) -> Dataset:
     """The 60,000 CIFAR-10 images (`root/cifar-10-batches-py/data_batch_1..5, test_batch`)."""
     files = (*(f"data_batch_{k}" for k in range(1, 6)), "test_batch")
-    return _load(request, "cifar-10-batches-py", files, b"labels", CIFAR10_ARCHIVE, 10, CIFAR10_MEAN, CIFAR10_STD)
+    own = request.normalization == "dataset"
+    mean, std = (CIFAR10_DATASET_MEAN, CIFAR10_DATASET_STD) if own else (CIFAR10_MEAN, CIFAR10_STD)
+    return _load(request, "cifar-10-batches-py", files, b"labels", CIFAR10_ARCHIVE, 10, mean, std)
 
 
 def cifar100(request: DownloadSettings) -> Dataset:

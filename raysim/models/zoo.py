@@ -130,7 +130,9 @@ def linear(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 def resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """torchvision's ResNet-18 with GroupNorm(2) for BatchNorm (FedSLR's model, fedslr.md 6.2).
 
-    Inputs of at most 32 px get the CIFAR stem of the authors' code (3x3 conv, stride 1, no max-pool)."""
+    Inputs of at most 32 px get the CIFAR model of the authors' code: a 3x3 stem conv with stride 1, no max-pool and
+    a last linear layer without bias (11,173,952 parameters for 10 classes); larger ones (Tiny-ImageNet) torchvision's
+    7x7 stem and a last layer with bias, as their code builds it."""
     from torch import nn
 
     from raysim.data._torchvision import import_torchvision
@@ -143,6 +145,7 @@ def resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     if max(height, width) <= 32:
         net.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
         net.maxpool = nn.Identity()
+        net.fc = nn.Linear(net.fc.in_features, outputs, bias=False)
     elif channels != 3:
         net.conv1 = nn.Conv2d(channels, 64, 7, stride=2, padding=3, bias=False)
     return net
