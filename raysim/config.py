@@ -58,6 +58,12 @@ class ClientsSettings(_Section):
     count: int = Field(10, ge=1, description="m: number of simulated clients")
     per_round: int | None = Field(None, ge=1, description="s: clients sampled per round (uniform, no replacement)")
     fraction: float | None = Field(None, gt=0, le=1, description="or: this fraction of m per round")
+    sampling: Literal["uniform", "bernoulli"] = Field(
+        "uniform",
+        description="uniform: exactly s of the m training clients, without replacement (the papers); bernoulli: each "
+        "joins independently with probability s/m, the draw repeated while nobody joins, so |S^t| varies around s "
+        "(FedSLR's authors' code, fedslr.md 2.7)",
+    )
     weighting: Literal["uniform", "samples"] = Field(
         "uniform", description="alpha_i = 1/m (all FLAME experiments) or n_i/n, over the training clients"
     )

@@ -35,7 +35,9 @@ class InProcess:
     def round(self, round_index: int, selected: list[int] | None = None) -> dict[str, float]:
         if selected is None:
             m = self.problem.num_training
-            selected = sample_clients(self.config.seed, round_index, m, self.config.clients.per_round_count())
+            selected = sample_clients(
+                self.config.seed, round_index, m, self.config.clients.per_round_count(), self.config.clients.sampling
+            )
         partial, _records = self.host.train(round_index, selected, self.coordinator.broadcast())
         return self.coordinator.aggregate(partial)
 

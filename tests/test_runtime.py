@@ -73,9 +73,12 @@ def test_same_seed_same_results_with_1_and_3_hosts(ray_local, mlflow_uri):
     np.testing.assert_equal([e.row() for e in evaluations_one], [e.row() for e in evaluations_three])
 
 
-def test_unselected_clients_keep_their_state_bit_for_bit(ray_local, mlflow_uri):
-    """Algorithm 1 lines 17-18: clients outside S^t do nothing (checked across real rounds on the actors)."""
-    config = validate_config(tiny_config(clients={"count": 6, "per_round": 2}, tracking={"uri": mlflow_uri}, rounds=4))
+@pytest.mark.parametrize("sampling", ["uniform", "bernoulli"])
+def test_unselected_clients_keep_their_state_bit_for_bit(sampling, ray_local, mlflow_uri):
+    """Algorithm 1 lines 17-18: clients outside S^t do nothing (checked across real rounds on the actors), with
+    either way of drawing S^t."""
+    clients = {"count": 6, "per_round": 2, "sampling": sampling}
+    config = validate_config(tiny_config(clients=clients, tracking={"uri": mlflow_uri}, rounds=4))
     from raysim.runtime.problem import sample_clients
 
     snapshots = {}
@@ -84,15 +87,34 @@ def test_unselected_clients_keep_their_state_bit_for_bit(ray_local, mlflow_uri):
         snapshots[round_index] = simulation.client_states()
 
     run_experiment(config, show_progress=False, inspect=inspect)
-    unchanged_seen = 0
+    unchanged_seen = expected_unchanged = 0
     for round_index in range(1, 4):
-        selected = set(sample_clients(config.seed, round_index, 6, 2))
+        selected = set(sample_clients(config.seed, round_index, 6, 2, sampling))
+        expected_unchanged += 6 - len(selected)
         for client_id in range(6):
             before, after = snapshots[round_index - 1][client_id], snapshots[round_index][client_id]
             same = all(np.array_equal(getattr(before, n), getattr(after, n)) for n in ("theta", "w", "pi"))
             assert same == (client_id not in selected), (round_index, client_id)
             unchanged_seen += same
-    assert unchanged_seen == 3 * 4
+    assert unchanged_seen == expected_unchanged
+
+
+def test_bernoulli_sampling_draws_each_client_with_probability_s_over_m_and_never_nobody():
+    """clients.sampling = bernoulli (FedSLR's authors' code): |S^t| varies with mean s at m = 100, s = 10; at m = 3,
+    s = 1 an empty draw (probability (2/3)^3) is drawn again, so the mean size is 1 / (1 - (2/3)^3) = 1.42, not 1;
+    the same seed and round give the same set, and uniform sampling is unchanged."""
+    from raysim.runtime.problem import sample_clients
+
+    sizes = [len(sample_clients(1, t, 100, 10, "bernoulli")) for t in range(2000)]
+    assert np.mean(sizes) == pytest.approx(10.0, abs=0.5) and len(set(sizes)) > 5
+    small = [sample_clients(2, t, 3, 1, "bernoulli") for t in range(3000)]
+    assert min(map(len, small)) >= 1
+    assert np.mean([len(s) for s in small]) == pytest.approx(1 / (1 - (2 / 3) ** 3), abs=0.06)
+    assert sample_clients(3, 7, 100, 10, "bernoulli") == sample_clients(3, 7, 100, 10, "bernoulli")
+    assert sample_clients(3, 7, 100, 10) == sample_clients(3, 7, 100, 10, "uniform")
+    assert len(sample_clients(3, 7, 100, 10)) == 10
+    with pytest.raises(ConfigError, match=r"clients\.sampling.*'uniform'.*'bernoulli'"):
+        validate_config(tiny_config(clients={"count": 6, "per_round": 2, "sampling": "poisson"}))
 
 
 @pytest.mark.parametrize(

@@ -202,11 +202,19 @@ def host_layout(
     return layout
 
 
-def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list[int]:
-    """S^t: uniform without replacement from a stream keyed by the round (full participation if s = m)."""
+def sample_clients(
+    seed: int, round_index: int, num_clients: int, per_round: int, sampling: str = "uniform"
+) -> list[int]:
+    """S^t from a stream keyed by the round (full participation if s = m): `uniform`, s clients without replacement;
+    `bernoulli`, each client with probability s/m, drawn again while nobody is drawn (ClientsSettings.sampling)."""
     if per_round >= num_clients:
         return list(range(num_clients))
-    chosen = rng(seed, Stream.SAMPLING, round_index).choice(num_clients, per_round, replace=False)
+    generator = rng(seed, Stream.SAMPLING, round_index)
+    if sampling == "bernoulli":
+        while not (joined := generator.random(num_clients) < per_round / num_clients).any():
+            pass
+        return [int(c) for c in np.flatnonzero(joined)]
+    chosen = generator.choice(num_clients, per_round, replace=False)
     return sorted(int(c) for c in chosen)
 
 

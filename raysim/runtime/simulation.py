@@ -166,6 +166,7 @@ class Simulation:
                 round_index,
                 self.config.clients.training_count,
                 self.config.clients.per_round_count(),
+                self.config.clients.sampling,
             )
         )
         broadcast = self.coordinator.broadcast.remote()
