@@ -256,6 +256,28 @@ class TrackingSettings(_Section):
         return int(self.train_loss) if isinstance(self.train_loss, bool) else self.train_loss
 
 
+class NetworkSettings(_Section):
+    """A simulated network that turns each round's bytes into a communication time (fedslr.md 6.5: a stand-in for
+    the WLAN wall time of FedSLR's Fig. 5); off until `bandwidth_mbps` is set."""
+
+    bandwidth_mbps: float | None = Field(
+        None, gt=0, description="link bandwidth in Mbit/s; set it to log traffic/round_seconds each round"
+    )
+    latency_ms: float = Field(0.0, ge=0, description="latency added once to each direction's transfer")
+    link: Literal["shared", "per_client"] = Field(
+        "shared",
+        description="shared: the selected clients' transfers share one link (a WLAN; all bytes / bandwidth); "
+        "per_client: each has its own link of that bandwidth, in parallel (the largest transfer / bandwidth)",
+    )
+
+    def seconds(self, transfers: list[float]) -> float:
+        """Time to move one direction's transfers (bytes each): latency + bytes / bandwidth, over the link."""
+        if self.bandwidth_mbps is None or not transfers:
+            return 0.0
+        moved = sum(transfers) if self.link == "shared" else max(transfers)
+        return self.latency_ms / 1e3 + 8.0 * moved / (self.bandwidth_mbps * 1e6)
+
+
 class ExperimentConfig(Settings):
     plugins: list[str] = Field(
         default_factory=list,
@@ -273,6 +295,7 @@ class ExperimentConfig(Settings):
     tracking: TrackingSettings = TrackingSettings()
     attack: AttackSettings = AttackSettings()
     aggregation: RobustSettings = RobustSettings()
+    network: NetworkSettings = NetworkSettings()
 
     @model_validator(mode="after")
     def _check_messages(self) -> ExperimentConfig:

@@ -117,6 +117,21 @@ def test_bernoulli_sampling_draws_each_client_with_probability_s_over_m_and_neve
         validate_config(tiny_config(clients={"count": 6, "per_round": 2, "sampling": "poisson"}))
 
 
+def test_simulated_network_time_is_latency_plus_bytes_over_bandwidth():
+    """config.network: a shared link moves all clients' bytes one after another, per-client links in parallel (the
+    largest transfer); no bandwidth, no time."""
+    from raysim.config import NetworkSettings
+
+    shared = NetworkSettings(bandwidth_mbps=8.0, latency_ms=20.0)
+    assert shared.seconds([1e6, 3e6]) == pytest.approx(0.020 + 4.0)  # 4 MB = 32 Mbit at 8 Mbit/s
+    assert NetworkSettings(bandwidth_mbps=8.0, latency_ms=20.0, link="per_client").seconds([1e6, 3e6]) == (
+        pytest.approx(0.020 + 3.0)
+    )
+    assert NetworkSettings().seconds([1e6]) == 0.0 and shared.seconds([]) == 0.0
+    with pytest.raises(ConfigError, match=r"network\.bandwidth_mbps"):
+        validate_config(tiny_config(network={"bandwidth_mbps": 0}))
+
+
 @pytest.mark.parametrize(
     "settings, available, hosts",
     [

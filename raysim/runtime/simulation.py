@@ -45,7 +45,7 @@ class Simulation:
         """`host_clients`: the clients each host owns (`host_layout`)."""
         self.config = config
         self.uplink_total: float = 0
-        self.downlink_total = 0
+        self.downlink_total: float = 0
         self.empty_rounds = 0
         """Consecutive rounds in which every selected upload was dropped (runtime.on_nonfinite = drop_client)."""
         self.broadcast_model: ray.ObjectRef | None = None
@@ -191,7 +191,7 @@ class Simulation:
         server_metrics = ray.get(self.coordinator.aggregate.remote(*partials))
         aggregated = time.perf_counter()
         return {
-            **self._communication(records, ray.get(downlink) * len(selected)),
+            **self._communication(records, ray.get(downlink), len(selected)),
             **mean_client_metrics(records),
             **{f"server/{k}": v for k, v in server_metrics.items()},
             "round/selected_clients": float(len(selected)),
@@ -222,17 +222,24 @@ class Simulation:
                 totals[key] = totals.get(key, 0.0) + value
         return totals
 
-    def _communication(self, records: pa.Table, downlink: int) -> dict[str, float]:
-        """Bytes sent this round (uplink: each selected client's upload; downlink: broadcast x selected) and
-        since the start."""
-        uplink = float(sum(records["uplink_bytes"].to_pylist()))
+    def _communication(self, records: pa.Table, broadcast: int, selected: int) -> dict[str, float]:
+        """Bytes sent this round (uplink: each selected client's upload; downlink: the broadcast to each selected
+        client) and since the start; with a simulated network (config.network), the round's communication time:
+        the broadcast's transfer, then the uploads'."""
+        uploads = [float(b) for b in records["uplink_bytes"].to_pylist()]
+        uplink, downlink = sum(uploads), float(broadcast) * selected
         self.uplink_total += uplink
         self.downlink_total += downlink
+        network = self.config.network
+        timing = {}
+        if network.bandwidth_mbps is not None:
+            timing["traffic/round_seconds"] = network.seconds([float(broadcast)] * selected) + network.seconds(uploads)
         return {
             "traffic/uplink_bytes": float(uplink),
             "traffic/downlink_bytes": float(downlink),
             "traffic/uplink_bytes_total": float(self.uplink_total),
             "traffic/downlink_bytes_total": float(self.downlink_total),
+            **timing,
         }
 
     def evaluate(self) -> pa.Table:
