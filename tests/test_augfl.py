@@ -251,6 +251,7 @@ def test_the_teacher_is_a_larger_network_that_only_the_coordinator_holds(tmp_pat
     image = validate_config(tiny_config(algorithm={"name": "augfl"}, model={"name": "mlp"})).algorithm
     assert teacher_architecture(image, "mlp", (1, 28, 28)) == "cnn"
     assert teacher_architecture(image, "mlp", (20,)) == "mlp"
+    assert teacher_architecture(image, "resnet8x4", (3, 32, 32)) == "resnet32x4"  # the paper's pair (augfl.md 4.2)
 
 
 def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_from_the_cache(tmp_path, monkeypatch):

@@ -19,6 +19,8 @@ from raysim.models.zoo import build_module
         ("cnn_femnist", (1, 28, 28), 62, 214_590),  # FEMNIST (CNN2, 62 outputs)
         ("resnet18_gn", (3, 32, 32), 10, 11_173_952),  # FedSLR's CIFAR ResNet-18-GN, last layer without bias
         ("resnet18_gn", (3, 32, 32), 100, 11_220_032),  # the same for CIFAR-100 (fedslr.md 6.2)
+        ("resnet8x4", (3, 32, 32), 100, 1_233_540),  # AugFL's client model, CIFAR-100 (augfl.md 4.2: about 1.23M)
+        ("resnet32x4", (3, 32, 32), 100, 7_433_860),  # AugFL's teacher, CIFAR-100 (augfl.md 4.2: about 7.43M)
     ],
 )
 def test_parameter_counts_match_the_papers(name, input_shape, outputs, parameters):
@@ -27,9 +29,37 @@ def test_parameter_counts_match_the_papers(name, input_shape, outputs, parameter
     assert module(torch.zeros(2, *input_shape)).shape == (2, outputs)
 
 
-def test_a_cnn_refuses_input_that_is_not_an_image():
-    with pytest.raises(ValueError, match="model.name=cnn_femnist needs image input"):
-        build_module("cnn_femnist", (784,), 10)
+@pytest.mark.parametrize("name", ["cnn_femnist", "resnet8x4", "resnet32x4"])
+def test_a_cnn_refuses_input_that_is_not_an_image(name):
+    with pytest.raises(ValueError, match=rf"model.name={name} needs image input \(channels, height, width\)"):
+        build_module(name, (784,), 10)
+
+
+@pytest.mark.parametrize(("name", "blocks", "cifar10_parameters"), [("resnet8x4", 1, 1_210_410),
+                                                                     ("resnet32x4", 5, 7_410_730)])  # fmt: skip
+def test_the_cifar_resnets_have_the_layout_of_crds_definition(name, blocks, cifar10_parameters):
+    """CRD's models/resnet.py: a 32-channel 3x3 stem, stages of 64/128/256 channels with `blocks` basic blocks, a
+    1x1 projection on each stage's first block (the first stage's too: 32 -> 64 channels), the parameters in CRD's
+    order and names (BatchNorm's affine weight and bias are GroupNorm's), an 8x8 map pooled into 256-d features on
+    32x32 input and a 7x7 map on Fashion-MNIST's 1x28x28. On CIFAR-10: 90 x 257 parameters fewer than on CIFAR-100."""
+    module = build_module(name, (3, 32, 32), 10)
+    assert sum(p.numel() for p in module.parameters()) == cifar10_parameters
+    names = [n for n, _ in module.named_parameters()]
+    assert names[:3] == ["conv1.weight", "bn1.weight", "bn1.bias"] and names[-2:] == ["fc.weight", "fc.bias"]
+    assert len(names) == 3 + 3 * (6 * blocks + 3) + 2
+    for stage, (inputs, width) in enumerate([(32, 64), (64, 128), (128, 256)], start=1):
+        first = getattr(module, f"layer{stage}")[0]
+        assert first.conv1.weight.shape == (width, inputs, 3, 3) and first.conv1.stride == (1 if stage == 1 else 2,) * 2
+        assert first.downsample[0].weight.shape == (width, inputs, 1, 1)
+        assert len(getattr(module, f"layer{stage}")) == blocks
+        assert all(block.downsample is None for block in getattr(module, f"layer{stage}")[1:])
+    assert not [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    maps = []
+    fashion_mnist = build_module(name, (1, 28, 28), 10)
+    for network, shape in ((module, (3, 32, 32)), (fashion_mnist, (1, 28, 28))):
+        network.avgpool.register_forward_hook(lambda _module, inputs, _output: maps.append(inputs[0].shape[1:]))
+        assert network(torch.zeros(2, *shape)).shape == (2, network.fc.out_features)
+    assert maps == [(256, 8, 8), (256, 7, 7)]
 
 
 class _TheirMLP(torch.nn.Module):
@@ -169,12 +199,13 @@ def _small_input(name: str) -> tuple:
     }
     if name in multimodal:
         return Modalities(multimodal[name])
-    return (1, 12, 12) if name in ("cnn", "cnn_femnist", "cnn_mmnist", "resnet18_gn") else (1, 6, 6)
+    images = ("cnn", "cnn_femnist", "cnn_mmnist", "resnet18_gn", "resnet8x4", "resnet32x4")
+    return (1, 12, 12) if name in images else (1, 6, 6)
 
 
 @pytest.mark.parametrize("name", ["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn",
-                                  "image_text_classifier", "image_text_classifier_paper", "har_classifier",
-                                  "mm_action_classifier"])  # fmt: skip
+                                  "resnet8x4", "resnet32x4", "image_text_classifier", "image_text_classifier_paper",
+                                  "har_classifier", "mm_action_classifier"])  # fmt: skip
 def test_every_model_splits_into_body_and_head(name):
     """ParamSpec.head names the last linear layer, whose input is FlatModel.features: the logits are the head
     applied to the features, for every model of the zoo (the multimodal ones' classifier, ResNet-18's fc)."""

@@ -151,6 +151,28 @@ def resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     return net
 
 
+@MODELS.register("resnet8x4")
+def resnet8x4(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """CRD's CIFAR ResNet8x4 with GroupNorm(2) for BatchNorm (AugFL's client model: 1,233,540 parameters, 100 classes).
+
+    One basic block per stage of 64/128/256 channels (raysim.models.cifar_resnet; augfl.md 4.2)."""
+    from raysim.models.cifar_resnet import CifarResNet
+
+    channels, _, _ = _image_input("resnet8x4", input_shape)
+    return CifarResNet(blocks=1, channels=channels, outputs=outputs)
+
+
+@MODELS.register("resnet32x4")
+def resnet32x4(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """CRD's CIFAR ResNet32x4 with GroupNorm(2) for BatchNorm (AugFL's teacher: 7,433,860 parameters, 100 classes).
+
+    Five basic blocks per stage of 64/128/256 channels (raysim.models.cifar_resnet; augfl.md 4.2)."""
+    from raysim.models.cifar_resnet import CifarResNet
+
+    channels, _, _ = _image_input("resnet32x4", input_shape)
+    return CifarResNet(blocks=5, channels=channels, outputs=outputs)
+
+
 def _crisismmd_example(context: ExampleContext) -> Fragment:
     """A small CrisisMMD-shaped substitute: the model needs an image and a token sequence (raysim.examples)."""
     return {"dataset": {"name": "crisismmd_synthetic", "samples": 1000}}

@@ -19,9 +19,17 @@ from raysim.seeding import Stream, torch_seed
 if TYPE_CHECKING:
     from raysim.models.flat import FlatModel
 
-LARGER = {"mlr": "mlp", "linear": "mlp", "mlp": "cnn", "cnn": "resnet18_gn", "resnet18_gn": "resnet18_gn"}
-"""The default architecture of the teacher for each client model: the next larger network of the zoo (the paper
-distils a ResNet32x4 into a ResNet8x4)."""
+LARGER = {
+    "mlr": "mlp",
+    "linear": "mlp",
+    "mlp": "cnn",
+    "cnn": "resnet18_gn",
+    "resnet18_gn": "resnet18_gn",
+    "resnet8x4": "resnet32x4",
+    "resnet32x4": "resnet32x4",
+}
+"""The default architecture of the teacher for each client model: the next larger network of the zoo, and the
+paper's pair (a ResNet32x4 distilled into a ResNet8x4, augfl.md 4.2)."""
 
 CACHE = "teacher"
 """The teachers' subfolder of raysim's cache folder (`ServerContext.cache`)."""
