@@ -486,14 +486,16 @@ _HOSTILE = st.one_of(
     st.lists(st.integers(), max_size=3),
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
-_SECTIONS = ("algorithm", "dataset", "partition", "model", "clients", "runtime", "tracking", "attack", "aggregation")
+_SECTIONS = ("algorithm", "dataset", "partition", "model", "clients", "runtime", "tracking", "attack", "aggregation",
+             "network")  # fmt: skip
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     section=st.sampled_from([*_SECTIONS, "rounds", "seed", "bogus"]),
     key=st.one_of(st.sampled_from(["name", "scheme", "count", "lr", "rho", "beta", "q", "checkpoint_every",
-                                   "on_nonfinite", "max_restarts", "per_round", "fraction"]), st.text(max_size=6)),
+                                   "on_nonfinite", "max_restarts", "per_round", "fraction", "sampling",
+                                   "bandwidth_mbps", "link"]), st.text(max_size=6)),
     value=_HOSTILE,
 )  # fmt: skip
 def test_config_loader_answers_hostile_input_with_a_config_error_only(section, key, value):
