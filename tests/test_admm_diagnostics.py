@@ -190,3 +190,51 @@ def test_diagnostics_cost_no_uplink_change_no_training_and_agree_stacked():
         assert logged["vectorized"][key] == pytest.approx(logged["sequential"][key], rel=1e-4), key
     change = np.ones(7, np.float32)
     assert sim.host.algorithm.uplink_bytes(AdmmDiagnosticUpload(change, change, 1.0)) == 4 * 7
+
+
+def test_fedslr_phase2_gradient_mapping_and_dual_sum():
+    """FedSLR (fedslr.md 2.5, Thm 3) on f_i(x) = h_i/2 ||x - a_i||^2 with every local solve exact: Phase II's
+    p_i = argmin f_i(w_t + p) + mu ||p||_1 is a fixed point of the proximal-gradient map, so the gradient mapping
+    G = (p - S_{mu eta}(p - eta grad f_i(w_t + p))) / eta is zero at it for any eta; without Phase II the p_i^0 = 0
+    left in place is not, and G is that formula. ||sum_i gamma_i|| over all M clients is the server's mirror."""
+    from raysim.algorithms import ClientInfo
+    from raysim.algorithms.base import FullGradient, GradientResult
+    from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
+    from raysim.algorithms.prox import soft_threshold
+    from raysim.execution import run_client_step
+    from tests.test_fedslr import SPEC, Quadratic
+
+    m, mu, lr = 4, 0.3, 0.1
+    problem = Quadratic(m, SPEC.size, seed=9)
+
+    def executor(i: int):
+        solve = problem.executor(i)
+
+        def execute(request):
+            if isinstance(request, FullGradient):
+                return GradientResult(problem.grad(i, request.point).astype(np.float32), 0.0)
+            return solve(request)
+
+        return execute
+
+    for phase2_epochs in (1, 0):
+        settings = {"lambda": 0.05, "mu": mu, "eta_g": 0.4, "lr": lr, "lr_decay": 1.0}
+        algorithm = FedSlr(FedSlrSettings(**settings, phase2_epochs=phase2_epochs, diagnostics=True), SPEC)
+        w0 = np.zeros(SPEC.size, np.float32)
+        server = algorithm.init_server(w0, m)
+        states = {i: algorithm.init_client(ClientInfo(i, 10, 1 / m, m), w0) for i in range(m)}
+        for selected in ([0, 1], [1, 2, 3]):
+            broadcast, total, stationarity = algorithm.broadcast(server), None, {}
+            for i in selected:
+                update = run_client_step(algorithm, ClientInfo(i, 10, 1 / m, m), states[i], broadcast, executor(i))
+                states[i], stationarity[i] = update.state, update.metrics["stationarity"]
+                total = update.upload.w.astype(np.float64) if total is None else total + update.upload.w
+            w_t = broadcast.model.params(SPEC)
+            server, metrics = algorithm.server_step(server, FedSlrUpload(total, float(len(selected))), len(selected))
+            dual_sum = sum(np.asarray(s.gamma, np.float64) for s in states.values())
+            assert metrics["dual_sum_norm"] == pytest.approx(np.linalg.norm(dual_sum), rel=1e-5)
+            for i in selected:
+                p = states[i].p.astype(np.float64)
+                mapping = (p - soft_threshold(p - lr * problem.grad(i, w_t + p), mu * lr)) / lr
+                assert stationarity[i] == pytest.approx(np.linalg.norm(mapping), rel=1e-4, abs=1e-5)
+                assert (stationarity[i] < 1e-4) if phase2_epochs else (stationarity[i] > 0.1)
