@@ -14,6 +14,7 @@ import pytest
 
 from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload
 from raysim.config import validate_config
+from raysim.errors import ConfigError
 from raysim.evaluation.summaries import mean_client_metrics
 from raysim.models import MODELS
 from raysim.models.flat import ModelSpec
@@ -238,3 +239,12 @@ def test_fedslr_phase2_gradient_mapping_and_dual_sum():
                 mapping = (p - soft_threshold(p - lr * problem.grad(i, w_t + p), mu * lr)) / lr
                 assert stationarity[i] == pytest.approx(np.linalg.norm(mapping), rel=1e-4, abs=1e-5)
                 assert (stationarity[i] < 1e-4) if phase2_epochs else (stationarity[i] > 0.1)
+
+
+def test_diagnostics_with_byzantine_clients_that_skip_training_are_refused():
+    """Their extra pass has no loss to report (NaN), so their uploads would be refused: a one-line config error."""
+    attack = {"kind": "same_value", "fraction": 0.25, "training": "skip"}
+    config = tiny_config(algorithm={"name": "flame", "diagnostics": True}, attack=attack)
+    with pytest.raises(ConfigError, match="algorithm.diagnostics: true needs attack.training train"):
+        validate_config(config)
+    validate_config({**config, "attack": {**attack, "training": "train"}})
