@@ -310,6 +310,17 @@ class ExperimentConfig(Settings):
         return self
 
     @model_validator(mode="after")
+    def _check_diagnostics(self) -> ExperimentConfig:
+        """The diagnostics' extra pass (algorithm.diagnostics) scores a client's loss, which a Byzantine client that
+        skips training reports as NaN: its upload would be refused and the attack changed."""
+        if getattr(self.algorithm, "diagnostics", False) and self.attack.byzantine and self.attack.training == "skip":
+            raise ValueError(
+                "algorithm.diagnostics: true needs attack.training train (Byzantine clients of training skip report "
+                "no loss); allowed: diagnostics false, or attack.training train"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_loss_scale(self) -> ExperimentConfig:
         """loss_scale 1/m only where the client step applies it (Algorithm.scales_loss)."""
         if getattr(self.algorithm, "loss_scale", "1") != "1" and not ALGORITHMS.get(self.algorithm.name).scales_loss:

@@ -353,4 +353,4 @@ def test_mixed_parameter_count_is_the_gkr_count_plus_the_nonzeros_of_p_and_sprea
     assert logged["update/p_nonzeros_std"] == pytest.approx(np.std(nonzeros, ddof=1)) and np.std(nonzeros) > 0
     one = ClientRecords()
     one.add([0], [0.0], {"a": np.array([2.0])})
-    assert mean_client_metrics(one.batch()) == {"update/a": 2.0, "update/a_std": 0.0}
+    assert mean_client_metrics(one.batch()) == {"update/a": 2.0, "update/a_std": 0.0, "update/a_max": 2.0}

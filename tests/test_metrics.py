@@ -87,7 +87,10 @@ def test_client_records_are_columns_whose_missing_metrics_are_null_and_left_out_
     table = round_records([batch, second.batch()])
     assert table.num_rows == 4 and table["norm"].to_pylist() == [2.0, 2.0, None, None]
     summary = mean_client_metrics(table)
-    assert summary == {"update/loss": 3.0, "update/loss_std": 2.0, "update/norm": 2.0, "update/norm_std": 0.0}
+    assert summary == {
+        "update/loss": 3.0, "update/loss_std": 2.0, "update/loss_max": 5.0,
+        "update/norm": 2.0, "update/norm_std": 0.0, "update/norm_max": 2.0,
+    }  # fmt: skip
     assert mean_client_metrics(round_records([])) == {}
 
 

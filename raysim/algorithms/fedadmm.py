@@ -8,6 +8,10 @@ s.t. theta_i = w. Implemented directly (not as FLAME with a huge lambda, whose t
     u_i     =  theta_i + pi_i / rho,        w = (1/m) sum over all m clients of their latest u_i
 
 The SGD objective is divided by alpha_i (same minimizer; FLAME's theta-step drops alpha_i the same way).
+
+Every step reports the primal residual ||theta_i - w||, the dual change and norm ||pi_i||; with `diagnostics: true`
+one more full pass gives f_i(theta_i) and its gradient, for the theta-step's stationarity residual and the client's
+term of the augmented Lagrangian (raysim.algorithms.admm_diagnostics).
 """
 
 from __future__ import annotations
@@ -18,17 +22,21 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload, admm_server_step, lagrangian_term
 from raysim.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    FullGradient,
     SGDSettings,
     Vector,
+    gradient,
+    payload_bytes,
     train,
 )
-from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
+from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
 
 
 class FedAdmmSettings(SGDSettings):
@@ -39,6 +47,11 @@ class FedAdmmSettings(SGDSettings):
     )
     freeze_dual: bool = Field(
         False, description="keep pi_i = 0 (FedProx-like penalty method; with rho -> 0 it is FedAvg, flame.md 2.3)"
+    )
+    diagnostics: bool = Field(
+        False,
+        description="one more full pass per client for the theta-step's stationarity residual, the augmented "
+        "Lagrangian and ||sum_i pi_i|| (docs/algorithms.md, ADMM convergence)",
     )
 
 
@@ -82,11 +95,25 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
             "train_loss": result.mean_loss,
             "primal_residual": float(np.linalg.norm(new.theta - w)),
             "dual_change": float(np.linalg.norm(new.pi - state.pi)),
+            "dual_norm": float(np.linalg.norm(new.pi)),
         }
-        return ClientUpdate(new, DeltaUpload(u - state.message(s.rho)), metrics, message=u)
+        change = u - state.message(s.rho)
+        if not s.diagnostics:
+            return ClientUpdate(new, DeltaUpload(change), metrics, message=u)
+        at_theta = yield from gradient(FullGradient(new.theta, "train"))
+        alpha = client.weight
+        # the theta-step's gradient alpha_i grad f_i(theta) + pi_i^t + rho (theta - w^t) at its inexact solution
+        metrics["stationarity"] = float(np.linalg.norm(alpha * at_theta.grad + state.pi + s.rho * (new.theta - w)))
+        lagrangian = lagrangian_term(alpha * at_theta.loss, new.pi, new.theta, w, s.rho)
+        upload = AdmmDiagnosticUpload(change, new.pi - state.pi, lagrangian)
+        return ClientUpdate(new, upload, metrics, message=u)
 
     def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
-        return running_mean(server, total)  # w = (1/m) sum_i u_i
+        return admm_server_step(server, total, num_selected, self.settings.rho)  # w = (1/m) sum_i u_i
+
+    def uplink_bytes(self, upload: DeltaUpload) -> int:
+        """u_i's change only: the diagnostics' fields (AdmmDiagnosticUpload) are not communication."""
+        return payload_bytes(upload.change)
 
     def global_model(self, server: RunningMeanState) -> Vector:
         return server.w

@@ -11,6 +11,11 @@ and the server keeps the sum of the latest z_i of all m clients: u = (1/m) sum_i
 objective divided by alpha_i with learning rate lr * alpha_i: the same iterates as SGD with lr on the
 alpha_i-weighted objective, which is how the authors' code scales every loss gradient by 1/m (1.5).
 
+Every step reports the primal residual ||u_i - u|| (over the synced coordinates), the dual change and norm ||pi_i||;
+with `diagnostics: true` one more full pass gives f_i(v_i, u_i) and its gradient, for Definition 2's residual
+||alpha_i grad_u f_i(v_i, u_i) + pi_i^t + rho (u_i - u)|| and the client's term of the augmented Lagrangian (4)
+(raysim.algorithms.admm_diagnostics).
+
 The GM is the shared part u with the common initial personal part (no v_i is ever sent), i.e. what a
 new client would start from; PM is (v_i, u_i).
 """
@@ -24,6 +29,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload, admm_server_step, lagrangian_term
 from raysim.algorithms.base import (
     ALGORITHMS,
     Algorithm,
@@ -31,12 +37,15 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    FullGradient,
     Number,
     SGDSettings,
     Vector,
+    gradient,
+    payload_bytes,
     train,
 )
-from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
+from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
 from raysim.errors import ConfigError
 from raysim.models.spec import ParamSpec, personalization
 
@@ -169,6 +178,11 @@ class FedApmSettings(SGDSettings, SplitSettings):
         description="the authors' CIFAR-10 code (fedapm.md 2, caveat): duals and z_i cover the whole model, the "
         "server averages all of it, and a selected client's personal part starts each round from the aggregate's",
     )
+    diagnostics: bool = Field(
+        False,
+        description="one more full pass per client for Definition 2's residual, the augmented Lagrangian (4) and "
+        "||sum_i pi_i|| (docs/algorithms.md, ADMM convergence)",
+    )
 
     def effective_lr(self, num_clients: int, weighting: str) -> str:
         """lr * alpha_i: the step on f_i (alpha_i = 1/m matches the others' loss_scale 1/m)."""
@@ -261,16 +275,30 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
             "deviation": per_tensor,
             "deviation_l2": l2,
             "dual_change": float(np.linalg.norm(pi - state.pi)),
+            "primal_residual": float(np.linalg.norm(change)),
+            "dual_norm": float(np.linalg.norm(pi)),
         }
-        return ClientUpdate(new, DeltaUpload(z - z_old), metrics, message=z)
+        if not s.diagnostics:
+            return ClientUpdate(new, DeltaUpload(z - z_old), metrics, message=z)
+        at_params = yield from gradient(FullGradient(params, "train"))
+        synced = params[self.synced]
+        # Definition 2: the u_i-step's gradient alpha_i grad_u f_i(v_i, u_i) + pi_i^t + rho (u_i - u^t) at its solution
+        residual = alpha * at_params.grad[self.synced] + state.pi + s.rho * (synced - broadcast)
+        metrics["stationarity"] = float(np.linalg.norm(residual))
+        lagrangian = lagrangian_term(alpha * at_params.loss, pi, synced, broadcast, s.rho)  # (4)
+        return ClientUpdate(new, AdmmDiagnosticUpload(z - z_old, pi - state.pi, lagrangian), metrics, message=z)
 
     def message_of(self, state: FedApmClientState) -> Vector:
         """z_i = u_i + pi_i / rho (13)."""
         return state.params[self.synced].astype(np.float64) + state.pi / self.settings.rho
 
     def server_step(self, server: FedApmServerState, total: DeltaUpload, num_selected: int):
-        shared, metrics = running_mean(server.shared, total)  # (8): u = (1/m) sum_i z_i
+        shared, metrics = admm_server_step(server.shared, total, num_selected, self.settings.rho)  # (8)
         return FedApmServerState(shared, server.template), metrics
+
+    def uplink_bytes(self, upload: DeltaUpload) -> int:
+        """z_i's change only: the diagnostics' fields (AdmmDiagnosticUpload) are not communication."""
+        return payload_bytes(upload.change)
 
     def message_coordinates(self, params: Vector) -> Vector:
         return params[self.synced]

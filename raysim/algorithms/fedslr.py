@@ -17,6 +17,11 @@ counts min(dense, factored) per layer. Phase I, the dual update and the server's
 (alpha = 1/eta_g), written once in raysim.algorithms.feddyn; with lambda = mu = 0 FedSLR's w_t is FedDyn's theta.
 Evaluation scores GM = w, PM = the mixed model w + p_i and `personal` = p_i alone (`extra_models`); the
 parameter counts of fedslr.md 6.5 are `server/global_params` and the per-client `update/mixed_params`.
+
+Convergence (docs/algorithms.md, ADMM convergence): every step reports the primal residual ||w_i - w_t||, the dual
+change and norm ||gamma_i||, the server ||sum_i gamma_i|| (M times its mirrored mean: free); with `diagnostics: true`
+one more full pass gives Phase II's gradient mapping (Thm 3)
+G(w_t, p_i) = (p_i - Prox_{mu eta_l ||.||_1}(p_i - eta_l grad_2 f_i(w_t + p_i))) / eta_l at the new p_i.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ from raysim.algorithms.base import (
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    FullGradient,
     Number,
     Upload,
     Vector,
+    gradient,
     train,
 )
 from raysim.algorithms.feddyn import (
@@ -72,6 +79,11 @@ class FedSlrSettings(FedSlrSolverSettings):
     )
     svd_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where the server SVD runs: auto = cuda if the coordinator has a GPU, else cpu"
+    )
+    diagnostics: bool = Field(
+        False,
+        description="one more full pass per client for Phase II's gradient mapping (Thm 3) (docs/algorithms.md, "
+        "ADMM convergence)",
     )
 
 
@@ -204,16 +216,26 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         result = yield from train(dynamic_request(s, w_t, state.gamma, s.eta_g, lr))  # (4), FedDyn's client step
         w_i = result.params
         gamma = dual_update(state.gamma, w_t, w_i, s.eta_g)  # (5)
-        metrics = {"phase1_loss": result.mean_loss, "primal_residual": float(np.linalg.norm(w_i - w_t))}
+        metrics = {
+            "phase1_loss": result.mean_loss,
+            "primal_residual": float(np.linalg.norm(w_i - w_t)),
+            "dual_change": float(np.linalg.norm(gamma - state.gamma)),
+            "dual_norm": float(np.linalg.norm(gamma)),
+        }
         p = state.p
+        l1 = s.mu if s.l1_scope == "all" else s.mu * self._matrix_coordinates().astype(np.float32)
         if s.phase2_epochs:
-            l1 = s.mu if s.l1_scope == "all" else s.mu * self._matrix_coordinates().astype(np.float32)
             phase2 = dataclasses.replace(
                 s.local_sgd(p, s.phase2_epochs, offset=w_t, l1=l1), lr=lr, weight_decay=s.p_weight_decay
             )
             second = yield from train(phase2)  # (7)
             p = second.params
             metrics["phase2_loss"] = second.mean_loss
+        if s.diagnostics:  # Thm 3's gradient mapping of (7) at the new p_i, Phase II's stationarity residual
+            at_mixed = yield from gradient(FullGradient(w_t + p, "train"))
+            step = np.asarray(p, np.float64) - lr * at_mixed.grad
+            prox = np.sign(step) * np.maximum(np.abs(step) - lr * np.asarray(l1, np.float64), 0.0)
+            metrics["stationarity"] = float(np.linalg.norm(p - prox)) / lr
         nonzeros = float(np.count_nonzero(p))
         mixed = self.global_parameter_count(broadcast.ranks) + nonzeros  # fedslr.md 6.5: GKR + nnz(p_i)
         metrics |= {"p_nonzeros": nonzeros, "p_density": nonzeros / p.size, "mixed_params": mixed, "lr": lr}
@@ -229,6 +251,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         before = dual_corrected_mean(summed, float(total.count), gamma_mean, s.eta_g)
         prox, metrics = self.low_rank(before, s.lam * s.eta_g, server.w)  # (6)
         metrics["gamma_mean_norm"] = float(np.linalg.norm(gamma_mean))
+        metrics["dual_sum_norm"] = server.num_clients * metrics["gamma_mean_norm"]  # ||sum_i gamma_i||, all M
         new = FedSlrServerState(prox.params, prox.model, gamma_mean, server.round + 1, prox.ranks, server.num_clients)
         return new, metrics
 

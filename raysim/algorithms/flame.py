@@ -14,6 +14,10 @@ changes u_i^new - u_i^old. Unselected clients keep all their state.
 The client step runs (12), (13) and the message change as one compiled pass over each client's vectors
 (`_admm_update`, a raysim.jit kernel over rows), so the same lines update one client's vectors or a chunk's
 stacked rows (`Algorithm.stacks`), reading theta_i, w_i and pi_i once.
+
+Every step reports the primal residual ||w_i - w||, the dual change and norm ||pi_i||, and Lemma 3's error; with
+`diagnostics: true` one more full pass over the training set gives f_i(theta_i) and its gradient, for the
+stationarity residual (17) and the client's term of the augmented Lagrangian (10) (raysim.algorithms.admm_diagnostics).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload, admm_server_step, lagrangian_term, row_norms
 from raysim.algorithms.base import (
     ALGORITHMS,
     Algorithm,
@@ -32,11 +37,14 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     CodeDraws,
+    FullGradient,
     SGDSettings,
     Vector,
+    gradient,
+    payload_bytes,
     train,
 )
-from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
+from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
 from raysim.jit import add_square, distances, kernel, rows
 
 
@@ -49,6 +57,11 @@ class FlameSettings(SGDSettings):
     )
     dual_updates: Literal["per_round", "per_epoch"] = Field(
         "per_round", description="w_i/pi_i once per round (Alg. 1) or after every local epoch (authors' code)"
+    )
+    diagnostics: bool = Field(
+        False,
+        description="one more full pass per client for the stationarity residual (17), the augmented Lagrangian "
+        "L(P^t) (10) and ||sum_i pi_i|| (docs/algorithms.md, ADMM convergence)",
     )
 
 
@@ -97,6 +110,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         keep = len(passes) > 1
         w_i, pi = client.writable(state.w, state.pi, keep=keep)
         theta, in_place = state.theta, client.may_write(keep)
+        pi_before = np.array(pi, copy=True) if s.diagnostics else None  # a donated pi is updated where it is
         losses = []
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
@@ -105,6 +119,8 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
             )
             losses.append(result.mean_loss)  # a number, or one per row
             theta, in_place = np.asarray(result.params, np.float32), True  # later epochs train the step's own theta
+            if s.diagnostics:  # w_i^t of (17), before (12) writes the new w_i over it
+                center = np.array(center, copy=True)
             delta_u, primal, dual, lemma3 = _admm_update(
                 rows(theta), rows(w_i), rows(pi), w, lam_alpha, np.float32(s.rho)
             )
@@ -116,15 +132,30 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
             "primal_residual": primal,
             "dual_change": dual,
             "lemma3_error": lemma3,
+            "dual_norm": row_norms(pi),
         }
-        return ClientUpdate(new, DeltaUpload(delta_u.reshape(np.shape(theta))), metrics)
+        change = delta_u.reshape(np.shape(theta))
+        if pi_before is None:
+            return ClientUpdate(new, DeltaUpload(change), metrics)
+        at_theta = yield from gradient(FullGradient(theta, "train"))
+        alpha = np.asarray(client.weight, np.float64)
+        # (17): ||alpha_i (grad f_i(theta_i^{t+1}) + lambda (theta_i^{t+1} - c))||, c the theta-step's prox centre
+        metrics["stationarity"] = row_norms(alpha[..., None] * (at_theta.grad + s.lam * (theta - center)))
+        # (10): g_i = alpha_i (f_i(theta_i) + lambda/2 ||theta_i - w_i||^2), f_i the full-batch training loss
+        smooth = alpha * (np.asarray(at_theta.loss, np.float64) + s.lam / 2 * row_norms(theta - w_i) ** 2)
+        lagrangian = lagrangian_term(smooth, pi, w_i, w, s.rho)
+        return ClientUpdate(new, AdmmDiagnosticUpload(change, pi - pi_before, lagrangian), metrics)
 
     def message(self, update: ClientUpdate) -> Vector:
         """u_i = w_i + pi_i / rho of the new state (asked for only by attacks and robust aggregation)."""
         return update.state.message(self.settings.rho)
 
     def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
-        return running_mean(server, total)  # (14): the mean over ALL m clients
+        return admm_server_step(server, total, num_selected, self.settings.rho)  # (14): the mean over ALL m clients
+
+    def uplink_bytes(self, upload: DeltaUpload) -> int:
+        """u_i's change only: the diagnostics' fields (AdmmDiagnosticUpload) are not communication."""
+        return payload_bytes(upload.change)
 
     def global_model(self, server: RunningMeanState) -> Vector:
         return server.w

@@ -65,6 +65,9 @@ class RunningMeanState:
     running_sum: np.ndarray
     """float64: the sum over all m clients of their latest messages."""
     num_clients: int
+    dual_sum: np.ndarray | None = None
+    """float64: the sum over all m clients of their latest duals pi_i, kept only by ADMM methods with
+    `diagnostics: true` (raysim.algorithms.admm_diagnostics); None otherwise."""
 
 
 def start_running_mean(initial: Vector, num_clients: int) -> RunningMeanState:

@@ -76,8 +76,9 @@ def summarize(evaluations: pa.Table | pa.RecordBatch) -> dict[str, float]:
 
 
 def mean_client_metrics(records: pa.Table | pa.RecordBatch) -> dict[str, float]:
-    """Mean over the selected clients of each metric their client steps reported (`update/<name>`) and its
-    spread across them (`update/<name>_std`, sample std; 0 for one client), e.g. the non-zeros of a sparse
+    """Mean over the selected clients of each metric their client steps reported (`update/<name>`), its
+    spread across them (`update/<name>_std`, sample std; 0 for one client) and its largest value
+    (`update/<name>_max`, e.g. the worst primal residual of an ADMM method), e.g. the non-zeros of a sparse
     personal part; a client that reported none (null) is left out."""
     summary = {}
     for name in sorted(set(records.column_names) - set(RECORD_COLUMNS)):
@@ -87,6 +88,7 @@ def mean_client_metrics(records: pa.Table | pa.RecordBatch) -> dict[str, float]:
             continue
         summary[f"update/{name}"] = float(values.mean())
         summary[f"update/{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+        summary[f"update/{name}_max"] = float(values.max())
     return summary
 
 
