@@ -304,6 +304,8 @@ class ExperimentConfig(Settings):
              f"global_steps one_batch, epochs 1), not {name!r} with these settings"),
             (getattr(self.partition, "draw", None) != "authors", "partition.draw: authors (their dealing and split)"),
             (self.model.init != "authors", "model.init: authors (their model's draws come first)"),
+            (getattr(self.algorithm, "random_epochs", False),
+             "algorithm.random_epochs: false (their random.randint draw of the epochs is not replayed)"),
             (self.clients.per_round_count() != self.clients.count,
              "every client training every round (no clients.per_round, fraction or heldout)"),
             (self.attack.kind != "none", "attack.kind: none (their attacks draw from the same streams)"),

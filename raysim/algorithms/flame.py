@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raysim.algorithms.base import (
     ALGORITHMS,
@@ -50,6 +50,16 @@ class FlameSettings(SGDSettings):
     dual_updates: Literal["per_round", "per_epoch"] = Field(
         "per_round", description="w_i/pi_i once per round (Alg. 1) or after every local epoch (authors' code)"
     )
+
+    @model_validator(mode="after")
+    def _check_random_epochs(self) -> FlameSettings:
+        """Per-epoch dual updates train one epoch per request, which random_epochs would draw from 1..1."""
+        if self.random_epochs and self.dual_updates == "per_epoch":
+            raise ValueError(
+                "algorithm.random_epochs draws the passes of one local training; algorithm.dual_updates=per_epoch "
+                "trains one epoch at a time: set algorithm.dual_updates: per_round"
+            )
+        return self
 
 
 @dataclass
