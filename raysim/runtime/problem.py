@@ -83,8 +83,11 @@ def prepare(config: ExperimentConfig) -> Problem:
         model = spec.build()
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    init_seed = config.seed if config.model.init == "authors" else torch_seed(config.seed, Stream.MODEL_INIT)
-    init = model.initial_parameters(init_seed)
+    if config.model.init == "zeros":
+        init = np.zeros(model.spec.size, np.float32)
+    else:
+        init_seed = config.seed if config.model.init == "authors" else torch_seed(config.seed, Stream.MODEL_INIT)
+        init = model.initial_parameters(init_seed)
     if config.dataset.augment != "none" and len(dataset.input_shape) != 3:
         raise ConfigError(
             f"dataset.augment={config.dataset.augment} crops and flips images (channels, height, width); "
