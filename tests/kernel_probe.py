@@ -17,6 +17,15 @@ def kernel_flags(_actor: Any) -> tuple[bool, bool, bool] | None:
     return cudnn.deterministic, cudnn.benchmark, torch.are_deterministic_algorithms_enabled()
 
 
-def load_torch(_actor: Any) -> None:
-    """Load torch, as a coordinator whose server step runs torch (FedSLR's SVD) does."""
-    import torch  # noqa: F401
+def coordinator_flags(_actor: Any, arguments: tuple, kernels: str) -> tuple[bool, bool, bool] | None:
+    """Set torch's flags to the opposite of what `kernels` asks, construct a real Coordinator(*arguments,
+    deterministic=kernels) in this process (which has torch loaded) and return the flags it left."""
+    import torch
+
+    from raysim.runtime.coordinator import Coordinator
+
+    torch.backends.cudnn.deterministic = kernels == "fast"
+    torch.backends.cudnn.benchmark = kernels != "fast"
+    torch.use_deterministic_algorithms(kernels != "all")
+    Coordinator(*arguments, deterministic=kernels)
+    return kernel_flags(None)

@@ -16,7 +16,7 @@ from raysim.training.local import LocalTrainer, drawn_epochs
 from raysim.training.vectorized import VectorizedTrainer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess, make_host
-from tests.kernel_probe import kernel_flags, load_torch
+from tests.kernel_probe import coordinator_flags, kernel_flags
 
 FLAME = {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32, "epochs": 3}
 
@@ -126,35 +126,30 @@ def test_a_zero_initial_model_starts_every_state_and_the_global_model_at_zero():
     assert raysim_init.any()  # the default is not zero: the switch made the difference
 
 
-def test_hosts_and_coordinator_set_the_kernel_choice_in_their_ray_actors(ray_local):
-    """runtime.deterministic reaches the processes that train: a real host actor, renewed in its process with each
-    value (as runtime.reuse_actors renews it), reads back cuDNN deterministic without benchmarking (default, the
-    authors' setup_seed), plus torch's deterministic algorithms (all), or benchmarking (fast). A coordinator that
-    has not loaded torch leaves it unloaded; once torch is loaded in it, it sets the same flags."""
-    from raysim.runtime.coordinator import Coordinator
+def test_hosts_and_coordinators_set_the_kernel_choice_in_a_ray_actor(ray_local):
+    """runtime.deterministic reaches the processes that train: a real host actor, started and then renewed in its
+    process with each value (as runtime.reuse_actors renews it), reads back cuDNN deterministic without
+    benchmarking (default, the authors' setup_seed), plus torch's deterministic algorithms (all), or benchmarking
+    (fast); a coordinator constructed in that Ray worker (torch loaded) sets the same, whatever the flags were."""
     from raysim.runtime.host import ClientHost
     from raysim.runtime.host_settings import HostSettings
 
     config = validate_config(tiny_config(algorithm=FLAME))
     assert config.runtime.deterministic == "cudnn"
     problem = prepare(config)
-    settings = HostSettings.from_config(config, problem)
+    settings = dataclasses.replace(HostSettings.from_config(config, problem), client_training="sequential")
     want = {"fast": (False, True, False), "all": (True, False, True), "cudnn": (True, False, False)}
     data = (problem.x, problem.y, problem.clients, problem.init_params)
+    arguments = (config.algorithm, problem.params, problem.init_params, 4)
     host = ray_local.remote(ClientHost).options(num_cpus=0).remote(
         dataclasses.replace(settings, deterministic="fast"), *data
     )
-    arguments = (config.algorithm, problem.params, problem.init_params, 4)
-    coordinator = ray_local.remote(Coordinator).options(num_cpus=0).remote(*arguments, deterministic="fast")
-    assert ray_local.get(coordinator.__ray_call__.remote(kernel_flags)) is None  # FLAME's server step: no torch
-    ray_local.get(coordinator.__ray_call__.remote(load_torch))
-    ray_local.get(coordinator.renew.remote(*arguments, deterministic="fast"))
-    got = {"fast": ray_local.get([a.__ray_call__.remote(kernel_flags) for a in (host, coordinator)])}
-    for kernels in ("all", "cudnn"):
-        host_settings = settings if kernels == "cudnn" else dataclasses.replace(settings, deterministic=kernels)
-        keywords = {} if kernels == "cudnn" else {"deterministic": kernels}  # the defaults: cudnn
-        ray_local.get([host.renew.remote(host_settings, *data), coordinator.renew.remote(*arguments, **keywords)])
-        got[kernels] = ray_local.get([a.__ray_call__.remote(kernel_flags) for a in (host, coordinator)])
-    for actor in (host, coordinator):
-        ray_local.kill(actor)
-    assert got == {kernels: [flags, flags] for kernels, flags in want.items()}
+    got = {}
+    for kernels in want:
+        if kernels != "fast":  # the defaults: cudnn
+            host_settings = settings if kernels == "cudnn" else dataclasses.replace(settings, deterministic=kernels)
+            ray_local.get(host.renew.remote(host_settings, *data))
+        got[kernels] = ray_local.get(host.__ray_call__.remote(kernel_flags))
+        got[kernels, "coordinator"] = ray_local.get(host.__ray_call__.remote(coordinator_flags, arguments, kernels))
+    ray_local.kill(host)
+    assert got == {**want, **{(kernels, "coordinator"): flags for kernels, flags in want.items()}}
