@@ -29,6 +29,7 @@ from raysim.data.partitions import QLabelSettings
 from raysim.errors import ConfigError
 from raysim.models.spec import ModelSettings
 from raysim.registry import UNKNOWN, Registry
+from raysim.seeding import Kernels
 from raysim.settings import Settings, field_keys
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings
@@ -135,6 +136,14 @@ class RuntimeSettings(_Section):
         default_factory=dict, description="custom Ray resources of the coordinator (e.g. {gpu_node: 1})"
     )
     torch_threads: int = Field(1, ge=1, description="torch threads per actor (same value => same results)")
+    deterministic: Kernels = Field(
+        "cudnn",
+        description="torch kernels in every process that trains (hosts, coordinator, the driver's server-data "
+        "training): cudnn: deterministic cuDNN convolutions, no benchmarking (flame.md 9.16, the FLAME authors' "
+        "code); all: also torch.use_deterministic_algorithms (an op without a deterministic kernel then fails, "
+        "naming itself); fast: cuDNN benchmarks and picks its fastest kernels, so GPU runs may differ in the last "
+        "bits. On a CPU the cuDNN choice changes nothing",
+    )
     object_store_mb: int = Field(1024, ge=64, description="object store size of a new local Ray instance")
     reuse_actors: bool = Field(
         False,
@@ -344,6 +353,8 @@ class ExperimentConfig(Settings):
              f"global_steps one_batch, epochs 1), not {name!r} with these settings"),
             (getattr(self.partition, "draw", None) != "authors", "partition.draw: authors (their dealing and split)"),
             (self.model.init != "authors", "model.init: authors (their model's draws come first)"),
+            (getattr(self.algorithm, "random_epochs", False),
+             "algorithm.random_epochs: false (their random.randint draw of the epochs is not replayed)"),
             (self.clients.per_round_count() != self.clients.count,
              "every client training every round (no clients.per_round, fraction or heldout)"),
             (self.attack.kind != "none", "attack.kind: none (their attacks draw from the same streams)"),

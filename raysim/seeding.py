@@ -7,8 +7,9 @@ what order. That is what makes results independent of the number of host actors.
 
 from __future__ import annotations
 
+import os
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -41,3 +42,23 @@ def torch_generator(seed: int, stream: Stream, *keys: int) -> torch.Generator:
     import torch  # only where torch runs: processes that merely draw numbers never import it
 
     return torch.Generator().manual_seed(torch_seed(seed, stream, *keys))
+
+
+Kernels = Literal["fast", "cudnn", "all"]
+"""`runtime.deterministic`: which of torch's kernels must give the same bits on every run (RuntimeSettings)."""
+
+
+def use_kernels(kernels: Kernels) -> None:
+    """Set this process's torch kernel choice (flame.md 9.16; the FLAME authors' setup_seed sets
+    torch.backends.cudnn.deterministic = True): `cudnn` deterministic cuDNN convolutions, no benchmarking; `all`
+    also torch.use_deterministic_algorithms (an op without a deterministic kernel raises, naming itself; cuBLAS
+    gets the fixed workspace it then needs); `fast` lets cuDNN benchmark and pick its fastest, nondeterministic
+    kernels. Every value is set, so a reused process (runtime.reuse_actors) takes the new run's. On a CPU the cuDNN
+    flags change nothing; `all` still checks the CPU ops."""
+    import torch
+
+    if kernels == "all":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts (CUDA's note)
+    torch.backends.cudnn.deterministic = kernels != "fast"
+    torch.backends.cudnn.benchmark = kernels == "fast"
+    torch.use_deterministic_algorithms(kernels == "all")

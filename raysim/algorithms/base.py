@@ -60,6 +60,12 @@ class SGDSettings(AlgorithmSettings):
     batch_size: int = Field(100, ge=1)
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (0.5 in the FLAME authors' code)")
     weight_decay: float = Field(0.0, ge=0, description="extra L2 term mu*theta (0.01 in the FLAME authors' code)")
+    random_epochs: bool = Field(
+        False,
+        description="each local training draws its passes uniformly from 1..epochs (per client and round, from the "
+        "client's seeded stream) instead of always `epochs`: the FLAME authors' --fixed 0, E = random.randint(1, "
+        "local_ep) (flame.md 9.7); an algorithm training several times a round draws for each",
+    )
     loss_scale: Literal["1", "1/m"] = Field(
         "1",
         description="weight of the loss and its weight_decay term in the local objective: 1, or 1/m (m training "
@@ -94,6 +100,7 @@ class SGDSettings(AlgorithmSettings):
             batch_size=self.batch_size,
             momentum=self.momentum,
             weight_decay=self.weight_decay,
+            random_epochs=self.random_epochs,
             **objective,
         )
 
@@ -222,6 +229,9 @@ class LocalSGD:
     loss: FeatureLoss | None = None
     """If given, the local loss on the features and logits that replaces f_i (vectors such as `prox_center` are then
     sized as `start`, which holds a second head too with FeatureLoss.second_head)."""
+    random_epochs: bool = False
+    """If set, `epochs` is a maximum: the executor first draws the passes uniformly from 1..epochs with the request's
+    generator (raysim.training.local.drawn_epochs), then the batches (SGDSettings.random_epochs)."""
     in_place: bool = False
     """The executor may train in `start`'s memory and return it as the result (the step needs the old values no
     more, ClientChunk.in_place); without it, or where it cannot, it trains a copy."""
@@ -238,6 +248,8 @@ class LocalSGD:
             raise ValueError("LocalSGD: projected_prox_weight > 0 needs a projection and a projected_prox_center")
         if self.random_batches is not None and self.random_batches < 1:
             raise ValueError(f"LocalSGD: random_batches must be at least 1, got {self.random_batches}")
+        if self.random_epochs and self.random_batches is not None:
+            raise ValueError("LocalSGD: random_epochs draws passes; a random_batches request makes none")
 
 
 def scale_loss(request: LocalSGD, factor: float) -> LocalSGD:

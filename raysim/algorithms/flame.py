@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload, admm_server_step, lagrangian_term, row_norms
 from raysim.algorithms.base import (
@@ -63,6 +63,16 @@ class FlameSettings(SGDSettings):
         description="one more full pass per client for the stationarity residual (17), the augmented Lagrangian "
         "L(P^t) (10) and ||sum_i pi_i|| (docs/algorithms.md, ADMM convergence)",
     )
+
+    @model_validator(mode="after")
+    def _check_random_epochs(self) -> FlameSettings:
+        """Per-epoch dual updates train one epoch per request, which random_epochs would draw from 1..1."""
+        if self.random_epochs and self.dual_updates == "per_epoch":
+            raise ValueError(
+                "algorithm.random_epochs draws the passes of one local training; algorithm.dual_updates=per_epoch "
+                "trains one epoch at a time: set algorithm.dual_updates: per_round"
+            )
+        return self
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raysim.algorithms.base import (
     ALGORITHMS,
@@ -45,6 +45,16 @@ class PFedMeSettings(SGDSettings):
         "all", description="w = mean of all m clients' latest w_i (FLAME's code) or the beta-mix over S^t (pFedMe)"
     )
     beta: float = Field(1.0, gt=0, le=2, description="server mixing beta (aggregation: selected only)")
+
+    @model_validator(mode="after")
+    def _check_random_epochs(self) -> PFedMeSettings:
+        """Each of pFedMe's epochs is a local training of its own (a w_i step follows it): no passes to draw."""
+        if self.random_epochs:
+            raise ValueError(
+                "algorithm.random_epochs: pfedme trains one epoch at a time (a w_i step after each); "
+                "set algorithm.random_epochs: false"
+            )
+        return self
 
 
 @dataclass

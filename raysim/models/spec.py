@@ -32,10 +32,12 @@ class ModelSettings(Settings):
     """The clients' (and global) network: a registered model (raysim.models.zoo, or a plugin's)."""
 
     name: ModelChoice = Field("mlp", description="the network (`raysim models` lists them)")
-    init: Literal["raysim", "authors"] = Field(
+    init: Literal["raysim", "authors", "zeros"] = Field(
         "raysim",
         description="initial parameters from raysim's model-init stream, or as the FLAME authors' code draws them "
-        "(torch.manual_seed(seed), then the layers built in order: their seed N gives their initial model)",
+        "(torch.manual_seed(seed), then the layers built in order: their seed N gives their initial model), or all "
+        "zero, as the linear-regression analysis of FLAME's appendix starts (w_i^0 = pi_i^0 = w^0 = 0, flame.md "
+        "1.5, 9.5; a ReLU network's hidden units then get no gradient)",
     )
 
 

@@ -15,6 +15,7 @@ from raysim.models.spec import ParamSpec
 from raysim.runtime import checkpoint
 from raysim.runtime.crews import Renewable
 from raysim.runtime.exact_sum import PartialSum
+from raysim.seeding import Kernels, use_kernels
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings, aggregate
 
@@ -34,16 +35,21 @@ class Coordinator(Renewable):
         robust: RobustSettings | None = None,
         attack: AttackSettings | None = None,
         server_data: Any = None,
+        deterministic: Kernels = "cudnn",
     ):
         """`robust` replaces the mean of the messages by a robust aggregate (raysim.threats.robust); the hosts must
         then send messages. `attack` sets Multi-Krum's default f = floor(attack.fraction * n) for the n messages
         of each aggregation (AttackSettings.num_malicious; `aggregation.byzantine` overrides it).
         `server_data` (what `Algorithm.server_data` returned in the driver) is handed to the algorithm's
-        `setup_server` here and nowhere else; `params`: the layout of the model's flat vector."""
+        `setup_server` here and nowhere else; `params`: the layout of the model's flat vector. `deterministic`:
+        torch's kernel choice (runtime.deterministic), set once torch is loaded here (`_use_kernels`)."""
         _use_threads(torch_threads)
+        self.kernels: Kernels | None = deterministic
+        """The kernel choice still to set, when torch is loaded (None: set)."""
         self.algorithm = build_algorithm(algorithm_settings, params)
         if server_data is not None:
             self.algorithm.setup_server(server_data)
+        self._use_kernels()
         self.state = self.algorithm.init_server(init_params, num_clients)
         self.robust = robust if robust is not None and robust.active else None
         self.attack = attack
@@ -76,7 +82,16 @@ class Coordinator(Renewable):
                 raise RuntimeError("robust aggregation needs every client's message; start hosts with send_messages")
             upload = self._robust_upload(upload, total.messages, self.robust)
         self.state, metrics = self.algorithm.server_step(self.state, upload, total.count)
+        self._use_kernels()
         return metrics
+
+    def _use_kernels(self) -> None:
+        """Set torch's kernel choice (raysim.seeding.use_kernels) once torch is loaded in this process: a coordinator
+        whose algorithm trains or runs torch here (AugFL's transfer in setup_server, FedSLR's SVD in its first server
+        step) gets it, the others never load torch for it."""
+        if self.kernels is not None and "torch" in sys.modules:
+            use_kernels(self.kernels)
+            self.kernels = None
 
     def _robust_upload(
         self, upload: Upload, messages: dict[int, tuple[np.ndarray, np.ndarray | None]], rule: RobustSettings

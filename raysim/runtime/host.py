@@ -29,7 +29,7 @@ from raysim.runtime.crews import Renewable
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.steps import ClientSteps, keep_freed_memory
-from raysim.seeding import Stream
+from raysim.seeding import Stream, use_kernels
 from raysim.training.local import ClientData
 
 EVALUATION_CLIENTS = 64
@@ -50,6 +50,7 @@ class ClientHost(Renewable):
         become model input through `settings.inputs`); `clients`: the (ClientInfo, ClientSplit) pairs this host
         owns, all starting from `init_params`."""
         torch.set_num_threads(settings.torch_threads)
+        use_kernels(settings.deterministic)
         self.settings = settings
         self.model = settings.model.build()
         self.algorithm = build_algorithm(settings.algorithm, self.model.spec)

@@ -11,6 +11,7 @@ from raysim.config import ExperimentConfig
 from raysim.evaluation.classification import SingleLabelAuc
 from raysim.evaluation.clients import TrainLossUnit
 from raysim.models.flat import ModelSpec
+from raysim.seeding import Kernels
 from raysim.threats.attacks import AttackPlan
 from raysim.training.authors_batches import AuthorsBatchPlan
 from raysim.training.local import Inputs
@@ -59,6 +60,8 @@ class HostSettings:
     their streams for all clients, raysim.training.authors_batches); None: from the clients' seeded streams."""
     train_loss_unit: TrainLossUnit = "mean"
     """Unit of the scored training loss (tracking.train_loss_unit)."""
+    deterministic: Kernels = "cudnn"
+    """torch's kernel choice in the host's process (runtime.deterministic, raysim.seeding.use_kernels)."""
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:
@@ -70,7 +73,7 @@ class HostSettings:
             runtime.spill_dir, runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus, problem.inputs,
             config.tracking.loss_sum_batch, config.tracking.train_loss_every,
             tuple(sorted({info.num_train for info, _ in problem.clients})), authors_batches(config, problem),
-            train_loss_unit=config.tracking.train_loss_unit,
+            train_loss_unit=config.tracking.train_loss_unit, deterministic=runtime.deterministic,
         )  # fmt: skip
 
 

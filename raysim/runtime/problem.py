@@ -23,7 +23,7 @@ from raysim.execution.drivers import drive
 from raysim.models.flat import FlatModel, ModelSpec
 from raysim.models.spec import ParamSpec
 from raysim.runtime.placement import check_capacity, default_num_hosts
-from raysim.seeding import Stream, rng, torch_seed
+from raysim.seeding import Stream, rng, torch_seed, use_kernels
 from raysim.threats.attacks import AttackPlan, attack_plan
 from raysim.training.local import ClientData, Inputs, LocalTrainer
 
@@ -83,8 +83,11 @@ def prepare(config: ExperimentConfig) -> Problem:
         model = spec.build()
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    init_seed = config.seed if config.model.init == "authors" else torch_seed(config.seed, Stream.MODEL_INIT)
-    init = model.initial_parameters(init_seed)
+    if config.model.init == "zeros":
+        init = np.zeros(model.spec.size, np.float32)
+    else:
+        init_seed = config.seed if config.model.init == "authors" else torch_seed(config.seed, Stream.MODEL_INIT)
+        init = model.initial_parameters(init_seed)
     if config.dataset.augment != "none" and len(dataset.input_shape) != 3:
         raise ConfigError(
             f"dataset.augment={config.dataset.augment} crops and flips images (channels, height, width); "
@@ -111,6 +114,8 @@ def prepare(config: ExperimentConfig) -> Problem:
     algorithm = build_algorithm(config.algorithm, model.spec)
     context = server_context(config, dataset)
     step = algorithm.server_data(context)  # the coordinator's private data, prepared here before any Ray work
+    if step is not None:  # the driver trains the coordinator's data: with the run's kernels
+        use_kernels(config.runtime.deterministic)
     server_data = None if step is None else run_server_requests(step, context)
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")

@@ -85,7 +85,13 @@ class Simulation:
         runtime, config = self.config.runtime, self.config
         init_ref, server_ref = self._coordinator_arguments
         arguments = (carry(config.algorithm), self._params, init_ref, self._num_training, runtime.torch_threads)
-        return arguments, {"robust": config.aggregation, "attack": config.attack, "server_data": server_ref}
+        keywords = {
+            "robust": config.aggregation,
+            "attack": config.attack,
+            "server_data": server_ref,
+            "deterministic": runtime.deterministic,
+        }
+        return arguments, keywords
 
     def _start_host(self, index: int) -> ray.actor.ActorHandle:
         runtime = self.config.runtime

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,6 +210,14 @@ def _tensor(array: np.ndarray | float | None, dtype: type) -> torch.Tensor | Non
     return None if array is None else torch.from_numpy(np.array(array, dtype=dtype))
 
 
+def drawn_epochs(request: LocalSGD, generator: Draws) -> LocalSGD:
+    """`request` with its passes drawn when it asks for random ones (LocalSGD.random_epochs): uniform on 1..epochs,
+    the request's first draw from its generator (so every executor draws them alike); else `request` itself."""
+    if not request.random_epochs:
+        return request
+    return dataclasses.replace(request, epochs=int(generator.integers(1, request.epochs + 1)), random_epochs=False)
+
+
 def training_batches(request: LocalSGD, indices: np.ndarray, generator: Draws) -> Iterator[np.ndarray]:
     """The samples of each step of a LocalSGD request: `epochs` passes over a fresh shuffle of `indices` in batches
     (the last one smaller), or `random_batches` steps each on one batch picked uniformly among a fresh shuffle's
@@ -236,6 +245,7 @@ class LocalTrainer:
 
     def sgd(self, request: LocalSGD, data: ClientData, generator: Draws) -> SGDResult:
         """Mini-batch SGD (with optional momentum) on the request's objective; see LocalSGD."""
+        request = drawn_epochs(request, generator)
         x = torch.from_numpy(np.array(request.start, dtype=np.float32))
         # Copies: the arrays may be read-only views of Ray's object store, which torch must not alias.
         center = _tensor(request.prox_center, np.float32)

@@ -41,7 +41,7 @@ from raysim.algorithms.base import BatchGradients, BatchGradientsResult, LocalSG
 from raysim.algorithms.prox import soft_threshold
 from raysim.execution.stacking import unstack
 from raysim.models.flat import FlatModel, perceptron_layers
-from raysim.training.local import ClientData, Draws, LocalTrainer
+from raysim.training.local import ClientData, Draws, LocalTrainer, drawn_epochs
 
 SGDJob = tuple[LocalSGD, ClientData, Draws]
 """One client's request, its data and the generator LocalTrainer.sgd would draw its batches from."""
@@ -127,6 +127,7 @@ class VectorizedTrainer:
         """LocalTrainer.sgd of every job, in the order given (each result its own array)."""
         results: dict[int, SGDResult] = {}
         groups: dict[tuple, list[int]] = defaultdict(list)
+        jobs = [(drawn_epochs(request, generator), data, generator) for request, data, generator in jobs]
         for position, (request, data, generator) in enumerate(jobs):
             if request.loss is not None:  # each client's own FeatureLoss: one at a time (see sgd_rows)
                 results[position] = self._sequential.sgd(request, data, generator)
@@ -154,6 +155,13 @@ class VectorizedTrainer:
         data and generator are `data[i]` and `generators[i]`) or one [n] vector shared by every row; its numbers
         are shared. Returns params [k, n] (one new array), mean_loss [k] and steps [k]."""
         count = len(data)
+        if request.random_epochs:  # each row's own draw of passes: rows of the same count train together
+            rows = self.sgd(list(zip(unstack(request, count), data, generators, strict=True)))
+            return SGDResult(
+                np.stack([r.params for r in rows]) if rows else np.empty((0, self.model.size), np.float32),
+                np.array([r.mean_loss for r in rows]),
+                np.array([r.steps for r in rows]),
+            )
         # A few random batches, a per-step SVD of every client's layers (LocalSGD.nuclear): no lockstep. A feature
         # loss (LocalSGD.loss) runs through FlatModel.features, a forward hook on the head that vmap and the
         # perceptron's hand-written backward pass do not take.
