@@ -27,9 +27,9 @@ second accuracy (`test_inference_new_het_lt`: the class whose prototype has the 
 (2 z.C_bar^(j) - ||C_bar^(j)||^2) / d, it is the client's network with that linear head in place of its own: so it
 is scored like any model (accuracy, loss of the softmax over negative distances, F1, AUC). A class without a global
 prototype is never predicted (its distance is infinite in the authors' code; here its logit is -1e9). It needs a
-head with a bias (every zoo model's has one) and is scored from the first aggregation on. GM: there is no global
-model; the common initial model is reported as raysim's Local does. Uplink: the prototypes and counts of the
-classes a client holds; downlink: the global prototypes that exist (classes x feature dimension).
+head with a bias (ResNet-18-GN's on CIFAR has none: no `proto` there) and is scored from the first aggregation on.
+GM: there is no global model; the common initial model is reported as raysim's Local does. Uplink: the prototypes
+and counts of the classes a client holds; downlink: the global prototypes that exist (classes x feature dimension).
 
 Not stacked (`stacks = False`): the feature loss runs through FlatModel.features, one client at a time.
 """
