@@ -7,7 +7,6 @@ prove (FLAME's Lemma 1 and Theorem 1; FedADMM's KKT point)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.evaluation.summaries import mean_client_metrics
-from raysim.models import MODELS
 from raysim.models.flat import ModelSpec
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
@@ -110,14 +108,6 @@ def test_fedadmm_diagnostics_reach_the_kkt_point():
     assert logged[-1]["update/dual_norm"] == pytest.approx(np.mean(norms), rel=1e-5) and min(norms) > 0.1
 
 
-@MODELS.register("linear_with_bias")
-def linear_with_bias(input_shape: tuple[int, ...], outputs: int):
-    """x -> <u, x> + v: FedAPM's shared part u (`1.weight`) and personal part v (`1.bias`), jointly convex."""
-    from torch import nn
-
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), outputs))
-
-
 def test_fedapm_lyapunov_descends_under_its_conditions():
     """FedAPM's Lemma 1 / Lemma 12 (fedapm.md 3.2-3.3) on f_i(v_i, u) = 1/(2N) ||X_i u + v_i - y_i||^2 with the
     bias v_i personal: L_u = b_i <= 3, L_v = 1, alpha_i = 1/3, so rho = 6 meets max(3 alpha L_u, 3 alpha L_uv) <= rho
@@ -129,13 +119,13 @@ def test_fedapm_lyapunov_descends_under_its_conditions():
     problem, _ = _orthogonal_regression(b, N, D, seed=3)
     problem = dataclasses.replace(
         problem,
-        model_spec=ModelSpec("linear_with_bias", (D,), 1, "regression"),
+        model_spec=ModelSpec("mlr", (D,), 1, "regression"),  # x -> <u, x> + v: u = `1.weight`, v = `1.bias`
         init_params=np.zeros(D + 1, np.float32),
         params=None,  # derived from the model again
     )
     algorithm = {"name": "fedapm", "rho": rho, "sigma": 4.0, "lr": 1 / 7, "batch_size": N, "epochs": 20,
                  "personal": ["1.bias"], "diagnostics": True}  # fmt: skip
-    config = validate_config(tiny_config(algorithm=algorithm, clients={"count": 3}, model={"name": "linear_with_bias"}))
+    config = validate_config(tiny_config(algorithm=algorithm, clients={"count": 3}, model={"name": "mlr"}))
     sim = InProcess(config, problem)
     logged = [_round(sim, round_index) for round_index in range(20)]
     states, u = sim.states, sim.server.u.astype(np.float64)

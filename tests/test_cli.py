@@ -152,7 +152,8 @@ def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_pat
     cifar = load_config(mmnist, ["dataset.name=cifar10", "dataset.root=/data"]).dataset
     assert (cifar.name, cifar.root, cifar.download) == ("cifar10", "/data", True) and not hasattr(cifar, "size")
     assert load_config(mmnist, ["dataset.name=medmnist", "dataset.subset=pathmnist"]).dataset.size == 64  # it has one
-    with pytest.raises(ConfigError, match=r"^dataset\.channels: unknown key \(allowed: name, .*, root, download\)$"):
+    unknown = r"^dataset\.channels: unknown key \(allowed: name, .*, root, download, normalization\)$"
+    with pytest.raises(ConfigError, match=unknown):
         load_config(mmnist, ["dataset.name=cifar10", "dataset.channels=1"])
 
 

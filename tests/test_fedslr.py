@@ -91,8 +91,11 @@ def test_conv_matrixization_layout_and_exact_round_trip():
     assert torch.equal(dematrixize(m, tuple(w.shape)), w)
     linear = torch.randn(4, 7)
     assert torch.equal(dematrixize(matrixize(linear), (4, 7)), linear)
+    conv1d = torch.randn(5, 3, 2)  # a 1-D conv [o, i, k] is the 2-D conv [o, i, k, 1]
+    assert torch.equal(matrixize(conv1d), matrixize(conv1d[..., None]))
+    assert torch.equal(dematrixize(matrixize(conv1d), (5, 3, 2)), conv1d)
     with pytest.raises(ValueError, match="matrix form"):
-        matrixize(torch.randn(2, 3, 4))
+        matrixize(torch.randn(2, 3, 4, 5, 6))
 
 
 def test_layerwise_svt_thresholds_matrices_and_leaves_1d_parameters_alone():

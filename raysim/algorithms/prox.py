@@ -2,7 +2,8 @@
 
 - `soft_threshold`: the prox of a*||.||_1 (fedslr.md eq. 16/17), coordinate-wise.
 - `matrixize` / `dematrixize`: a parameter tensor as the matrix whose nuclear norm is penalized: linear
-  [o, i] as is, conv [o, i, kh, kw] -> (o*kh) x (i*kw) ("scheme 2", fedslr.md 1.2), and back, exactly.
+  [o, i] as is, conv [o, i, kh, kw] -> (o*kh) x (i*kw) ("scheme 2", fedslr.md 1.2; a 1-D conv [o, i, k] as
+  [o, i, k, 1]), and back, exactly.
 - `svt`: the prox of a*||.||_* (singular value thresholding, eq. 15), returning the thresholded SVD so
   the same factorization serves the low-rank downlink (fedslr.md 2.4).
 - `layerwise_svt`: SVT of every >= 2-D tensor of a flat parameter vector; 1-D tensors pass unchanged.
@@ -46,10 +47,13 @@ def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
     """The (d1, d2) of the matrix a tensor of `shape` becomes (>= 2-D only)."""
     if len(shape) == 2:
         return shape[0], shape[1]
+    if len(shape) == 3:  # a 1-D conv [o, i, k], as the 2-D conv [o, i, k, 1]
+        out, inp, k = shape
+        return out * k, inp
     if len(shape) == 4:
         out, inp, kh, kw = shape
         return out * kh, inp * kw
-    raise ValueError(f"matrixize: only 2-D (linear) and 4-D (conv) tensors have a matrix form, got shape {shape}")
+    raise ValueError(f"matrixize: only 2-D (linear), 3-D and 4-D (conv) tensors have a matrix form, got shape {shape}")
 
 
 def matrixize(weight: torch.Tensor) -> torch.Tensor:
@@ -64,6 +68,9 @@ def dematrixize(matrix: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """pi^{-1}: the inverse of `matrixize` for a tensor of `shape`."""
     if len(shape) == 2:
         return matrix.reshape(shape)
+    if len(shape) == 3:
+        out, inp, k = shape
+        return matrix.reshape(out, k, inp).transpose(1, 2).contiguous()
     out, inp, kh, kw = shape
     return matrix.reshape(out, kh, inp, kw).transpose(1, 2).contiguous()
 
