@@ -156,26 +156,14 @@ class VectorizedTrainer:
         are shared. Returns params [k, n] (one new array), mean_loss [k] and steps [k]."""
         count = len(data)
         if request.random_epochs:  # each row's own draw of passes: rows of the same count train together
-            rows = self.sgd(list(zip(unstack(request, count), data, generators, strict=True)))
-            return SGDResult(
-                np.stack([r.params for r in rows]) if rows else np.empty((0, self.model.size), np.float32),
-                np.array([r.mean_loss for r in rows]),
-                np.array([r.steps for r in rows]),
-            )
+            return self._stacked(self.sgd(list(zip(unstack(request, count), data, generators, strict=True))))
         # A few random batches, a per-step SVD of every client's layers (LocalSGD.nuclear): no lockstep. A feature
         # loss (LocalSGD.loss) runs through FlatModel.features, a forward hook on the head that vmap and the
         # perceptron's hand-written backward pass do not take.
         lockstep = request.random_batches is None and request.nuclear is None and request.loss is None
         if self.unavailable is not None or not lockstep:
-            results = [
-                self._sequential.sgd(row, d, g)
-                for row, d, g in zip(unstack(request, count), data, generators, strict=True)
-            ]
-            return SGDResult(
-                np.stack([r.params for r in results]) if results else np.empty((0, self.model.size), np.float32),
-                np.array([r.mean_loss for r in results]),
-                np.array([r.steps for r in results]),
-            )
+            jobs = zip(unstack(request, count), data, generators, strict=True)
+            return self._stacked([self._sequential.sgd(row, d, g) for row, d, g in jobs])
         steps = np.array([_steps(request, d) for d in data], np.int64)
         order = np.argsort(-steps, kind="stable")  # longest first: the clients still training are a prefix
         ordered = not np.any(order != np.arange(count))
@@ -187,6 +175,14 @@ class VectorizedTrainer:
             return result
         back = np.argsort(order)
         return SGDResult(result.params[back], np.asarray(result.mean_loss)[back], np.asarray(result.steps)[back])
+
+    def _stacked(self, rows: list[SGDResult]) -> SGDResult:
+        """Clients' results trained one at a time as one result of rows (params [k, n], mean_loss [k], steps [k])."""
+        return SGDResult(
+            np.stack([r.params for r in rows]) if rows else np.empty((0, self.model.size), np.float32),
+            np.array([r.mean_loss for r in rows]),
+            np.array([r.steps for r in rows]),
+        )
 
     def batch_gradients_rows(
         self, request: BatchGradients, data: Sequence[ClientData], generators: Sequence[Draws]
