@@ -20,16 +20,17 @@ The sum of the duals, sum_i pi_i (zero at a stationary point, (16)), is a runnin
 selected client adds the change of its pi_i, starting from pi_i^0 = 0.
 
 These two fields ride in the upload beside the message change (`AdmmDiagnosticUpload`) for the runtime to sum; they
-are diagnostics of the simulation, not part of the algorithms' communication, so `uplink_bytes` does not count them.
+are diagnostics of the simulation, not part of the algorithms' communication: NOT_SENT, so `uplink_bytes` does not
+count them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from raysim.algorithms.base import Number, Vector
+from raysim.algorithms.base import NOT_SENT, Number, Vector
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean
 
 
@@ -37,9 +38,9 @@ from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mea
 class AdmmDiagnosticUpload(DeltaUpload):
     """A running-mean ADMM client's upload with the diagnostics of `diagnostics: true` (not counted as uplink)."""
 
-    dual_change: Vector
+    dual_change: Vector = field(metadata=NOT_SENT)
     """pi_i^new - pi_i^old: moves the server's running sum of the duals."""
-    lagrangian: Number
+    lagrangian: Number = field(metadata=NOT_SENT)
     """L_i(theta_i^new, x_i^new, pi_i^new, w^t), the client's term of the augmented Lagrangian at the w it received."""
 
 

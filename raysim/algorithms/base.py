@@ -707,8 +707,14 @@ ALGORITHMS: Registry[type[Algorithm]] = Registry(
 """The algorithms by `algorithm.name`: each registers with `@ALGORITHMS.register()` (its `name`), a plugin's too."""
 
 
+NOT_SENT = {"sent": False}
+"""Dataclass field metadata of a field that rides in an upload for the runtime to sum but is not communication
+(`field(metadata=NOT_SENT)`: e.g. a diagnostic); payload_bytes does not count it."""
+
+
 def payload_bytes(payload: object) -> int:
-    """Size of a message sent as float32: arrays, numbers, and dataclasses / sequences of them; None is 0."""
+    """Size of a message sent as float32: arrays, numbers, and dataclasses (but their NOT_SENT fields) / sequences
+    of them; None is 0."""
     if payload is None:
         return 0
     if isinstance(payload, np.ndarray):
@@ -716,7 +722,8 @@ def payload_bytes(payload: object) -> int:
     if isinstance(payload, int | float | np.number):
         return 4
     if dataclasses.is_dataclass(payload):
-        return sum(payload_bytes(getattr(payload, f.name)) for f in dataclasses.fields(payload))
+        fields = [f for f in dataclasses.fields(payload) if f.metadata.get("sent", True)]
+        return sum(payload_bytes(getattr(payload, f.name)) for f in fields)
     if isinstance(payload, tuple | list):
         return sum(payload_bytes(item) for item in payload)
     raise TypeError(f"payload_bytes: cannot size a {type(payload).__name__}; override uplink/downlink_bytes")

@@ -33,7 +33,6 @@ from raysim.algorithms.base import (
     SGDSettings,
     Vector,
     gradient,
-    payload_bytes,
     train,
 )
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
@@ -110,10 +109,6 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
 
     def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
         return admm_server_step(server, total, num_selected, self.settings.rho)  # w = (1/m) sum_i u_i
-
-    def uplink_bytes(self, upload: DeltaUpload) -> int:
-        """u_i's change only: the diagnostics' fields (AdmmDiagnosticUpload) are not communication."""
-        return payload_bytes(upload.change)
 
     def global_model(self, server: RunningMeanState) -> Vector:
         return server.w

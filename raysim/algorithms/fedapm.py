@@ -42,7 +42,6 @@ from raysim.algorithms.base import (
     SGDSettings,
     Vector,
     gradient,
-    payload_bytes,
     train,
 )
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
@@ -295,10 +294,6 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
     def server_step(self, server: FedApmServerState, total: DeltaUpload, num_selected: int):
         shared, metrics = admm_server_step(server.shared, total, num_selected, self.settings.rho)  # (8)
         return FedApmServerState(shared, server.template), metrics
-
-    def uplink_bytes(self, upload: DeltaUpload) -> int:
-        """z_i's change only: the diagnostics' fields (AdmmDiagnosticUpload) are not communication."""
-        return payload_bytes(upload.change)
 
     def message_coordinates(self, params: Vector) -> Vector:
         return params[self.synced]

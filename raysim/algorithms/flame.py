@@ -41,7 +41,6 @@ from raysim.algorithms.base import (
     SGDSettings,
     Vector,
     gradient,
-    payload_bytes,
     train,
 )
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
@@ -162,10 +161,6 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
 
     def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
         return admm_server_step(server, total, num_selected, self.settings.rho)  # (14): the mean over ALL m clients
-
-    def uplink_bytes(self, upload: DeltaUpload) -> int:
-        """u_i's change only: the diagnostics' fields (AdmmDiagnosticUpload) are not communication."""
-        return payload_bytes(upload.change)
 
     def global_model(self, server: RunningMeanState) -> Vector:
         return server.w
