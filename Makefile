@@ -26,6 +26,7 @@ setup: $(STAMP) data tools
 $(STAMP):
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m raysim.torchvision_compat
 	rm -f $(VENV)/.installed-* && touch $@
 
 data: $(STAMP)

@@ -43,6 +43,8 @@ def test_ray_images_pin_the_constraints_versions(name):
     assert pinned["torch"] == pins["torch"]
     assert pinned["ray[default]"] == pins["ray"]
     assert "-c constraints.txt" in text
+    assert " -e ." not in text, f"{name}: raysim is installed as a package, not editable"
+    assert "python -m raysim.data.fetch" in text, f"{name}: Fashion-MNIST is baked into the image"
     for source in re.findall(r"^COPY --chown=\S+ (.+) \S+$", text, re.MULTILINE):
         for path in source.split():
             assert (ROOT / path).exists(), f"{name} copies {path}, which does not exist"

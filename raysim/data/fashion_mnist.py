@@ -57,7 +57,7 @@ def load_fashion_mnist(root: str | Path | None = None, download: bool = True) ->
     download_error = "download disabled"
     if download:
         try:
-            from raysim.data._torchvision import import_torchvision
+            from raysim.torchvision_compat import import_torchvision
 
             datasets = import_torchvision().datasets
             for train in (True, False):

@@ -135,7 +135,7 @@ def resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     7x7 stem and a last layer with bias, as their code builds it."""
     from torch import nn
 
-    from raysim.data._torchvision import import_torchvision
+    from raysim.torchvision_compat import import_torchvision
 
     if len(input_shape) != 3:
         raise ValueError(f"model.name=resnet18_gn needs image input (channels, height, width), got {input_shape}")
