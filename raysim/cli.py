@@ -29,10 +29,20 @@ def _tracking_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _config(args: argparse.Namespace) -> int:
-    """The resolved, validated config as YAML: every default filled in, credentials redacted."""
+    """The resolved, validated config as YAML: every default filled in, credentials redacted. A suite or sweep
+    validates every child and shows the first in full and each other setting by what differs from it, or with
+    `--child NAME` that child in full."""
     from raysim.config import load_config
+    from raysim.errors import ConfigError
+    from raysim.studies.family import family_children, family_yaml
 
-    print(load_config(args.config, args.set, args.plugin).to_yaml(), end="")
+    children = family_children(args.config, args.set, args.plugin)
+    if children is None:
+        if args.child is not None:
+            raise ConfigError(f"--child: {args.config} is one experiment, not a suite or sweep")
+        print(load_config(args.config, args.set, args.plugin).to_yaml(), end="")
+    else:
+        print(family_yaml(args.config, children, args.child), end="")
     return 0
 
 
@@ -359,10 +369,13 @@ def parser() -> argparse.ArgumentParser:
         "config",
         help="print the resolved, validated config (defaults filled in) without running it",
         description="Load an experiment YAML with its --set overrides, validate it as `raysim run` would, and print "
-        "every setting. Example: raysim config configs/quickstart.yaml --set partition.scheme=iid",
+        "every setting. Of a suite or sweep: every child is validated; the first is shown in full, every other "
+        "setting by the keys in which it differs. Example: raysim config configs/quickstart.yaml --set "
+        "partition.scheme=iid",
     )
-    config.add_argument("config", help="experiment YAML")
+    config.add_argument("config", help="experiment, suite or sweep YAML")
     config.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
+    config.add_argument("--child", metavar="NAME", help="of a suite or sweep: show this child in full (its run name)")
     _plugin_option(config)
     config.set_defaults(handler=_config)
     table = commands.add_parser(

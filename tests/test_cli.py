@@ -14,6 +14,7 @@ import yaml
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tests.cluster import ROOT
 from tests.conftest import tiny_config
 
 RAYSIM = [sys.executable, "-m", "raysim.cli"]
@@ -131,6 +132,41 @@ def test_config_prints_the_resolved_config_that_run_would_use(tmp_path):
     assert validate_config(printed) == load_config(path, ["algorithm.name=fedavg", "rounds=9"])
     bad = _raysim("config", str(path), "--set", "partition.beta=-1", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("error: partition.beta") and bad.stdout == ""
+
+
+@pytest.mark.parametrize("shipped", ["configs/compare.yaml", "configs/sweep_flame.yaml"])
+def test_config_of_a_suite_or_sweep_shows_every_child(shipped):
+    """What `raysim config` shows of a shipped suite or sweep: the first child in full and each other child's
+    differences, from which every child's config is rebuilt exactly; `--child` shows one child in full."""
+    from raysim.config import flatten, set_value, validate_config
+    from raysim.studies.family import family_children, family_yaml
+
+    children = family_children(ROOT / shipped, [])
+    shown = yaml.safe_load(family_yaml(shipped, children))
+    assert shown["children"] == len(children) > 1 and shown["first"] == children[0][0]
+    assert list(shown["differences"]) == [name for name, _ in children[1:]]
+    for name, config in children:
+        differences = shown["differences"].get(name, {})
+        tree: dict = {}
+        for key, value in (flatten(shown["config"]) | differences).items():
+            if key != "dropped" and key not in differences.get("dropped", []):
+                set_value(tree, key, value)
+        assert validate_config(tree) == config, name
+    name, config = children[-1]
+    assert validate_config(yaml.safe_load(family_yaml(shipped, children, name))) == config
+
+
+def test_config_command_on_a_sweep(capsys, monkeypatch):
+    from raysim.cli import main
+    from raysim.studies.family import family_children, family_yaml
+
+    monkeypatch.chdir(ROOT)
+    shipped = "configs/sweep_flame.yaml"
+    assert main(["config", shipped]) == 0
+    assert capsys.readouterr().out == family_yaml(shipped, family_children(shipped, []))
+    assert main(["config", shipped, "--child", "nope"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: --child:") and "seed=2" in error
 
 
 def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_path):
