@@ -132,11 +132,21 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    """The MLflow UI on 127.0.0.1: on `--port` (refused in one line if taken), else on 5000 or, when that is
-    taken, the next free port, said in one line. The port is settled first, before the slow imports."""
-    from raysim.tracking.server import ServerSettings, check_port, in_use_message, next_free_port, runs_page, serve
+    """The MLflow UI on `--host` (127.0.0.1; another address is warned about): on `--port` (refused in one line
+    if taken), else on 5000 or, when that is taken, the next free port, said in one line. The port is settled
+    first, before the slow imports."""
+    from raysim.tracking.server import (
+        ServerSettings,
+        check_port,
+        exposure_warning,
+        in_use_message,
+        next_free_port,
+        runs_page,
+        serve,
+    )
 
-    host, port = "127.0.0.1", args.port
+    host, port = args.host, args.port
+    _warn(exposure_warning(host))
     if port is None:
         port = next_free_port(host, UI_PORT)
         if port != UI_PORT:
@@ -274,9 +284,15 @@ def _stop_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _server(args: argparse.Namespace) -> int:
-    from raysim.tracking.server import ServerSettings, serve
+def _warn(warning: str | None) -> None:
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
+
+def _server(args: argparse.Namespace) -> int:
+    from raysim.tracking.server import ServerSettings, exposure_warning, serve
+
+    _warn(exposure_warning(args.host))
     destination = None if args.no_artifacts else args.artifacts_destination
     serve(ServerSettings(args.backend_store_uri, destination, args.host, args.port, args.workers))
 
@@ -452,13 +468,16 @@ def parser() -> argparse.ArgumentParser:
     )
     _plugin_option(pretrain)
     pretrain.set_defaults(handler=_pretrain)
-    ui = commands.add_parser("ui", help="start the MLflow UI on 127.0.0.1 for the tracking store")
+    ui = commands.add_parser("ui", help="start the MLflow UI on 127.0.0.1 (or --host) for the tracking store")
+    ui.add_argument(
+        "--host", default="127.0.0.1", help="bind address; another than loopback (a shared machine) is warned about"
+    )
     ui.add_argument("--config", help="take the tracking URI from this experiment config")
     ui.add_argument(
         "--tracking-uri", help="explicit tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
     )
     ui.add_argument(
-        "--port", type=int, help=f"port on 127.0.0.1, refused if taken (default: {UI_PORT}, or the next free one)"
+        "--port", type=int, help=f"port, refused if taken (default: {UI_PORT}, or the next free one)"
     )
     _plugin_option(ui)
     ui.set_defaults(handler=_ui)

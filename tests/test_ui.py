@@ -88,6 +88,27 @@ def test_a_port_given_and_taken_is_refused_in_one_line_naming_its_holder(command
     assert not list(tmp_path.iterdir())  # refused before anything started: no store made
 
 
+@pytest.mark.parametrize("command", ["ui", "server"])
+def test_an_address_other_than_loopback_is_warned_about_first(command, tmp_path, capsys):
+    """`--host 0.0.0.0` (a shared machine) is served, with a warning before anything else; loopback names are not
+    warned about. The port is held here, so that the command stops right after its checks."""
+    from raysim.cli import main
+    from raysim.tracking.server import exposure_warning
+
+    assert [exposure_warning(host) for host in ("127.0.0.1", "localhost", "::1")] == [None, None, None]
+    port = free_port()
+    holder, held = _hold(port)
+    assert held
+    store = ["--tracking-uri" if command == "ui" else "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    try:
+        code = main([command, "--host", "0.0.0.0", "--port", str(port), *store])
+    finally:
+        _stop(holder)
+    warning, error = capsys.readouterr().err.splitlines()
+    assert code == 2 and warning == exposure_warning("0.0.0.0")
+    assert warning.startswith("warning: --host 0.0.0.0 lets every machine") and f"port {port}" in error
+
+
 @pytest.mark.slow
 def test_ui_takes_the_next_free_port_when_5000_is_taken_and_serves_the_runs_of_the_store(tmp_path, mlflow_uri):
     """No --port and 5000 taken (by a process of this test, or by someone else already): the UI says so and

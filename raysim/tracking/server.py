@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import http.client
+import ipaddress
 import os
 import re
 import signal
@@ -152,6 +153,20 @@ def check_port(host: str, port: int) -> None:
     """A ServerError naming the port and who holds it if a server could not listen on it."""
     if port_in_use(host, port):
         raise ServerError(f"{in_use_message(host, port)}: choose another --port, or stop it")
+
+
+def exposure_warning(host: str) -> str | None:
+    """The warning a bind address other than loopback deserves: MLflow's server has no authentication."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except socket.gaierror:
+        return None  # binding fails with its own error
+    if all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses):
+        return None
+    return (
+        f"warning: --host {host} lets every machine that reaches this one read, change and delete its runs (MLflow "
+        "has no authentication); it answers Host headers of localhost and private addresses only"
+    )
 
 
 def next_free_port(host: str, first: int, tries: int = 100) -> int:
