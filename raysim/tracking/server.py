@@ -158,7 +158,7 @@ def check_port(host: str, port: int) -> None:
 def exposure_warning(host: str) -> str | None:
     """The warning a bind address other than loopback deserves: MLflow's server has no authentication."""
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
     except socket.gaierror:
         return None  # binding fails with its own error
     if all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses):
