@@ -84,16 +84,20 @@ def test_raysim_run_takes_a_sweep_file_and_names_its_bad_key(tmp_path):
 
 
 @pytest.mark.slow
-def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_local, mlflow_uri, tmp_path):
-    """model.name=cnn on vector data fails inside its trial (after validation); the mlr trials still run."""
+def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_local, mlflow_uri, tmp_path, capsys):
+    """model.name=cnn on vector data fails inside its trial (after validation); the mlr trials still run. The
+    parent run is named first, then each trial's end."""
     base = tiny_config(
         rounds=2,
         runtime={"num_hosts": 2, "host_cpus": 0.5},
         tracking={"uri": mlflow_uri, "experiment": "sweep"},
     )
     sweep = parse_sweep({"name": "mixed", "base": base, "grid": {"model.name": ["mlr", "cnn"]}, "seeds": [1, 2]})
-    result = run_sweep(sweep, show_progress=False)
+    result = run_sweep(sweep, show_progress=True)
     assert result.failed == [2, 3]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"sweep mixed: parent run {result.parent_run_id} at ") and "4 trials" in printed[0]
+    assert sum(line.startswith("trial ") for line in printed) == 4
     client = MlflowClient(mlflow_uri)
     parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
@@ -139,3 +143,42 @@ def test_an_impossible_partition_fails_before_the_sweep_starts(tmp_path):
     with pytest.raises(PartitionError, match=r"^sweep trial 0 \(partition=.*, seed 7\): partition.scheme=natural"):
         run_sweep(writers, show_progress=False)
     assert not store.exists()
+
+
+def test_trial_progress_reads_each_running_trials_rounds_from_the_store(mlflow_uri):
+    """The sweep's view of its trials in flight: rounds logged (`time/round` points) by its running children,
+    a line when a trial has done another tenth of its rounds; other runs' histories are not counted."""
+    import io
+
+    from mlflow.entities import Metric
+    from rich.console import Console
+
+    from raysim.studies.trial_progress import TrialProgress
+    from raysim.tracking.mlflow_writer import MlflowWriter
+
+    writer = MlflowWriter(mlflow_uri, "progress")
+    client = writer.client
+    parent = client.create_run(writer.experiment_id, run_name="sweep").info.run_id
+    tags = {"mlflow.parentRunId": parent}
+    fast, slow = (client.create_run(writer.experiment_id, run_name=n, tags=tags).info.run_id for n in ("a", "b"))
+    other = client.create_run(writer.experiment_id, run_name="a").info.run_id  # same name, another parent
+
+    def log_rounds(run_id: str, first: int, last: int) -> None:
+        client.log_batch(run_id, metrics=[Metric("time/round", 0.1, 0, step) for step in range(first, last + 1)])
+
+    log_rounds(fast, 1, 3)
+    log_rounds(slow, 1, 1)
+    log_rounds(other, 1, 9)
+    shown = io.StringIO()
+    progress = TrialProgress(writer, parent, Console(file=shown, width=200), every_s=3600)
+    assert progress.rounds_done(["a", "b"]) == {"a": 3, "b": 1}
+    progress.look({"a": 30, "b": 10}, force=True)
+    assert shown.getvalue().splitlines() == ["a: round 3/30", "b: round 1/10"]
+    log_rounds(fast, 4, 5)
+    progress.look({"a": 30, "b": 10})  # within every_s: no look
+    progress.look({"a": 30, "b": 10}, force=True)  # a: 5 is still its third tenth; b unchanged
+    assert shown.getvalue().splitlines() == ["a: round 3/30", "b: round 1/10"]
+    log_rounds(fast, 6, 6)
+    client.set_terminated(slow, "FINISHED")
+    progress.look({"a": 30, "b": 10}, force=True)
+    assert shown.getvalue().splitlines()[2:] == ["a: round 6/30"]

@@ -161,6 +161,7 @@ def run_suite(
         plan = plan_resume(writer, reopen_parent(writer, resume, "suite", suite.name), [c for _, c in children])
     result = SuiteResult(parent, writer.tracking_uri)
     say = print if show_progress else (lambda *_, **__: None)
+    say(f"suite {suite.name}: parent run {parent} at {writer.shown_uri}, {len(children)} children", flush=True)
     with ParentRun(writer, "suite", suite.name, command) as parent_run:
         if plan.summary():
             say(plan.summary(), flush=True)

@@ -17,12 +17,14 @@ the others go on, as a suite's children do (raysim.studies.children).
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import math
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +42,7 @@ from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_l
 from raysim.studies.resume import ResumePlan, plan_resume, reopen_parent
 from raysim.studies.suite import check_partitions, write_summary
 from raysim.studies.table import write_tables
+from raysim.studies.trial_progress import TrialProgress
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 
 SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")
@@ -250,7 +253,12 @@ def run_sweep(
             say(f"running up to {limit} trials at once", flush=True)
             if plan.summary():
                 say(plan.summary(), flush=True)
-            outcomes = _schedule(writer, trials, parent, limit, say, plan, parent_run)
+            progress = TrialProgress(writer, parent) if show_progress else None
+            try:
+                outcomes = _schedule(writer, trials, parent, limit, say, plan, parent_run, progress)
+            finally:
+                if progress is not None:
+                    progress.close()
         parent_run.record([(t.config, o) for t, o in zip(trials, outcomes, strict=True)])
         table = summary_rows(trials, outcomes)
         _log_parent(writer, sweep, trials, outcomes, table)
@@ -265,6 +273,7 @@ def _schedule(
     say,
     plan: ResumePlan,
     parent_run: ParentRun,
+    progress: TrialProgress | None = None,
 ) -> list[ChildOutcome]:
     """Keep up to `limit` trial tasks in flight; a task that dies (worker crash, OOM) is a failed trial. The
     plan's kept trials (a resumed sweep's finished ones) do not run; its continued ones resume their run from its
@@ -279,9 +288,12 @@ def _schedule(
                 trial = queue.pop(0)
                 pending[_run_trial.remote(carry(trial.config), parent, plan.continued.get(name[trial.index]))] = trial
             parent_run.doing = f"with {len(outcomes)} of {len(trials)} trials done"
-            done = _wait_for_one(list(pending))
+            in_flight = {name[t.index]: t.config.rounds for t in pending.values()}
+            done = _wait_for_one(list(pending), functools.partial(progress.look, in_flight) if progress else None)
             for ref in done:
                 trial = pending.pop(ref)
+                if progress is not None:
+                    progress.ended(name[trial.index])
                 try:
                     outcome = ray.get(ref)
                 except Exception as error:  # noqa: BLE001 - the task itself died
@@ -295,14 +307,19 @@ def _schedule(
     return [outcomes[t.index] for t in trials]
 
 
-def _wait_for_one(refs: list[ray.ObjectRef], poll_s: float = 0.2) -> list[ray.ObjectRef]:
-    """The refs done once at least one is, waited for in Python between non-blocking looks: a signal's exception
-    (raysim.errors.Interrupted, which knows the signal) raised while Ray itself waits comes out of ray.wait as a
-    plain KeyboardInterrupt, and the sweep would report SIGTERM as SIGINT."""
+def _wait_for_one(
+    refs: list[ray.ObjectRef], between: Callable[[], None] | None = None, poll_s: float = 0.2
+) -> list[ray.ObjectRef]:
+    """The refs done once at least one is, waited for in Python between non-blocking looks (`between` runs
+    at each: the trials' progress): a signal's exception (raysim.errors.Interrupted, which knows the signal)
+    raised while Ray itself waits comes out of ray.wait as a plain KeyboardInterrupt, and the sweep would report
+    SIGTERM as SIGINT."""
     while True:
         done, _ = ray.wait(refs, num_returns=1, timeout=0)
         if done:
             return done
+        if between is not None:
+            between()
         time.sleep(poll_s)
 
 
