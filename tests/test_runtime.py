@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 
 from raysim.config import RuntimeSettings, validate_config
 from raysim.errors import ConfigError
@@ -54,6 +55,9 @@ def _final_states(num_hosts: int, mlflow_uri: str) -> tuple[dict, list]:
     def inspect(round_index, simulation):
         captured["states"] = simulation.client_states()
         captured["w"] = simulation.server_state().w
+        crew = simulation.crew_name
+        names = {f"{crew}/host-{i}" for i in range(num_hosts)} | {f"{crew}/coordinator"}
+        assert names <= set(ray.util.list_named_actors()), "the actors are named in Ray's dashboard"
 
     result = run_experiment(config, show_progress=False, inspect=inspect)
     return captured, result.final

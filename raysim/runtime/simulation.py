@@ -9,6 +9,7 @@ settings reach them `carry`-ed: each actor imports the run's plugins before it u
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from pathlib import Path
 
@@ -65,6 +66,9 @@ class Simulation:
         self._params, self._num_training = problem.params, problem.num_training
         self.replacements: dict[str, int] = {}
         """How many times each actor ("host 1", "coordinator") was replaced after dying."""
+        self.crew_name = f"raysim-{secrets.token_hex(3)}"
+        """The actors' names in Ray's dashboard start with it (`raysim-3fa2c1/host-0`, `.../coordinator`): unique,
+        since the trials of a sweep share one Ray namespace."""
         self._crew_key = crew_key(runtime, len(host_clients)) if runtime.reuse_actors else None
         parked = take(self._crew_key) if self._crew_key is not None else None
         if parked is None or not self._renewed(parked):
@@ -93,11 +97,18 @@ class Simulation:
         }
         return arguments, keywords
 
+    def actor_name(self, actor: str) -> str:
+        """The Ray name of `actor` ("host 2" -> `raysim-3fa2c1/host-2`, "coordinator"), with its replacement count
+        when it was replaced (a dead actor's name may not be free yet)."""
+        replaced = self.replacements.get(actor, 0)
+        return f"{self.crew_name}/{actor.replace(' ', '-')}" + (f"-r{replaced}" if replaced else "")
+
     def _start_host(self, index: int) -> ray.actor.ActorHandle:
         runtime = self.config.runtime
         host = (
             ray.remote(ClientHost)
             .options(
+                name=self.actor_name(f"host {index}"),
                 num_cpus=runtime.host_cpus,
                 num_gpus=runtime.host_gpus,
                 resources=runtime.host_resources,
@@ -116,6 +127,7 @@ class Simulation:
         coordinator = (
             ray.remote(Coordinator)
             .options(
+                name=self.actor_name("coordinator"),
                 num_cpus=runtime.coordinator_cpus,
                 num_gpus=runtime.coordinator_gpus,
                 resources=runtime.coordinator_resources,
