@@ -37,3 +37,24 @@ def test_server_takes_runs_and_artifacts_over_http_and_stops(tmp_path):
         assert list((tmp_path / "artifacts").rglob("note.txt")), "artifacts land in the server's store"
     assert server.process.poll() is not None
     assert not is_healthy(settings.url)
+
+
+def test_a_local_sqlite_store_keeps_its_artifacts_beside_its_file(tmp_path, monkeypatch):
+    """Artifacts of a new experiment go to mlartifacts/<experiment> next to the database, whatever folder the
+    command runs in (MLflow's default would be ./mlruns there)."""
+    from raysim.tracking.mlflow_writer import MlflowWriter
+
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    writer = MlflowWriter(f"sqlite:///{store / 'runs.db'}", "beside the db")
+    run_id = writer.start("r", {}, {})
+    note = tmp_path / "note.txt"
+    note.write_text("kept")
+    writer.log_artifact(note)
+    writer.finish()
+    kept = store / "mlartifacts" / "beside_the_db" / run_id / "artifacts" / "note.txt"
+    assert kept.read_text() == "kept"
+    assert list(elsewhere.iterdir()) == []
+    assert writer.client.download_artifacts(run_id, "note.txt", str(tmp_path)) == str(tmp_path / "note.txt")

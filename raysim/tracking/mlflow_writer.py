@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import queue
+import re
 import shutil
 import subprocess
 import tempfile
@@ -41,6 +42,17 @@ MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # log_batch limits
 def resolve_tracking_uri(configured: str | None) -> str:
     """The config's `tracking.uri`, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir."""
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def local_artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment of a local sqlite store keeps its artifacts: beside the database file, in
+    `mlartifacts/<experiment>` (MLflow's own default is ./mlruns of whatever folder the first command ran in);
+    None (the store's default) for any other store."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or uri.removeprefix(prefix) in ("", ":memory:"):
+        return None
+    database = Path(uri.removeprefix(prefix)).resolve()
+    return (database.parent / "mlartifacts" / re.sub(r"[^\w.-]+", "_", experiment)).as_uri()
 
 
 class TrackingError(RaysimError):
@@ -191,7 +203,8 @@ class MlflowWriter:
             client = MlflowClient(uri)
             found = client.get_experiment_by_name(experiment)
             if found is None:
-                self._experiment_id = client.create_experiment(experiment, tags=EXPERIMENT_KIND)
+                location = local_artifact_location(uri, experiment)
+                self._experiment_id = client.create_experiment(experiment, location, tags=EXPERIMENT_KIND)
             else:
                 self._experiment_id = found.experiment_id
                 if not EXPERIMENT_KIND.items() <= found.tags.items():  # made by another tool, or an older raysim
