@@ -93,7 +93,8 @@ def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_loc
         tracking={"uri": mlflow_uri, "experiment": "sweep"},
     )
     sweep = parse_sweep({"name": "mixed", "base": base, "grid": {"model.name": ["mlr", "cnn"]}, "seeds": [1, 2]})
-    result = run_sweep(sweep, show_progress=True)
+    command = "raysim run mixed.yaml --set rounds=2"
+    result = run_sweep(sweep, show_progress=True, command=command)
     assert result.failed == [2, 3]
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith(f"sweep mixed: parent run {result.parent_run_id} at ") and "4 trials" in printed[0]
@@ -108,6 +109,7 @@ def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_loc
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'"
     )
     status = sorted((r.info.run_name, r.info.status) for r in children)
+    assert {r.data.tags["mlflow.source.name"] for r in [parent, *children]} == {command}  # not the Ray worker's
     assert [s for _, s in status] == ["FINISHED", "FINISHED", "FAILED", "FAILED"]
     failed = [r for r in children if r.info.status == "FAILED"]
     assert all("model.name=cnn needs image input" in r.data.tags["raysim.error"] for r in failed)

@@ -46,13 +46,15 @@ def run_experiment(
     parent: str | None = None,
     resume: Path | None = None,
     tracking_uri: str | None = None,
+    command: str | None = None,
 ) -> RunResult:
     """Run one experiment end to end and log it to MLflow.
 
     `inspect(round_index, simulation)`, if given, is called after every round (tests use it to check
     invariants on live state). `parent` is the MLflow run id to nest this run under (raysim.studies.suite).
     `resume` is a checkpoint folder: the same MLflow run continues from it (see `resume_experiment`), logged
-    to `tracking_uri` if given, else to the URI the checkpoint names.
+    to `tracking_uri` if given, else to the URI the checkpoint names. `command`: what the user typed, for the
+    run's source and description (default: this process's command line; a sweep's trial runs in a Ray worker).
 
     Everything that can be refused is checked before Ray or MLflow work: the data and partition, the hosts
     against a new local Ray's CPUs and GPUs, a checkpoint folder that cannot be written, and the tracking store's
@@ -77,7 +79,7 @@ def run_experiment(
     try:
         with ray_session(config):
             layout = host_layout(config.runtime, problem.clients, ray.available_resources(), ray.cluster_resources())
-            result.run_id = _open_run(config, problem, writer, manifest, parent)
+            result.run_id = _open_run(config, problem, writer, manifest, parent, command)
             callbacks: list[RoundCallback] = [RunArtifacts(config, problem, writer, resumed=resume is not None)]
             if show_progress:
                 console = Console(stderr=True)
@@ -136,7 +138,12 @@ def _system_metrics(config: ExperimentConfig, uri: str, run_id: str | None, resu
 
 
 def _open_run(
-    config: ExperimentConfig, problem: Problem, writer: MlflowWriter, manifest: dict | None, parent: str | None
+    config: ExperimentConfig,
+    problem: Problem,
+    writer: MlflowWriter,
+    manifest: dict | None,
+    parent: str | None,
+    command: str | None = None,
 ) -> str:
     """Create the MLflow run (or reopen a resumed one), tagged with this driver's host and process id so that a
     run whose driver was killed outright (it stays RUNNING) can be told apart (`raysim resume` lists them)."""
@@ -150,7 +157,7 @@ def _open_run(
             "partition": config.partition.scheme,
             "attack": config.attack.kind,
             "aggregation": config.aggregation.rule,
-            **standard_tags(config, git_commit()),
+            **standard_tags(config, git_commit(), command),
         }
         if problem.malicious:
             tags["malicious_clients"] = ",".join(str(c) for c in sorted(problem.malicious))

@@ -64,7 +64,11 @@ def one_line(error: BaseException) -> str:
 
 
 def run_child(
-    config: ExperimentConfig, parent: str, continue_run: str | None = None, show_progress: bool = False
+    config: ExperimentConfig,
+    parent: str,
+    continue_run: str | None = None,
+    show_progress: bool = False,
+    command: str | None = None,
 ) -> ChildOutcome:
     """Run one child nested under `parent`, or continue `continue_run` from its checkpoint (a resumed study); an
     error is returned as a failed outcome. Ctrl-C and SIGTERM (KeyboardInterrupt) are not caught: they stop the
@@ -74,7 +78,7 @@ def run_child(
         if continue_run is not None:
             result = resume_experiment(continue_run, config.tracking.uri, show_progress=show_progress)
         else:
-            result = run_experiment(config, show_progress=show_progress, parent=parent)
+            result = run_experiment(config, show_progress=show_progress, parent=parent, command=command)
     except Exception as error:  # noqa: BLE001 - a failed child is a result, not the end of the study
         return ChildOutcome("failed", error=one_line(error), seconds=time.perf_counter() - start)
     return ChildOutcome.of(result, time.perf_counter() - start)

@@ -31,6 +31,7 @@ from raysim.studies.children import ChildOutcome, ParentRun, outcome_line, run_c
 from raysim.studies.resume import ResumePlan, plan_resume, reopen_parent
 from raysim.studies.table import write_tables
 from raysim.threats.attacks import check_benign_left
+from raysim.tracking.identity import source_tags
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.robustness import write_suite_reports
 
@@ -154,7 +155,8 @@ def run_suite(
     writer = MlflowWriter(resolve_tracking_uri(first.tracking.uri), first.tracking.experiment)
     if resume is None:
         params = {"suite.runs": ",".join(r.name for r in suite.runs), "suite.seeds": suite.seeds or [first.seed]}
-        parent = writer.start(suite.name, params, {"suite": suite.name, "mlflow.source.git.commit": git_commit()})
+        tags = {"suite": suite.name, "mlflow.source.git.commit": git_commit(), **source_tags(command)}
+        parent = writer.start(suite.name, params, tags)
         plan = ResumePlan()
     else:
         parent = resume

@@ -43,6 +43,7 @@ from raysim.studies.resume import ResumePlan, plan_resume, reopen_parent
 from raysim.studies.suite import check_partitions, write_summary
 from raysim.studies.table import write_tables
 from raysim.studies.trial_progress import TrialProgress
+from raysim.tracking.identity import source_tags
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 
 SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")
@@ -192,9 +193,12 @@ def absolute_tracking_uri(configured: str | None) -> str:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_trial(config: ExperimentConfig, parent: str, continue_run: str | None) -> ChildOutcome:
-    """One trial on the cluster (raysim.studies.children.run_child): errors are returned."""
-    outcome = run_child(config, parent, continue_run)
+def _run_trial(
+    config: ExperimentConfig, parent: str, continue_run: str | None, command: str | None
+) -> ChildOutcome:
+    """One trial on the cluster (raysim.studies.children.run_child): errors are returned. `command`: the sweep's,
+    the trial's MLflow source (its own process is a Ray worker)."""
+    outcome = run_child(config, parent, continue_run, command=command)
     outcome.node = ray.get_runtime_context().get_node_id()
     return outcome
 
@@ -240,7 +244,8 @@ def run_sweep(
     if sweep.random is not None:
         params |= {f"sweep.random.{k}": v.model_dump(exclude_none=True) for k, v in sweep.random.params.items()}
     if resume is None:
-        parent = writer.start(sweep.name, params, {"sweep": sweep.name, "mlflow.source.git.commit": git_commit()})
+        tags = {"sweep": sweep.name, "mlflow.source.git.commit": git_commit(), **source_tags(command)}
+        parent = writer.start(sweep.name, params, tags)
         plan = ResumePlan()
     else:
         parent = resume
@@ -286,7 +291,8 @@ def _schedule(
         while queue or pending:
             while queue and len(pending) < limit:
                 trial = queue.pop(0)
-                pending[_run_trial.remote(carry(trial.config), parent, plan.continued.get(name[trial.index]))] = trial
+                continued = plan.continued.get(name[trial.index])
+                pending[_run_trial.remote(carry(trial.config), parent, continued, parent_run.command)] = trial
             parent_run.doing = f"with {len(outcomes)} of {len(trials)} trials done"
             in_flight = {name[t.index]: t.config.rounds for t in pending.values()}
             done = _wait_for_one(list(pending), functools.partial(progress.look, in_flight) if progress else None)

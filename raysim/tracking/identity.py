@@ -50,15 +50,21 @@ def description(config: ExperimentConfig, command: str) -> str:
     )
 
 
-def standard_tags(config: ExperimentConfig, commit: str) -> dict[str, str]:
-    """MLflow's own tags: user, source (the command line), git commit, description."""
-    command = command_line()
-    tags = {
+def source_tags(command: str | None = None) -> dict[str, str]:
+    """MLflow's user and source tags: the source is `command` (default: this process's command line). Its type is
+    JOB, the one type whose name MLflow's runs table shows whole: of a LOCAL source it shows the part after the
+    last `/` (`ui.db` of `raysim run x.yaml --tracking-uri sqlite:///ui.db`)."""
+    return {
         "mlflow.user": getpass.getuser(),
-        "mlflow.source.type": "LOCAL",
-        "mlflow.source.name": command,
-        "mlflow.note.content": description(config, command),
+        "mlflow.source.type": "JOB",
+        "mlflow.source.name": command or command_line(),
     }
+
+
+def standard_tags(config: ExperimentConfig, commit: str, command: str | None = None) -> dict[str, str]:
+    """MLflow's own tags: user, source (source_tags), git commit, description."""
+    tags = source_tags(command)
+    tags["mlflow.note.content"] = description(config, tags["mlflow.source.name"])
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
     return tags
