@@ -117,6 +117,9 @@ def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_lo
     (parent,) = client.search_runs([experiment.experiment_id], "tags.suite = 'everything'")
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert sorted(c.info.run_name for c in children) == sorted(ISSUE_3)
+    for child in children:  # the parent's row compares the settings: each one's final accuracy
+        final = max(client.get_metric_history(child.info.run_id, "pm/acc"), key=lambda m: m.step).value
+        assert parent.data.metrics[f"{child.info.run_name}/pm/acc"] == pytest.approx(final)
     for child in children:
         assert child.info.status == "FINISHED"
         assert {"pm/acc", "gm/acc", "hm/acc", "pm/best_acc", "pm/f1", "pm/auc"} <= set(child.data.metrics)

@@ -110,6 +110,10 @@ def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_loc
     )
     status = sorted((r.info.run_name, r.info.status) for r in children)
     assert {r.data.tags["mlflow.source.name"] for r in [parent, *children]} == {command}  # not the Ray worker's
+    finals = [max(client.get_metric_history(r.info.run_id, "pm/acc"), key=lambda m: m.step).value
+              for r in children if r.info.status == "FINISHED"]  # fmt: skip
+    assert parent.data.metrics["name_mlr/pm/acc"] == pytest.approx(sum(finals) / 2)  # mean over its 2 seeds
+    assert not any(key.startswith("name_cnn/") for key in parent.data.metrics)  # both failed
     assert [s for _, s in status] == ["FINISHED", "FINISHED", "FAILED", "FAILED"]
     failed = [r for r in children if r.info.status == "FAILED"]
     assert all("model.name=cnn needs image input" in r.data.tags["raysim.error"] for r in failed)

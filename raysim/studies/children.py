@@ -95,6 +95,25 @@ Children = list[tuple[ExperimentConfig, ChildOutcome]]
 """A study's children as run: each one's config (its run name is `config.tracking.run_name`) and outcome."""
 
 
+HEADLINE = ("final/pm/acc", "final/gm/acc", "final/hm/acc")
+"""The metrics a study's parent run shows per setting."""
+
+
+def setting_means(children: Children, settings: list[str]) -> dict[str, float]:
+    """`<setting>/pm/acc` (and gm, hm): the mean over a setting's finished children (its seeds) of their final
+    accuracy, so that the parent's row of MLflow's runs table compares the settings at a glance. Characters MLflow
+    refuses in a metric key (`=` and `,` of a sweep's labels) become `_`."""
+    values: dict[str, list[float]] = {}
+    for setting, (_, outcome) in zip(settings, children, strict=True):
+        if outcome.finished:
+            safe = re.sub(r"[^\w./ -]", "_", setting)
+            for metric in HEADLINE:
+                if metric in outcome.summary:
+                    key = f"{safe}/{metric.removeprefix('final/')}"
+                    values.setdefault(key, []).append(outcome.summary[metric])
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
 def record_failures(writer: MlflowWriter, parent: str, children: Children) -> None:
     """Leave every failed child a FAILED MLflow run under `parent` whose `raysim.error` tag says why: the run it
     started (its driver has usually marked it already; a trial whose Ray task died left it RUNNING), or, for a
@@ -154,14 +173,16 @@ class ParentRun:
     def __enter__(self) -> ParentRun:
         return self
 
-    def record(self, children: Children) -> None:
+    def record(self, children: Children, settings: list[str]) -> None:
         """The children have run: leave each failed one its FAILED run (`record_failures`), log how many finished
-        and failed, and tag the parent with the failed ones (a resumed study whose children all finish has no
-        such tag: MlflowWriter.reopen removes it)."""
+        and failed and each setting's headline means (`setting_means`; `settings`: each child's setting), and tag
+        the parent with the failed ones (a resumed study whose children all finish has no such tag:
+        MlflowWriter.reopen removes it)."""
         self.doing = "while writing its summary"
         record_failures(self.writer, self.writer.run_id or "", children)
         failed = [config.tracking.run_name or "" for config, outcome in children if not outcome.finished]
-        self.writer.log_metrics(0, {"children/finished": len(children) - len(failed), "children/failed": len(failed)})
+        counts = {"children/finished": len(children) - len(failed), "children/failed": len(failed)}
+        self.writer.log_metrics(0, counts | setting_means(children, settings))
         if failed:
             self.writer.set_tags({ERROR_TAG: f"{len(failed)} of {len(children)} children failed: {listed(failed)}"})
 

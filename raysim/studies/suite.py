@@ -178,7 +178,7 @@ def run_suite(
                     if not outcome.finished:
                         say(f"[{index}/{len(children)}] {outcome_line(run_name, outcome)}", flush=True)
                 result.children.append(SuiteChild(name, config, outcome))
-        parent_run.record([(c.config, c.outcome) for c in result.children])
+        parent_run.record([(c.config, c.outcome) for c in result.children], [c.name for c in result.children])
         result.table = summary_table(result.children)
         _log_parent(writer, suite.name, result)
     return result

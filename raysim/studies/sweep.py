@@ -264,7 +264,7 @@ def run_sweep(
             finally:
                 if progress is not None:
                     progress.close()
-        parent_run.record([(t.config, o) for t, o in zip(trials, outcomes, strict=True)])
+        parent_run.record([(t.config, o) for t, o in zip(trials, outcomes, strict=True)], [t.label for t in trials])
         table = summary_rows(trials, outcomes)
         _log_parent(writer, sweep, trials, outcomes, table)
     return SweepResult(parent, uri, trials, outcomes, table)
