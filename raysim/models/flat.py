@@ -18,11 +18,12 @@ from torch import nn
 from torch.func import functional_call
 
 from raysim.data.dataset import Task
+from raysim.models.losses import FeatureLoss, GatedHeads, GatedHeadsLoss
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import as_shape, build_module, initial_parameters
 
 if TYPE_CHECKING:
-    from raysim.models.losses import FeatureLoss
+    from raysim.models.gated import GatedHeadsModel
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class FlatModel:
         self.stochastic = any(isinstance(layer, nn.Dropout) and layer.p > 0 for layer in self.module.modules())
         """The network has dropout: off (eval mode) except in `loss_and_grad` given a `dropout_seed`."""
         self.module.eval()
+        self._composed: dict[GatedHeads, GatedHeadsModel] = {}
 
     @property
     def size(self) -> int:
@@ -123,13 +125,30 @@ class FlatModel:
         (grad,) = torch.autograd.grad(loss, point)
         return loss.item(), grad
 
+    def composed(self, network: GatedHeads) -> GatedHeadsModel:
+        """The model of the vectors of `network`, a personalized model built around this network (its forward what
+        evaluation scores; raysim.models.gated), made once."""
+        if network not in self._composed:
+            from raysim.models.gated import GatedHeadsModel  # it builds on this module
+
+            self._composed[network] = GatedHeadsModel(self, network)
+        return self._composed[network]
+
     def feature_loss_and_grad(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: FeatureLoss, dropout_seed: int | None = None
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss: FeatureLoss | GatedHeadsLoss,
+        dropout_seed: int | None = None,
     ) -> tuple[float, torch.Tensor]:
         """FeatureLoss `loss` on the batch at `flat` (the model's parameters, then with `loss.second_head` a second
-        head laid out as `spec.head`) and its gradient (a new flat tensor); dropout as in `loss_and_grad`."""
+        head laid out as `spec.head`) and its gradient (a new flat tensor); dropout as in `loss_and_grad`. A
+        GatedHeadsLoss trains a vector of its GatedHeads (`composed`), `dropout_seed` seeding its noise too."""
         if self.task != "classification":
             raise ValueError(f"a feature loss needs a classifier; model {self.name!r} is trained for {self.task}")
+        if isinstance(loss, GatedHeadsLoss):
+            return self.composed(loss.heads).gated_loss_and_grad(flat, x, y, loss, dropout_seed)
         point = flat.detach().requires_grad_(True)
         model = point[: self.size]
         with self._dropout(dropout_seed):
