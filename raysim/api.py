@@ -89,9 +89,9 @@ class Result:
         spec = self.model_spec
         module = build_module(spec.name, spec.input_shape, spec.outputs)
         if client_id is not None and self.personalized_network is not None:
-            from raysim.models.gated import GatedHeadsNetwork
+            from raysim.models.flat import gated_network
 
-            module = GatedHeadsNetwork(module, self.personalized_network)
+            module = gated_network(module, self.personalized_network)
         unexpected = module.load_state_dict(parameters, strict=False).unexpected_keys
         assert not unexpected, unexpected  # the parameters were laid out by this same network
         return module.eval()

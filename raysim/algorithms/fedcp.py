@@ -5,7 +5,7 @@ Table 4 (fedapm.md 4.3, 5.2).
 
 The network is split at its head (ParamSpec.head, the last linear layer): a feature extractor f (the body), and on
 its features h = f(x) (size d) two heads, the global head g (W_g, b_g) and the client's personalized head p_i
-(W_p, b_p), with the Conditional Policy Network (CPN) between them (paper Sec. 4; raysim.models.losses.GatedHeads):
+(W_p, b_p), with the Conditional Policy Network (CPN) between them (raysim.models.losses.GatedHeads):
 
     v      = c_i / ||c_i||, c_i = sum over the classes of the rows of W_p        (the client-specific input)
     u      = ReLU(LayerNorm(A (h * v) + a)) = (u_p, u_g)                          (the CPN on the conditional input)
@@ -19,13 +19,13 @@ personalized head by local SGD on
     CE(out, y) + lambda * MMD^2(f(x), f_global(x))
 
 where f_global is the received (frozen) extractor: the MMD term (Gaussian kernels, raysim.models.losses) keeps the
-local features close to the global ones (paper Sec. 4.3). It uploads its body, its CPN and, for the global head,
+local features close to the global ones. It uploads its body, its CPN and, for the global head,
 (1 - head_mix) W_g + head_mix W_p (the authors' `generate_upload_head`, 0.5/0.5); the server averages the three
-weighted by training samples (paper Sec. 4.4) and the personalized head never leaves the client.
+weighted by training samples and the personalized head never leaves the client.
 
 Settings follow the authors' code (TsingZ0/PFLlib clientcp.py / servercp.py; TsingZ0/FedCP run_me.sh: lambda = 5,
-batch 10, lr 0.005, one local epoch); the paper's text was not at hand, so its equation numbers are not cited and its
-sections are named instead. Departures, all for raysim's protocol:
+batch 10, lr 0.005, one local epoch): the paper's text was not at hand here, so no equation numbers are cited, and the
+forms above are those of the authors' code. Departures, all for raysim's protocol:
 - the conditional input v is computed from the personalized head the client holds (as the code's `set_head_g` does
   after each participation), also before its first round, where the code draws it uniformly at random;
 - a selected client starts from the current global CPN and global head (the code hands them to the clients of the
@@ -178,7 +178,7 @@ class FedCP(Algorithm[FedCPSettings, FedCPClientState, FedCPServerState, Vector,
         return ClientUpdate(FedCPClientState(personal.copy()), upload, metrics)
 
     def server_step(self, server: FedCPServerState, total: FedCPUpload, num_selected: int):
-        """The CPN, body and global head: sum_i a_i x_i / sum_i a_i over the selected clients (Sec. 4.4)."""
+        """The CPN, body and global head: sum_i a_i x_i / sum_i a_i over the selected clients."""
         shared = (total.weighted / total.weight).astype(np.float32)
         return FedCPServerState(shared), server_metrics(shared, server.shared)
 

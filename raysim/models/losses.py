@@ -1,6 +1,6 @@
 """Local losses beyond a model's plain task loss, described without torch (raysim.models.flat computes them): what
 a LocalSGD request (raysim.algorithms.base) trains on when a method acts on the model's features and head; and the
-personalized models that are not the network itself but built around it (GatedHeads; raysim.models.gated computes
+personalized models that are not the network itself but built around it (GatedHeads; raysim.models.flat computes
 them)."""
 
 from __future__ import annotations
