@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from raysim.data.dataset import Dataset
     from raysim.data.scheme import ClientSplit
     from raysim.models.flat import ModelSpec
+    from raysim.models.losses import GatedHeads
     from raysim.runtime.simulation import Simulation
     from raysim.tracking.callbacks import RunResult
 
@@ -63,6 +64,9 @@ class Result:
     model_spec: ModelSpec = field(repr=False)
     """The network's name, input shape and outputs (what `model` builds)."""
     splits: list[ClientSplit] = field(repr=False)
+    personalized_network: GatedHeads | None = field(default=None, repr=False)
+    """What the personalized models are when they are not the network (Algorithm.personalized_network: FedCP's gated
+    heads, whose tensors are named as raysim.models.gated.GatedHeadsNetwork's); None: they are the network."""
     """Every client's sample indices into the dataset (train, test, validation), as the run partitioned it."""
 
     def __repr__(self) -> str:
@@ -84,6 +88,10 @@ class Result:
         parameters = self.global_model if client_id is None else self.personalized_models[client_id]
         spec = self.model_spec
         module = build_module(spec.name, spec.input_shape, spec.outputs)
+        if client_id is not None and self.personalized_network is not None:
+            from raysim.models.flat import gated_network
+
+            module = gated_network(module, self.personalized_network)
         unexpected = module.load_state_dict(parameters, strict=False).unexpected_keys
         assert not unexpected, unexpected  # the parameters were laid out by this same network
         return module.eval()
@@ -218,6 +226,8 @@ class _FinalModels:
     def __init__(self, rounds: int, personalized: bool):
         self.rounds, self.personalized = rounds, personalized
         self.global_params: np.ndarray | None = None
+        self.context: object = None
+        """The coordinator's Algorithm.evaluation_context after the last round."""
         self.states: dict[int, object] = {}
 
     def __call__(self, round_index: int, simulation: Simulation) -> None:
@@ -227,6 +237,7 @@ class _FinalModels:
         import ray
 
         self.global_params = np.asarray(ray.get(simulation.coordinator.global_model.remote()), np.float32)
+        self.context = ray.get(simulation.coordinator.evaluation_context.remote())
         self.states = simulation.client_states() if self.personalized else {}
 
 
@@ -249,8 +260,11 @@ def _result(config: ExperimentConfig, outcome: RunResult, final: _FinalModels) -
     params = spec.build().spec
     algorithm = build_algorithm(config.algorithm, params)
     training = config.clients.training_count
-    personal = {c: algorithm.evaluated_model(s, final.global_params) for c, s in sorted(final.states.items())
-                if c < training}  # fmt: skip
+    network = algorithm.personalized_network()
+    personal = {c: algorithm.evaluated_model(s, final.global_params) if network is None else
+                algorithm.composed_model(s, final.global_params, final.context)
+                for c, s in sorted(final.states.items()) if c < training}  # fmt: skip
+    personal_params = params if network is None else spec.build().composed(network).spec
     sizes = {
         s.client_id: {
             "malicious": s.client_id in outcome.malicious,
@@ -270,9 +284,10 @@ def _result(config: ExperimentConfig, outcome: RunResult, final: _FinalModels) -
         clients=clients,
         summary=dict(outcome.summary),
         global_model=_tensors(params, final.global_params),
-        personalized_models={c: _tensors(params, p) for c, p in personal.items() if p is not None},
+        personalized_models={c: _tensors(personal_params, p) for c, p in personal.items() if p is not None},
         model_spec=spec,
         splits=splits,
+        personalized_network=network,
     )
 
 

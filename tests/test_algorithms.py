@@ -15,7 +15,7 @@ from raysim.runtime.problem import sample_clients
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 
-SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg", "fedproto", "fedrod")
+SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg", "fedproto", "fedrod", "fedcp")
 """Algorithms that need a model of several layers (a personal and a shared part, a body and a head)."""
 ALGORITHMS = {
     "fedadmm": {"rho": 0.25},
@@ -40,6 +40,7 @@ ALGORITHMS = {
     "fedrod": {},
     "fedlp": {"teacher_epochs": 1},
     "fedala": {},
+    "fedcp": {},
     "kd_only": {"teacher_epochs": 1, "transfer": {"negatives": 32}},
 }
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}

@@ -123,6 +123,22 @@ def test_an_experiment_config_runs_and_fedavg_has_no_personalized_models(ray_loc
         result.model(0)
 
 
+@pytest.mark.slow
+def test_a_personalized_model_that_is_not_the_network_scores_what_the_run_logged(ray_local, store):
+    """FedCP's PM is its gated heads around the network (Algorithm.personalized_network): `model(i)` builds that
+    module from `personalized_models[i]`, and it scores each client's logged pm/acc; `model()` is the plain GM."""
+    tree = tiny_config(algorithm={"name": "fedcp", "lr": 0.1, "batch_size": 16}, model={"name": "mlp"}, rounds=1)
+    result = raysim.run(tree, "clients.count=3", "runtime.num_hosts=1", progress=False, tracking_uri=store)
+    assert result.personalized_network is not None and sorted(result.personalized_models) == [0, 1, 2]
+    assert any(name.startswith("policy.") for name in result.personalized_models[0])
+    for client_id in range(3):
+        x, y = result.test_data(client_id)
+        assert _accuracy(result.model(client_id), x, y) == pytest.approx(
+            result.clients.loc[client_id, "pm_test_acc"], abs=1e-12)  # fmt: skip
+        assert _accuracy(result.model(), x, y) == pytest.approx(result.clients.loc[client_id, "gm_test_acc"],
+                                                                abs=1e-12)  # fmt: skip
+
+
 def test_a_path_a_dict_and_a_config_with_overrides_are_the_same_experiment(tmp_path):
     tree = tiny_config()
     path = tmp_path / "experiment.yaml"

@@ -45,6 +45,7 @@ ALGORITHMS = {
     "fedproto": {"name": "fedproto", "lambda": 1.0, "lr": 0.05, "batch_size": 32},
     "fedrod": {"name": "fedrod", "lr": 0.05, "batch_size": 32},
     "fedala": {"name": "fedala", "lr": 0.05, "batch_size": 32},
+    "fedcp": {"name": "fedcp", "lr": 0.05, "batch_size": 32},
 }
 AUGFL_PARTITION = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
 
@@ -337,7 +338,8 @@ def _run(sim: InProcess, rounds: range) -> list[str]:
 
 def _final(sim: InProcess) -> tuple[np.ndarray, str, dict[int, Any]]:
     global_model = sim.coordinator.global_model()
-    return global_model, repr(sim.host.evaluate(global_model).to_pydict()), sim.states
+    evaluation = sim.host.evaluate(global_model, sim.coordinator.evaluation_context())
+    return global_model, repr(evaluation.to_pydict()), sim.states
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

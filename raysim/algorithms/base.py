@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, field_validator
 
 from raysim.examples import ExampleContext, Fragment
-from raysim.models.losses import FeatureLoss
+from raysim.models.losses import FeatureLoss, GatedHeads, GatedHeadsLoss
 from raysim.models.spec import ParamSpec
 from raysim.registry import Registry
 from raysim.settings import Settings
@@ -226,9 +226,10 @@ class LocalSGD:
     projected_prox_weight: float = 0.0
     projected_prox_center: Vector | None = None
     """[d_sub] (a chunk's: [k, d_sub] or one [d_sub] shared)."""
-    loss: FeatureLoss | None = None
+    loss: FeatureLoss | GatedHeadsLoss | None = None
     """If given, the local loss on the features and logits that replaces f_i (vectors such as `prox_center` are then
-    sized as `start`, which holds a second head too with FeatureLoss.second_head)."""
+    sized as `start`, which holds a second head too with FeatureLoss.second_head, or is a GatedHeads vector with a
+    GatedHeadsLoss). A loss that draws noise (`loss.draws`) gets a seed from the client's stream at every step."""
     random_epochs: bool = False
     """If set, `epochs` is a maximum: the executor first draws the passes uniformly from 1..epochs with the request's
     generator (raysim.training.local.drawn_epochs), then the batches (SGDSettings.random_epochs)."""
@@ -598,6 +599,17 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def evaluated_model(self, state: C, global_params: Vector) -> Vector | None:
         """The PM scored at evaluation, given the current global model (default: `personalized_model`)."""
         return self.personalized_model(state)
+
+    def personalized_network(self) -> GatedHeads | None:
+        """What the PMs are when they are not vectors of the network's parameters: a personalized model built around
+        the network (raysim.models.losses.GatedHeads: FedCP's), whose vectors `composed_model` gives in place of
+        `evaluated_model` and the hosts score with FlatModel.composed. Default None: the PM is the network's."""
+        return None
+
+    def composed_model(self, state: C, global_params: Vector, context: Any = None) -> Vector:
+        """The PM as a vector of `personalized_network` (only asked of an algorithm that has one), given the current
+        global model and `evaluation_context`."""
+        raise NotImplementedError(f"algorithm {self.name!r} has no personalized network")
 
     def adapt(self, client: ClientInfo, global_params: Vector) -> AdaptStep | None:
         """How a held-out client (`clients.heldout`: it never trains) gets its model from the current global

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,11 +17,10 @@ from torch import nn
 from torch.func import functional_call
 
 from raysim.data.dataset import Task
+from raysim.models.gated import GatedHeadsNetwork, mmd
+from raysim.models.losses import FeatureLoss, GatedHeads, GatedHeadsLoss
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import as_shape, build_module, initial_parameters
-
-if TYPE_CHECKING:
-    from raysim.models.losses import FeatureLoss
 
 
 @dataclass(frozen=True)
@@ -54,6 +52,7 @@ class FlatModel:
         self.stochastic = any(isinstance(layer, nn.Dropout) and layer.p > 0 for layer in self.module.modules())
         """The network has dropout: off (eval mode) except in `loss_and_grad` given a `dropout_seed`."""
         self.module.eval()
+        self._composed: dict[GatedHeads, GatedHeadsModel] = {}
 
     @property
     def size(self) -> int:
@@ -123,13 +122,28 @@ class FlatModel:
         (grad,) = torch.autograd.grad(loss, point)
         return loss.item(), grad
 
+    def composed(self, network: GatedHeads) -> GatedHeadsModel:
+        """The model of the vectors of `network`, a personalized model built around this network (its forward what
+        evaluation scores; raysim.models.gated), made once."""
+        if network not in self._composed:
+            self._composed[network] = GatedHeadsModel(self, network)
+        return self._composed[network]
+
     def feature_loss_and_grad(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: FeatureLoss, dropout_seed: int | None = None
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss: FeatureLoss | GatedHeadsLoss,
+        dropout_seed: int | None = None,
     ) -> tuple[float, torch.Tensor]:
         """FeatureLoss `loss` on the batch at `flat` (the model's parameters, then with `loss.second_head` a second
-        head laid out as `spec.head`) and its gradient (a new flat tensor); dropout as in `loss_and_grad`."""
+        head laid out as `spec.head`) and its gradient (a new flat tensor); dropout as in `loss_and_grad`. A
+        GatedHeadsLoss trains a vector of its GatedHeads (`composed`), `dropout_seed` seeding its noise too."""
         if self.task != "classification":
             raise ValueError(f"a feature loss needs a classifier; model {self.name!r} is trained for {self.task}")
+        if isinstance(loss, GatedHeadsLoss):
+            return self.composed(loss.heads).gated_loss_and_grad(flat, x, y, loss, dropout_seed)
         point = flat.detach().requires_grad_(True)
         model = point[: self.size]
         with self._dropout(dropout_seed):
@@ -197,6 +211,58 @@ class FlatModel:
         params = torch.tensor(flat, dtype=torch.float32)
         parts = [self.forward(params, torch.from_numpy(x[start : start + chunk])) for start in range(0, len(x), chunk)]
         return torch.cat(parts).numpy() if parts else np.zeros((0, 0), np.float32)
+
+
+class GatedHeadsModel(FlatModel):
+    """GatedHeads vectors around the network of `network` as a FlatModel: `forward` (what evaluation scores) the
+    noiseless policy's logits, `gated_loss_and_grad` a GatedHeadsLoss step; `spec` is the vector's layout (its head
+    the global head)."""
+
+    def __init__(self, network: FlatModel, heads: GatedHeads):
+        super().__init__(network.name, network.input_shape, network.head.out_features, network.task)
+        if self.task != "classification":
+            raise ValueError(f"gated heads need a classifier; model {self.name!r} is trained for {self.task}")
+        self.network = network
+        self.heads = heads
+        self.module = gated_network(self.module, heads)
+        self.module.eval()
+        self.spec = param_spec(self.module, network.name)
+        self.head = self.module.global_head
+        self.layers = None
+
+    @torch.no_grad()
+    def shares(self, flat: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """The noiseless policy of each sample, [samples, 2, d] (rows s and r), at the vector `flat`."""
+        params = self.spec.unflatten(torch.tensor(flat, dtype=torch.float32))
+        return functional_call(self.module, params, (torch.from_numpy(x),), {"details": True})[2].numpy()
+
+    def gated_loss_and_grad(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: GatedHeadsLoss, seed: int | None
+    ) -> tuple[float, torch.Tensor]:
+        """GatedHeadsLoss `loss` on the batch at the vector `flat` and its gradient; `seed` (drawn from the client's
+        stream) seeds the Gumbel noise and the network's dropout."""
+        if loss.gumbel and seed is None:
+            raise ValueError("GatedHeadsLoss: Gumbel noise needs the step's seed")
+        point = flat.detach().requires_grad_(True)
+        generator = torch.Generator().manual_seed(seed) if loss.gumbel and seed is not None else None
+        context = torch.tensor(np.asarray(loss.context, np.float32))
+        with self._dropout(seed):
+            logits, features, _shares = functional_call(
+                self.module, self.spec.unflatten(point), (x,), {"context": context, "generator": generator,
+                                                                 "details": True},
+            )  # fmt: skip
+        total = nn.functional.cross_entropy(logits, y)
+        if loss.mmd_weight and loss.reference is not None:
+            with torch.no_grad():
+                reference, _ = self.network.features(torch.tensor(np.asarray(loss.reference, np.float32)), x)
+            total = total + loss.mmd_weight * mmd(features, reference)
+        (grad,) = torch.autograd.grad(total, point)
+        return total.item(), grad
+
+
+def gated_network(network: nn.Module, heads: GatedHeads) -> GatedHeadsNetwork:
+    """`network` inside GatedHeads' module (raysim.models.gated), split at its last linear layer."""
+    return GatedHeadsNetwork(network, last_linear(network)[0], heads)
 
 
 def param_spec(module: nn.Module, model: str = "") -> ParamSpec:

@@ -1,5 +1,7 @@
 """Local losses beyond a model's plain task loss, described without torch (raysim.models.flat computes them): what
-a LocalSGD request (raysim.algorithms.base) trains on when a method acts on the model's features and head."""
+a LocalSGD request (raysim.algorithms.base) trains on when a method acts on the model's features and head; and the
+personalized models that are not the network itself but built around it (GatedHeads; raysim.models.flat computes
+them)."""
 
 from __future__ import annotations
 
@@ -36,3 +38,66 @@ class FeatureLoss:
     def __post_init__(self) -> None:
         if self.target_weight and self.targets is None:
             raise ValueError("FeatureLoss: target_weight > 0 needs targets")
+
+    @property
+    def draws(self) -> bool:
+        """Whether the loss draws noise of its own at every step: never (dropout aside, FlatModel.stochastic)."""
+        return False
+
+
+@dataclass(frozen=True)
+class GatedHeads:
+    """A classifier whose features are split, sample by sample, between two heads by a conditional policy network:
+    FedCP's personalized model (Zhang et al., KDD 2023; raysim.algorithms.fedcp). With the network's features
+    h = f(x) (the input of its head, ParamSpec.head, of size d), its head (W_p, b_p: the personalized head), a second
+    head (W_g, b_g: the global head) and the policy network (A [2d, d], a [2d], then LayerNorm(2d) gamma, beta):
+
+        v      = c / ||c||,  c = sum over the classes of the rows of W_p   (the client's conditional input, detached)
+        u      = ReLU(LayerNorm(A (h * v) + a)),  u = (u_p, u_g), each of size d
+        (s, r) = softmax((u_p + g_p) / tau, (u_g + g_g) / tau) entry by entry, so s + r = 1, each in [0, 1]
+        logits = W_p (h * s) + b_p + W_g (h * r) + b_g
+
+    (g: Gumbel noise while training, GatedHeadsLoss.gumbel; none at evaluation). Its vector: the policy network
+    (A, a, gamma, beta), then the network's own parameters (body and personalized head, laid out as the network),
+    then the global head laid out as the network's head (ParamSpec.head: weight, then bias)."""
+
+    tau: float = 1.0
+    """The softmax temperature of the policy (1 in the authors' code)."""
+
+    def policy_size(self, feature_dim: int) -> int:
+        """Parameters of the policy network on features of size d: 2d x d + 2d (linear), 2d + 2d (LayerNorm)."""
+        return 2 * feature_dim * feature_dim + 6 * feature_dim
+
+
+@dataclass(frozen=True, eq=False)
+class GatedHeadsLoss:
+    """The local loss of a GatedHeads vector (its layout: GatedHeads) on a batch of B samples:
+
+        CE(logits, y) + mmd_weight * MMD^2(h, h_ref)
+
+    with the policy's conditional input `context` fixed for the whole request (not recomputed from the training
+    personalized head), and MMD^2 the biased estimate between the batch's features h and those of the network at
+    `reference` (a frozen copy, no gradient), with the sum of the Gaussian kernels exp(-||a - b||^2 / (2 sigma))
+    over sigma in MMD_BANDWIDTHS: mean(K_hh) + mean(K_rr) - 2 mean(K_hr) over the B x B pairs."""
+
+    heads: GatedHeads
+    context: np.ndarray
+    """[d]: the conditional input v (unnormalized: the forward normalizes it)."""
+    reference: np.ndarray | None = None
+    """The network's parameters (its size) whose features the MMD term pulls the trained features towards."""
+    mmd_weight: float = 0.0
+    gumbel: bool = True
+    """Gumbel noise in the policy's softmax at every step (drawn from the step's seed: the client's stream)."""
+
+    def __post_init__(self) -> None:
+        if self.mmd_weight and self.reference is None:
+            raise ValueError("GatedHeadsLoss: mmd_weight > 0 needs a reference network")
+
+    @property
+    def draws(self) -> bool:
+        """Gumbel noise is drawn at every step."""
+        return self.gumbel
+
+
+MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
+"""sigma of GatedHeadsLoss's Gaussian kernels (the FedCP authors' `MMD(x, y, 'rbf')`)."""

@@ -8,6 +8,7 @@ it with `ray.remote`, and tests may use it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -128,13 +129,15 @@ class ClientHost(Renewable):
         scorer = ClientScorer(
             self.model, self.settings.loss_sum_batch, self.settings.auc_single_label, self.settings.train_loss_unit
         )
+        network = self.algorithm.personalized_network()  # PMs that are not the network's parameters
+        personal = scorer if network is None else dataclasses.replace(scorer, model=self.model.composed(network))
         for begin in range(0, len(ids), EVALUATION_CLIENTS):
             chunk = ids[begin : begin + EVALUATION_CLIENTS]
             splits = evaluation_data(self.data, chunk, with_train, self.seed, self.evaluations)
             gms = scorer.scores(global_params, splits)
             states = {c: self.states[c] for c in chunk}  # each read once (a spilled state comes from disk)
-            pms = scorer.own_scores(
-                {c: self._personal_model(c, states[c], global_params) for c in chunk}, chunk, splits
+            pms = personal.own_scores(
+                {c: self._personal_model(c, states[c], global_params, context) for c in chunk}, chunk, splits
             )
             models = {c: self.algorithm.extra_models(states[c], global_params, context) for c in chunk}
             names = sorted({name for extra in models.values() for name in extra})
@@ -144,10 +147,13 @@ class ClientHost(Renewable):
                 evaluations.append(ClientEvaluation(client_id, pms.get(client_id, gm), gm, extra))
         return evaluation_batch(evaluations)
 
-    def _personal_model(self, client_id: int, state: Any, global_params: Vector) -> Vector | None:
-        """The PM a client deploys now (None: the global model). A held-out (target) client is adapted from the
-        global model at this evaluation (Algorithm.adapt)."""
+    def _personal_model(self, client_id: int, state: Any, global_params: Vector, context: Any) -> Vector | None:
+        """The PM a client deploys now (None: the global model); a vector of the algorithm's personalized network
+        when it has one (Algorithm.composed_model). A held-out (target) client is adapted from the global model at
+        this evaluation (Algorithm.adapt)."""
         if not self.info[client_id].heldout:
+            if self.algorithm.personalized_network() is not None:
+                return self.algorithm.composed_model(state, global_params, context)
             return self.algorithm.evaluated_model(state, global_params)
         adaptation = self.algorithm.adapt(self.info[client_id], global_params)
         execute = self.steps.executor(client_id, self.evaluations, Stream.ADAPTATION)

@@ -259,7 +259,8 @@ class LocalTrainer:
         losses: list[float] = []
         for batch in training_batches(request, data.train, generator):
             xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
-            dropout_seed = int(generator.integers(2**62)) if self.model.stochastic else None  # after the batch's draws
+            noisy = self.model.stochastic or (request.loss is not None and request.loss.draws)
+            dropout_seed = int(generator.integers(2**62)) if noisy else None  # after the batch's draws
             point = x if offset is None else offset + x
             if request.loss is None:
                 loss, grad = self.model.loss_and_grad(point, xb, yb, dropout_seed)

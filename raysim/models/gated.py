@@ -1,0 +1,70 @@
+"""The torch side of GatedHeads (raysim.models.losses): FedCP's personalized model, the network with a global head
+and a conditional policy network that splits each sample's features between the two heads, as a torch module whose
+parameters are GatedHeads' vector, and GatedHeadsLoss's MMD term (raysim.models.flat.GatedHeadsModel trains and
+scores such vectors)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from raysim.models.losses import MMD_BANDWIDTHS, GatedHeads
+
+
+class GatedHeadsNetwork(nn.Module):
+    """`network` with a policy network and a global head on the features its head `head_name` (its last linear layer,
+    raysim.models.flat.gated_network finds it) takes: its forward gives GatedHeads' logits; its parameters, in
+    named_parameters order, are GatedHeads' vector (policy, then network, then global_head)."""
+
+    def __init__(self, network: nn.Module, head_name: str, heads: GatedHeads):
+        super().__init__()
+        self.head_name = head_name
+        head = network.get_submodule(head_name)
+        assert isinstance(head, nn.Linear)
+        d = head.in_features
+        self.policy = nn.Sequential(nn.Linear(d, 2 * d), nn.LayerNorm(2 * d), nn.ReLU())
+        self.network = network
+        self.global_head = nn.Linear(d, head.out_features, bias=head.bias is not None)
+        self.tau = heads.tau
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        details: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The logits W_p (h * s) + b_p + W_g (h * r) + b_g (GatedHeads); `context` the conditional input (default:
+        the personalized head's summed rows), `generator` draws Gumbel noise into the policy (default: none). With
+        `details`: (logits, the features h [B, d], the policy [B, 2, d] whose rows are s and r)."""
+        head = self.network.get_submodule(self.head_name)
+        captured: list[torch.Tensor] = []
+        handle = head.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
+        try:
+            self.network(x)
+        finally:
+            handle.remove()
+        features = captured[0]
+        condition = nn.functional.normalize(head.weight.sum(dim=0) if context is None else context, dim=0).detach()
+        scores = self.policy(features * condition).view(len(features), 2, -1)
+        if generator is not None:  # torch's gumbel_softmax noise, -log(Exp(1)), from the given generator
+            scores = scores - torch.empty_like(scores).exponential_(generator=generator).log()
+        shares = torch.softmax(scores / self.tau, dim=1)
+        personal, shared = shares[:, 0], shares[:, 1]
+        logits = nn.functional.linear(features * personal, head.weight, head.bias) + self.global_head(features * shared)
+        return (logits, features, shares) if details else logits
+
+
+def mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The biased MMD^2 estimate between the rows of x and y with the sum of Gaussian kernels exp(-||a - b||^2 /
+    (2 sigma)) over sigma in MMD_BANDWIDTHS (GatedHeadsLoss): mean K_xx + mean K_yy - 2 mean K_xy, the squared
+    distances from inner products as the authors' code takes them (smooth where a distance is 0)."""
+    xx, yy, xy = x @ x.T, y @ y.T, x @ y.T
+    x_norms, y_norms = xx.diagonal(), yy.diagonal()
+    distances = (
+        x_norms[:, None] + x_norms[None, :] - 2 * xx,
+        y_norms[:, None] + y_norms[None, :] - 2 * yy,
+        x_norms[:, None] + y_norms[None, :] - 2 * xy,
+    )
+    kernels = [sum(torch.exp(-0.5 * d / sigma) for sigma in MMD_BANDWIDTHS) for d in distances]
+    return (kernels[0] + kernels[1] - 2 * kernels[2]).mean()
