@@ -534,15 +534,28 @@ class ServerContext:
 
 @dataclass(frozen=True, eq=False)
 class TrainModel:
-    """Request (server data only): `sgd` on a fresh model of architecture `model` over the samples (x, y) instead
-    of a client's training split, e.g. pretraining a model on a pool of `ServerContext.pools`."""
+    """Request (server data only): train a fresh model of architecture `model` over the samples (x, y) instead of a
+    client's training split, e.g. pretraining a model on a pool of `ServerContext.pools`: `epochs` passes of
+    shuffled mini-batches of SGD from `start` as torch.optim.SGD steps (momentum, weight decay added to the
+    gradient), the rate multiplied by `lr_decay` at the start of every epoch in `lr_steps` (torch's MultiStepLR)."""
 
     model: str
     """A raysim.models.zoo name; it may differ from the clients' model. Input shape and output size are the
     context's."""
     x: np.ndarray
     y: np.ndarray
-    sgd: LocalSGD
+    start: Vector
+    epochs: int
+    lr: float
+    batch_size: int
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_steps: tuple[int, ...] = ()
+    lr_decay: float = 0.1
+
+    def lr_at(self, epoch: int) -> float:
+        """The rate of epoch `epoch` (0-based): lr times lr_decay per step already reached."""
+        return self.lr * self.lr_decay ** sum(epoch >= step for step in self.lr_steps)
 
 
 ServerDataStep = Generator[TrainModel, SGDResult, Any]
