@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, field_validator
 
 from raysim.examples import ExampleContext, Fragment
-from raysim.models.losses import FeatureLoss
+from raysim.models.losses import FeatureLoss, PrototypeContrast
 from raysim.models.spec import ParamSpec
 from raysim.registry import Registry
 from raysim.settings import Settings
@@ -226,7 +226,7 @@ class LocalSGD:
     projected_prox_weight: float = 0.0
     projected_prox_center: Vector | None = None
     """[d_sub] (a chunk's: [k, d_sub] or one [d_sub] shared)."""
-    loss: FeatureLoss | None = None
+    loss: FeatureLoss | PrototypeContrast | None = None
     """If given, the local loss on the features and logits that replaces f_i (vectors such as `prox_center` are then
     sized as `start`, which holds a second head too with FeatureLoss.second_head)."""
     random_epochs: bool = False
@@ -395,6 +395,9 @@ class ClassMeans:
 
     point: Vector | None
     split: str = "train"
+    embedding: bool = False
+    """Average the normalized head outputs z = h / ||h|| instead of the features (FedPCL's prototypes,
+    raysim.models.losses.PrototypeContrast); d is then the head's output size."""
     """"train", "val" or "test": the ClientData index set to count and average over."""
 
     @property

@@ -27,6 +27,7 @@ from raysim.algorithms.base import (
 from raysim.algorithms.prox import layerwise_svt, soft_threshold
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
+from raysim.models.losses import PrototypeContrast
 from raysim.training.authors_batches import ReplayedBatches
 
 Augment = Literal["none", "crop_flip"]
@@ -264,6 +265,8 @@ class LocalTrainer:
             point = x if offset is None else offset + x
             if request.loss is None:
                 loss, grad = self.model.loss_and_grad(point, xb, yb, dropout_seed)
+            elif isinstance(request.loss, PrototypeContrast):
+                loss, grad = self.model.prototype_contrast_loss_and_grad(point, xb, yb, request.loss, dropout_seed)
             else:
                 loss, grad = self.model.feature_loss_and_grad(point, xb, yb, request.loss, dropout_seed)
             losses.append(loss)
@@ -381,7 +384,7 @@ class LocalTrainer:
                 return ClassMeansResult(counts, None)
             return ClassMeansResult(self.model.class_means(None, data.x[:0], labels, classes)[0], None)
         xb, yb = data.arrays(request.split, generator)
-        counts, means = self.model.class_means(request.point, xb, yb, classes)
+        counts, means = self.model.class_means(request.point, xb, yb, classes, embedding=request.embedding)
         return ClassMeansResult(counts, means)
 
 
