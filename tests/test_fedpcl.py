@@ -77,9 +77,8 @@ def test_with_one_client_the_global_prototypes_are_its_local_ones_and_the_encode
         heads.append(state.theta[algorithm.head_mask].copy())
     assert np.array_equal(heads[0], sim.problem.init_params[algorithm.head_mask])  # round 0: no prototype to learn on
     assert not np.array_equal(heads[1], heads[2])  # then the projection learns
-    z = torch.nn.functional.normalize(sim.host.model.forward(torch.from_numpy(state.theta),
-                                                             torch.from_numpy(sim.host.data[0].arrays("train")[0])), dim=1)  # fmt: skip
-    labels = sim.host.data[0].arrays("train")[1]
+    x, labels = sim.host.data[0].arrays("train")
+    z = torch.nn.functional.normalize(sim.host.model.forward(torch.from_numpy(state.theta), torch.from_numpy(x)), dim=1)
     for j in np.flatnonzero(held):  # the prototype is the mean normalized embedding of the class
         np.testing.assert_allclose(state.prototypes[j], z[labels == j].mean(0).numpy(), atol=1e-5)
 

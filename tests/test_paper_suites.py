@@ -19,7 +19,7 @@ CHILDREN = {
     "flame_robustness_fmnist.yaml": 260,  # 4 methods x (clean + 4 attacks x 3 fractions) x 5 seeds
     "fedslr_vs_fedavg_cifar10.yaml": 6,
     "fedapm_comparison_cifar10.yaml": 25,
-    "augfl_fmnist_table2.yaml": 35,  # 7 methods x 5 seeds
+    "augfl_fmnist_table2.yaml": 40,  # 8 methods x 5 seeds
     "fedapm_authors_fmnist.yaml": 8,  # 4 methods x 2 seeds
     **{f"fedapm_table3_{d}.yaml": 25 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 5 methods x 5 seeds
     **{f"fedapm_table4_{d}.yaml": 30 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 6 methods x 5 seeds

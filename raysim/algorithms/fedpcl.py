@@ -1,6 +1,9 @@
 """FedPCL: frozen pretrained encoders, a projection learned by prototype-wise contrastive learning, and only class
 prototypes exchanged (Tan, Long, Ma, Liu, Zhou, Jiang, "Federated Learning from Pre-Trained Models: A Contrastive
 Learning Approach", NeurIPS 2022, arXiv:2209.10083); a PM-aided baseline of AugFL's Table II (augfl.md 4.4, 5).
+The paper's text was not reachable from here (its abstract and the authors' code yuetan031/FedPCL were), so the
+update below is named by its parts (local and global prototypes, the global- and local-prototype contrastive terms)
+and by the authors' functions, not by equation numbers.
 
 Every client holds a fixed pretrained encoder f (the paper's backbones; here the body of the clients' model, up to
 its head, from the weights file `teacher_weights` that `raysim pretrain` writes, or pretrained on the first pool the
@@ -10,7 +13,7 @@ Linear -> ReLU -> normalize to 256-d, here it is the linear head itself, of the 
 nearest-prototype inference is the network with another linear head, below). A selected client
 
 1. trains only g_i (the encoder frozen: LocalSGD.mask) for `epochs` passes on the prototype-wise contrastive loss
-   (paper Sec. 4.2: the global-prototype term plus the mean over the clients of the local-prototype terms)
+   (the paper's global-prototype term plus the mean over the clients of its local-prototype terms)
 
        L = -log [exp(s(z, C_bar^(y)) / tau) / sum_j exp(s(z, C_bar^(j)) / tau)]
            + (1/m) sum_k -log [exp(s(z, C_k^(y)) / tau) / sum_j exp(s(z, C_k^(j)) / tau)]
@@ -24,7 +27,7 @@ nearest-prototype inference is the network with another linear head, below). A s
    (the paper's local prototype; the authors' `agg_func` of the eval-mode embeddings);
 3. uploads them with its class counts.
 
-The server (paper Sec. 4.1) forms the global prototypes C_bar^(j), the count-weighted mean of the clients'
+The server forms the global prototypes C_bar^(j), the count-weighted mean of the clients'
 local prototypes of class j (`aggregation: clients`: the unweighted mean of the authors' `proto_aggregation`),
 keeps every client's latest local prototypes, and broadcasts both: no model parameter travels. The authors' code
 takes two augmented views per sample and a SupCon-style loss anchored at the prototypes (`ConLoss`); this module
@@ -38,7 +41,7 @@ without a bias, 0), `proto` (extra model) with the global prototypes. Accuracy i
 accuracy; loss and AUC are those of the softmax of <h, C_j> / tau (||h|| times the training loss's logits). GM:
 there is no global model; the common initial model (the pretrained encoder with the initial head) is reported.
 
-Communication (paper Sec. 4.3): uplink the prototypes and counts of the classes a client holds; downlink the global
+Communication: uplink the prototypes and counts of the classes a client holds; downlink the global
 prototypes and every client's local prototypes. The encoder is not FL traffic (the paper's clients hold the
 off-the-shelf backbones): raysim hands it to a client with the broadcast it first trains on, uncounted.
 

@@ -192,7 +192,8 @@ class FlatModel:
         if flat is None:
             return counts, None
         params = torch.tensor(flat, dtype=torch.float32)
-        sums = torch.zeros((classes, self.head.out_features if embedding else self.head.in_features), dtype=torch.float64)
+        width = self.head.out_features if embedding else self.head.in_features
+        sums = torch.zeros((classes, width), dtype=torch.float64)
         for start in range(0, len(x), chunk):
             features, outputs = self.features(params, torch.from_numpy(x[start : start + chunk]))
             if embedding:
