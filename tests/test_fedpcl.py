@@ -13,6 +13,7 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.models.losses import PrototypeContrast
+from raysim.runtime import checkpoint
 from raysim.runtime.problem import prepare
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
@@ -98,6 +99,16 @@ def test_the_personalized_model_is_nearest_local_prototype_inference(tmp_path):
         similarity = np.where(state.held, z @ state.prototypes.T, -np.inf)
         logits = model.forward(torch.from_numpy(algorithm.personalized_model(state)), x).numpy()
         np.testing.assert_array_equal(logits.argmax(1), similarity.argmax(1))
+    # the persistent state (clients' projections and prototypes, the server's prototype tables) survives a checkpoint
+    tree = {"clients": dict(sim.states), "server": sim.coordinator.state}
+    checkpoint.save_tree(tmp_path / "state.npz", tree)
+    back = checkpoint.load_tree(tmp_path / "state.npz")
+    for client, state in sim.states.items():
+        restored = back["clients"][client]
+        assert type(restored) is type(state)
+        for name in ("theta", "prototypes", "held"):
+            assert getattr(restored, name).tobytes() == getattr(state, name).tobytes()
+    assert back["server"].prototypes.local.tobytes() == sim.coordinator.state.prototypes.local.tobytes()
 
 
 def test_only_prototypes_travel(tmp_path):
