@@ -126,8 +126,15 @@ def _resumable(tracking_uri: str | None) -> int:
 def _pretrain(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.launch import pretrain
+    from raysim.models.weights import read_weights
 
-    print(pretrain(load_config(args.config, args.set, args.plugin), args.epochs, args.lr, args.cache))
+    path = pretrain(load_config(args.config, args.set, args.plugin), args.out, show_progress=not args.quiet)
+    _, header = read_weights(path, "--out")
+    recipe = header.recipe
+    print(f"wrote {path}: {header.model}, {header.parameters:,} parameters, {header.dataset} ({header.classes} "
+          f"classes), {recipe['epochs']} epochs on {recipe['pool_samples']:,} samples (mean "
+          f"loss {recipe['mean_loss']:.4f}, sha256 {header.sha256[:16]}...)")
+    print(f"use it with  --set algorithm.teacher_weights={path}")
     return 0
 
 
@@ -453,19 +460,23 @@ def parser() -> argparse.ArgumentParser:
     resume.set_defaults(handler=_resume)
     pretrain = commands.add_parser(
         "pretrain",
-        help="train (or reuse the cached) teacher of AugFL on the meta partition's reserved pool; prints "
-        "its path",
+        help="train the config's teacher (AugFL's pretrained model) and write it as a versioned weights file",
+        description="Train the teacher of the config's algorithm on the first pool the meta partition keeps back "
+        "from every client, with the recipe of its algorithm.teacher_* settings (default: the AugFL authors', 240 "
+        "epochs of SGD), and write its parameters with a header and their sha256 checksum, atomically. Runs load it "
+        "with algorithm.teacher_weights=FILE. Example: raysim pretrain configs/augfl.yaml --out teacher.npz --set "
+        "algorithm.teacher_epochs=3",
     )
     pretrain.add_argument("config", help="experiment YAML with partition.scheme = meta")
     pretrain.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a value")
-    pretrain.add_argument("--epochs", type=int, default=None, help="default: algorithm.teacher_epochs")
-    pretrain.add_argument("--lr", type=float, default=None, help="default: algorithm.teacher_lr")
     pretrain.add_argument(
-        "--cache",
+        "--out",
         type=Path,
         default=None,
-        help="folder of cached teachers (default: $RAYSIM_CACHE/teacher, ~/.cache/raysim/teacher)",
+        help="the weights file to write (default: the cache a run without algorithm.teacher_weights reads, "
+        "$RAYSIM_CACHE/teacher, ~/.cache/raysim/teacher; a file already there is reused)",
     )
+    pretrain.add_argument("--quiet", action="store_true", help="no progress bar")
     _plugin_option(pretrain)
     pretrain.set_defaults(handler=_pretrain)
     ui = commands.add_parser("ui", help="start the MLflow UI on 127.0.0.1 (or --host) for the tracking store")

@@ -147,19 +147,27 @@ def study_command(path: str | Path, overrides: list[str], plugins: list[str] | t
 
 
 def pretrain(
-    config: ExperimentConfig,
-    epochs: int | None = None,
-    lr: float | None = None,
-    cache: Path | None = None,
-    dataset: Dataset | None = None,
+    config: ExperimentConfig, out: Path | None = None, dataset: Dataset | None = None, show_progress: bool = False
 ) -> Path:
-    """`raysim pretrain`: train (or reuse the cached) teacher of `config` in this process (AugFL's, on the `meta`
-    partition's reserved pool; raysim.algorithms.augfl.teacher.pretraining says which and how) and return the path
-    of its flat float32 parameters. A run without `algorithm.teacher_path` does the same on first use."""
+    """`raysim pretrain`: train the teacher of `config` in this process (AugFL's, on the `meta` partition's reserved
+    pool, with the recipe of its `algorithm.teacher_*` settings; raysim.algorithms.augfl.teacher.pretraining says
+    which and how), write it as a weights file to `out` (default: the cache a run without
+    `algorithm.teacher_weights` reads, reused when there) and return its path; a bar on stderr with `show_progress`."""
+    from rich.console import Console
+
     from raysim.algorithms.augfl.teacher import pretraining
-    from raysim.runtime.problem import run_server_requests, server_context
+    from raysim.runtime.problem import run_server_requests, server_context, torch_threads
+    from raysim.seeding import use_kernels
+    from raysim.tracking.progress import TrainingBar
 
     if dataset is None:
         dataset = config.dataset.load(config.seed)
     context = server_context(config, dataset)
-    return run_server_requests(pretraining(config.algorithm, context, epochs, lr, cache), context)
+    bar = TrainingBar(Console(stderr=True)) if show_progress else None
+    use_kernels(config.runtime.deterministic)
+    try:
+        with torch_threads(config.runtime.torch_threads):  # as a run's driver trains it (raysim.runtime.problem)
+            return run_server_requests(pretraining(config.algorithm, context, out), context, bar)
+    finally:
+        if bar is not None:
+            bar.close()

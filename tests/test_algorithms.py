@@ -42,9 +42,10 @@ ALGORITHMS = {
     "fedala": {},
     "fedcp": {},
     "kd_only": {"teacher_epochs": 1, "transfer": {"negatives": 32}},
+    "fedpcl": {"teacher_epochs": 1},
 }
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}
-PARTITIONS = {"fedlp": META, "kd_only": META}
+PARTITIONS = {"fedlp": META, "kd_only": META, "fedpcl": META}
 """Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""
 SGD = {"lr": 0.05, "batch_size": 32}
 NO_LOCAL_TRAINING = ("kd_only",)

@@ -18,6 +18,7 @@ from raysim.evaluation.batched import Scorer
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
 from tests.test_cli import _raysim, run_cli
+from tests.weights import weights_file
 
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 256, "val_fraction": 0.5}
 
@@ -107,12 +108,12 @@ def test_full_participation_follows_the_extrapolated_gradient_recursion():
 def test_teacher_regularizer_reaches_the_stationary_point_of_the_regularized_objective(tmp_path):
     """With R_h = ||theta - theta_p||^2 the fixed point of eq. 13 solves sum_i w_i d_i(theta) + 2 lambda (theta -
     theta_p) = 0 (estimated grad F of eq. 2 plus the regularizer); a larger lambda pulls theta closer to theta_p."""
-    path = tmp_path / "teacher.npy"
-    theta_p = np.random.default_rng(1).normal(0, 0.5, size=_sim(META).problem.init_params.size).astype(np.float32)
-    np.save(path, theta_p)
+    reference = _sim(META)
+    theta_p = np.random.default_rng(1).normal(0, 0.5, size=reference.problem.init_params.size).astype(np.float32)
+    path = weights_file(tmp_path / "teacher.npz", reference.config, theta_p)
     distances = {}
     for lam in (0.5, 1.0):
-        sim = _sim(META, regularizer="l2", teacher_path=str(path), rho=5.0, **{"lambda": lam})  # 1/(m rho) stable
+        sim = _sim(META, regularizer="l2", teacher_weights=str(path), rho=5.0, **{"lambda": lam})  # 1/(m rho) stable
         for round_index in range(200):
             sim.round(round_index, [0, 1, 2, 3])
         theta = sim.coordinator.broadcast().astype(np.float64)
@@ -159,39 +160,32 @@ def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reser
         assert abs(len(split.train) - len(split.test)) <= 1  # support / query 50/50
 
 
-def test_pretrained_teacher_fits_the_reserved_pool_and_is_cached(tmp_path):
+def test_pretrained_teacher_fits_the_reserved_pool_and_is_cached(tmp_path, monkeypatch):
     from raysim.data.meta_partition import reserved_indices
     from raysim.launch import pretrain
+    from raysim.models.weights import read_weights
     from raysim.runtime.problem import prepare
 
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
     partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
-    config = validate_config(tiny_config(partition=partition))
-    path = pretrain(config, epochs=3, lr=0.1, cache=tmp_path)
-    assert pretrain(config, epochs=3, lr=0.1, cache=tmp_path) == path
+    algorithm = {"name": "augfl", "regularizer": "l2", "teacher_epochs": 3, "teacher_lr": 0.1}
+    config = validate_config(tiny_config(algorithm=algorithm, partition=partition))
+    path = pretrain(config)
+    created = os.stat(path).st_mtime_ns
+    assert pretrain(config) == path and os.stat(path).st_mtime_ns == created  # the cached file, reused
     problem = prepare(config)
     pool = reserved_indices(len(problem.y), config.partition, config.seed)
     model = Scorer(problem.model_spec.build())
-    teacher_loss, teacher_acc = model.evaluate(np.load(path), problem.x[pool], problem.y[pool])
+    teacher_loss, teacher_acc = model.evaluate(read_weights(path, "test")[0], problem.x[pool], problem.y[pool])
     init_loss, _ = model.evaluate(problem.init_params, problem.x[pool], problem.y[pool])
     assert teacher_loss < 0.8 * init_loss and teacher_acc > 0.5
 
 
-def test_pretrain_subcommand_prints_the_cached_teacher_and_rejects_non_meta_partitions(tmp_path):
-    config = tiny_config(partition={"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300})
-    (tmp_path / "meta.yaml").write_text(yaml.safe_dump(config))
-    args = ("pretrain", str(tmp_path / "meta.yaml"), "--epochs", "1", "--cache", str(tmp_path / "teacher"))
-    first = _raysim(*args, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    path = first.stdout.strip().splitlines()[-1]
-    from raysim.runtime.problem import prepare
-
-    assert np.load(path).shape == prepare(validate_config(config)).init_params.shape
-    created = os.stat(path).st_mtime_ns
-    again = _raysim(*args, cwd=tmp_path)
-    assert again.stdout.strip().splitlines()[-1] == path and os.stat(path).st_mtime_ns == created  # reused
+def test_pretrain_subcommand_rejects_non_meta_partitions(tmp_path):
     (tmp_path / "dirichlet.yaml").write_text(yaml.safe_dump(tiny_config()))
-    refused = _raysim("pretrain", str(tmp_path / "dirichlet.yaml"), "--cache", str(tmp_path / "teacher"), cwd=tmp_path)
+    refused = _raysim("pretrain", str(tmp_path / "dirichlet.yaml"), "--out", str(tmp_path / "t.npz"), cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.startswith("error: partition.scheme")
+    assert not list(tmp_path.glob("*.npz"))
 
 
 def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_global_model():
@@ -244,7 +238,7 @@ def test_the_teacher_is_a_larger_network_that_only_the_coordinator_holds(tmp_pat
     assert transfer is not None and sim.host.algorithm._transfer is None and sim.host.algorithm._teacher is None
     assert sim.problem.server_data.pretrained_model == "mlp" and len(transfer.y) == META["server_samples"]
     assert sim.problem.server_data.pretrained.size > sim.problem.init_params.size
-    assert list(tmp_path.glob("teacher/*-mlp-*.npy"))  # pretrained on first use, cached
+    assert list(tmp_path.glob("teacher/*-mlp-*.npz"))  # pretrained on first use, cached
     losses = [sim.coordinator.aggregate(sim.host.train(r, list(range(4)), sim.coordinator.broadcast())[0])
               for r in range(15)]  # fmt: skip
     assert losses[-1]["transfer_loss"] < losses[0]["transfer_loss"]  # theta and the heads learn the teacher's structure
@@ -272,7 +266,7 @@ def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_f
     request = next(algorithm.server_data(context))
     assert isinstance(request, TrainModel) and request.model == "mlp" and len(request.y) == META["reserved"]
     data = run_server_requests(algorithm.server_data(context), context)
-    assert list(tmp_path.glob("teacher/*-mlp-*.npy")) and data.pretrained_model == "mlp"
+    assert list(tmp_path.glob("teacher/*-mlp-*.npz")) and data.pretrained_model == "mlp"
     assert len(data.y) == META["server_samples"]
     with pytest.raises(StopIteration) as cached:  # no request: the file is read
         next(algorithm.server_data(context))
@@ -319,16 +313,16 @@ def test_the_teachers_old_pm_keys_still_load_as_their_teacher_keys(tmp_path):
     from raysim.errors import ConfigError
     from raysim.reference import config_reference
 
-    old = {"name": "augfl", "pm_model": "cnn", "pm_path": "teacher.npy", "pm_epochs": 3, "pm_lr": 0.2}
+    old = {"name": "augfl", "pm_model": "cnn", "pm_path": "teacher.npz", "pm_epochs": 3, "pm_lr": 0.2}
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump(tiny_config(algorithm=old, partition=META)))
     settings = load_config(path).algorithm
-    assert (settings.teacher_model, settings.teacher_path, settings.teacher_epochs, settings.teacher_lr) == (
-        "cnn", "teacher.npy", 3, 0.2
+    assert (settings.teacher_model, settings.teacher_weights, settings.teacher_epochs, settings.teacher_lr) == (
+        "cnn", "teacher.npz", 3, 0.2
     )  # fmt: skip
     shown = load_config(path).shown()["algorithm"]
     assert shown["teacher_epochs"] == 3 and not any(key.startswith("pm_") for key in shown)
-    assert load_config(path, ["algorithm.pm_path=007"]).algorithm.teacher_path == "007"  # text, not the number 7
+    assert load_config(path, ["algorithm.pm_path=007"]).algorithm.teacher_weights == "007"  # text, not the number 7
     assert load_config(path, ["algorithm.pm_epochs=4"]).algorithm.teacher_epochs == 4
     twice = tmp_path / "twice.yaml"
     twice.write_text(yaml.safe_dump(tiny_config(algorithm={**old, "teacher_lr": 0.1}, partition=META)))

@@ -13,6 +13,7 @@ from raysim.errors import ConfigError
 from raysim.runtime.problem import prepare
 from tests.conftest import tiny_config
 from tests.inprocess import InProcess
+from tests.weights import weights_file
 
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}
 SGD = {"lr": 0.1, "batch_size": 16, "epochs": 2}
@@ -27,7 +28,7 @@ def test_the_initial_global_model_is_the_pretrained_model_and_then_it_is_fedavg(
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
     fedlp = InProcess(_config("fedlp", teacher_epochs=2))
     pm = fedlp.problem.server_data
-    assert list(tmp_path.glob("teacher/*-mlr-*.npy"))  # the clients' architecture, pretrained and cached
+    assert list(tmp_path.glob("teacher/*-mlr-*.npz"))  # the clients' architecture, pretrained and cached
     assert fedlp.coordinator.broadcast().tobytes() == pm.tobytes()
     assert not np.array_equal(pm, fedlp.problem.init_params)
     # FedAvg from the same PM: the same clients, data and draws, round for round
@@ -44,13 +45,13 @@ def test_the_initial_global_model_is_the_pretrained_model_and_then_it_is_fedavg(
 def test_a_given_pm_file_is_used_as_it_is_and_must_fit_the_clients_model(tmp_path):
     config = _config("fedavg")
     size = prepare(config).init_params.size
-    path = tmp_path / "pm.npy"
-    np.save(path, np.linspace(-1, 1, size, dtype=np.float32))
-    sim = InProcess(_config("fedlp", teacher_path=str(path)))
-    assert sim.coordinator.broadcast().tobytes() == np.load(path).tobytes()
-    np.save(path, np.zeros(size + 1, np.float32))
-    with pytest.raises(ConfigError, match="algorithm.teacher_path"):
-        prepare(_config("fedlp", teacher_path=str(path)))
+    path = weights_file(tmp_path / "pm.npz", config, np.linspace(-1, 1, size, dtype=np.float32))
+    sim = InProcess(_config("fedlp", teacher_weights=str(path)))
+    assert sim.coordinator.broadcast().tobytes() == np.linspace(-1, 1, size, dtype=np.float32).tobytes()
+    other = validate_config(tiny_config(algorithm={"name": "fedavg"}, partition=META, model={"name": "mlp"}))
+    mlp = weights_file(tmp_path / "mlp.npz", other, np.zeros(prepare(other).init_params.size))
+    with pytest.raises(ConfigError, match=rf"^algorithm\.teacher_weights: {mlp}.* model mlp, not mlr"):
+        prepare(_config("fedlp", teacher_weights=str(mlp)))
 
 
 def test_settings_refuse_a_shared_only_run():

@@ -105,4 +105,4 @@ def test_raysim_pretrain_prepares_augfl_teacher():
 
     config = validate_config(tiny_config(algorithm={"name": "kd_only", "teacher_epochs": 1}, partition=META))
     request = next(pretraining(config.algorithm, server_context(config, config.dataset.load(config.seed))))
-    assert (request.model, request.sgd.epochs) == ("mlp", 1)
+    assert (request.model, request.epochs) == ("mlp", 1)

@@ -183,7 +183,9 @@ SHIPPED = sorted({*(ROOT / "configs").glob("*.yaml"), *(PAPER / "suites").glob("
 quickstart."""
 
 HELD_BACK = ["partition.reserved=2000", "partition.server_samples=2000"]
-SCALED_DOWN = {name: HELD_BACK for name in ("augfl.yaml", "perfedavg.yaml", "fedlp.yaml", "kd_only.yaml")}
+SCALED_DOWN = {
+    name: HELD_BACK for name in ("augfl.yaml", "perfedavg.yaml", "fedlp.yaml", "kd_only.yaml", "fedpcl.yaml")
+}
 """Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL and the PM-aided
 baselines keep 20,000 from every client for the pretrained model and D_s (here 2,000 each), and Per-FedAvg in
 AugFL's setting the same 20,000 (so that its clients are AugFL's). A method that pretrains a model pretrains it for

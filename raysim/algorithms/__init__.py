@@ -15,6 +15,7 @@ from raysim.algorithms import perfedavg, apfl, lp_proj  # noqa: F401
 from raysim.algorithms import fedproto, fedrod  # noqa: F401
 from raysim.algorithms import fedlp, fedala, kd_only  # noqa: F401
 from raysim.algorithms import fedcp  # noqa: F401
+from raysim.algorithms import fedpcl  # noqa: F401
 
 # isort: on
 from raysim.algorithms.base import (

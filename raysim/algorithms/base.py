@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, field_validator
 
 from raysim.examples import ExampleContext, Fragment
-from raysim.models.losses import FeatureLoss, GatedHeads, GatedHeadsLoss
+from raysim.models.losses import FeatureLoss, GatedHeads, GatedHeadsLoss, PrototypeContrast
 from raysim.models.spec import ParamSpec
 from raysim.registry import Registry
 from raysim.settings import Settings
@@ -226,7 +226,7 @@ class LocalSGD:
     projected_prox_weight: float = 0.0
     projected_prox_center: Vector | None = None
     """[d_sub] (a chunk's: [k, d_sub] or one [d_sub] shared)."""
-    loss: FeatureLoss | GatedHeadsLoss | None = None
+    loss: FeatureLoss | GatedHeadsLoss | PrototypeContrast | None = None
     """If given, the local loss on the features and logits that replaces f_i (vectors such as `prox_center` are then
     sized as `start`, which holds a second head too with FeatureLoss.second_head, or is a GatedHeads vector with a
     GatedHeadsLoss). A loss that draws noise (`loss.draws`) gets a seed from the client's stream at every step."""
@@ -396,6 +396,9 @@ class ClassMeans:
 
     point: Vector | None
     split: str = "train"
+    embedding: bool = False
+    """Average the normalized head outputs z = h / ||h|| instead of the features (FedPCL's prototypes,
+    raysim.models.losses.PrototypeContrast); d is then the head's output size."""
     """"train", "val" or "test": the ClientData index set to count and average over."""
 
     @property
@@ -535,15 +538,28 @@ class ServerContext:
 
 @dataclass(frozen=True, eq=False)
 class TrainModel:
-    """Request (server data only): `sgd` on a fresh model of architecture `model` over the samples (x, y) instead
-    of a client's training split, e.g. pretraining a model on a pool of `ServerContext.pools`."""
+    """Request (server data only): train a fresh model of architecture `model` over the samples (x, y) instead of a
+    client's training split, e.g. pretraining a model on a pool of `ServerContext.pools`: `epochs` passes of
+    shuffled mini-batches of SGD from `start` as torch.optim.SGD steps (momentum, weight decay added to the
+    gradient), the rate multiplied by `lr_decay` at the start of every epoch in `lr_steps` (torch's MultiStepLR)."""
 
     model: str
     """A raysim.models.zoo name; it may differ from the clients' model. Input shape and output size are the
     context's."""
     x: np.ndarray
     y: np.ndarray
-    sgd: LocalSGD
+    start: Vector
+    epochs: int
+    lr: float
+    batch_size: int
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_steps: tuple[int, ...] = ()
+    lr_decay: float = 0.1
+
+    def lr_at(self, epoch: int) -> float:
+        """The rate of epoch `epoch` (0-based): lr times lr_decay per step already reached."""
+        return self.lr * self.lr_decay ** sum(epoch >= step for step in self.lr_steps)
 
 
 ServerDataStep = Generator[TrainModel, SGDResult, Any]

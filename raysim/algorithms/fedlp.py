@@ -7,10 +7,10 @@ ResNet8x4 as the client model); the digest states nothing else of it, and the so
 this is the method as AugFL states it: w^0 = theta_p, then FedAvg rounds (flame.md 2.3; `FedAvgSettings` all apply),
 the GM deployed on every client, held-out ones included (as AugFL's FedAvg column).
 
-theta_p comes from AugFL's pretrained-model machinery (raysim.algorithms.augfl.teacher): `teacher_path`, or a model
-of the clients' architecture pretrained on the first pool the `meta` partition keeps back (cached; `raysim
-pretrain` does it ahead). It reaches `setup_server` on the coordinator only, and clients see it only as the first
-broadcast, as any initial model."""
+theta_p comes from AugFL's pretrained-model machinery (raysim.algorithms.augfl.teacher): the weights file
+`teacher_weights` (`raysim pretrain`), or a model of the clients' architecture pretrained on the first pool the `meta`
+partition keeps back (`teacher_*` recipe, cached). It reaches `setup_server` on the coordinator only, and clients see
+it only as the first broadcast, as any initial model."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from torch.func import functional_call
 
 from raysim.data.dataset import Task
 from raysim.models.gated import GatedHeadsNetwork, mmd
-from raysim.models.losses import FeatureLoss, GatedHeads, GatedHeadsLoss
+from raysim.models.losses import FeatureLoss, GatedHeads, GatedHeadsLoss, PrototypeContrast
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import as_shape, build_module, initial_parameters
 
@@ -164,6 +164,27 @@ class FlatModel:
         (grad,) = torch.autograd.grad(total, point)
         return total.item(), grad
 
+    def prototype_contrast_loss_and_grad(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: PrototypeContrast,
+        dropout_seed: int | None = None,
+    ) -> tuple[float, torch.Tensor]:  # fmt: skip
+        """PrototypeContrast `loss` on the batch at `flat` and its gradient (a new flat tensor); dropout as in
+        `loss_and_grad`."""
+        point = flat.detach().requires_grad_(True)
+        with self._dropout(dropout_seed):
+            z = nn.functional.normalize(self.forward(point, x), dim=1)
+        present = torch.tensor(np.asarray(loss.present, bool))
+        kept = present[y]
+        total = point.new_zeros(())
+        if kept.any():
+            prototypes = torch.tensor(np.asarray(loss.prototypes, np.float32))
+            logits = torch.einsum("bd,scd->sbc", z[kept], prototypes) / loss.temperature
+            logits = logits.masked_fill(~present, float("-inf"))
+            for s, weight in enumerate(np.asarray(loss.weights, np.float64)):
+                total = total + float(weight) * nn.functional.cross_entropy(logits[s], y[kept])
+        (grad,) = torch.autograd.grad(total, point, allow_unused=True)
+        return total.item(), torch.zeros_like(point) if grad is None else grad
+
     def spec_head(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A head's (weight, bias) from a vector laid out as the model's head (`spec.head`: weight, then bias)."""
         weight = self.head.weight
@@ -176,17 +197,21 @@ class FlatModel:
         return flat[:size].reshape(weight.shape), bias
 
     @torch.no_grad()
-    def class_means(self, flat: np.ndarray | None, x: np.ndarray, y: np.ndarray, classes: int, chunk: int = 2048
-                    ) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+    def class_means(self, flat: np.ndarray | None, x: np.ndarray, y: np.ndarray, classes: int, chunk: int = 2048,
+                    embedding: bool = False) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
         """Per class: the samples' count [classes] (float64) and, at `flat`, their mean features [classes, d]
-        (float32, summed in float64; zero for a class without samples). Dropout off."""
+        (float32, summed in float64; zero for a class without samples), or with `embedding` their mean normalized
+        outputs h / ||h||. Dropout off."""
         counts = np.bincount(np.asarray(y, np.int64), minlength=classes).astype(np.float64)[:classes]
         if flat is None:
             return counts, None
         params = torch.tensor(flat, dtype=torch.float32)
-        sums = torch.zeros((classes, self.head.in_features), dtype=torch.float64)
+        width = self.head.out_features if embedding else self.head.in_features
+        sums = torch.zeros((classes, width), dtype=torch.float64)
         for start in range(0, len(x), chunk):
-            features, _ = self.features(params, torch.from_numpy(x[start : start + chunk]))
+            features, outputs = self.features(params, torch.from_numpy(x[start : start + chunk]))
+            if embedding:
+                features = nn.functional.normalize(outputs, dim=1)
             sums.index_add_(0, torch.from_numpy(np.asarray(y[start : start + chunk], np.int64)), features.double())
         means = sums / torch.from_numpy(np.maximum(counts, 1.0))[:, None]
         return counts, means.to(torch.float32).numpy()

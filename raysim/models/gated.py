@@ -5,6 +5,8 @@ scores such vectors)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -38,6 +40,7 @@ class GatedHeadsNetwork(nn.Module):
         the personalized head's summed rows), `generator` draws Gumbel noise into the policy (default: none). With
         `details`: (logits, the features h [B, d], the policy [B, 2, d] whose rows are s and r)."""
         head = self.network.get_submodule(self.head_name)
+        assert isinstance(head, nn.Linear)  # __init__ checked it
         captured: list[torch.Tensor] = []
         handle = head.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
         try:
@@ -66,5 +69,5 @@ def mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         y_norms[:, None] + y_norms[None, :] - 2 * yy,
         x_norms[:, None] + y_norms[None, :] - 2 * xy,
     )
-    kernels = [sum(torch.exp(-0.5 * d / sigma) for sigma in MMD_BANDWIDTHS) for d in distances]
+    kernels = [functools.reduce(torch.add, [torch.exp(-0.5 * d / s) for s in MMD_BANDWIDTHS]) for d in distances]
     return (kernels[0] + kernels[1] - 2 * kernels[2]).mean()

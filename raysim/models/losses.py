@@ -101,3 +101,29 @@ class GatedHeadsLoss:
 
 MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 """sigma of GatedHeadsLoss's Gaussian kernels (the FedCP authors' `MMD(x, y, 'rbf')`)."""
+
+
+@dataclass(frozen=True, eq=False)
+class PrototypeContrast:
+    """FedPCL's prototype-wise contrastive loss (Tan et al., NeurIPS 2022; raysim.algorithms.fedpcl) on a classifier
+    whose head is a projection: the embedding of x is z = h / ||h|| with h the head's output, and for each set s of
+    class prototypes P_s [classes, d]
+
+        sum_s weights[s] * mean_b -log softmax_j(<z_b, P_s[j]> / temperature)[y_b]
+
+    the softmax over the classes that have a prototype (`present`), the mean over the batch's samples whose class has
+    one (a sample of another class adds nothing). Set 0 is the global prototypes, the others the clients' local ones;
+    `weights` the terms' weights (1, then 1/m each)."""
+
+    prototypes: np.ndarray
+    """[sets, classes, d]."""
+    present: np.ndarray
+    """[classes] bool."""
+    weights: np.ndarray
+    """[sets]."""
+    temperature: float
+
+    @property
+    def draws(self) -> bool:
+        """No noise of its own at any step (as FeatureLoss)."""
+        return False

@@ -5,9 +5,11 @@ here); and which clients each host owns."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -114,9 +116,11 @@ def prepare(config: ExperimentConfig) -> Problem:
     algorithm = build_algorithm(config.algorithm, model.spec)
     context = server_context(config, dataset)
     step = algorithm.server_data(context)  # the coordinator's private data, prepared here before any Ray work
-    if step is not None:  # the driver trains the coordinator's data: with the run's kernels
+    server_data = None
+    if step is not None:  # the driver trains the coordinator's data: with the run's kernels and threads
         use_kernels(config.runtime.deterministic)
-    server_data = None if step is None else run_server_requests(step, context)
+        with torch_threads(config.runtime.torch_threads):
+            server_data = run_server_requests(step, context)
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
     attack = attack_of(config, dataset)
@@ -165,9 +169,34 @@ def server_context(config: ExperimentConfig, dataset: Dataset) -> ServerContext:
     )
 
 
-def run_server_requests(step: ServerDataStep, context: ServerContext) -> Any:
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to `count` (`runtime.torch_threads`, a host's) within the block, restored after:
+    the driver's server-data training as a host would train (same value, same results), and no thread oversubscription
+    of a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class TrainingProgress(Protocol):
+    """What `run_server_requests` tells of each TrainModel request it runs (raysim.tracking.progress.TrainingBar)."""
+
+    def begin(self, request: TrainModel, steps: int) -> None:
+        """A request of `steps` SGD steps starts."""
+
+    def step(self, epoch: int, loss: float) -> None:
+        """One step of epoch `epoch` (0-based) was taken, at mini-batch loss `loss`."""
+
+
+def run_server_requests(step: ServerDataStep, context: ServerContext, progress: TrainingProgress | None = None) -> Any:
     """Drive a server-data generator (`Algorithm.server_data`) to completion in this process: each `TrainModel`
-    request runs on the local trainer, as a client's LocalSGD would on its host, over the request's samples."""
+    request runs on the local trainer over the request's samples, reported to `progress` step by step."""
     number = 0
 
     def execute(request: TrainModel) -> SGDResult:
@@ -177,7 +206,10 @@ def run_server_requests(step: ServerDataStep, context: ServerContext) -> Any:
         data = ClientData(request.x, request.y, np.arange(len(request.y)), none, none)
         generator = rng(context.seed, Stream.CLIENT_TRAINING, SERVER_ID + number)
         number += 1
-        return LocalTrainer(model).sgd(request.sgd, data, generator)
+        if progress is None:
+            return LocalTrainer(model).train_model(request, data, generator)
+        progress.begin(request, request.epochs * -(-len(request.y) // request.batch_size))
+        return LocalTrainer(model).train_model(request, data, generator, progress.step)
 
     return drive(step, execute)
 

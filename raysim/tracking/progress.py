@@ -71,3 +71,52 @@ class ProgressBar(RoundCallback):
         if self.live:
             with contextlib.suppress(OSError):
                 self.progress.stop()
+
+
+class TrainingBar:
+    """The console's bar of a pretraining (raysim.runtime.problem.TrainingProgress): SGD steps done of all, the
+    epoch, the mean loss of the epoch so far; on stderr, live on a terminal, elsewhere one plain line at the end
+    of every `epochs // 20`-th epoch and of the last."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.live = console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("epoch {task.fields[epoch]}  loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.task: Any = None
+        self.epochs = 0
+        self.per_epoch = 1
+        self.done = 0
+        self.epoch_losses: list[float] = []
+
+    def begin(self, request: Any, steps: int) -> None:
+        self.epochs, self.per_epoch, self.done = request.epochs, max(1, steps // max(1, request.epochs)), 0
+        self.epoch_losses = []
+        description = f"pretrain {request.model} ({len(request.y)} samples)"
+        self.task = self.progress.add_task(description, total=steps, epoch=f"0/{self.epochs}", loss="-")
+        if self.live:
+            self.progress.start()
+
+    def step(self, epoch: int, loss: float) -> None:
+        self.done += 1
+        self.epoch_losses.append(loss)
+        mean = sum(self.epoch_losses) / len(self.epoch_losses)
+        self.progress.update(self.task, completed=self.done, epoch=f"{epoch + 1}/{self.epochs}", loss=f"{mean:.4f}")
+        if self.done % self.per_epoch:
+            return
+        every = max(1, self.epochs // 20)
+        if not self.live and ((epoch + 1) % every == 0 or epoch + 1 == self.epochs):
+            self.console.print(f"epoch {epoch + 1}/{self.epochs}  loss {mean:.4f}", highlight=False, soft_wrap=True)
+        self.epoch_losses = []
+
+    def close(self) -> None:
+        if self.live:
+            with contextlib.suppress(OSError):
+                self.progress.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, overload
 
@@ -22,10 +22,12 @@ from raysim.algorithms.base import (
     Request,
     Result,
     SGDResult,
+    TrainModel,
 )
 from raysim.algorithms.prox import layerwise_svt, soft_threshold
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
+from raysim.models.losses import PrototypeContrast
 from raysim.training.authors_batches import ReplayedBatches
 
 Augment = Literal["none", "crop_flip"]
@@ -264,6 +266,8 @@ class LocalTrainer:
             point = x if offset is None else offset + x
             if request.loss is None:
                 loss, grad = self.model.loss_and_grad(point, xb, yb, dropout_seed)
+            elif isinstance(request.loss, PrototypeContrast):
+                loss, grad = self.model.prototype_contrast_loss_and_grad(point, xb, yb, request.loss, dropout_seed)
             else:
                 loss, grad = self.model.feature_loss_and_grad(point, xb, yb, request.loss, dropout_seed)
             losses.append(loss)
@@ -288,6 +292,35 @@ class LocalTrainer:
         return SGDResult(
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )
+
+    def train_model(
+        self,
+        request: TrainModel,
+        data: ClientData,
+        generator: Draws,
+        on_step: Callable[[int, float], None] | None = None,
+    ) -> SGDResult:
+        """A TrainModel request on `data`'s training split: torch.optim.SGD's update (the gradient plus weight_decay
+        times the parameters into the momentum buffer, then a step of the epoch's rate, `TrainModel.lr_at`) over
+        `epochs` fresh shuffles; `on_step(epoch, loss)` after every step (a progress bar)."""
+        x = torch.from_numpy(np.array(request.start, dtype=np.float32))
+        velocity = torch.zeros_like(x)
+        losses: list[float] = []
+        one_pass = LocalSGD(request.start, 1, request.lr, request.batch_size)
+        for epoch in range(request.epochs):
+            lr = request.lr_at(epoch)
+            for batch in training_batches(one_pass, data.train, generator):
+                xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
+                dropout_seed = int(generator.integers(2**62)) if self.model.stochastic else None
+                loss, grad = self.model.loss_and_grad(x, xb, yb, dropout_seed)
+                grad.add_(x, alpha=request.weight_decay)
+                velocity.mul_(request.momentum).add_(grad)
+                x.sub_(velocity, alpha=lr)
+                losses.append(loss)
+                if on_step is not None:
+                    on_step(epoch, loss)
+        return SGDResult(params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"),
+                         steps=len(losses))  # fmt: skip
 
     def batch_gradients(self, request: BatchGradients, data: ClientData, generator: Draws) -> BatchGradientsResult:
         """The loss and gradient at each point of the request on one fresh mini-batch (see BatchGradients): its
@@ -352,7 +385,7 @@ class LocalTrainer:
                 return ClassMeansResult(counts, None)
             return ClassMeansResult(self.model.class_means(None, data.x[:0], labels, classes)[0], None)
         xb, yb = data.arrays(request.split, generator)
-        counts, means = self.model.class_means(request.point, xb, yb, classes)
+        counts, means = self.model.class_means(request.point, xb, yb, classes, embedding=request.embedding)
         return ClassMeansResult(counts, means)
 
 

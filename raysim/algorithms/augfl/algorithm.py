@@ -18,9 +18,10 @@ pretrained model, the teacher, `transfer.mode` paper or the authors' code; raysi
 ||theta - theta_p||^2 (the theory's same-architecture case) or `none` (AugFL without the pretrained model).
 
 The teacher theta_p and the transfer set D_s come from the two pools the `meta` partition keeps back from every
-client (augfl.md 4.1): `server_data` trains theta_p on the first pool by asking the runtime for a `TrainModel`
-request (mini-batch SGD, momentum 0.9, batch 64, `teacher_epochs` at `teacher_lr`; raysim.algorithms.augfl.teacher)
-unless it is cached or given as `teacher_path`, and returns it with D_s, the second pool, as `AugFlServerData`; the
+client (augfl.md 4.1): `server_data` reads theta_p from the weights file `teacher_weights` that `raysim pretrain`
+wrote (checksum, model and classes verified), or trains it on the first pool by asking the runtime for a `TrainModel`
+request (the authors' recipe of `teacher_*`; raysim.algorithms.augfl.teacher) unless it is cached, and returns it
+with D_s, the second pool, as `AugFlServerData`; the
 runtime hands that to `setup_server` on the coordinator only, never to a client host.
 
 Held-out target clients (`clients.heldout`, 0.2 in the paper) are scored after `adapt`: one step from the
@@ -128,7 +129,7 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
         return self.settings.regularizer != "none" and self.settings.lam > 0
 
     def server_data(self, context: ServerContext) -> ServerDataStep | None:
-        """theta_p (`teacher_path`, or pretrained and cached, raysim.algorithms.augfl.teacher) and D_s from the
+        """theta_p (`teacher_weights`, or pretrained and cached, raysim.algorithms.augfl.teacher) and D_s from the
         partition's held-back pools; None without a regularizer."""
         return self._server_data(context) if self.regularized() else None
 
@@ -148,7 +149,7 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
         if self.settings.regularizer == "l2":
             if data.pretrained.shape != (self.params.size,):
                 raise ValueError(
-                    f"algorithm.teacher_path: the teacher has {data.pretrained.size} parameters, the model "
+                    f"algorithm.teacher_weights: the teacher has {data.pretrained.size} parameters, the model "
                     f"{self.params.size}"
                 )
             self._teacher = data.pretrained.astype(np.float64)

@@ -1,19 +1,24 @@
 """AugFL's teacher: the pretrained model theta_p, its architecture, and its pretraining on the first pool that the
-`meta` partition keeps back from every client (augfl.md 4.1), cached under $RAYSIM_CACHE/teacher/ (default
-~/.cache/raysim/teacher/), one flat float32 .npy per dataset, architecture, seed, pool sizes, epochs and rate.
-A run pretrains it on first use (`AugFl.server_data`); `raysim pretrain CONFIG` (`pretraining`) does it ahead."""
+`meta` partition keeps back from every client (augfl.md 4.1) with the authors' recipe (augfl.md 2.2;
+`PretrainingSettings`), written as a versioned weights file (raysim.models.weights): by `raysim pretrain CONFIG
+--out FILE` (`pretraining`), for runs to load with `algorithm.teacher_weights: FILE`, or by a run without that
+field on first use, cached under $RAYSIM_CACHE/teacher/ (default ~/.cache/raysim/teacher/), one file per dataset,
+architecture, seed, pool sizes and recipe. Either way the run verifies the file's checksum, model and classes."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Generator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raysim.algorithms.augfl.settings import AugFlSettings, PretrainingSettings, TransferStepSettings
-from raysim.algorithms.base import AlgorithmSettings, LocalSGD, ServerContext, SGDResult, TrainModel
+from raysim.algorithms.base import AlgorithmSettings, ServerContext, SGDResult, TrainModel
 from raysim.errors import ConfigError
+from raysim.models.weights import WeightsHeader, check_model, checksum, read_weights, write_weights
 from raysim.seeding import Stream, torch_seed
 
 if TYPE_CHECKING:
@@ -66,13 +71,6 @@ def teacher_model(architecture: str, context: ServerContext) -> FlatModel:
         raise ConfigError(f"algorithm.teacher_model: {error}") from None
 
 
-def pretrained_cache_path(folder: Path, context: ServerContext, architecture: str, epochs: int, lr: float) -> Path:
-    """The cached teacher of this dataset, architecture, seed, pool sizes, epochs and rate in `folder`."""
-    pool, held = len(context.pools[0].y), sum(len(p.y) for p in context.pools)
-    name = f"{context.dataset}-{architecture}-seed{context.seed}-pool{pool}-held{held}-e{epochs}-lr{lr:g}.npy"
-    return folder.expanduser() / name
-
-
 def check_pools(context: ServerContext, purpose: str) -> None:
     """The partition keeps back the two pools AugFL's server needs (the teacher's and the transfer set)."""
     if len(context.pools) != 2:
@@ -82,65 +80,101 @@ def check_pools(context: ServerContext, purpose: str) -> None:
         )
 
 
+KEY = "algorithm.teacher_weights"
+"""The config field of a teacher's weights file, which starts every refusal of one."""
+
+
+def recipe(settings: PretrainingSettings, context: ServerContext) -> dict[str, Any]:
+    """The pretraining recipe as a weights file records it: the SGD settings, the seed and the pool trained on."""
+    return {
+        "optimizer": "sgd",
+        "epochs": settings.teacher_epochs,
+        "lr": settings.teacher_lr,
+        "momentum": settings.teacher_momentum,
+        "weight_decay": settings.teacher_weight_decay,
+        "batch_size": settings.teacher_batch_size,
+        "lr_steps": list(settings.teacher_lr_steps),
+        "lr_decay": settings.teacher_lr_decay,
+        "seed": context.seed,
+        "pool": f"partition {context.partition}: the first held-back pool",
+        "pool_samples": len(context.pools[0].y),
+        "held_back_samples": sum(len(p.y) for p in context.pools),
+    }
+
+
+def pretrained_cache_path(folder: Path, context: ServerContext, architecture: str, trained: dict[str, Any]) -> Path:
+    """The cached teacher of this dataset, architecture, seed, pool sizes and recipe `trained` in `folder`."""
+    digest = hashlib.sha256(json.dumps(trained, sort_keys=True).encode()).hexdigest()[:12]
+    pool, held = trained["pool_samples"], trained["held_back_samples"]
+    name = f"{context.dataset}-{architecture}-seed{context.seed}-pool{pool}-held{held}-{digest}.npz"
+    return folder.expanduser() / name
+
+
 def pretrain(
-    context: ServerContext, architecture: str, epochs: int, lr: float, folder: Path
+    settings: PretrainingSettings, context: ServerContext, architecture: str, out: Path | None = None
 ) -> Generator[TrainModel, SGDResult, Path]:
-    """Train (or reuse) the teacher on the first held-back pool (augfl.md 4.1) and return the path of its flat
-    float32 parameters in `folder`: the training is one `TrainModel` request (mini-batch SGD, momentum 0.9, batch
-    64, from an initialization of its own), yielded only when the file is not cached yet."""
+    """Train the teacher on the first held-back pool (augfl.md 4.1) with the recipe of `settings` and write it as a
+    weights file to `out`; without `out`, to the cache (`pretrained_cache_path`), where a file already there is
+    reused. The training is one `TrainModel` request (from an initialization of its own), yielded only when a file
+    is to be written; returns the file's path."""
     check_pools(context, "pretraining")
-    path = pretrained_cache_path(folder, context, architecture, epochs, lr)
-    if path.exists():
+    trained = recipe(settings, context)
+    path = out or pretrained_cache_path(context.cache / CACHE, context, architecture, trained)
+    if out is None and path.exists():
         return path
     model = teacher_model(architecture, context)
-    start = model.initial_parameters(torch_seed(context.seed, Stream.MODEL_INIT, 1))
     pool = context.pools[0]
-    result = yield TrainModel(architecture, pool.x, pool.y, LocalSGD(start, epochs, lr, 64, momentum=0.9))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp.npy")
-    np.save(temporary, result.params.astype(np.float32))
-    temporary.replace(path)  # never a half-written file under the final name
+    result = yield TrainModel(
+        architecture, pool.x, pool.y, model.initial_parameters(torch_seed(context.seed, Stream.MODEL_INIT, 1)),
+        settings.teacher_epochs, settings.teacher_lr, settings.teacher_batch_size, settings.teacher_momentum,
+        settings.teacher_weight_decay, settings.teacher_lr_steps, settings.teacher_lr_decay,
+    )  # fmt: skip
+    params = np.asarray(result.params, np.float32)
+    trained["mean_loss"] = float(result.mean_loss)
+    write_weights(path, params, weights_header(model, context, trained, params))
     return path
+
+
+def weights_header(model: FlatModel, context: ServerContext, trained: dict[str, Any], params: np.ndarray
+                   ) -> WeightsHeader:  # fmt: skip
+    import torch
+
+    layers = tuple(zip(model.spec.names, model.spec.shapes, strict=True))
+    return WeightsHeader(
+        model=model.name, input_shape=tuple(context.input_shape), outputs=context.num_classes, task=context.task,
+        layers=layers, dataset=context.dataset, classes=context.num_classes, recipe=trained, parameters=params.size,
+        sha256=checksum(params), torch=torch.__version__,
+    )  # fmt: skip
+
+
+def load_weights(path: str | Path, key: str, architecture: str, context: ServerContext) -> np.ndarray:
+    """The verified parameters of a weights file for a model of `architecture` in this context (`key`: the config
+    field that named it, which starts the one-line refusal of a corrupted or mismatched file)."""
+    params, header = read_weights(path, key)
+    model = teacher_model(architecture, context)
+    layers = tuple(zip(model.spec.names, model.spec.shapes, strict=True))
+    check_model(header, key, path, architecture, tuple(context.input_shape), context.num_classes, layers)
+    return params
 
 
 def pretrained_parameters(
     settings: PretrainingSettings, context: ServerContext, architecture: str
 ) -> Generator[TrainModel, SGDResult, np.ndarray]:
-    """theta_p, the flat float32 parameters of a model of `architecture`: read from `teacher_path`, or pretrained on
-    the first held-back pool (`pretrain`, cached); checked against the architecture's size."""
-    if settings.teacher_path:
-        path = Path(settings.teacher_path).expanduser()
-    else:
-        path = yield from pretrain(
-            context, architecture, settings.teacher_epochs, settings.teacher_lr, context.cache / CACHE
-        )
-    try:
-        params = np.load(path).astype(np.float32)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"algorithm.teacher_path: cannot read {path} ({error})") from None
-    expected = teacher_model(architecture, context).size
-    if params.shape != (expected,):
-        raise ConfigError(
-            f"algorithm.teacher_path: {path} holds {params.size} parameters, the teacher's architecture "
-            f"{architecture} has {expected} (set algorithm.teacher_model to its architecture)"
-        )
-    return params
+    """theta_p, the flat float32 parameters of a model of `architecture`: from the weights file `teacher_weights`,
+    or pretrained on the first held-back pool (`pretrain`, cached); verified (`load_weights`) either way."""
+    if settings.teacher_weights:
+        return load_weights(settings.teacher_weights, KEY, architecture, context)
+    path = yield from pretrain(settings, context, architecture)
+    return load_weights(path, KEY, architecture, context)
 
 
 def pretraining(
-    settings: AlgorithmSettings,
-    context: ServerContext,
-    epochs: int | None = None,
-    lr: float | None = None,
-    folder: Path | None = None,
+    settings: AlgorithmSettings, context: ServerContext, out: Path | None = None
 ) -> Generator[TrainModel, SGDResult, Path]:
-    """`raysim pretrain`: the teacher of a config's algorithm `settings`, pretrained (or reused) as a run would
-    (`pretrain`), returning its path. `epochs` and `lr` default to `algorithm.teacher_epochs` and
-    `algorithm.teacher_lr`, `folder` to $RAYSIM_CACHE/teacher. For an algorithm other than AugFL: a model of the
+    """`raysim pretrain`: the teacher of a config's algorithm `settings`, pretrained as a run would (`pretrain`) with
+    its recipe, written to `out` (default: the cache a run reads). For an algorithm other than AugFL: a model of the
     clients' architecture, with its own pretraining settings (FedLP) or AugFL's defaults; KD only's is AugFL's."""
     augfl = settings if isinstance(settings, TransferStepSettings) else None
     defaults = settings if isinstance(settings, PretrainingSettings) else AugFlSettings()
     architecture = teacher_architecture(augfl, context.model, context.input_shape) if augfl else context.model
-    epochs = defaults.teacher_epochs if epochs is None else epochs
-    lr = defaults.teacher_lr if lr is None else lr
-    return pretrain(context, architecture, epochs, lr, context.cache / CACHE if folder is None else folder)
+    return pretrain(defaults, context, architecture, out)
