@@ -508,7 +508,9 @@ def parser() -> argparse.ArgumentParser:
     )
     docs.add_argument("--host", default="127.0.0.1", help="bind address; another than loopback is warned about")
     docs.add_argument("--port", type=int, help=f"port, refused if taken (default: the first free one from {DOCS_PORT})")
-    docs.add_argument("--site", type=Path, help="the built site to serve, rebuilt if stale (default: site/ of the checkout)")
+    docs.add_argument(
+        "--site", type=Path, help="the built site to serve, rebuilt if stale (default: site/ of the checkout)"
+    )
     docs.set_defaults(handler=_docs)
     bench = commands.add_parser(
         "bench", help="time a FLAME round: plain torch loop vs raysim sequential vs vectorized (table and JSON)"

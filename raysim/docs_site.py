@@ -25,7 +25,7 @@ class DocsError(RaysimError):
 
 def newest_source(root: Path = ROOT) -> float:
     """The last modification time of any file the site is built from."""
-    times = []
+    times: list[float] = []
     for name in SOURCES:
         path = root / name
         files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
