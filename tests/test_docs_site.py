@@ -5,6 +5,7 @@ and served by `raysim docs`. Every internal link lands on a page (no directory l
 from __future__ import annotations
 
 import base64
+import html
 import json
 import os
 import re
@@ -67,6 +68,23 @@ def test_every_internal_link_of_the_site_lands_on_a_file_not_a_folder(site):
     assert not broken, broken[:20]
     assert len(pages) >= 14 and sum(map(len, pages.values())) > 300  # the 14 pages of the nav
     assert not [p for p in site.rglob("index.html") if p.parent != site]  # pages are page.html, no folder/index.html
+
+
+def test_the_api_reference_is_generated_from_the_docstrings(site):
+    """docs/api.md: the entry points, each with its signature and its docstring's text."""
+    from raysim.algorithms.base import Algorithm
+    from raysim.api import Result, run
+    from raysim.registry import Registry
+
+    page = (site / "api.html").read_text()
+    for entry in ("raysim.api.run", "raysim.api.run_suite", "raysim.api.Result", "raysim.api.Result.history",
+                  "raysim.registry.Registry.register", "raysim.algorithms.base.Algorithm.client_step",
+                  "raysim.algorithms.base.Algorithm.server_step"):  # fmt: skip
+        assert f'id="{entry}"' in page, entry
+    text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", page)))
+    for documented in (run, Result, Registry, Algorithm):
+        first = re.sub(r"`", "", (documented.__doc__ or "").strip().split("\n")[0])
+        assert first[:60] in text, first
 
 
 def _chromium_binary() -> str:
