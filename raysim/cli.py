@@ -10,6 +10,8 @@ from pathlib import Path
 
 UI_PORT = 5000
 """`raysim ui`'s port unless --port is given (MLflow's own default)"""
+DOCS_PORT = 8000
+"""`raysim docs`' first port to try unless --port is given"""
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -170,6 +172,26 @@ def _ui(args: argparse.Namespace) -> int:
         uri, experiment = uri or tracking.uri, tracking.experiment
     store = resolve_tracking_uri(uri)
     serve(ServerSettings(store, None, host, port), "MLflow UI", lambda url: runs_page(url, store, experiment))
+
+
+def _docs(args: argparse.Namespace) -> int:
+    """The checkout's documentation site (--site, else site/; built first when missing or older than its sources) on
+    `--host`, on `--port` (refused in one line if taken) or the first free port from 8000."""
+    from raysim import docs_site
+    from raysim.tracking.server import check_port, exposure_warning, next_free_port
+
+    host = args.host
+    _warn(exposure_warning(host))
+    if args.port is None:
+        port = next_free_port(host, DOCS_PORT)
+    else:
+        port = args.port
+        check_port(host, port)
+    site = args.site or docs_site.ROOT / "site"
+    if docs_site.is_stale(site):
+        docs_site.build(site)
+    docs_site.serve(site, host, port)
+    return 0
 
 
 def _load_plugins(args: argparse.Namespace) -> None:
@@ -492,6 +514,15 @@ def parser() -> argparse.ArgumentParser:
     )
     _plugin_option(ui)
     ui.set_defaults(handler=_ui)
+    docs = commands.add_parser(
+        "docs", help="serve the documentation site on 127.0.0.1 (built first when missing or stale) until Ctrl-C"
+    )
+    docs.add_argument("--host", default="127.0.0.1", help="bind address; another than loopback is warned about")
+    docs.add_argument("--port", type=int, help=f"port, refused if taken (default: the first free one from {DOCS_PORT})")
+    docs.add_argument(
+        "--site", type=Path, help="the built site to serve, rebuilt if stale (default: site/ of the checkout)"
+    )
+    docs.set_defaults(handler=_docs)
     bench = commands.add_parser(
         "bench", help="time a FLAME round: plain torch loop vs raysim sequential vs vectorized (table and JSON)"
     )

@@ -44,10 +44,10 @@ def test_the_site_builds_in_strict_mode_with_the_generated_reference(tmp_path):
     done = subprocess.run([str(mkdocs), "build", "--strict", "-d", str(tmp_path / "site")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    page = (tmp_path / "site" / "reference" / "index.html").read_text()
+    page = (tmp_path / "site" / "reference.html").read_text()
     missing = [key for key in config_keys() if f"<code>{key}</code>" not in page]
     assert not missing, missing[:10]
-    assert (tmp_path / "site" / "getting-started" / "index.html").is_file()
+    assert (tmp_path / "site" / "getting-started.html").is_file()
 
 
 def test_the_reference_covers_every_section_and_choice():
