@@ -23,6 +23,7 @@ from raysim.studies.suite import is_suite_file, load_suite
 from raysim.studies.sweep import is_sweep_file, load_sweep
 from tests.cluster import ROOT
 from tests.conftest import run_through_cli
+from tests.inprocess import InProcess
 from tests.logged import check_logged
 from tests.test_datasets_files import MNIST_STEMS, _cifar_batch, _write_cifar100, _write_emnist, _write_idx
 from tests.test_datasets_folders import write_leaf, write_medmnist, write_tiny_imagenet
@@ -144,6 +145,39 @@ SUITE_DATA = {
 and Tiny-ImageNet fixtures hold a few samples: two clients)."""
 
 
+def _emnist_letters(root: Path) -> list[str]:
+    """EMNIST letters' IDX files holding 20 samples of each of four letters (labels 1..4 in the files)."""
+    rng = np.random.default_rng(0)
+    upright = {}
+    for part, n in (("train", 64), ("test", 16)):
+        upright[f"{part}_x"] = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        upright[f"{part}_y"] = np.tile(np.arange(1, 5, dtype=np.uint8), n // 4)
+    _write_emnist(root / "EMNIST" / "raw", "letters", upright, gz=True)
+    return []
+
+
+def _tiny_imagenet_few_shot(root: Path) -> list[str]:
+    write_tiny_imagenet(root, per_class=20, val_per_class=4)
+    return []
+
+
+FEW_SHOT_FIXTURE = ["clients.count=3", "partition.shots=2", "partition.reserved=4", "partition.server_samples=4"]
+"""AugFL's Table II settings on the fixtures: 2 training clients and one target client of 2-4 samples, 4 samples each
+to pretrain the ResNet32x4 teacher (or FedLP's ResNet8x4) and for the server's distillation (a ResNet32x4 step on a
+CPU costs seconds)."""
+TABLE2 = {
+    "cifar10": _cifar10,
+    "cifar100": _cifar100_few_classes,
+    "emnist": _emnist_letters,
+    "tiny_imagenet": _tiny_imagenet_few_shot,
+}
+SUITE_DATA |= {
+    f"augfl_{data}_table2.yaml": lambda root, data=data: [*TABLE2[data](root), *FEW_SHOT_FIXTURE] for data in TABLE2
+}
+TABLE2_SUITES = sorted((PAPER / "suites").glob("augfl_*_table2.yaml"))
+"""AugFL's Table II, one suite per dataset row: every setting runs (`test_every_setting_of_augfls_table2_...`)."""
+
+
 def test_every_paper_config_has_a_test():
     assert sorted(p.name for p in PAPER.glob("*.yaml")) == sorted(DATA)
 
@@ -186,6 +220,7 @@ HELD_BACK = ["partition.reserved=2000", "partition.server_samples=2000"]
 SCALED_DOWN = {
     name: HELD_BACK for name in ("augfl.yaml", "perfedavg.yaml", "fedlp.yaml", "kd_only.yaml", "fedpcl.yaml")
 }
+SCALED_DOWN["augfl_fmnist_table2.yaml"] = FEW_SHOT_FIXTURE
 """Overrides for Fashion-MNIST configs that hold back more samples than the tenth has: AugFL and the PM-aided
 baselines keep 20,000 from every client for the pretrained model and D_s (here 2,000 each), and Per-FedAvg in
 AugFL's setting the same 20,000 (so that its clients are AugFL's). A method that pretrains a model pretrains it for
@@ -261,23 +296,27 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
     if dataset == "fashion_mnist":
         sets += [f"dataset.root={fmnist_tenth}", *SCALED_DOWN.get(source.name, [])]
-        if "teacher_epochs" in ALGORITHMS.get(tree["algorithm"]["name"]).Settings.model_fields:
-            sets.append("algorithm.teacher_epochs=1")
     elif dataset in BUILT_IN:
         sets += [*BUILT_IN[dataset], "algorithm.epochs=1"]
     else:
         root = tmp_path / "data"
         root.mkdir()
         sets += [f"dataset.root={root}", *{**DATA, **SUITE_DATA}[source.name](root)]
+    if "teacher_epochs" in ALGORITHMS.get(tree["algorithm"]["name"]).Settings.model_fields:
+        sets.append("algorithm.teacher_epochs=1")
     apply_overrides(tree, sets)
     config = validate_config(tree)
     result = run_experiment(config, show_progress=False)
     check_logged(MlflowClient(mlflow_uri), result.run_id, config.model_dump(mode="json", by_alias=True))
 
 
+FIRST_SETTINGS = [kept for paths in distinct_experiments() if (kept := [p for p in paths if p not in TABLE2_SUITES])]
+"""The groups of `distinct_experiments` but AugFL's Table II suites, whose every setting trains a round below."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "paths", distinct_experiments(), ids=lambda paths: "=".join(str(p.relative_to(ROOT / "configs")) for p in paths)
+    "paths", FIRST_SETTINGS, ids=lambda paths: "=".join(str(p.relative_to(ROOT / "configs")) for p in paths)
 )
 def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, ray_local, mlflow_uri, fmnist_tenth):
     run_one_round(*first_setting(paths[0], mlflow_uri), tmp_path, mlflow_uri, fmnist_tenth)
@@ -287,9 +326,10 @@ def suite_methods() -> dict[str, tuple[Path, int]]:
     """Every algorithm that a paper suite runs, at the first child that runs it (suites in file order), but those
     whose first child is a suite's first setting (run by the test above): algorithm -> (suite, child index). Every
     child of every suite is validated by `first_setting` (test_every_shipped_file_...); running each setting of each
-    suite would be hundreds of runs, so each method runs one round once in a paper suite's setting."""
+    suite would be hundreds of runs, so each method runs one round once in a paper suite's setting (AugFL's Table II
+    suites train every setting in-process, below)."""
     found: dict[str, tuple[Path, int]] = {}
-    for path in sorted((PAPER / "suites").glob("*.yaml")):
+    for path in sorted(set((PAPER / "suites").glob("*.yaml")) - set(TABLE2_SUITES)):
         for index, (_name, config) in enumerate(load_suite(path).experiments()):
             found.setdefault(config.algorithm.name, (path, index))
     return {algorithm: (path, index) for algorithm, (path, index) in found.items() if index}
@@ -315,6 +355,37 @@ def test_every_method_of_the_shipped_suites_runs_one_round_in_a_suite_setting(
     tree = config.model_dump(mode="json", by_alias=True)
     base = read_mapping(path).get("base_config")
     run_one_round(tree, (path.parent / base).resolve() if base else path, tmp_path, mlflow_uri, fmnist_tenth)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", TABLE2_SUITES, ids=lambda path: path.stem)
+def test_every_setting_of_augfls_table2_suites_trains_a_round_in_process(path, tmp_path, fmnist_tenth, monkeypatch):
+    """Each column of a Table II row at its first seed, on its dataset's fixture (FEW_SHOT_FIXTURE) with the paper's
+    ResNet8x4 clients and ResNet32x4 teacher: its data, partition and pretrained teacher prepared, one round trained
+    and the held-out target client adapted and scored, in this process (a ResNet round through Ray and MLflow costs
+    seconds more per setting; each method runs through them from its configs/<method>.yaml, above), with the local
+    work shortened (one pretraining epoch, one Per-FedAvg step)."""
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "cache"))  # the pretrained teachers
+    suite = load_suite(path)
+    root = tmp_path / "data"
+    root.mkdir()
+    dataset = suite.experiments()[0][1].dataset.name
+    data = [f"dataset.root={fmnist_tenth}"] if dataset == "fashion_mnist" else ["dataset.root=" + str(root)]
+    data += SUITE_DATA[path.name](root) if dataset != "fashion_mnist" else SCALED_DOWN[path.name]
+    children = [(name, config) for name, config in suite.experiments() if config.seed == suite.seeds[0]]
+    assert [name for name, _ in children] == [run.name for run in suite.runs]
+    for name, child in children:
+        tree = child.model_dump(mode="json", by_alias=True)
+        shorter = [f"algorithm.{key}=1" for key in ("teacher_epochs", "local_steps") if key in tree["algorithm"]]
+        apply_overrides(tree, ["rounds=1", *data, *shorter])
+        config = validate_config(tree)
+        assert config.model.name == "resnet8x4" and config.clients.heldout_count == 1, name
+        sim = InProcess(config)
+        metrics = sim.round(0)
+        evaluated = sim.host.evaluate(sim.coordinator.global_model(), sim.coordinator.evaluation_context())
+        assert all(np.isfinite(v) for v in metrics.values()), name
+        target = evaluated.column("pm_test_acc")[2].as_py()  # the held-out client, adapted from the global model
+        assert evaluated.column("client_id").to_pylist() == [0, 1, 2] and 0.0 <= target <= 1.0, name
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ CHILDREN = {
     "flame_robustness_fmnist.yaml": 260,  # 4 methods x (clean + 4 attacks x 3 fractions) x 5 seeds
     "fedslr_vs_fedavg_cifar10.yaml": 6,
     "fedapm_comparison_cifar10.yaml": 25,
-    "augfl_fmnist_table2.yaml": 40,  # 8 methods x 5 seeds
+    **{f"augfl_{d}_table2.yaml": 45 for d in ("fmnist", "cifar10", "cifar100", "emnist", "tiny_imagenet")},  # 9 x 5
     "fedapm_authors_fmnist.yaml": 8,  # 4 methods x 2 seeds
     **{f"fedapm_table3_{d}.yaml": 25 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 5 methods x 5 seeds
     **{f"fedapm_table4_{d}.yaml": 35 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 7 methods x 5 seeds
@@ -72,3 +72,15 @@ def test_a_slice_of_flames_table3_suite_runs_and_tabulates(tmp_path, ray_local):
     assert params["ditto/q2"]["clients.batches"] == "authors" and params["flame/q2"]["clients.batches"] == "authors"
     assert params["flame/q2"]["partition.draw"] == "authors" and params["flame/q2"]["model.init"] == "authors"
     assert params["pfedme/q2"]["tracking.gm_scored"] == "before_aggregation"
+
+
+def test_augfls_table2_rows_have_the_papers_clients_and_models():
+    """augfl.md 4.1-4.2: 50 clients for Fashion-MNIST, CIFAR-10 and Tiny-ImageNet, 100 for CIFAR-100 and EMNIST
+    (letters), 20% of them held-out targets; ResNet8x4 clients, a ResNet32x4 teacher wherever there is one."""
+    counts = {"fmnist": 50, "cifar10": 50, "tiny_imagenet": 50, "cifar100": 100, "emnist": 100}
+    for data, count in counts.items():
+        for _name, config in load_suite(SUITES / f"augfl_{data}_table2.yaml").experiments():
+            assert (config.clients.count, config.clients.heldout, config.model.name) == (count, 0.2, "resnet8x4")
+            assert getattr(config.algorithm, "teacher_model", None) in (None, "resnet32x4")
+            assert config.partition.shots == 20 and config.partition.test_fraction == 0.5
+    assert load_suite(SUITES / "augfl_emnist_table2.yaml").experiments()[0][1].dataset.split == "letters"

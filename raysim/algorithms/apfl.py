@@ -23,7 +23,7 @@ with the server's w). Communication: the model each way (w only). FedSLR's "APFL
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -53,6 +53,7 @@ class ApflSettings(LocalStepsSettings):
     adaptive_alpha: bool = Field(False, description="update alpha_i by its gradient each step (eq. 10)")
     alpha_lr: float | None = Field(None, gt=0, description="eta_alpha of the adaptive update (default: lr)")
     lr: float = Field(0.01, gt=0, description="eta: the learning rate of w and v_i")
+    decayed_rates: ClassVar[tuple[str, ...]] = ("lr", "alpha_lr")
     aggregation: Literal["samples", "uniform"] = Field(
         "samples", description="weight the global-model copies by training-set size (as FedAvg) or equally"
     )

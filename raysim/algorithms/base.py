@@ -19,12 +19,13 @@ several clients in lockstep, `run_stacked_step` a stacked chunk).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Self, TypeVar
 
 import numpy as np
 from pydantic import ConfigDict, Field, field_validator
@@ -51,12 +52,36 @@ class AlgorithmSettings(Settings):
     model_config = ConfigDict(populate_by_name=True)
     name: str
 
+    def at_round(self, round_index: int) -> Self:
+        """The settings a client step of round `round_index` uses (`Algorithm.at_round`): these (see LrSchedule)."""
+        return self
 
-class SGDSettings(AlgorithmSettings):
+
+class LrSchedule(AlgorithmSettings):
+    """A local learning rate `lr` that decays every round: eta_t = lr * lr_decay^t at round t (0-based), FedSLR's
+    0.998^t (fedslr.md 6.3) for any method. The runtime hands each round's client steps the settings of that round
+    (`at_round`), so a step reads its round's rates as `settings.lr` wherever it uses them (SGD requests, its own
+    loops, control variates)."""
+
+    lr: float
+    lr_decay: float = Field(1.0, gt=0, le=1, description="eta_t = lr * lr_decay^t at round t; 1: a constant rate")
+    decayed_rates: ClassVar[tuple[str, ...]] = ("lr",)
+    """The client-side rates that decay with `lr` (an unset optional one follows `lr` already)."""
+
+    def at_round(self, round_index: int) -> Self:
+        """These settings with every rate of `decayed_rates` times lr_decay^round_index."""
+        if self.lr_decay == 1.0 or round_index == 0:
+            return self
+        factor = self.lr_decay**round_index
+        rates = {name: getattr(self, name) for name in self.decayed_rates}
+        return self.model_copy(update={name: rate * factor for name, rate in rates.items() if rate is not None})
+
+
+class SGDSettings(LrSchedule):
     """Local mini-batch SGD, shared by the algorithms that train locally."""
 
     epochs: int = Field(1, ge=1, description="H: local passes over the client's training split per round")
-    lr: float = Field(0.01, gt=0, description="eta: local learning rate")
+    lr: float = Field(0.01, gt=0, description="eta: local learning rate (at round 0 with lr_decay)")
     batch_size: int = Field(100, ge=1)
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (0.5 in the FLAME authors' code)")
     weight_decay: float = Field(0.0, ge=0, description="extra L2 term mu*theta (0.01 in the FLAME authors' code)")
@@ -449,7 +474,7 @@ def batch_steps(num_train: Number, batch_size: int, epochs: int, batches_per_ste
     return np.where(n > 0, np.maximum(steps, 1), 0)
 
 
-class LocalStepsSettings(AlgorithmSettings):
+class LocalStepsSettings(LrSchedule):
     """Local work counted in steps that each draw fresh batches (BatchGradients: Per-FedAvg, APFL), not in passes."""
 
     batch_size: int = Field(100, ge=1, description="samples of each batch a step draws")
@@ -583,6 +608,16 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         self.settings = settings
         self.params = params
         """Layout of the flat parameter vector (names, shapes), for algorithms that act per layer."""
+
+    def at_round(self, round_index: int) -> Self:
+        """This algorithm as the client steps of round `round_index` run it: with `settings.at_round` (the round's
+        learning rates, LrSchedule); itself when they are unchanged. The runtime steps every client with it."""
+        settings = self.settings.at_round(round_index)
+        if settings is self.settings:
+            return self
+        at_round = copy.copy(self)
+        at_round.settings = settings
+        return at_round
 
     @abstractmethod
     def init_server(self, init_params: Vector, num_clients: int) -> S:

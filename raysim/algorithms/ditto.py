@@ -17,7 +17,7 @@ chance under label skew.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -44,6 +44,7 @@ class DittoSettings(SGDSettings):
         True, description="start the global-model copy from the received w (Ditto) or keep it local (FLAME's code)"
     )
     global_lr: float | None = Field(None, gt=0, description="learning rate of the global-model copy (default: lr)")
+    decayed_rates: ClassVar[tuple[str, ...]] = ("lr", "global_lr")
     global_steps: Literal["epoch", "one_batch"] = Field(
         "epoch",
         description="the global copy's local work per round: `epochs` passes of SGD as the personal model's (Ditto), "

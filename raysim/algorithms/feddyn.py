@@ -80,16 +80,12 @@ def dual_corrected_mean(summed: np.ndarray, count: float, gamma_mean: np.ndarray
 
 class FedSlrSolverSettings(SGDSettings):
     """FedSLR's local solver (fedslr.md 6.3), the defaults of FedSLR, FedDyn, GPGD and LPGD: 2 local epochs at batch
-    20 and eta_l = 0.1, decayed by 0.998 every round."""
+    20 and eta_l = 0.1, decayed by 0.998 every round (LrSchedule: a client step of round t reads eta_l^(t) as lr)."""
 
     epochs: int = Field(2, ge=1, description="local epochs (2 in FedSLR's comparison, fedslr.md 6.3)")
     lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
     batch_size: int = Field(20, ge=1)
     lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")
-
-    def lr_at(self, round_index: int) -> float:
-        """eta_l^(t) = lr * lr_decay^t, the local rate of round t."""
-        return self.lr * self.lr_decay**round_index
 
 
 class FedDynSettings(FedSlrSolverSettings):
@@ -114,41 +110,29 @@ class FedDynServerState:
     """theta^t, the server model."""
     h: np.ndarray
     """float64: h^t, the mean over all m clients of their gradient states."""
-    round: int
     num_clients: int
 
 
-@dataclass(frozen=True, eq=False)
-class ModelAtRound:
-    """The broadcast of FedDyn and LPGD: the server model and the round (FedSlrSolverSettings.lr_at)."""
-
-    w: Vector
-    round: int
-    """t, for the local learning-rate decay."""
-
-
 @ALGORITHMS.register()
-class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, ModelAtRound, WeightedUpload]):
+class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, Vector, WeightedUpload]):
     name = "feddyn"
     Settings = FedDynSettings
     Upload = WeightedUpload
     stacks = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedDynServerState:
-        return FedDynServerState(init_params.copy(), np.zeros(init_params.shape, np.float64), 0, num_clients)
+        return FedDynServerState(init_params.copy(), np.zeros(init_params.shape, np.float64), num_clients)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedDynClientState:
         return FedDynClientState(np.zeros_like(init_params))
 
-    def broadcast(self, server: FedDynServerState) -> ModelAtRound:
-        return ModelAtRound(server.w, server.round)
+    def broadcast(self, server: FedDynServerState) -> Vector:
+        return server.w
 
-    def client_step(
-        self, client: ClientInfo | ClientChunk, state: FedDynClientState, broadcast: ModelAtRound
-    ) -> ClientStep:
+    def client_step(self, client: ClientInfo | ClientChunk, state: FedDynClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
-        w_t = broadcast.w
-        lr = s.lr_at(broadcast.round)
+        w_t = broadcast
+        lr = s.lr  # eta_l^(t): the runtime steps round t with its settings (LrSchedule.at_round)
         result = yield from train(dynamic_request(s, w_t, state.gamma, s.eta_g, lr))  # line 6
         w_i = np.asarray(result.params, np.float32)
         gamma = dual_update(state.gamma, w_t, w_i, s.eta_g)  # line 7
@@ -162,7 +146,11 @@ class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, Mod
         h = mirrored_dual_mean(server.h, server.w, summed, num_selected, eta_g, server.num_clients)  # line 9
         w = dual_corrected_mean(summed, float(total.weight), h, eta_g).astype(np.float32)  # line 10
         metrics = server_metrics(w, server.w) | {"h_norm": float(np.linalg.norm(h))}
-        return FedDynServerState(w, h, server.round + 1, server.num_clients), metrics
+        return FedDynServerState(w, h, server.num_clients), metrics
+
+    def downlink_bytes(self, broadcast: Vector) -> int:
+        """The model plus the round t (the clients' rate decay, fedslr.md 6.3), as float32, as FedSLR counts it."""
+        return 4 * (broadcast.size + 1)
 
     def global_model(self, server: FedDynServerState) -> Vector:
         return server.w

@@ -105,7 +105,6 @@ class FedSlrServerState:
     """The GKR as sent: low-rank layers as the factors of the server's SVD (fedslr.md 2.4)."""
     gamma_mean: np.ndarray
     """float64 mean over all M clients of their mirrored gamma_i."""
-    round: int
     ranks: dict[str, int]
     num_clients: int
 
@@ -114,8 +113,6 @@ class FedSlrServerState:
 class FedSlrBroadcast:
     model: FactoredModel
     """The GKR w_t, factored where that is smaller; clients rebuild it with `model.params`."""
-    round: int
-    """t, for the local learning-rate decay."""
     ranks: dict[str, int]
     """Per-layer rank of w (for the mixed model's parameter count)."""
 
@@ -197,7 +194,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         # gamma_{i,0} = 0 (authors' code); w_0 is sent dense, so its ranks count as full.
         zeros = np.zeros(init_params.shape, dtype=np.float64)
         w = np.asarray(init_params, dtype=np.float32)
-        return FedSlrServerState(w.copy(), FactoredModel.of_dense(w), zeros, 0, self.low_rank.full_ranks(), num_clients)
+        return FedSlrServerState(w.copy(), FactoredModel.of_dense(w), zeros, self.low_rank.full_ranks(), num_clients)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedSlrClientState:
         p = np.zeros_like(init_params)
@@ -207,12 +204,12 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         return FedSlrClientState(np.zeros_like(init_params), p, None)
 
     def broadcast(self, server: FedSlrServerState) -> FedSlrBroadcast:
-        return FedSlrBroadcast(server.model, server.round, server.ranks)
+        return FedSlrBroadcast(server.model, server.ranks)
 
     def client_step(self, client: ClientInfo, state: FedSlrClientState, broadcast: FedSlrBroadcast) -> ClientStep:
         s = self.settings
         w_t = broadcast.model.params(self.params)
-        lr = s.lr_at(broadcast.round)
+        lr = s.lr  # eta_l * decay^t: the runtime steps round t with its settings (LrSchedule.at_round)
         result = yield from train(dynamic_request(s, w_t, state.gamma, s.eta_g, lr))  # (4), FedDyn's client step
         w_i = result.params
         gamma = dual_update(state.gamma, w_t, w_i, s.eta_g)  # (5)
@@ -252,7 +249,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         prox, metrics = self.low_rank(before, s.lam * s.eta_g, server.w)  # (6)
         metrics["gamma_mean_norm"] = float(np.linalg.norm(gamma_mean))
         metrics["dual_sum_norm"] = server.num_clients * metrics["gamma_mean_norm"]  # ||sum_i gamma_i||, all M
-        new = FedSlrServerState(prox.params, prox.model, gamma_mean, server.round + 1, prox.ranks, server.num_clients)
+        new = FedSlrServerState(prox.params, prox.model, gamma_mean, prox.ranks, server.num_clients)
         return new, metrics
 
     def global_parameter_count(self, ranks: dict[str, int]) -> int:
@@ -260,7 +257,8 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         return self.low_rank.parameter_count(ranks)
 
     def downlink_bytes(self, broadcast: FedSlrBroadcast) -> int:
-        """What is sent: the GKR's dense layers and factors (fedslr.md 2.4), plus the round, as float32."""
+        """What is sent: the GKR's dense layers and factors (fedslr.md 2.4), plus the round t (the clients' rate
+        decay), as float32."""
         return 4 * (broadcast.model.size + 1)
 
     def global_model(self, server: FedSlrServerState) -> Vector:

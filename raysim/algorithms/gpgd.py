@@ -64,7 +64,6 @@ class GpgdServerState:
     """The low-rank global model, = model.params."""
     model: FactoredModel
     """w as sent: low-rank layers as the factors of the server's SVD (fedslr.md 2.4)."""
-    round: int
     ranks: dict[str, int]
 
 
@@ -81,21 +80,21 @@ class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, FedSlrBroad
 
     def init_server(self, init_params: Vector, num_clients: int) -> GpgdServerState:
         w = np.asarray(init_params, dtype=np.float32).copy()  # w_0 is sent dense: its ranks count as full
-        return GpgdServerState(w, FactoredModel.of_dense(w), 0, self.low_rank.full_ranks())
+        return GpgdServerState(w, FactoredModel.of_dense(w), self.low_rank.full_ranks())
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> GpgdClientState:
         return GpgdClientState()
 
     def broadcast(self, server: GpgdServerState) -> FedSlrBroadcast:
-        return FedSlrBroadcast(server.model, server.round, server.ranks)
+        return FedSlrBroadcast(server.model, server.ranks)
 
     def client_step(
         self, client: ClientInfo | ClientChunk, state: GpgdClientState, broadcast: FedSlrBroadcast
     ) -> ClientStep:
         s = self.settings
         w_t = broadcast.model.params(self.params)
-        lr = s.lr_at(broadcast.round)
-        result = yield from train(s.model_copy(update={"lr": lr}).local_sgd(w_t))  # (20)
+        lr = s.lr  # eta_l * decay^t (LrSchedule.at_round)
+        result = yield from train(s.local_sgd(w_t))  # (20)
         w_i = np.asarray(result.params, np.float32)
         count = np.ones_like(np.asarray(client.num_train, np.float32))  # a number, or one per row of a chunk
         metrics = {"train_loss": result.mean_loss, "update_norm": distances(w_i, w_t), "lr": lr}
@@ -105,10 +104,11 @@ class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, FedSlrBroad
         s = self.settings
         mean = np.asarray(total.w, np.float64) / np.asarray(total.count, np.float64)
         prox, metrics = self.low_rank(mean, s.lam * s.eta_g, server.w)  # (21)
-        return GpgdServerState(prox.params, prox.model, server.round + 1, prox.ranks), metrics
+        return GpgdServerState(prox.params, prox.model, prox.ranks), metrics
 
     def downlink_bytes(self, broadcast: FedSlrBroadcast) -> int:
-        """The factored model's dense layers and factors (fedslr.md 2.4), plus the round, as float32 (FedSLR's)."""
+        """The factored model's dense layers and factors (fedslr.md 2.4), plus the round t (the clients' rate decay),
+        as float32 (FedSLR's)."""
         return 4 * (broadcast.model.size + 1)
 
     def global_model(self, server: GpgdServerState) -> Vector:

@@ -37,7 +37,7 @@ from raysim.algorithms.base import (
     per_row,
     train,
 )
-from raysim.algorithms.feddyn import FedSlrSolverSettings, ModelAtRound
+from raysim.algorithms.feddyn import FedSlrSolverSettings
 from raysim.algorithms.prox import matrix_shape
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.jit import distances
@@ -58,37 +58,34 @@ class LpgdClientState:
 @dataclass
 class LpgdServerState:
     w: Vector
-    round: int
 
 
 @ALGORITHMS.register()
-class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, ModelAtRound, WeightedUpload]):
+class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, Vector, WeightedUpload]):
     name = "lpgd"
     Settings = LpgdSettings
     Upload = WeightedUpload
     stacks = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> LpgdServerState:
-        return LpgdServerState(init_params.copy(), 0)
+        return LpgdServerState(init_params.copy())
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> LpgdClientState:
         return LpgdClientState()
 
-    def broadcast(self, server: LpgdServerState) -> ModelAtRound:
-        return ModelAtRound(server.w, server.round)
+    def broadcast(self, server: LpgdServerState) -> Vector:
+        return server.w
 
-    def client_step(
-        self, client: ClientInfo | ClientChunk, state: LpgdClientState, broadcast: ModelAtRound
-    ) -> ClientStep:
+    def client_step(self, client: ClientInfo | ClientChunk, state: LpgdClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
-        lr = s.lr_at(broadcast.round)
-        request = s.model_copy(update={"lr": lr}).local_sgd(broadcast.w, nuclear=s.lam if s.lam else None)
+        lr = s.lr  # eta_l * decay^t (LrSchedule.at_round)
+        request = s.local_sgd(broadcast, nuclear=s.lam if s.lam else None)
         result = yield from train(request)  # (18)
         w_i = np.asarray(result.params, np.float32)
         count = np.ones_like(np.asarray(client.num_train, np.float32))  # a number, or one per row of a chunk
         metrics = {
             "train_loss": result.mean_loss,
-            "update_norm": distances(w_i, broadcast.w),
+            "update_norm": distances(w_i, broadcast),
             "lr": lr,
             "local_rank_fraction": self.rank_fraction(w_i),
         }
@@ -116,7 +113,11 @@ class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, ModelAtRoun
 
     def server_step(self, server: LpgdServerState, total: WeightedUpload, num_selected: int):
         w, metrics = weighted_average(total, server.w)  # (19): uniform mean of the selected local models
-        return LpgdServerState(w, server.round + 1), metrics
+        return LpgdServerState(w), metrics
+
+    def downlink_bytes(self, broadcast: Vector) -> int:
+        """The model plus the round t (the clients' rate decay, fedslr.md 6.3), as float32, as FedSLR counts it."""
+        return 4 * (broadcast.size + 1)
 
     def global_model(self, server: LpgdServerState) -> Vector:
         return server.w

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -41,6 +41,7 @@ class PFedMeSettings(SGDSettings):
     name: Literal["pfedme"] = "pfedme"
     lam: float = Field(1.0, gt=0, alias="lambda", description="lambda: Moreau-envelope regularization")
     global_lr: float = Field(0.1, gt=0, description="eta_2: step of the w_i gradient update (code default 0.1)")
+    decayed_rates: ClassVar[tuple[str, ...]] = ("lr", "global_lr")
     aggregation: Literal["all", "selected"] = Field(
         "all", description="w = mean of all m clients' latest w_i (FLAME's code) or the beta-mix over S^t (pFedMe)"
     )

@@ -163,31 +163,33 @@ class ClientSteps:
         )
 
     def chunks(self, round_index: int, client_ids: list[int], broadcast: object) -> Iterator[ChunkUpdate]:
-        """The updates of the selected clients, a chunk at a time: the selected clients of a block (`blocks`).
+        """The updates of the selected clients, a chunk at a time: the selected clients of a block (`blocks`), each
+        stepped by the algorithm of this round (`Algorithm.at_round`: its learning rates decayed to round t).
         With vectorized training a chunk steps as one step over its stacked states when the algorithm stacks
         (`_stacked_chunk`), else in lockstep, one update per client; sequentially each client steps alone. A
         Byzantine client that skips training runs alone, untrained, and keeps its state."""
         selected = set(client_ids)
+        algorithm = self.algorithm.at_round(round_index)  # the round's settings (its learning rates)
         for block in self.blocks:
             chosen = [c for c in block if c in selected]
             for client_id in (c for c in chosen if self._idle(c)):
                 state = self.states[client_id]
-                update = run_client_step(self.algorithm, self.info[client_id], state, broadcast, untrained)
+                update = run_client_step(algorithm, self.info[client_id], state, broadcast, untrained)
                 yield ChunkUpdate([client_id], one_row(dataclasses.replace(update, metrics={})), lambda kept: None)
             chunk = [c for c in chosen if not self._idle(c)]
             if not chunk:
                 continue
             if self.stacked:
-                yield self._stacked_chunk(round_index, chunk, broadcast)
+                yield self._stacked_chunk(algorithm, round_index, chunk, broadcast)
                 continue
             states = [self.states[c] for c in chunk]
             infos = [self.info[c] for c in chunk]
             if self.vectorized is not None:
                 executor = self._execute_many(round_index, self.vectorized)
-                updates = run_client_steps(self.algorithm, infos, states, broadcast, executor)
+                updates = run_client_steps(algorithm, infos, states, broadcast, executor)
             else:
                 updates = [
-                    run_client_step(self.algorithm, info, state, broadcast, self.executor(c, round_index))
+                    run_client_step(algorithm, info, state, broadcast, self.executor(c, round_index))
                     for c, info, state in zip(chunk, infos, states, strict=True)
                 ]
             for client_id, update in zip(chunk, updates, strict=True):
@@ -202,7 +204,9 @@ class ClientSteps:
 
         return commit
 
-    def _stacked_chunk(self, round_index: int, chunk: list[int], broadcast: object) -> ChunkUpdate:
+    def _stacked_chunk(
+        self, algorithm: Algorithm, round_index: int, chunk: list[int], broadcast: object
+    ) -> ChunkUpdate:
         """One step over the stacked states of a chunk, the selected clients of one block (Algorithm.stacks).
         Without a state budget the block's states live in a StateTable: the chunk's rows are donated to the step
         (ClientChunk.in_place), which updates them where they are, unless a dropped upload must leave its client's
@@ -211,7 +215,7 @@ class ClientSteps:
         infos = [self.info[c] for c in chunk]
         executor = self._rows_executor(round_index, chunk)
         in_place = self.settings.on_nonfinite != "drop_client"
-        update = run_stacked_step(self.algorithm, infos, self.states.rows(chunk), broadcast, executor, in_place)
+        update = run_stacked_step(algorithm, infos, self.states.rows(chunk), broadcast, executor, in_place)
 
         def commit(kept: np.ndarray) -> None:
             self.states.store(chunk, update.state, kept)
