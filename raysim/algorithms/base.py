@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
 from pydantic import ConfigDict, Field, field_validator
@@ -37,6 +37,8 @@ from raysim.registry import Registry
 from raysim.settings import Settings
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from raysim.data.dataset import Task
 
 Vector = np.ndarray
