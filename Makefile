@@ -36,11 +36,16 @@ data: $(STAMP)
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Headless Chromium for the UI screenshots test (Debian's package; as root with apt-get, like Fashion-MNIST).
+# Headless Chromium for the UI screenshots test and pdflatex with booktabs for the LaTeX table test (Debian's
+# packages, about 140 MB for TeX without recommends; as root with apt-get, like Fashion-MNIST).
 tools:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } \
 	  || echo "note: tests/test_ui.py needs headless Chromium (Debian: apt-get install chromium)"
+	@command -v pdflatex >/dev/null 2>&1 || { [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends texlive-latex-base \
+	  texlive-latex-recommended >/dev/null 2>&1; } \
+	  || echo "note: tests/test_table.py needs pdflatex and booktabs (Debian: texlive-latex-recommended)"
 
 # Re-resolve the full pinned dependency set after editing pyproject.toml.
 lock:

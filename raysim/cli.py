@@ -82,6 +82,15 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _figure(args: argparse.Namespace) -> int:
+    from raysim.studies.figure import write_figure
+    from raysim.tracking.mlflow_writer import resolve_tracking_uri
+
+    paths = write_figure(resolve_tracking_uri(args.tracking_uri), args.target, Path(args.out), args.metrics, args.band)
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
 def _partition(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.data.partition_file import is_disjoint
@@ -461,6 +470,22 @@ def parser() -> argparse.ArgumentParser:
     table.add_argument("--out", help="write the table to this file instead of printing it")
     table.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     table.set_defaults(handler=_table)
+
+    figure = commands.add_parser(
+        "figure",
+        help="a suite's or sweep's curves: mean over seeds per round with a band, one panel per metric",
+        description="Draw each setting's curve of each metric (mean over its seeds per round, with a band of +/- "
+        "the sample std or the seeds' min-max), one panel per metric, read from MLflow like `raysim table`; "
+        "written as curves.png, curves.pdf and curves.svg. Example: raysim figure 3f2c... --metrics pm/acc gm/acc "
+        "pm/loss_var --out figures/",
+    )
+    figure.add_argument("target", help="parent run id of a suite or sweep, or an experiment name")
+    figure.add_argument("--metrics", nargs="+", default=None, help="logged metric keys (default: pm/acc gm/acc hm/acc)")
+    figure.add_argument("--band", choices=["std", "minmax"], default="std",
+                        help="the band around the mean: +/- sample std over seeds, or their min to max")  # fmt: skip
+    figure.add_argument("--out", default=".", help="folder for curves.{png,pdf,svg} (default: the current one)")
+    figure.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    figure.set_defaults(handler=_figure)
     partition = commands.add_parser(
         "partition",
         help="write a config's partition as Parquet (replay: partition: {scheme: file, path: FILE})",

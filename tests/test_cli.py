@@ -60,6 +60,7 @@ def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, m
     assert metrics["pm/best_acc"] >= metrics["pm/acc"] and not any(k.startswith(("final/", "best/")) for k in metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "clients.parquet", "convergence.png", "clients.json", "partition.json"} <= artifacts
+    assert {"convergence.pdf", "convergence.svg", "partition.pdf", "partition.svg"} <= artifacts
     tables = json.loads(run.data.tags["mlflow.loggedArtifacts"])
     assert {"path": "clients.json", "type": "table"} in tables and {"path": "partition.json", "type": "table"} in tables
     shown = json.loads(Path(client.download_artifacts(run.info.run_id, "clients.json", str(tmp_path))).read_text())

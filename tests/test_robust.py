@@ -207,6 +207,59 @@ def test_suite_reports_plot_benign_accuracy_against_the_malicious_fraction(tmp_p
     ]
     assert [f for f, _ in lines[("flame", "mean", "same_value")]] == [0.0, 0.2]
     assert [f for f, _ in lines[("fedavg", "mean", "gaussian")]] == [0.0]
-    assert write_suite_reports(children, "test", tmp_path) == ["robustness.png", "fairness.png"]
+    figures = ["robustness.png", "robustness.pdf", "robustness.svg", "fairness.png", "fairness.pdf", "fairness.svg"]
+    assert write_suite_reports(children, "test", tmp_path) == figures
     assert (tmp_path / "robustness.png").stat().st_size > 10_000
-    assert write_suite_reports(children[:1] + children[-1:], "clean", tmp_path) == ["fairness.png"]
+    assert (tmp_path / "robustness.pdf").read_bytes().startswith(b"%PDF")
+    assert "<svg" in (tmp_path / "robustness.svg").read_text()
+    assert write_suite_reports(children[:1] + children[-1:], "clean", tmp_path) == figures[3:]
+
+
+def test_fairness_labels_overlap_no_label_and_no_marker_and_accuracy_panels_zoom():
+    """A crowded fairness scatter (24 runs, most PM/HM points within 0.93-0.98 accuracy, as the shipped compare
+    suite): every label's rendered extent is inside the axes and overlaps no other label and no marker."""
+    from matplotlib.axes import Axes
+    from matplotlib.text import Text
+
+    from raysim.studies.children import ChildOutcome
+    from raysim.studies.suite import SuiteChild
+    from raysim.tracking import plots
+    from raysim.tracking.robustness import fairness_figure
+
+    generator = np.random.default_rng(3)
+    config = validate_config(tiny_config())
+    children = []
+    for index in range(24):
+        top = index < 18  # most runs crowd the top right, as personalized models do
+        pm = generator.uniform(0.93, 0.98) if top else generator.uniform(0.6, 0.9)
+        gm = generator.uniform(0.1, 0.8)
+        summary = {"final/pm/acc": pm, "final/hm/acc": pm if index % 2 else pm - 0.01, "final/gm/acc": gm}
+        summary |= {f"final/{k}/loss_var": generator.uniform(0, 0.6 if k == "gm" else 0.05) for k in ("pm", "gm", "hm")}
+        children.append(SuiteChild(f"algorithm{index}", config, ChildOutcome("finished", summary=summary)))
+    figure = fairness_figure(children, "crowded")
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    (axis,) = [a for a in figure.axes if isinstance(a, Axes)]
+    labels = [Text.get_window_extent(text, renderer) for text in axis.texts]  # the text alone, not its leader line
+    assert len(labels) >= 48  # every run's PM and GM point, and the HM points apart from PM
+    frame = axis.get_window_extent(renderer)
+    scale = figure.dpi / 72
+    markers = []
+    for collection in axis.collections:
+        (size,) = set(collection.get_sizes())
+        half = np.sqrt(size) / 2 * scale
+        centres = axis.transData.transform(collection.get_offsets())
+        markers += [(x - half, y - half, x + half, y + half) for x, y in centres]
+    for i, box in enumerate(labels):
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        for other in labels[i + 1 :]:
+            assert not box.overlaps(other), (axis.texts[i].get_text(), box, other)
+        for x0, y0, x1, y1 in markers:
+            assert not (box.x0 < x1 and x0 < box.x1 and box.y0 < y1 and y0 < box.y1), axis.texts[i].get_text()
+
+    pm = plots.Panel("PM", [plots.Series("a", {0: 0.1, 1: 0.93, 2: 0.97})], bounds=(0, 1))
+    gm = plots.Panel("GM", [plots.Series("a", {0: 0.1, 1: 0.0, 2: 1.0})], bounds=(0, 1))
+    fig = plots.round_curves([pm, gm])
+    (pm_low, pm_high), (gm_low, gm_high) = (a.get_ylim() for a in fig.axes)
+    assert pm_low == pytest.approx(0.93 - 0.002) and pm_high == pytest.approx(0.97 + 0.002)  # round 0 left below
+    assert (gm_low, gm_high) == (0.0, 1.0)  # the data spans 0-1: kept, not widened past it

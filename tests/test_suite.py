@@ -127,7 +127,7 @@ def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_lo
         assert child.data.metrics["traffic/uplink_bytes_total"] == 2 * 3 * up  # 2 rounds, 3 clients
         assert child.data.metrics["traffic/downlink_bytes_total"] == 2 * 3 * down
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"summary.parquet", "comparison.png"} <= artifacts
+    assert {"summary.parquet", "comparison.png", "comparison.pdf", "comparison.svg"} <= artifacts
     table = pq.read_table(client.download_artifacts(parent.info.run_id, "summary.parquet", str(tmp_path)))
     assert table.num_rows == len(ISSUE_3) and {"run", "seed", "run_id", "final/pm/acc"} <= set(table.column_names)
 
@@ -229,6 +229,7 @@ def test_a_failing_child_is_marked_failed_and_the_suite_goes_on_then_resumes_onl
     assert summary[1]["error"] and math.isnan(summary[1]["final/pm/acc"]) and summary[2]["final/pm/acc"] > 0
     artifacts = {a.path for a in client.list_artifacts(parent_id)}
     assert {"comparison.png", "fairness.png", "table_final.md", "table_best.csv"} <= artifacts
+    assert {"fairness.pdf", "fairness.svg"} <= artifacts
     table = Path(client.download_artifacts(parent_id, "table_final.md", str(tmp_path))).read_text()
     assert "left out, not finished: diverges (FAILED)" in table.splitlines()[0]
     assert [line.split(" | ")[0] for line in table.splitlines()[4:]] == ["| before", "| after"]

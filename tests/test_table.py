@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import csv
 import math
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 import yaml
+from matplotlib.colors import to_rgb
 from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
+from raysim.studies.figure import curves_figure
 from raysim.studies.table import (
     Format,
     RunValues,
     TableError,
     best_round,
     build_table,
+    column_label,
     final_value,
+    lower_is_better,
     make_table,
     setting_of,
     value_at,
@@ -72,10 +78,30 @@ def test_a_table_by_hand_in_three_formats():
     assert rows[1]["pm/acc std"] == "" and rows[1]["pm/acc values"] == "0.8"
 
     latex = table.render("latex")
-    assert latex.splitlines()[0] == f"% paper: {caption.replace('±', chr(92) + 'pm')}"
-    assert "\\begin{tabular}{l r c c }" in latex and "\\end{tabular}" in latex
-    assert "flame/q2 & 2 & $0.9200 \\pm 0.0283$ (r 38-40)" in latex
-    assert "ditto\\_q2 & 1 & $0.8000$ (r 12)" in latex and "pm/acc & gm/acc \\\\" in latex
+    escaped = caption.replace("±", "$\\pm$").replace("_", "\\_")
+    assert latex.splitlines()[0] == f"% paper: {escaped}"
+    assert "\\begin{tabular}{lrcc}" in latex and "\\end{tabular}" in latex and "\\end{table}" in latex
+    assert "Setting & Seeds & PM acc. & GM acc. \\\\" in latex  # readable headers, not the metric keys
+    assert latex.index("\\toprule") < latex.index("\\midrule") < latex.index("\\bottomrule")
+    # the best mean of each column in bold: flame/q2 has the higher PM and GM accuracy
+    assert "flame/q2 & 2 & $\\mathbf{0.9200 \\pm 0.0283}$ (r 38-40) & $\\mathbf{0.5200 \\pm 0.0283}$ (r 40)" in latex
+    assert "ditto\\_q2 & 1 & $0.8000$ (r 12) & $0.3000$ (r 40) \\\\" in latex
+    assert "\\label{tab:paper}" in latex
+    assert "\\caption{paper: runs, seeds 1, 10 (column Seeds: how many each setting has). Values: each run's" in latex
+
+
+def test_latex_headers_and_the_direction_of_best_per_key():
+    assert [column_label(m) for m in ("pm/acc", "gm/loss_var", "hm/f1", "time/round", "update/dual_norm", "x")] == [
+        "PM acc.", "GM loss var.", "HM F1", "time: round", "update: dual norm", "x"
+    ]
+    assert not lower_is_better("pm/acc") and not lower_is_better("hm/auc")
+    assert lower_is_better("pm/loss") and lower_is_better("gm/acc_std") and lower_is_better("time/round")
+    assert lower_is_better("traffic/uplink_bytes") and lower_is_better("server/svd_seconds")
+    runs = [RunValues(name, 1, name, {"pm/acc": (acc, 5), "pm/loss": (loss, 5), "time/round": (time, 5)}, last_round=5)
+            for name, acc, loss, time in (("a", 0.9, 0.5, 2.0), ("b", 0.9, 0.4, 3.0), ("c", 0.8, 0.6, 1.0))]
+    table = build_table(runs, ["pm/acc", "pm/loss", "time/round"], "final", "t")
+    assert [table.best_rows(m) for m in table.metrics] == [{"a", "b"}, {"b"}, {"c"}]  # ties are all bold
+    assert "\\caption{t: 5 rounds, seed 1. Values: final round;" in table.render("latex")
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +212,38 @@ def test_an_experiment_name_tabulates_its_top_level_runs_and_bad_targets_are_one
         make_table(uri, child)
 
 
+@pytest.mark.slow
+def test_raysim_figure_draws_each_settings_mean_over_seeds_with_its_band(finished_suite, tmp_path, capsys):
+    """The plotted line of each setting and metric is the mean over its seeds of the children's histories in the
+    store; the band spans mean +/- their sample std; the CLI writes the PNG, PDF and SVG."""
+    uri, parent = finished_suite
+    client = MlflowClient(uri)
+    metrics = ["pm/acc", "gm/loss"]
+    figure = curves_figure(uri, parent, metrics)
+    children = _children(uri, parent)
+    for axis, metric in zip(figure.axes, metrics, strict=True):
+        drawn = {line.get_label(): (line, band) for line, band in zip(axis.get_lines(), axis.collections, strict=True)}
+        assert set(drawn) == set(children) == {"flame", "fedavg"}
+        for setting, runs in children.items():
+            histories = np.array([[m.value for m in sorted(client.get_metric_history(r.info.run_id, metric),
+                                                            key=lambda m: m.step)] for r in runs])  # fmt: skip
+            line, band = drawn[setting]
+            rounds, mean = line.get_data()
+            assert list(rounds) == list(range(histories.shape[1])) == [0, 1, 2, 3]
+            assert np.array_equal(mean, histories.mean(axis=0))
+            assert tuple(band.get_facecolor()[0][:3]) == to_rgb(line.get_color())
+            top = band.get_paths()[0].vertices[:, 1].max()
+            assert top == pytest.approx((histories.mean(axis=0) + histories.std(axis=0, ddof=1)).max())
+    command = ["figure", parent, "--tracking-uri", uri, "--metrics", "pm/acc", "hm/acc", "--out", str(tmp_path)]
+    assert main(command) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'curves.png'}")
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "curves.pdf").read_bytes().startswith(b"%PDF")
+    assert "<svg" in (tmp_path / "curves.svg").read_text()
+    assert main(["figure", parent, "--tracking-uri", uri, "--metrics", "pm/accuracy"]) == 2
+    assert capsys.readouterr().err.startswith("error: metric 'pm/accuracy' is not logged by any run of")
+
+
 # FedAPM's aggregation (spec fedapm.md 4.4): each metric's max (or min) over rounds per seed, population std, and
 # the rounds to reach a target, on a store whose runs are written through the MLflow client with known curves.
 
@@ -294,6 +352,33 @@ def test_rounds_to_a_target_averages_the_seeds_that_reach_it_and_shows_the_other
                "--rounds-to", "pm/train_loss<=0.5", "--rounds-to", "pm/acc>0.8"]  # fmt: skip
     assert main(command) == 0
     assert capsys.readouterr().out == markdown
+
+
+def test_the_latex_table_compiles_with_booktabs_and_bolds_the_best_means(hand_suite, tmp_path):
+    """`raysim table --format latex`, `\\input` by a document that loads booktabs, compiles with pdflatex (Debian's
+    TeX Live, which `make setup` installs); the bold cell of each column is the best of the children's means."""
+    pdflatex = shutil.which("pdflatex")
+    assert pdflatex, "pdflatex is needed: `make setup` installs Debian's texlive-latex-base and -recommended"
+    uri, parent = hand_suite
+    command = ["table", parent, "--tracking-uri", uri, "--format", "latex", "--out", str(tmp_path / "table.tex"),
+               "--metrics", "pm/acc", "--rounds-to", "pm/train_loss<=0.5"]  # fmt: skip
+    assert main(command) == 0
+    latex = (tmp_path / "table.tex").read_text()
+    finals = {name: np.mean([ACCURACY[i, -1] for i, (n, _) in enumerate(HAND_RUNS) if n == name])
+              for name in ("fedapm", "fedavg")}  # fmt: skip
+    best = max(finals, key=lambda name: finals[name])
+    rows = {line.split(" & ")[0]: line for line in latex.splitlines() if line.startswith(("fedapm &", "fedavg &"))}
+    assert f"$\\mathbf{{{finals[best]:.4f}" in rows[best] and "mathbf" not in rows[({*finals} - {best}).pop()]
+    assert "Setting & Seeds & PM acc. & rounds to pm/train\\_loss$\\leq$0.5 \\\\" in latex
+    assert "\\caption{hand: 6 rounds, seeds 1, 2, 3 (column Seeds: how many each setting has)." in latex
+    (tmp_path / "paper.tex").write_text(
+        "\\documentclass{article}\\usepackage{booktabs}\\begin{document}\\input{table}\\end{document}\n"
+    )
+    result = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (tmp_path / "paper.pdf").read_bytes().startswith(b"%PDF")
+    assert "Output written on paper.pdf (1 page" in result.stdout
 
 
 def test_the_fedapm_aggregation_through_the_cli_and_bad_options_in_one_line(hand_suite, capsys, tmp_path):

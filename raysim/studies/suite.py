@@ -33,6 +33,7 @@ from raysim.studies.table import write_tables
 from raysim.threats.attacks import check_benign_left
 from raysim.tracking.identity import source_tags
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
+from raysim.tracking.plots import figure_files
 from raysim.tracking.robustness import write_suite_reports
 
 
@@ -194,7 +195,7 @@ def _log_parent(writer: MlflowWriter, title: str, result: SuiteResult) -> None:
         write_comparison_plot(result.children, title, folder / "comparison.png")
         reports = write_suite_reports(finished, title, folder) if finished else []
         tables = write_tables(writer.tracking_uri, result.parent_run_id, folder) if finished else []
-        for name in ("summary.parquet", "comparison.png", *reports, *(t.name for t in tables)):
+        for name in ("summary.parquet", *figure_files("comparison.png"), *reports, *(t.name for t in tables)):
             writer.log_artifact(folder / name)
 
 
@@ -243,7 +244,7 @@ def write_comparison_plot(children: list[SuiteChild], title: str, path: Path) ->
             means = {r: float(np.mean([h[r][f"{kind}/acc"] for h in histories])) for r in rounds}
             series.append(plots.Series(label, means))
     panels = [
-        plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "")
+        plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "", bounds=(0, 1))
         for kind, series in curves.items()
     ]
-    plots.save(plots.round_curves(panels, title=title, sharey=True), path)
+    plots.save(plots.round_curves(panels, title=title), path)

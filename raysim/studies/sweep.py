@@ -388,6 +388,8 @@ def setting_stats(
 def _log_parent(writer, sweep: SweepConfig, trials, outcomes, table) -> None:
     """The parent's artifacts, made from the trials that finished; the failed ones are marked (their rows' status
     and error, `(failed)` in the curves' legend, named under the tables)."""
+    from raysim.tracking.plots import figure_files
+
     finished = sum(o.finished for o in outcomes)
     metrics = {}
     for label, mean, _, _ in setting_stats(trials, outcomes, "final/pm/acc"):
@@ -399,7 +401,8 @@ def _log_parent(writer, sweep: SweepConfig, trials, outcomes, table) -> None:
         write_trial_curves(trials, outcomes, sweep.name, folder / "accuracy_vs_round.png")
         write_setting_bars(trials, outcomes, sweep.name, folder / "final_accuracy.png")
         tables = write_tables(writer.tracking_uri, writer.run_id, folder) if finished else []
-        for name in ("summary.parquet", "accuracy_vs_round.png", "final_accuracy.png", *(t.name for t in tables)):
+        figures = (*figure_files("accuracy_vs_round.png"), *figure_files("final_accuracy.png"))
+        for name in ("summary.parquet", *figures, *(t.name for t in tables)):
             writer.log_artifact(folder / name)
 
 
@@ -421,10 +424,10 @@ def write_trial_curves(trials: list[Trial], outcomes: list[ChildOutcome], title:
                 )
             )
     panels = [
-        plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "")
+        plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "", bounds=(0, 1))
         for kind, series in curves.items()
     ]
-    plots.save(plots.round_curves(panels, title=f"{title}: accuracy per trial", sharey=True), path)
+    plots.save(plots.round_curves(panels, title=f"{title}: accuracy per trial"), path)
 
 
 def write_setting_bars(trials: list[Trial], outcomes: list[ChildOutcome], title: str, path: Path) -> None:

@@ -106,6 +106,8 @@ class RunValues:
     run_id: str
     values: dict[str, tuple[float, int]]
     reached: dict[str, Reach] = field(default_factory=dict)
+    last_round: int | None = None
+    """The last round any of its fetched metrics was logged at (None: not known, e.g. a table built by hand)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,8 @@ class Table:
     targets: list[Target] = field(default_factory=list)
     reach: dict[str, dict[str, ReachCell]] = field(default_factory=dict)
     """setting -> Target label -> the rounds its seeds need to reach the target (a column after the metrics)."""
+    last_rounds: list[int] = field(default_factory=list)
+    """The last round each run logged (the LaTeX caption names the rounds the runs ran)."""
 
     def render(self, form: Format) -> str:
         return {"markdown": self.markdown, "csv": self.csv, "latex": self.latex}[form]()
@@ -241,19 +245,62 @@ class Table:
         return out.getvalue()
 
     def latex(self) -> str:
+        """A `table` float a paper can `\\input`: readable headers (`column_label`), booktabs rules, the best mean
+        of each column in bold (`best_rows`), a caption naming the rounds and seeds, and a label from the title."""
         columns = [*self.metrics, *(t.label for t in self.targets)]
+        headers = [*(column_label(m) for m in self.metrics), *(_latex_escape(t.label) for t in self.targets)]
+        bold = {column: self.best_rows(column) for column in columns}
         lines = [
-            f"% {self.title}: " + self.caption().replace("±", r"\pm"),
-            "\\begin{tabular}{l r " + "c " * len(columns) + "}",
-            "\\hline",
-            " & ".join(["setting", "seeds", *(_latex_escape(c) for c in columns)]) + " \\\\",
-            "\\hline",
+            "% " + _latex_escape(f"{self.title}: {self.caption()}"),
+            "\\begin{table}[htbp]",
+            "\\centering",
+            f"\\caption{{{_latex_escape(self.paper_caption())}}}",
+            f"\\label{{tab:{_slug(self.title)}}}",
+            "\\begin{tabular}{lr" + "c" * len(columns) + "}",
+            "\\toprule",
+            " & ".join(["Setting", "Seeds", *headers]) + " \\\\",
+            "\\midrule",
         ]
         for setting, seeds, cells in self.rows:
             shown = self._shown(setting, cells, latex=True)
+            shown = [_bold(text) if setting in bold[column] else text for column, text in zip(columns, shown,
+                                                                                               strict=True)]
             lines.append(" & ".join([_latex_escape(setting), str(len(seeds)), *shown]) + " \\\\")
-        lines += ["\\hline", "\\end{tabular}"]
+        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
         return "\n".join(lines) + "\n"
+
+    def best_rows(self, column: str) -> set[str]:
+        """The settings whose mean in a column (a metric, or a target's rounds) is best as shown (4 decimals, 1
+        for rounds): highest, or lowest for losses, variances, times, traffic and rounds to a target
+        (`lower_is_better`); empty with fewer than two settings to compare."""
+        target = next((t for t in self.targets if t.label == column), None)
+        means: dict[str, float] = {}
+        for setting, _, cells in self.rows:
+            cell: Cell | ReachCell | None = (
+                self.reach.get(setting, {}).get(column) if target else cells.get(column)
+            )
+            if cell is not None and not math.isnan(cell.mean):
+                means[setting] = round(cell.mean, 1 if target else 4)
+        if len(means) < 2:
+            return set()
+        best = (min if target or lower_is_better(column) else max)(means.values())
+        return {setting for setting, mean in means.items() if mean == best}
+
+    def paper_caption(self) -> str:
+        """The LaTeX caption: title, the rounds the runs ran and the seeds, then `caption`."""
+        seeds = sorted({seed for _, row_seeds, _ in self.rows for seed in row_seeds})
+        same = all(sorted(row_seeds) == seeds for _, row_seeds, _ in self.rows)
+        seeds_text = f"seed{'s' if len(seeds) > 1 else ''} {listed([str(s) for s in seeds])}" + (
+            "" if same else " (column Seeds: how many each setting has)"
+        )
+        lasts = sorted(set(self.last_rounds))
+        rounds_text = (
+            f"{lasts[0]} rounds" if len(lasts) == 1 else f"{lasts[0]} to {lasts[-1]} rounds" if lasts else "runs"
+        )
+        return (
+            f"{self.title}: {rounds_text}, {seeds_text}. Values: {self.caption()}; the best mean of each column in "
+            "bold."
+        )
 
     def caption(self) -> str:
         """Which round the values come from, what a cell is (which std), and which runs are left out."""
@@ -281,6 +328,38 @@ def listed(names: list[str], limit: int = 10) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+KIND_LABELS = {"pm": "PM", "gm": "GM", "hm": "HM", "personal": "personal", "proto": "prototype"}
+"""The model a metric key's first part names (spec: personalized, global and hybrid model)."""
+NAME_LABELS = {
+    "acc": "acc.", "acc_min": "min. acc.", "acc_p10": "10th pct. acc.", "acc_std": "acc. std", "acc_var": "acc. var.",
+    "auc": "AUC", "best_acc": "best acc.", "f1": "F1", "lagging_share": "lagging share", "loss": "loss",
+    "loss_std": "loss std", "loss_var": "loss var.", "loss_sum_var": "summed loss var.", "train_loss": "train loss",
+}  # fmt: skip
+"""Readable names of the per-model metrics raysim logs (raysim.evaluation)."""
+TIME_PREFIXES = ("time/", "traffic/")
+"""Metric groups (seconds, bytes) that are best when smallest."""
+
+
+def column_label(metric: str) -> str:
+    """A LaTeX column header for a metric key: `pm/acc` -> `PM acc.`, `time/round` -> `time: round`; a key outside
+    the known ones as it is (escaped)."""
+    kind, _, name = metric.partition("/")
+    if kind in KIND_LABELS and name in NAME_LABELS:
+        return _latex_escape(f"{KIND_LABELS[kind]} {NAME_LABELS[name]}")
+    if name:
+        return _latex_escape(f"{KIND_LABELS.get(kind, kind)}: {name.replace('_', ' ')}")
+    return _latex_escape(metric)
+
+
+def _bold(text: str) -> str:
+    """A LaTeX cell in bold: the math part with \\mathbf, the rest (a `(r 3)` note) as it is."""
+    return re.sub(r"\$(.+?)\$", lambda math_part: f"$\\mathbf{{{math_part[1]}}}$", text, count=1)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "results"
+
+
 def _latex_escape(text: str) -> str:
     escaped = re.sub(r"([&%$#_{}])", r"\\\1", text).replace("±", r"$\pm$")
     signs = {"<=": r"$\leq$", ">=": r"$\geq$", "<": "$<$", ">": "$>$"}
@@ -300,9 +379,15 @@ def spread(values: np.ndarray, std: Std) -> float:
 
 
 def lower_is_better(metric: str) -> bool:
-    """Losses, variances, spreads and lagging shares are best when smallest; everything else when largest."""
+    """Losses, variances, spreads, lagging shares, times and traffic are best when smallest; everything else (accuracy,
+    F1, AUC) when largest."""
     name = metric.rsplit("/", 1)[-1]
-    return "loss" in name or name.endswith(("_var", "_std")) or name in ("lagging_share",)
+    return (
+        "loss" in name
+        or name.endswith(("_var", "_std", "seconds"))
+        or name in ("lagging_share",)
+        or metric.startswith(TIME_PREFIXES)
+    )
 
 
 def final_value(history: list[tuple[int, float]]) -> tuple[float, int]:
@@ -378,8 +463,9 @@ def build_table(
             std_met = spread(met, std) if len(met) else math.nan
             cell = ReachCell(mean, std_met, tuple(r.first for r in reaches), tuple(r.last for r in reaches))
             reach.setdefault(setting, {})[target.label] = cell
+    lasts = [r.last_round for r in runs if r.last_round is not None]
     return Table(title, at, list(metrics), rows, best_by, list(left_out or []), std, over_rounds, list(targets),
-                 reach)  # fmt: skip
+                 reach, lasts)  # fmt: skip
 
 
 SUITE_CHILD = re.compile(r"^(?P<setting>.+)/seed(?P<seed>-?\d+)$")
@@ -396,17 +482,31 @@ def setting_of(run_name: str) -> str:
     return run_name
 
 
-def fetch_runs(
-    tracking_uri: str,
-    target: str,
-    metrics: list[str],
-    at: At,
-    best_by: str = DEFAULT_BEST_BY,
-    over_rounds: OverRounds = "final",
-    targets: Sequence[Target] = (),
-) -> tuple[str, list[RunValues], list[str]]:
-    """(title, the finished runs' values, the unfinished runs left out as `name (STATUS)`) of a suite's or sweep's
-    parent run id, or of an experiment name (its top-level runs, one row per configuration but the seed)."""
+@dataclass(frozen=True)
+class RunHistory:
+    """One finished child run as read back from the store: its setting (a table row, a figure's line), seed, and
+    per metric its history [(round, value)]."""
+
+    setting: str
+    seed: int
+    run_id: str
+    histories: dict[str, list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class StudyRuns:
+    """A suite's or sweep's (or an experiment's) finished runs with their metric histories, and the runs left out."""
+
+    title: str
+    runs: list[RunHistory]
+    left_out: list[str]
+    """The unfinished runs, as `name (STATUS)`."""
+
+
+def read_runs(tracking_uri: str, target: str, metrics: Sequence[str]) -> StudyRuns:
+    """The finished runs of a suite's or sweep's parent run id, or of an experiment name (its top-level runs, one
+    setting per configuration but the seed), with the histories of `metrics`; a metric no run logged is refused in
+    one line with the close names. `raysim table` and `raysim figure` read the store through this."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -447,15 +547,41 @@ def fetch_runs(
     if not finished:
         raise TableError(f"{target}: no finished run to tabulate ({len(runs)} unfinished){_studies_hint(studies)}")
     logged = set().union(*(run.data.metrics for run in finished))
-    for metric in [*metrics, *([best_by] if at == "best" else []), *(t.metric for t in targets)]:
+    for metric in metrics:
         if metric not in logged:
             close = difflib.get_close_matches(metric, sorted(logged), n=3, cutoff=0.5)
             hint = f"; close: {', '.join(close)}" if close else ""
             raise TableError(f"metric {metric!r} is not logged by any run of {target}{hint}")
+    histories = [
+        RunHistory(
+            labels[run.info.run_id],
+            int(run.data.params.get("seed", 0)),
+            run.info.run_id,
+            {metric: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
+             for metric in dict.fromkeys(metrics)},  # fmt: skip
+        )
+        for run in finished
+    ]
+    left_out = [f"{run.info.run_name} ({run.info.status})" for run in runs if run.info.status != "FINISHED"]
+    return StudyRuns(title, histories, left_out)
+
+
+def fetch_runs(
+    tracking_uri: str,
+    target: str,
+    metrics: list[str],
+    at: At,
+    best_by: str = DEFAULT_BEST_BY,
+    over_rounds: OverRounds = "final",
+    targets: Sequence[Target] = (),
+) -> tuple[str, list[RunValues], list[str]]:
+    """(title, the finished runs' values, the unfinished runs left out as `name (STATUS)`) of a suite's or sweep's
+    parent run id, or of an experiment name (its top-level runs, one row per configuration but the seed)."""
+    needed = [*metrics, *([best_by] if at == "best" else []), *(t.metric for t in targets)]
+    study = read_runs(tracking_uri, target, needed)
     values = []
-    for run in finished:
-        histories = {metric: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
-                     for metric in dict.fromkeys([*metrics, best_by, *(t.metric for t in targets)])}  # fmt: skip
+    for run in study.runs:
+        histories = run.histories
         if at == "final" and over_rounds == "final":
             picked = {metric: final_value(histories[metric]) for metric in metrics if histories[metric]}
         elif at == "final":
@@ -472,10 +598,9 @@ def fetch_runs(
             for t in targets
             if histories[t.metric]
         }
-        seed = int(run.data.params.get("seed", 0))
-        values.append(RunValues(labels[run.info.run_id], seed, run.info.run_id, picked, reached))
-    left_out = [f"{run.info.run_name} ({run.info.status})" for run in runs if run.info.status != "FINISHED"]
-    return title, values, left_out
+        last = max((step for history in histories.values() for step, _ in history), default=None)
+        values.append(RunValues(run.setting, run.seed, run.run_id, picked, reached, last))
+    return study.title, values, study.left_out
 
 
 def _studies_hint(studies: list[Any]) -> str:

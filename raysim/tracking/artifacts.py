@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from raysim.data.partitions import label_counts
 from raysim.tracking.callbacks import RoundCallback, RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
+from raysim.tracking.plots import figure_files
 from raysim.tracking.reports import (
     write_client_table,
     write_convergence_plot,
@@ -98,7 +99,7 @@ class RunArtifacts(RoundCallback):
             write_table_json(folder / "clients.parquet", folder / "clients.json")
             title = f"{self.config.algorithm.name} on {self.config.dataset.name}"
             write_convergence_plot(result.history, title, folder / "convergence.png")
-            for name in ("config.yaml", "clients.parquet", "convergence.png"):
+            for name in ("config.yaml", "clients.parquet", *figure_files("convergence.png")):
                 self.writer.log_artifact(folder / name)
             self.writer.log_table(folder / "clients.json")
 
@@ -116,6 +117,6 @@ class RunArtifacts(RoundCallback):
             title = f"{self.config.partition.scheme} partition of {self.config.dataset.name}"
             write_partition_heatmap(counts, title, folder / "partition.png")
             write_table_json(folder / "partition.parquet", folder / "partition.json")
-            for name in ("partition.parquet", "partition.png"):
+            for name in ("partition.parquet", *figure_files("partition.png")):
                 self.writer.log_artifact(folder / name)
             self.writer.log_table(folder / "partition.json")

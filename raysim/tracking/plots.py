@@ -2,18 +2,22 @@
 
 Per-round curves (a run's convergence.png, a suite's comparison.png, a sweep's accuracy_vs_round.png) go
 through `round_curves`: integer round ticks, one legend outside the data area, and a line style per series
-so that a curve drawn over an equal one stays visible (the hybrid model often equals PM or GM). Every figure
-is written by `save` (tight bounding box; the Agg backend, as the driver and Ray workers have no display).
+so that a curve drawn over an equal one stays visible (the hybrid model often equals PM or GM), and a y range
+zoomed to the trained rounds' values (`zoom`: accuracies near 0.95 would otherwise sit on a 0-1 axis). Every figure
+is written by `save` as PNG, PDF and SVG side by side (tight bounding box; the Agg backend, as the driver and Ray
+workers have no display); `figure_files` names the three files, for logging them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -26,6 +30,10 @@ LINE_STYLES = ("-", "--", ":", "-.")
 LINE_WIDTHS = {"-": 2.6, "--": 1.6, ":": 2.0, "-.": 1.5}
 """The solid line is the widest, so that an equal curve drawn over it in a broken style leaves it visible."""
 DPI = 110
+FORMATS = ("png", "pdf", "svg")
+"""Every figure in each: PNG to look at (MLflow's UI shows it), PDF and SVG for a paper or slides."""
+ZOOM_MARGIN = 0.05
+"""Of the data's span, above and below it, when `zoom` sets a panel's y range."""
 COLORS = tuple(plt.rcParams["axes.prop_cycle"].by_key()["color"])
 """Matplotlib's default colour cycle, for figures that colour by hand (one colour per model or series)."""
 
@@ -51,6 +59,8 @@ class Panel:
     series: Sequence[Series]
     ylabel: str = ""
     yscale: str = "linear"
+    bounds: tuple[float, float] | None = None
+    """The metric's possible range (accuracy: 0 to 1): the zoomed y range never leaves it."""
 
 
 def figure(
@@ -61,10 +71,10 @@ def figure(
     return fig, list(axes[0])
 
 
-def round_curves(panels: Sequence[Panel], title: str = "", sharey: bool = False, panel_width: float = 5.0) -> Figure:
-    """Metric curves against the round, one line per series, one panel per metric, one legend for all panels;
-    `sharey` gives the panels one y range (e.g. PM, GM and HM accuracy side by side)."""
-    fig, axes = figure(len(panels), figsize=(panel_width * len(panels) + 2.0, 4.2), sharey=sharey)
+def round_curves(panels: Sequence[Panel], title: str = "", panel_width: float = 5.0) -> Figure:
+    """Metric curves against the round, one line per series, one panel per metric, one legend for all panels; each
+    linear panel's y range zoomed to its trained rounds (`zoom`)."""
+    fig, axes = figure(len(panels), figsize=(panel_width * len(panels) + 2.0, 4.2))
     for axis, panel in zip(axes, panels, strict=True):
         for index, series in enumerate(panel.series):
             rounds = sorted(series.values)
@@ -85,10 +95,29 @@ def round_curves(panels: Sequence[Panel], title: str = "", sharey: bool = False,
             axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
             axis.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
         axis.grid(alpha=0.3)
+        if panel.yscale == "linear":
+            trained = [v for series in panel.series for r, v in series.values.items() if r >= 1]
+            zoom(axis, trained or [v for series in panel.series for v in series.values.values()], panel.bounds)
     legend_outside(fig, axes)
     if title:
         fig.suptitle(title)
     return fig
+
+
+def zoom(axis: Axes, values: Iterable[float], bounds: tuple[float, float] | None = None) -> None:
+    """Set the y range to the values' span plus ZOOM_MARGIN of it on each side, kept within `bounds` (0-1 for an
+    accuracy: the full 0-1 axis only where the data spans it). Curves pass `zoom` their trained rounds (round 1
+    on): round 0, the evaluation before any training at chance level, would stretch every panel to 0.1-1; a curve's
+    start below the range leaves through the bottom edge."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return
+    low, high = min(finite), max(finite)
+    margin = ZOOM_MARGIN * (high - low) or max(abs(high) * 0.01, 1e-3)
+    low, high = low - margin, high + margin
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    axis.set_ylim(low, high)
 
 
 def legend_outside(fig: Figure, axes: Sequence[Axes], fontsize: float = 8) -> None:
@@ -103,7 +132,74 @@ def legend_outside(fig: Figure, axes: Sequence[Axes], fontsize: float = 8) -> No
         fig.legend(entries.values(), entries.keys(), loc="outside right upper", fontsize=fontsize, ncols=columns)
 
 
+def figure_files(name: str | Path) -> list[str]:
+    """The files `save` writes for `name.png`: the PNG, PDF and SVG side by side (as names, or paths as given)."""
+    path = Path(name)
+    return [str(path.with_suffix(f".{form}")) for form in FORMATS]
+
+
 def save(fig: Figure, path: str | Path) -> None:
-    """Write the figure as PNG (tight bounding box) and free it."""
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    """Write the figure as `figure_files(path)`, PNG, PDF and SVG (tight bounding box), and free it."""
+    for file in figure_files(path):
+        fig.savefig(file, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
+
+
+LABEL_RADII = (5, 10, 16, 24, 34, 46, 60, 76, 94, 114, 136, 160, 186, 214)
+"""Distances (points) from its marker at which `place_labels` tries a label, nearest first; beyond the first two a
+thin leader line joins label and marker."""
+LABEL_DIRECTIONS = 16
+
+
+def place_labels(
+    fig: Figure, axis: Axes, labels: Sequence[tuple[str, float, float]], markers: Sequence[tuple[float, float, float]],
+    fontsize: float = 7,
+) -> list[Any]:
+    """Annotate each (text, x, y) so that no label overlaps another label or a marker: greedy, in the given order,
+    each label at the nearest of LABEL_RADII x LABEL_DIRECTIONS offsets whose rendered extent is free and inside the
+    axes. `markers` are every drawn marker as (x, y, size in points^2, scatter's `s`). The figure's layout is fixed
+    first (a later layout pass would move the axes under the placed labels). A label with no free place (more than
+    the axes can hold) goes at its marker; the tests check that none does for raysim's reports."""
+    fig.canvas.draw()
+    fig.set_layout_engine("none")
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    scale = fig.dpi / 72.0
+    bounds = axis.get_window_extent(renderer)
+    to_pixels = axis.transData.transform
+    taken = []  # rows of x0, y0, x1, y1 in pixels: the markers, then each placed label
+    for x, y, size in markers:
+        px, py = to_pixels((x, y))
+        half = math.sqrt(size) / 2 * scale + 1
+        taken.append((px - half, py - half, px + half, py + half))
+    radii = np.repeat(np.array(LABEL_RADII, dtype=float), LABEL_DIRECTIONS) * scale
+    angles = np.tile(2 * np.pi * np.arange(LABEL_DIRECTIONS) / LABEL_DIRECTIONS, len(LABEL_RADII))
+    placed = []
+    for text, x, y in labels:
+        probe = axis.text(0, 0, text, fontsize=fontsize)
+        extent = probe.get_window_extent(renderer)
+        probe.remove()
+        width, height = extent.width + 2, extent.height + 2
+        px, py = to_pixels((x, y))
+        # every candidate at once, nearest first; the label extends away from its marker (left of it when to the
+        # left, below it when below)
+        x0 = px + radii * np.cos(angles) - width * (1 - np.cos(angles)) / 2
+        y0 = py + radii * np.sin(angles) - height * (1 - np.sin(angles)) / 2
+        boxes = np.stack([x0, y0, x0 + width, y0 + height], axis=1)
+        inside = (boxes[:, 0] >= bounds.x0) & (boxes[:, 2] <= bounds.x1) & (boxes[:, 1] >= bounds.y0) & (
+            boxes[:, 3] <= bounds.y1
+        )
+        others = np.array(taken).reshape(-1, 4)
+        clash = (
+            (boxes[:, None, 0] < others[None, :, 2]) & (others[None, :, 0] < boxes[:, None, 2])
+            & (boxes[:, None, 1] < others[None, :, 3]) & (others[None, :, 1] < boxes[:, None, 3])
+        ).any(axis=1)  # fmt: skip
+        free = np.flatnonzero(inside & ~clash)
+        chosen = int(free[0]) if len(free) else None
+        box = tuple(boxes[chosen]) if chosen is not None else (px, py, px + width, py + height)
+        radius = LABEL_RADII[chosen // LABEL_DIRECTIONS] if chosen is not None else 0
+        taken.append(box)
+        offset = ((box[0] + 1 - px) / scale, (box[1] + 1 - py) / scale)
+        leader = {"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 0, "shrinkB": 2} if radius > 10 else None
+        placed.append(axis.annotate(text, (x, y), xytext=offset, textcoords="offset points", fontsize=fontsize,
+                                    ha="left", va="bottom", alpha=0.85, arrowprops=leader))  # fmt: skip
+    return placed

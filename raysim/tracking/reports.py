@@ -1,4 +1,4 @@
-"""The run's artifacts: the per-client table (Parquet) and the convergence plot (PNG)."""
+"""The run's artifacts: the per-client table (Parquet) and the convergence plot (PNG, PDF, SVG)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def write_convergence_plot(history: dict[int, dict[str, float]], title: str, pat
     loss = [series(kind.upper(), f"{kind}/{part}", style) for kind, style in kinds]
     figure = plots.round_curves(
         [
-            plots.Panel("test accuracy", accuracy, "mean test accuracy over clients"),
+            plots.Panel("test accuracy", accuracy, "mean test accuracy over clients", bounds=(0, 1)),
             plots.Panel(f"{what} loss", loss, f"mean {what} loss over clients", yscale="log"),
         ],
         title=title,

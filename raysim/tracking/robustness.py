@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from raysim.tracking import plots
 
@@ -50,11 +51,12 @@ def robustness_points(children: list[Any]) -> dict[tuple[str, str, str], list[tu
 
 
 def write_robustness_plot(children: list[Any], title: str, path: Path) -> bool:
-    """Benign accuracy vs malicious fraction for PM/GM/HM; False (nothing written) without attacked runs."""
+    """Benign accuracy vs malicious fraction for PM/GM/HM, each panel zoomed to its values; False (nothing written)
+    without attacked runs."""
     if not any(c.config.attack.active for c in children):
         return False
     lines = robustness_points(children)
-    figure, axes = plots.figure(3, figsize=(17, 4.2), sharey=True)
+    figure, axes = plots.figure(3, figsize=(17, 4.2))
     for index, ((algorithm, rule, attack), points) in enumerate(sorted(lines.items())):
         label = f"{algorithm}{'' if rule == 'mean' else f' +{rule}'} / {attack}"
         style = plots.LINE_STYLES[index % len(plots.LINE_STYLES)]
@@ -63,6 +65,7 @@ def write_robustness_plot(children: list[Any], title: str, path: Path) -> bool:
     for axis, kind in zip(axes, KINDS, strict=True):
         axis.set(title=f"{kind.upper()}: benign test accuracy", xlabel="fraction of malicious clients")
         axis.grid(alpha=0.3)
+        plots.zoom(axis, [p[1][kind] for points in lines.values() for p in points], (0, 1))
     axes[0].set_ylabel("mean over benign clients (final)")
     plots.legend_outside(figure, axes)
     figure.suptitle(title)
@@ -70,13 +73,15 @@ def write_robustness_plot(children: list[Any], title: str, path: Path) -> bool:
     return True
 
 
-def write_fairness_scatter(children: list[Any], title: str, path: Path) -> None:
+def fairness_figure(children: list[Any], title: str) -> Figure:
     """Variance of test loss across benign clients vs mean test accuracy, per run and model (PM/GM/HM). Markers
     shrink from PM to HM and PM/GM are hollow, so a model that lands on another (HM often equals PM) still shows;
-    each run is labelled once per distinct point."""
+    each run is labelled once per distinct point, where the label overlaps no other label and no marker
+    (`plots.place_labels`)."""
     runs = _mean_over_seeds(children)
-    figure, (axis,) = plots.figure(figsize=(8, 5))
-    labelled: set[tuple[str, float, float]] = set()
+    figure, (axis,) = plots.figure(figsize=(9, 6))
+    labels: dict[tuple[str, float, float], tuple[str, float, float]] = {}
+    markers: list[tuple[float, float, float]] = []
     shapes = (("o", 110, "none"), ("s", 60, "none"), ("^", 22, None))
     for index, (kind, (marker, size, face)) in enumerate(zip(KINDS, shapes, strict=True)):
         color = plots.COLORS[index % len(plots.COLORS)]
@@ -84,20 +89,27 @@ def write_fairness_scatter(children: list[Any], title: str, path: Path) -> None:
         ys = [r["summary"].get(f"final/{kind}/loss_var", np.nan) for r in runs.values()]
         axis.scatter(xs, ys, marker=marker, s=size, facecolors=face or color, edgecolors=color, label=kind.upper())
         for name, x, y in zip(runs, xs, ys, strict=True):
-            if (name, round(x, 4), round(y, 6)) not in labelled:
-                labelled.add((name, round(x, 4), round(y, 6)))
-                axis.annotate(name, (x, y), xytext=(5, 3), textcoords="offset points", fontsize=7, alpha=0.8)
+            if np.isfinite(x) and np.isfinite(y):
+                markers.append((x, y, size))
+                labels.setdefault((name, round(x, 4), round(y, 6)), (name, x, y))
     axis.set(xlabel="mean test accuracy (benign clients)", ylabel="variance of test loss across clients", title=title)
     axis.grid(alpha=0.3)
+    axis.margins(0.12)  # room around the outermost markers for their labels
     plots.legend_outside(figure, [axis])
-    plots.save(figure, path)
+    plots.place_labels(figure, axis, list(labels.values()), markers)
+    return figure
+
+
+def write_fairness_scatter(children: list[Any], title: str, path: Path) -> None:
+    plots.save(fairness_figure(children, title), path)
 
 
 def write_suite_reports(children: list[Any], title: str, folder: Path) -> list[str]:
-    """Write robustness.png (if any run is attacked) and fairness.png into `folder`; returns the file names."""
+    """Write robustness.png (if any run is attacked) and fairness.png, each with its PDF and SVG, into `folder`;
+    returns the file names."""
     written = []
     if write_robustness_plot(children, f"{title}: robustness", folder / "robustness.png"):
-        written.append("robustness.png")
+        written += plots.figure_files("robustness.png")
     write_fairness_scatter(children, f"{title}: fairness", folder / "fairness.png")
-    written.append("fairness.png")
+    written += plots.figure_files("fairness.png")
     return written
