@@ -144,6 +144,21 @@ SUITE_DATA = {
 and Tiny-ImageNet fixtures hold a few samples: two clients)."""
 
 
+def _femnist_tff(root: Path) -> list[str]:
+    from tests.test_tff_emnist import write_tff_emnist
+
+    write_tff_emnist(root)
+    return ["clients.count=2"]  # five writers: two each
+
+
+SUITE_DATA |= {
+    **{f"flame_{grid}_{name}.yaml": fixture for grid in ("table3", "sensitivity")
+       for name, fixture in (("mnist", _mnist), ("cifar10", _cifar10), ("mmnist", _medical_mnist))},
+    "flame_table3_femnist.yaml": _femnist_tff,
+}  # fmt: skip
+"""FLAME's Table III and sensitivity suites on the datasets that are not installed (tests/test_flame_grids.py)."""
+
+
 def test_every_paper_config_has_a_test():
     assert sorted(p.name for p in PAPER.glob("*.yaml")) == sorted(DATA)
 
