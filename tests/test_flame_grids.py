@@ -1,21 +1,17 @@
 """FLAME's grids as suites (issue 33; flame.md 4.2, 6.3-6.4, 8, 9.15): Table III on every dataset, the robustness grid
 on every partition the appendix uses, the sensitivity studies of Figs. 9-12. Every child of every FLAME suite is dealt
-(its partition at every seed and its attackers, as `raysim run` does before any run) on labels of its dataset's real
-size; the FEMNIST row runs all its settings through `raysim run` on files in TFF's layout; the first setting of every
-suite runs one round in tests/test_paper_configs.py, every method of the suites in a suite setting there too."""
+(its partition at every seed and its attackers, as `raysim run` does before any run) on a tenth of its dataset (or its
+labels); the first setting of every suite runs one round in tests/test_paper_configs.py (the FEMNIST row's on files in
+TFF's layout), every method of the suites in a suite setting there too."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import yaml
-from mlflow.tracking import MlflowClient
 
-from raysim.cli import main
 from raysim.studies.suite import check_partitions, load_suite
 from tests.cluster import ROOT
 from tests.test_paper_configs import SUITE_DATA
-from tests.test_tff_emnist import write_tff_emnist
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 FLAME_SUITES = sorted(SUITES.glob("flame_*.yaml"))
@@ -73,27 +69,3 @@ def test_every_setting_of_a_flame_suite_is_dealt_on_its_data(path, tmp_path, fmn
         overrides = [f"dataset.root={fmnist_tenth}"]
     children = load_suite(path, overrides).experiments()
     check_partitions([(c.tracking.run_name, c) for _, c in children])
-
-
-@pytest.mark.slow
-def test_flames_femnist_row_runs_every_setting_on_tffs_files(tmp_path, ray_local):
-    """FLAME, pFedMe and Ditto on TFF's federated EMNIST (digits, HDF5), dealt by writer, with the authors'
-    switches, one round at seed 1 through `raysim run` (five writers: two clients)."""
-    write_tff_emnist(tmp_path / "data")
-    shipped = yaml.safe_load((SUITES / "flame_table3_femnist.yaml").read_text())
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    shipped["seeds"] = [1]
-    shipped["base"] |= {"rounds": 1, "runtime": {"num_hosts": 1, "reuse_actors": True}}
-    shipped["base"]["dataset"]["root"] = str(tmp_path / "data")
-    shipped["base"]["clients"]["count"] = 2
-    shipped["base"]["tracking"] |= {"uri": uri}
-    path = tmp_path / "femnist.yaml"
-    path.write_text(yaml.safe_dump(shipped))
-    assert main(["run", str(path), "--quiet"]) == 0
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name("paper-flame-table3-femnist").experiment_id
-    runs = {r.info.run_name: r for r in client.search_runs([experiment]) if not r.data.tags.get("suite")}
-    assert sorted(runs) == ["ditto/writers/seed1", "flame/writers/seed1", "pfedme/writers/seed1"]
-    for run in runs.values():
-        assert run.info.status == "FINISHED" and 0.0 <= run.data.metrics["pm/acc"] <= 1.0
-        assert run.data.params["dataset.format"] == "tff_h5" and run.data.params["partition.scheme"] == "natural"
