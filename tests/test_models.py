@@ -16,6 +16,7 @@ from raysim.models.zoo import build_module
         ("mlp", (1, 28, 28), 10, 109_386),  # the authors' 784-128-64-10
         ("cnn", (3, 32, 32), 10, 268_650),  # CIFAR-10
         ("cnn_mmnist", (3, 64, 64), 6, 206_678),  # Medical MNIST at 64x64 (CNN1)
+        ("cnn_mmnist_dropout", (3, 64, 64), 6, 206_678),  # CNN1 with the authors' Dropout(0.2): no parameters
         ("cnn_femnist", (1, 28, 28), 62, 214_590),  # FEMNIST (CNN2, 62 outputs)
         ("resnet18_gn", (3, 32, 32), 10, 11_173_952),  # FedSLR's CIFAR ResNet-18-GN, last layer without bias
         ("resnet18_gn", (3, 32, 32), 100, 11_220_032),  # the same for CIFAR-100 (fedslr.md 6.2)
@@ -27,6 +28,28 @@ def test_parameter_counts_match_the_papers(name, input_shape, outputs, parameter
     module = build_module(name, input_shape, outputs)
     assert sum(p.numel() for p in module.parameters()) == parameters
     assert module(torch.zeros(2, *input_shape)).shape == (2, outputs)
+
+
+def test_cnn1_with_the_authors_dropout_is_cnn1_with_its_masks_drawn_from_the_given_seed():
+    """Dropout has no parameters: the same initial model for a seed (model.init: authors draws the layers in order);
+    training draws masks from the seed it is given (the same seed, the same gradient), evaluation none."""
+    import numpy as np
+
+    from raysim.models.flat import FlatModel
+
+    plain, dropout = FlatModel("cnn_mmnist", (3, 16, 16), 6), FlatModel("cnn_mmnist_dropout", (3, 16, 16), 6)
+    assert not plain.stochastic and dropout.stochastic
+    flat = torch.from_numpy(dropout.initial_parameters(1))
+    assert torch.equal(flat, torch.from_numpy(plain.initial_parameters(1)))
+    x = torch.from_numpy(np.random.default_rng(0).normal(size=(8, 3, 16, 16)).astype(np.float32))
+    y = torch.arange(8) % 6
+    _, seeded = dropout.loss_and_grad(flat, x, y, dropout_seed=5)
+    _, again = dropout.loss_and_grad(flat, x, y, dropout_seed=5)
+    _, other = dropout.loss_and_grad(flat, x, y, dropout_seed=6)
+    _, off = dropout.loss_and_grad(flat, x, y)
+    assert torch.equal(seeded, again) and not torch.equal(seeded, other)
+    assert torch.allclose(off, plain.loss_and_grad(flat, x, y)[1])
+    assert np.array_equal(dropout.predict(flat.numpy(), x.numpy()), plain.predict(flat.numpy(), x.numpy()))
 
 
 @pytest.mark.parametrize("name", ["cnn_femnist", "resnet8x4", "resnet32x4"])
@@ -199,13 +222,13 @@ def _small_input(name: str) -> tuple:
     }
     if name in multimodal:
         return Modalities(multimodal[name])
-    images = ("cnn", "cnn_femnist", "cnn_mmnist", "resnet18_gn", "resnet8x4", "resnet32x4")
+    images = ("cnn", "cnn_femnist", "cnn_mmnist", "cnn_mmnist_dropout", "resnet18_gn", "resnet8x4", "resnet32x4")
     return (1, 12, 12) if name in images else (1, 6, 6)
 
 
-@pytest.mark.parametrize("name", ["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_femnist", "linear", "resnet18_gn",
-                                  "resnet8x4", "resnet32x4", "image_text_classifier", "image_text_classifier_paper",
-                                  "har_classifier", "mm_action_classifier"])  # fmt: skip
+@pytest.mark.parametrize("name", ["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_mmnist_dropout", "cnn_femnist", "linear",
+                                  "resnet18_gn", "resnet8x4", "resnet32x4", "image_text_classifier",
+                                  "image_text_classifier_paper", "har_classifier", "mm_action_classifier"])  # fmt: skip
 def test_every_model_splits_into_body_and_head(name):
     """ParamSpec.head names the last linear layer, whose input is FlatModel.features: the logits are the head
     applied to the features, for every model of the zoo (the multimodal ones' classifier, ResNet-18's fc)."""

@@ -176,6 +176,19 @@ SUITE_DATA |= {
 }
 TABLE2_SUITES = sorted((PAPER / "suites").glob("augfl_*_table2.yaml"))
 """AugFL's Table II, one suite per dataset row: every setting runs (`test_every_setting_of_augfls_table2_...`)."""
+def _femnist_tff(root: Path) -> list[str]:
+    from tests.test_tff_emnist import write_tff_emnist
+
+    write_tff_emnist(root)
+    return ["clients.count=2"]  # five writers: two each
+
+
+SUITE_DATA |= {
+    **{f"flame_{grid}_{name}.yaml": fixture for grid in ("table3", "sensitivity")
+       for name, fixture in (("mnist", _mnist), ("cifar10", _cifar10), ("mmnist", _medical_mnist))},
+    "flame_table3_femnist.yaml": _femnist_tff,
+}  # fmt: skip
+"""FLAME's Table III and sensitivity suites on the datasets that are not installed (tests/test_flame_grids.py)."""
 
 
 def test_every_paper_config_has_a_test():
@@ -310,8 +323,14 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     check_logged(MlflowClient(mlflow_uri), result.run_id, config.model_dump(mode="json", by_alias=True))
 
 
-FIRST_SETTINGS = [kept for paths in distinct_experiments() if (kept := [p for p in paths if p not in TABLE2_SUITES])]
-"""The groups of `distinct_experiments` but AugFL's Table II suites, whose every setting trains a round below."""
+FLAME_VARIANTS = {*(PAPER / "suites").glob("flame_sensitivity_*"), *(PAPER / "suites").glob("flame_robustness_*_*")}
+"""FLAME's sensitivity suites and the robustness suites of the appendix's other partitions: their first settings are
+FLAME on a dataset and scheme that a Table III suite's or flame_robustness_fmnist's first setting already trains (CI
+time); every child of theirs is validated and partitioned (tests/test_flame_grids.py)."""
+LEFT_OUT = {*TABLE2_SUITES, *FLAME_VARIANTS}
+FIRST_SETTINGS = [kept for paths in distinct_experiments() if (kept := [p for p in paths if p not in LEFT_OUT])]
+"""The groups of `distinct_experiments` but AugFL's Table II suites, whose settings train a round below, and
+FLAME_VARIANTS."""
 
 
 @pytest.mark.slow
@@ -360,11 +379,12 @@ def test_every_method_of_the_shipped_suites_runs_one_round_in_a_suite_setting(
 @pytest.mark.slow
 @pytest.mark.parametrize("path", TABLE2_SUITES, ids=lambda path: path.stem)
 def test_every_setting_of_augfls_table2_suites_trains_a_round_in_process(path, tmp_path, fmnist_tenth, monkeypatch):
-    """Each column of a Table II row at its first seed, on its dataset's fixture (FEW_SHOT_FIXTURE) with the paper's
-    ResNet8x4 clients and ResNet32x4 teacher: its data, partition and pretrained teacher prepared, one round trained
-    and the held-out target client adapted and scored, in this process (a ResNet round through Ray and MLflow costs
-    seconds more per setting; each method runs through them from its configs/<method>.yaml, above), with the local
-    work shortened (one pretraining epoch, one Per-FedAvg step)."""
+    """Each column of the Fashion-MNIST row (of the other rows, AugFL with its teacher) at its first seed, on its
+    dataset's fixture (FEW_SHOT_FIXTURE) with the paper's ResNet8x4 clients and ResNet32x4 teacher: its data,
+    partition and pretrained teacher prepared, one round trained and the held-out target client adapted and scored,
+    in this process (a ResNet round through Ray and MLflow costs seconds more per setting; each method runs through
+    them from its configs/<method>.yaml, above), with the local work shortened (one pretraining epoch, one Per-FedAvg
+    step)."""
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "cache"))  # the pretrained teachers
     suite = load_suite(path)
     root = tmp_path / "data"
@@ -374,6 +394,9 @@ def test_every_setting_of_augfls_table2_suites_trains_a_round_in_process(path, t
     data += SUITE_DATA[path.name](root) if dataset != "fashion_mnist" else SCALED_DOWN[path.name]
     children = [(name, config) for name, config in suite.experiments() if config.seed == suite.seeds[0]]
     assert [name for name, _ in children] == [run.name for run in suite.runs]
+    if dataset != "fashion_mnist":  # CI time: every column on Fashion-MNIST, AugFL itself on the other rows' data
+        children = [(name, config) for name, config in children if name == "augfl_with_teacher"]
+        assert children, f"{path.name}: no augfl_with_teacher run"
     for name, child in children:
         tree = child.model_dump(mode="json", by_alias=True)
         shorter = [f"algorithm.{key}=1" for key in ("teacher_epochs", "local_steps") if key in tree["algorithm"]]

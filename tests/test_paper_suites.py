@@ -17,6 +17,11 @@ SUITES = ROOT / "configs" / "paper" / "suites"
 CHILDREN = {
     "flame_table3_fmnist.yaml": 135,  # 9 partitions x 3 methods x 5 seeds
     "flame_robustness_fmnist.yaml": 260,  # 4 methods x (clean + 4 attacks x 3 fractions) x 5 seeds
+    **{f"flame_table3_{d}.yaml": 135 for d in ("mnist", "mmnist", "cifar10")},  # as fmnist
+    "flame_table3_femnist.yaml": 15,  # feature skew x 3 methods x 5 seeds
+    **{f"flame_robustness_fmnist_{p}.yaml": 260 for p in ("q2", "quality", "dir_quantity")},  # as hybrid skew
+    "flame_robustness_fmnist_dir_label.yaml": 200,  # 4 methods x (clean + 3 attacks x 3 fractions) x 5 seeds
+    **{f"flame_sensitivity_{d}.yaml": 60 for d in ("mnist", "fmnist", "mmnist", "cifar10")},  # 4 studies x 3 x 5 seeds
     "fedslr_vs_fedavg_cifar10.yaml": 6,
     "fedapm_comparison_cifar10.yaml": 25,
     **{f"augfl_{d}_table2.yaml": 45 for d in ("fmnist", "cifar10", "cifar100", "emnist", "tiny_imagenet")},  # 9 x 5

@@ -1,4 +1,5 @@
-"""FEMNIST from LEAF's per-writer JSON files, with the writer as each sample's natural group.
+"""FEMNIST, with the writer as each sample's natural group: from LEAF's per-writer JSON files (`dataset.format:
+leaf_json`, here) or TensorFlow Federated's HDF5 files (`tff_h5`, raysim.data.tff_emnist: FLAME's FEMNIST).
 
 LEAF (github.com/TalwalkarLab/leaf) builds the files with its own scripts from NIST Special Database 19;
 there is nothing to download here. Its layout, under `dataset.root` (else `default_root()/femnist`), or
@@ -19,6 +20,7 @@ from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, RootSettings
 from raysim.data.download import resolve_root
+from raysim.data.tff_emnist import read_tff_emnist
 from raysim.errors import DataError
 
 CLASSES = 62
@@ -76,25 +78,40 @@ class FemnistSettings(RootSettings):
     split: Literal["all", "digits"] = Field(
         "all", description="all 62 classes, or the digits only (FLAME's 10-class FEMNIST)"
     )
-    about: ClassVar[str] = "LEAF's FEMNIST, one group per writer (FLAME's feature skew: partition.scheme natural)"
-    layout: ClassVar[str] = "LEAF's JSON: train/*.json and test/*.json, or all_data/*.json"
-    get: ClassVar[str] = "LEAF's preprocess.sh (github.com/TalwalkarLab/leaf, data/femnist)"
-    markers: ClassVar[tuple[str, ...]] = ("train/*.json", "all_data/*.json")
+    format: Literal["leaf_json", "tff_h5"] = Field(
+        "leaf_json",
+        description="LEAF's per-writer JSON, or TensorFlow Federated's federated EMNIST HDF5 files (FLAME's FEMNIST: "
+        "split digits reads fed_emnist_digitsonly_{train,test}.h5, 3,383 writers; all reads fed_emnist_*.h5)",
+    )
+    about: ClassVar[str] = "FEMNIST (LEAF's or TFF's), a group per writer (FLAME's feature skew: scheme natural)"
+    layout: ClassVar[str] = (
+        "LEAF's JSON: train/*.json and test/*.json, or all_data/*.json; tff_h5: TFF's fed_emnist*_{train,test}.h5"
+    )
+    get: ClassVar[str] = (
+        "LEAF's preprocess.sh (github.com/TalwalkarLab/leaf, data/femnist); tff_h5: "
+        "tff.simulation.datasets.emnist.load_data"
+    )
+    markers: ClassVar[tuple[str, ...]] = ("train/*.json", "all_data/*.json", "fed_emnist*_train.h5")
 
     def load(self, seed: int) -> Dataset:
         return femnist(self)
 
 
 def femnist(request: FemnistSettings) -> Dataset:
-    """LEAF's FEMNIST: x uint8 (n, 1, 28, 28), 62 classes, `groups` = writer index (writer ids sorted), so
-    `partition.scheme: natural` splits by writer; a writer's train and test samples share one group.
-    `dataset.split: digits` keeps the digit samples only (FLAME's 10-class FEMNIST); the model keeps 62 outputs,
-    as the authors' CNN2 does.
+    """FEMNIST from LEAF's JSON or TFF's HDF5 (`dataset.format`): x uint8 (n, 1, 28, 28), 62 classes, `groups` =
+    writer index (writer ids sorted), so `partition.scheme: natural` splits by writer; a writer's train and test
+    samples share one group. `dataset.split: digits` keeps the digit samples only (FLAME's 10-class FEMNIST; TFF's
+    digits-only files); the model keeps 62 outputs, as the authors' CNN2 does.
 
     Pixel values are kept as LEAF gives them (1.0 = white background, dark strokes: NIST's scans are not
     inverted as in EMNIST), stored as round(255 v); mean 0 and std 1 make the trainers' (x/255 - mean)/std
     give back LEAF's floats, which is what LEAF's own models train on."""
     root = Path(request.root).expanduser() if request.root else resolve_root(None) / "femnist"
+    if request.format == "tff_h5":
+        if not root.is_dir():
+            raise DataError(f"dataset.root: {root}: no such folder (TFF's federated EMNIST HDF5 files)")
+        x, y, groups = read_tff_emnist(root, request.split)
+        return Dataset("femnist", x, y, CLASSES, groups=groups, mean=(0.0,), std=(1.0,))
     if not root.is_dir():
         raise DataError(f"dataset.root: {root}: no such folder (LEAF FEMNIST JSON; {HOW_TO_GET})")
     files = _json_files(root)
@@ -114,7 +131,7 @@ def femnist(request: FemnistSettings) -> Dataset:
     x = np.concatenate([chunk for writer in writers for chunk in pixels[writer]]).reshape(-1, 1, 28, 28)
     y = np.concatenate([chunk for writer in writers for chunk in labels[writer]])
     groups = np.repeat(np.arange(len(writers), dtype=np.int64), sizes)
-    if request.split == "digits":  # FLAME's FEMNIST: the digits of the 3,383 writers (flame.md 6.1)
+    if request.split == "digits":  # the digits of LEAF's writers (TFF's digits-only set, FLAME's, has 3,383: tff_h5)
         keep = y < 10
         x, y, groups = x[keep], y[keep], np.unique(groups[keep], return_inverse=True)[1].astype(np.int64)
     return Dataset("femnist", x, y, CLASSES, groups=groups, mean=(0.0,), std=(1.0,))

@@ -76,14 +76,11 @@ def cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 cnn.personalization = {"output": ("7", "9")}  # type: ignore[attr-defined]  # fc1, fc2 (fedapm.md 2; code layer_num=4)
 
 
-@MODELS.register("cnn_mmnist")
-def cnn_mmnist(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    """CNN1 of the FLAME authors' code for Medical MNIST (206,678 parameters on 3x64x64, 6 classes).
-
-    conv3x3(32, no padding)-pool-conv3x3(16)-pool-FC64-FC; their Dropout(0.2) before FC64 is left out."""
+def _cnn1(name: str, input_shape: tuple[int, ...], outputs: int, dropout: float) -> nn.Module:
+    """CNN1 of the FLAME authors' code (flame.md 6.2), with Dropout(`dropout`) after the flatten when positive."""
     from torch import nn
 
-    channels, height, width = _image_input("cnn_mmnist", input_shape, smallest=10)
+    channels, height, width = _image_input(name, input_shape, smallest=10)
     return nn.Sequential(
         nn.Conv2d(channels, 32, 3),
         nn.ReLU(),
@@ -92,10 +89,28 @@ def cnn_mmnist(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
+        *([nn.Dropout(dropout)] if dropout > 0 else []),
         nn.Linear(16 * (((height - 2) // 2 - 2) // 2) * (((width - 2) // 2 - 2) // 2), 64),
         nn.ReLU(),
         nn.Linear(64, outputs),
     )
+
+
+@MODELS.register("cnn_mmnist")
+def cnn_mmnist(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """CNN1 of the FLAME authors' code for Medical MNIST without its dropout (206,678 parameters on 3x64x64).
+
+    conv3x3(32, no padding)-pool-conv3x3(16)-pool-FC64-FC, deterministic (cnn_mmnist_dropout is their network)."""
+    return _cnn1("cnn_mmnist", input_shape, outputs, 0.0)
+
+
+@MODELS.register("cnn_mmnist_dropout")
+def cnn_mmnist_dropout(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """CNN1 of the FLAME authors' code for Medical MNIST, with their Dropout(0.2) before FC64 (206,678 parameters).
+
+    Its masks come from each client's stream (raysim.models.flat), so the clients train one at a time, and their
+    mini-batches cannot be replayed (their masks draw from the torch stream their DataLoader seeds come from)."""
+    return _cnn1("cnn_mmnist_dropout", input_shape, outputs, 0.2)
 
 
 @MODELS.register("cnn_femnist")
