@@ -37,9 +37,17 @@ def _config(name: str, executor: str, **rates: float):
     )
 
 
+TRAINS_FROM_ITS_SECOND_ROUND = {"fedpcl"}
+"""Methods whose first round trains nothing (FedPCL's clients only compute their first prototypes): round t - 1
+runs first, rate-free, so that round t trains."""
+
+
 def _round(config, round_index: int) -> tuple[dict[int, bytes], bytes]:
-    """The clients' states and the global model after one round `round_index` from the initial states."""
+    """The clients' states and the global model after one round `round_index` from the initial states (after round
+    `round_index - 1` for TRAINS_FROM_ITS_SECOND_ROUND)."""
     sim = InProcess(config)
+    if config.algorithm.name in TRAINS_FROM_ITS_SECOND_ROUND:
+        sim.round(round_index - 1)
     sim.round(round_index)
     states = {client: pickle.dumps(state) for client, state in sim.states.items()}
     return states, np.asarray(sim.coordinator.global_model()).tobytes()
