@@ -9,9 +9,11 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
+from raysim.config import ExperimentConfig
 from raysim.studies.suite import check_partitions, load_suite
 from raysim.studies.table import make_table
 from tests.cluster import ROOT
+from tests.test_paper_configs import run_one_round
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 CHILDREN = {
@@ -25,6 +27,9 @@ CHILDREN = {
     **{f"fedapm_table4_{d}.yaml": 30 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 6 methods x 5 seeds
     # FedSLR Table 1's 12 rows in 11 runs (FedSLR's run gives GKR and mixed) and the GPGD/LPGD ablations, one seed
     **{f"fedslr_table1_{d}_{s}.yaml": 13 for d in ("cifar10", "cifar100", "tiny_imagenet") for s in ("iid", "noniid")},
+    # FedSLR's sensitivity studies (fedslr.md 8): Tables 3-6, one seed
+    **{f"fedslr_sensitivity_{study}_cifar100.yaml": n for study, n in (("lambda", 5), ("mu", 5), ("eta_g", 4),
+                                                                        ("phase1_epochs", 4))},  # fmt: skip
 }
 
 
@@ -72,3 +77,27 @@ def test_a_slice_of_flames_table3_suite_runs_and_tabulates(tmp_path, ray_local):
     assert params["ditto/q2"]["clients.batches"] == "authors" and params["flame/q2"]["clients.batches"] == "authors"
     assert params["flame/q2"]["partition.draw"] == "authors" and params["flame/q2"]["model.init"] == "authors"
     assert params["pfedme/q2"]["tracking.gm_scored"] == "before_aggregation"
+
+
+def sensitivity_settings() -> list[tuple[str, ExperimentConfig]]:
+    """Every setting of FedSLR's sensitivity suites (fedslr.md 8) but each suite's first, which
+    tests/test_paper_configs.py runs with every shipped file's first setting; the centre setting (lambda 1e-4,
+    mu 1e-3, eta_g 10, 2 Phase I epochs) that all four share, once."""
+    found: dict[str, tuple[str, ExperimentConfig]] = {}
+    for path in sorted(SUITES.glob("fedslr_sensitivity_*.yaml")):
+        for _name, config in load_suite(path).experiments()[1:]:
+            found.setdefault(config.algorithm.model_dump_json(), (path.name, config))
+    return list(found.values())
+
+
+@pytest.mark.slow
+def test_every_setting_of_fedslrs_sensitivity_suites_runs_one_round(tmp_path, ray_local, mlflow_uri):
+    """One round of each of the 11 further settings, on the CIFAR-100 fixture with the CIFAR CNN and two clients
+    (tests/test_paper_configs.py SUITE_DATA), the actors reused from run to run."""
+    settings = sensitivity_settings()
+    assert len(settings) == 11  # (5 + 5 + 4 + 4) - 4 first settings - 3 repeats of the centre
+    for index, (suite, config) in enumerate(settings):
+        folder = tmp_path / str(index)
+        folder.mkdir()
+        tree = config.model_dump(mode="json", by_alias=True)
+        run_one_round(tree, SUITES / suite, folder, mlflow_uri, fmnist_tenth=folder)
