@@ -5,9 +5,9 @@
 
 ResNet-18-GN on CIFAR-shaped input (3 x 32 x 32). For each rank fraction f, every conv and linear layer of the
 initial weights is cut to its top r = ceil(f min(d1, d2)) singular values (the GKR at a larger lambda keeps fewer:
-Table 3's 11.17M -> 5.54M parameters at lambda = 1e-4 is about f = 0.5 over the layers that factor); a layer whose
-factors U sqrt(S), sqrt(S) V^T are smaller than its dense matrix is factored, as the downlink (fedslr.md 2.4). The
-rows time, on the same batches, alternating:
+an n x n layer at rank f n costs 2 f n^2 numbers, so Table 3's 5.54M of 11.17M at lambda = 1e-4 is about
+f = 0.25); a layer whose factors U sqrt(S), sqrt(S) V^T are smaller than its dense matrix is factored, as the
+downlink (fedslr.md 2.4). The rows time, on the same batches, alternating:
 
 - `dense`: the network with the low-rank weights multiplied out (what the dense model costs at any rank);
 - `factorized`: the factored layers as two convolutions (1 x kw then kh x 1) or two linear maps (Table 9's GKR);

@@ -4,16 +4,18 @@ partition they name, and a slice of FLAME's Table III suite runs from the shippe
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, apply_overrides, validate_config
 from raysim.studies.suite import check_partitions, load_suite
 from raysim.studies.table import make_table
 from tests.cluster import ROOT
-from tests.test_paper_configs import run_one_round
+from tests.inprocess import InProcess
+from tests.test_paper_configs import SUITE_DATA
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 CHILDREN = {
@@ -90,14 +92,17 @@ def sensitivity_settings() -> list[tuple[str, ExperimentConfig]]:
     return list(found.values())
 
 
-@pytest.mark.slow
-def test_every_setting_of_fedslrs_sensitivity_suites_runs_one_round(tmp_path, ray_local, mlflow_uri):
-    """One round of each of the 11 further settings, on the CIFAR-100 fixture with the CIFAR CNN and two clients
-    (tests/test_paper_configs.py SUITE_DATA), the actors reused from run to run."""
+def test_every_setting_of_fedslrs_sensitivity_suites_runs_one_round(tmp_path):
+    """One round of each of the 11 further settings through the real client host and coordinator in this process
+    (tests/inprocess.py; Ray and MLflow are exercised by the first settings' runs), on the CIFAR-100 fixture with the
+    CIFAR CNN and two clients (tests/test_paper_configs.py SUITE_DATA)."""
     settings = sensitivity_settings()
     assert len(settings) == 11  # (5 + 5 + 4 + 4) - 4 first settings - 3 repeats of the centre
     for index, (suite, config) in enumerate(settings):
-        folder = tmp_path / str(index)
-        folder.mkdir()
+        root = tmp_path / str(index)
+        root.mkdir()
         tree = config.model_dump(mode="json", by_alias=True)
-        run_one_round(tree, SUITES / suite, folder, mlflow_uri, fmnist_tenth=folder)
+        apply_overrides(tree, [f"dataset.root={root}", *SUITE_DATA[suite](root)])
+        run = InProcess(validate_config(tree))
+        metrics = run.round(0, [0, 1])
+        assert metrics["rank_fraction"] > 0 and np.isfinite(run.server.w).all()
