@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from raysim.algorithms import ClientInfo
 from raysim.algorithms.base import LocalSGD, SGDResult
@@ -24,7 +27,7 @@ from raysim.runtime.coordinator import Coordinator
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, LocalTrainer
 from tests.conftest import tiny_config
-from tests.inprocess import make_host
+from tests.inprocess import InProcess, make_host
 from tests.test_cli import run_cli
 
 SPEC = ParamSpec(names=("conv", "fc", "bias"), shapes=((3, 2, 2, 2), (4, 5), (4,)), offsets=(0, 24, 44))
@@ -306,6 +309,12 @@ def test_fedslr_runs_through_the_cli_and_logs_rank_sparsity_and_traffic(tmp_path
     assert 0 <= metrics["pm/acc"] <= 1 and 0 <= metrics["gm/acc"] <= 1 and 0 <= metrics["personal/acc"] <= 1
     assert metrics["update/mixed_params"] > metrics["update/p_nonzeros"]  # + the received GKR's count
     assert metrics["update/p_nonzeros_std"] >= 0
+    assert 0 <= metrics["update/p_sparsity/1.weight"] <= 1 and metrics["server/nuclear_norm"] > 0
+    client = MlflowClient(mlflow_uri)  # the final GKR's spectra as a table: the 4 singular values of the 4 x 20 layer
+    spectra = json.loads(Path(client.download_artifacts(run.info.run_id, "spectra.json", str(tmp_path))).read_text())
+    assert spectra["columns"] == ["layer", "index", "singular_value"] and len(spectra["data"]) == 4
+    logged_tables = json.loads(run.data.tags["mlflow.loggedArtifacts"])
+    assert {"path": "spectra.json", "type": "table"} in logged_tables
 
 
 def _fedslr_host_after_one_round(algorithm: dict):
@@ -357,3 +366,86 @@ def test_mixed_parameter_count_is_the_gkr_count_plus_the_nonzeros_of_p_and_sprea
     one = ClientRecords()
     one.add([0], [0.0], {"a": np.array([2.0])})
     assert mean_client_metrics(one.batch()) == {"update/a": 2.0, "update/a_std": 0.0, "update/a_max": 2.0}
+
+
+def _dual_form_run(server_duals: str, rounds: list[list[int]]):
+    config = validate_config(
+        tiny_config(
+            algorithm={"name": "fedslr", "lambda": 0.05, "eta_g": 2.0, "mu": 1e-3, "lr": 0.05, "batch_size": 32,
+                       "server_duals": server_duals},  # fmt: skip
+        )
+    )
+    run = InProcess(config)
+    iterates = []
+    for round_index, selected in enumerate(rounds):
+        run.round(round_index, selected)
+        iterates.append(run.server.w.copy())
+    return run, iterates
+
+
+def test_per_client_dual_mirrors_and_the_running_mean_give_the_same_server_iterates():
+    """Alg. 1/2 keep every client's gamma_i at the server and average all M of them; Alg. 3 keeps only that mean
+    and moves it by (1/M) sum_i (w_t - w_i)/eta_g. With all clients taking part the two are the same sum written
+    two ways (eq. 5 summed over i), so the server's pre-prox point, hence its SVT and the next w_t, agree (up to
+    float32 rounding of the stored gamma_i; fedslr.md 2.8: "claimed identical to Alg. 1").
+
+    Under partial participation Alg. 3 as printed (a mean over all M of w_t - w_i) is undefined for the clients
+    that sent no w_i; its partial-participation form (fedslr.md 2.8 NOTE) adds the selected clients' changes only,
+    still divided by M, because a non-participant's gamma_i is held fixed (Alg. 2: w averaged over S_t, gamma over
+    all M, stale ones included). So the iterates agree there too; what differs is state and what it allows: M
+    model-sized mirrors (4.47 GB for ResNet-18 at M = 100, fedslr.md 2.9) against one, per-client mirrors that can
+    be checked against each client's own gamma_i (fedslr.md 10 item 5, checked below), and, under robust
+    aggregation, mirrors moved by each client's own w_i instead of by the robust aggregate. Dividing the selected
+    clients' changes by |S_t| instead of M would break the agreement."""
+    rounds = [[0, 1, 2, 3], [0, 1, 2, 3], [1, 3], [0, 2, 3], [2]]
+    per_client, per_client_iterates = _dual_form_run("per_client", rounds)
+    running, running_iterates = _dual_form_run("running_mean", rounds)
+    assert per_client.host.settings.send_messages and not running.host.settings.send_messages
+    for a, b in zip(per_client_iterates, running_iterates, strict=True):
+        assert np.abs(a).max() > 0.1
+        np.testing.assert_allclose(a, b, atol=2e-6)
+    mirrors, states = per_client.server.gammas, per_client.states
+    for client in range(4):  # the server's mirror is bit for bit the client's own gamma_i
+        np.testing.assert_array_equal(mirrors[client], states[client].gamma)
+    np.testing.assert_allclose(per_client.server.gamma_mean, running.server.gamma_mean, atol=1e-6)
+    np.testing.assert_allclose(running.server.gamma_mean, np.mean(mirrors, axis=0, dtype=np.float64), atol=1e-6)
+    assert running.server.gammas is None
+
+
+def _numpy_matrix(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """fedslr.md 1.2 scheme 2, written again with numpy: [o, i, kh, kw] -> (o kh) x (i kw); linear as is."""
+    if len(shape) == 2:
+        return values.reshape(shape)
+    out, inp, kh, kw = shape
+    return values.reshape(shape).swapaxes(1, 2).reshape(out * kh, inp * kw)
+
+
+def test_nuclear_norm_metric_and_spectra_table_are_the_singular_values_found_independently():
+    """`server/nuclear_norm` = sum_l ||W_l||_* of the new GKR and the `spectra` table holds every singular value of
+    every matrix layer, both against numpy's SVD of the layers of the global model."""
+    generator = np.random.default_rng(21)
+    flat = generator.normal(size=SPEC.size)
+    algorithm = FedSlr(FedSlrSettings(**{"lambda": 0.2, "eta_g": 1.0}), SPEC)
+    server = algorithm.init_server(flat.astype(np.float32), 2)
+    prox, metrics = algorithm.low_rank(flat, 0.2, server.w)
+    singular = {
+        name: np.linalg.svd(_numpy_matrix(prox.params[SPEC.slice(name)].astype(np.float64), shape), compute_uv=False)
+        for name, shape in (("conv", (3, 2, 2, 2)), ("fc", (4, 5)))
+    }
+    assert metrics["nuclear_norm"] == pytest.approx(sum(s.sum() for s in singular.values()), rel=1e-6)
+    before = {name: np.linalg.svd(_numpy_matrix(flat[SPEC.slice(name)], shape), compute_uv=False)
+              for name, shape in (("conv", (3, 2, 2, 2)), ("fc", (4, 5)))}  # fmt: skip
+    shrunk = sum(np.maximum(s - 0.2, 0).sum() for s in before.values())  # SVT shrinks each singular value by 0.2
+    assert metrics["nuclear_norm"] == pytest.approx(shrunk, rel=1e-6) and shrunk < sum(s.sum() for s in before.values())
+    table = algorithm.model_tables(prox.params)["spectra"]
+    assert table["layer"] == ["conv"] * 4 + ["fc"] * 4 and table["index"] == [0, 1, 2, 3] * 2
+    np.testing.assert_allclose(table["singular_value"], np.r_[singular["conv"], singular["fc"]], atol=1e-6)
+
+
+def test_layer_sparsity_is_the_share_of_zeros_of_p_in_each_matrix_layer():
+    p = np.ones(SPEC.size, np.float32)
+    p[SPEC.slice("conv")][:6] = 0.0  # 6 of the conv kernel's 24 entries
+    p[SPEC.slice("fc")] = 0.0
+    p[SPEC.slice("bias")] = 0.0  # 1-D: not a layer of its own here (p_density counts it)
+    sparsity = FedSlr(FedSlrSettings(), SPEC).layer_sparsity(p)
+    assert sparsity == {"p_sparsity/conv": 0.25, "p_sparsity/fc": 1.0}

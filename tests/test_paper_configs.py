@@ -140,6 +140,11 @@ SUITE_DATA = {
     ]
     for data in FEDSLR_TABLE1
     for split in ("iid", "noniid")
+} | {
+    f"fedslr_sensitivity_{study}_cifar100.yaml": lambda root: [
+        *_cifar100_few_classes(root), *SMALL_RESNET_RUN, "clients.count=2", *LABEL_PRIOR_FIXTURE
+    ]
+    for study in ("lambda", "mu", "eta_g", "phase1_epochs")
 }
 """The fixture folders of the suites whose base is inline (not a configs/paper file), by suite file (the CIFAR-100
 and Tiny-ImageNet fixtures hold a few samples: two clients)."""

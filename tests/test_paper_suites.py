@@ -4,14 +4,18 @@ partition they name, and a slice of FLAME's Table III suite runs from the shippe
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
+from raysim.config import ExperimentConfig, apply_overrides, validate_config
 from raysim.studies.suite import check_partitions, load_suite
 from raysim.studies.table import make_table
 from tests.cluster import ROOT
+from tests.inprocess import InProcess
+from tests.test_paper_configs import SUITE_DATA
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 CHILDREN = {
@@ -30,6 +34,9 @@ CHILDREN = {
     **{f"fedapm_table4_{d}.yaml": 35 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 7 methods x 5 seeds
     # FedSLR Table 1's 12 rows in 11 runs (FedSLR's run gives GKR and mixed) and the GPGD/LPGD ablations, one seed
     **{f"fedslr_table1_{d}_{s}.yaml": 13 for d in ("cifar10", "cifar100", "tiny_imagenet") for s in ("iid", "noniid")},
+    # FedSLR's sensitivity studies (fedslr.md 8): Tables 3-6, one seed
+    **{f"fedslr_sensitivity_{study}_cifar100.yaml": n for study, n in (("lambda", 5), ("mu", 5), ("eta_g", 4),
+                                                                        ("phase1_epochs", 4))},  # fmt: skip
 }
 
 
@@ -89,3 +96,28 @@ def test_augfls_table2_rows_have_the_papers_clients_and_models():
             assert getattr(config.algorithm, "teacher_model", None) in (None, "resnet32x4")
             assert config.partition.shots == 20 and config.partition.test_fraction == 0.5
     assert load_suite(SUITES / "augfl_emnist_table2.yaml").experiments()[0][1].dataset.split == "letters"
+def sensitivity_settings() -> list[tuple[str, ExperimentConfig]]:
+    """Every setting of FedSLR's sensitivity suites (fedslr.md 8) but each suite's first, which
+    tests/test_paper_configs.py runs with every shipped file's first setting; the centre setting (lambda 1e-4,
+    mu 1e-3, eta_g 10, 2 Phase I epochs) that all four share, once."""
+    found: dict[str, tuple[str, ExperimentConfig]] = {}
+    for path in sorted(SUITES.glob("fedslr_sensitivity_*.yaml")):
+        for _name, config in load_suite(path).experiments()[1:]:
+            found.setdefault(config.algorithm.model_dump_json(), (path.name, config))
+    return list(found.values())
+
+
+def test_every_setting_of_fedslrs_sensitivity_suites_runs_one_round(tmp_path):
+    """One round of each of the 11 further settings through the real client host and coordinator in this process
+    (tests/inprocess.py; Ray and MLflow are exercised by the first settings' runs), on the CIFAR-100 fixture with the
+    CIFAR CNN and two clients (tests/test_paper_configs.py SUITE_DATA)."""
+    settings = sensitivity_settings()
+    assert len(settings) == 11  # (5 + 5 + 4 + 4) - 4 first settings - 3 repeats of the centre
+    for index, (suite, config) in enumerate(settings):
+        root = tmp_path / str(index)
+        root.mkdir()
+        tree = config.model_dump(mode="json", by_alias=True)
+        apply_overrides(tree, [f"dataset.root={root}", *SUITE_DATA[suite](root)])
+        run = InProcess(validate_config(tree))
+        metrics = run.round(0, [0, 1])
+        assert metrics["rank_fraction"] > 0 and np.isfinite(run.server.w).all()

@@ -641,9 +641,29 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def server_step(self, server: S, total: U, num_selected: int) -> tuple[S, dict[str, float]]:
         """The server update from the sum of the selected clients' uploads."""
 
+    @classmethod
+    def reads_messages(cls, settings: P) -> bool:
+        """Whether, with these settings, the server step needs each selected client's own message by client id
+        (`server_step_by_client`; FedSLR's per-client dual mirrors, Alg. 1/2): the hosts then send them beside the
+        sum. Default: no, the sum is all the server reads."""
+        return False
+
+    def server_step_by_client(
+        self, server: S, total: U, num_selected: int, messages: Mapping[int, Vector]
+    ) -> tuple[S, dict[str, float]]:
+        """The server step of settings that `reads_messages`: `messages` maps each selected client's id to the
+        message it sent (Algorithm.message). Default: `server_step`."""
+        return self.server_step(server, total, num_selected)
+
     @abstractmethod
     def global_model(self, server: S) -> Vector:
         """The global model (GM) evaluated on every client."""
+
+    def model_tables(self, global_params: Vector) -> dict[str, dict[str, list]]:
+        """Tables describing the final global model, by name, each as columns (name -> equally long lists): the run
+        logs each as the artifacts `<name>.parquet` and `<name>.json` (an MLflow table) when it ends (FedSLR:
+        `spectra`, the singular values of every matrixized layer of the GKR). Default: none."""
+        return {}
 
     def personalized_model(self, state: C) -> Vector | None:
         """The client's personalized model (PM); None means the client deploys the global model."""

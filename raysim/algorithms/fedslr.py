@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,7 +55,14 @@ from raysim.algorithms.feddyn import (
     dynamic_request,
     mirrored_dual_mean,
 )
-from raysim.algorithms.prox import FactoredModel, LayerwiseSVT, factored_size, layerwise_svt, matrix_shape
+from raysim.algorithms.prox import (
+    FactoredModel,
+    LayerwiseSVT,
+    factored_size,
+    layer_spectra,
+    layerwise_svt,
+    matrix_shape,
+)
 from raysim.models.spec import ParamSpec
 
 
@@ -85,6 +93,12 @@ class FedSlrSettings(FedSlrSolverSettings):
         description="one more full pass per client for Phase II's gradient mapping (Thm 3) (docs/algorithms.md, "
         "ADMM convergence)",
     )
+    server_duals: Literal["running_mean", "per_client"] = Field(
+        "running_mean",
+        description="how the server mirrors the duals: their running mean over all M clients (Alg. 3, one model-sized "
+        "vector) or every client's gamma_i (Alg. 1/2, M of them; the hosts then send each client's w_i by id); "
+        "the same global iterates (fedslr.md 2.8)",
+    )
 
 
 @dataclass
@@ -105,6 +119,8 @@ class FedSlrServerState:
     """The GKR as sent: low-rank layers as the factors of the server's SVD (fedslr.md 2.4)."""
     gamma_mean: np.ndarray
     """float64 mean over all M clients of their mirrored gamma_i."""
+    gammas: np.ndarray | None
+    """server_duals = per_client: every client's mirrored gamma_i (M x d, float32, Alg. 1/2); None: running_mean."""
     ranks: dict[str, int]
     num_clients: int
 
@@ -167,9 +183,24 @@ class LowRankProx:
             "svd_seconds": seconds,
             "rank_fraction": sum(prox.ranks.values()) / max(sum(full.values()), 1),
             "global_params": float(self.parameter_count(prox.ranks)),
+            "nuclear_norm": float(sum(values.sum() for values in prox.spectra.values())),  # sum_l ||W_l||_*, R/lambda
             **{f"rank/{name}": float(rank) for name, rank in prox.ranks.items()},
         }
         return prox, metrics
+
+    def spectra_table(self, global_params: Vector) -> dict[str, dict[str, list]]:
+        """`spectra`: every singular value of every matrixized layer of the global model (fedslr.md 10 item 14),
+        computed afresh from the flat vector, as rows (layer, index, singular_value), largest first per layer."""
+        columns: dict[str, list] = {"layer": [], "index": [], "singular_value": []}
+        for name, values in layer_spectra(global_params, self.params).items():
+            columns["layer"] += [name] * len(values)
+            columns["index"] += list(range(len(values)))
+            columns["singular_value"] += [float(v) for v in values]
+        return {"spectra": columns}
+
+
+MAX_LAYER_SPARSITY_METRICS = 32
+"""Per-layer sparsity of p_i is logged for models with at most this many matrix layers (ResNet-18: 21)."""
 
 
 @ALGORITHMS.register()
@@ -194,7 +225,11 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         # gamma_{i,0} = 0 (authors' code); w_0 is sent dense, so its ranks count as full.
         zeros = np.zeros(init_params.shape, dtype=np.float64)
         w = np.asarray(init_params, dtype=np.float32)
-        return FedSlrServerState(w.copy(), FactoredModel.of_dense(w), zeros, self.low_rank.full_ranks(), num_clients)
+        gammas = None
+        if self.settings.server_duals == "per_client":
+            gammas = np.zeros((num_clients, *init_params.shape), dtype=np.float32)
+        model = FactoredModel.of_dense(w)
+        return FedSlrServerState(w.copy(), model, zeros, gammas, self.low_rank.full_ranks(), num_clients)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedSlrClientState:
         p = np.zeros_like(init_params)
@@ -236,20 +271,64 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         nonzeros = float(np.count_nonzero(p))
         mixed = self.global_parameter_count(broadcast.ranks) + nonzeros  # fedslr.md 6.5: GKR + nnz(p_i)
         metrics |= {"p_nonzeros": nonzeros, "p_density": nonzeros / p.size, "mixed_params": mixed, "lr": lr}
+        metrics |= self.layer_sparsity(p)
         received = w_t.copy() if s.eval_pairing == "received" else None
         new = FedSlrClientState(gamma, p.astype(np.float32), received)
         return ClientUpdate(new, FedSlrUpload(w_i.astype(np.float32)), metrics)
 
+    @classmethod
+    def reads_messages(cls, settings: FedSlrSettings) -> bool:
+        """Per-client mirrors update each gamma_i from that client's own w_i (Alg. 1 line 6)."""
+        return settings.server_duals == "per_client"
+
+    def layer_sparsity(self, p: Vector) -> dict[str, float]:
+        """`p_sparsity/<layer>`: the share of zero entries of p_i in each matrix layer (fedslr.md 10 item 15), for
+        models of at most MAX_LAYER_SPARSITY_METRICS matrix layers (beyond, `p_density` alone)."""
+        layers = [name for name, shape in zip(self.params.names, self.params.shapes, strict=True) if len(shape) >= 2]
+        if len(layers) > MAX_LAYER_SPARSITY_METRICS:
+            return {}
+        return {f"p_sparsity/{name}": float(np.mean(p[self.params.slice(name)] == 0)) for name in layers}
+
+    def model_tables(self, global_params: Vector) -> dict[str, dict[str, list]]:
+        """`spectra`: the singular values of every layer of the final GKR (LowRankProx.spectra_table)."""
+        return self.low_rank.spectra_table(global_params)
+
     def server_step(self, server: FedSlrServerState, total: FedSlrUpload, num_selected: int):
+        """Alg. 3 in its partial-participation form: only the selected clients' gamma_i changed, by
+        (w_t - w_i)/eta_g each, so the mean over all M moves by their sum / M (fedslr.md 2.8; FedDyn's h)."""
         s = self.settings
+        if server.gammas is not None:
+            raise ValueError("FedSLR with server_duals = per_client steps through server_step_by_client")
         summed = np.asarray(total.w, dtype=np.float64)
-        # Partial-participation Alg. 3: only the selected clients' gamma_i changed, by (w_t - w_i)/eta_g (FedDyn's h).
         gamma_mean = mirrored_dual_mean(server.gamma_mean, server.w, summed, num_selected, s.eta_g, server.num_clients)
-        before = dual_corrected_mean(summed, float(total.count), gamma_mean, s.eta_g)
+        return self._prox_step(server, total, gamma_mean, None)
+
+    def server_step_by_client(
+        self, server: FedSlrServerState, total: FedSlrUpload, num_selected: int, messages: Mapping[int, Vector]
+    ):
+        """Alg. 1/2: the server mirrors each selected client's gamma_i + (w_t - w_i)/eta_g (line 6, the client's own
+        float32 update of eq. 5, so mirror and client agree bit for bit) and averages all M mirrors, stale ones
+        included (Alg. 2 line 9)."""
+        if server.gammas is None:
+            return self.server_step(server, total, num_selected)
+        gammas = server.gammas.copy()
+        for client, w_i in messages.items():
+            gammas[client] = dual_update(gammas[client], server.w, np.asarray(w_i, np.float32), self.settings.eta_g)
+        gamma_mean = np.asarray(np.sum(gammas, axis=0, dtype=np.float64) / server.num_clients)
+        return self._prox_step(server, total, gamma_mean, gammas)
+
+    def _prox_step(
+        self, server: FedSlrServerState, total: FedSlrUpload, gamma_mean: np.ndarray, gammas: np.ndarray | None
+    ) -> tuple[FedSlrServerState, dict[str, float]]:
+        """w_{t+1} = Prox(mean_S w_i - eta_g gamma-bar) (6) and the server's metrics."""
+        s = self.settings
+        before = dual_corrected_mean(np.asarray(total.w, np.float64), float(total.count), gamma_mean, s.eta_g)
         prox, metrics = self.low_rank(before, s.lam * s.eta_g, server.w)  # (6)
         metrics["gamma_mean_norm"] = float(np.linalg.norm(gamma_mean))
         metrics["dual_sum_norm"] = server.num_clients * metrics["gamma_mean_norm"]  # ||sum_i gamma_i||, all M
-        new = FedSlrServerState(prox.params, prox.model, gamma_mean, prox.ranks, server.num_clients)
+        new = FedSlrServerState(
+            prox.params, prox.model, gamma_mean, gammas, prox.ranks, server.num_clients
+        )
         return new, metrics
 
     def global_parameter_count(self, ranks: dict[str, int]) -> int:

@@ -113,3 +113,7 @@ class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, FedSlrBroad
 
     def global_model(self, server: GpgdServerState) -> Vector:
         return server.w
+
+    def model_tables(self, global_params: Vector) -> dict[str, dict[str, list]]:
+        """`spectra`: the singular values of every layer of the final low-rank model, as FedSLR's."""
+        return self.low_rank.spectra_table(global_params)

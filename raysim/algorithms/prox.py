@@ -156,6 +156,9 @@ class LayerwiseSVT:
     """The prox of lambda sum_l ||W_l||_* at the input, as a flat float32 vector (= `model.params`)."""
     ranks: dict[str, int]
     """Rank of every matrixized layer after thresholding."""
+    spectra: dict[str, np.ndarray]
+    """Every matrixized layer's thresholded singular values (the nonzero ones, descending, float64): their sum over
+    all layers is the prox's sum_l ||W_l||_*."""
     model: FactoredModel
     """The same result as it is sent: low-rank layers as the factors of this very SVD."""
 
@@ -169,6 +172,7 @@ def layerwise_svt(flat: np.ndarray, spec: ParamSpec, threshold: float, device: s
     dense: list[np.ndarray] = []
     factors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     ranks: dict[str, int] = {}
+    spectra: dict[str, np.ndarray] = {}
     for name, shape in zip(spec.names, spec.shapes, strict=True):
         values = source[spec.slice(name)]
         if len(shape) < 2:
@@ -177,6 +181,7 @@ def layerwise_svt(flat: np.ndarray, spec: ParamSpec, threshold: float, device: s
         weight = torch.from_numpy(values.reshape(shape)).to(device)
         thresholded = svt(matrixize(weight), threshold)
         ranks[name] = thresholded.rank
+        spectra[name] = thresholded.s.to("cpu").numpy()
         if factored_size(shape, thresholded.rank) < int(np.prod(shape)):
             root = thresholded.s.sqrt()
             left = (thresholded.u * root).to("cpu", torch.float32).numpy()
@@ -186,4 +191,17 @@ def layerwise_svt(flat: np.ndarray, spec: ParamSpec, threshold: float, device: s
             matrix = dematrixize(thresholded.matrix(), shape)
             dense.append(matrix.reshape(-1).to("cpu", torch.float32).numpy())
     model = FactoredModel(np.concatenate(dense) if dense else np.zeros(0, np.float32), factors)
-    return LayerwiseSVT(model.params(spec), ranks, model)
+    return LayerwiseSVT(model.params(spec), ranks, spectra, model)
+
+
+def layer_spectra(flat: np.ndarray, spec: ParamSpec) -> dict[str, np.ndarray]:
+    """The singular values (descending, float64, all min(d1, d2) of them) of every matrixized layer of `flat`."""
+    import torch
+
+    values = np.asarray(flat)
+    return {
+        name: torch.linalg.svdvals(matrixize(torch.from_numpy(values[spec.slice(name)].astype(np.float64)).view(shape)))
+        .numpy()
+        for name, shape in zip(spec.names, spec.shapes, strict=True)
+        if len(shape) >= 2
+    }

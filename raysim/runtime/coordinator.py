@@ -77,11 +77,16 @@ class Coordinator(Renewable):
         for partial in present[1:]:
             total = total + partial
         upload = total.decode()
+        by_client = self.algorithm.reads_messages(self.algorithm.settings)
+        if (self.robust is not None or by_client) and len(total.messages) != total.count:
+            raise RuntimeError("the server step needs every client's message; start hosts with send_messages")
         if self.robust is not None:
-            if len(total.messages) != total.count:
-                raise RuntimeError("robust aggregation needs every client's message; start hosts with send_messages")
             upload = self._robust_upload(upload, total.messages, self.robust)
-        self.state, metrics = self.algorithm.server_step(self.state, upload, total.count)
+        if by_client:
+            messages = {client: message for client, (message, _previous) in total.messages.items()}
+            self.state, metrics = self.algorithm.server_step_by_client(self.state, upload, total.count, messages)
+        else:
+            self.state, metrics = self.algorithm.server_step(self.state, upload, total.count)
         self._use_kernels()
         return metrics
 

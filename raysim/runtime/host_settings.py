@@ -31,7 +31,8 @@ class HostSettings:
     attack: AttackPlan | None = None
     """Which clients are malicious and how (None: no attack)."""
     send_messages: bool = False
-    """Add each selected client's message to the partial sums, for a robust aggregator at the coordinator."""
+    """Add each selected client's message to the partial sums, for a robust aggregator at the coordinator or a
+    server step that reads them (Algorithm.reads_messages)."""
     auc_single_label: SingleLabelAuc = "zero"
     """The AUC of a one-label test split (raysim.evaluation.classification.classification_scores)."""
     on_nonfinite: str = "stop"
@@ -67,9 +68,11 @@ class HostSettings:
     def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:
         """The hosts' settings of a run of `config` on the prepared `problem` (model, attackers, inputs, clients)."""
         runtime = config.runtime
+        reads_messages = ALGORITHMS.get(config.algorithm.name).reads_messages(config.algorithm)
         return cls(
             config.algorithm, problem.model_spec, config.seed, runtime.torch_threads, problem.attack,
-            config.aggregation.active, config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb,
+            config.aggregation.active or reads_messages,
+            config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb,
             runtime.spill_dir, runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus, problem.inputs,
             config.tracking.loss_sum_batch, config.tracking.train_loss_every,
             tuple(sorted({info.num_train for info, _ in problem.clients})), authors_batches(config, problem),

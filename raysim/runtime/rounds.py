@@ -7,9 +7,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import ray
 
+from raysim.algorithms import Algorithm, build_algorithm
 from raysim.config import ExperimentConfig
 from raysim.evaluation.columns import client_evaluations
 from raysim.evaluation.summaries import benign_summary
@@ -55,6 +57,8 @@ class Rounds:
         self.config, self.writer, self.result = config, writer, result
         self.callbacks, self.inspect = list(callbacks), inspect
         self.malicious, self.heldout = problem.malicious, problem.heldout
+        self.params = problem.params
+        """The model's layout, for the algorithm's tables of the final global model (Algorithm.model_tables)."""
         self.resume = resume
         tracking = config.tracking
         assert result.run_id is not None  # run_experiment opens the MLflow run first
@@ -166,6 +170,10 @@ class Rounds:
         # MLflow gets the best accuracies beside their curves (pm/best_acc, ...); the final values are the curves'
         # latest ones, which the runs table shows already: no chart of single points ahead of the curves.
         self.writer.log_metrics(config.rounds, {best_key(k): v for k, v in best.items()})
+        assert self.params is not None  # a problem that ran rounds has its model's layout
+        algorithm = build_algorithm(config.algorithm, self.params)
+        if type(algorithm).model_tables is not Algorithm.model_tables:  # fetch the global model only for them
+            result.model_tables = algorithm.model_tables(np.asarray(simulation.global_model()))
         for callback in self.callbacks:
             callback.on_end(result)
 

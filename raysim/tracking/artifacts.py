@@ -9,6 +9,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from raysim.data.partitions import label_counts
 from raysim.tracking.callbacks import RoundCallback, RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
@@ -102,6 +105,11 @@ class RunArtifacts(RoundCallback):
             for name in ("config.yaml", "clients.parquet", *figure_files("convergence.png")):
                 self.writer.log_artifact(folder / name)
             self.writer.log_table(folder / "clients.json")
+            for name, columns in result.model_tables.items():  # the algorithm's tables of the final global model
+                pq.write_table(pa.table(columns), folder / f"{name}.parquet")
+                write_table_json(folder / f"{name}.parquet", folder / f"{name}.json")
+                self.writer.log_artifact(folder / f"{name}.parquet")
+                self.writer.log_table(folder / f"{name}.json")
 
     def write_partition(self) -> None:
         """partition.parquet (per client and label: train/test/val counts) and partition.png (label shares)."""

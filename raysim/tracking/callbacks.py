@@ -27,6 +27,8 @@ class RunResult:
     """Final and best-round summaries (`final/...`, `best/...`) over benign clients; in MLflow the final values
     are the curves' latest ones and the best accuracies are `pm/best_acc`, `gm/best_acc`, `hm/best_acc`."""
     malicious: list[int] = field(default_factory=list)
+    model_tables: dict[str, dict[str, list]] = field(default_factory=dict)
+    """The algorithm's tables of the final global model (Algorithm.model_tables), logged as artifacts."""
 
 
 class RoundCallback:
