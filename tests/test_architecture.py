@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "raysim"
 
 FLOORS = (
     ("raysim.errors", "raysim.plugins", "raysim.registry", "raysim.settings", "raysim.seeding",
-     "raysim.jit", "raysim.credentials", "raysim.examples"),
+     "raysim.jit", "raysim.credentials", "raysim.examples", "raysim.torchvision_compat"),
     ("raysim.data",),
     ("raysim.models",),
     ("raysim.algorithms",),
@@ -28,7 +28,7 @@ FLOORS = (
     ("raysim.config",),
     ("raysim.tracking",),
     ("raysim.runtime",),
-    ("raysim.studies", "raysim.launch", "raysim.reference", "raysim.api"),
+    ("raysim.studies", "raysim.launch", "raysim.reference", "raysim.api", "raysim.docs_site"),
     ("raysim.jobs", "raysim.cli", "raysim"),
 )  # fmt: skip
 """From the ground up: the modules and packages of each floor. A module may import its own floor and those below."""
