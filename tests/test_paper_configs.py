@@ -332,7 +332,12 @@ FLAME_VARIANTS = {*(PAPER / "suites").glob("flame_sensitivity_*"), *(PAPER / "su
 """FLAME's sensitivity suites and the robustness suites of the appendix's other partitions: their first settings are
 FLAME on a dataset and scheme that a Table III suite's or flame_robustness_fmnist's first setting already trains (CI
 time); every child of theirs is validated and partitioned (tests/test_flame_grids.py)."""
-LEFT_OUT = {*TABLE2_SUITES, *FLAME_VARIANTS}
+FEDSLR_SENSITIVITY = set((PAPER / "suites").glob("fedslr_sensitivity_*"))
+"""FedSLR's sensitivity suites: every setting of theirs trains a round in process (tests/test_paper_suites.py)."""
+FLAME_TABLE3_ELSEWHERE = {PAPER / "suites" / f"flame_table3_{name}.yaml" for name in ("mnist", "cifar10", "mmnist")}
+"""FLAME's Table III suites whose first setting is its paper config's run on the same data and model
+(configs/paper/flame_*.yaml, test_paper_config_runs_from_a_folder_in_the_standard_layout)."""
+LEFT_OUT = {*TABLE2_SUITES, *FLAME_VARIANTS, *FEDSLR_SENSITIVITY, *FLAME_TABLE3_ELSEWHERE}
 FIRST_SETTINGS = [kept for paths in distinct_experiments() if (kept := [p for p in paths if p not in LEFT_OUT])]
 """The groups of `distinct_experiments` but AugFL's Table II suites, whose settings train a round below, and
 FLAME_VARIANTS."""
