@@ -51,9 +51,19 @@ def define_missing_schemas() -> bool:
             return False
         except OSError:
             pass
+    if _schema_defined(torch, "torchvision::nms"):
+        return True  # defined in this process by another copy of this module (a worker's re-imported raysim)
     _schemas = torch.library.Library("torchvision", "DEF")
     _schemas.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _schemas.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    return True
+
+
+def _schema_defined(torch: Any, name: str) -> bool:
+    try:
+        torch._C._dispatch_find_schema_or_throw(name, "")
+    except RuntimeError:
+        return False
     return True
 
 

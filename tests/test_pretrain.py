@@ -25,6 +25,7 @@ from raysim.models.weights import FORMAT_VERSION, checksum, read_weights, write_
 from raysim.runtime.problem import prepare
 from tests.cluster import ROOT
 from tests.conftest import tiny_config
+from tests.terminal import sigint_as_from_a_terminal
 
 META = {"scheme": "meta", "shots": 10, "reserved": 300, "server_samples": 128}
 CRD = {"name": "augfl", "regularizer": "crd", "lambda": 5.0, "teacher_model": "mlp", "transfer": {"negatives": 32}}
@@ -130,7 +131,9 @@ def test_ctrl_c_during_raysim_pretrain_leaves_no_file(tmp_path):
     out = tmp_path / "weights" / "teacher.npz"
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "raysim.cli", "pretrain", str(tmp_path / "c.yaml"), "--out", str(out)]
-    process = subprocess.Popen(command, cwd=tmp_path, env=environment, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=environment, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_from_a_terminal
+    )
     assert process.stderr is not None
     deadline = time.monotonic() + 120
     line = ""

@@ -22,6 +22,7 @@ from raysim.cli import main
 from raysim.studies.procmem import descendants
 from tests.cluster import free_port
 from tests.conftest import tiny_config
+from tests.terminal import sigint_as_from_a_terminal
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
 
@@ -39,7 +40,7 @@ def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     with open(tmp_path / "stderr.txt", "w") as stderr:  # a file: a pipe nobody reads would fill and block
         driver = subprocess.Popen(
             [RAYSIM, "run", str(tmp_path / "run.yaml")], stdout=subprocess.DEVNULL, stderr=stderr,
-            start_new_session=True, preexec_fn=_as_from_a_terminal,
+            start_new_session=True, preexec_fn=sigint_as_from_a_terminal,
         )  # fmt: skip
     deadline = time.monotonic() + 180
     while _newest_checkpoint(tmp_path / "ck") < 2:
@@ -48,12 +49,6 @@ def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:
             raise AssertionError(f"run did not reach round 2: {_stderr(tmp_path)[-2000:]}")
         time.sleep(0.2)
     return driver, uri
-
-
-def _as_from_a_terminal() -> None:
-    """Ctrl-C as a terminal delivers it: a test suite started in the background by a non-interactive shell
-    (`make test &`) has SIGINT ignored, and an ignored SIGINT stays ignored in every program it starts."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stderr(tmp_path: Path) -> str:
@@ -262,7 +257,6 @@ def test_runs_of_killed_drivers_are_listed_for_resume(tmp_path, capsys):
     listing = capsys.readouterr().out
     (line,) = [row for row in listing.splitlines() if row.startswith(run.info.run_id)]
     assert "RUNNING" in line and f"gone ({socket.gethostname()}:{driver.pid})" in line
-
 
 
 def _listening(port: int) -> bool:

@@ -21,6 +21,7 @@ from raysim.runtime.driver import run_experiment
 from raysim.studies.resume import reopen_parent
 from raysim.tracking.mlflow_writer import MlflowWriter
 from tests.conftest import tiny_config
+from tests.terminal import sigint_as_from_a_terminal
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,12 +81,6 @@ def _stop_during_the_second_child(path: Path, uri: str, folder: Path) -> str:
             if process.poll() is None:
                 process.kill()
     raise AssertionError("unreachable")
-
-
-def _sigint_as_from_a_terminal() -> None:
-    """Ctrl-C as a terminal delivers it: a test suite started in the background by a non-interactive shell has
-    SIGINT ignored, and an ignored SIGINT stays ignored in every program it starts."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.slow
@@ -157,7 +152,7 @@ def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local
     with open(tmp_path / "stderr", "w") as err:
         process = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", str(path), "--quiet"],
                                    cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                   preexec_fn=_sigint_as_from_a_terminal)  # fmt: skip
+                                   preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
         try:
             deadline, parent = time.monotonic() + 300, None
             while time.monotonic() < deadline and parent is None:

@@ -33,3 +33,22 @@ def test_write_pth_is_idempotent_and_atomic(tmp_path):
     first = write_pth(tmp_path)
     assert write_pth(tmp_path) == first and first.read_text() == PTH_LINE
     assert [p.name for p in tmp_path.iterdir()] == [PTH_NAME]
+
+
+SECOND_COPY = """
+import importlib, sys
+import raysim.torchvision_compat as first
+first.import_torchvision()
+del sys.modules["raysim.torchvision_compat"], sys.modules["torchvision"]
+second = importlib.import_module("raysim.torchvision_compat")
+assert second is not first
+print(second.import_torchvision().__name__)
+"""
+
+
+def test_a_second_copy_of_the_module_imports_torchvision_again():
+    """A renewed host actor builds ResNet-18 in a process where another copy of this module already defined the
+    schemas (the matrix's resnet18_gn cell crashed with "Only a single TORCH_LIBRARY")."""
+    done = subprocess.run([sys.executable, "-c", SECOND_COPY], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["torchvision"]

@@ -22,6 +22,7 @@ from raysim.errors import Interrupted, RayLost, RaysimError
 from raysim.runtime.driver import resume_experiment, run_experiment
 from raysim.studies.table import listed
 from raysim.tracking.callbacks import RunResult
+from raysim.tracking.identity import source_tags
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 ERROR_TAG = "raysim.error"
@@ -114,10 +115,11 @@ def setting_means(children: Children, settings: list[str]) -> dict[str, float]:
     return {key: sum(v) / len(v) for key, v in values.items()}
 
 
-def record_failures(writer: MlflowWriter, parent: str, children: Children) -> None:
+def record_failures(writer: MlflowWriter, parent: str, children: Children, command: str | None = None) -> None:
     """Leave every failed child a FAILED MLflow run under `parent` whose `raysim.error` tag says why: the run it
     started (its driver has usually marked it already; a trial whose Ray task died left it RUNNING), or, for a
-    child that failed before its run existed, a new one with its config as params. Sets each outcome's run id."""
+    child that failed before its run existed, a new one with its config as params and the study's `command` as
+    its source. Sets each outcome's run id."""
     failed = [(config, outcome) for config, outcome in children if not outcome.finished]
     if not failed:
         return
@@ -133,7 +135,8 @@ def record_failures(writer: MlflowWriter, parent: str, children: Children) -> No
             continue
         child = MlflowWriter(writer.tracking_uri, config.tracking.experiment)
         if run is None:
-            child.start(name, config.flat(), {"algorithm": config.algorithm.name}, parent=parent)
+            tags = {"algorithm": config.algorithm.name, **source_tags(command)}
+            child.start(name, config.flat(), tags, parent=parent)
         else:
             child.run_id = run.info.run_id
         child.set_tags({ERROR_TAG: outcome.error or "failed"})
@@ -179,7 +182,7 @@ class ParentRun:
         the parent with the failed ones (a resumed study whose children all finish has no such tag:
         MlflowWriter.reopen removes it)."""
         self.doing = "while writing its summary"
-        record_failures(self.writer, self.writer.run_id or "", children)
+        record_failures(self.writer, self.writer.run_id or "", children, self.command)
         failed = [config.tracking.run_name or "" for config, outcome in children if not outcome.finished]
         counts = {"children/finished": len(children) - len(failed), "children/failed": len(failed)}
         self.writer.log_metrics(0, counts | setting_means(children, settings))
