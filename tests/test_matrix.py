@@ -39,6 +39,7 @@ from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import save_partition
 from raysim.threats import ATTACKS, ROBUST_RULES
 from tests.cluster import ROOT
+from tests.light import light_training
 from tests.logged import check_logged
 from tests.pairwise import pairs_of, pairwise
 
@@ -288,21 +289,6 @@ def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
     tree.update(copy.deepcopy(model_sections(cell.model, context)))
     tree["algorithm"] = {**tree["algorithm"], **light_training(tree["algorithm"])}
     return tree
-
-
-LIGHT = {"epochs": 1, "head_epochs": 1, "phase2_epochs": 1}
-"""A cell checks that its choices run together and log every key, not what they learn: every pass count that the
-algorithm's example sets above one is one (FedSLR's setting trains 2 epochs at batch 20, ten times FedAvg's work),
-and batches are at least 100 samples."""
-
-
-def light_training(algorithm: Mapping[str, Any]) -> dict[str, Any]:
-    """The algorithm section's local-training settings made light (LIGHT), where its settings have them."""
-    fields = REGISTRIES.algorithms[algorithm["name"]].Settings.model_fields
-    light = {key: value for key, value in LIGHT.items() if key in fields}
-    if "batch_size" in fields:
-        light["batch_size"] = max(100, algorithm.get("batch_size", fields["batch_size"].default))
-    return light
 
 
 @pytest.mark.slow

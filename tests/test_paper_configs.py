@@ -24,6 +24,7 @@ from raysim.studies.sweep import is_sweep_file, load_sweep
 from tests.cluster import ROOT
 from tests.conftest import run_through_cli
 from tests.inprocess import InProcess
+from tests.light import light_training
 from tests.logged import check_logged
 from tests.test_datasets_files import MNIST_STEMS, _cifar_batch, _write_cifar100, _write_emnist, _write_idx
 from tests.test_datasets_folders import write_leaf, write_medmnist, write_tiny_imagenet
@@ -113,6 +114,8 @@ def _tiny_imagenet(root: Path) -> list[str]:
 
 
 OTHER_LOADERS = {"emnist": _emnist, "cifar100": _cifar100, "medmnist": _medmnist, "tiny_imagenet": _tiny_imagenet}
+
+
 def _cifar100_few_classes(root: Path) -> list[str]:
     """CIFAR-100's layout holding enough samples of five of its classes for FedSLR's label-prior split."""
     rng = np.random.default_rng(0)
@@ -142,7 +145,10 @@ SUITE_DATA = {
     for split in ("iid", "noniid")
 } | {
     f"fedslr_sensitivity_{study}_cifar100.yaml": lambda root: [
-        *_cifar100_few_classes(root), *SMALL_RESNET_RUN, "clients.count=2", *LABEL_PRIOR_FIXTURE
+        *_cifar100_few_classes(root),
+        *SMALL_RESNET_RUN,
+        "clients.count=2",
+        *LABEL_PRIOR_FIXTURE,
     ]
     for study in ("lambda", "mu", "eta_g", "phase1_epochs")
 }
@@ -181,6 +187,8 @@ SUITE_DATA |= {
 }
 TABLE2_SUITES = sorted((PAPER / "suites").glob("augfl_*_table2.yaml"))
 """AugFL's Table II, one suite per dataset row: every setting runs (`test_every_setting_of_augfls_table2_...`)."""
+
+
 def _femnist_tff(root: Path) -> list[str]:
     from tests.test_tff_emnist import write_tff_emnist
 
@@ -309,7 +317,8 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     the paper datasets that are not installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN
     where it holds too little), the built-in ones are scaled down (BUILT_IN). Each run takes the actors of the one
     before (runtime.reuse_actors: a new actor process costs most of a one-round run; tests/test_crews.py shows
-    renewed actors give a new crew's results)."""
+    renewed actors give a new crew's results). Local training is light (tests/light.py): the test checks that the
+    experiment runs and logs, not what it learns."""
     sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", "runtime.reuse_actors=true"]
     dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
     if dataset == "fashion_mnist":
@@ -323,6 +332,7 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     if "teacher_epochs" in ALGORITHMS.get(tree["algorithm"]["name"]).Settings.model_fields:
         sets.append("algorithm.teacher_epochs=1")
     apply_overrides(tree, sets)
+    tree["algorithm"] = {**tree["algorithm"], **light_training(tree["algorithm"])}
     config = validate_config(tree)
     result = run_experiment(config, show_progress=False)
     check_logged(MlflowClient(mlflow_uri), result.run_id, config.model_dump(mode="json", by_alias=True))
