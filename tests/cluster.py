@@ -73,7 +73,7 @@ class LocalCluster:
         """Environment of a driver process that connects to this cluster."""
         return {**self.env, "RAY_ADDRESS": self.address}
 
-    def _start(self, name: str, head: bool) -> None:
+    def _command(self, name: str, head: bool) -> list[str]:
         spec = NODES[name]
         command = [RAY, "start", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
         command += ["--num-cpus", str(spec["num_cpus"]), "--resources", json.dumps(spec["resources"])]
@@ -91,7 +91,16 @@ class LocalCluster:
             command += ["--ray-client-server-port", str(free_port())]
         else:
             command += ["--address", self.address]
-        subprocess.run(command, env=self.env, check=True, capture_output=True, timeout=120)
+        return command
+
+    def _start(self, name: str, head: bool) -> None:
+        """`ray start` for one node; a worker node gets three tries with fresh ports: on a loaded machine a raylet
+        can time out during start-up, or a port picked free can be taken by another test's process meanwhile."""
+        for _attempt in range(1 if head else 3):
+            done = subprocess.run(self._command(name, head), env=self.env, capture_output=True, text=True, timeout=120)
+            if done.returncode == 0:
+                return
+        raise RuntimeError(f"ray start of node {name} failed (exit {done.returncode}): {done.stderr[-3000:]}")
 
     def start(self) -> LocalCluster:
         self._start("head", head=True)
