@@ -8,9 +8,9 @@ from typing import Any
 from raysim.algorithms import ALGORITHMS
 
 LIGHT = {"epochs": 1, "head_epochs": 1, "phase2_epochs": 1}
-"""A cell checks that its choices run together and log every key, not what they learn: every pass count that the
-algorithm's example sets above one is one (FedSLR's setting trains 2 epochs at batch 20, ten times FedAvg's work),
-and batches are at least 100 samples."""
+"""A matrix cell or a shipped config's one-round run checks that its settings run together and log every key, not
+what they learn: every pass count above one is one (FedSLR's setting trains 2 epochs at batch 20, ten times
+FedAvg's work), and batches are at least 100 samples."""
 
 
 def light_training(algorithm: Mapping[str, Any]) -> dict[str, Any]:

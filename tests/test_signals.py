@@ -160,7 +160,7 @@ def test_a_closed_terminal_ends_the_run_killed(tmp_path):
 
     def controlling_terminal() -> None:  # after setsid: the pty becomes the session's terminal, as in a login
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        sigint_as_from_a_terminal()
 
     driver = subprocess.Popen([RAYSIM, "run", str(tmp_path / "run.yaml")], stdin=terminal, stdout=terminal,
                               stderr=terminal, start_new_session=True, preexec_fn=controlling_terminal)  # fmt: skip
