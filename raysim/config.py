@@ -244,6 +244,11 @@ class TrackingSettings(_Section):
         description="MLflow's system metrics (CPU, memory, disk, network, GPU) of the driver's machine every 10 s "
         "($MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL), in the run's System metrics tab",
     )
+    figures: list[Literal["png", "pdf", "svg"]] = Field(
+        ["png", "pdf", "svg"],
+        description="formats of the run's figures (convergence, partition): PNG for MLflow's UI, PDF and SVG for a "
+        "paper; [] draws none, about a second saved per run (a sweep of many short trials)",
+    )
     train_loss: bool | int = Field(
         True,
         description="score every client's training loss at every evaluation (true), never (false), or at every "

@@ -28,6 +28,16 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_crew_left():
+    """The actors a module's runs kept (runtime.reuse_actors: tiny_config's default) hold CPUs of the session's Ray
+    that the next module's runs need."""
+    yield
+    from raysim.runtime import crews
+
+    crews.dismiss_parked()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """A head and two worker nodes started with `ray start` on 127.0.0.1 (tests.test_cluster.LocalCluster), for
@@ -64,9 +74,19 @@ def mlflow_uri(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
+NO_FIGURES = {"figures": []}
+"""tiny_config's tracking default: a run's two figures in three formats took 1-2.5 s of a tiny run's few seconds;
+the tests of figures ask for them (tracking.figures), and the shipped configs' runs draw them."""
+REUSED_ACTORS = {"num_hosts": 2, "reuse_actors": True}
+"""tiny_config's runtime section unless a test gives its own: a run on the session's Ray takes the actors of the
+one before (runtime.reuse_actors: a 3-round run took 7 s on new actors, 0.3 s on renewed ones; tests/test_crews.py
+shows renewed actors give a new crew's results)."""
+
+
 def tiny_config(**sections: Any) -> dict[str, Any]:
-    """A small, fast experiment (synthetic classification, MLR-sized model) as a raw config dict;
-    keyword arguments replace or extend whole sections."""
+    """A small, fast experiment (synthetic classification, MLR-sized model, no figures unless the tracking section
+    names `figures`, actors reused unless a runtime section is given) as a raw config dict; keyword arguments
+    replace or extend whole sections."""
     config: dict[str, Any] = {
         "algorithm": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
         "dataset": {"name": "synthetic_classification"},
@@ -75,11 +95,12 @@ def tiny_config(**sections: Any) -> dict[str, Any]:
         "clients": {"count": 4},
         "rounds": 3,
         "seed": 7,
-        "runtime": {"num_hosts": 2},
-        "tracking": {"experiment": "tests"},
+        "runtime": REUSED_ACTORS,
+        "tracking": {"experiment": "tests", **NO_FIGURES},
     }
     for key, value in sections.items():
         config[key] = value
+    config["tracking"] = {**NO_FIGURES, **config["tracking"]}
     return config
 
 

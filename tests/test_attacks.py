@@ -256,7 +256,7 @@ def test_run_logs_attackers_partition_summary_and_benign_metrics(ray_local, mlfl
             clients={"count": 6},
             attack={"kind": "label_poisoning", "fraction": 0.5},
             aggregation={"rule": "multi_krum"},
-            tracking={"uri": mlflow_uri, "experiment": "attacks"},
+            tracking={"uri": mlflow_uri, "experiment": "attacks", "figures": ["png"]},
         )
     )
     result = run_experiment(config, show_progress=False)

@@ -44,7 +44,7 @@ def run_cli(tmp_path: Path, config: dict, *options: str) -> Run:
 
 @pytest.mark.slow
 def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, mlflow_uri):
-    config = tiny_config(tracking={"uri": mlflow_uri, "experiment": "cli"}, rounds=3)
+    config = tiny_config(tracking={"uri": mlflow_uri, "experiment": "cli", "figures": ["png", "pdf", "svg"]}, rounds=3)
     run = run_cli(tmp_path, config, "--set", "rounds=2")
     client = MlflowClient(mlflow_uri)
     assert run.info.status == "FINISHED"
@@ -198,10 +198,12 @@ def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_pat
 def test_run_takes_the_tracking_uri_and_experiment_from_the_command_line(tmp_path):
     uri = f"sqlite:///{tmp_path}/elsewhere.db"
     path = _write(tmp_path, tiny_config(rounds=1))
-    done = _raysim("run", str(path), "--quiet", "--tracking-uri", uri, "--experiment", "from-cli",
-                   "--set", "tracking.system_metrics=false", cwd=tmp_path)  # fmt: skip
+    done = _raysim("run", str(path), "--quiet", "--tracking-uri", uri, "--experiment", "from-cli", "--set",
+                   "tracking.system_metrics=false", "--set", "tracking.figures=[png]", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("from-cli").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["tracking.experiment"] == "from-cli"
     assert not any(key.startswith("system/") for key in run.data.metrics)  # tracking.system_metrics: false
+    figures = {a.path for a in client.list_artifacts(run.info.run_id) if a.path.endswith((".png", ".pdf", ".svg"))}
+    assert figures == {"convergence.png", "partition.png"}  # tracking.figures: [png]

@@ -4,6 +4,8 @@ failed run's, is never reused."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import ray
 
@@ -73,3 +75,19 @@ def test_a_run_needing_other_resources_ends_the_parked_crew_instead_of_waiting_f
     assert len(_parked_actor_ids()) == 2
     run_experiment(_config(tmp_path, reuse=True), show_progress=False)
     assert len(_parked_actor_ids()) == 3  # only the two-host crew is left
+
+
+def test_a_sweep_ends_the_parked_crew_whose_cpus_its_trials_need(tmp_path, empty_crews):
+    """A sweep's trials are Ray tasks, other processes: their runs cannot take this process's parked crew, and
+    waited for its CPUs for ever (a notebook that ran raysim.api.run with reuse_actors, then a sweep)."""
+    from raysim.studies.sweep import parse_sweep, run_sweep
+
+    run_experiment(_config(tmp_path, reuse=True), show_progress=False)
+    assert len(_parked_actor_ids()) == 3  # both CPUs of the session's Ray
+    base = tiny_config(rounds=1, tracking={"experiment": "crews", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    sweep = parse_sweep({"name": "after-a-parked-crew", "base": base, "grid": {"algorithm.lr": [0.05]}})
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(run_sweep(sweep, show_progress=False)), daemon=True)
+    thread.start()
+    thread.join(timeout=180)
+    assert done and [o.status for o in done[0].outcomes] == ["finished"], "the trial waited for the parked crew"

@@ -34,7 +34,6 @@ from raysim.data import PARTITIONS
 from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment, model_example
 from raysim.models import MODELS
-from raysim.runtime import crews
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import save_partition
 from raysim.threats import ATTACKS, ROBUST_RULES
@@ -108,9 +107,11 @@ BASE: dict[str, Any] = {
     "rounds": 1,
     "seed": 1,
     "runtime": {"num_hosts": 1},
-    "tracking": {"experiment": "matrix", "system_metrics": False},
+    "tracking": {"experiment": "matrix", "system_metrics": False, "figures": []},
 }
-"""The experiment every cell starts from; the cell's choices replace its sections with their examples'."""
+"""The experiment every cell starts from; the cell's choices replace its sections with their examples'. No
+figures: drawing them took 1-1.5 s of a cell's 2.5 s, and they depend on the logged keys only, which every cell
+checks (the shipped configs' runs in tests/test_paper_configs.py draw them)."""
 
 
 class Cell(NamedTuple):
@@ -238,13 +239,6 @@ RUNS, REFUSALS = plan()
 # tests/conftest.py).
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_crew_left():
-    """The cells' last crew holds CPUs of the session's Ray that the next module's runs need."""
-    yield
-    crews.dismiss_parked()
-
-
 @pytest.fixture(scope="session")
 def matrix_store(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('matrix-mlflow') / 'mlflow.db'}"
@@ -297,7 +291,9 @@ def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
 def test_cell_runs_and_logs_every_key_once_per_step(cell, contexts, matrix_store, ray_local, pretrained_cache):
     config = experiment(cell, contexts[cell.val], matrix_store)
     result = run_experiment(validate_config(config), show_progress=False)
-    check_logged(MlflowClient(matrix_store), result.run_id, config)
+    client = MlflowClient(matrix_store)
+    check_logged(client, result.run_id, config)
+    assert not [a.path for a in client.list_artifacts(result.run_id) if a.path.endswith(".png")]  # figures: []
 
 
 @pytest.mark.parametrize(("cell", "key"), REFUSALS, ids=lambda item: getattr(item, "name", item))

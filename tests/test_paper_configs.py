@@ -17,7 +17,6 @@ from mlflow.tracking import MlflowClient
 
 from raysim.algorithms import ALGORITHMS
 from raysim.config import apply_overrides, load_config, read_mapping, validate_config
-from raysim.runtime import crews
 from raysim.runtime.driver import run_experiment
 from raysim.studies.suite import is_suite_file, load_suite
 from raysim.studies.sweep import is_sweep_file, load_sweep
@@ -292,13 +291,6 @@ def distinct_experiments() -> list[list[Path]]:
     for path in SHIPPED:
         groups.setdefault(_experiment_key(path), []).append(path)
     return list(groups.values())
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_crew_left():
-    """The last reused crew holds CPUs of the session's Ray that the next module's runs need."""
-    yield
-    crews.dismiss_parked()
 
 
 def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():

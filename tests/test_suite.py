@@ -17,7 +17,6 @@ from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.cli import main
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
-from raysim.runtime import crews
 from raysim.studies.children import one_line
 from raysim.studies.suite import SuiteConfig, check_partitions, is_suite_file, load_suite, run_suite
 from tests.conftest import tiny_config
@@ -101,14 +100,9 @@ def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_lo
         for name in ISSUE_3
     ]
     base = tiny_config(rounds=2, clients={"count": 3}, tracking={"uri": mlflow_uri, "experiment": "suite"})
-    # each child takes the actors of the one before (a new actor process costs most of a 2-round child's time)
-    base["runtime"] = {**base.get("runtime", {}), "reuse_actors": True}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump({"name": "everything", "base": base, "runs": runs}))
-    try:
-        assert main(["run", str(path), "--quiet"]) == 0
-    finally:
-        crews.dismiss_parked()
+    assert main(["run", str(path), "--quiet"]) == 0  # each child on the actors of the one before (tiny_config)
     printed = capsys.readouterr().out
     assert all(name in printed for name in ISSUE_3)
 

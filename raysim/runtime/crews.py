@@ -52,15 +52,19 @@ _parked: dict[tuple, list[Crew]] = {}
 def crew_key(runtime: RuntimeSettings, num_hosts: int) -> tuple:
     """What a crew must match to serve a run: this Ray session (the driver's actors die with its connection), the
     number of hosts and every resource and placement setting of its actors."""
-    context = ray.get_runtime_context()
     return (
-        context.get_node_id(),
-        context.get_job_id(),
+        *_session(),
         num_hosts,
         tuple(sorted(host_bundle(runtime).items())),
         runtime.placement,
         tuple(sorted(coordinator_resources(runtime).items())),
     )
+
+
+def _session() -> tuple[str, str]:
+    """This driver's Ray session: its node and job (a crew's actors die with the driver's connection)."""
+    context = ray.get_runtime_context()
+    return context.get_node_id(), context.get_job_id()
 
 
 def take(key: tuple) -> Crew | None:
@@ -84,8 +88,9 @@ def park(key: tuple, crew: Crew) -> None:
 def dismiss_parked() -> None:
     """End every parked crew of this process: they hold CPUs and GPUs that a run needing other resources, or
     anything else on this Ray, may be waiting for."""
+    session = _session() if ray.is_initialized() else None
     while _parked:
-        crews = _parked.popitem()[1]
-        if ray.is_initialized():
+        key, crews = _parked.popitem()
+        if key[:2] == session:  # the crews of an earlier Ray session are gone with it
             for crew in crews:
                 crew.dismiss()

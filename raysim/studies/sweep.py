@@ -36,6 +36,7 @@ from pydantic import Field, model_validator
 from raysim.config import ExperimentConfig, ExperimentFamily, set_value, top_level_keys, validate_config
 from raysim.errors import ConfigError
 from raysim.plugins import carry
+from raysim.runtime.crews import dismiss_parked
 from raysim.runtime.session import ray_session
 from raysim.settings import Settings
 from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_line, run_child
@@ -254,6 +255,7 @@ def run_sweep(
     say(f"sweep {sweep.name}: parent run {parent} at {writer.shown_uri}, {len(trials)} trials", flush=True)
     with ParentRun(writer, "sweep", sweep.name, command) as parent_run:
         with ray_session(base):
+            dismiss_parked()  # this process's kept actors (runtime.reuse_actors) hold resources the trials wait for
             limit = concurrency(sweep, trials)
             say(f"running up to {limit} trials at once", flush=True)
             if plan.summary():

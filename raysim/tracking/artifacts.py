@@ -101,8 +101,9 @@ class RunArtifacts(RoundCallback):
             write_client_table(result.final, sizes, folder / "clients.parquet")
             write_table_json(folder / "clients.parquet", folder / "clients.json")
             title = f"{self.config.algorithm.name} on {self.config.dataset.name}"
-            write_convergence_plot(result.history, title, folder / "convergence.png")
-            for name in ("config.yaml", "clients.parquet", *figure_files("convergence.png")):
+            formats = self.config.tracking.figures
+            write_convergence_plot(result.history, title, folder / "convergence.png", formats)
+            for name in ("config.yaml", "clients.parquet", *figure_files("convergence.png", formats)):
                 self.writer.log_artifact(folder / name)
             self.writer.log_table(folder / "clients.json")
             for name, columns in result.model_tables.items():  # the algorithm's tables of the final global model
@@ -123,8 +124,9 @@ class RunArtifacts(RoundCallback):
             folder = Path(directory)
             write_partition_table(counts, extra, folder / "partition.parquet")
             title = f"{self.config.partition.scheme} partition of {self.config.dataset.name}"
-            write_partition_heatmap(counts, title, folder / "partition.png")
+            formats = self.config.tracking.figures
+            write_partition_heatmap(counts, title, folder / "partition.png", formats)
             write_table_json(folder / "partition.parquet", folder / "partition.json")
-            for name in ("partition.parquet", *figure_files("partition.png")):
+            for name in ("partition.parquet", *figure_files("partition.png", formats)):
                 self.writer.log_artifact(folder / name)
             self.writer.log_table(folder / "partition.json")

@@ -1,10 +1,10 @@
-"""The run's artifacts: the per-client table (Parquet) and the convergence plot (PNG, PDF, SVG)."""
+"""The run's artifacts: the per-client table (Parquet) and the convergence plot (PNG, PDF, SVG: tracking.figures)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +31,13 @@ def write_table_json(parquet: Path, path: Path) -> None:
     path.write_text(json.dumps({"columns": table.column_names, "data": rows}))
 
 
-def write_convergence_plot(history: dict[int, dict[str, float]], title: str, path: Path) -> None:
+def write_convergence_plot(
+    history: dict[int, dict[str, float]], title: str, path: Path, formats: Sequence[str] = plots.FORMATS
+) -> None:
     """Mean test accuracy and training loss of PM (solid), GM (dotted) and HM (dashed: it often equals PM, which
-    then shows through its gaps) against the round."""
+    then shows through its gaps) against the round, in `formats` (plots.save)."""
+    if not formats:
+        return
     rounds = [r for r in sorted(history) if "pm/acc" in history[r]]
 
     def series(label: str, key: str, style: str) -> plots.Series:
@@ -53,7 +57,7 @@ def write_convergence_plot(history: dict[int, dict[str, float]], title: str, pat
         ],
         title=title,
     )
-    plots.save(figure, path)
+    plots.save(figure, path, formats)
 
 
 def write_partition_table(
@@ -69,8 +73,13 @@ def write_partition_table(
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def write_partition_heatmap(counts: dict[str, np.ndarray], title: str, path: Path) -> None:
-    """Label distribution per client: share of each label in the client's samples (all parts), with its size."""
+def write_partition_heatmap(
+    counts: dict[str, np.ndarray], title: str, path: Path, formats: Sequence[str] = plots.FORMATS
+) -> None:
+    """Label distribution per client: share of each label in the client's samples (all parts), with its size, in
+    `formats` (plots.save)."""
+    if not formats:
+        return
     total = sum(counts.values(), np.zeros_like(counts["train"]))
     sizes = total.sum(axis=1)
     shares = total / np.maximum(sizes, 1)[:, None]
@@ -82,4 +91,4 @@ def write_partition_heatmap(counts: dict[str, np.ndarray], title: str, path: Pat
     step = max(1, clients // 40)
     axis.set_yticks(range(0, clients, step), [f"{c} ({sizes[c]})" for c in range(0, clients, step)], fontsize=7)
     figure.colorbar(image, ax=axis, label="share of the client's samples")
-    plots.save(figure, path)
+    plots.save(figure, path, formats)
