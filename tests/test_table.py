@@ -355,8 +355,9 @@ def test_rounds_to_a_target_averages_the_seeds_that_reach_it_and_shows_the_other
 
 
 def test_the_latex_table_compiles_with_booktabs_and_bolds_the_best_means(hand_suite, tmp_path):
-    """`raysim table --format latex`, `\\input` by a document that loads booktabs, compiles with pdflatex (Debian's
-    TeX Live, which `make setup` installs); the bold cell of each column is the best of the children's means."""
+    """`raysim table --format latex`, `\\input` by a document that loads booktabs and graphicx, compiles with
+    pdflatex (Debian's TeX Live, which `make setup` installs); the bold cell of each column is the best of the
+    children's means. A table of many columns, wider than the text, is scaled to fit it (no overfull box)."""
     pdflatex = shutil.which("pdflatex")
     assert pdflatex, "pdflatex is needed: `make setup` installs Debian's texlive-latex-base and -recommended"
     uri, parent = hand_suite
@@ -371,14 +372,17 @@ def test_the_latex_table_compiles_with_booktabs_and_bolds_the_best_means(hand_su
     assert f"$\\mathbf{{{finals[best]:.4f}" in rows[best] and "mathbf" not in rows[({*finals} - {best}).pop()]
     assert "Setting & Seeds & PM acc. & rounds to pm/train\\_loss$\\leq$0.5 \\\\" in latex
     assert "\\caption{hand: 6 rounds, seeds 1, 2, 3 (column Seeds: how many each setting has)." in latex
-    (tmp_path / "paper.tex").write_text(
-        "\\documentclass{article}\\usepackage{booktabs}\\begin{document}\\input{table}\\end{document}\n"
-    )
+    targets = [f"pm/acc>={level / 10}" for level in range(1, 10)]
+    wide = make_table(uri, parent, ["pm/acc", "pm/train_loss"], rounds_to=targets).render("latex")
+    (tmp_path / "wide.tex").write_text(wide)
+    (tmp_path / "paper.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\usepackage{graphicx}"
+                                        "\\begin{document}\\input{table}\\input{wide}\\end{document}\n")  # fmt: skip
     result = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     assert (tmp_path / "paper.pdf").read_bytes().startswith(b"%PDF")
     assert "Output written on paper.pdf (1 page" in result.stdout
+    assert "Overfull \\hbox" not in (tmp_path / "paper.log").read_text()
 
 
 def test_the_fedapm_aggregation_through_the_cli_and_bad_options_in_one_line(hand_suite, capsys, tmp_path):

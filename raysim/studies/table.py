@@ -245,8 +245,10 @@ class Table:
         return out.getvalue()
 
     def latex(self) -> str:
-        """A `table` float a paper can `\\input`: readable headers (`column_label`), booktabs rules, the best mean
-        of each column in bold (`best_rows`), a caption naming the rounds and seeds, and a label from the title."""
+        """A `table` float a paper can `\\input` (preamble: booktabs and graphicx): readable headers
+        (`column_label`), booktabs rules, the best mean of each column in bold (`best_rows`), a caption naming the
+        rounds and seeds, and a label from the title. A table wider than the text (many columns) is scaled down to
+        the text's width; a narrower one is left at its size."""
         columns = [*self.metrics, *(t.label for t in self.targets)]
         headers = [*(column_label(m) for m in self.metrics), *(_latex_escape(t.label) for t in self.targets)]
         bold = {column: self.best_rows(column) for column in columns}
@@ -256,6 +258,7 @@ class Table:
             "\\centering",
             f"\\caption{{{_latex_escape(self.paper_caption())}}}",
             f"\\label{{tab:{_slug(self.title)}}}",
+            "\\sbox0{%",
             "\\begin{tabular}{lr" + "c" * len(columns) + "}",
             "\\toprule",
             " & ".join(["Setting", "Seeds", *headers]) + " \\\\",
@@ -266,7 +269,12 @@ class Table:
             shown = [_bold(text) if setting in bold[column] else text for column, text in zip(columns, shown,
                                                                                                strict=True)]
             lines.append(" & ".join([_latex_escape(setting), str(len(seeds)), *shown]) + " \\\\")
-        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+        lines += [
+            "\\bottomrule",
+            "\\end{tabular}}",
+            "\\ifdim\\wd0>\\linewidth\\resizebox{\\linewidth}{!}{\\usebox0}\\else\\usebox0\\fi",
+            "\\end{table}",
+        ]
         return "\n".join(lines) + "\n"
 
     def best_rows(self, column: str) -> set[str]:
