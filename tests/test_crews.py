@@ -77,9 +77,10 @@ def test_a_run_needing_other_resources_ends_the_parked_crew_instead_of_waiting_f
     assert len(_parked_actor_ids()) == 3  # only the two-host crew is left
 
 
-def test_a_sweep_ends_the_parked_crew_whose_cpus_its_trials_need(tmp_path, empty_crews):
+def test_a_sweep_ends_the_parked_crews_before_and_after_its_trials(tmp_path, empty_crews):
     """A sweep's trials are Ray tasks, other processes: their runs cannot take this process's parked crew, and
-    waited for its CPUs for ever (a notebook that ran raysim.api.run with reuse_actors, then a sweep)."""
+    waited for its CPUs for ever (a notebook that ran raysim.api.run with reuse_actors, then a sweep); a trial that
+    kept its own crew in its idle worker process made this process's next run wait for ever likewise."""
     from raysim.studies.sweep import parse_sweep, run_sweep
 
     run_experiment(_config(tmp_path, reuse=True), show_progress=False)
@@ -91,3 +92,8 @@ def test_a_sweep_ends_the_parked_crew_whose_cpus_its_trials_need(tmp_path, empty
     thread.start()
     thread.join(timeout=180)
     assert done and [o.status for o in done[0].outcomes] == ["finished"], "the trial waited for the parked crew"
+    after: list = []
+    thread = threading.Thread(target=lambda: after.append(_scores(_config(tmp_path, reuse=True))), daemon=True)
+    thread.start()
+    thread.join(timeout=180)
+    assert after, "the run after the sweep waited for the crew its trial kept"

@@ -198,8 +198,13 @@ def _run_trial(
     config: ExperimentConfig, parent: str, continue_run: str | None, command: str | None
 ) -> ChildOutcome:
     """One trial on the cluster (raysim.studies.children.run_child): errors are returned. `command`: the sweep's,
-    the trial's MLflow source (its own process is a Ray worker)."""
-    outcome = run_child(config, parent, continue_run, command=command)
+    the trial's MLflow source (its own process is a Ray worker). The actors a trial keeps (runtime.reuse_actors)
+    are ended with it: kept in the idle worker process, they held their CPUs for ever, and the driver's next run
+    waited for them."""
+    try:
+        outcome = run_child(config, parent, continue_run, command=command)
+    finally:
+        dismiss_parked()
     outcome.node = ray.get_runtime_context().get_node_id()
     return outcome
 
