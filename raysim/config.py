@@ -244,6 +244,12 @@ class TrackingSettings(_Section):
         description="MLflow's system metrics (CPU, memory, disk, network, GPU) of the driver's machine every 10 s "
         "($MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL), in the run's System metrics tab",
     )
+    color: str | None = Field(
+        None,
+        pattern=r"^#[0-9a-fA-F]{6}$",
+        description="the run's colour (#rrggbb) in MLflow's charts and raysim's study figures; a suite or sweep "
+        "gives each of its settings a colour of its own (all seeds of a setting share it) unless this is set",
+    )
     figures: list[Literal["png", "pdf", "svg"]] = Field(
         ["png", "pdf", "svg"],
         description="formats of the run's figures (convergence, partition): PNG for MLflow's UI, PDF and SVG for a "

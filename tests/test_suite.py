@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from matplotlib.colors import to_hex
 from mlflow.tracking import MlflowClient
 
 from raysim.algorithms.fedapm import FedApmSettings, personal_mask
@@ -48,6 +49,17 @@ def test_runs_and_seeds_expand_with_overrides_applied():
     ]
     assert children[0][1].algorithm.rho == 0.5 and children[0][1].algorithm.lam == 1.0
     assert children[2][1].algorithm.name == "fedavg" and children[2][1].clients.count == 6
+    colors = [c.tracking.color for _, c in children]  # a run's seeds alike, the runs apart: plots.setting_colors
+    assert colors[0] == colors[1] != colors[2] == colors[3] and colors[0] == to_hex("C0") and colors[2] == to_hex("C1")
+
+
+def test_run_colors_a_run_sets_itself_win_and_more_than_ten_runs_stay_apart():
+    runs = [{"name": f"r{i}"} for i in range(12)] + [{"name": "mine", "set": {"tracking.color": "#123456"}}]
+    children = SuiteConfig.model_validate(_suite(runs=runs)).experiments()
+    colors = {name: config.tracking.color for name, config in children}
+    assert colors["mine"] == "#123456" and len({colors[f"r{i}"] for i in range(12)}) == 12
+    with pytest.raises(ConfigError, match=r"suite run 'x': tracking.color: .*\^#\[0-9a-fA-F\]\{6\}\$"):
+        SuiteConfig.model_validate(_suite(runs=[{"name": "x", "set": {"tracking.color": "red"}}])).experiments()
 
 
 def test_bad_suites_are_rejected_with_the_field_named(tmp_path):
@@ -114,6 +126,7 @@ def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_lo
     for child in children:  # the parent's row compares the settings: each one's final accuracy
         final = max(client.get_metric_history(child.info.run_id, "pm/acc"), key=lambda m: m.step).value
         assert parent.data.metrics[f"{child.info.run_name}/pm/acc"] == pytest.approx(final)
+    assert len({child.data.tags["mlflow.runColor"] for child in children}) == len(ISSUE_3)  # MLflow's chart colours
     for child in children:
         assert child.info.status == "FINISHED"
         assert {"pm/acc", "gm/acc", "hm/acc", "pm/best_acc", "pm/f1", "pm/auc"} <= set(child.data.metrics)

@@ -40,6 +40,9 @@ def test_grid_times_draws_times_seeds():
     first = trials[0].config
     assert (first.algorithm.rho, first.clients.count, first.tracking.uri) == (0.1, 4, "sqlite:////tmp/x.db")
     assert len({t.config.tracking.run_name for t in trials}) == 24
+    colors = {t.setting_index: {x.config.tracking.color for x in trials if x.setting_index == t.setting_index}
+              for t in trials}  # fmt: skip
+    assert all(len(c) == 1 for c in colors.values()) and len(set.union(*colors.values())) == 12  # a setting's seeds
 
 
 @pytest.mark.parametrize(

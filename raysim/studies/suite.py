@@ -57,18 +57,23 @@ class SuiteConfig(ExperimentFamily):
         return self
 
     def experiments(self) -> list[tuple[str, ExperimentConfig]]:
-        """(run name, validated config) for every run and seed, in order."""
+        """(run name, validated config) for every run and seed, in order; each run's seeds share a colour
+        (`tracking.color`, unless the run or the base sets one: plots.setting_colors)."""
+        from raysim.tracking.plots import setting_colors
+
         base = self.base_tree()
         children = []
         seeds: list[int | None] = [*self.seeds] if self.seeds else [None]
+        colors = setting_colors(run.name for run in self.runs)
         for run in self.runs:
             for seed in seeds:
                 tree = copy.deepcopy(base)
+                tree.setdefault("tracking", {}).setdefault("color", colors[run.name])
                 for key, value in run.overrides.items():
                     set_value(tree, key, value)
                 if seed is not None:
                     tree["seed"] = seed
-                tree.setdefault("tracking", {})["run_name"] = run.name if seed is None else f"{run.name}/seed{seed}"
+                tree["tracking"]["run_name"] = run.name if seed is None else f"{run.name}/seed{seed}"
                 try:
                     children.append((run.name, validate_config(tree)))
                 except ConfigError as error:
@@ -242,7 +247,7 @@ def write_comparison_plot(children: list[SuiteChild], title: str, path: Path) ->
         rounds = sorted(set.intersection(*({r for r in h if "pm/acc" in h[r]} for h in histories))) if histories else []
         for kind, series in curves.items():
             means = {r: float(np.mean([h[r][f"{kind}/acc"] for h in histories])) for r in rounds}
-            series.append(plots.Series(label, means))
+            series.append(plots.Series(label, means, color=members[0].config.tracking.color))
     panels = [
         plots.Panel(f"{kind.upper()} test accuracy", series, "mean over clients" if kind == "pm" else "", bounds=(0, 1))
         for kind, series in curves.items()

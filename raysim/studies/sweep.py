@@ -120,21 +120,26 @@ class SweepConfig(ExperimentFamily):
 
     def trials(self, tracking_uri: str) -> list[Trial]:
         """Every trial (setting x seed), validated; all log to `tracking_uri`."""
+        from raysim.tracking.plots import setting_colors
+
         base = self.base_tree()
         trials: list[Trial] = []
         seeds: list[int | None] = [*self.seeds] if self.seeds else [None]
-        for setting_index, setting in enumerate(self.settings()):
+        settings = self.settings()
+        colors = setting_colors(str(index) for index in range(len(settings)))
+        for setting_index, setting in enumerate(settings):
             label = setting_label(setting) or "base"
             for seed in seeds:
                 tree = copy.deepcopy(base)
+                tracking = tree.setdefault("tracking", {})
+                if not isinstance(tracking, dict):
+                    raise ConfigError("sweep.base: tracking must be a section")
+                tracking.setdefault("color", colors[str(setting_index)])
                 for key, value in setting.items():
                     set_value(tree, key, value)
                 if seed is not None:
                     tree["seed"] = seed
                 index = len(trials)
-                tracking = tree.setdefault("tracking", {})
-                if not isinstance(tracking, dict):
-                    raise ConfigError("sweep.base: tracking must be a section")
                 tracking["uri"] = tracking_uri
                 tracking["run_name"] = f"{self.name}/t{index:03d} {label} seed={tree.get('seed', 1)}"
                 try:
@@ -414,7 +419,8 @@ def _log_parent(writer, sweep: SweepConfig, trials, outcomes, table) -> None:
 
 
 def write_trial_curves(trials: list[Trial], outcomes: list[ChildOutcome], title: str, path: Path) -> None:
-    """PM, GM and HM test accuracy against the round, one line per finished trial (colour: setting; style: seed)."""
+    """PM, GM and HM test accuracy against the round, one line per finished trial (colour: the setting's, as in
+    MLflow's charts; style: seed)."""
     from raysim.tracking import plots
 
     seeds = list(dict.fromkeys(trial.config.seed for trial in trials))
@@ -426,7 +432,7 @@ def write_trial_curves(trials: list[Trial], outcomes: list[ChildOutcome], title:
                 plots.Series(
                     f"{trial.label} s{trial.config.seed}" + ("" if outcome.finished else " (failed)"),
                     {r: outcome.history[r][f"{kind}/acc"] for r in rounds},
-                    color=f"C{trial.setting_index % 10}",
+                    color=trial.config.tracking.color,
                     linestyle=plots.LINE_STYLES[seeds.index(trial.config.seed) % len(plots.LINE_STYLES)],
                 )
             )

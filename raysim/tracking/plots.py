@@ -37,6 +37,17 @@ ZOOM_MARGIN = 0.05
 """Of the data's span, above and below it, when `zoom` sets a panel's y range."""
 COLORS = tuple(plt.rcParams["axes.prop_cycle"].by_key()["color"])
 """Matplotlib's default colour cycle, for figures that colour by hand (one colour per model or series)."""
+MANY_COLORS = tuple(matplotlib.colors.to_hex(matplotlib.colormaps["tab20"](i)) for i in range(20))
+"""For more settings than COLORS holds: tab20's pairs of a dark and a light shade."""
+
+
+def setting_colors(settings: Iterable[str]) -> dict[str, str]:
+    """A colour (#rrggbb) per distinct setting, in order of first appearance: the default cycle for up to ten
+    settings, tab20 for more (repeating past twenty). A study's children carry theirs as `tracking.color`, so that
+    MLflow's charts and raysim's figures draw a setting alike."""
+    distinct = list(dict.fromkeys(settings))
+    palette = COLORS if len(distinct) <= len(COLORS) else MANY_COLORS
+    return {setting: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, setting in enumerate(distinct)}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
 DRIVER_TAG = "raysim.driver"
 """Run tag: `host:pid` of the driver process that writes the run."""
+RUN_COLOR_TAG = "mlflow.runColor"
+"""Run tag: the run's colour in MLflow's charts (`tracking.color`). The UI reads it when it loads the runs and
+writes it when a user picks a colour (MLflow 3's `mlflow.runColor`)."""
 
 
 @dataclass(frozen=True)
