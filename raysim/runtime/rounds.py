@@ -18,7 +18,7 @@ from raysim.evaluation.summaries import benign_summary
 from raysim.runtime import checkpoint
 from raysim.runtime.problem import Problem
 from raysim.runtime.simulation import Simulation
-from raysim.tracking.callbacks import RoundCallback, RunResult
+from raysim.tracking.callbacks import FinalModels, RoundCallback, RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 
@@ -172,10 +172,18 @@ class Rounds:
         self.writer.log_metrics(config.rounds, {best_key(k): v for k, v in best.items()})
         assert self.params is not None  # a problem that ran rounds has its model's layout
         algorithm = build_algorithm(config.algorithm, self.params)
-        if type(algorithm).model_tables is not Algorithm.model_tables:  # fetch the global model only for them
-            result.model_tables = algorithm.model_tables(np.asarray(simulation.global_model()))
+        tables = type(algorithm).model_tables is not Algorithm.model_tables
+        saved = config.tracking.save_models
+        global_params = np.asarray(simulation.global_model()) if tables or saved != "none" else None  # if needed
+        if tables and global_params is not None:
+            result.model_tables = algorithm.model_tables(global_params)
         for callback in self.callbacks:
             callback.on_end(result)
+        if global_params is not None and saved != "none":
+            clients = simulation.personalized_models() if saved == "all" else (None, None)
+            models = FinalModels(np.asarray(global_params, dtype=np.float32), *clients)
+            for callback in self.callbacks:
+                callback.on_models(models)
 
     def _round(self, simulation: Simulation, round_index: int) -> tuple[dict[str, float], pa.Table | None]:
         start = time.perf_counter()
