@@ -24,9 +24,10 @@ def _accuracy(network: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tens
         return (network(inputs).argmax(dim=1) == labels).double().mean().item()
 
 
-def _run(store: str, save_models: str, **sections) -> raysim.Result:
-    config = tiny_config(tracking={"experiment": "saved", "system_metrics": False, "save_models": save_models},
-                         rounds=2, **sections)  # fmt: skip
+def _run(store: str, save_models: str, max_mb: float = 1024.0, **sections) -> raysim.Result:
+    tracking = {"experiment": "saved", "system_metrics": False, "save_models": save_models,
+                "client_models_max_mb": max_mb}  # fmt: skip
+    config = tiny_config(tracking=tracking, rounds=2, **sections)
     return raysim.run(config, progress=False, tracking_uri=store)
 
 
@@ -38,7 +39,7 @@ def test_a_run_saves_its_final_models_for_a_reader(ray_local, mlflow_uri, monkey
     """`all` (FLAME, whose clients have PMs): `global_model` opens with load_model and holds the final global model
     bit for bit, client_models.npz holds each client's final PM bit for bit in client-id order, and both score each
     client's test split as clients.parquet says. FedAvg's clients are stored with the global model they are scored
-    with; `global` saves no npz, `none` neither."""
+    with; `global` saves no npz, nor does `all` over tracking.client_models_max_mb; `none` saves neither."""
     # load_model("runs:/...") reads MLflow's current tracking URI: this test's store, restored afterwards
     monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", mlflow_uri)
     result = _run(mlflow_uri, "all")
@@ -75,4 +76,6 @@ def test_a_run_saves_its_final_models_for_a_reader(ray_local, mlflow_uri, monkey
 
     only_global = _artifacts(mlflow_uri, _run(mlflow_uri, "global").run_id)
     assert "global_model" in only_global and "client_models.npz" not in only_global
+    over_the_cap = _artifacts(mlflow_uri, _run(mlflow_uri, "all", max_mb=1e-6).run_id)  # a cap of 1 byte
+    assert "global_model" in over_the_cap and "client_models.npz" not in over_the_cap
     assert not {"global_model", "client_models.npz"} & _artifacts(mlflow_uri, _run(mlflow_uri, "none").run_id)
