@@ -74,9 +74,10 @@ def mlflow_uri(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
-NO_FIGURES = {"figures": []}
+NO_FIGURES = {"figures": [], "save_models": "none"}
 """tiny_config's tracking default: a run's two figures in three formats took 1-2.5 s of a tiny run's few seconds;
-the tests of figures ask for them (tracking.figures), and the shipped configs' runs draw them."""
+the tests of figures ask for them (tracking.figures), and the shipped configs' runs draw them. Nor are the final
+models saved (tracking.save_models): tests/test_saved_models.py asks for them."""
 REUSED_ACTORS = {"num_hosts": 2, "reuse_actors": True}
 """tiny_config's runtime section unless a test gives its own: a run on the session's Ray takes the actors of the
 one before (runtime.reuse_actors: a 3-round run took 7 s on new actors, 0.3 s on renewed ones; tests/test_crews.py
@@ -84,9 +85,9 @@ shows renewed actors give a new crew's results)."""
 
 
 def tiny_config(**sections: Any) -> dict[str, Any]:
-    """A small, fast experiment (synthetic classification, MLR-sized model, no figures unless the tracking section
-    names `figures`, actors reused unless a runtime section is given) as a raw config dict; keyword arguments
-    replace or extend whole sections."""
+    """A small, fast experiment (synthetic classification, MLR-sized model, no figures or saved models unless the
+    tracking section names `figures` or `save_models`, actors reused unless a runtime section is given) as a raw
+    config dict; keyword arguments replace or extend whole sections."""
     config: dict[str, Any] = {
         "algorithm": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
         "dataset": {"name": "synthetic_classification"},

@@ -107,11 +107,12 @@ BASE: dict[str, Any] = {
     "rounds": 1,
     "seed": 1,
     "runtime": {"num_hosts": 1},
-    "tracking": {"experiment": "matrix", "system_metrics": False, "figures": []},
+    "tracking": {"experiment": "matrix", "system_metrics": False, "figures": [], "save_models": "none"},
 }
 """The experiment every cell starts from; the cell's choices replace its sections with their examples'. No
 figures: drawing them took 1-1.5 s of a cell's 2.5 s, and they depend on the logged keys only, which every cell
-checks (the shipped configs' runs in tests/test_paper_configs.py draw them)."""
+checks (the shipped configs' runs in tests/test_paper_configs.py draw them); no saved models
+(tests/test_saved_models.py checks them)."""
 
 
 class Cell(NamedTuple):

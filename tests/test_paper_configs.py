@@ -213,7 +213,8 @@ def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, 
     root = tmp_path / "data"
     root.mkdir()
     overrides = DATA[name](root)
-    sets = [f"dataset.root={root}", "rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", *overrides]
+    sets = [f"dataset.root={root}", "rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", *overrides,
+            "tracking.save_models=global"]  # fmt: skip
     if name == "flame_fmnist.yaml":
         sets.remove(f"dataset.root={root}")
     run = run_through_cli(PAPER / name, mlflow_uri, *sets)
@@ -311,8 +312,10 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     where it holds too little), the built-in ones are scaled down (BUILT_IN). Each run takes the actors of the one
     before (runtime.reuse_actors: a new actor process costs most of a one-round run; tests/test_crews.py shows
     renewed actors give a new crew's results). Local training is light (tests/light.py): the test checks that the
-    experiment runs and logs, not what it learns."""
-    sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", "runtime.reuse_actors=true"]
+    experiment runs and logs, not what it learns. It saves the global model, so that every shipped model is saved
+    once, but not the clients' models (hundreds of MB for a suite of ResNet-18 clients: tests/test_saved_models.py)."""
+    sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", "runtime.reuse_actors=true",
+            "tracking.save_models=global"]  # fmt: skip
     dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
     if dataset == "fashion_mnist":
         sets += [f"dataset.root={fmnist_tenth}", *SCALED_DOWN.get(source.name, [])]

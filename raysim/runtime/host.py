@@ -147,6 +147,25 @@ class ClientHost(Renewable):
                 evaluations.append(ClientEvaluation(client_id, pms.get(client_id, gm), gm, extra))
         return evaluation_batch(evaluations)
 
+    def personalized_models(self, global_params: Vector, context: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """(client ids, float32 rows [clients x parameters]) of this host's clients in id order: the model each was
+        scored with at the last evaluation (`evaluate`, given its `global_params` and `context`), for the run's saved
+        models (tracking.save_models = all). A client without a PM (FedAvg's, or a held-out one that is not adapted)
+        gets the global model it is scored with; a held-out client is adapted as at the last evaluation (the same
+        stream). With a personalized network (FedCP) the rows are its vectors, and a client scored with the global
+        model then (a held-out one) is left out: its model is the global one. Read one state at a time."""
+        network = self.algorithm.personalized_network()
+        width = len(global_params) if network is None else self.model.composed(network).size
+        ids, rows = [], []
+        for client_id in self.client_ids:
+            model = self._personal_model(client_id, self.states[client_id], global_params, context)
+            row = np.asarray(global_params if model is None else model, dtype=np.float32).reshape(-1)
+            if row.size == width:
+                ids.append(client_id)
+                rows.append(row)
+        params = np.stack(rows) if rows else np.zeros((0, width), np.float32)
+        return np.asarray(ids, dtype=np.int64), params
+
     def _personal_model(self, client_id: int, state: Any, global_params: Vector, context: Any) -> Vector | None:
         """The PM a client deploys now (None: the global model); a vector of the algorithm's personalized network
         when it has one (Algorithm.composed_model). A held-out (target) client is adapted from the global model at

@@ -3,6 +3,7 @@ step's metrics to MLflow exactly once."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from raysim.evaluation.summaries import benign_summary
 from raysim.runtime import checkpoint
 from raysim.runtime.problem import Problem
 from raysim.runtime.simulation import Simulation
-from raysim.tracking.callbacks import RoundCallback, RunResult
+from raysim.tracking.callbacks import FinalModels, RoundCallback, RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
 
 
@@ -172,10 +173,31 @@ class Rounds:
         self.writer.log_metrics(config.rounds, {best_key(k): v for k, v in best.items()})
         assert self.params is not None  # a problem that ran rounds has its model's layout
         algorithm = build_algorithm(config.algorithm, self.params)
-        if type(algorithm).model_tables is not Algorithm.model_tables:  # fetch the global model only for them
-            result.model_tables = algorithm.model_tables(np.asarray(simulation.global_model()))
+        tables = type(algorithm).model_tables is not Algorithm.model_tables
+        saved = config.tracking.save_models
+        global_params = np.asarray(simulation.global_model()) if tables or saved != "none" else None  # if needed
+        if tables and global_params is not None:
+            result.model_tables = algorithm.model_tables(global_params)
         for callback in self.callbacks:
             callback.on_end(result)
+        if global_params is not None and saved != "none":
+            clients = simulation.personalized_models() if saved == "all" and self._client_models_fit() else (None, None)
+            models = FinalModels(np.asarray(global_params, dtype=np.float32), *clients)
+            for callback in self.callbacks:
+                callback.on_models(models)
+
+    def _client_models_fit(self) -> bool:
+        """Whether the clients' models stay within tracking.client_models_max_mb; a warning says why not."""
+        tracking, clients = self.config.tracking, self.config.clients.count
+        assert self.params is not None  # a problem that ran rounds has its model's layout
+        megabytes = clients * self.params.size * 4 / 2**20
+        if megabytes <= tracking.client_models_max_mb:
+            return True
+        logging.getLogger(__name__).warning(
+            "the clients' models (%d x %d parameters, %.0f MB) are not saved: over tracking.client_models_max_mb = "
+            "%g; the global model is", clients, self.params.size, megabytes, tracking.client_models_max_mb,
+        )
+        return False
 
     def _round(self, simulation: Simulation, round_index: int) -> tuple[dict[str, float], pa.Table | None]:
         start = time.perf_counter()

@@ -13,6 +13,7 @@ import secrets
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import ray
 
@@ -264,10 +265,30 @@ class Simulation:
         """Every client's scores as one table (raysim.evaluation.columns.evaluation_batch): PM, extra models and the GM,
         which is the coordinator's current global model, or with tracking.gm_scored = before_aggregation the one of
         the last round's start (the current one before any round of this process)."""
-        before = self.config.tracking.gm_scored == "before_aggregation" and self.broadcast_model is not None
-        global_params = self.broadcast_model if before else self.coordinator.global_model.remote()
-        context = self.coordinator.evaluation_context.remote()
+        global_params, context = self._scored_global()
         return evaluation_table(ray.get([host.evaluate.remote(global_params, context) for host in self.hosts]))
+
+    def _scored_global(self) -> tuple[ray.ObjectRef, ray.ObjectRef]:
+        """The global model an evaluation scores (see `evaluate`) and the coordinator's evaluation context."""
+        global_params = self.coordinator.global_model.remote()
+        if self.config.tracking.gm_scored == "before_aggregation" and self.broadcast_model is not None:
+            global_params = self.broadcast_model
+        return global_params, self.coordinator.evaluation_context.remote()
+
+    def personalized_models(self) -> tuple[np.ndarray, np.ndarray]:
+        """(client ids, float32 rows) of every client in id order: the model the last evaluation scored it with
+        (ClientHost.personalized_models). They all pass through the driver: clients x parameters x 4 bytes, filled
+        into one array host by host."""
+        global_params, context = self._scored_global()
+        refs = [host.personalized_models.remote(global_params, context) for host in self.hosts]
+        parts = [ray.get(ref) for ref in refs]
+        ids = np.sort(np.concatenate([host_ids for host_ids, _ in parts]))
+        width = parts[0][1].shape[1] if parts else 0
+        params = np.empty((len(ids), width), dtype=np.float32)
+        for index, (host_ids, rows) in enumerate(parts):
+            params[np.searchsorted(ids, host_ids)] = rows
+            parts[index] = (host_ids, rows[:0])  # the host's rows are in `params`: drop them
+        return ids, params
 
     def client_states(self) -> dict[int, object]:
         return {c: s for states in ray.get([h.client_states.remote() for h in self.hosts]) for c, s in states.items()}

@@ -13,8 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.data.partitions import label_counts
-from raysim.tracking.callbacks import RoundCallback, RunResult
+from raysim.tracking.callbacks import FinalModels, RoundCallback, RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
+from raysim.tracking.models import CLIENT_MODELS, GLOBAL_MODEL, save_client_models, save_global_model
 from raysim.tracking.plots import figure_files
 from raysim.tracking.reports import (
     write_client_table,
@@ -48,7 +49,7 @@ class PreparedProblem(Protocol):
 class RunArtifacts(RoundCallback):
     """partition.parquet and partition.png as a run starts (not again on resume), made in a thread while the actors
     start and the first rounds run; config.yaml (credentials redacted), clients.parquet and convergence.png when
-    it ends."""
+    it ends, then its final models (tracking.save_models: `on_models`)."""
 
     def __init__(
         self, config: ExperimentConfig, problem: PreparedProblem, writer: MlflowWriter, resumed: bool = False
@@ -111,6 +112,23 @@ class RunArtifacts(RoundCallback):
                 write_table_json(folder / f"{name}.parquet", folder / f"{name}.json")
                 self.writer.log_artifact(folder / f"{name}.parquet")
                 self.writer.log_table(folder / f"{name}.json")
+
+    def on_models(self, models: FinalModels) -> None:
+        """GLOBAL_MODEL, and with tracking.save_models = all CLIENT_MODELS (raysim.tracking.models). Both are written
+        whole into a folder before anything is queued (a run that fails or is stopped before then saves neither), and
+        the model's MLmodel file is queued last: a driver killed while they upload leaves no folder load_model takes
+        for a model."""
+        with tempfile.TemporaryDirectory() as directory:
+            folder = Path(directory)
+            model = folder / GLOBAL_MODEL
+            save_global_model(self.problem.model_spec, models.global_params, model)
+            if models.client_ids is not None and models.client_params is not None:
+                save_client_models(models.client_ids, models.client_params, folder / CLIENT_MODELS)
+            files = sorted(path for path in model.rglob("*") if path.is_file() and path.name != "MLmodel")
+            for path in [*files, model / "MLmodel"]:
+                self.writer.log_artifact(path, path.parent.relative_to(folder).as_posix())
+            if (folder / CLIENT_MODELS).exists():
+                self.writer.log_artifact(folder / CLIENT_MODELS)
 
     def write_partition(self) -> None:
         """partition.parquet (per client and label: train/test/val counts) and partition.png (label shares)."""

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raysim.evaluation.records import ClientEvaluation
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -31,6 +35,19 @@ class RunResult:
     """The algorithm's tables of the final global model (Algorithm.model_tables), logged as artifacts."""
 
 
+@dataclass(frozen=True)
+class FinalModels:
+    """A finished run's final models as flat float32 vectors, for the callbacks that save them (tracking.save_models);
+    not part of RunResult, so that a study's many results never hold clients x parameters arrays."""
+
+    global_params: np.ndarray
+    """The coordinator's final global model (Algorithm.global_model), laid out as the network's parameters."""
+    client_ids: np.ndarray | None = None
+    """With save_models = all: the clients, in id order (raysim.runtime.simulation.Simulation.personalized_models)."""
+    client_params: np.ndarray | None = None
+    """With save_models = all: each client's final model, the one its final scores are of [clients x parameters]."""
+
+
 class RoundCallback:
     """Hooks of one run; every method does nothing unless overridden."""
 
@@ -45,6 +62,9 @@ class RoundCallback:
 
     def on_end(self, result: RunResult) -> None:
         """Every round is done; `result` holds the final evaluations and summaries."""
+
+    def on_models(self, models: FinalModels) -> None:
+        """After on_end, when tracking.save_models is not none: the run's final models."""
 
     def close(self) -> None:
         """The run is over, finished or not (called after on_end, and after a failure)."""

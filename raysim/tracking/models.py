@@ -1,0 +1,66 @@
+"""The final models a finished run saves (tracking.save_models): the global model as an MLflow PyTorch model that
+`mlflow.pytorch.load_model("runs:/RUN_ID/global_model")` opens, the clients' models as one array file; a reader
+evaluates a run from them without training it again."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models.flat import ModelSpec
+
+GLOBAL_MODEL = "global_model"
+"""The artifact folder of the global model (an MLflow model: MLmodel, data/model.pth, its environment files)."""
+CLIENT_MODELS = "client_models.npz"
+"""The clients' models: `client_id` (int64) and `params` (float32, clients x parameters), row i client_id[i]'s."""
+
+
+def global_module(spec: ModelSpec, params: np.ndarray) -> torch.nn.Module:
+    """The run's network (`model.name`) holding the flat vector `params`, in eval mode: the function the hosts
+    scored as the GM, on inputs normalized as the hosts give them (raysim.api.Result.test_data). Buffers (none in
+    most of the zoo) keep their built values, as in the hosts' scoring: the flat vector holds parameters only."""
+    import torch
+
+    network = spec.build()
+    vector = torch.from_numpy(np.array(params, dtype=np.float32))
+    if vector.numel() != network.size:
+        raise ValueError(f"a global model of {vector.numel()} values for model {spec.name!r} of {network.size}")
+    network.module.load_state_dict(network.spec.unflatten(vector), strict=False)
+    return network.module.eval()
+
+
+def save_global_model(spec: ModelSpec, params: np.ndarray, path: Path) -> None:
+    """Write the global model to the folder `path` as an MLflow PyTorch model: the whole module pickled, so that
+    load_model gives it back without raysim for a network of torch's own layers (mlr, mlp, cnn); one of other classes
+    (torchvision's resnet18_gn, raysim's multimodal networks, a plugin's) needs their modules importable where it is
+    loaded, and loading a pickle runs code: load runs of a store you trust. The requirements are named, not
+    inferred: MLflow infers them by loading the model in a subprocess, about a minute."""
+    from importlib.metadata import version
+
+    import mlflow
+    import mlflow.pytorch
+    import torch
+    from packaging.version import Version
+
+    # torch's public version: a local label (2.13.0+cpu) is not installable from PyPI (MLflow would warn and drop it)
+    requirements = [f"torch=={Version(torch.__version__).public}", f"cloudpickle=={version('cloudpickle')}",
+                    f"mlflow=={mlflow.__version__}"]  # fmt: skip
+    module = global_module(spec, params)
+    flavor = logging.getLogger("mlflow.pytorch")
+    level = flavor.level
+    flavor.setLevel(logging.ERROR)  # its warning that pickles run code when loaded, on every run's console
+    try:
+        mlflow.pytorch.save_model(module, str(path), pip_requirements=requirements, serialization_format="pickle")
+    finally:
+        flavor.setLevel(level)
+
+
+def save_client_models(client_ids: np.ndarray, params: np.ndarray, path: Path) -> None:
+    """Write the clients' models as CLIENT_MODELS says, uncompressed (float32 parameters barely compress)."""
+    np.savez(path, client_id=np.asarray(client_ids, dtype=np.int64), params=np.asarray(params, dtype=np.float32))

@@ -1,0 +1,81 @@
+"""The final models a finished run saves (tracking.save_models): real runs on the shared local Ray, read back from a
+sqlite MLflow store as a reader would, without raysim: the global model through mlflow.pytorch.load_model, the
+clients' models from client_models.npz. One run saves everything and is checked bit for bit and by the scores it
+logged; three more (actors reused: well under a second each) show what `global` and `none` leave out and what a
+client without a PM is stored with."""
+
+from __future__ import annotations
+
+import mlflow
+import mlflow.pytorch
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+import raysim
+from raysim.tracking.models import global_module
+from tests.conftest import tiny_config
+
+
+def _accuracy(network: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+    with torch.no_grad():
+        return (network(inputs).argmax(dim=1) == labels).double().mean().item()
+
+
+def _run(store: str, save_models: str, max_mb: float = 1024.0, **sections) -> raysim.Result:
+    tracking = {"experiment": "saved", "system_metrics": False, "save_models": save_models,
+                "client_models_max_mb": max_mb}  # fmt: skip
+    config = tiny_config(tracking=tracking, rounds=2, **sections)
+    return raysim.run(config, progress=False, tracking_uri=store)
+
+
+def _artifacts(store: str, run_id: str) -> set[str]:
+    return {artifact.path for artifact in MlflowClient(store).list_artifacts(run_id)}
+
+
+def test_a_run_saves_its_final_models_for_a_reader(ray_local, mlflow_uri, monkeypatch):
+    """`all` (FLAME, whose clients have PMs): `global_model` opens with load_model and holds the final global model
+    bit for bit, client_models.npz holds each client's final PM bit for bit in client-id order, and both score each
+    client's test split as clients.parquet says. FedAvg's clients are stored with the global model they are scored
+    with; `global` saves no npz, nor does `all` over tracking.client_models_max_mb; `none` saves neither."""
+    # load_model("runs:/...") reads MLflow's current tracking URI: this test's store, restored afterwards
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", mlflow_uri)
+    result = _run(mlflow_uri, "all")
+    assert {"global_model", "client_models.npz", "clients.parquet"} <= _artifacts(mlflow_uri, result.run_id)
+
+    network = mlflow.pytorch.load_model(f"runs:/{result.run_id}/global_model")
+    loaded = dict(network.named_parameters())
+    assert loaded.keys() == result.global_model.keys()
+    assert all(torch.equal(loaded[name].detach(), tensor) for name, tensor in result.global_model.items())
+
+    path = mlflow.artifacts.download_artifacts(run_id=result.run_id, artifact_path="client_models.npz")
+    with np.load(path) as saved:
+        client_ids, params = saved["client_id"], saved["params"]
+    assert client_ids.dtype == np.int64 and params.dtype == np.float32
+    assert client_ids.tolist() == list(range(result.config.clients.count))
+    for client_id, row in zip(client_ids.tolist(), params, strict=True):
+        personal = result.personalized_models[client_id]
+        assert np.array_equal(row, torch.cat([t.reshape(-1) for t in personal.values()]).numpy())
+
+    clients = pd.read_parquet(mlflow.artifacts.download_artifacts(run_id=result.run_id,
+                                                                  artifact_path="clients.parquet"))  # fmt: skip
+    clients = clients.set_index("client_id")
+    for client_id, row in zip(client_ids.tolist(), params, strict=True):
+        x, y = result.test_data(client_id)
+        assert _accuracy(network, x, y) == pytest.approx(clients.loc[client_id, "gm_test_acc"], abs=1e-12)
+        pm = global_module(result.model_spec, row)
+        assert _accuracy(pm, x, y) == pytest.approx(clients.loc[client_id, "pm_test_acc"], abs=1e-12)
+
+    fedavg = _run(mlflow_uri, "all", algorithm={"name": "fedavg", "lr": 0.05, "batch_size": 32})
+    path = mlflow.artifacts.download_artifacts(run_id=fedavg.run_id, artifact_path="client_models.npz")
+    with np.load(path) as saved:
+        gm = torch.cat([t.reshape(-1) for t in fedavg.global_model.values()]).numpy()
+        assert all(np.array_equal(row, gm) for row in saved["params"])
+
+    only_global = _artifacts(mlflow_uri, _run(mlflow_uri, "global").run_id)
+    assert "global_model" in only_global and "client_models.npz" not in only_global
+    over_the_cap = _artifacts(mlflow_uri, _run(mlflow_uri, "all", max_mb=1e-6).run_id)  # a cap of 1 byte
+    assert "global_model" in over_the_cap and "client_models.npz" not in over_the_cap
+    assert not {"global_model", "client_models.npz"} & _artifacts(mlflow_uri, _run(mlflow_uri, "none").run_id)
