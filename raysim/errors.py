@@ -70,19 +70,31 @@ def as_raised(interrupt: KeyboardInterrupt) -> KeyboardInterrupt:
     return raised if raised is not None and type(interrupt) is KeyboardInterrupt else interrupt
 
 
+def raise_pending() -> None:
+    """Raise again an interruption that a signal handler raised and Python dropped: a handler that runs while the
+    main thread is inside a weakref callback or a `__del__` (Ray's object references have one) raises there, and
+    Python prints the exception as "Exception ignored" and goes on; a Ctrl-C was lost that way and the run went on.
+    Loops that run for long (the rounds, a sweep's wait) call it at each turn."""
+    if _raised:
+        raise _raised.pop()
+
+
 def _raise_interrupted(signum: int, _frame: object) -> None:
     raise_from_handler(Interrupted("", signum))
 
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """Inside: SIGTERM and SIGHUP (STOP_SIGNALS) raise Interrupted in the main thread, as Ctrl-C raises
-    KeyboardInterrupt, so that a run ends the same way for all three (marked KILLED, no traceback). Elsewhere
-    than the main thread: no-op."""
+    """Inside: SIGTERM and SIGHUP (STOP_SIGNALS), and Ctrl-C unless SIGINT is ignored (a background job), raise
+    Interrupted in the main thread, remembered for `raise_pending` should Python drop it, so that a run ends the
+    same way for all three (marked KILLED, no traceback). Elsewhere than the main thread: no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {number: signal.signal(number, _raise_interrupted) for number in STOP_SIGNALS}
+    numbers = [*STOP_SIGNALS]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        numbers.append(signal.SIGINT)
+    previous = {number: signal.signal(number, _raise_interrupted) for number in numbers}
     try:
         yield
     finally:

@@ -19,12 +19,49 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
+from raysim.errors import Interrupted, raise_pending, sigterm_interrupts
 from raysim.studies.procmem import descendants
 from tests.cluster import free_port
 from tests.conftest import tiny_config
 from tests.terminal import sigint_as_from_a_terminal
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
+
+
+class _RaisesInDel:
+    """Sends this process `number` from its __del__, whose code then runs on: Python runs the signal's handler in
+    there and drops what it raises ("Exception ignored in ..."), as it did in a weakref callback of a CI run whose
+    Ctrl-C was lost."""
+
+    def __init__(self, number: int):
+        self.number = number
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), self.number)
+        for _ in range(10_000):
+            pass
+
+
+def test_an_interruption_python_dropped_is_raised_at_the_next_check():
+    with sigterm_interrupts():
+        _RaisesInDel(signal.SIGHUP)  # freed at once: the handler's Interrupted is dropped inside __del__
+        with pytest.raises(Interrupted) as raised:
+            raise_pending()
+        assert raised.value.signal_number == signal.SIGHUP
+        raise_pending()  # raised once only
+
+
+def test_ctrl_c_is_handled_like_sigterm_unless_it_is_ignored():
+    """A background job ignores SIGINT (as a non-interactive shell starts it): it keeps ignoring it."""
+    original = signal.getsignal(signal.SIGINT)
+    try:
+        for before, replaced in ((signal.default_int_handler, True), (signal.SIG_IGN, False)):
+            signal.signal(signal.SIGINT, before)
+            with sigterm_interrupts():
+                assert (signal.getsignal(signal.SIGINT) is not before) == replaced
+            assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, original)
 
 
 def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:

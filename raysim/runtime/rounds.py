@@ -14,6 +14,7 @@ import ray
 
 from raysim.algorithms import Algorithm, build_algorithm
 from raysim.config import ExperimentConfig
+from raysim.errors import raise_pending
 from raysim.evaluation.columns import client_evaluations
 from raysim.evaluation.summaries import benign_summary
 from raysim.runtime import checkpoint
@@ -143,6 +144,7 @@ class Rounds:
         for callback in self.callbacks:
             callback.on_start(result, round_index, self.resume is not None)
         while round_index < config.rounds:
+            raise_pending()
             step = round_index + 1
             try:
                 metrics, evaluated = self._round(simulation, round_index)

@@ -34,7 +34,7 @@ import ray
 from pydantic import Field, model_validator
 
 from raysim.config import ExperimentConfig, ExperimentFamily, set_value, top_level_keys, validate_config
-from raysim.errors import ConfigError
+from raysim.errors import ConfigError, raise_pending
 from raysim.plugins import carry
 from raysim.runtime.crews import dismiss_parked
 from raysim.runtime.session import ray_session
@@ -333,6 +333,7 @@ def _wait_for_one(
     raised while Ray itself waits comes out of ray.wait as a plain KeyboardInterrupt, and the sweep would report
     SIGTERM as SIGINT."""
     while True:
+        raise_pending()
         done, _ = ray.wait(refs, num_returns=1, timeout=0)
         if done:
             return done

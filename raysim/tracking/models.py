@@ -5,6 +5,7 @@ evaluates a run from them without training it again."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,10 @@ def save_global_model(spec: ModelSpec, params: np.ndarray, path: Path) -> None:
     requirements = [f"torch=={Version(torch.__version__).public}", f"cloudpickle=={version('cloudpickle')}",
                     f"mlflow=={mlflow.__version__}"]  # fmt: skip
     module = global_module(spec, params)
+    try:
+        os.getcwd()  # MLflow reads it while parsing the requirements
+    except FileNotFoundError:  # a Ray job's driver on a cluster found its working folder gone by the run's end
+        os.chdir(path.parent)
     flavor = logging.getLogger("mlflow.pytorch")
     level = flavor.level
     flavor.setLevel(logging.ERROR)  # its warning that pickles run code when loaded, on every run's console
