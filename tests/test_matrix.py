@@ -38,6 +38,7 @@ from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import save_partition
 from raysim.threats import ATTACKS, ROBUST_RULES
 from tests.cluster import ROOT
+from tests.conftest import NO_FIGURES
 from tests.light import light_training
 from tests.logged import check_logged
 from tests.pairwise import pairs_of, pairwise
@@ -107,7 +108,7 @@ BASE: dict[str, Any] = {
     "rounds": 1,
     "seed": 1,
     "runtime": {"num_hosts": 1},
-    "tracking": {"experiment": "matrix", "system_metrics": False, "figures": [], "save_models": "none"},
+    "tracking": {"experiment": "matrix", "system_metrics": False, **NO_FIGURES},
 }
 """The experiment every cell starts from; the cell's choices replace its sections with their examples'. No
 figures: drawing them took 1-1.5 s of a cell's 2.5 s, and they depend on the logged keys only, which every cell
