@@ -200,7 +200,7 @@ class Simulation:
         try:
             records = round_records(ray.get(record_refs))
         except Exception:
-            _retrieve_ready([*partials, *record_refs])
+            _retrieve_siblings([*partials, *record_refs])
             raise
         self.dropped = records.filter(records["dropped"])["client_id"].to_pylist()
         self._check_usable(round_index, len(selected))
@@ -356,10 +356,14 @@ class Simulation:
             crew.dismiss()
 
 
-def _retrieve_ready(refs: list[ray.ObjectRef]) -> None:
-    """Get the results a failed round's tasks have, errors included: Ray logs every error result dropped without
-    being got as an "Unhandled error" with its traceback, on the console of a study that goes on after the run."""
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+SIBLING_WAIT_S = 60.0
+
+
+def _retrieve_siblings(refs: list[ray.ObjectRef], wait_s: float = SIBLING_WAIT_S) -> None:
+    """Get the results of a failed round's other tasks, errors included, waiting up to `wait_s` for those still
+    running: Ray logs every error result dropped without being got as an "Unhandled error" with its traceback, on
+    the console of a study that goes on after the run (a sibling host fails the same way a little later)."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
     for ref in ready:
         with contextlib.suppress(Exception):  # the round's error is already raised; these are its siblings
             ray.get(ref)
