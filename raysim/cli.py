@@ -180,6 +180,11 @@ def _ui(args: argparse.Namespace) -> int:
         tracking = load_config(args.config, extra_plugins=args.plugin).tracking
         uri, experiment = uri or tracking.uri, tracking.experiment
     store = resolve_tracking_uri(uri)
+    if args.compare:
+        from raysim.tracking.views import comparison_path
+
+        path = comparison_path(store, args.compare)
+        serve(ServerSettings(store, None, host, port), "MLflow UI", lambda url: url + path)
     serve(ServerSettings(store, None, host, port), "MLflow UI", lambda url: runs_page(url, store, experiment))
 
 
@@ -536,6 +541,9 @@ def parser() -> argparse.ArgumentParser:
     )
     ui.add_argument(
         "--port", type=int, help=f"port, refused if taken (default: {UI_PORT}, or the next free one)"
+    )
+    ui.add_argument(
+        "--compare", metavar="PARENT_RUN", help="open on this suite's or sweep's children, grouped by setting"
     )
     _plugin_option(ui)
     ui.set_defaults(handler=_ui)

@@ -250,6 +250,11 @@ class TrackingSettings(_Section):
         description="the run's colour (#rrggbb) in MLflow's charts and raysim's study figures; a suite or sweep "
         "gives each of its settings a colour of its own (all seeds of a setting share it) unless this is set",
     )
+    group: str | None = Field(
+        None,
+        description="the setting this run belongs to (run tag raysim.group): MLflow's comparison view of a study "
+        "groups its children by it, each setting's mean over seeds; a suite or sweep names each of its settings",
+    )
     figures: list[Literal["png", "pdf", "svg"]] = Field(
         ["png", "pdf", "svg"],
         description="formats of the run's figures (convergence, partition): PNG for MLflow's UI, PDF and SVG for a "

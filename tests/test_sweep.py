@@ -101,6 +101,8 @@ def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_loc
     assert result.failed == [2, 3]
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith(f"sweep mixed: parent run {result.parent_run_id} at ") and "4 trials" in printed[0]
+    compare = f"raysim ui --tracking-uri {mlflow_uri} --compare {result.parent_run_id}"
+    assert printed[1] == f"  compare its trials in MLflow: {compare}"
     assert sum(line.startswith("trial ") for line in printed) == 4
     client = MlflowClient(mlflow_uri)
     parent = client.get_run(result.parent_run_id)
@@ -112,6 +114,7 @@ def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_loc
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'"
     )
     status = sorted((r.info.run_name, r.info.status) for r in children)
+    assert {r.data.tags.get("raysim.group") for r in children if r.info.status == "FINISHED"} == {"name=mlr"}
     assert {r.data.tags["mlflow.source.name"] for r in [parent, *children]} == {command}  # not the Ray worker's
     finals = [max(client.get_metric_history(r.info.run_id, "pm/acc"), key=lambda m: m.step).value
               for r in children if r.info.status == "FINISHED"]  # fmt: skip

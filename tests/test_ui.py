@@ -179,62 +179,94 @@ def test_ui_exits_in_one_line_when_mlflow_does_not_come_up(tmp_path):
     log.unlink()
 
 
-def _chromium(*args: str) -> subprocess.CompletedProcess:
-    """Headless Chromium (Debian's `chromium`, which `make setup` installs) on a page of the UI."""
+def _chromium(*args: str, width: int = 1600) -> subprocess.CompletedProcess:
+    """Headless Chromium (Debian's `chromium`, which `make setup` installs) on a page of the UI; MLflow draws a
+    grouped chart only when the window is wide enough for its card (1900 pixels)."""
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     assert binary, "headless Chromium is needed: `make setup` installs Debian's chromium package"
-    options = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1600,1100",
+    options = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={width},1100",
                "--virtual-time-budget=20000"]  # fmt: skip
     return subprocess.run([binary, *options, *args], capture_output=True, text=True, timeout=180)
 
 
-def _page_text(url: str) -> list[str]:
+def _page_text(url: str, width: int = 1600) -> list[str]:
     """The rendered page's visible text, one string per element."""
-    html = _chromium("--dump-dom", url).stdout
+    html = _chromium("--dump-dom", url, width=width).stdout
     return [part.strip() for part in re.sub(r"<[^>]+>", "\n", html).splitlines() if part.strip()]
 
 
 @pytest.mark.slow
-def test_screenshots_show_the_runs_table_and_a_run_whose_first_charts_are_the_curves(tmp_path):
-    """A user runs an experiment, starts `raysim ui` and opens the link it prints: the runs table in MLflow's
-    model-training view; the run's metric charts start with the PM/GM/HM sections (accuracy first), the
-    summaries sit beside their curves, and the secondary sections follow."""
+def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_curves(tmp_path):
+    """A user runs a suite and starts the MLflow UI with the command its first lines print. The comparison view shows
+    every child (not the first ten), grouped by setting with its mean accuracies as columns, and charts each
+    setting's mean PM/GM/HM curves; the parent run's description links to it. The experiment's runs table opens in
+    MLflow's model-training view; a run's metric charts start with the PM/GM/HM sections (accuracy first), the
+    summaries beside their curves, the secondary sections after. `--compare` on a run that is no study's parent is
+    one error line."""
+    import yaml
+
+    from raysim.tracking.server import runs_page
     from tests.conftest import tiny_config
-    from tests.test_cli import _raysim, _write
+    from tests.test_cli import _raysim
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    config = _write(tmp_path, tiny_config(rounds=2, tracking={"uri": uri, "experiment": "screens"}))
-    done = _raysim("run", str(config), "--quiet", cwd=tmp_path)
+    base = tiny_config(rounds=2, clients={"count": 3}, tracking={"uri": uri, "experiment": "compared"})
+    settings = ["fedavg", "fedprox", "ditto"]
+    runs = [{"name": name, "set": {"algorithm": {"name": name, "lr": 0.05}}} for name in settings]
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"name": "three", "base": base, "runs": runs, "seeds": [0, 1]}))
+    done = _raysim("run", str(suite), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("screens").experiment_id])
+    command = next(line.split(": ", 1)[1] for line in done.stdout.splitlines() if "compare its children" in line)
+    parent = command.rsplit(" ", 1)[1]
+    assert command == f"raysim ui --tracking-uri {uri} --compare {parent}"
+    client = MlflowClient(uri)
+    experiment = client.get_run(parent).info.experiment_id
+    children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
+    assert sorted(r.data.tags["raysim.group"] for r in children) == sorted(settings * 2)
+
+    refused = _raysim("ui", "--tracking-uri", uri, "--compare", children[0].info.run_id, cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().endswith("is not the parent run of a suite or sweep")
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", "ui", "--tracking-uri", uri, "--port", str(port)],
+        [sys.executable, "-m", "raysim.cli", "ui", *command.split()[2:], "--port", str(port)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         link = next(line.split(" ", 1)[1].strip() for line in process.stdout if line.startswith("open "))
-        assert link.startswith(f"http://127.0.0.1:{port}/#/experiments/") and "workflowType=machine_learning" in link
+        server = f"http://127.0.0.1:{port}"
+        assert link == f"{server}/#/experiments/{experiment}/runs?viewStateShareKey={parent}&compareRunsMode=CHART"
         deadline = time.monotonic() + 120
         while not _healthy(port) and time.monotonic() < deadline:
             time.sleep(1)
-        runs_shot, run_shot = tmp_path / "runs.png", tmp_path / "run.png"
-        _chromium(f"--screenshot={runs_shot}", link)
-        table = _page_text(link)
-        assert run.info.run_name in table and "Model training" in table and "Runs" in table
-        run_page = link.replace("/runs?", f"/runs/{run.info.run_id}/model-metrics?")
-        _chromium(f"--screenshot={run_shot}", run_page)
+        shots = {name: tmp_path / f"{name}.png" for name in ("compared", "runs", "run")}
+        _chromium(f"--screenshot={shots['compared']}", link, width=1900)
+        text = _page_text(link, width=1900)
+        assert all(f"Group: {name}" in text for name in settings), text
+        sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
+        assert sections == ["gm", "hm", "pm"], sections  # the headline curves, not the parent's means
+        table = _page_text(link.replace("&compareRunsMode=CHART", ""))
+        assert {"pm/acc", "gm/acc", "hm/acc"} <= set(table) and all(r.info.run_name in table for r in children)
+        description = _chromium("--dump-dom", f"{server}/#/experiments/{experiment}/runs/{parent}").stdout
+        assert f'href="{link.removeprefix(server).replace("&", "&amp;")}"' in description
+
+        runs_link = runs_page(server, uri, "compared")
+        assert runs_link == f"{server}/#/experiments/{experiment}/runs?workflowType=machine_learning"
+        _chromium(f"--screenshot={shots['runs']}", runs_link)
+        table = _page_text(runs_link)
+        assert "three" in table and "Model training" in table and "Runs" in table
+        run_page = runs_link.replace("/runs?", f"/runs/{children[0].info.run_id}/model-metrics?")
+        _chromium(f"--screenshot={shots['run']}", run_page)
         text = _page_text(run_page)
         sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
         assert sections[:3] == ["gm", "hm", "pm"], sections
         assert {"update", "traffic", "round", "time", "server"} <= set(sections[3:])
         assert not any(name.startswith(("best", "final")) for name in sections)
-        for shot in (runs_shot, run_shot):
+        for shot in shots.values():
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
-
 
 def _healthy(port: int) -> bool:
     try:

@@ -33,6 +33,7 @@ from raysim.tracking.identity import default_run_name, log_dataset, standard_tag
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.progress import ProgressBar
 from raysim.tracking.runs import DRIVER_TAG, RUN_COLOR_TAG, run_checkpoints
+from raysim.tracking.views import GROUP_TAG
 
 
 class DivergenceError(RaysimError):
@@ -163,6 +164,8 @@ def _open_run(
             tags["malicious_clients"] = ",".join(str(c) for c in sorted(problem.malicious))
         if config.tracking.color is not None:
             tags[RUN_COLOR_TAG] = config.tracking.color
+        if config.tracking.group is not None:
+            tags[GROUP_TAG] = config.tracking.group
         name = config.tracking.run_name or default_run_name(config)
         run_id = writer.start(name, config.flat(), tags, parent=parent)
         log_dataset(writer.client, run_id, config, problem.y, [split for _, split in problem.clients])

@@ -24,6 +24,7 @@ from raysim.studies.table import listed
 from raysim.tracking.callbacks import RunResult
 from raysim.tracking.identity import source_tags
 from raysim.tracking.mlflow_writer import MlflowWriter
+from raysim.tracking.views import share_children_view
 
 ERROR_TAG = "raysim.error"
 """Run tag: the one line that says why a run (child or parent) did not finish."""
@@ -174,6 +175,7 @@ class ParentRun:
         """What the study is doing now, for the interrupt line (e.g. `in its child 'b/seed1' (2 of 6 done)`)."""
 
     def __enter__(self) -> ParentRun:
+        share_children_view(self.writer)
         return self
 
     def record(self, children: Children, settings: list[str]) -> None:

@@ -35,6 +35,7 @@ from raysim.tracking.identity import source_tags
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
 from raysim.tracking.plots import figure_files
 from raysim.tracking.robustness import write_suite_reports
+from raysim.tracking.views import compare_command
 
 
 class SuiteRun(Settings):
@@ -58,7 +59,8 @@ class SuiteConfig(ExperimentFamily):
 
     def experiments(self) -> list[tuple[str, ExperimentConfig]]:
         """(run name, validated config) for every run and seed, in order; each run's seeds share a colour
-        (`tracking.color`, unless the run or the base sets one: plots.setting_colors)."""
+        (`tracking.color`, unless the run or the base sets one: plots.setting_colors) and a group (`tracking.group`,
+        the run's name)."""
         from raysim.tracking.plots import setting_colors
 
         base = self.base_tree()
@@ -68,7 +70,9 @@ class SuiteConfig(ExperimentFamily):
         for run in self.runs:
             for seed in seeds:
                 tree = copy.deepcopy(base)
-                tree.setdefault("tracking", {}).setdefault("color", colors[run.name])
+                tracking = tree.setdefault("tracking", {})
+                tracking.setdefault("color", colors[run.name])
+                tracking.setdefault("group", run.name)
                 for key, value in run.overrides.items():
                     set_value(tree, key, value)
                 if seed is not None:
@@ -170,6 +174,7 @@ def run_suite(
     result = SuiteResult(parent, writer.tracking_uri)
     say = print if show_progress else (lambda *_, **__: None)
     say(f"suite {suite.name}: parent run {parent} at {writer.shown_uri}, {len(children)} children", flush=True)
+    say(f"  compare its children in MLflow: {compare_command(writer)}", flush=True)
     with ParentRun(writer, "suite", suite.name, command) as parent_run:
         if plan.summary():
             say(plan.summary(), flush=True)

@@ -46,6 +46,7 @@ from raysim.studies.table import write_tables
 from raysim.studies.trial_progress import TrialProgress
 from raysim.tracking.identity import source_tags
 from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
+from raysim.tracking.views import compare_command
 
 SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")
 
@@ -135,6 +136,7 @@ class SweepConfig(ExperimentFamily):
                 if not isinstance(tracking, dict):
                     raise ConfigError("sweep.base: tracking must be a section")
                 tracking.setdefault("color", colors[str(setting_index)])
+                tracking.setdefault("group", label)
                 for key, value in setting.items():
                     set_value(tree, key, value)
                 if seed is not None:
@@ -263,6 +265,7 @@ def run_sweep(
         plan = plan_resume(writer, reopen_parent(writer, resume, "sweep", sweep.name), [t.config for t in trials])
     say = print if show_progress else (lambda *_, **__: None)
     say(f"sweep {sweep.name}: parent run {parent} at {writer.shown_uri}, {len(trials)} trials", flush=True)
+    say(f"  compare its trials in MLflow: {compare_command(writer)}", flush=True)
     with ParentRun(writer, "sweep", sweep.name, command) as parent_run:
         with ray_session(base):
             dismiss_parked()  # this process's kept actors (runtime.reuse_actors) hold resources the trials wait for
