@@ -263,3 +263,13 @@ def test_fairness_labels_overlap_no_label_and_no_marker_and_accuracy_panels_zoom
     (pm_low, pm_high), (gm_low, gm_high) = (a.get_ylim() for a in fig.axes)
     assert pm_low == pytest.approx(0.93 - 0.002) and pm_high == pytest.approx(0.97 + 0.002)  # round 0 left below
     assert (gm_low, gm_high) == (0.0, 1.0)  # the data spans 0-1: kept, not widened past it
+
+    rounds = range(21)
+    fast = plots.Series("fast", {r: 0.1 if r == 0 else 0.95 + 0.001 * r for r in rounds})
+    slow = plots.Series("slow", {r: 0.1 + 0.04 * r for r in rounds})  # 0.14 at round 1, 0.9 at round 20
+    low = plots.Series("stays low", {r: 0.1 if r == 0 else 0.36 for r in rounds})
+    fig = plots.round_curves([plots.Panel("PM", [fast, slow], bounds=(0, 1)), plots.Panel("GM", [fast, low])])
+    (pm_low, pm_high), (gm_low, _) = (a.get_ylim() for a in fig.axes)
+    span = 0.97 - 0.5  # rounds 10 to 20: the slow method's 0.5 at round 10 to the fast one's 0.97
+    assert (pm_low, pm_high) == pytest.approx((0.5 - 0.05 * span, 0.97 + 0.05 * span))  # its start leaves below
+    assert gm_low < 0.36  # a method that stays low is in the picture

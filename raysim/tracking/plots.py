@@ -3,10 +3,10 @@
 Per-round curves (a run's convergence.png, a suite's comparison.png, a sweep's accuracy_vs_round.png) go
 through `round_curves`: integer round ticks, one legend outside the data area, and a line style per series
 so that a curve drawn over an equal one stays visible (the hybrid model often equals PM or GM), and a y range
-zoomed to the trained rounds' values (`zoom`: accuracies near 0.95 would otherwise sit on a 0-1 axis). Every figure
-is written by `save` as PNG, PDF and SVG side by side, or the formats a run's `tracking.figures` names (tight
-bounding box; the Agg backend, as the driver and Ray workers have no display); `figure_files` names the files, for
-logging them.
+zoomed to the later half of the trained rounds (`zoom`: accuracies near 0.95 would otherwise sit on a 0-1 axis).
+Every figure is written by `save` as PNG, PDF and SVG side by side, or the formats a run's `tracking.figures`
+names (tight bounding box; the Agg backend, as the driver and Ray workers have no display); `figure_files` names
+the files, for logging them.
 """
 
 from __future__ import annotations
@@ -108,19 +108,26 @@ def round_curves(panels: Sequence[Panel], title: str = "", panel_width: float = 
             axis.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
         axis.grid(alpha=0.3)
         if panel.yscale == "linear":
-            trained = [v for series in panel.series for r, v in series.values.items() if r >= 1]
-            zoom(axis, trained or [v for series in panel.series for v in series.values.values()], panel.bounds)
+            later = [v for series in panel.series for r, v in series.values.items() if r >= _zoom_start(panel)]
+            zoom(axis, later or [v for series in panel.series for v in series.values.values()], panel.bounds)
     legend_outside(fig, axes)
     if title:
         fig.suptitle(title)
     return fig
 
 
+def _zoom_start(panel: Panel) -> int:
+    """The first round a panel's y range is zoomed to: the later half of its training rounds. Round 0 (chance
+    level) and a slow method's first rounds would otherwise stretch the axis down and squeeze the converged curves
+    at the top into one line; a method that stays low still sets the range with its later rounds."""
+    last = max((r for series in panel.series for r in series.values), default=0)
+    return max(1, last // 2)
+
+
 def zoom(axis: Axes, values: Iterable[float], bounds: tuple[float, float] | None = None) -> None:
     """Set the y range to the values' span plus ZOOM_MARGIN of it on each side, kept within `bounds` (0-1 for an
-    accuracy: the full 0-1 axis only where the data spans it). Curves pass `zoom` their trained rounds (round 1
-    on): round 0, the evaluation before any training at chance level, would stretch every panel to 0.1-1; a curve's
-    start below the range leaves through the bottom edge."""
+    accuracy: the full 0-1 axis only where the data spans it). Curves pass `zoom` their later rounds (`_zoom_start`);
+    a curve's start below the range leaves through the bottom edge."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return
