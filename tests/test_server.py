@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +59,27 @@ def test_a_local_sqlite_store_keeps_its_artifacts_beside_its_file(tmp_path, monk
     assert kept.read_text() == "kept"
     assert list(elsewhere.iterdir()) == []
     assert writer.client.download_artifacts(run_id, "note.txt", str(tmp_path)) == str(tmp_path / "note.txt")
+
+
+@pytest.mark.parametrize(
+    ("uri", "database"),
+    [("sqlite:///runs.db", "runs.db"), ("sqlite:////tmp/s/runs.db", "/tmp/s/runs.db"),
+     ("sqlite:///sub/runs.db?timeout=30", "sub/runs.db"), ("sqlite:///:memory:", None), ("sqlite://", None),
+     ("http://127.0.0.1:5000", None), ("postgresql://u@h/db", None)],
+)  # fmt: skip
+def test_one_reading_of_a_sqlite_uri_serves_artifacts_sweeps_and_the_reachability_check(uri, database, tmp_path,
+                                                                                       monkeypatch):  # fmt: skip
+    """The database file of a local sqlite store, as the artifact folder, a sweep's trials (which run in other
+    folders: a relative path made absolute, the query kept) and the missing-folder check read it."""
+    from raysim.studies.sweep import absolute_tracking_uri
+    from raysim.tracking.mlflow_writer import TrackingError, check_reachable, local_artifact_location, sqlite_file
+
+    monkeypatch.chdir(tmp_path)
+    assert sqlite_file(uri) == (None if database is None else Path(database))
+    located = local_artifact_location(uri, "a b")
+    assert located == (None if database is None else (Path(database).resolve().parent / "mlartifacts/a_b").as_uri())
+    absolute = absolute_tracking_uri(uri)
+    assert absolute == (uri if database is None else uri.replace(database, str(Path(database).resolve())))
+    if database is not None and not Path(database).parent.is_dir():
+        with pytest.raises(TrackingError, match="does not exist"):
+            check_reachable(uri, 1.0)

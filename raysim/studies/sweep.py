@@ -45,7 +45,7 @@ from raysim.studies.suite import check_partitions, write_summary
 from raysim.studies.table import write_tables
 from raysim.studies.trial_progress import TrialProgress
 from raysim.tracking.identity import source_tags
-from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
+from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri, sqlite_file
 from raysim.tracking.views import compare_command
 
 SUMMARY_METRICS = ("final/pm/acc", "final/gm/acc", "final/hm/acc", "best/pm/acc")
@@ -194,10 +194,10 @@ def parse_sweep(data: dict[str, Any], where: str = "sweep") -> SweepConfig:
 def absolute_tracking_uri(configured: str | None) -> str:
     """The tracking URI every trial uses: a relative sqlite path is made absolute (trials run in other dirs)."""
     uri = resolve_tracking_uri(configured)
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri.removeprefix(prefix)).resolve())
-    return uri
+    database = sqlite_file(uri)
+    if database is None or database.is_absolute():
+        return uri
+    return uri.replace(str(database), str(database.resolve()), 1)
 
 
 @ray.remote(num_cpus=0, max_retries=0)

@@ -44,15 +44,23 @@ def resolve_tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a local sqlite store's URI (`sqlite:///relative.db`, `sqlite:////absolute.db`, as
+    given: relative to the working folder), None for an in-memory database or any other store."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme != "sqlite" or parts.path in ("", "/", "/:memory:"):
+        return None
+    return Path(parts.path[1:] if uri.startswith("sqlite:///") else parts.path)
+
+
 def local_artifact_location(uri: str, experiment: str) -> str | None:
     """Where a new experiment of a local sqlite store keeps its artifacts: beside the database file, in
     `mlartifacts/<experiment>` (MLflow's own default is ./mlruns of whatever folder the first command ran in);
     None (the store's default) for any other store."""
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix) or uri.removeprefix(prefix) in ("", ":memory:"):
+    database = sqlite_file(uri)
+    if database is None:
         return None
-    database = Path(uri.removeprefix(prefix)).resolve()
-    return (database.parent / "mlartifacts" / re.sub(r"[^\w.-]+", "_", experiment)).as_uri()
+    return (database.resolve().parent / "mlartifacts" / re.sub(r"[^\w.-]+", "_", experiment)).as_uri()
 
 
 class TrackingError(RaysimError):
@@ -100,10 +108,8 @@ def check_reachable(uri: str, timeout_s: float) -> None:
                 f"tracking.uri {shown}: MLflow server not reachable within {timeout_s:g} s ({reason}); start it "
                 "(`raysim server`) or fix tracking.uri / $MLFLOW_TRACKING_URI (wait: tracking.connect_timeout_s)"
             ) from None
-    elif parts.scheme == "sqlite" and parts.path not in ("", "/", "/:memory:"):
-        folder = Path(parts.path[1:] if uri.startswith("sqlite:///") else parts.path).parent
-        if not folder.is_dir():
-            raise TrackingError(f"tracking.uri {shown}: folder {folder} does not exist")
+    elif (database := sqlite_file(uri)) is not None and not database.parent.is_dir():
+        raise TrackingError(f"tracking.uri {shown}: folder {database.parent} does not exist")
 
 
 def _check_store_kind(uri: str, shown: str | None) -> None:
