@@ -8,6 +8,7 @@ number and no bool, inside lists, tuples and dicts too; `.inf` and `.nan` are re
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -19,12 +20,23 @@ _SEQUENCES = (list, tuple, set, frozenset)
 
 
 def _arms(annotation: Any) -> tuple[Any, ...]:
-    """The alternatives of a (possibly Annotated, Optional or union) type, Annotated metadata dropped."""
+    """The alternatives of a (possibly Annotated, Optional or union) type, Annotated metadata dropped; worked out
+    once per type (every settings model validated runs this for each of its fields)."""
+    try:
+        return _cached_arms(annotation)
+    except TypeError:  # an unhashable type argument
+        return _work_out_arms(annotation)
+
+
+def _work_out_arms(annotation: Any) -> tuple[Any, ...]:
     if get_origin(annotation) is Annotated:
         return _arms(get_args(annotation)[0])
     if get_origin(annotation) in (Union, types.UnionType):
         return tuple(arm for member in get_args(annotation) for arm in _arms(member))
     return (annotation,)
+
+
+_cached_arms = functools.lru_cache(maxsize=4096)(_work_out_arms)
 
 
 def _admits_bool(arms: tuple[Any, ...]) -> bool:
@@ -48,6 +60,8 @@ def _number_kind(arms: tuple[Any, ...]) -> str | None:
 def _bool_for_number(annotation: Any, value: Any, where: str = "") -> tuple[str, str, str] | None:
     """(where inside the value, what was expected, the bool as YAML writes it) of the first bool that
     `annotation` would take as a number; None if there is none. Nested models validate their own fields."""
+    if not isinstance(value, (bool, dict, *_SEQUENCES)):
+        return None
     arms = _arms(annotation)
     if isinstance(value, bool):
         kind = _number_kind(arms)
@@ -83,6 +97,12 @@ def field_keys(name: str, field: FieldInfo) -> tuple[str, ...]:
     return tuple(dict.fromkeys([field.alias or name, name, *(c for c in choices if isinstance(c, str))]))
 
 
+@functools.cache
+def _keyed_fields(model: type[BaseModel]) -> tuple[tuple[tuple[str, ...], Any], ...]:
+    """(field_keys, annotation) of each of a settings model's fields, worked out once per model."""
+    return tuple((field_keys(name, field), field.annotation) for name, field in model.model_fields.items())
+
+
 class Settings(BaseModel):
     """Unknown keys, bools taken for numbers and non-finite floats are refused; validated settings are
     immutable. Every settings model of a config subclasses this.
@@ -99,8 +119,8 @@ class Settings(BaseModel):
         """A setting given by two of its keys (`lambda` and `lam`, `teacher_lr` and its old name `pm_lr`): pydantic
         would take one and drop the other silently."""
         if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                given = [key for key in field_keys(name, field) if key in data]
+            for keys, _ in _keyed_fields(cls):
+                given = [key for key in keys if key in data]
                 if len(given) > 1:
                     context = {"key": given[0], "other": given[1]}
                     raise PydanticCustomError("key_given_twice", "given twice, also as {other}; keep one", context)
@@ -112,11 +132,11 @@ class Settings(BaseModel):
         """A YAML `true` given for a number is a mistake, not 1."""
         if not isinstance(data, dict):
             return data
-        for name, field in cls.model_fields.items():
-            key = next((key for key in field_keys(name, field) if key in data), None)
+        for keys, annotation in _keyed_fields(cls):
+            key = next((key for key in keys if key in data), None)
             if key is None:
                 continue
-            found = _bool_for_number(field.annotation, data[key])
+            found = _bool_for_number(annotation, data[key])
             if found:
                 where, kind, value = found
                 raise PydanticCustomError(
