@@ -230,7 +230,7 @@ def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
     def config(name: str):
         return load_config(ROOT / "configs" / "quickstart.yaml", [
             "rounds=4", "tracking.checkpoint_every=2", f"tracking.uri=sqlite:///{tmp_path / name}.db",
-            f"tracking.checkpoint_dir={tmp_path / name}",
+            f"tracking.checkpoint_dir={tmp_path / name}", "tracking.figures=[]", "tracking.save_models=none",
         ])  # fmt: skip
 
     baseline = run_experiment(config("baseline"), show_progress=False)
@@ -374,7 +374,8 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
     host = f"127.0.0.1:{settings.port}"
     with TrackingServer(settings, tmp_path / "server.log"):
         config = tmp_path / "cli.yaml"
-        config.write_text(yaml.safe_dump(_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1)))
+        in_file = {**_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1), "rounds": 2}
+        config.write_text(yaml.safe_dump(in_file))
         typed = ["--set", f"tracking.uri=http://alice:{secrets[1]}@{host}", "--tracking-uri",
                  f"http://alice:{secrets[2]}@{host}"]  # fmt: skip
         environment = {"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}", "MLFLOW_TRACKING_PASSWORD": secrets[4]}
@@ -384,7 +385,7 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
         printed = done.stdout + done.stderr
         assert not [secret for secret in secrets if secret.split("@")[1] in seen[0]]
         assert f"--tracking-uri http://***@{host}" in seen[0]  # as `ps` and Ray's job table see it
-        from_environment = _config(None, tmp_path, checkpoint_every=1)
+        from_environment = {**_config(None, tmp_path, checkpoint_every=1), "rounds": 2}
         del from_environment["tracking"]["uri"]
         config.write_text(yaml.safe_dump(from_environment))
         again = _raysim(tmp_path, "run", str(config), "--quiet", env={"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}"})
