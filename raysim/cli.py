@@ -180,12 +180,13 @@ def _ui(args: argparse.Namespace) -> int:
         tracking = load_config(args.config, extra_plugins=args.plugin).tracking
         uri, experiment = uri or tracking.uri, tracking.experiment
     store = resolve_tracking_uri(uri)
+    landing = lambda url: runs_page(url, store, experiment)  # noqa: E731
     if args.compare:
         from raysim.tracking.views import comparison_path
 
         path = comparison_path(store, args.compare)
-        serve(ServerSettings(store, None, host, port), "MLflow UI", lambda url: url + path)
-    serve(ServerSettings(store, None, host, port), "MLflow UI", lambda url: runs_page(url, store, experiment))
+        landing = lambda url: url + path  # noqa: E731
+    serve(ServerSettings(store, None, host, port), "MLflow UI", landing)
 
 
 def _docs(args: argparse.Namespace) -> int:

@@ -64,7 +64,8 @@ def test_a_local_sqlite_store_keeps_its_artifacts_beside_its_file(tmp_path, monk
 @pytest.mark.parametrize(
     ("uri", "database"),
     [("sqlite:///runs.db", "runs.db"), ("sqlite:////tmp/s/runs.db", "/tmp/s/runs.db"),
-     ("sqlite:///sub/runs.db?timeout=30", "sub/runs.db"), ("sqlite:///:memory:", None), ("sqlite://", None),
+     ("sqlite:///sub/runs.db?timeout=30", "sub/runs.db"), ("sqlite:///./runs.db", "runs.db"),
+     ("sqlite:///:memory:", None), ("sqlite://", None),
      ("http://127.0.0.1:5000", None), ("postgresql://u@h/db", None)],
 )  # fmt: skip
 def test_one_reading_of_a_sqlite_uri_serves_artifacts_sweeps_and_the_reachability_check(uri, database, tmp_path,
@@ -79,7 +80,9 @@ def test_one_reading_of_a_sqlite_uri_serves_artifacts_sweeps_and_the_reachabilit
     located = local_artifact_location(uri, "a b")
     assert located == (None if database is None else (Path(database).resolve().parent / "mlartifacts/a_b").as_uri())
     absolute = absolute_tracking_uri(uri)
-    assert absolute == (uri if database is None else uri.replace(database, str(Path(database).resolve())))
+    query = uri.partition("?")[2]
+    resolved = f"sqlite:///{Path(database).resolve()}" + (f"?{query}" if query else "") if database else None
+    assert absolute == (uri if database is None or Path(database).is_absolute() else resolved)
     if database is not None and not Path(database).parent.is_dir():
         with pytest.raises(TrackingError, match="does not exist"):
             check_reachable(uri, 1.0)

@@ -24,6 +24,7 @@ import math
 import re
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +198,8 @@ def absolute_tracking_uri(configured: str | None) -> str:
     database = sqlite_file(uri)
     if database is None or database.is_absolute():
         return uri
-    return uri.replace(str(database), str(database.resolve()), 1)
+    query = urllib.parse.urlsplit(uri).query
+    return f"sqlite:///{database.resolve()}" + (f"?{query}" if query else "")
 
 
 @ray.remote(num_cpus=0, max_retries=0)

@@ -108,7 +108,8 @@ def round_curves(panels: Sequence[Panel], title: str = "", panel_width: float = 
             axis.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
         axis.grid(alpha=0.3)
         if panel.yscale == "linear":
-            later = [v for series in panel.series for r, v in series.values.items() if r >= _zoom_start(panel)]
+            start = _zoom_start(panel)
+            later = [v for series in panel.series for r, v in series.values.items() if r >= start]
             zoom(axis, later or [v for series in panel.series for v in series.values.values()], panel.bounds)
     legend_outside(fig, axes)
     if title:
