@@ -149,7 +149,7 @@ SUITE_DATA = {
         "clients.count=2",
         *LABEL_PRIOR_FIXTURE,
     ]
-    for study in ("lambda", "mu", "eta_g", "phase1_epochs")
+    for study in ("lambda", "mu", "eta_g", "phase1_epochs", "pure_personal")
 }
 """The fixture folders of the suites whose base is inline (not a configs/paper file), by suite file (the CIFAR-100
 and Tiny-ImageNet fixtures hold a few samples: two clients)."""
