@@ -4,7 +4,8 @@
     python benchmarks/admm_convergence.py sqlite:////tmp/adm/mlflow.db docs/img/flame_admm_convergence.png
 
 The newest run of the store is plotted (or `--run RUN_ID`): the Lagrangian, the primal residual, the dual norms and
-||sum_i pi_i||, and the stationarity residual against the round, the residuals on a log scale.
+||sum_i pi_i||, the stationarity residual and Delta Gamma (Lemma 1's successive change) against the round, the
+residuals on a log scale.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ PANELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("primal residual ||w_i - w||", ("update/primal_residual", "update/primal_residual_max"), True),
     ("duals", ("update/dual_norm", "update/dual_norm_max", "server/dual_sum_norm"), True),
     ("stationarity residual (17)", ("update/stationarity", "update/stationarity_max"), True),
+    ("successive change Delta Gamma", ("server/successive_change",), True),
 )
 
 

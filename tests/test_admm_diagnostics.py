@@ -84,7 +84,14 @@ def test_flame_lyapunov_descends_and_residuals_vanish_under_lemma_1():
     lagrangian = np.array([m["server/lagrangian"] for m in logged])
     assert np.all(np.diff(lagrangian) <= 1e-7 * np.abs(lagrangian[1:])), np.diff(lagrangian)
     assert lagrangian[-1] < lagrangian[0]
-    for key in ("update/primal_residual_max", "server/dual_sum_norm"):
+    # Lemma 1's sufficient descent L(P^t) - L(P^{t+1}) >= D_1 Delta Gamma^{t+1}, from L(P^0) = sum_i alpha_i f_i(w^0)
+    lam_alpha = lam / len(b)
+    d1 = min(rho / 2, (lam_alpha + rho) / 2 - lam_alpha**2 * (1 + rho) / rho**2)
+    start = np.mean(list(_losses(sim, dict.fromkeys(range(len(b)), np.zeros(D))).values()))
+    descent = -np.diff(np.concatenate([[start], lagrangian]))
+    successive = np.array([m["server/successive_change"] for m in logged])
+    assert d1 > 0 and np.all(descent >= d1 * successive - 1e-7 * np.abs(lagrangian)), descent - d1 * successive
+    for key in ("update/primal_residual_max", "server/dual_sum_norm", "server/successive_change"):
         assert logged[-1][key] < 0.25 * logged[1][key], (key, logged[1][key], logged[-1][key])
     assert max(m["update/stationarity_max"] for m in logged) < 1e-6  # exact theta-steps: (17) with epsilon = 0
 
@@ -101,7 +108,7 @@ def test_fedadmm_diagnostics_reach_the_kkt_point():
     optimum = np.mean(list(_losses(sim, dict.fromkeys(range(3), w_star)).values()))
     assert logged[-1]["server/lagrangian"] == pytest.approx(optimum, rel=1e-5)
     assert abs(logged[0]["server/lagrangian"] - optimum) > 0.1  # from below: the duals start at zero
-    for key in ("update/primal_residual_max", "server/dual_sum_norm"):
+    for key in ("update/primal_residual_max", "server/dual_sum_norm", "server/successive_change"):
         assert logged[-1][key] < 1e-4 < logged[0][key], (key, logged[0][key], logged[-1][key])
     assert max(m["update/stationarity_max"] for m in logged) < 1e-5  # exact theta-steps
     norms = [np.linalg.norm(s.pi) for s in sim.states.values()]
@@ -142,22 +149,44 @@ def test_fedapm_lyapunov_descends_under_its_conditions():
     lagrangian = np.array([m["server/lagrangian"] for m in logged])
     assert np.all(np.diff(lagrangian) <= 1e-7 * np.abs(lagrangian[1:])), np.diff(lagrangian)
     assert lagrangian[-1] < lagrangian[0]
+    # Lemma 1's sufficient descent with a = min(rho/60, sigma/2 - 4 rho/15) and Sigma_p = sum_i (||dv_i||^2 +
+    # ||du_i||^2 + ||du||^2), from L(P^0) = sum_i alpha_i f_i(0) (v_i = u_i = u = 0, pi_i = 0)
+    a = min(rho / 60, 4.0 / 2 - 4 * rho / 15)
+    start = sum(0.5 * np.mean(problem.y[split.train].astype(np.float64) ** 2) / 3 for _, split in problem.clients)
+    descent = -np.diff(np.concatenate([[start], lagrangian]))
+    successive = np.array([m["server/successive_change"] for m in logged])
+    assert np.all(descent >= a * successive - 1e-7 * np.abs(lagrangian)), descent - a * successive
     assert max(m["update/stationarity_max"] for m in logged) < 1e-5
     for key in ("update/primal_residual_max", "server/dual_sum_norm"):
         assert logged[-1][key] < 0.2 * logged[0][key], (key, logged[0][key], logged[-1][key])
 
 
-def test_partial_participation_keeps_the_dual_sum_and_logs_no_lagrangian():
-    """sum_i pi_i is a running sum over ALL m clients (the unselected keep their duals), and the Lagrangian, whose
-    unselected terms the server does not have, is logged only in rounds where every client reported."""
+def _flame_successive_change(before: dict, after: dict, w_before: np.ndarray, w_after: np.ndarray) -> float:
+    """Delta Gamma = sum_i (||w^{t+1} - w^t||^2 + ||w_i^{t+1} - w_i^t||^2 + ||theta_i^{t+1} - theta_i^t||^2), from
+    the states and global models before and after a round (flame.md 1.6)."""
+    squared = lambda a, b: float(np.sum((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))  # noqa: E731
+    moved = sum(squared(after[i].theta, before[i].theta) + squared(after[i].w, before[i].w) for i in after)
+    return moved + len(after) * squared(w_after, w_before)
+
+
+def test_partial_participation_keeps_the_totals_over_all_clients():
+    """sum_i pi_i and the augmented Lagrangian are running totals over ALL m clients (the unselected keep their
+    duals and terms; only w moves theirs): the Lagrangian is logged from the round in which the last client first
+    reports, and then equals (10) computed from every client's state at the new w, round after round; Delta Gamma
+    counts the selected clients' moves and m times the global model's."""
     algorithm = {"name": "flame", "lambda": 1.0, "rho": 0.5, "lr": 0.1, "batch_size": N, "epochs": 5}
     sim, _ = _simulation(algorithm, [1.0, 2.0, 3.0])
-    for round_index, selected in enumerate([[0, 1], [2], [1, 2]]):
+    for round_index, selected in enumerate([[0, 1], [1], [2], [0, 2], [1]]):
+        before, w_before = {i: dataclasses.replace(s) for i, s in sim.states.items()}, sim.server.w.copy()
         logged = _round(sim, round_index, selected)
-        assert "server/lagrangian" not in logged
+        if round_index < 2:
+            assert "server/lagrangian" not in logged  # client 2 has not reported yet
+        else:
+            assert logged["server/lagrangian"] == pytest.approx(_flame_lagrangian(sim, 1.0, 0.5), rel=1e-6)
         dual_sum = sum(np.asarray(s.pi, np.float64) for s in sim.states.values())
         assert logged["server/dual_sum_norm"] == pytest.approx(np.linalg.norm(dual_sum), rel=1e-5)
-    assert _round(sim, 3)["server/lagrangian"] == pytest.approx(_flame_lagrangian(sim, 1.0, 0.5), rel=1e-6)
+        expected = _flame_successive_change(before, sim.states, w_before, sim.server.w)
+        assert logged["server/successive_change"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_diagnostics_cost_no_uplink_change_no_training_and_agree_stacked():
@@ -176,11 +205,12 @@ def test_diagnostics_cost_no_uplink_change_no_training_and_agree_stacked():
                 logged[client_training] = metrics[-1]
     np.testing.assert_array_equal(models[0], models[1])
     np.testing.assert_array_equal(models[2], models[3])
-    keys = ("server/lagrangian", "server/dual_sum_norm", "update/stationarity_max", "update/dual_norm_max")
+    keys = ("server/lagrangian", "server/dual_sum_norm", "server/successive_change", "update/stationarity_max",
+            "update/dual_norm_max")  # fmt: skip
     for key in keys:
         assert logged["vectorized"][key] == pytest.approx(logged["sequential"][key], rel=1e-4), key
     change = np.ones(7, np.float32)
-    assert sim.host.algorithm.uplink_bytes(AdmmDiagnosticUpload(change, change, 1.0)) == 4 * 7
+    assert sim.host.algorithm.uplink_bytes(AdmmDiagnosticUpload(change, change, 1.0, 1.0, 1.0, 1.0)) == 4 * 7
 
 
 def test_fedslr_phase2_gradient_mapping_and_dual_sum():
@@ -229,6 +259,63 @@ def test_fedslr_phase2_gradient_mapping_and_dual_sum():
                 mapping = (p - soft_threshold(p - lr * problem.grad(i, w_t + p), mu * lr)) / lr
                 assert stationarity[i] == pytest.approx(np.linalg.norm(mapping), rel=1e-4, abs=1e-5)
                 assert (stationarity[i] < 1e-4) if phase2_epochs else (stationarity[i] > 0.1)
+
+
+def test_fedslr_potential_is_def_1_and_descends_under_lemma_3():
+    """FedSLR's potential D_{eta_g} (fedslr.md 3, Def. 1, eq. 10) on f_i(x) = h_i/2 ||x - a_i||^2 with Phase I
+    solved exactly and full participation: the logged `potential` is (10) computed from the clients' w_i, gamma_i
+    and f_i and the server's x = w_{t+1} (R(x) = lambda sum_l ||X_l||_*), and with eta_g <= 1/(2L), L = max h_i,
+    Lemma 3 makes it non-increasing; a round that not every client reports logs none."""
+    from raysim.algorithms import ClientInfo
+    from raysim.algorithms.base import FullGradient, GradientResult
+    from raysim.algorithms.fedslr import FedSlr, FedSlrSettings
+    from raysim.algorithms.prox import layer_spectra
+    from raysim.execution import run_client_step
+    from tests.test_fedslr import SPEC, Quadratic
+
+    m = 4
+    problem = Quadratic(m, SPEC.size, seed=5)
+    lam, eta_g = 0.05, 1 / (2 * problem.h.max())
+
+    def executor(i: int):
+        solve = problem.executor(i)
+
+        def execute(request):
+            if isinstance(request, FullGradient):
+                gap = np.asarray(request.point, np.float64) - problem.a[i]
+                return GradientResult((problem.h[i] * gap).astype(np.float32), float(problem.h[i] / 2 * gap @ gap))
+            return solve(request)
+
+        return execute
+
+    settings = {"lambda": lam, "mu": 0.1, "eta_g": eta_g, "lr": 0.1, "lr_decay": 1.0, "diagnostics": True}
+    algorithm = FedSlr(FedSlrSettings(**settings), SPEC)
+    w0 = np.random.default_rng(2).normal(size=SPEC.size).astype(np.float32)
+    server = algorithm.init_server(w0, m)
+    states = {i: algorithm.init_client(ClientInfo(i, 10, 1 / m, m), w0) for i in range(m)}
+    potentials = []
+    for selected in [list(range(m))] * 12 + [[0, 2]]:
+        broadcast, uploads = algorithm.broadcast(server), {}
+        for i in selected:
+            update = run_client_step(algorithm, ClientInfo(i, 10, 1 / m, m), states[i], broadcast, executor(i))
+            states[i], uploads[i] = update.state, update.upload
+        summed = {f.name: sum(np.asarray(getattr(u, f.name), np.float64) for u in uploads.values())
+                  for f in dataclasses.fields(next(iter(uploads.values())))}  # fmt: skip
+        total = type(next(iter(uploads.values())))(**summed)
+        server, metrics = algorithm.server_step(server, total, len(selected))
+        if len(selected) < m:
+            assert "potential" not in metrics
+            continue
+        x = server.w.astype(np.float64)
+        direct = lam * sum(values.sum() for values in layer_spectra(server.w, SPEC).values())
+        for i, upload in uploads.items():
+            y, gamma = upload.w.astype(np.float64), states[i].gamma.astype(np.float64)
+            loss = problem.h[i] / 2 * np.sum((y - problem.a[i]) ** 2)
+            direct += (loss + gamma @ (x - y) + np.sum((x - y) ** 2) / (2 * eta_g)) / m
+        assert metrics["potential"] == pytest.approx(direct, rel=1e-5)
+        potentials.append(metrics["potential"])
+    assert np.all(np.diff(potentials) <= 1e-6 * np.abs(potentials[1:])), np.diff(potentials)
+    assert potentials[-1] < potentials[0]
 
 
 def test_diagnostics_with_byzantine_clients_that_skip_training_are_refused():

@@ -95,19 +95,27 @@ def test_a_state_class_outside_raysim_must_be_registered(tmp_path):
         checkpoint.register_state_class(dict)
 
 
-@pytest.mark.parametrize("algorithm", ["flame", "fedslr", "fedapm", "ditto", "fedavg", "pfedme"])
+@pytest.mark.parametrize(
+    "algorithm",
+    [*({"name": name} for name in ("flame", "fedslr", "fedapm", "ditto", "fedavg", "pfedme")),
+     *({"name": name, "diagnostics": True} for name in ("flame", "fedadmm"))],  # fmt: skip
+    ids=lambda algorithm: "-".join(str(v) if v is not True else k for k, v in algorithm.items()),
+)
 def test_real_algorithm_states_round_trip(tmp_path, algorithm):
-    """Every state a real run checkpoints is a raysim class the allowlist accepts, rebuilt equal."""
-    sim = InProcess(validate_config(tiny_config(algorithm={"name": algorithm}, model={"name": "mlp"})))
+    """Every state a real run checkpoints is a raysim class the allowlist accepts, rebuilt equal (with the ADMM
+    diagnostics too: their totals at the server, each client's last reported term)."""
+    sim = InProcess(validate_config(tiny_config(algorithm=algorithm, model={"name": "mlp"})))
     sim.round(0)
     tree = {"clients": sim.states, "server": sim.server}
     checkpoint.save_tree(tmp_path / "s.npz", tree)
     back = checkpoint.load_tree(tmp_path / "s.npz")
     assert type(back["server"]) is type(sim.server)
+    for a, b in zip(_leaves(sim.server), _leaves(back["server"]), strict=True):
+        assert np.array_equal(a, b)
     for i, state in sim.states.items():
         assert type(back["clients"][i]) is type(state)
         for a, b in zip(_leaves(state), _leaves(back["clients"][i]), strict=True):
-            assert np.array_equal(a, b)
+            assert np.array_equal(a, b, equal_nan=True)  # NaN: a diagnostic not reported yet
 
 
 def _leaves(state) -> list:

@@ -35,8 +35,10 @@ CHILDREN = {
     # FedSLR Table 1's 12 rows in 11 runs (FedSLR's run gives GKR and mixed) and the GPGD/LPGD ablations, one seed
     **{f"fedslr_table1_{d}_{s}.yaml": 13 for d in ("cifar10", "cifar100", "tiny_imagenet") for s in ("iid", "noniid")},
     # FedSLR's sensitivity studies (fedslr.md 8): Tables 3-7, one seed
-    **{f"fedslr_sensitivity_{study}_cifar100.yaml": n for study, n in (("lambda", 5), ("mu", 5), ("eta_g", 4),
-                                                                        ("phase1_epochs", 4), ("pure_personal", 3))},  # fmt: skip
+    **{
+        f"fedslr_sensitivity_{study}_cifar100.yaml": n
+        for study, n in (("lambda", 5), ("mu", 5), ("eta_g", 4), ("phase1_epochs", 4), ("pure_personal", 3))
+    },
 }
 
 

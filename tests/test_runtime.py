@@ -42,8 +42,11 @@ def test_flame_invariants_hold_on_actor_state_after_every_round(ray_local, mlflo
 
 
 def _final_states(num_hosts: int, mlflow_uri: str) -> tuple[dict, list]:
+    """FLAME with its ADMM diagnostics (which train the same: tests/test_admm_diagnostics.py), so that their
+    running totals are checked too."""
     config = validate_config(
         tiny_config(
+            algorithm={"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32, "diagnostics": True},
             clients={"count": 5, "per_round": 3},
             runtime={"num_hosts": num_hosts, "host_cpus": 0.5},
             tracking={"uri": mlflow_uri, "experiment": "packing"},
@@ -55,6 +58,7 @@ def _final_states(num_hosts: int, mlflow_uri: str) -> tuple[dict, list]:
     def inspect(round_index, simulation):
         captured["states"] = simulation.client_states()
         captured["w"] = simulation.server_state().w
+        captured["totals"] = simulation.server_state().diagnostics
         crew = simulation.crew_name
         names = {f"{crew}/host-{i}" for i in range(num_hosts)} | {f"{crew}/coordinator"}
         assert names <= set(ray.util.list_named_actors()), "the actors are named in Ray's dashboard"
@@ -65,15 +69,19 @@ def _final_states(num_hosts: int, mlflow_uri: str) -> tuple[dict, list]:
 
 def test_same_seed_same_results_with_1_and_3_hosts(ray_local, mlflow_uri):
     """Per-client randomness is keyed by (seed, client, round) and uploads are summed exactly, so packing
-    clients into 1 or 3 host actors gives bit-identical client states, global model and evaluations."""
+    clients into 1 or 3 host actors gives bit-identical client states, global model, diagnostics and evaluations."""
     one, evaluations_one = _final_states(1, mlflow_uri)
     three, evaluations_three = _final_states(3, mlflow_uri)
     np.testing.assert_array_equal(one["w"], three["w"])
     assert sorted(one["states"]) == sorted(three["states"]) == list(range(5))
     for client_id, state in one["states"].items():
         other = three["states"][client_id]
-        for name in ("theta", "w", "pi"):
+        for name in ("theta", "w", "pi", "reported_smooth"):
             np.testing.assert_array_equal(getattr(state, name), getattr(other, name))
+    np.testing.assert_array_equal(one["totals"].dual_sum, three["totals"].dual_sum)
+    assert vars(one["totals"]).keys() == vars(three["totals"]).keys()
+    for name in ("smooth_sum", "reported", "coupling"):
+        assert getattr(one["totals"], name) == getattr(three["totals"], name), name
     np.testing.assert_equal([e.row() for e in evaluations_one], [e.row() for e in evaluations_three])
 
 

@@ -1,25 +1,35 @@
-"""Convergence diagnostics of the consensus-ADMM methods with a running-mean server (FLAME, FedADMM), opt-in by
-their setting `diagnostics: true` (flame.md 1.6, 5 and 9 item 14; docs/algorithms.md "ADMM convergence").
+"""Convergence diagnostics of the consensus-ADMM methods with a running-mean server (FLAME, FedADMM, FedAPM), opt-in
+by their setting `diagnostics: true` (flame.md 1.6, 5 and 9 item 14; fedapm.md 3.2; docs/algorithms.md "ADMM
+convergence").
 
-Both methods minimize an augmented Lagrangian of the form
+The methods minimize an augmented Lagrangian of the form
 
-    L(P) = sum_i [ g_i(theta_i, w_i) + <pi_i, x_i - w> + rho/2 ||x_i - w||^2 ]
+    L(P, w) = sum_i [ g_i + c_i(w) ],   c_i(w) = <pi_i, x_i - w> + rho/2 ||x_i - w||^2,
 
-with x_i = w_i, g_i = alpha_i (f_i(theta_i) + lambda/2 ||theta_i - w_i||^2) for FLAME (10), and x_i = theta_i,
-g_i = alpha_i f_i(theta_i) for FedADMM (flame.md 2.2). The server's step w = (1/m) sum_i (x_i + pi_i / rho) ((14))
-minimizes L over w exactly, and L is quadratic in w with Hessian m rho I, so for any w'
+with x_i = w_i, g_i = alpha_i (f_i(theta_i) + lambda/2 ||theta_i - w_i||^2) for FLAME (10); x_i = theta_i,
+g_i = alpha_i f_i(theta_i) for FedADMM (flame.md 2.2); x_i = u_i, g_i = alpha_i f_i(v_i, u_i) for FedAPM (4).
+The server keeps L over ALL m clients as two running totals (`AdmmTotals`), so it is logged under partial
+participation too (an unselected client's g_i and c_i do not change while w stays; only w moves them):
 
-    L(Theta, X, Pi, w') = L(Theta, X, Pi, w_new) + (m rho / 2) ||w' - w_new||^2.
+- the smooth parts G = sum_i g_i: a client reports the change of its g_i since its last report (its state keeps
+  the last g_i it reported, NaN before its first, when it reports all of g_i), so G is complete once every client
+  has reported at least once; `server/lagrangian` is logged from that round on (after round 0 under full
+  participation);
+- the coupling C(w) = sum_i c_i(w) at the server's current w, which starts at 0 (x_i = w^0, pi_i = 0): a client
+  reports c_i(new state, w^t) - c_i(old state, w^t) at the w^t it received, and the server then moves C to the new
+  w exactly, C is quadratic in w with Hessian m rho I and gradient -rho (R - m w), R = sum_i (x_i + pi_i / rho)
+  the server's running sum of messages (14).
 
-A selected client therefore reports its term L_i at the w it received (it does not know the new one); when every
-one of the m clients reported in a round (full participation), the server gets L(P^{t+1}) at the new global model
-by subtracting (m rho / 2) ||w_new - w^t||^2 from their sum (`lagrangian` below). Under partial participation the
-unselected clients' terms move with w and are not at the server, so the Lagrangian is not logged.
+The sum of the duals, sum_i pi_i (zero at a stationary point, (16)), is a running sum over ALL m clients as well:
+each selected client adds the change of its pi_i, starting from pi_i^0 = 0.
 
-The sum of the duals, sum_i pi_i (zero at a stationary point, (16)), is a running sum over ALL m clients: each
-selected client adds the change of its pi_i, starting from pi_i^0 = 0.
+`server/successive_change` is the sum of squared successive differences the descent lemmas bound: FLAME's
+Delta Gamma^{t+1} = sum_i (||w^{t+1} - w^t||^2 + ||w_i^{t+1} - w_i^t||^2 + ||theta_i^{t+1} - theta_i^t||^2)
+(Lemma 1, flame.md 5), FedAPM's Sigma_p^{t+1} = sum_i (||dv_i||^2 + ||du_i||^2 + ||du||^2) (Lemma 1, fedapm.md 3.2),
+FedADMM's sum_i (||dw||^2 + ||dtheta_i||^2): each client reports its own variables' part, the server adds
+m ||w^{t+1} - w^t||^2 (an unselected client's variables do not move).
 
-These two fields ride in the upload beside the message change (`AdmmDiagnosticUpload`) for the runtime to sum; they
+These fields ride in the upload beside the message change (`AdmmDiagnosticUpload`) for the runtime to sum; they
 are diagnostics of the simulation, not part of the algorithms' communication: NOT_SENT, so `uplink_bytes` does not
 count them.
 """
@@ -31,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from raysim.algorithms.base import NOT_SENT, Number, Vector
-from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean
+from raysim.algorithms.servers import AdmmTotals, DeltaUpload, RunningMeanState, running_mean
 
 
 @dataclass
@@ -40,15 +50,51 @@ class AdmmDiagnosticUpload(DeltaUpload):
 
     dual_change: Vector = field(metadata=NOT_SENT)
     """pi_i^new - pi_i^old: moves the server's running sum of the duals."""
-    lagrangian: Number = field(metadata=NOT_SENT)
-    """L_i(theta_i^new, x_i^new, pi_i^new, w^t), the client's term of the augmented Lagrangian at the w it received."""
+    smooth_change: Number = field(metadata=NOT_SENT)
+    """g_i^new - g_i at the client's last report (all of g_i^new at its first): moves G."""
+    first_reports: Number = field(metadata=NOT_SENT)
+    """1 at the client's first report, else 0: G is complete when m clients have reported."""
+    coupling_change: Number = field(metadata=NOT_SENT)
+    """c_i(new state, w^t) - c_i(old state, w^t) at the w^t the client received: moves C."""
+    step_squared: Number = field(metadata=NOT_SENT)
+    """The squared change of the client's primal variables this round: its part of `successive_change`."""
 
 
-def lagrangian_term(smooth: Number, pi: Vector, x: Vector, w: Vector, rho: float) -> Number:
-    """L_i = smooth + <pi_i, x_i - w> + rho/2 ||x_i - w||^2 in float64; one per row for a chunk's stacked rows.
-    `smooth` is g_i (the client's part without the constraint terms)."""
+def coupling_term(pi: Vector, x: Vector, w: Vector, rho: float) -> Number:
+    """c_i = <pi_i, x_i - w> + rho/2 ||x_i - w||^2 in float64; one per row for a chunk's stacked rows."""
     gap = np.asarray(x, np.float64) - np.asarray(w, np.float64)
-    return np.asarray(smooth, np.float64) + np.sum(np.asarray(pi, np.float64) * gap + rho / 2 * gap**2, axis=-1)
+    return np.sum(np.asarray(pi, np.float64) * gap + rho / 2 * gap**2, axis=-1)
+
+
+def diagnostic_upload(
+    change: Vector,
+    *,
+    smooth: Number,
+    last_smooth: Number,
+    pi: Vector,
+    pi_before: Vector,
+    x: Vector,
+    x_before: Vector,
+    w: Vector,
+    rho: float,
+    step_squared: Number,
+) -> AdmmDiagnosticUpload:
+    """The upload of a client (or of a chunk's rows) whose state went from (x_before, pi_before) to (x, pi) at the
+    received w, with smooth part g_i = `smooth` now and `last_smooth` at its last report (NaN: never reported)."""
+    first = np.isnan(last_smooth)
+    return AdmmDiagnosticUpload(
+        change,
+        pi - pi_before,
+        np.asarray(smooth, np.float64) - np.where(first, 0.0, last_smooth),
+        first.astype(np.float64),
+        coupling_term(pi, x, w, rho) - coupling_term(pi_before, x_before, w, rho),
+        step_squared,
+    )
+
+
+def squared_change(new: Vector, old: Vector) -> Number:
+    """||new - old||^2 in float64; one per row for a chunk's stacked rows."""
+    return np.sum((np.asarray(new, np.float64) - np.asarray(old, np.float64)) ** 2, axis=-1)
 
 
 def row_norms(vectors: Vector) -> Number:
@@ -59,16 +105,26 @@ def row_norms(vectors: Vector) -> Number:
 def admm_server_step(
     server: RunningMeanState, total: DeltaUpload, num_selected: int, rho: float
 ) -> tuple[RunningMeanState, dict[str, float]]:
-    """The running-mean server step (14); with an `AdmmDiagnosticUpload` also the running dual sum and the
-    metrics `dual_sum_norm` = ||sum_i pi_i|| and, when all m clients reported, `lagrangian` = L(P^{t+1})."""
+    """The running-mean server step (14); with an `AdmmDiagnosticUpload` also the running totals (`AdmmTotals`)
+    and the metrics `dual_sum_norm` = ||sum_i pi_i||, `successive_change` and, once every client has reported,
+    `lagrangian` = L(P^{t+1}, w^{t+1})."""
     new, metrics = running_mean(server, total)
     if not isinstance(total, AdmmDiagnosticUpload):
         return new, metrics
-    previous = np.zeros(server.running_sum.shape) if server.dual_sum is None else server.dual_sum
-    new.dual_sum = previous + total.dual_change
-    metrics["dual_sum_norm"] = float(np.linalg.norm(new.dual_sum))
-    if num_selected == server.num_clients:
-        exact_mean = new.running_sum / server.num_clients  # the minimizer over w, before rounding to float32
-        shift = float(np.sum((exact_mean - server.w.astype(np.float64)) ** 2))
-        metrics["lagrangian"] = float(total.lagrangian) - server.num_clients * rho / 2 * shift
+    m = server.num_clients
+    old = server.diagnostics or AdmmTotals(np.zeros(server.running_sum.shape))
+    w_old = server.w.astype(np.float64)
+    step = new.w.astype(np.float64) - w_old
+    gradient = -rho * (new.running_sum - m * w_old)  # of C at w^t, the selected clients' new states in place
+    coupling = old.coupling + float(total.coupling_change) + float(gradient @ step) + m * rho / 2 * float(step @ step)
+    new.diagnostics = AdmmTotals(
+        old.dual_sum + total.dual_change,
+        old.smooth_sum + float(total.smooth_change),
+        old.reported + round(float(total.first_reports)),
+        coupling,
+    )
+    metrics["dual_sum_norm"] = float(np.linalg.norm(new.diagnostics.dual_sum))
+    metrics["successive_change"] = float(total.step_squared) + m * float(step @ step)
+    if new.diagnostics.reported == m:
+        metrics["lagrangian"] = new.diagnostics.smooth_sum + coupling
     return new, metrics

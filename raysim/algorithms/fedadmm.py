@@ -16,13 +16,13 @@ term of the augmented Lagrangian (raysim.algorithms.admm_diagnostics).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload, admm_server_step, lagrangian_term
+from raysim.algorithms.admm_diagnostics import admm_server_step, diagnostic_upload, squared_change
 from raysim.algorithms.base import (
     ALGORITHMS,
     Algorithm,
@@ -30,6 +30,7 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     FullGradient,
+    Number,
     SGDSettings,
     Vector,
     gradient,
@@ -58,6 +59,8 @@ class FedAdmmSettings(SGDSettings):
 class FedAdmmClientState:
     theta: Vector
     pi: Vector
+    reported_smooth: Number = np.nan
+    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.admm_diagnostics)."""
 
     def message(self, rho: float) -> Vector:
         """u_i = theta_i + pi_i / rho."""
@@ -88,7 +91,7 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
         )
         theta = result.params
         pi = state.pi if s.freeze_dual else (state.pi + s.rho * (theta - w)).astype(np.float32)
-        new = FedAdmmClientState(theta.astype(np.float32), pi)
+        new = FedAdmmClientState(theta.astype(np.float32), pi, state.reported_smooth)
         u = new.message(s.rho)
         metrics = {
             "train_loss": result.mean_loss,
@@ -103,9 +106,12 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
         alpha = client.weight
         # the theta-step's gradient alpha_i grad f_i(theta) + pi_i^t + rho (theta - w^t) at its inexact solution
         metrics["stationarity"] = float(np.linalg.norm(alpha * at_theta.grad + state.pi + s.rho * (new.theta - w)))
-        lagrangian = lagrangian_term(alpha * at_theta.loss, new.pi, new.theta, w, s.rho)
-        upload = AdmmDiagnosticUpload(change, new.pi - state.pi, lagrangian)
-        return ClientUpdate(new, upload, metrics, message=u)
+        smooth = alpha * float(at_theta.loss)
+        upload = diagnostic_upload(
+            change, smooth=smooth, last_smooth=state.reported_smooth, pi=new.pi, pi_before=state.pi, x=new.theta,
+            x_before=state.theta, w=w, rho=s.rho, step_squared=squared_change(new.theta, state.theta),
+        )  # fmt: skip
+        return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics, message=u)
 
     def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
         return admm_server_step(server, total, num_selected, self.settings.rho)  # w = (1/m) sum_i u_i

@@ -23,13 +23,13 @@ new client would start from; PM is (v_i, u_i).
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload, admm_server_step, lagrangian_term
+from raysim.algorithms.admm_diagnostics import admm_server_step, diagnostic_upload, squared_change
 from raysim.algorithms.base import (
     ALGORITHMS,
     Algorithm,
@@ -196,6 +196,8 @@ class FedApmClientState:
     """The client's full model: v_i on the personal coordinates, u_i on the shared ones."""
     pi: Vector
     """Dual pi_i, shared-part sized."""
+    reported_smooth: Number = np.nan
+    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.admm_diagnostics)."""
 
 
 @dataclass
@@ -265,7 +267,7 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         u_i = params[self.shared]
         change = params[self.synced] - broadcast
         pi = state.pi if s.freeze_dual else (state.pi + s.rho * change).astype(np.float32)  # (12)
-        new = FedApmClientState(params, pi)
+        new = FedApmClientState(params, pi, state.reported_smooth)
         z, z_old = self.message_of(new), self.message_of(state)
         per_tensor, l2 = deviation(self.params, self.shared, u_i, u)
         metrics = {
@@ -284,8 +286,13 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         # Definition 2: the u_i-step's gradient alpha_i grad_u f_i(v_i, u_i) + pi_i^t + rho (u_i - u^t) at its solution
         residual = alpha * at_params.grad[self.synced] + state.pi + s.rho * (synced - broadcast)
         metrics["stationarity"] = float(np.linalg.norm(residual))
-        lagrangian = lagrangian_term(alpha * at_params.loss, pi, synced, broadcast, s.rho)  # (4)
-        return ClientUpdate(new, AdmmDiagnosticUpload(z - z_old, pi - state.pi, lagrangian), metrics, message=z)
+        smooth = alpha * float(at_params.loss)  # (4)
+        upload = diagnostic_upload(
+            z - z_old, smooth=smooth, last_smooth=state.reported_smooth, pi=pi, pi_before=state.pi, x=synced,
+            x_before=state.params[self.synced], w=broadcast, rho=s.rho,
+            step_squared=squared_change(params, state.params),  # Sigma_p's ||dv_i||^2 + ||du_i||^2
+        )  # fmt: skip
+        return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics, message=z)
 
     def message_of(self, state: FedApmClientState) -> Vector:
         """z_i = u_i + pi_i / rho (13)."""

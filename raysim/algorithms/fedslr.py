@@ -21,7 +21,16 @@ parameter counts of fedslr.md 6.5 are `server/global_params` and the per-client 
 Convergence (docs/algorithms.md, ADMM convergence): every step reports the primal residual ||w_i - w_t||, the dual
 change and norm ||gamma_i||, the server ||sum_i gamma_i|| (M times its mirrored mean: free); with `diagnostics: true`
 one more full pass gives Phase II's gradient mapping (Thm 3)
-G(w_t, p_i) = (p_i - Prox_{mu eta_l ||.||_1}(p_i - eta_l grad_2 f_i(w_t + p_i))) / eta_l at the new p_i.
+G(w_t, p_i) = (p_i - Prox_{mu eta_l ||.||_1}(p_i - eta_l grad_2 f_i(w_t + p_i))) / eta_l at the new p_i, and
+another f_i(w_i) for the potential (Def. 1, eq. 10) of Phase I's convergence analysis, logged as `server/potential`
+in rounds where all M clients report (the analysis's full participation):
+
+    D_{eta_g}(x, {y_i}, {gamma_i}) = (1/M) sum_i [f_i(y_i) + <gamma_i, x - y_i> + 1/(2 eta_g) ||x - y_i||^2] + R(x)
+
+at x = w_{t+1}, y_i = w_{i,t+1}, gamma_i = gamma_{i,t+1}, R(x) = lambda sum_l ||X_l||_*. Each client sends f_i(w_i),
+<gamma_i, w_i> and ||w_i||^2 beside w_i (not counted as uplink); the server has sum_i w_i, sum_i gamma_i = M times
+its mirror and the nuclear norms of its prox, and expands the squares. Its Lemma 3: non-increasing when
+eta_g <= 1/(2L) and Phase I is solved exactly.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -37,6 +46,7 @@ from pydantic import Field
 
 from raysim.algorithms.base import (
     ALGORITHMS,
+    NOT_SENT,
     Algorithm,
     ClientInfo,
     ClientStep,
@@ -90,8 +100,8 @@ class FedSlrSettings(FedSlrSolverSettings):
     )
     diagnostics: bool = Field(
         False,
-        description="one more full pass per client for Phase II's gradient mapping (Thm 3) (docs/algorithms.md, "
-        "ADMM convergence)",
+        description="two more full passes per client, for Phase II's gradient mapping (Thm 3) and the potential "
+        "(Def. 1) (docs/algorithms.md, ADMM convergence)",
     )
     server_duals: Literal["running_mean", "per_client"] = Field(
         "running_mean",
@@ -142,6 +152,18 @@ class FedSlrUpload(Upload):
 
     message_field = "w"
     weight_field = "count"
+
+
+@dataclass
+class FedSlrDiagnosticUpload(FedSlrUpload):
+    """With `diagnostics: true`: a client's terms of the potential (Def. 1, eq. 10), not counted as uplink."""
+
+    loss: Number = field(default=0.0, metadata=NOT_SENT)
+    """f_i(w_i), the full-batch training loss at Phase I's solution."""
+    gamma_dot_w: Number = field(default=0.0, metadata=NOT_SENT)
+    """<gamma_{i,t+1}, w_i>."""
+    w_squared: Number = field(default=0.0, metadata=NOT_SENT)
+    """||w_i||^2."""
 
 
 @dataclass(frozen=True)
@@ -274,7 +296,14 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         metrics |= self.layer_sparsity(p)
         received = w_t.copy() if s.eval_pairing == "received" else None
         new = FedSlrClientState(gamma, p.astype(np.float32), received)
-        return ClientUpdate(new, FedSlrUpload(w_i.astype(np.float32)), metrics)
+        sent = w_i.astype(np.float32)
+        if not s.diagnostics:
+            return ClientUpdate(new, FedSlrUpload(sent), metrics)
+        at_local = yield from gradient(FullGradient(sent, "train"))  # f_i(w_i) for the potential
+        y = sent.astype(np.float64)
+        gamma_dot_w = float(np.asarray(gamma, np.float64) @ y)
+        upload = FedSlrDiagnosticUpload(sent, 1.0, float(at_local.loss), gamma_dot_w, float(y @ y))
+        return ClientUpdate(new, upload, metrics)
 
     @classmethod
     def reads_messages(cls, settings: FedSlrSettings) -> bool:
@@ -301,7 +330,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
             raise ValueError("FedSLR with server_duals = per_client steps through server_step_by_client")
         summed = np.asarray(total.w, dtype=np.float64)
         gamma_mean = mirrored_dual_mean(server.gamma_mean, server.w, summed, num_selected, s.eta_g, server.num_clients)
-        return self._prox_step(server, total, gamma_mean, None)
+        return self._prox_step(server, total, num_selected, gamma_mean, None)
 
     def server_step_by_client(
         self, server: FedSlrServerState, total: FedSlrUpload, num_selected: int, messages: Mapping[int, Vector]
@@ -315,10 +344,15 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         for client, w_i in messages.items():
             gammas[client] = dual_update(gammas[client], server.w, np.asarray(w_i, np.float32), self.settings.eta_g)
         gamma_mean = np.asarray(np.sum(gammas, axis=0, dtype=np.float64) / server.num_clients)
-        return self._prox_step(server, total, gamma_mean, gammas)
+        return self._prox_step(server, total, num_selected, gamma_mean, gammas)
 
     def _prox_step(
-        self, server: FedSlrServerState, total: FedSlrUpload, gamma_mean: np.ndarray, gammas: np.ndarray | None
+        self,
+        server: FedSlrServerState,
+        total: FedSlrUpload,
+        num_selected: int,
+        gamma_mean: np.ndarray,
+        gammas: np.ndarray | None,
     ) -> tuple[FedSlrServerState, dict[str, float]]:
         """w_{t+1} = Prox(mean_S w_i - eta_g gamma-bar) (6) and the server's metrics."""
         s = self.settings
@@ -326,10 +360,20 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         prox, metrics = self.low_rank(before, s.lam * s.eta_g, server.w)  # (6)
         metrics["gamma_mean_norm"] = float(np.linalg.norm(gamma_mean))
         metrics["dual_sum_norm"] = server.num_clients * metrics["gamma_mean_norm"]  # ||sum_i gamma_i||, all M
+        if isinstance(total, FedSlrDiagnosticUpload) and num_selected == server.num_clients:
+            metrics["potential"] = self.potential(total, prox.params, gamma_mean, metrics["nuclear_norm"])
         new = FedSlrServerState(
             prox.params, prox.model, gamma_mean, gammas, prox.ranks, server.num_clients
         )
         return new, metrics
+
+    def potential(self, total: FedSlrDiagnosticUpload, x: Vector, gamma_mean: np.ndarray, nuclear_norm: float) -> float:
+        """D_{eta_g} (Def. 1, eq. 10) at the new global model x from the M clients' summed terms, the squares
+        expanded: sum_i ||x - y_i||^2 = M ||x||^2 - 2 <x, sum_i y_i> + sum_i ||y_i||^2."""
+        m, x = total.count, np.asarray(x, np.float64)
+        squares = m * (x @ x) - 2 * (x @ np.asarray(total.w, np.float64)) + float(total.w_squared)
+        coupling = m * (gamma_mean @ x) - float(total.gamma_dot_w) + squares / (2 * self.settings.eta_g)
+        return float((float(total.loss) + coupling) / m + self.settings.lam * nuclear_norm)
 
     def global_parameter_count(self, ranks: dict[str, int]) -> int:
         """#params of the GKR (fedslr.md 6.5): see LowRankProx.parameter_count."""

@@ -22,13 +22,13 @@ stationarity residual (17) and the client's term of the augmented Lagrangian (10
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload, admm_server_step, lagrangian_term, row_norms
+from raysim.algorithms.admm_diagnostics import admm_server_step, diagnostic_upload, row_norms, squared_change
 from raysim.algorithms.base import (
     ALGORITHMS,
     Algorithm,
@@ -38,6 +38,7 @@ from raysim.algorithms.base import (
     ClientUpdate,
     CodeDraws,
     FullGradient,
+    Number,
     SGDSettings,
     Vector,
     gradient,
@@ -79,6 +80,8 @@ class FlameClientState:
     theta: Vector
     w: Vector
     pi: Vector
+    reported_smooth: Number = np.nan
+    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.admm_diagnostics)."""
 
     def message(self, rho: float) -> Vector:
         """u_i, the vector the server averages."""
@@ -119,7 +122,8 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         keep = len(passes) > 1
         w_i, pi = client.writable(state.w, state.pi, keep=keep)
         theta, in_place = state.theta, client.may_write(keep)
-        pi_before = np.array(pi, copy=True) if s.diagnostics else None  # a donated pi is updated where it is
+        # a donated state is updated where it is: the diagnostics keep the round's starting point
+        before = [np.array(v, copy=True) for v in (theta, w_i, pi)] if s.diagnostics else None
         losses = []
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
@@ -133,7 +137,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
             delta_u, primal, dual, lemma3 = _admm_update(
                 rows(theta), rows(w_i), rows(pi), w, lam_alpha, np.float32(s.rho)
             )
-        new = FlameClientState(theta, w_i, pi)
+        new = FlameClientState(theta, w_i, pi, state.reported_smooth)
         if len(passes) > 1:  # the message's change and the dual's since the round's start, not the last epoch's
             delta_u, dual = new.message(s.rho) - state.message(s.rho), distances(new.pi, state.pi)
         metrics = {
@@ -144,16 +148,21 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
             "dual_norm": row_norms(pi),
         }
         change = delta_u.reshape(np.shape(theta))
-        if pi_before is None:
+        if before is None:
             return ClientUpdate(new, DeltaUpload(change), metrics)
+        theta_before, w_before, pi_before = before
         at_theta = yield from gradient(FullGradient(theta, "train"))
         alpha = np.asarray(client.weight, np.float64)
         # (17): ||alpha_i (grad f_i(theta_i^{t+1}) + lambda (theta_i^{t+1} - c))||, c the theta-step's prox centre
         metrics["stationarity"] = row_norms(alpha[..., None] * (at_theta.grad + s.lam * (theta - center)))
         # (10): g_i = alpha_i (f_i(theta_i) + lambda/2 ||theta_i - w_i||^2), f_i the full-batch training loss
         smooth = alpha * (np.asarray(at_theta.loss, np.float64) + s.lam / 2 * row_norms(theta - w_i) ** 2)
-        lagrangian = lagrangian_term(smooth, pi, w_i, w, s.rho)
-        return ClientUpdate(new, AdmmDiagnosticUpload(change, pi - pi_before, lagrangian), metrics)
+        upload = diagnostic_upload(
+            change, smooth=smooth, last_smooth=state.reported_smooth, pi=pi, pi_before=pi_before, x=w_i,
+            x_before=w_before, w=w, rho=s.rho,
+            step_squared=squared_change(theta, theta_before) + squared_change(w_i, w_before),  # Delta Gamma's
+        )  # fmt: skip
+        return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics)
 
     def message(self, update: ClientUpdate) -> Vector:
         """u_i = w_i + pi_i / rho of the new state (asked for only by attacks and robust aggregation)."""

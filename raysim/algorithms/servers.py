@@ -57,6 +57,20 @@ class WeightedUpload(Upload):
 
 
 @dataclass
+class AdmmTotals:
+    """The server's running totals over ALL m clients behind the diagnostics (raysim.algorithms.admm_diagnostics)."""
+
+    dual_sum: np.ndarray
+    """float64: sum_i pi_i."""
+    smooth_sum: float = 0.0
+    """G = sum of the g_i reported so far (each client's latest)."""
+    reported: int = 0
+    """How many clients have reported at least once."""
+    coupling: float = 0.0
+    """C(w) = sum_i c_i(w) at the server's current global model."""
+
+
+@dataclass
 class RunningMeanState:
     """A running-mean server's state: the mean of ALL m clients' latest messages and their sum."""
 
@@ -65,9 +79,9 @@ class RunningMeanState:
     running_sum: np.ndarray
     """float64: the sum over all m clients of their latest messages."""
     num_clients: int
-    dual_sum: np.ndarray | None = None
-    """float64: the sum over all m clients of their latest duals pi_i, kept only by ADMM methods with
-    `diagnostics: true` (raysim.algorithms.admm_diagnostics); None otherwise."""
+    diagnostics: AdmmTotals | None = None
+    """The running totals over all m clients behind the ADMM methods' `diagnostics: true`
+    (raysim.algorithms.admm_diagnostics); None otherwise."""
 
 
 def start_running_mean(initial: Vector, num_clients: int) -> RunningMeanState:
