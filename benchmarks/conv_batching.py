@@ -12,6 +12,9 @@ three ways on one torch thread (a host's share of a CPU), best of `--repeats` al
 
     python benchmarks/conv_batching.py --clients 16 --batch-size 20 50
 
+`--profile` prints, per model and batch size, where one-at-a-time's step spends its time: torch's operators grouped
+into convolutions, normalization, the rest of the forward and backward pass (torch.profiler, self CPU time).
+
 Measured results are in docs/performance.md ("The papers' convolutional models").
 """
 
@@ -56,9 +59,32 @@ def _best(ways: dict, repeats: int) -> dict[str, float]:
     return best
 
 
-def measure(name: str, clients: int, batch: int, repeats: int) -> dict[str, float]:
+OPERATOR_KINDS = (
+    ("convolution", ("conv",)),
+    ("normalization", ("norm",)),
+    ("linear", ("addmm", "mm", "linear")),
+    ("pooling", ("pool",)),
+    ("activation", ("relu", "threshold")),
+)
+
+
+def time_shares(step) -> dict[str, float]:
+    """The share of `step`'s self CPU time in each of OPERATOR_KINDS' operators (by name), the rest as `other`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        step()
+    totals = dict.fromkeys([kind for kind, _ in OPERATOR_KINDS] + ["other"], 0.0)
+    for event in profiler.key_averages():
+        kind = next((k for k, words in OPERATOR_KINDS if any(w in event.key for w in words)), "other")
+        totals[kind] += event.self_cpu_time_total
+    whole = sum(totals.values()) or 1.0
+    return {kind: value / whole for kind, value in totals.items()}
+
+
+def measure(name: str, clients: int, batch: int, repeats: int, profile: bool = False) -> dict[str, float]:
     """Best seconds of each way for one model and batch size (`grouped` for the `cnn` only, after checking that
-    its gradients are one-at-a-time's)."""
+    its gradients are one-at-a-time's); with `profile`, also one-at-a-time's time shares (keys `share/<kind>`)."""
     modules = []
     for seed in range(clients):
         torch.manual_seed(seed)
@@ -87,7 +113,10 @@ def measure(name: str, clients: int, batch: int, repeats: int) -> dict[str, floa
         for key, grouped in zip(names, ways["grouped"](), strict=True):
             expected = torch.stack([dict(m.named_parameters())[key].grad for m in modules])
             torch.testing.assert_close(grouped, expected, rtol=1e-4, atol=1e-5)
-    return _best(ways, repeats)
+    best = _best(ways, repeats)
+    if profile:
+        best |= {f"share/{kind}": share for kind, share in time_shares(one_at_a_time).items()}
+    return best
 
 
 def main() -> None:
@@ -97,14 +126,19 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["cnn", "resnet8x4", "resnet18_gn"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--profile", action="store_true", help="also where one-at-a-time's time goes, by operator")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"{args.clients} clients, one SGD step's forward and backward, {args.threads} torch thread(s)")
     print("| model | batch | one at a time s | vmap s | grouped s | vmap / one at a time | grouped / one at a time |")
     print("|---|---|---|---|---|---|---|")
+    shares = []
     for name in args.models:
         for batch in args.batch_size:
-            best = measure(name, args.clients, batch, args.repeats)
+            best = measure(name, args.clients, batch, args.repeats, args.profile)
+            found = {key.removeprefix("share/"): v for key, v in best.items() if key.startswith("share/")}
+            if found:
+                shares.append(f"{name}, batch {batch}: " + ", ".join(f"{k} {v:.0%}" for k, v in found.items()))
             base, grouped = best["one at a time"], best.get("grouped")
             print(
                 f"| {name} | {batch} | {base:.3f} | {best['vmap']:.3f} | "
@@ -112,6 +146,9 @@ def main() -> None:
                 + f"{best['vmap'] / base:.2f} | "
                 + ("- |" if grouped is None else f"{grouped / base:.2f} |")
             )
+    if shares:
+        print("\nWhere one at a time's step spends its time (self CPU time by operator):")
+        print("\n".join(shares))
 
 
 if __name__ == "__main__":
