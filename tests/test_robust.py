@@ -273,3 +273,21 @@ def test_fairness_labels_overlap_no_label_and_no_marker_and_accuracy_panels_zoom
     span = 0.97 - 0.5  # rounds 10 to 20: the slow method's 0.5 at round 10 to the fast one's 0.97
     assert (pm_low, pm_high) == pytest.approx((0.5 - 0.05 * span, 0.97 + 0.05 * span))  # its start leaves below
     assert gm_low < 0.36  # a method that stays low is in the picture
+
+
+def test_curves_of_more_settings_than_the_palette_holds_are_each_drawn_differently():
+    """The compare suite's 25 settings: tab20 repeats its colours past twenty, so the 21st to 25th settings take a
+    line style that the setting of their colour does not have; no two lines of a panel look alike."""
+    from matplotlib.colors import to_hex
+
+    from raysim.tracking import plots
+
+    names = [f"method{i}" for i in range(25)]
+    colors = plots.setting_colors(names)
+    assert colors["method20"] == colors["method0"]  # the palette repeats
+    series = [plots.Series(name, {0: 0.1, 1: 0.2 + i / 100}, colors[name]) for i, name in enumerate(names)]
+    fig = plots.round_curves([plots.Panel("PM", series), plots.Panel("GM", series[:4])])
+    for axis in fig.axes:
+        looks = [(to_hex(line.get_color()), line.get_linestyle()) for line in axis.get_lines()]
+        assert len(looks) == len(set(looks)), looks
+    assert [line.get_linestyle() for line in fig.axes[1].get_lines()] == ["-", "--", ":", "-."]  # as before

@@ -75,6 +75,21 @@ class Panel:
     """The metric's possible range (accuracy: 0 to 1): the zoomed y range never leaves it."""
 
 
+def line_styles(series: Sequence[Series]) -> list[str]:
+    """Each series' line style: its own, else LINE_STYLES in turn, skipping a style that an earlier series of the
+    same colour already has (tab20 repeats past twenty settings, and 20 is a multiple of the four styles: the 21st
+    setting would otherwise be drawn exactly as the first)."""
+    taken: set[tuple[str, str]] = set()
+    styles = []
+    for index, one in enumerate(series):
+        color = "" if one.color is None else matplotlib.colors.to_hex(one.color)
+        turns = [LINE_STYLES[(index + k) % len(LINE_STYLES)] for k in range(len(LINE_STYLES))]
+        style = one.linestyle or next((s for s in turns if (color, s) not in taken), turns[0])
+        taken.add((color, style))
+        styles.append(style)
+    return styles
+
+
 def figure(
     ncols: int = 1, figsize: tuple[float, float] = (7.0, 4.5), sharey: bool = False
 ) -> tuple[Figure, list[Axes]]:
@@ -88,9 +103,9 @@ def round_curves(panels: Sequence[Panel], title: str = "", panel_width: float = 
     linear panel's y range zoomed to its trained rounds (`zoom`)."""
     fig, axes = figure(len(panels), figsize=(panel_width * len(panels) + 2.0, 4.2))
     for axis, panel in zip(axes, panels, strict=True):
-        for index, series in enumerate(panel.series):
+        styles = line_styles(panel.series)
+        for series, style in zip(panel.series, styles, strict=True):
             rounds = sorted(series.values)
-            style = series.linestyle or LINE_STYLES[index % len(LINE_STYLES)]
             axis.plot(
                 rounds,
                 [series.values[r] for r in rounds],
