@@ -115,8 +115,9 @@ def admm_server_step(
     old = server.diagnostics or AdmmTotals(np.zeros(server.running_sum.shape))
     w_old = server.w.astype(np.float64)
     step = new.w.astype(np.float64) - w_old
+    step_squared = float(step @ step)
     gradient = -rho * (new.running_sum - m * w_old)  # of C at w^t, the selected clients' new states in place
-    coupling = old.coupling + float(total.coupling_change) + float(gradient @ step) + m * rho / 2 * float(step @ step)
+    coupling = old.coupling + float(total.coupling_change) + float(gradient @ step) + m * rho / 2 * step_squared
     new.diagnostics = AdmmTotals(
         old.dual_sum + total.dual_change,
         old.smooth_sum + float(total.smooth_change),
@@ -124,7 +125,7 @@ def admm_server_step(
         coupling,
     )
     metrics["dual_sum_norm"] = float(np.linalg.norm(new.diagnostics.dual_sum))
-    metrics["successive_change"] = float(total.step_squared) + m * float(step @ step)
+    metrics["successive_change"] = float(total.step_squared) + m * step_squared
     if new.diagnostics.reported == m:
         metrics["lagrangian"] = new.diagnostics.smooth_sum + coupling
     return new, metrics
