@@ -340,7 +340,8 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
 FLAME_VARIANTS = {*(PAPER / "suites").glob("flame_sensitivity_*"), *(PAPER / "suites").glob("flame_robustness_*_*")}
 """FLAME's sensitivity suites and the robustness suites of the appendix's other partitions: their first settings are
 FLAME on a dataset and scheme that a Table III suite's or flame_robustness_fmnist's first setting already trains (CI
-time); every child of theirs is validated and partitioned (tests/test_flame_grids.py)."""
+time); every child of theirs is validated and partitioned, and every setting trains a round in process
+(tests/test_flame_grids.py)."""
 FEDSLR_SENSITIVITY = set((PAPER / "suites").glob("fedslr_sensitivity_*"))
 """FedSLR's sensitivity suites: every setting of theirs trains a round in process (tests/test_paper_suites.py)."""
 FLAME_TABLE3_ELSEWHERE = {PAPER / "suites" / f"flame_table3_{name}.yaml" for name in ("mnist", "cifar10", "mmnist")}
