@@ -156,7 +156,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         # (17): ||alpha_i (grad f_i(theta_i^{t+1}) + lambda (theta_i^{t+1} - c))||, c the theta-step's prox centre
         metrics["stationarity"] = row_norms(alpha[..., None] * (at_theta.grad + s.lam * (theta - center)))
         # (10): g_i = alpha_i (f_i(theta_i) + lambda/2 ||theta_i - w_i||^2), f_i the full-batch training loss
-        smooth = alpha * (np.asarray(at_theta.loss, np.float64) + s.lam / 2 * row_norms(theta - w_i) ** 2)
+        smooth = alpha * (np.asarray(at_theta.loss, np.float64) + s.lam / 2 * squared_change(theta, w_i))
         upload = diagnostic_upload(
             change, smooth=smooth, last_smooth=state.reported_smooth, pi=pi, pi_before=pi_before, x=w_i,
             x_before=w_before, w=w, rho=s.rho,
