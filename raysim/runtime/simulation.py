@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -197,11 +199,7 @@ class Simulation:
                 partial, records = host.train.options(num_returns=2).remote(round_index, chosen, broadcast)
                 partials.append(partial)
                 record_refs.append(records)
-        try:
-            records = round_records(ray.get(record_refs))
-        except Exception:
-            _retrieve_siblings([*partials, *record_refs])
-            raise
+        records = round_records(get_all(record_refs, siblings=partials))
         self.dropped = records.filter(records["dropped"])["client_id"].to_pylist()
         self._check_usable(round_index, len(selected))
         trained = time.perf_counter()
@@ -236,7 +234,7 @@ class Simulation:
         if self.config.runtime.state_memory_mb is None:
             return {}
         totals: dict[str, float] = {}
-        for counts in ray.get([host.state_memory.remote() for host in self.hosts]):
+        for counts in get_all([host.state_memory.remote() for host in self.hosts]):
             for key, value in counts.items():
                 totals[key] = totals.get(key, 0.0) + value
         return totals
@@ -266,7 +264,7 @@ class Simulation:
         which is the coordinator's current global model, or with tracking.gm_scored = before_aggregation the one of
         the last round's start (the current one before any round of this process)."""
         global_params, context = self._scored_global()
-        return evaluation_table(ray.get([host.evaluate.remote(global_params, context) for host in self.hosts]))
+        return evaluation_table(get_all([host.evaluate.remote(global_params, context) for host in self.hosts]))
 
     def _scored_global(self) -> tuple[ray.ObjectRef, ray.ObjectRef]:
         """The global model an evaluation scores (see `evaluate`) and the coordinator's evaluation context."""
@@ -281,7 +279,7 @@ class Simulation:
         into one array host by host."""
         global_params, context = self._scored_global()
         refs = [host.personalized_models.remote(global_params, context) for host in self.hosts]
-        parts = [ray.get(ref) for ref in refs]
+        parts = get_all(refs)
         ids = np.sort(np.concatenate([host_ids for host_ids, _ in parts]))
         width = parts[0][1].shape[1] if parts else 0
         params = np.empty((len(ids), width), dtype=np.float32)
@@ -291,7 +289,7 @@ class Simulation:
         return ids, params
 
     def client_states(self) -> dict[int, object]:
-        return {c: s for states in ray.get([h.client_states.remote() for h in self.hosts]) for c, s in states.items()}
+        return {c: s for states in get_all([h.client_states.remote() for h in self.hosts]) for c, s in states.items()}
 
     def server_state(self) -> object:
         return ray.get(self.coordinator.server_state.remote())
@@ -303,7 +301,7 @@ class Simulation:
     def save_checkpoint(self, directory: Path) -> None:
         """Every host writes its own clients' file in parallel; the coordinator writes the server state. A write
         that failed is a CheckpointError with its line."""
-        failures = ray.get(
+        failures = get_all(
             [host.save_checkpoint.remote(str(directory / f"host-{i}.npz")) for i, host in enumerate(self.hosts)]
             + [self.coordinator.save_checkpoint.remote(str(directory / "coordinator.npz"))]
         )
@@ -359,8 +357,18 @@ class Simulation:
 SIBLING_WAIT_S = 60.0
 
 
+def get_all(refs: list[ray.ObjectRef], siblings: Sequence[ray.ObjectRef] = ()) -> list[Any]:
+    """`ray.get` of a call fanned out to the hosts; if one fails, the others' results (and `siblings`', the same
+    tasks' other returns) are got too before its error is raised (`_retrieve_siblings`)."""
+    try:
+        return ray.get(refs)
+    except Exception:
+        _retrieve_siblings([*refs, *siblings])
+        raise
+
+
 def _retrieve_siblings(refs: list[ray.ObjectRef], wait_s: float = SIBLING_WAIT_S) -> None:
-    """Get the results of a failed round's other tasks, errors included, waiting up to `wait_s` for those still
+    """Get the results of a failed fan-out's other tasks, errors included, waiting up to `wait_s` for those still
     running: Ray logs every error result dropped without being got as an "Unhandled error" with its traceback, on
     the console of a study that goes on after the run (a sibling host fails the same way a little later)."""
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
