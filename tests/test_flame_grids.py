@@ -92,8 +92,8 @@ JPEGs as 64x64 RGB)."""
 def test_every_setting_of_a_flame_suite_trains_one_round(path, tmp_path, fmnist_tenth):
     """Each distinct setting (method, partition, attack, hyperparameters) at the suite's first seed: its data dealt,
     one round trained through the real client host and coordinator in this process (tests/inprocess.py; Ray and
-    MLflow run each suite's first setting and each method in tests/test_paper_configs.py), by three clients, the
-    attackers among them in an attacked setting, with light local work (tests/light.py)."""
+    MLflow run each suite's first setting and each method in tests/test_paper_configs.py), by three clients, an
+    attacker among them in an attacked setting, with light local work (tests/light.py)."""
     suite = load_suite(path)
     data = path.stem.rsplit("_", 1)[1]
     overrides = _grid_data(path, tmp_path, fmnist_tenth, INPUT_SHAPES.get(data, (1,)))
