@@ -328,3 +328,42 @@ def test_sigterm_stops_the_mlflow_server_and_frees_its_port(tmp_path, command):
     assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
     assert not _listening(port)
     assert not _alive(started), "server processes left"
+
+
+SLOW_AGENT = """
+import os, sys, time
+from pathlib import Path
+
+marker = Path(os.environ["RAYSIM_TEST_SLOW_AGENT"])
+if any(arg.endswith(os.path.join("dashboard", "agent.py")) for arg in sys.argv) and not marker.exists():
+    marker.write_text(str(os.getpid()))
+    time.sleep(120)
+"""
+"""A sitecustomize that holds up the first Ray dashboard agent started under it, as a loaded machine does: the
+raylet waits a fixed time for the agent's port files, exits, and ray.init says "The current node timed out during
+startup" (ray-project/ray#65983)."""
+
+
+@pytest.mark.slow
+def test_a_local_ray_whose_agent_starts_late_is_started_again(tmp_path):
+    """The local Ray of a run whose first dashboard agent is 120 s late (SLOW_AGENT): the run starts it again after
+    ending what the failed try started (the late agent among it), says so on the console, and finishes."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "run.yaml").write_text(
+        yaml.safe_dump(tiny_config(rounds=1, tracking={"uri": uri, "experiment": "signals"}))
+    )
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_AGENT)
+    marker = tmp_path / "late-agent-pid"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "RAYSIM_TEST_SLOW_AGENT": str(marker)}
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        done = subprocess.run(
+            [RAYSIM, "run", str(tmp_path / "run.yaml"), "--quiet"], stdout=subprocess.DEVNULL, stderr=stderr,
+            env=env, timeout=600,
+        )  # fmt: skip
+    err = _stderr(tmp_path)
+    assert done.returncode == 0, err[-3000:]
+    assert "the local Ray did not start in time (try 1 of 3" in err, err[-3000:]
+    assert marker.exists(), "the agent was not held up: the test tested nothing"
+    _wait_all_gone([int(marker.read_text())])
+    assert _run_record(uri).info.status == "FINISHED"

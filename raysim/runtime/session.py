@@ -157,6 +157,44 @@ def ray_usable() -> bool:
     return _local is None or _local.gone() is None
 
 
+START_ATTEMPTS = 3
+"""Tries at starting a local Ray (`_start_local`)."""
+SLOW_START = "timed out during startup"
+"""What ray.init says when the raylet it started never registered: on a loaded machine, because its agents wrote
+their port files after the raylet's fixed wait for them (ray-project/ray#65983), and the raylet exited."""
+
+
+def _start_local(runtime: RuntimeSettings, local: dict[str, float]) -> LocalDaemons:
+    """Start a local Ray of `local`'s CPUs, its daemons in sessions of their own; start it again, up to
+    START_ATTEMPTS times, when it did not come up in time (SLOW_START), after ending what the failed try started."""
+    global _local
+    _token_auth_explicitly()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        daemons = _local = LocalDaemons()
+        try:
+            with daemons.own_sessions():
+                ray.init(
+                    address="local",
+                    num_cpus=int(local["CPU"]),
+                    num_gpus=runtime.num_gpus,
+                    object_store_memory=runtime.object_store_mb * 2**20,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                )
+            return daemons
+        except BaseException as error:  # SystemExit too: ray.init's own SIGTERM handler (ray_session)
+            ray.shutdown()
+            daemons.end_leftovers()
+            _local = None
+            if not (isinstance(error, Exception) and SLOW_START in str(error)) or attempt == START_ATTEMPTS:
+                raise
+            logging.getLogger(__name__).warning(
+                "the local Ray did not start in time (try %d of %d; a loaded machine?): starting it again",
+                attempt, START_ATTEMPTS,
+            )
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
 @contextmanager
 def ray_session(config: ExperimentConfig) -> Iterator[None]:
     """Connect to `runtime.address` / $RAY_ADDRESS, or start a local Ray; leave Ray as it was found."""
@@ -168,24 +206,13 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
     local = new_local_ray(config.runtime)
     main_thread = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main_thread else None
-    daemons = LocalDaemons() if local is not None else None
+    daemons: LocalDaemons | None = None
     try:
         try:
-            if daemons is None:
+            if local is None:
                 ray.init(address=address, logging_level=logging.WARNING)
             else:
-                assert local is not None  # daemons are made for a new local Ray only
-                _token_auth_explicitly()
-                _local = daemons
-                with daemons.own_sessions():
-                    ray.init(
-                        address="local",
-                        num_cpus=int(local["CPU"]),
-                        num_gpus=config.runtime.num_gpus,
-                        object_store_memory=config.runtime.object_store_mb * 2**20,
-                        include_dashboard=False,
-                        logging_level=logging.WARNING,
-                    )
+                daemons = _start_local(config.runtime, local)
         except SystemExit as stop:  # ray.init's own SIGTERM handler, which exits on the spot, ran
             if stop.code != signal.SIGTERM:
                 raise
