@@ -106,8 +106,10 @@ def main() -> None:
     baseline = (rows[0][1] + rows[0][2]) / count
     for name, algebra, encode in rows:
         per_client = (algebra + encode) / count
-        print(f"{name:32} {algebra / count * 1e6:10.1f} {encode / count * 1e6:10.1f} {per_client * 1e6:9.1f} "
-              f"{per_client / baseline:9.2f}")  # fmt: skip
+        print(
+            f"{name:32} {algebra / count * 1e6:10.1f} {encode / count * 1e6:10.1f} {per_client * 1e6:9.1f} "
+            f"{per_client / baseline:9.2f}"
+        )
 
 
 if __name__ == "__main__":

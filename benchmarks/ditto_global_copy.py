@@ -48,11 +48,15 @@ def main() -> None:
     for assignment in [f"{key}={json.dumps(value)}" for key, value in run.overrides.items()] + args.set:
         apply_override(tree, assignment)
     config = validate_config(tree)
-    print(f"{name} seed {args.seed}: algorithm {config.algorithm.model_dump(by_alias=True)}, "
-          f"clients.batches {config.clients.batches}", flush=True)  # fmt: skip
+    print(
+        f"{name} seed {args.seed}: algorithm {config.algorithm.model_dump(by_alias=True)}, "
+        f"clients.batches {config.clients.batches}",
+        flush=True,
+    )
     problem = prepare(config)
-    host = ClientHost(HostSettings.from_config(config, problem), problem.x, problem.y, problem.clients,
-                      problem.init_params)  # fmt: skip
+    host = ClientHost(
+        HostSettings.from_config(config, problem), problem.x, problem.y, problem.clients, problem.init_params
+    )
     coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, problem.num_training)
     everyone = list(range(problem.num_training))
     start = time.perf_counter()

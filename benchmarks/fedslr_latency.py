@@ -83,8 +83,17 @@ def main() -> None:
         f"resnet18_gn ({model.size:,} params), batch {args.batch}, device={args.device}, threads={args.threads}, "
         f"p density {args.p_density}, median of {args.repeats}"
     )
-    header = ("rank fraction", "factored layers", "GKR params (M)", "dense ms/batch", "factorized ms/batch",
-              "ratio", "factorized + sparse ms/batch", "ratio", "max |diff|")  # fmt: skip
+    header = (
+        "rank fraction",
+        "factored layers",
+        "GKR params (M)",
+        "dense ms/batch",
+        "factorized ms/batch",
+        "ratio",
+        "factorized + sparse ms/batch",
+        "ratio",
+        "max |diff|",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for fraction in args.rank_fractions:

@@ -66,8 +66,10 @@ def measure(name: str, chunk: int, epochs: int, repeats: int) -> tuple[float, fl
     model = FlatModel(name, data.modalities or (), data.num_classes)
     start = model.initial_parameters(1)
     empty = np.zeros(0, np.int64)
-    clients = [ClientData(data.x, data.y, np.arange(i, i + 1) * samples + np.arange(samples), empty, empty)
-               for i in range(chunk)]
+    clients = [
+        ClientData(data.x, data.y, np.arange(i, i + 1) * samples + np.arange(samples), empty, empty)
+        for i in range(chunk)
+    ]
     request = LocalSGD(start=start, epochs=epochs, lr=0.01, batch_size=100)
     trainer = LocalTrainer(model)
 
@@ -76,8 +78,10 @@ def measure(name: str, chunk: int, epochs: int, repeats: int) -> tuple[float, fl
             trainer.sgd(request, client, rng(1, Stream.CLIENT_TRAINING, i, 0, 0))
 
     packed, steps = multimodal.run_gru, epochs * -(-samples // 100)
-    params = {key: value.expand(chunk, *value.shape).clone() for key, value in model.spec.unflatten(
-        torch.from_numpy(start)).items()}  # fmt: skip
+    params = {
+        key: value.expand(chunk, *value.shape).clone()
+        for key, value in model.spec.unflatten(torch.from_numpy(start)).items()
+    }
     x = torch.from_numpy(np.stack([data.x[c.train[:100]] for c in clients]))
     y = torch.from_numpy(np.stack([data.y[c.train[:100]] for c in clients]))
     forward = vmap(lambda p, inputs: functional_call(model.module, p, (inputs,)))

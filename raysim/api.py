@@ -71,11 +71,16 @@ class Result:
 
     def __repr__(self) -> str:
         """One line (a notebook shows a bare `result` so): the run, what ran, and its final accuracies."""
-        final = " ".join(f"{k.upper()} {self.summary[f'final/{k}/acc']:.4f}" for k in ("pm", "gm", "hm")
-                         if f"final/{k}/acc" in self.summary)  # fmt: skip
+        final = " ".join(
+            f"{k.upper()} {self.summary[f'final/{k}/acc']:.4f}"
+            for k in ("pm", "gm", "hm")
+            if f"final/{k}/acc" in self.summary
+        )
         config = self.config
-        return (f"Result(run {self.run_id}: {config.algorithm.name} on {config.dataset.name}, {config.rounds} rounds, "
-                f"{config.clients.count} clients; final {final})")  # fmt: skip
+        return (
+            f"Result(run {self.run_id}: {config.algorithm.name} on {config.dataset.name}, {config.rounds} rounds, "
+            f"{config.clients.count} clients; final {final})"
+        )
 
     def model(self, client_id: int | None = None) -> torch.nn.Module:
         """The config's network (`model.name`) holding the final global model, or client `client_id`'s personalized
@@ -83,8 +88,10 @@ class Result:
         from raysim.models.zoo import build_module
 
         if client_id is not None and client_id not in self.personalized_models:
-            raise KeyError(f"client {client_id} has no personalized model in this result (clients with one: "
-                           f"{sorted(self.personalized_models)[:10]})")  # fmt: skip
+            raise KeyError(
+                f"client {client_id} has no personalized model in this result (clients with one: "
+                f"{sorted(self.personalized_models)[:10]})"
+            )
         parameters = self.global_model if client_id is None else self.personalized_models[client_id]
         spec = self.model_spec
         module = build_module(spec.name, spec.input_shape, spec.outputs)
@@ -261,9 +268,13 @@ def _result(config: ExperimentConfig, outcome: RunResult, final: _FinalModels) -
     algorithm = build_algorithm(config.algorithm, params)
     training = config.clients.training_count
     network = algorithm.personalized_network()
-    personal = {c: algorithm.evaluated_model(s, final.global_params) if network is None else
-                algorithm.composed_model(s, final.global_params, final.context)
-                for c, s in sorted(final.states.items()) if c < training}  # fmt: skip
+    personal = {
+        c: algorithm.evaluated_model(s, final.global_params)
+        if network is None
+        else algorithm.composed_model(s, final.global_params, final.context)
+        for c, s in sorted(final.states.items())
+        if c < training
+    }
     personal_params = params if network is None else spec.build().composed(network).spec
     sizes = {
         s.client_id: {

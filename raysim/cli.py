@@ -71,8 +71,16 @@ def _table(args: argparse.Namespace) -> int:
     if args.best_by is not None and args.at != "best":
         raise ConfigError("--best-by needs --at best (with --at final every value is the last round's)")
     best_by = args.best_by or DEFAULT_BEST_BY
-    table = make_table(resolve_tracking_uri(args.tracking_uri), args.target, args.metrics, args.at, best_by,
-                       args.std, args.over_rounds, args.rounds_to)  # fmt: skip
+    table = make_table(
+        resolve_tracking_uri(args.tracking_uri),
+        args.target,
+        args.metrics,
+        args.at,
+        best_by,
+        args.std,
+        args.over_rounds,
+        args.rounds_to,
+    )
     text = table.render(args.format)
     if args.out:
         Path(args.out).write_text(text)
@@ -142,9 +150,11 @@ def _pretrain(args: argparse.Namespace) -> int:
     path = pretrain(load_config(args.config, args.set, args.plugin), args.out, show_progress=not args.quiet)
     _, header = read_weights(path, "--out")
     recipe = header.recipe
-    print(f"wrote {path}: {header.model}, {header.parameters:,} parameters, {header.dataset} ({header.classes} "
-          f"classes), {recipe['epochs']} epochs on {recipe['pool_samples']:,} samples (mean "
-          f"loss {recipe['mean_loss']:.4f}, sha256 {header.sha256[:16]}...)")
+    print(
+        f"wrote {path}: {header.model}, {header.parameters:,} parameters, {header.dataset} ({header.classes} "
+        f"classes), {recipe['epochs']} epochs on {recipe['pool_samples']:,} samples (mean "
+        f"loss {recipe['mean_loss']:.4f}, sha256 {header.sha256[:16]}...)"
+    )
     print(f"use it with  --set algorithm.teacher_weights={path}")
     return 0
 
@@ -278,8 +288,11 @@ def _submit(args: argparse.Namespace) -> int:
     if submission.warning:
         print(f"warning: {submission.warning}", file=sys.stderr)
     if not submission.tracking_uri:
-        print("warning: no tracking URI (--tracking-uri, tracking.uri or $MLFLOW_TRACKING_URI): the job logs to "
-              "sqlite in its temporary working directory", file=sys.stderr)  # fmt: skip
+        print(
+            "warning: no tracking URI (--tracking-uri, tracking.uri or $MLFLOW_TRACKING_URI): the job logs to "
+            "sqlite in its temporary working directory",
+            file=sys.stderr,
+        )
     client = job_client(submission.address, args.auth_token)
     run_id = wait_for_run_id(client, submission.job_id, args.wait)
     print(f"mlflow run {run_id or 'unknown (see the job logs)'} at {submission.tracking_uri or 'job-local sqlite'}")
@@ -347,9 +360,17 @@ def _bench(args: argparse.Namespace) -> int:
     _load_plugins(args)
     ways = tuple(args.ways or WAYS)
     results = run_bench(
-        args.clients, args.rounds, args.model, args.hosts, ways, args.host_gpus, args.reference_device, args.chunk,
-        args.eval, args.set,
-    )  # fmt: skip
+        args.clients,
+        args.rounds,
+        args.model,
+        args.hosts,
+        ways,
+        args.host_gpus,
+        args.reference_device,
+        args.chunk,
+        args.eval,
+        args.set,
+    )
     report(results, args.json)
     return 0
 
@@ -363,10 +384,13 @@ def _cluster_options(command: argparse.ArgumentParser) -> None:
 
 def _plugin_option(command: argparse.ArgumentParser) -> None:
     command.add_argument(
-        "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
         help="import this module or .py file first (repeatable): its algorithms, models, datasets, schemes, attacks "
         "and rules join the registries (see docs/extending.md)",
-    )  # fmt: skip
+    )
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -420,9 +444,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--experiment", help="MLflow experiment name (sets tracking.experiment)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
-        "--resume", metavar="PARENT_RUN", help="suite or sweep: continue this stopped parent run (finished children "
-        "are kept, unfinished ones continue from their checkpoints or start again, missing ones start)"
-    )  # fmt: skip
+        "--resume",
+        metavar="PARENT_RUN",
+        help="suite or sweep: continue this stopped parent run (finished children "
+        "are kept, unfinished ones continue from their checkpoints or start again, missing ones start)",
+    )
     _plugin_option(run)
     run.set_defaults(handler=_run)
     config = commands.add_parser(
@@ -455,23 +481,34 @@ def parser() -> argparse.ArgumentParser:
         "--at", choices=["final", "best"], default="final", help="the last round (default), or each run's best"
     )
     table.add_argument(
-        "--best-by", metavar="METRIC", help="with --at best: the metric whose best round (highest; lowest for losses "
-        "and variances) every metric is taken at (default: pm/acc)"
-    )  # fmt: skip
+        "--best-by",
+        metavar="METRIC",
+        help="with --at best: the metric whose best round (highest; lowest for losses "
+        "and variances) every metric is taken at (default: pm/acc)",
+    )
     table.add_argument(
-        "--over-rounds", choices=["final", "max", "min"], default="final", help="with --at final: each seed's value "
+        "--over-rounds",
+        choices=["final", "max", "min"],
+        default="final",
+        help="with --at final: each seed's value "
         "is the final round's (default), or each metric's own max (min, for a loss) over rounds 1 to the last, as "
-        "FedAPM's authors aggregate"
-    )  # fmt: skip
+        "FedAPM's authors aggregate",
+    )
     table.add_argument(
-        "--std", choices=["sample", "population"], default="sample", help="the std over seeds: sample (ddof 1, "
-        "default) or population (np.std, ddof 0, as FedAPM's authors)"
-    )  # fmt: skip
+        "--std",
+        choices=["sample", "population"],
+        default="sample",
+        help="the std over seeds: sample (ddof 1, default) or population (np.std, ddof 0, as FedAPM's authors)",
+    )
     table.add_argument(
-        "--rounds-to", action="append", default=[], metavar="METRIC<=VALUE", help="add a column: the first round at "
+        "--rounds-to",
+        action="append",
+        default=[],
+        metavar="METRIC<=VALUE",
+        help="add a column: the first round at "
         "which each seed's curve meets the target (<=, >=, < or >), mean +/- std over the seeds that do, '>T' for "
-        "those that do not by their last round T; repeatable. Example: --rounds-to 'pm/train_loss<=0.5'"
-    )  # fmt: skip
+        "those that do not by their last round T; repeatable. Example: --rounds-to 'pm/train_loss<=0.5'",
+    )
     table.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown", help="default: markdown")
     table.add_argument("--out", help="write the table to this file instead of printing it")
     table.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
@@ -487,8 +524,12 @@ def parser() -> argparse.ArgumentParser:
     )
     figure.add_argument("target", help="parent run id of a suite or sweep, or an experiment name")
     figure.add_argument("--metrics", nargs="+", default=None, help="logged metric keys (default: pm/acc gm/acc hm/acc)")
-    figure.add_argument("--band", choices=["std", "minmax"], default="std",
-                        help="the band around the mean: +/- sample std over seeds, or their min to max")  # fmt: skip
+    figure.add_argument(
+        "--band",
+        choices=["std", "minmax"],
+        default="std",
+        help="the band around the mean: +/- sample std over seeds, or their min to max",
+    )
     figure.add_argument("--out", default=".", help="folder for curves.{png,pdf,svg} (default: the current one)")
     figure.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     figure.set_defaults(handler=_figure)
@@ -540,9 +581,7 @@ def parser() -> argparse.ArgumentParser:
     ui.add_argument(
         "--tracking-uri", help="explicit tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
     )
-    ui.add_argument(
-        "--port", type=int, help=f"port, refused if taken (default: {UI_PORT}, or the next free one)"
-    )
+    ui.add_argument("--port", type=int, help=f"port, refused if taken (default: {UI_PORT}, or the next free one)")
     ui.add_argument(
         "--compare", metavar="PARENT_RUN", help="open on this suite's or sweep's children, grouped by setting"
     )
@@ -564,8 +603,13 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=5, help="rounds per measurement (at least 3)")
     bench.add_argument("--model", choices=["mlr", "mlp", "cnn"], default="mlp", help="the clients' model")
     bench.add_argument("--hosts", type=int, default=None, help="raysim host actors (default: one per CPU)")
-    bench.add_argument("--host-gpus", type=float, nargs="+", default=[0.0],
-                       help="GPUs per raysim host actor; several values measure each (e.g. 0.25 0.5 1)")  # fmt: skip
+    bench.add_argument(
+        "--host-gpus",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="GPUs per raysim host actor; several values measure each (e.g. 0.25 0.5 1)",
+    )
     bench.add_argument("--reference-device", choices=["cpu", "cuda"], default="cpu", help="the reference loop's")
     bench.add_argument(
         "--chunk", type=int, default=None, help="clients the vectorized way trains together (runtime.vectorize_chunk)"
@@ -577,9 +621,12 @@ def parser() -> argparse.ArgumentParser:
         "--eval", action="store_true", help="evaluate every client after every round and time it apart from training"
     )
     bench.add_argument(
-        "--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
         help="override a value of the benchmark's config (e.g. runtime.state_memory_mb=2000, algorithm.name=fedavg)",
-    )  # fmt: skip
+    )
     bench.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write the results")
     _plugin_option(bench)
     bench.set_defaults(handler=_bench)

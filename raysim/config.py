@@ -380,20 +380,28 @@ class ExperimentConfig(Settings):
             return self
         name = self.algorithm.name
         needs = [
-            (ALGORITHMS.get(name).code_draws(self.algorithm) is None,
-             "an algorithm and settings the authors' code has (flame; pfedme; ditto with global_resync false, "
-             f"global_steps one_batch, epochs 1), not {name!r} with these settings"),
+            (
+                ALGORITHMS.get(name).code_draws(self.algorithm) is None,
+                "an algorithm and settings the authors' code has (flame; pfedme; ditto with global_resync false, "
+                f"global_steps one_batch, epochs 1), not {name!r} with these settings",
+            ),
             (getattr(self.partition, "draw", None) != "authors", "partition.draw: authors (their dealing and split)"),
             (self.model.init != "authors", "model.init: authors (their model's draws come first)"),
-            (getattr(self.algorithm, "random_epochs", False),
-             "algorithm.random_epochs: false (their random.randint draw of the epochs is not replayed)"),
-            (self.clients.per_round_count() != self.clients.count,
-             "every client training every round (no clients.per_round, fraction or heldout)"),
+            (
+                getattr(self.algorithm, "random_epochs", False),
+                "algorithm.random_epochs: false (their random.randint draw of the epochs is not replayed)",
+            ),
+            (
+                self.clients.per_round_count() != self.clients.count,
+                "every client training every round (no clients.per_round, fraction or heldout)",
+            ),
             (self.attack.kind != "none", "attack.kind: none (their attacks draw from the same streams)"),
-            (self.partition.scheme == "quality",
-             "no quality-skew partition (their noise is drawn from torch's stream at every sample access)"),
+            (
+                self.partition.scheme == "quality",
+                "no quality-skew partition (their noise is drawn from torch's stream at every sample access)",
+            ),
             (self.dataset.augment != "none", "dataset.augment: none"),
-        ]  # fmt: skip
+        ]
         for missing, what in needs:
             if missing:
                 raise ValueError(f"clients.batches=authors needs {what}; or use clients.batches: raysim")
@@ -490,8 +498,10 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
         value = _parse_yaml(raw, f"--set {path}", MAX_DEPTH - len(keys))
         comment = _yaml_comment(raw)
         if comment is not None:
-            raise ConfigError(f"--set {path}: {comment!r} would be a YAML comment and dropped from the value "
-                              f"{raw!r}; quote the text that holds it, or leave the comment out")  # fmt: skip
+            raise ConfigError(
+                f"--set {path}: {comment!r} would be a YAML comment and dropped from the value "
+                f"{raw!r}; quote the text that holds it, or leave the comment out"
+            )
     set_value(tree, path, value)
 
 
@@ -511,8 +521,10 @@ def set_value(tree: dict[str, Any], path: str, value: Any) -> None:
 def _key_path(path: str) -> list[str]:
     keys = path.strip().split(".")
     if len(keys) > MAX_DEPTH:
-        raise ConfigError(f"--set {'.'.join(keys[:3])}...: a key path of {len(keys)} keys is nested too deeply "
-                          f"(at most {MAX_DEPTH} levels)")  # fmt: skip
+        raise ConfigError(
+            f"--set {'.'.join(keys[:3])}...: a key path of {len(keys)} keys is nested too deeply "
+            f"(at most {MAX_DEPTH} levels)"
+        )
     return keys
 
 
@@ -592,8 +604,11 @@ def apply_overrides(tree: dict[str, Any], assignments: list[str] | tuple[str, ..
     """Apply `--set` overrides in order. One that switches `partition.scheme`, `algorithm.name` or `dataset.name`
     drops the section's settings the new choice does not have (`q` when q_label becomes iid), unless another
     override sets them too (then they are refused as unknown keys)."""
-    before = {section: (tree.get(section) or {}).get(key) for section, key in SWITCHES.items()
-              if isinstance(tree.get(section), dict)}  # fmt: skip
+    before = {
+        section: (tree.get(section) or {}).get(key)
+        for section, key in SWITCHES.items()
+        if isinstance(tree.get(section), dict)
+    }
     explicit: set[tuple[str, ...]] = set()
     for assignment in assignments:
         apply_override(tree, assignment)

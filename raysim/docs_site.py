@@ -49,8 +49,9 @@ def build(site: Path, root: Path = ROOT) -> None:
         raise DocsError("mkdocs is not installed here: run `make docs` in the checkout (it installs the dev tools)")
     print(f"building the documentation site into {site} (mkdocs build --strict, about a minute)", flush=True)
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(site)], cwd=root, env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(site)], cwd=root, env=env, capture_output=True, text=True
+    )
     if done.returncode != 0:
         last = next(iter(reversed(done.stderr.strip().splitlines())), "no output")
         raise DocsError(f"mkdocs build failed ({last.strip()}): run `make docs` to see why")

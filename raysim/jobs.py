@@ -53,8 +53,21 @@ DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # gitignore patterns (Ray's packaging, ray._private.runtime_env.packaging): a leading "/" anchors a pattern to
 # the project root, so that raysim/data/ (the dataset code) ships while ./data (downloaded datasets) does not.
-EXCLUDES = ["/.venv", "/.git", "/mlruns", "/mlartifacts", "*.db", "__pycache__", "/.pytest_cache", "/.ruff_cache",
-            "/.hypothesis", "*.egg-info", "/runs", "/data", "/checkpoints"]  # fmt: skip
+EXCLUDES = [
+    "/.venv",
+    "/.git",
+    "/mlruns",
+    "/mlartifacts",
+    "*.db",
+    "__pycache__",
+    "/.pytest_cache",
+    "/.ruff_cache",
+    "/.hypothesis",
+    "*.egg-info",
+    "/runs",
+    "/data",
+    "/checkpoints",
+]
 RUN_ID = re.compile(r"\brun ([0-9a-f]{32})\b")
 TOKEN_HELP = "give the cluster's token with --auth-token, $RAY_AUTH_TOKEN or ~/.ray/auth_token (`ray get-auth-token` on the head prints it)"  # noqa: E501
 

@@ -141,8 +141,10 @@ def study_command(path: str | Path, overrides: list[str], plugins: list[str] | t
     """The command line that runs a suite or sweep file with these `--set` overrides (`--tracking-uri` and
     `--experiment` among them, credentials redacted) and `--plugin` modules or files: what continues it, with
     `--resume PARENT`."""
-    options = [*(part for o in overrides for part in ("--set", redact_text(o))),
-               *(part for spec in plugins for part in ("--plugin", spec))]  # fmt: skip
+    options = [
+        *(part for o in overrides for part in ("--set", redact_text(o))),
+        *(part for spec in plugins for part in ("--plugin", spec)),
+    ]
     return shlex.join(["raysim", "run", str(path), *options])
 
 

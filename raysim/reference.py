@@ -50,8 +50,12 @@ def field_type(field: FieldInfo) -> str:
 
 def _annotated_metadata(annotation: Any) -> list[Any]:
     """The metadata of the Annotated members of an optional annotation (`Annotated[str, OneOf(...)] | None`)."""
-    return [item for arg in typing.get_args(annotation) if typing.get_origin(arg) is typing.Annotated
-            for item in arg.__metadata__]  # fmt: skip
+    return [
+        item
+        for arg in typing.get_args(annotation)
+        if typing.get_origin(arg) is typing.Annotated
+        for item in arg.__metadata__
+    ]
 
 
 def default_text(field: FieldInfo) -> str:
@@ -117,11 +121,23 @@ def config_reference() -> str:
             if common:
                 first = next(iter(models.values()))
                 only = tuple(set(first.model_fields) - set(common))
-                out += ["", f"Every `{section}.{choice}` takes:", "", *TABLE_HEAD,
-                        *field_rows(first, f"{section}.", skip=only)]  # fmt: skip
+                out += [
+                    "",
+                    f"Every `{section}.{choice}` takes:",
+                    "",
+                    *TABLE_HEAD,
+                    *field_rows(first, f"{section}.", skip=only),
+                ]
             for value, model in models.items():
-                out += ["", f"### `{section}.{choice}: {value}`", "", summary(model), "", *TABLE_HEAD,
-                        *field_rows(model, f"{section}.", skip=(choice, *common))]  # fmt: skip
+                out += [
+                    "",
+                    f"### `{section}.{choice}: {value}`",
+                    "",
+                    summary(model),
+                    "",
+                    *TABLE_HEAD,
+                    *field_rows(model, f"{section}.", skip=(choice, *common)),
+                ]
         elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             doc = (field.annotation.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
             out += ["", f"## `{section}`", "", doc, "", *TABLE_HEAD, *field_rows(field.annotation, f"{section}.")]
@@ -135,10 +151,10 @@ def shared_fields(models: list[type[BaseModel]], skip: tuple[str, ...]) -> tuple
         fields = [model.model_fields.get(name) for model in models]
         first = fields[0]
         return first is not None and all(
-            f is not None and (f.annotation, f.default, f.description) == (first.annotation, first.default,
-                                                                          first.description)
+            f is not None
+            and (f.annotation, f.default, f.description) == (first.annotation, first.default, first.description)
             for f in fields
-        )  # fmt: skip
+        )
 
     return tuple(name for name in models[0].model_fields if name not in skip and same(name)) if models else ()
 

@@ -154,9 +154,10 @@ class _ChoiceValidator:
             return value
         if not isinstance(value, dict):
             raise PydanticCustomError(
-                "choice_type", "must be a mapping with a {field} (got {value})",
+                "choice_type",
+                "must be a mapping with a {field} (got {value})",
                 {"field": self.registry.field, "value": repr(value)},
-            )  # fmt: skip
+            )
         name = value.get(self.registry.field, self.default)
         if not isinstance(name, str) or name not in self.registry:
             raise PydanticCustomError(UNKNOWN, self.registry.unknown(name), {"config_key": self.registry.key})

@@ -47,7 +47,7 @@ def _admits_bool(arms: tuple[Any, ...]) -> bool:
 
 
 def _number_kind(arms: tuple[Any, ...]) -> str | None:
-    """"a number" / "an integer" when a bool would be coerced to one of the `arms`, else None."""
+    """ "a number" / "an integer" when a bool would be coerced to one of the `arms`, else None."""
     if _admits_bool(arms):
         return None
     if float in arms:

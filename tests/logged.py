@@ -8,14 +8,38 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-EVALUATED = ("acc", "loss", "train_loss", "loss_var", "acc_var", "acc_std", "loss_std", "acc_min", "acc_p10",
-             "lagging_share", "loss_sum_var")  # fmt: skip
+EVALUATED = (
+    "acc",
+    "loss",
+    "train_loss",
+    "loss_var",
+    "acc_var",
+    "acc_std",
+    "loss_std",
+    "acc_min",
+    "acc_p10",
+    "lagging_share",
+    "loss_sum_var",
+)
 """Per evaluation, for pm, gm, hm (and hm_val with a validation split, and heldout/... with held-out clients)."""
-PER_ROUND = ("time/clients", "time/aggregation", "time/round", "traffic/uplink_bytes", "traffic/downlink_bytes",
-             "traffic/uplink_bytes_total", "traffic/downlink_bytes_total")  # fmt: skip
+PER_ROUND = (
+    "time/clients",
+    "time/aggregation",
+    "time/round",
+    "traffic/uplink_bytes",
+    "traffic/downlink_bytes",
+    "traffic/uplink_bytes_total",
+    "traffic/downlink_bytes_total",
+)
 AT_THE_END = ("pm/best_acc", "gm/best_acc", "hm/best_acc")
-DEVIATION = ("update/deviation", "update/deviation_l2", "update/deviation_std", "update/deviation_l2_std",
-             "update/deviation_max", "update/deviation_l2_max")  # fmt: skip
+DEVIATION = (
+    "update/deviation",
+    "update/deviation_l2",
+    "update/deviation_std",
+    "update/deviation_l2_std",
+    "update/deviation_max",
+    "update/deviation_l2_max",
+)
 """Per round, for the methods of FedAPM's Table 3: ||u_i - u|| over the shared tensors (docs/algorithms.md)."""
 DEVIATION_ALGORITHMS = ("fedapm", "fedalt", "fedsim", "fedavg", "fedprox")
 SYSTEM = "system/"

@@ -21,17 +21,13 @@ def pairs_of(row: Mapping[str, Hashable], among: Sequence[str]) -> set[Pair]:
     return set(combinations(known, 2))
 
 
-def pairwise(
-    axes: Mapping[str, Sequence[Hashable]], allowed: Callable[[Row], bool] = lambda row: True
-) -> list[Row]:
+def pairwise(axes: Mapping[str, Sequence[Hashable]], allowed: Callable[[Row], bool] = lambda row: True) -> list[Row]:
     """Rows (one value per axis) in which every allowed pair of values of two axes meets at least once."""
     order = sorted(axes, key=lambda axis: -len(axes[axis]))
     if len(order) < 2:
         return [{order[0]: value} for value in axes[order[0]]] if order else []
     first, second = order[:2]
-    rows: list[Row] = [
-        row for a, b in product(axes[first], axes[second]) if allowed(row := {first: a, second: b})
-    ]
+    rows: list[Row] = [row for a, b in product(axes[first], axes[second]) if allowed(row := {first: a, second: b})]
     for position in range(2, len(order)):
         axis, done = order[position], order[: position + 1]
         unmet = {
@@ -52,10 +48,13 @@ def pairwise(
             if ((earlier, a), (axis, b)) not in unmet:
                 continue
             host = next(
-                (row for row in rows
-                 if row.get(axis, b) == b and row.get(earlier, a) == a and allowed({**row, earlier: a, axis: b})),
+                (
+                    row
+                    for row in rows
+                    if row.get(axis, b) == b and row.get(earlier, a) == a and allowed({**row, earlier: a, axis: b})
+                ),
                 None,
-            )  # fmt: skip
+            )
             if host is None:
                 host = {}
                 rows.append(host)

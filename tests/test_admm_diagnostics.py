@@ -130,8 +130,16 @@ def test_fedapm_lyapunov_descends_under_its_conditions():
         init_params=np.zeros(D + 1, np.float32),
         params=None,  # derived from the model again
     )
-    algorithm = {"name": "fedapm", "rho": rho, "sigma": 4.0, "lr": 1 / 7, "batch_size": N, "epochs": 20,
-                 "personal": ["1.bias"], "diagnostics": True}  # fmt: skip
+    algorithm = {
+        "name": "fedapm",
+        "rho": rho,
+        "sigma": 4.0,
+        "lr": 1 / 7,
+        "batch_size": N,
+        "epochs": 20,
+        "personal": ["1.bias"],
+        "diagnostics": True,
+    }
     config = validate_config(tiny_config(algorithm=algorithm, clients={"count": 3}, model={"name": "mlr"}))
     sim = InProcess(config, problem)
     logged = [_round(sim, round_index) for round_index in range(20)]
@@ -205,8 +213,13 @@ def test_diagnostics_cost_no_uplink_change_no_training_and_agree_stacked():
                 logged[client_training] = metrics[-1]
     np.testing.assert_array_equal(models[0], models[1])
     np.testing.assert_array_equal(models[2], models[3])
-    keys = ("server/lagrangian", "server/dual_sum_norm", "server/successive_change", "update/stationarity_max",
-            "update/dual_norm_max")  # fmt: skip
+    keys = (
+        "server/lagrangian",
+        "server/dual_sum_norm",
+        "server/successive_change",
+        "update/stationarity_max",
+        "update/dual_norm_max",
+    )
     for key in keys:
         assert logged["vectorized"][key] == pytest.approx(logged["sequential"][key], rel=1e-4), key
     change = np.ones(7, np.float32)
@@ -299,8 +312,10 @@ def test_fedslr_potential_is_def_1_and_descends_under_lemma_3():
         for i in selected:
             update = run_client_step(algorithm, ClientInfo(i, 10, 1 / m, m), states[i], broadcast, executor(i))
             states[i], uploads[i] = update.state, update.upload
-        summed = {f.name: sum(np.asarray(getattr(u, f.name), np.float64) for u in uploads.values())
-                  for f in dataclasses.fields(next(iter(uploads.values())))}  # fmt: skip
+        summed = {
+            f.name: sum(np.asarray(getattr(u, f.name), np.float64) for u in uploads.values())
+            for f in dataclasses.fields(next(iter(uploads.values())))
+        }
         total = type(next(iter(uploads.values())))(**summed)
         server, metrics = algorithm.server_step(server, total, len(selected))
         if len(selected) < m:

@@ -75,8 +75,15 @@ def test_adaptive_alpha_takes_the_eq_10_step():
     """Two full-batch steps from v = w = 0 (so the first leaves alpha): v_1 = eta alpha b th, w_1 = eta b th, then
     alpha_2 = alpha - eta_alpha <v_1 - w_1, b (v_bar_1 - th)>, v_bar_1 = alpha v_1 + (1 - alpha) w_1."""
     alpha, eta, eta_alpha = 0.5, 0.2, 0.3
-    algorithm = {"name": "apfl", "alpha": alpha, "adaptive_alpha": True, "alpha_lr": eta_alpha, "lr": eta,
-                 "batch_size": N, "local_steps": 2}
+    algorithm = {
+        "name": "apfl",
+        "alpha": alpha,
+        "adaptive_alpha": True,
+        "alpha_lr": eta_alpha,
+        "lr": eta,
+        "batch_size": N,
+        "local_steps": 2,
+    }
     sim, theta_hat = _sim(algorithm, 1)
     for i, state in sim.states.items():
         v1, w1 = eta * alpha * B[i] * theta_hat[i], eta * B[i] * theta_hat[i]
@@ -91,8 +98,10 @@ def test_communication_is_w_only():
     sim = InProcess(validate_config(tiny_config(algorithm={"name": "apfl"})))
     algorithm, size = sim.coordinator.algorithm, sim.problem.params.size
     assert algorithm.downlink_bytes(sim.coordinator.broadcast()) == 4 * size
-    update = drive(algorithm.client_step(sim.host.info[0], sim.host.states[0], sim.coordinator.broadcast()),
-                   sim.host.steps.executor(0, 0))
+    update = drive(
+        algorithm.client_step(sim.host.info[0], sim.host.states[0], sim.coordinator.broadcast()),
+        sim.host.steps.executor(0, 0),
+    )
     assert algorithm.uplink_bytes(update.upload) == 4 * size + 4
 
 

@@ -134,9 +134,9 @@ def test_a_personalized_model_that_is_not_the_network_scores_what_the_run_logged
     for client_id in range(3):
         x, y = result.test_data(client_id)
         assert _accuracy(result.model(client_id), x, y) == pytest.approx(
-            result.clients.loc[client_id, "pm_test_acc"], abs=1e-12)  # fmt: skip
-        assert _accuracy(result.model(), x, y) == pytest.approx(result.clients.loc[client_id, "gm_test_acc"],
-                                                                abs=1e-12)  # fmt: skip
+            result.clients.loc[client_id, "pm_test_acc"], abs=1e-12
+        )
+        assert _accuracy(result.model(), x, y) == pytest.approx(result.clients.loc[client_id, "gm_test_acc"], abs=1e-12)
 
 
 def test_a_path_a_dict_and_a_config_with_overrides_are_the_same_experiment(tmp_path):
@@ -154,10 +154,14 @@ def test_a_path_a_dict_and_a_config_with_overrides_are_the_same_experiment(tmp_p
 
 @pytest.mark.parametrize(
     ("config", "overrides"),
-    [("missing.yaml", []), ("experiment.yaml", ["partition.q=two"]), ("experiment.yaml", ["clients.countt=3"]),
-     ("experiment.yaml", ["algorithm.name=flamingo"])],
+    [
+        ("missing.yaml", []),
+        ("experiment.yaml", ["partition.q=two"]),
+        ("experiment.yaml", ["clients.countt=3"]),
+        ("experiment.yaml", ["algorithm.name=flamingo"]),
+    ],
     ids=["missing-file", "bad-value", "unknown-key", "unknown-algorithm"],
-)  # fmt: skip
+)
 def test_bad_input_is_the_command_line_s_one_line_before_any_run(tmp_path, capsys, config, overrides):
     (tmp_path / "experiment.yaml").write_text(yaml.safe_dump(tiny_config(partition={"scheme": "q_label", "q": 2})))
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -196,8 +200,9 @@ def test_run_suite_returns_every_child_s_summary_and_history(ray_local, store, t
         child = client.get_run(row.run_id)
         assert child.data.tags["mlflow.parentRunId"] == result.parent_run_id
         logged = {m.step: m.value for m in client.get_metric_history(row.run_id, "pm/acc")}
-        assert result.history.loc[(row.run, 7), "pm/acc"].to_dict() == logged == {0: logged[0], 1: logged[1],
-                                                                                  2: logged[2]}  # fmt: skip
+        assert (
+            result.history.loc[(row.run, 7), "pm/acc"].to_dict() == logged == {0: logged[0], 1: logged[1], 2: logged[2]}
+        )
         assert result.runs.set_index("run").loc[row.run, "final/pm/acc"] == logged[2]
 
 
@@ -217,8 +222,9 @@ def test_plugins_are_imported_before_the_config_is_validated_as_with_plugin(tmp_
         "except Exception as error:\n    print(type(error).__name__, error)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == [
         f"fedavgm 0.5 ['{tmp_path / 'fedavgm.py'}']",

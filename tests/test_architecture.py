@@ -16,6 +16,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "raysim"
 
+# fmt: off
+# (one floor a line, from the ground up, as docs/concepts.md draws them)
 FLOORS = (
     ("raysim.errors", "raysim.plugins", "raysim.registry", "raysim.settings", "raysim.seeding",
      "raysim.jit", "raysim.credentials", "raysim.examples", "raysim.torchvision_compat"),
@@ -30,7 +32,8 @@ FLOORS = (
     ("raysim.runtime",),
     ("raysim.studies", "raysim.launch", "raysim.reference", "raysim.api", "raysim.docs_site"),
     ("raysim.jobs", "raysim.cli", "raysim"),
-)  # fmt: skip
+)
+# fmt: on
 """From the ground up: the modules and packages of each floor. A module may import its own floor and those below."""
 
 

@@ -239,8 +239,9 @@ def test_the_teacher_is_a_larger_network_that_only_the_coordinator_holds(tmp_pat
     assert sim.problem.server_data.pretrained_model == "mlp" and len(transfer.y) == META["server_samples"]
     assert sim.problem.server_data.pretrained.size > sim.problem.init_params.size
     assert list(tmp_path.glob("teacher/*-mlp-*.npz"))  # pretrained on first use, cached
-    losses = [sim.coordinator.aggregate(sim.host.train(r, list(range(4)), sim.coordinator.broadcast())[0])
-              for r in range(15)]  # fmt: skip
+    losses = [
+        sim.coordinator.aggregate(sim.host.train(r, list(range(4)), sim.coordinator.broadcast())[0]) for r in range(15)
+    ]
     assert losses[-1]["transfer_loss"] < losses[0]["transfer_loss"]  # theta and the heads learn the teacher's structure
     image = validate_config(tiny_config(algorithm={"name": "augfl"}, model={"name": "mlp"})).algorithm
     assert teacher_architecture(image, "mlp", (1, 28, 28)) == "cnn"
@@ -318,8 +319,11 @@ def test_the_teachers_old_pm_keys_still_load_as_their_teacher_keys(tmp_path):
     path.write_text(yaml.safe_dump(tiny_config(algorithm=old, partition=META)))
     settings = load_config(path).algorithm
     assert (settings.teacher_model, settings.teacher_weights, settings.teacher_epochs, settings.teacher_lr) == (
-        "cnn", "teacher.npz", 3, 0.2
-    )  # fmt: skip
+        "cnn",
+        "teacher.npz",
+        3,
+        0.2,
+    )
     shown = load_config(path).shown()["algorithm"]
     assert shown["teacher_epochs"] == 3 and not any(key.startswith("pm_") for key in shown)
     assert load_config(path, ["algorithm.pm_path=007"]).algorithm.teacher_weights == "007"  # text, not the number 7

@@ -96,8 +96,17 @@ def test_ditto_copies_and_gm_equal_their_update_py_batch_for_batch(training):
     eta, momentum = 0.1, 0.5
     config = validate_config(
         _authors_config(
-            {"name": "ditto", "lambda": 1.0, "lr": 0.05, "batch_size": BATCH, "momentum": momentum,
-             "weight_decay": 0.01, "global_resync": False, "global_steps": "one_batch", "global_lr": eta},  # fmt: skip
+            {
+                "name": "ditto",
+                "lambda": 1.0,
+                "lr": 0.05,
+                "batch_size": BATCH,
+                "momentum": momentum,
+                "weight_decay": 0.01,
+                "global_resync": False,
+                "global_steps": "one_batch",
+                "global_lr": eta,
+            },
             training,
         )
     )
@@ -133,8 +142,9 @@ def test_streams_equal_dataloader_passes_in_their_order():
     DataLoader draws, after their model and projection draws and the first training and test passes."""
     train_sizes, test_sizes = (37, 50, 23), (9, 12, 5)
     spec = ModelSpec("mlr", (6,), 3, "classification")
-    plan = AuthorsBatchPlan(SEED, tuple(a + b + 1 for a, b in zip(train_sizes, test_sizes, strict=True)),
-                            train_sizes, 10, passes=1, picks=0)  # fmt: skip
+    plan = AuthorsBatchPlan(
+        SEED, tuple(a + b + 1 for a, b in zip(train_sizes, test_sizes, strict=True)), train_sizes, 10, passes=1, picks=0
+    )
     streams = AuthorsStreams(plan, spec.build().module)
     init = spec.build().initial_parameters(SEED)  # model.init: authors (building a model draws: before their seed)
 
@@ -143,8 +153,10 @@ def test_streams_equal_dataloader_passes_in_their_order():
     flat = torch.cat([p.detach().reshape(-1) for p in their_model.parameters()]).numpy()
     np.testing.assert_array_equal(flat, init)
     torch.normal(mean=0, std=1.0, size=(10, flat.size))
-    loaders = [(DataLoader(list(range(a)), batch_size=10, shuffle=True), DataLoader(list(range(b)), shuffle=True))
-               for a, b in zip(train_sizes, test_sizes, strict=True)]  # fmt: skip
+    loaders = [
+        (DataLoader(list(range(a)), batch_size=10, shuffle=True), DataLoader(list(range(b)), shuffle=True))
+        for a, b in zip(train_sizes, test_sizes, strict=True)
+    ]
     for train, test in loaders:
         list(train), list(test)
     for round_index in range(2):
@@ -159,8 +171,15 @@ def test_streams_equal_dataloader_passes_in_their_order():
 
 def test_flame_with_their_batches_runs_alike_one_client_at_a_time_and_stacked():
     """The stacked, lockstep path (vectorized FLAME) takes the replayed shuffles as the sequential one does."""
-    algorithm = {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": BATCH, "epochs": 2,
-                 "momentum": 0.5}  # fmt: skip
+    algorithm = {
+        "name": "flame",
+        "lambda": 1.0,
+        "rho": 0.25,
+        "lr": 0.05,
+        "batch_size": BATCH,
+        "epochs": 2,
+        "momentum": 0.5,
+    }
     states = []
     for training in ("sequential", "vectorized"):
         sim = InProcess(validate_config(_authors_config(algorithm, training)))
@@ -184,8 +203,10 @@ def test_flame_with_their_batches_runs_alike_one_client_at_a_time_and_stacked():
         ({"attack": {"kind": "label_poisoning", "fraction": 0.4}}, "attack.kind: none"),
         ({"partition": {"scheme": "quality", "draw": "authors", "layout": "contiguous"}}, "no quality-skew"),
         ({"algorithm": {"name": "ditto"}}, "not 'ditto' with these settings"),
-        ({"algorithm": {"name": "ditto", "global_resync": False, "global_steps": "one_batch", "epochs": 2}},
-         "not 'ditto' with these settings"),
+        (
+            {"algorithm": {"name": "ditto", "global_resync": False, "global_steps": "one_batch", "epochs": 2}},
+            "not 'ditto' with these settings",
+        ),
         ({"algorithm": {"name": "fedavg"}}, "not 'fedavg' with these settings"),
     ],
 )

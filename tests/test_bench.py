@@ -14,8 +14,22 @@ from tests.test_cli import _raysim
 @pytest.mark.slow
 def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path):
     out = tmp_path / "bench.json"
-    done = _raysim("bench", "--clients", "6", "--rounds", "3", "--model", "mlr", "--hosts", "2", "--chunk", "2",
-                   "--json", str(out), cwd=tmp_path)  # fmt: skip
+    done = _raysim(
+        "bench",
+        "--clients",
+        "6",
+        "--rounds",
+        "3",
+        "--model",
+        "mlr",
+        "--hosts",
+        "2",
+        "--chunk",
+        "2",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ratio vs reference" in done.stdout
     results = json.loads(out.read_text())["results"]
@@ -70,12 +84,30 @@ def test_no_gpu_sampling_unless_asked_and_possible():
 def test_report_adds_the_gpu_columns_when_a_way_used_a_gpu(tmp_path):
     common = {"clients": 1000, "model": "cnn", "rounds": 5, "startup_seconds": 20.0, "peak_rss_mib": 9000.0}
     results = [
-        Measurement("reference", hosts=1, seconds_per_round=10.0, updates_per_second=100.0, ratio_vs_reference=1.0,
-                    max_abs_diff_vs_reference=0.0, **common),
-        Measurement("vectorized", hosts=4, seconds_per_round=0.5, updates_per_second=2000.0, ratio_vs_reference=0.05,
-                    max_abs_diff_vs_reference=1e-6, host_gpus=0.25, device="cuda", gpu_utilisation_percent=63.4,
-                    gpu_memory_mib=5120.0, chunk=250, **common),
-    ]  # fmt: skip
+        Measurement(
+            "reference",
+            hosts=1,
+            seconds_per_round=10.0,
+            updates_per_second=100.0,
+            ratio_vs_reference=1.0,
+            max_abs_diff_vs_reference=0.0,
+            **common,
+        ),
+        Measurement(
+            "vectorized",
+            hosts=4,
+            seconds_per_round=0.5,
+            updates_per_second=2000.0,
+            ratio_vs_reference=0.05,
+            max_abs_diff_vs_reference=1e-6,
+            host_gpus=0.25,
+            device="cuda",
+            gpu_utilisation_percent=63.4,
+            gpu_memory_mib=5120.0,
+            chunk=250,
+            **common,
+        ),
+    ]
     console = Console(width=250, record=True)
     report(results, tmp_path / "bench.json", console)
     text = console.export_text()
@@ -93,8 +125,25 @@ def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path):
     """`--eval` evaluates after every round and reports its time beside the training round's; without the
     reference way there are no ratios; `--set` reaches the workload (spilled client state here)."""
     out = tmp_path / "bench.json"
-    done = _raysim("bench", "--clients", "8", "--rounds", "3", "--model", "mlr", "--hosts", "2", "--ways", "sequential",
-                   "--eval", "--set", "runtime.state_memory_mb=0.05", "--json", str(out), cwd=tmp_path)  # fmt: skip
+    done = _raysim(
+        "bench",
+        "--clients",
+        "8",
+        "--rounds",
+        "3",
+        "--model",
+        "mlr",
+        "--hosts",
+        "2",
+        "--ways",
+        "sequential",
+        "--eval",
+        "--set",
+        "runtime.state_memory_mb=0.05",
+        "--json",
+        str(out),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "eval / round" in done.stdout
     (result,) = json.loads(out.read_text())["results"]
@@ -121,8 +170,18 @@ def test_bench_refuses_the_flame_reference_for_another_algorithm(tmp_path):
 
 def test_bench_refuses_the_reference_for_a_model_with_dropout(tmp_path):
     """The reference loop trains without dropout: its w would differ from a multimodal model's for that alone."""
-    done = _raysim("bench", "--clients", "2", "--set", "model.name=image_text_classifier", "--set",
-                   "dataset.name=crisismmd_synthetic", "--set", "dataset.samples=40", cwd=tmp_path)  # fmt: skip
+    done = _raysim(
+        "bench",
+        "--clients",
+        "2",
+        "--set",
+        "model.name=image_text_classifier",
+        "--set",
+        "dataset.name=crisismmd_synthetic",
+        "--set",
+        "dataset.samples=40",
+        cwd=tmp_path,
+    )
     assert done.returncode == 2 and done.stderr.strip() == (
         "error: --set model.name=image_text_classifier: the reference loop trains without dropout, which this model "
         "has; run the other ways alone (--ways sequential vectorized)"

@@ -97,8 +97,10 @@ def test_a_state_class_outside_raysim_must_be_registered(tmp_path):
 
 @pytest.mark.parametrize(
     "algorithm",
-    [*({"name": name} for name in ("flame", "fedslr", "fedapm", "ditto", "fedavg", "pfedme")),
-     *({"name": name, "diagnostics": True} for name in ("flame", "fedadmm"))],  # fmt: skip
+    [
+        *({"name": name} for name in ("flame", "fedslr", "fedapm", "ditto", "fedavg", "pfedme")),
+        *({"name": name, "diagnostics": True} for name in ("flame", "fedadmm")),
+    ],
     ids=lambda algorithm: "-".join(str(v) if v is not True else k for k, v in algorithm.items()),
 )
 def test_real_algorithm_states_round_trip(tmp_path, algorithm):
@@ -139,8 +141,9 @@ def _unshare() -> list[str]:
     unshare = shutil.which("unshare")
     flags = ["--mount"] if os.geteuid() == 0 else ["--user", "--map-root-user", "--mount"]
     if unshare is not None:
-        probe = subprocess.run([unshare, *flags, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                               capture_output=True, text=True)  # fmt: skip
+        probe = subprocess.run(
+            [unshare, *flags, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, text=True
+        )
         if probe.returncode == 0:
             return [unshare, *flags]
     pytest.skip("no mount namespace for a small tmpfs here (unshare missing or user namespaces disabled)")
@@ -150,8 +153,9 @@ def _run_config(tmp_path: Path, checkpoint_dir: Path, rounds: int) -> tuple[Path
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = {"experiment": "disk", "uri": uri, "checkpoint_every": 1, "checkpoint_dir": str(checkpoint_dir)}
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(tiny_config(rounds=rounds, runtime={"num_hosts": 2, "num_cpus": 2},
-                                               tracking=tracking)))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(tiny_config(rounds=rounds, runtime={"num_hosts": 2, "num_cpus": 2}, tracking=tracking))
+    )
     return path, uri
 
 
@@ -194,10 +198,17 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_only_whole_checkpoin
     folder.mkdir()
     snapshot.mkdir()
     config, uri = _run_config(tmp_path, folder, 10_000)
-    script = (f'mount -t tmpfs -o size=4m tmpfs "{folder}" && "{RAYSIM}" run "{config}" --quiet 2> stderr.txt; '
-              f'code=$?; cp -a "{folder}/." "{snapshot}/"; exit $code')  # fmt: skip
-    shell = subprocess.Popen([*_unshare(), "sh", "-c", script], cwd=tmp_path, env=_environment(),
-                             stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    script = (
+        f'mount -t tmpfs -o size=4m tmpfs "{folder}" && "{RAYSIM}" run "{config}" --quiet 2> stderr.txt; '
+        f'code=$?; cp -a "{folder}/." "{snapshot}/"; exit $code'
+    )
+    shell = subprocess.Popen(
+        [*_unshare(), "sh", "-c", script],
+        cwd=tmp_path,
+        env=_environment(),
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     inside = Path(f"/proc/{shell.pid}/root") / folder.relative_to("/")  # the tmpfs, seen through the namespace
     try:
         deadline = time.monotonic() + 240

@@ -198,8 +198,20 @@ def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_pat
 def test_run_takes_the_tracking_uri_and_experiment_from_the_command_line(tmp_path):
     uri = f"sqlite:///{tmp_path}/elsewhere.db"
     path = _write(tmp_path, tiny_config(rounds=1))
-    done = _raysim("run", str(path), "--quiet", "--tracking-uri", uri, "--experiment", "from-cli", "--set",
-                   "tracking.system_metrics=false", "--set", "tracking.figures=[png]", cwd=tmp_path)  # fmt: skip
+    done = _raysim(
+        "run",
+        str(path),
+        "--quiet",
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        "from-cli",
+        "--set",
+        "tracking.system_metrics=false",
+        "--set",
+        "tracking.figures=[png]",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("from-cli").experiment_id])

@@ -36,8 +36,12 @@ from tests.conftest import tiny_config
 
 RECIPE_MARKER = "<!-- test: cluster-recipe"
 RECIPE_PORTS = {"6379": "GCS", "8265": "dashboard", "5000": "MLflow"}
-NODE_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
-                   "--metrics-export-port")  # fmt: skip
+NODE_PORT_FLAGS = (
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+)
 
 
 def readme_recipe() -> str:
@@ -77,8 +81,9 @@ def test_readme_cluster_recipe_runs_as_written(ray_local, tmp_path):
     other Ray process (this session's local Ray) running."""
     from mlflow.tracking import MlflowClient
 
-    bystanders = [info.process.pid for infos in ray_local._private.worker._global_node.all_processes.values()
-                  for info in infos]  # fmt: skip
+    bystanders = [
+        info.process.pid for infos in ray_local._private.worker._global_node.all_processes.values() for info in infos
+    ]
     temp_dir = tempfile.mkdtemp(prefix="rsr-", dir="/tmp")  # short: Ray's socket paths live under it
     home = tmp_path / "home"
     home.mkdir()
@@ -93,8 +98,9 @@ def test_readme_cluster_recipe_runs_as_written(ray_local, tmp_path):
         marker.split("=")[0]: marker.split("=")[1],
     }
     try:
-        done = subprocess.run(["bash", "-ex", str(tmp_path / "recipe.sh")], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-ex", str(tmp_path / "recipe.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
         out = done.stdout
         assert done.returncode == 0, f"{out}\n{done.stderr[-5000:]}"
         assert "Ray runtime started" in done.stderr + out
@@ -300,7 +306,10 @@ def test_a_submitted_job_takes_its_plugin_files_to_every_node(cluster, tmp_path,
         run = MlflowClient(settings.url).get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.params["plugins"] == "['fedavgm', 'tiny_cnn', 'csv_source']"
     assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
-        "fedavgm", "tiny_cnn", "csv")  # fmt: skip
+        "fedavgm",
+        "tiny_cnn",
+        "csv",
+    )
 
 
 @pytest.mark.slow

@@ -32,9 +32,11 @@ def _scores(config) -> dict[int, dict[str, float]]:
 
 def _parked_actor_ids() -> list[str]:
     return sorted(
-        actor._actor_id.hex() for parked in crews._parked.values() for crew in parked
+        actor._actor_id.hex()
+        for parked in crews._parked.values()
+        for crew in parked
         for actor in [*crew.hosts, crew.coordinator]
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture

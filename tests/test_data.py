@@ -206,8 +206,11 @@ def test_config_takes_the_new_sources():
     unknown = r"^dataset.name: unknown dataset 'femnst'; did you mean 'femnist'\? \(allowed: mnist, .*, npz\)$"
     with pytest.raises(ConfigError, match=unknown):
         validate_config(tiny_config(dataset={"name": "femnst"}))
-    with pytest.raises(ConfigError, match=r"^dataset.path: unknown key \(allowed: name, augment, crop_padding, "
-                       r"crop_probability\)$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^dataset.path: unknown key \(allowed: name, augment, crop_padding, "
+        r"crop_probability\)$",
+    ):
         validate_config(tiny_config(dataset={"name": "digits", "path": "/data/mine.npz"}))  # each source its keys
 
 

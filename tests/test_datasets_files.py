@@ -173,9 +173,10 @@ def test_emnist_turns_images_upright_and_numbers_classes_from_zero(tmp_path, spl
 
 def test_emnist_split_must_be_one_of_the_six(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"dataset\.split: must be 'byclass', 'bymerge', 'balanced', 'letters', 'digits' or "
-        r"'mnist' \(got 'bogus'\)"
-    ):  # fmt: skip
+        ConfigError,
+        match=r"dataset\.split: must be 'byclass', 'bymerge', 'balanced', 'letters', 'digits' or "
+        r"'mnist' \(got 'bogus'\)",
+    ):
         load_dataset("emnist", root=tmp_path, download=False, split="bogus")
     with pytest.raises(ConfigError, match=r"^dataset\.split: Field required$"):
         load_dataset("emnist", root=tmp_path, download=False)

@@ -211,21 +211,26 @@ def test_a_decompression_bomb_is_refused_naming_the_file(tmp_path, side):
     root = write_image_folder(tmp_path / "pets")
     bomb = write_png_bomb(root / "bee" / "bomb.png", side)
     assert bomb.stat().st_size < 200_000
-    with pytest.raises(DataError, match=f"{re.escape(str(bomb))}: not read: Image size \\({side * side} pixels\\) "
-                                        "exceeds limit"):  # fmt: skip
+    with pytest.raises(
+        DataError, match=f"{re.escape(str(bomb))}: not read: Image size \\({side * side} pixels\\) exceeds limit"
+    ):
         load_dataset("image_folder", root=root)
 
 
 def test_symbolic_link_loops_and_duplicates_are_refused_and_plain_links_followed(tmp_path):
     root = write_image_folder(tmp_path / "pets")
     (root / "all").symlink_to(root)  # a class folder that is the dataset root: every image again, as one class
-    with pytest.raises(DataError, match=f"dataset.root: {root / 'all'} is a symbolic link loop: it leads back to "
-                                        f"{root}; every image must be read once"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=f"dataset.root: {root / 'all'} is a symbolic link loop: it leads back to "
+        f"{root}; every image must be read once",
+    ):
         load_dataset("image_folder", root=root)
     (root / "all").unlink()
     (root / "cat" / "nested" / "up").symlink_to(root / "cat")
-    with pytest.raises(DataError, match=f"{root / 'cat' / 'nested' / 'up'} is a symbolic link loop: it leads back "
-                                        f"to {root / 'cat'}"):  # fmt: skip
+    with pytest.raises(
+        DataError, match=f"{root / 'cat' / 'nested' / 'up'} is a symbolic link loop: it leads back to {root / 'cat'}"
+    ):
         load_dataset("image_folder", root=root)
     (root / "cat" / "nested" / "up").unlink()
     (root / "dog").symlink_to(root / "cat")
@@ -258,13 +263,22 @@ def test_raysim_run_refuses_a_bomb_or_a_link_loop_in_one_line_before_ray(tmp_pat
     else:
         culprit = root / "all"
         culprit.symlink_to(root)
-    config = tiny_config(dataset={"name": "image_folder", "root": str(root)}, partition={"scheme": "iid"},
-                         tracking={"uri": f"sqlite:///{tmp_path}/mlflow.db"})  # fmt: skip
+    config = tiny_config(
+        dataset={"name": "image_folder", "root": str(root)},
+        partition={"scheme": "iid"},
+        tracking={"uri": f"sqlite:///{tmp_path}/mlflow.db"},
+    )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     raysim = str(Path(sys.executable).parent / "raysim")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run([raysim, "run", str(tmp_path / "run.yaml"), "--quiet"], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [raysim, "run", str(tmp_path / "run.yaml"), "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     expected = f"error: {culprit}: not read: Image size" if case == "bomb" else f"error: dataset.root: {culprit} is a"

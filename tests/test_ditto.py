@@ -65,8 +65,9 @@ def test_one_batch_at_h2_takes_two_momentum_steps_after_each_epoch_from_an_empty
     on the copy, so 4 steps a round, the buffer emptied after the second; no weight decay (here the one batch is the
     whole split: every step's gradient is b_i (w - th_i))."""
     eta, momentum = 0.2, 0.5
-    sim, theta_hat = _sim(global_resync=False, global_steps="one_batch", global_lr=eta, momentum=momentum,
-                          weight_decay=0.3, epochs=2)  # fmt: skip
+    sim, theta_hat = _sim(
+        global_resync=False, global_steps="one_batch", global_lr=eta, momentum=momentum, weight_decay=0.3, epochs=2
+    )
     w = sim.problem.init_params.astype(np.float64)
     sim.round(0)
     for i, state in sim.states.items():
@@ -141,8 +142,14 @@ def test_sequential_and_vectorized_ditto_runs_agree_with_one_batch():
     for training in ("sequential", "vectorized"):
         config = validate_config(
             tiny_config(
-                algorithm={"name": "ditto", "lr": 0.05, "batch_size": 16, "global_resync": False,
-                           "global_steps": "one_batch", "momentum": 0.5},  # fmt: skip
+                algorithm={
+                    "name": "ditto",
+                    "lr": 0.05,
+                    "batch_size": 16,
+                    "global_resync": False,
+                    "global_steps": "one_batch",
+                    "momentum": 0.5,
+                },
                 runtime={"num_hosts": 1, "client_training": training},
             )
         )
@@ -161,8 +168,14 @@ def test_never_resynced_copies_stay_together_with_one_batch_and_drift_apart_with
     for steps in ("epoch", "one_batch"):
         config = validate_config(
             {
-                "algorithm": {"name": "ditto", "lr": 0.01, "global_lr": 0.1, "global_resync": False,
-                              "global_steps": steps, "batch_size": 100},  # fmt: skip
+                "algorithm": {
+                    "name": "ditto",
+                    "lr": 0.01,
+                    "global_lr": 0.1,
+                    "global_resync": False,
+                    "global_steps": steps,
+                    "batch_size": 100,
+                },
                 "partition": {"scheme": "q_label", "q": 2},
                 "clients": {"count": 10},
             }

@@ -110,9 +110,10 @@ def test_docker_compose_config_accepts_the_file():
 
 def test_dockerignore_keeps_stores_out_and_what_the_images_copy_in():
     patterns = [
-        line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+        line.strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
-    ]  # fmt: skip
+    ]
     assert {".venv", ".git", "mlruns", "mlflow.db"} <= set(patterns)
     copied = set()
     for dockerfile in DOCKER.glob("Dockerfile*"):

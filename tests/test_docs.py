@@ -41,8 +41,14 @@ and runs them), not code to run in the page's notebook."""
 def test_the_site_builds_in_strict_mode_with_the_generated_reference(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     mkdocs = Path(sys.executable).parent / "mkdocs"
-    done = subprocess.run([str(mkdocs), "build", "--strict", "-d", str(tmp_path / "site")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     page = (tmp_path / "site" / "reference.html").read_text()
     missing = [key for key in config_keys() if f"<code>{key}</code>" not in page]
@@ -52,8 +58,19 @@ def test_the_site_builds_in_strict_mode_with_the_generated_reference(tmp_path):
 
 def test_the_reference_covers_every_section_and_choice():
     keys = config_keys()
-    for key in ("rounds", "seed", "runtime.max_restarts", "tracking.train_loss", "partition.q", "partition.beta",
-                "partition.path", "algorithm.lambda", "algorithm.rho", "attack.kind", "aggregation.rule"):  # fmt: skip
+    for key in (
+        "rounds",
+        "seed",
+        "runtime.max_restarts",
+        "tracking.train_loss",
+        "partition.q",
+        "partition.beta",
+        "partition.path",
+        "algorithm.lambda",
+        "algorithm.rho",
+        "attack.kind",
+        "aggregation.rule",
+    ):
         assert key in keys, key
     text = config_reference()
     assert "### `algorithm.name: augfl`" in text and "### `partition.scheme: file`" in text
@@ -113,8 +130,9 @@ def page_commands(path: Path) -> list[list[Command]]:
             if not code:
                 continue
             marked = NOT_RUN.search(comment) or whole
-            commands.append(Command(path.name, line, code, comment, marked["reason"] if marked else None,
-                                    code in SET_UP, elsewhere))  # fmt: skip
+            commands.append(
+                Command(path.name, line, code, comment, marked["reason"] if marked else None, code in SET_UP, elsewhere)
+            )
         blocks.append(commands)
     return blocks
 
@@ -229,8 +247,12 @@ def page_script(page: str) -> str:
 def checkout(tmp_path_factory) -> Path:
     """A copy of this checkout's files (tracked and not ignored) with its set-up `.venv`: the pages' commands
     write into it (./mlflow.db, shared by every page), not into the checkout."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     copy = tmp_path_factory.mktemp("checkout")
     for name in filter(None, listed.decode().split("\0")):
         if (ROOT / name).is_file():
@@ -250,9 +272,14 @@ def fresh_login_environment() -> dict[str, str]:
 def test_a_page_s_commands_run_pasted_into_a_fresh_shell(page, checkout):
     started = time.monotonic()
     shell = subprocess.Popen(
-        ["bash", "--login", "-c", page_script(page)], cwd=checkout, env=fresh_login_environment(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        ["bash", "--login", "-c", page_script(page)],
+        cwd=checkout,
+        env=fresh_login_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = shell.communicate(timeout=900)
     finally:  # a command that hangs: SIGTERM to everything the shell started (raysim stops its servers on it)
@@ -275,8 +302,14 @@ def test_a_page_s_python_runs_as_one_notebook(page, checkout):
     script = "\n\n".join(python_blocks(next(p for p in PAGES if p.name == page)))
     env = {**fresh_login_environment(), "PATH": os.defpath, "MPLBACKEND": "Agg"}
     started = time.monotonic()
-    done = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c", script], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [str(checkout / ".venv" / "bin" / "python"), "-c", script],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, f"{page} failed:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}"
     print(f"{page}: {time.monotonic() - started:.0f} s\n{done.stdout}")
 

@@ -30,9 +30,14 @@ def site(tmp_path_factory) -> Path:
     """The site as `make docs` builds it (mkdocs build --strict), into a temporary folder."""
     built = tmp_path_factory.mktemp("docs") / "site"
     mkdocs = Path(sys.executable).parent / "mkdocs"
-    done = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(built)], cwd=ROOT,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(built)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return built
 
@@ -62,8 +67,11 @@ def test_every_internal_link_of_the_site_lands_on_a_file_not_a_folder(site):
     broken = []
     for page, links in pages.items():
         targets = {(page.parent / unquote(urlsplit(link).path)).resolve() for link in links}
-        broken += [f"{page.relative_to(site)}: {link}" for link in links
-                   if not (page.parent / unquote(urlsplit(link).path)).resolve().is_file()]  # fmt: skip
+        broken += [
+            f"{page.relative_to(site)}: {link}"
+            for link in links
+            if not (page.parent / unquote(urlsplit(link).path)).resolve().is_file()
+        ]
         assert set(pages) - {page} <= targets, f"{page.name} does not link to every page (the navigation)"
     assert not broken, broken[:20]
     assert len(pages) >= 14 and sum(map(len, pages.values())) > 300  # the 14 pages of the nav
@@ -77,9 +85,15 @@ def test_the_api_reference_is_generated_from_the_docstrings(site):
     from raysim.registry import Registry
 
     page = (site / "api.html").read_text()
-    for entry in ("raysim.api.run", "raysim.api.run_suite", "raysim.api.Result", "raysim.api.Result.history",
-                  "raysim.registry.Registry.register", "raysim.algorithms.base.Algorithm.client_step",
-                  "raysim.algorithms.base.Algorithm.server_step"):  # fmt: skip
+    for entry in (
+        "raysim.api.run",
+        "raysim.api.run_suite",
+        "raysim.api.Result",
+        "raysim.api.Result.history",
+        "raysim.registry.Registry.register",
+        "raysim.algorithms.base.Algorithm.client_step",
+        "raysim.algorithms.base.Algorithm.server_step",
+    ):
         assert f'id="{entry}"' in page, entry
     text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", page)))
     for documented in (run, Result, Registry, Algorithm):
@@ -109,11 +123,24 @@ class DevTools:
             os.dup2(high, 3)
             os.dup2(high + 1, 4)
 
-        options = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,900",
-                   "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank"]  # fmt: skip
-        self.process = subprocess.Popen([_chromium_binary(), *options], preexec_fn=wire, pass_fds=(3, 4),
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)  # fmt: skip
+        options = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1400,900",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ]
+        self.process = subprocess.Popen(
+            [_chromium_binary(), *options],
+            preexec_fn=wire,
+            pass_fds=(3, 4),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         os.close(to_browser)
         os.close(from_browser)
         self._buffer, self._next = b"", 0
@@ -157,8 +184,12 @@ class DevTools:
     def mermaid_svgs(self) -> int:
         """The SVG elements inside the shadow roots of the page's mermaid blocks."""
         tree = self.page("DOM.getDocument", depth=-1, pierce=True)["root"]
-        return sum(_count(root, "svg") for host in _nodes(tree) if "mermaid" in _classes(host)
-                   for root in host.get("shadowRoots", []))  # fmt: skip
+        return sum(
+            _count(root, "svg")
+            for host in _nodes(tree)
+            if "mermaid" in _classes(host)
+            for root in host.get("shadowRoots", [])
+        )
 
     def screenshot(self, path: Path) -> None:
         path.write_bytes(base64.b64decode(self.page("Page.captureScreenshot", format="png")["data"]))
@@ -219,9 +250,14 @@ def test_from_the_file_system_search_finds_rho_the_diagram_renders_and_links_ope
 
 @pytest.mark.slow
 def test_raysim_docs_serves_the_site_on_a_free_port_where_it_works_the_same(site, tmp_path):
-    process = subprocess.Popen([sys.executable, "-m", "raysim.cli", "docs", "--site", str(site)], cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "raysim.cli", "docs", "--site", str(site)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert process.stdout is not None
         lines = []

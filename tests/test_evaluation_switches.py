@@ -115,9 +115,21 @@ def test_gm_scored_refuses_an_unknown_value():
 def test_without_a_terminal_progress_prints_a_line_every_few_rounds(tmp_path):
     """`raysim run` with stdout and stderr going to files (as in Ray job logs, CI or nohup)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "raysim.cli", "run", str(REPO / "configs/quickstart.yaml"), "--set", "rounds=3",
-               "--set", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}", "--set", "dataset.name=digits",
-               "--set", "model.name=mlr"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "raysim.cli",
+        "run",
+        str(REPO / "configs/quickstart.yaml"),
+        "--set",
+        "rounds=3",
+        "--set",
+        f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+        "--set",
+        "dataset.name=digits",
+        "--set",
+        "model.name=mlr",
+    ]
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         done = subprocess.run(command, cwd=tmp_path, env=env, stdout=out, stderr=err, timeout=600)
     shown = (tmp_path / "err").read_text()

@@ -34,8 +34,11 @@ def test_factorized_network_equals_the_dense_one_when_the_factorization_is_exact
     spec = param_spec(module)
     generator = np.random.default_rng(0)
     flat = torch.nn.utils.parameters_to_vector(module.parameters()).detach().numpy().copy()
-    for name, (rows, cols), rank in (("conv.weight", (24, 9), 2), ("shortcut.weight", (6, 8), 1),
-                                     ("head.weight", (5, 54), 2)):  # fmt: skip
+    for name, (rows, cols), rank in (
+        ("conv.weight", (24, 9), 2),
+        ("shortcut.weight", (6, 8), 1),
+        ("head.weight", (5, 54), 2),
+    ):
         matrix = generator.normal(size=(rows, rank)) @ generator.normal(size=(rank, cols))
         shape = dict(zip(spec.names, spec.shapes, strict=True))[name]
         if len(shape) == 4:

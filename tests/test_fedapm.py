@@ -32,9 +32,7 @@ def _fedapm(**settings) -> InProcess:
     return InProcess(validate_config(tiny_config(algorithm=algorithm, model=MLP, clients={"count": 5, "per_round": 2})))
 
 
-@pytest.mark.parametrize(
-    "switches", [{}, {"v_anchor": "broadcast", "u_start": "broadcast"}, {"reset_personal": True}]
-)
+@pytest.mark.parametrize("switches", [{}, {"v_anchor": "broadcast", "u_start": "broadcast"}, {"reset_personal": True}])
 def test_dual_invariant_after_every_aggregation(switches):
     """sum_i pi_i + rho sum_i (u_i - u) = 0 after every aggregation (fedapm.md 4, from eq. 79): u is the mean of
     z_i = u_i + pi_i/rho over all m clients. Holds under partial participation only if the server's running sum
@@ -185,11 +183,18 @@ def test_output_is_the_classifier_for_the_multimodal_models():
 
 def test_a_preset_a_model_does_not_define_is_one_line_naming_the_allowed():
     for model, shape, message in [
-        ("mlp", (784,), "algorithm.preset='input' is not defined for model 'mlp'; allowed: output, first_layer, "
-         "last_layer"),
-        ("har_classifier", KUHAR, "algorithm.preset='input' is not defined for model 'har_classifier'; allowed: "
-         "split_input, split_input_code, output, first_layer, last_layer"),
-    ]:  # fmt: skip
+        (
+            "mlp",
+            (784,),
+            "algorithm.preset='input' is not defined for model 'mlp'; allowed: output, first_layer, last_layer",
+        ),
+        (
+            "har_classifier",
+            KUHAR,
+            "algorithm.preset='input' is not defined for model 'har_classifier'; allowed: "
+            "split_input, split_input_code, output, first_layer, last_layer",
+        ),
+    ]:
         with pytest.raises(ConfigError) as raised:
             _names(model, shape, 8, preset="input")
         assert str(raised.value) == message
@@ -420,9 +425,15 @@ def test_training_loss_in_the_authors_unit_is_the_sum_of_batch_means():
     splits = evaluation_data(data, [0], True, seed=0, evaluation=1)
     mean = ClientScorer(model, 10, "zero").scores(params, splits)[0].train_loss
     summed = ClientScorer(model, 10, "zero", "batch_sum").scores(params, splits)[0].train_loss
-    losses = torch.nn.functional.cross_entropy(
-        model.forward(torch.from_numpy(params), torch.from_numpy(x[:73])), torch.from_numpy(y[:73]), reduction="none"
-    ).detach().numpy()
+    losses = (
+        torch.nn.functional.cross_entropy(
+            model.forward(torch.from_numpy(params), torch.from_numpy(x[:73])),
+            torch.from_numpy(y[:73]),
+            reduction="none",
+        )
+        .detach()
+        .numpy()
+    )
     assert mean == pytest.approx(losses.mean(), rel=1e-5)
     assert summed == pytest.approx(sum(losses[i : i + 10].mean() for i in range(0, 73, 10)), rel=1e-5)
     assert summed > 7 * mean

@@ -39,8 +39,13 @@ def test_the_paper_algorithms_are_the_defaults_and_the_suite_switches_to_the_aut
 
 @pytest.mark.slow
 def test_the_authors_mode_reproduces_their_ordering_fedapm_fedalt_fedavg(ray_local, mlflow_uri, fmnist_tenth):
-    sets = [f"dataset.root={fmnist_tenth}", f"rounds={ROUNDS}", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1",
-            "runtime.reuse_actors=true"]  # fmt: skip
+    sets = [
+        f"dataset.root={fmnist_tenth}",
+        f"rounds={ROUNDS}",
+        f"tracking.uri={mlflow_uri}",
+        "runtime.num_hosts=1",
+        "runtime.reuse_actors=true",
+    ]
     suite = load_suite(SUITE, sets)
     suite = suite.model_copy(update={"seeds": [1], "runs": [run for run in suite.runs if run.name in ORDER]})
     run_suite(suite, show_progress=False)

@@ -76,8 +76,14 @@ def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path, r
     methods, FedAvg and FedProx included, report the deviation of the shared part."""
     substitute, methods = TABLE3[dataset]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    sets = [*BUILT_IN[substitute], "algorithm.epochs=1", "rounds=2", "runtime.num_hosts=1",
-            "runtime.reuse_actors=true", f"tracking.uri={uri}"]  # fmt: skip
+    sets = [
+        *BUILT_IN[substitute],
+        "algorithm.epochs=1",
+        "rounds=2",
+        "runtime.num_hosts=1",
+        "runtime.reuse_actors=true",
+        f"tracking.uri={uri}",
+    ]
     suite = load_suite(SUITES / f"fedapm_table3_{dataset}.yaml", sets)
     suite = suite.model_copy(update={"seeds": suite.seeds[:1]})
     result = run_suite(suite, show_progress=False)
@@ -90,8 +96,15 @@ def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path, r
         assert all(math.isfinite(history[step]["update/deviation"]) for step in (1, 2)), child.name
 
 
-FINDINGS_DATA = {"name": "crisismmd_synthetic", "samples": 800, "image_dim": 24, "text_dim": 8, "tokens": 6,
-                 "image_signal": 1.0, "text_signal": 0.5}  # fmt: skip
+FINDINGS_DATA = {
+    "name": "crisismmd_synthetic",
+    "samples": 800,
+    "image_dim": 24,
+    "text_dim": 8,
+    "tokens": 6,
+    "image_signal": 1.0,
+    "text_signal": 0.5,
+}
 """The CrisisMMD substitute, small (the models read their sizes from it) and informative enough that 20 clients
 learn within a few rounds."""
 FINDINGS_ROUNDS = 8
@@ -123,8 +136,15 @@ def _findings_run(algorithm: dict, tracking_uri: str, fraction: float = 0.3) -> 
 
 def _fedapm(rho: float = 0.01) -> dict:
     """FedAPM as the authors' multimodal code runs it (v-step on the received u, u-step started from it)."""
-    return {"name": "fedapm", "lr": LR, "rho": rho, "sigma": 0.01, "preset": PRESET,
-            "v_anchor": "broadcast", "u_start": "broadcast"}  # fmt: skip
+    return {
+        "name": "fedapm",
+        "lr": LR,
+        "rho": rho,
+        "sigma": 0.01,
+        "preset": PRESET,
+        "v_anchor": "broadcast",
+        "u_start": "broadcast",
+    }
 
 
 def _rounds_to_reach(history: dict[int, dict[str, float]], target: float) -> float:

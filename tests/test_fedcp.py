@@ -80,10 +80,12 @@ def test_policy_entries_are_shares_and_the_two_parts_sum_to_the_feature():
     for name in plain:
         plain[name].copy_(p[f"network.{name}"])
     network_vector = torch.cat([t.reshape(-1) for t in plain.values()])
-    network_vector[-CLASSES * FEATURES - CLASSES :] = torch.cat([p["global_head.weight"].reshape(-1),
-                                                                 p["global_head.bias"]])  # fmt: skip
-    np.testing.assert_allclose(model.predict(as_global.numpy(), x), model.network.predict(network_vector.numpy(), x),
-                               atol=1e-5)  # fmt: skip
+    network_vector[-CLASSES * FEATURES - CLASSES :] = torch.cat(
+        [p["global_head.weight"].reshape(-1), p["global_head.bias"]]
+    )
+    np.testing.assert_allclose(
+        model.predict(as_global.numpy(), x), model.network.predict(network_vector.numpy(), x), atol=1e-5
+    )
 
 
 def test_forward_and_loss_are_the_papers_by_hand():
@@ -160,9 +162,23 @@ def test_a_policy_sending_everything_to_the_personalized_head_is_fedrep_trained_
     received body, and the server averages the bodies by samples: FedRep with `phases: joint` (same batches)."""
     problem = labelled_problem(3, 6, seed=8, held=[[0, 1], [1, 2], [0, 1, 2]])
     cp = InProcess(_config(3, **{"lambda": 0.0, "gumbel": False, "head_mix": 0.0}), problem)
-    rep = InProcess(validate_config(tiny_config(
-        algorithm={"name": "fedrep", "lr": 0.1, "batch_size": 8, "epochs": 2, "phases": "joint",
-                   "aggregation": "samples"}, clients={"count": 3}, model={"name": "mlp"})), problem)  # fmt: skip
+    rep = InProcess(
+        validate_config(
+            tiny_config(
+                algorithm={
+                    "name": "fedrep",
+                    "lr": 0.1,
+                    "batch_size": 8,
+                    "epochs": 2,
+                    "phases": "joint",
+                    "aggregation": "samples",
+                },
+                clients={"count": 3},
+                model={"name": "mlp"},
+            )
+        ),
+        problem,
+    )
     _forced_to_the_personal_head(cp)
     policy_before = cp.coordinator.state.shared[: cp.coordinator.algorithm.policy.sum()].copy()
     for round_index in range(2):

@@ -42,8 +42,10 @@ def test_the_contrastive_loss_is_the_hand_computed_one():
     theta = torch.tensor([1.0, 0.5, -0.5, 2.0, 0.0, 1.0, 0.1, -0.2, 0.3])  # W [3, 2] then b [3]
     x = torch.tensor([[1.0, 0.0], [0.5, -1.0], [2.0, 1.0]])
     y = torch.tensor([0, 2, 1])
-    sets = np.array([[[0.6, 0.8, 0.0], [0.0, 0.6, 0.8], [9.0, 9.0, 9.0]],
-                     [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]], np.float32)  # fmt: skip
+    sets = np.array(
+        [[[0.6, 0.8, 0.0], [0.0, 0.6, 0.8], [9.0, 9.0, 9.0]], [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]],
+        np.float32,
+    )
     loss = PrototypeContrast(sets, np.array([True, True, False]), np.array([1.0, 0.5]), temperature=0.5)
     value, grad = model.prototype_contrast_loss_and_grad(theta, x, y, loss)
     w, b = theta[:6].numpy().reshape(3, 2), theta[6:].numpy()

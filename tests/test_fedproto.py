@@ -124,8 +124,9 @@ def test_global_prototype_is_the_count_weighted_mean_of_the_local_ones(aggregati
     model = problem.model_spec.build()
     sums, weights = np.zeros((CLASSES, 64)), np.zeros(CLASSES)
     for info, split in problem.clients:
-        counts, means = model.class_means(sim.states[info.id].theta, problem.x[split.train], problem.y[split.train],
-                                          CLASSES)  # fmt: skip
+        counts, means = model.class_means(
+            sim.states[info.id].theta, problem.x[split.train], problem.y[split.train], CLASSES
+        )
         weight = counts if aggregation == "samples" else (counts > 0).astype(float)
         sums += weight[:, None] * means
         weights += weight
@@ -142,8 +143,9 @@ def test_uneven_counts_weight_the_average():
     algorithm = _fedproto(problem, 0, 1).coordinator.algorithm
     first, second = np.full((CLASSES, 64), 1.0), np.full((CLASSES, 64), 5.0)
     counts_first, counts_second = np.array([3.0, 0.0, 1.0]), np.array([1.0, 0.0, 1.0])
-    total = PrototypeUpload(counts_first[:, None] * first + counts_second[:, None] * second,
-                            counts_first + counts_second)  # fmt: skip
+    total = PrototypeUpload(
+        counts_first[:, None] * first + counts_second[:, None] * second, counts_first + counts_second
+    )
     server, metrics = algorithm.server_step(algorithm.init_server(problem.init_params, 2), total, 2)
     np.testing.assert_allclose(server.prototypes.prototypes[0], 2.0)
     np.testing.assert_allclose(server.prototypes.prototypes[2], 3.0)
@@ -197,8 +199,10 @@ def test_proto_model_is_inference_by_the_nearest_global_prototype():
     evaluations = client_evaluations(sim.host.evaluate(server.w, context))
     for (info, split), evaluation in zip(problem.clients, evaluations, strict=True):
         proto = algorithm.extra_models(sim.states[info.id], server.w, context)["proto"]
-        assert evaluation.extra["proto"].test_acc == Scorer(model).evaluate(proto, problem.x[split.test],
-                                                                            problem.y[split.test])[1]  # fmt: skip
+        assert (
+            evaluation.extra["proto"].test_acc
+            == Scorer(model).evaluate(proto, problem.x[split.test], problem.y[split.test])[1]
+        )
     assert all(not e.extra for e in client_evaluations(sim.host.evaluate(server.w)))
 
 

@@ -110,8 +110,9 @@ def test_only_the_body_is_sent():
     sim = simulate({"name": "fedrep", "head_epochs": 1}, rounds=0)
     fedrep = sim.host.algorithm
     body = int(fedrep.shared.sum())
-    update = run_client_step(fedrep, sim.host.info[1], sim.states[1], sim.coordinator.broadcast(),
-                             sim.host.steps.executor(1, 0))  # fmt: skip
+    update = run_client_step(
+        fedrep, sim.host.info[1], sim.states[1], sim.coordinator.broadcast(), sim.host.steps.executor(1, 0)
+    )
     assert fedrep.uplink_bytes(update.upload) == 4 * (body + 1) == payload_bytes(update.upload)
     assert fedrep.downlink_bytes(sim.coordinator.broadcast()) == 4 * body
 
@@ -120,8 +121,13 @@ def test_joint_phases_train_the_whole_model_once():
     sim = simulate({"name": "fedrep", "phases": "joint", "epochs": 2}, rounds=0)
     requests: list[LocalSGD] = []
     execute = sim.host.steps.executor(0, 0)
-    run_client_step(sim.host.algorithm, sim.host.info[0], sim.states[0], sim.coordinator.broadcast(),
-                    lambda r: requests.append(r) or execute(r))  # fmt: skip
+    run_client_step(
+        sim.host.algorithm,
+        sim.host.info[0],
+        sim.states[0],
+        sim.coordinator.broadcast(),
+        lambda r: requests.append(r) or execute(r),
+    )
     assert len(requests) == 1 and requests[0].mask is None and requests[0].epochs == 2
 
 

@@ -57,8 +57,9 @@ def test_the_personal_head_learns_on_detached_logits_and_features():
     head = torch.from_numpy(np.random.default_rng(3).normal(size=model.spec.head_size).astype(np.float32))
     shift = class_prior_shift(np.array([6.0, 3.0, 1.0]))
     _one, alone = model.feature_loss_and_grad(point, x, y, FeatureLoss(logit_shift=shift))
-    _two, both = model.feature_loss_and_grad(torch.cat([point, head]), x, y, FeatureLoss(logit_shift=shift,
-                                                                                          second_head=True))
+    _two, both = model.feature_loss_and_grad(
+        torch.cat([point, head]), x, y, FeatureLoss(logit_shift=shift, second_head=True)
+    )
     torch.testing.assert_close(both[: model.size], alone, atol=1e-7, rtol=0)
     with torch.no_grad():
         z, logits = model.features(point, x)
@@ -66,14 +67,14 @@ def test_the_personal_head_learns_on_detached_logits_and_features():
     bias = head[CLASSES * 64 :].clone().requires_grad_(True)
     torch.nn.functional.cross_entropy(logits + z @ weight.T + bias, y).backward()
     assert weight.grad is not None and bias.grad is not None
-    torch.testing.assert_close(both[model.size :], torch.cat([weight.grad.reshape(-1), bias.grad]), atol=1e-6,
-                               rtol=0)  # fmt: skip
+    torch.testing.assert_close(both[model.size :], torch.cat([weight.grad.reshape(-1), bias.grad]), atol=1e-6, rtol=0)
 
 
 def _run(name: str, problem, rounds: int, **settings) -> InProcess:
     algorithm = {"name": name, "lr": 0.1, "batch_size": 8, "epochs": 2, **settings}
-    config = validate_config(tiny_config(algorithm=algorithm, clients={"count": len(problem.clients)},
-                                         model={"name": "mlp"}))  # fmt: skip
+    config = validate_config(
+        tiny_config(algorithm=algorithm, clients={"count": len(problem.clients)}, model={"name": "mlp"})
+    )
     sim = InProcess(config, problem)
     for round_index in range(rounds):
         sim.round(round_index)
@@ -165,8 +166,9 @@ def test_the_lockstep_executor_runs_a_feature_loss_one_client_at_a_time():
     settings = FedRoDSettings(lr=0.1, batch_size=4, epochs=2)
     start = np.concatenate([point.numpy(), np.zeros(model.spec.head_size, np.float32)])
     requests = [
-        settings.local_sgd(start, loss=FeatureLoss(logit_shift=class_prior_shift(np.array([6.0, 3.0, 1.0])),
-                                                   second_head=True)),  # fmt: skip
+        settings.local_sgd(
+            start, loss=FeatureLoss(logit_shift=class_prior_shift(np.array([6.0, 3.0, 1.0])), second_head=True)
+        ),
         settings.local_sgd(point.numpy()),
         settings.local_sgd(start, loss=FeatureLoss(second_head=True)),
     ]

@@ -371,8 +371,15 @@ def test_mixed_parameter_count_is_the_gkr_count_plus_the_nonzeros_of_p_and_sprea
 def _dual_form_run(server_duals: str, rounds: list[list[int]]):
     config = validate_config(
         tiny_config(
-            algorithm={"name": "fedslr", "lambda": 0.05, "eta_g": 2.0, "mu": 1e-3, "lr": 0.05, "batch_size": 32,
-                       "server_duals": server_duals},  # fmt: skip
+            algorithm={
+                "name": "fedslr",
+                "lambda": 0.05,
+                "eta_g": 2.0,
+                "mu": 1e-3,
+                "lr": 0.05,
+                "batch_size": 32,
+                "server_duals": server_duals,
+            },
         )
     )
     run = InProcess(config)
@@ -433,8 +440,10 @@ def test_nuclear_norm_metric_and_spectra_table_are_the_singular_values_found_ind
         for name, shape in (("conv", (3, 2, 2, 2)), ("fc", (4, 5)))
     }
     assert metrics["nuclear_norm"] == pytest.approx(sum(s.sum() for s in singular.values()), rel=1e-6)
-    before = {name: np.linalg.svd(_numpy_matrix(flat[SPEC.slice(name)], shape), compute_uv=False)
-              for name, shape in (("conv", (3, 2, 2, 2)), ("fc", (4, 5)))}  # fmt: skip
+    before = {
+        name: np.linalg.svd(_numpy_matrix(flat[SPEC.slice(name)], shape), compute_uv=False)
+        for name, shape in (("conv", (3, 2, 2, 2)), ("fc", (4, 5)))
+    }
     shrunk = sum(np.maximum(s - 0.2, 0).sum() for s in before.values())  # SVT shrinks each singular value by 0.2
     assert metrics["nuclear_norm"] == pytest.approx(shrunk, rel=1e-6) and shrunk < sum(s.sum() for s in before.values())
     table = algorithm.model_tables(prox.params)["spectra"]

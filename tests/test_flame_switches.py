@@ -141,8 +141,10 @@ def test_hosts_and_coordinators_set_the_kernel_choice_in_a_ray_actor(ray_local):
     want = {"fast": (False, True, False), "all": (True, False, True), "cudnn": (True, False, False)}
     data = (problem.x, problem.y, problem.clients, problem.init_params)
     arguments = (config.algorithm, problem.params, problem.init_params, 4)
-    host = ray_local.remote(ClientHost).options(num_cpus=0).remote(
-        dataclasses.replace(settings, deterministic="fast"), *data
+    host = (
+        ray_local.remote(ClientHost)
+        .options(num_cpus=0)
+        .remote(dataclasses.replace(settings, deterministic="fast"), *data)
     )
     got = {}
     for kernels in want:

@@ -125,13 +125,17 @@ def test_a_bool_or_non_finite_float_for_a_number_is_refused_naming_the_field(tmp
     ("section", "expected"),
     [
         ({"runs": [{"name": "a", "set": {}}], "seeds": [1, True]}, "seeds.1: must be an integer, not a bool"),
-        ({"random": {"count": True, "params": {"rounds": {"randint": [1, 2]}}}},
-         "random.count: must be an integer, not a bool"),
-        ({"random": {"count": 1, "params": {"rounds": {"uniform": [0, True]}}}},
-         "random.params.rounds.uniform.1: must be a number, not a bool"),
+        (
+            {"random": {"count": True, "params": {"rounds": {"randint": [1, 2]}}}},
+            "random.count: must be an integer, not a bool",
+        ),
+        (
+            {"random": {"count": 1, "params": {"rounds": {"uniform": [0, True]}}}},
+            "random.params.rounds.uniform.1: must be a number, not a bool",
+        ),
     ],
     ids=["suite-seeds", "sweep-count", "sweep-uniform"],
-)  # fmt: skip
+)
 def test_suites_and_sweeps_refuse_a_bool_for_a_number(tmp_path, section, expected):
     path = tmp_path / "family.yaml"
     (tmp_path / "quickstart.yaml").write_text((CONFIGS / "quickstart.yaml").read_text())
@@ -291,15 +295,27 @@ def test_experiment_and_run_names_reach_mlflow_as_typed(tmp_path):
     path.write_text(yaml.safe_dump(tiny_config(rounds=1, tracking={"uri": uri})))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     raysim = str(Path(sys.executable).parent / "raysim")
-    refused = subprocess.run([raysim, "run", str(path), "--quiet", "--set", "rounds=1 #x"], capture_output=True,
-                             text=True, cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    refused = subprocess.run(
+        [raysim, "run", str(path), "--quiet", "--set", "rounds=1 #x"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "error: --set rounds: '#x' would be a YAML comment and dropped from the value '1 #x'; quote the text that "
-        "holds it, or leave the comment out"], refused.stderr  # fmt: skip
+        "holds it, or leave the comment out"
+    ], refused.stderr
     assert not (tmp_path / "mlflow.db").exists()
-    done = subprocess.run([raysim, "run", str(path), "--quiet", "--experiment", "my exp #2", "--set",
-                           "tracking.run_name=no #1: on"], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [raysim, "run", str(path), "--quiet", "--experiment", "my exp #2", "--set", "tracking.run_name=no #1: on"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("my exp #2").experiment_id])

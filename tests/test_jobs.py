@@ -93,14 +93,28 @@ def test_job_package_ships_all_of_raysim_but_not_the_root_data_and_runs(tmp_path
 
     # the same excludes on a project tree holding every folder they name, at the root and deeper
     project = tmp_path / "project"
-    for name in ("data/train.npz", "runs/r1/x.json", "checkpoints/c.npz", "mlruns/0/m", "mlartifacts/a.png",
-                 ".venv/bin/python", "mlflow.db", "raysim/__pycache__/x.pyc", "x.egg-info/PKG-INFO",
-                 "raysim/data/sources.py", "raysim/runs/keep.py", "raysim/tracking/mlflow.db.py"):  # fmt: skip
+    for name in (
+        "data/train.npz",
+        "runs/r1/x.json",
+        "checkpoints/c.npz",
+        "mlruns/0/m",
+        "mlartifacts/a.png",
+        ".venv/bin/python",
+        "mlflow.db",
+        "raysim/__pycache__/x.pyc",
+        "x.egg-info/PKG-INFO",
+        "raysim/data/sources.py",
+        "raysim/runs/keep.py",
+        "raysim/tracking/mlflow.db.py",
+    ):
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text("x")
     env = {"working_dir": str(project), "excludes": EXCLUDES}
-    assert ray_package(env, tmp_path / "tree.zip") == {"raysim/data/sources.py", "raysim/runs/keep.py",
-                                                       "raysim/tracking/mlflow.db.py"}  # fmt: skip
+    assert ray_package(env, tmp_path / "tree.zip") == {
+        "raysim/data/sources.py",
+        "raysim/runs/keep.py",
+        "raysim/tracking/mlflow.db.py",
+    }
 
 
 def _everything_shipped(spec) -> str:

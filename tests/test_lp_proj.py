@@ -69,8 +69,9 @@ def test_converges_to_the_closed_form_fixed_point():
     lambda P^T (P theta_i - w) = 0, i.e. theta_i = M_i^{-1} (b_i th_i + lambda P^T w) with M_i = b_i I + lambda P^T P,
     and w = (1/m) sum_i P theta_i (alpha_i = 1/m), a linear system for w in R^{d_sub}; at it sum_i pi_i = 0."""
     lam, d_sub = 1.0, 2
-    sim, theta_hat = _sim({"name": "lp_proj", "lambda": lam, "rho": 0.5, "d_sub": d_sub, "lr": 0.1, "batch_size": N,
-                           "epochs": 40})
+    sim, theta_hat = _sim(
+        {"name": "lp_proj", "lambda": lam, "rho": 0.5, "d_sub": d_sub, "lr": 0.1, "batch_size": N, "epochs": 40}
+    )
     for round_index in range(150):
         sim.round(round_index)
     p = sim.host.algorithm.projection.astype(np.float64)
@@ -118,8 +119,16 @@ def test_projected_prox_agrees_between_trainers():
     centers = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
     starts = np.stack([model.initial_parameters(s) for s in range(3)])
     requests = [
-        LocalSGD(starts[i], 2, 0.1, 4, momentum=0.5, projection=projection, projected_prox_weight=3.0,
-                 projected_prox_center=centers[i])
+        LocalSGD(
+            starts[i],
+            2,
+            0.1,
+            4,
+            momentum=0.5,
+            projection=projection,
+            projected_prox_weight=3.0,
+            projected_prox_center=centers[i],
+        )
         for i in range(3)
     ]
     jobs = [(r, c, np.random.default_rng(i)) for i, (r, c) in enumerate(zip(requests, clients, strict=True))]

@@ -187,8 +187,14 @@ def plan() -> tuple[list[Cell], list[tuple[Cell, str]]]:
             if allowed(held):
                 continue
             for axis in AXES:
-                held.setdefault(axis, next(v for v in AXES[axis] if all(allowed({axis: v, other: held[other]})
-                                                                        for other in (first, second))))  # fmt: skip
+                held.setdefault(
+                    axis,
+                    next(
+                        v
+                        for v in AXES[axis]
+                        if all(allowed({axis: v, other: held[other]}) for other in (first, second))
+                    ),
+                )
             cell = Cell(**held)
             key = refused_key(cell.axes, PLANNING)
             assert key is not None
@@ -323,8 +329,9 @@ def test_every_pair_of_values_meets_in_a_run_or_a_refusal():
     }
     ran = set().union(*(pairs_of(cell.axes, axes) for cell in RUNS))
     refused = set().union(*(pairs_of(cell.axes, axes) for cell, _ in REFUSALS))
-    every = {pair for a, b in combinations(axes, 2) for pair in product(((a, v) for v in AXES[a]),
-                                                                        ((b, v) for v in AXES[b]))}  # fmt: skip
+    every = {
+        pair for a, b in combinations(axes, 2) for pair in product(((a, v) for v in AXES[a]), ((b, v) for v in AXES[b]))
+    }
     assert allowed <= ran
     assert every - allowed <= refused
     assert {cell.model for cell in RUNS} == set(REGISTRIES.models)

@@ -88,9 +88,13 @@ def test_client_records_are_columns_whose_missing_metrics_are_null_and_left_out_
     assert table.num_rows == 4 and table["norm"].to_pylist() == [2.0, 2.0, None, None]
     summary = mean_client_metrics(table)
     assert summary == {
-        "update/loss": 3.0, "update/loss_std": 2.0, "update/loss_max": 5.0,
-        "update/norm": 2.0, "update/norm_std": 0.0, "update/norm_max": 2.0,
-    }  # fmt: skip
+        "update/loss": 3.0,
+        "update/loss_std": 2.0,
+        "update/loss_max": 5.0,
+        "update/norm": 2.0,
+        "update/norm_std": 0.0,
+        "update/norm_max": 2.0,
+    }
     assert mean_client_metrics(round_records([])) == {}
 
 

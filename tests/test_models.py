@@ -58,8 +58,9 @@ def test_a_cnn_refuses_input_that_is_not_an_image(name):
         build_module(name, (784,), 10)
 
 
-@pytest.mark.parametrize(("name", "blocks", "cifar10_parameters"), [("resnet8x4", 1, 1_210_410),
-                                                                     ("resnet32x4", 5, 7_410_730)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "blocks", "cifar10_parameters"), [("resnet8x4", 1, 1_210_410), ("resnet32x4", 5, 7_410_730)]
+)
 def test_the_cifar_resnets_have_the_layout_of_crds_definition(name, blocks, cifar10_parameters):
     """CRD's models/resnet.py: a 32-channel 3x3 stem, stages of 64/128/256 channels with `blocks` basic blocks, a
     1x1 projection on each stage's first block (the first stage's too: 32 -> 64 channels), the parameters in CRD's
@@ -226,9 +227,25 @@ def _small_input(name: str) -> tuple:
     return (1, 12, 12) if name in images else (1, 6, 6)
 
 
-@pytest.mark.parametrize("name", ["mlr", "mlp", "cnn", "cnn_mmnist", "cnn_mmnist_dropout", "cnn_femnist", "linear",
-                                  "resnet18_gn", "resnet8x4", "resnet32x4", "image_text_classifier",
-                                  "image_text_classifier_paper", "har_classifier", "mm_action_classifier"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mlr",
+        "mlp",
+        "cnn",
+        "cnn_mmnist",
+        "cnn_mmnist_dropout",
+        "cnn_femnist",
+        "linear",
+        "resnet18_gn",
+        "resnet8x4",
+        "resnet32x4",
+        "image_text_classifier",
+        "image_text_classifier_paper",
+        "har_classifier",
+        "mm_action_classifier",
+    ],
+)
 def test_every_model_splits_into_body_and_head(name):
     """ParamSpec.head names the last linear layer, whose input is FlatModel.features: the logits are the head
     applied to the features, for every model of the zoo (the multimodal ones' classifier, ResNet-18's fc)."""

@@ -104,8 +104,9 @@ def test_outputs_do_not_depend_on_what_lies_beyond_a_sequences_length():
 def test_feature_noise_leaves_the_length_columns_alone():
     data = load_dataset(**SMALL_CRISIS)
     lengths = data.modalities.length_columns
-    client = ClientData(data.x, data.y, np.arange(30), np.arange(0), np.arange(0), noise_std=0.5,
-                        inputs=Inputs(lengths=lengths))  # fmt: skip
+    client = ClientData(
+        data.x, data.y, np.arange(30), np.arange(0), np.arange(0), noise_std=0.5, inputs=Inputs(lengths=lengths)
+    )
     x, _ = client.batch(np.arange(30), np.random.default_rng(1))
     np.testing.assert_array_equal(x[:, list(lengths)], data.x[:30, list(lengths)])
     others = np.setdiff1d(np.arange(data.x.shape[1]), lengths)
@@ -138,10 +139,12 @@ def test_sgd_on_a_multimodal_client_is_reproducible_and_learns():
     request = LocalSGD(model.initial_parameters(0), epochs=8, lr=0.2, batch_size=20)
     first, second = (LocalTrainer(model).sgd(request, client, np.random.default_rng(3)) for _ in range(2))
     np.testing.assert_array_equal(first.params, second.params)
-    start = model.loss_and_grad(torch.from_numpy(request.start), torch.from_numpy(data.x[:100]),
-                                torch.from_numpy(data.y[:100]))[0]  # fmt: skip
-    end = model.loss_and_grad(torch.from_numpy(first.params), torch.from_numpy(data.x[:100]),
-                              torch.from_numpy(data.y[:100]))[0]  # fmt: skip
+    start = model.loss_and_grad(
+        torch.from_numpy(request.start), torch.from_numpy(data.x[:100]), torch.from_numpy(data.y[:100])
+    )[0]
+    end = model.loss_and_grad(
+        torch.from_numpy(first.params), torch.from_numpy(data.x[:100]), torch.from_numpy(data.y[:100])
+    )[0]
     assert end < 0.7 * start
 
 
@@ -173,9 +176,15 @@ def test_substitutes_have_the_papers_shapes_and_are_seeded(name):
     np.testing.assert_array_equal(data.x, again.x)
     assert not np.array_equal(data.x, other.x)
     spec = ModelSpec(
-        {"crisismmd_synthetic": "image_text_classifier", "kuhar_synthetic": "har_classifier",
-         "cremad_synthetic": "mm_action_classifier"}[name], data.input_shape, data.output_dim, data.task,
-    )  # fmt: skip
+        {
+            "crisismmd_synthetic": "image_text_classifier",
+            "kuhar_synthetic": "har_classifier",
+            "cremad_synthetic": "mm_action_classifier",
+        }[name],
+        data.input_shape,
+        data.output_dim,
+        data.task,
+    )
     outputs = spec.build().predict(spec.build().initial_parameters(0), data.x[:3])
     assert outputs.shape == (3, data.num_classes) and np.isfinite(outputs).all()
 
@@ -195,14 +204,20 @@ def test_fedapm_runs_on_the_crisismmd_substitute_on_ray(ray_local, tmp_path):
     2 rounds on a real local Ray through run_experiment: finished, every metric finite and logged once a step."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = tiny_config(
-        algorithm={"name": "fedapm", "lr": 0.5, "rho": 0.01, "epochs": 1, "batch_size": 20,
-                   "personal": ["img_proj.*", "text_rnn.*"]},
+        algorithm={
+            "name": "fedapm",
+            "lr": 0.5,
+            "rho": 0.01,
+            "epochs": 1,
+            "batch_size": 20,
+            "personal": ["img_proj.*", "text_rnn.*"],
+        },
         dataset={**SMALL_CRISIS, "samples": 200},
         partition={"scheme": "dirichlet", "beta": 1.0},
         model={"name": "image_text_classifier"},
         rounds=2,
         tracking={"uri": uri, "experiment": "multimodal"},
-    )  # fmt: skip
+    )
     result = run_experiment(validate_config(config), show_progress=False)
     check_logged(MlflowClient(uri), result.run_id, config)
     assert all(0 <= result.history[step]["pm/acc"] <= 1 for step in (0, 1, 2))

@@ -26,10 +26,15 @@ def _config(uri: str, checkpoints: str) -> dict:
     return tiny_config(
         clients={"count": 6, "per_round": 4},
         rounds=4,
-        runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1},
-                 "coordinator_resources": {"coordinator": 1}},
+        runtime={
+            "num_hosts": 2,
+            "host_cpus": 0.5,
+            "placement": "spread",
+            "host_resources": {"host_slot": 1},
+            "coordinator_resources": {"coordinator": 1},
+        },
         tracking={"uri": uri, "experiment": "node_loss", "checkpoint_every": 1, "checkpoint_dir": checkpoints},
-    )  # fmt: skip
+    )
 
 
 def probe(config_path: str, out_path: str, raylet_pid: str) -> None:
@@ -68,8 +73,14 @@ def test_run_survives_a_lost_worker_node(cluster, tmp_path):
     assert len(raylets) == 1, raylets
     config = _config(f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "ckpt"))
     (tmp_path / "config.json").write_text(json.dumps(config))
-    command = [sys.executable, "-m", "tests.test_node_loss", str(tmp_path / "config.json"), str(tmp_path / "out.json"),
-               str(raylets[0])]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tests.test_node_loss",
+        str(tmp_path / "config.json"),
+        str(tmp_path / "out.json"),
+        str(raylets[0]),
+    ]
     subprocess.run(command, cwd=ROOT, env=cluster.driver_env(), check=True, timeout=600)
     outcome = json.loads((tmp_path / "out.json").read_text())
     assert len(set(outcome["hosts_before"])) == 2  # spread: one host per worker node, one of them lost

@@ -196,10 +196,13 @@ def _femnist_tff(root: Path) -> list[str]:
 
 
 SUITE_DATA |= {
-    **{f"flame_{grid}_{name}.yaml": fixture for grid in ("table3", "sensitivity")
-       for name, fixture in (("mnist", _mnist), ("cifar10", _cifar10), ("mmnist", _medical_mnist))},
+    **{
+        f"flame_{grid}_{name}.yaml": fixture
+        for grid in ("table3", "sensitivity")
+        for name, fixture in (("mnist", _mnist), ("cifar10", _cifar10), ("mmnist", _medical_mnist))
+    },
     "flame_table3_femnist.yaml": _femnist_tff,
-}  # fmt: skip
+}
 """FLAME's Table III and sensitivity suites on the datasets that are not installed (tests/test_flame_grids.py)."""
 
 
@@ -213,8 +216,14 @@ def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, 
     root = tmp_path / "data"
     root.mkdir()
     overrides = DATA[name](root)
-    sets = [f"dataset.root={root}", "rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", *overrides,
-            "tracking.save_models=global"]  # fmt: skip
+    sets = [
+        f"dataset.root={root}",
+        "rounds=1",
+        f"tracking.uri={mlflow_uri}",
+        "runtime.num_hosts=1",
+        *overrides,
+        "tracking.save_models=global",
+    ]
     if name == "flame_fmnist.yaml":
         sets.remove(f"dataset.root={root}")
     run = run_through_cli(PAPER / name, mlflow_uri, *sets)
@@ -317,8 +326,14 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     Nor does it score the clients' training loss, a third of a one-round run: the paper configs' runs above score it
     (FLAME's, FedAPM's and FedSLR's models on their datasets), as do the matrix (every algorithm) and the
     algorithms' own CLI tests."""
-    sets = ["rounds=1", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1", "runtime.reuse_actors=true",
-            "tracking.save_models=global", "tracking.train_loss=false"]  # fmt: skip
+    sets = [
+        "rounds=1",
+        f"tracking.uri={mlflow_uri}",
+        "runtime.num_hosts=1",
+        "runtime.reuse_actors=true",
+        "tracking.save_models=global",
+        "tracking.train_loss=false",
+    ]
     dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
     if dataset == "fashion_mnist":
         sets += [f"dataset.root={fmnist_tenth}", *SCALED_DOWN.get(source.name, [])]
@@ -436,8 +451,14 @@ def test_every_setting_of_augfls_table2_suites_trains_a_round_in_process(path, t
 def test_the_quickstart_with_quality_skew_runs_through_the_cli(executor, ray_local, mlflow_uri, fmnist_tenth):
     """Issue 29's first report: every client's empty validation split, read with its per-access noise at round-0
     evaluation, crashed both executors."""
-    sets = ["partition={scheme: quality, sigma: 0.1}", "rounds=1", f"runtime.client_training={executor}",
-            f"dataset.root={fmnist_tenth}", f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1"]  # fmt: skip
+    sets = [
+        "partition={scheme: quality, sigma: 0.1}",
+        "rounds=1",
+        f"runtime.client_training={executor}",
+        f"dataset.root={fmnist_tenth}",
+        f"tracking.uri={mlflow_uri}",
+        "runtime.num_hosts=1",
+    ]
     run = run_through_cli(QUICKSTART, mlflow_uri, *sets)
     assert run.data.params["partition.scheme"] == "quality"
     config = load_config(QUICKSTART, sets).model_dump(mode="json", by_alias=True)

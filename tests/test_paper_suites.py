@@ -99,6 +99,8 @@ def test_augfls_table2_rows_have_the_papers_clients_and_models():
             assert getattr(config.algorithm, "teacher_model", None) in (None, "resnet32x4")
             assert config.partition.shots == 20 and config.partition.test_fraction == 0.5
     assert load_suite(SUITES / "augfl_emnist_table2.yaml").experiments()[0][1].dataset.split == "letters"
+
+
 def sensitivity_settings() -> list[tuple[str, ExperimentConfig]]:
     """Every setting of FedSLR's sensitivity suites (fedslr.md 8); the centre setting (lambda 1e-4, mu 1e-3,
     eta_g 10, 2 Phase I epochs) that the first four share, once. (Their first settings, FedSLR on Table 1's CIFAR-100

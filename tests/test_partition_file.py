@@ -161,8 +161,14 @@ def test_raysim_partition_of_the_quickstart_replays_to_the_same_run(tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         uri = f"sqlite:///{folder}/mlflow.db"
-        run = run_through_cli({**base, "partition": partition}, uri, "rounds=1", f"tracking.uri={uri}",
-                              "tracking.figures=[]", "tracking.save_models=none")  # fmt: skip
+        run = run_through_cli(
+            {**base, "partition": partition},
+            uri,
+            "rounds=1",
+            f"tracking.uri={uri}",
+            "tracking.figures=[]",
+            "tracking.save_models=none",
+        )
         runs.append(run.data.metrics)
     keys = [k for k in runs[0] if k.startswith(("pm/", "gm/", "hm/")) and not k.startswith("time")]
     assert keys and {k: runs[0][k] for k in keys} == {k: runs[1][k] for k in keys}
@@ -170,16 +176,24 @@ def test_raysim_partition_of_the_quickstart_replays_to_the_same_run(tmp_path):
 
 @pytest.mark.parametrize(
     ("train", "expected"),
-    [([[0, None, 2], [3, 4]], "row 0, column 'train': a missing (null) index inside the list (position 1)"),
-     ([[0, 2, 0], [3, 4]], "client 0: train lists sample 0 2 times")],
+    [
+        ([[0, None, 2], [3, 4]], "row 0, column 'train': a missing (null) index inside the list (position 1)"),
+        ([[0, 2, 0], [3, 4]], "client 0: train lists sample 0 2 times"),
+    ],
     ids=["null-index", "index-twice"],
-)  # fmt: skip
+)
 def test_raysim_run_refuses_a_bad_partition_file_in_one_line_before_ray(tmp_path, train, expected):
     """A null inside an index list was a traceback; an index listed twice ran, the sample weighing double."""
     path = _write(tmp_path / "p.parquet", {"train": train, "test": [[5], [6]]})
-    config = {"algorithm": {"name": "fedavg"}, "dataset": {"name": "synthetic_classification"},
-              "model": {"name": "mlr"}, "partition": {"scheme": "file", "path": str(path)}, "clients": {"count": 2},
-              "rounds": 1, "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"}}  # fmt: skip
+    config = {
+        "algorithm": {"name": "fedavg"},
+        "dataset": {"name": "synthetic_classification"},
+        "model": {"name": "mlr"},
+        "partition": {"scheme": "file", "path": str(path)},
+        "clients": {"count": 2},
+        "rounds": 1,
+        "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"},
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     done = _cli("run", str(tmp_path / "run.yaml"), "--quiet", cwd=tmp_path)
     assert done.returncode == 2, done.stderr

@@ -38,8 +38,15 @@ def test_one_step_matches_the_closed_form_meta_gradient(hessian):
     finite differences give on a quadratic (exact up to rounding). One full-batch step per client from w^0 = 0,
     then the server's mean (equal sample counts)."""
     alpha, beta = 0.1, 0.2
-    algorithm = {"name": "perfedavg", "alpha": alpha, "lr": beta, "batch_size": N, "local_steps": 1,
-                 "hessian": hessian, "delta": 0.1}
+    algorithm = {
+        "name": "perfedavg",
+        "alpha": alpha,
+        "lr": beta,
+        "batch_size": N,
+        "local_steps": 1,
+        "hessian": hessian,
+        "delta": 0.1,
+    }
     sim, theta_hat = _sim(algorithm, 1)
     power = 1 if hessian == "first_order" else 2
     local = beta * b * (1 - alpha * b) ** power * theta_hat  # w^0 = 0: w - beta g = beta b (1 - alpha b)^k th
@@ -51,8 +58,9 @@ def test_one_step_matches_the_closed_form_meta_gradient(hessian):
 def test_a_heldout_client_adapts_the_current_global_model():
     """`adapt`: one gradient step of lr alpha on its training split from the given global model."""
     problem, theta_hat = _orthogonal_regression(B, N, D, seed=5)
-    config = validate_config(tiny_config(algorithm={"name": "perfedavg", "alpha": 0.1}, clients={"count": 3},
-                                         model={"name": "linear"}))
+    config = validate_config(
+        tiny_config(algorithm={"name": "perfedavg", "alpha": 0.1}, clients={"count": 3}, model={"name": "linear"})
+    )
     algorithm = build_algorithm(config.algorithm, problem.params)
     model = FlatModel("linear", (D,), 1, "regression")
     info, split = problem.clients[1]
@@ -69,8 +77,10 @@ def test_batch_gradients_agree_between_the_trainers():
     clients = _clients([7, 12, 3], seed=2, noisy=1)
     points = np.stack([np.stack([model.initial_parameters(s), model.initial_parameters(s + 10)]) for s in range(3)])
     request = BatchGradients(points, batch_size=5)
-    want = [LocalTrainer(model).batch_gradients(BatchGradients(points[i], 5), c, np.random.default_rng(i))
-            for i, c in enumerate(clients)]
+    want = [
+        LocalTrainer(model).batch_gradients(BatchGradients(points[i], 5), c, np.random.default_rng(i))
+        for i, c in enumerate(clients)
+    ]
     got = VectorizedTrainer(model).batch_gradients_rows(request, clients, [np.random.default_rng(i) for i in range(3)])
     np.testing.assert_allclose(got.grads, np.stack([r.grads for r in want]), atol=1e-6)
     np.testing.assert_allclose(got.losses, np.stack([r.losses for r in want]), rtol=1e-6)
@@ -84,8 +94,7 @@ def test_communication_is_the_model_both_ways():
     assert algorithm.downlink_bytes(sim.coordinator.broadcast()) == 4 * size
     update = sim.host.steps  # a real client step's upload
     info = sim.host.info[0]
-    result = drive(algorithm.client_step(info, sim.host.states[0], sim.coordinator.broadcast()),
-                   update.executor(0, 0))
+    result = drive(algorithm.client_step(info, sim.host.states[0], sim.coordinator.broadcast()), update.executor(0, 0))
     assert algorithm.uplink_bytes(result.upload) == 4 * size + 4
 
 

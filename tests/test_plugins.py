@@ -63,20 +63,25 @@ def environment(folder: Path, **extra: str) -> dict[str, str]:
 
 
 def shell(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def raysim(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "raysim.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "raysim.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def code_lines(source: str) -> int:
     """Lines holding code: not blank, not only a comment, not part of a docstring or other bare string."""
-    strings = {line for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Expr)
-               and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-               for line in range(node.lineno, node.end_lineno + 1)}  # fmt: skip
+    strings = {
+        line
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for line in range(node.lineno, node.end_lineno + 1)
+    }
     layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
     lines: set[int] = set()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -135,7 +140,10 @@ def _finished_run(tmp_path: Path):
     (run,) = client.search_runs([client.get_experiment_by_name("plugins").experiment_id])
     assert run.info.status == "FINISHED"
     assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
-        "fedavgm", "tiny_cnn", "csv")  # fmt: skip
+        "fedavgm",
+        "tiny_cnn",
+        "csv",
+    )
     assert 0.0 <= run.data.metrics["pm/acc"] <= 1.0
     return run
 
@@ -174,8 +182,7 @@ def test_an_installed_package_with_an_entry_point_runs(tmp_path):
     )
     site = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
-    installed = subprocess.run([*pip, "--target", str(site), str(project)], capture_output=True, text=True,
-                               timeout=600)  # fmt: skip
+    installed = subprocess.run([*pip, "--target", str(site), str(project)], capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stderr[-3000:]
     assert list(site.glob("raysim_example_plugins-0.1.dist-info/entry_points.txt"))
     env = environment(tmp_path, PYTHONPATH=str(site))
@@ -196,10 +203,15 @@ def test_a_sweeps_trials_import_the_plugins_and_its_resume_command_names_them(tm
     trial fails, and the command the sweep prints to rerun it names the `--plugin`, so that it works as printed
     (without it the sweep file could not be read)."""
     write_page(tmp_path / "page")
-    base = tiny_config(algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32}, rounds=1, clients={"count": 3},
-                       tracking={"experiment": "plugin-sweep"})  # fmt: skip
-    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"name": "momentum", "base": base,
-                                                         "grid": {"algorithm.lr": [0.05, 1e30]}}))  # fmt: skip
+    base = tiny_config(
+        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32},
+        rounds=1,
+        clients={"count": 3},
+        tracking={"experiment": "plugin-sweep"},
+    )
+    (tmp_path / "sweep.yaml").write_text(
+        yaml.safe_dump({"name": "momentum", "base": base, "grid": {"algorithm.lr": [0.05, 1e30]}})
+    )
     env = environment(tmp_path)
     done = shell("page/.venv/bin/raysim run sweep.yaml --plugin page/fedavgm.py --quiet", tmp_path, env)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -247,8 +259,18 @@ def test_a_plugins_text_fields_take_set_values_as_typed(tmp_path):
     files = write_page(tmp_path)
     config = files / "experiment.yaml"
     config.write_text(yaml.safe_dump({"plugins": ["csv_source.py"], **tiny_config()}))
-    done = raysim("config", str(config), "--set", "dataset.name=csv", "--set", "dataset.path=my digits #2.csv",
-                  "--set", "dataset.label=yes", cwd=files, env=environment(files))  # fmt: skip
+    done = raysim(
+        "config",
+        str(config),
+        "--set",
+        "dataset.name=csv",
+        "--set",
+        "dataset.path=my digits #2.csv",
+        "--set",
+        "dataset.label=yes",
+        cwd=files,
+        env=environment(files),
+    )
     assert done.returncode == 0, done.stderr
     dataset = yaml.safe_load(done.stdout)["dataset"]
     assert (dataset["name"], dataset["path"], dataset["label"]) == ("csv", "my digits #2.csv", "yes")
@@ -258,8 +280,11 @@ def test_a_misspelled_plugin_name_gets_a_did_you_mean(tmp_path):
     files = write_page(tmp_path)
     config = files / "experiment.yaml"
     config.write_text(yaml.safe_dump({"plugins": list(PLUGIN_FILES), **tiny_config()}))
-    for key, wrong, right in (("algorithm.name", "fedavgmm", "fedavgm"), ("model.name", "tiny_cn", "tiny_cnn"),
-                              ("dataset.name", "cvs", "csv")):  # fmt: skip
+    for key, wrong, right in (
+        ("algorithm.name", "fedavgmm", "fedavgm"),
+        ("model.name", "tiny_cn", "tiny_cnn"),
+        ("dataset.name", "cvs", "csv"),
+    ):
         done = raysim("config", str(config), "--set", f"{key}={wrong}", cwd=files, env=environment(files))
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.startswith(f"error: {key}: unknown ") and f"did you mean '{right}'?" in done.stderr
@@ -290,10 +315,16 @@ def test_a_suites_plugins_reach_every_child_and_a_job_ships_files_as_modules(tmp
     py_modules and the carried config names them as modules (what the job's processes import)."""
     files = write_page(tmp_path / "mine")
     suite = tmp_path / "suite.yaml"
-    suite.write_text(yaml.safe_dump({
-        "name": "with-plugins", "plugins": ["mine/fedavgm.py"], "base": tiny_config(),
-        "runs": [{"name": "momentum", "set": {"algorithm": {"name": "fedavgm", "server_momentum": 0.5}}}],
-    }))  # fmt: skip
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "name": "with-plugins",
+                "plugins": ["mine/fedavgm.py"],
+                "base": tiny_config(),
+                "runs": [{"name": "momentum", "set": {"algorithm": {"name": "fedavgm", "server_momentum": 0.5}}}],
+            }
+        )
+    )
     config = tmp_path / "experiment.yaml"
     config.write_text(yaml.safe_dump({"plugins": ["mine/tiny_cnn.py"], **tiny_config(model={"name": "tiny_cnn"})}))
     script = (
@@ -306,8 +337,9 @@ def test_a_suites_plugins_reach_every_child_and_a_job_ships_files_as_modules(tmp
         "carried = yaml.safe_load(spec.runtime_env['env_vars']['RAYSIM_JOB_CONFIG'])\n"
         "print(json.dumps([spec.runtime_env['py_modules'], carried['plugins']]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=environment(tmp_path), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=environment(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     child, shipped = (json.loads(line) for line in done.stdout.splitlines())
     assert child == ["FedAvgMSettings", [str(files / "fedavgm.py")]]

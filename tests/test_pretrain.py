@@ -52,8 +52,11 @@ def test_pretrain_writes_a_file_whose_header_and_checksum_verify(tmp_path):
     params, header = read_weights(path, "test")
     assert header.format_version == FORMAT_VERSION and header.sha256 == checksum(params)
     assert (header.model, header.dataset, header.classes, header.parameters) == (
-        "mlp", "synthetic_classification", 4, params.size
-    )  # fmt: skip
+        "mlp",
+        "synthetic_classification",
+        4,
+        params.size,
+    )
     assert header.torch == torch.__version__ and dict(header.layers)["1.weight"] == (128, 20)
     recipe = header.recipe
     assert (recipe["epochs"], recipe["lr"], recipe["batch_size"], recipe["lr_steps"]) == (1, 0.05, 32, [0])
@@ -101,8 +104,11 @@ def test_a_corrupted_or_mismatched_file_is_refused_in_one_line_naming_field_and_
         prepare(_config(teacher_weights=str(path), teacher_model="mlr"))
     generator = np.random.default_rng(0)
     np.savez(tmp_path / "three.npz", x=generator.normal(size=(900, 20)).astype(np.float32), y=np.arange(900) % 3)
-    other = tiny_config(algorithm={**CRD, "teacher_epochs": 1}, partition=META,
-                        dataset={"name": "npz", "path": str(tmp_path / "three.npz")})  # fmt: skip
+    other = tiny_config(
+        algorithm={**CRD, "teacher_epochs": 1},
+        partition=META,
+        dataset={"name": "npz", "path": str(tmp_path / "three.npz")},
+    )
     elsewhere = pretrain(validate_config(other), tmp_path / "weights-of-three.npz")
     with pytest.raises(ConfigError, match=rf"^algorithm\.teacher_weights: {elsewhere} holds weights of 3 classes, "):
         prepare(_config(teacher_weights=str(elsewhere)))

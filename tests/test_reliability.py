@@ -85,9 +85,14 @@ def _config(mlflow_uri, tmp_path, **tracking):
     return tiny_config(
         rounds=ROUNDS,
         clients={"count": 6, "per_round": 4},
-        tracking={"experiment": "tests", "uri": mlflow_uri, "checkpoint_every": 2,
-                  "checkpoint_dir": str(tmp_path / "ckpt"), **tracking},
-    )  # fmt: skip
+        tracking={
+            "experiment": "tests",
+            "uri": mlflow_uri,
+            "checkpoint_every": 2,
+            "checkpoint_dir": str(tmp_path / "ckpt"),
+            **tracking,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +188,8 @@ def test_a_round_without_a_usable_upload_stops_the_run(ray_local, mlflow_uri, tm
     (line,) = [row for row in err.splitlines() if row.startswith("error:")]
     assert re.fullmatch(
         r"error: run \w{32} stopped: round 0: all 4 selected uploads were non-finite and dropped; last good "
-        r"checkpoint \S+round-000000 \(runtime.on_nonfinite=drop_client, runtime.max_empty_rounds=0\)", line
+        r"checkpoint \S+round-000000 \(runtime.on_nonfinite=drop_client, runtime.max_empty_rounds=0\)",
+        line,
     ), line
     client = MlflowClient(mlflow_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
@@ -228,10 +234,17 @@ def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
     from raysim.config import load_config
 
     def config(name: str):
-        return load_config(ROOT / "configs" / "quickstart.yaml", [
-            "rounds=4", "tracking.checkpoint_every=2", f"tracking.uri=sqlite:///{tmp_path / name}.db",
-            f"tracking.checkpoint_dir={tmp_path / name}", "tracking.figures=[]", "tracking.save_models=none",
-        ])  # fmt: skip
+        return load_config(
+            ROOT / "configs" / "quickstart.yaml",
+            [
+                "rounds=4",
+                "tracking.checkpoint_every=2",
+                f"tracking.uri=sqlite:///{tmp_path / name}.db",
+                f"tracking.checkpoint_dir={tmp_path / name}",
+                "tracking.figures=[]",
+                "tracking.save_models=none",
+            ],
+        )
 
     baseline = run_experiment(config("baseline"), show_progress=False)
     killed: list[int] = []
@@ -255,19 +268,30 @@ def _cli(tmp_path: Path, data: dict, timeout: float = 120) -> subprocess.Complet
     """`raysim run` in a process of its own (this test process may have started Ray already)."""
     (tmp_path / "cli.yaml").write_text(yaml.safe_dump(data))
     raysim = str(Path(sys.executable).parent / "raysim")
-    return subprocess.run([raysim, "run", str(tmp_path / "cli.yaml"), "--quiet"], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)  # fmt: skip
+    return subprocess.run(
+        [raysim, "run", str(tmp_path / "cli.yaml"), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
 
 
 @pytest.mark.parametrize(
     ("runtime", "expected"),
     [
-        ({"host_cpus": 1000}, r"1 hosts \(runtime.num_hosts=default, .*\) x runtime.host_cpus=1000 .* needs 1000 "
-                              r"CPUs but the Ray cluster has 2; lower runtime.host_cpus"),
-        ({"num_hosts": 50}, r"6 hosts \(runtime.num_hosts=50, at most one per client\) x runtime.host_cpus=1 .* "
-                            r"needs 6 CPUs but the Ray cluster has 2"),
+        (
+            {"host_cpus": 1000},
+            r"1 hosts \(runtime.num_hosts=default, .*\) x runtime.host_cpus=1000 .* needs 1000 "
+            r"CPUs but the Ray cluster has 2; lower runtime.host_cpus",
+        ),
+        (
+            {"num_hosts": 50},
+            r"6 hosts \(runtime.num_hosts=50, at most one per client\) x runtime.host_cpus=1 .* "
+            r"needs 6 CPUs but the Ray cluster has 2",
+        ),
     ],
-)  # fmt: skip
+)
 def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, runtime, expected):
     data = _config(f"sqlite:///{tmp_path / 'm.db'}", tmp_path)
     data["runtime"] = {**runtime, "num_cpus": 2}
@@ -305,13 +329,21 @@ def _raysim(
 
     raysim = str(Path(sys.executable).parent / "raysim")
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_ADDRESS"))}
-    process = subprocess.Popen([raysim, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               cwd=tmp_path, env={**environment, **env})  # fmt: skip
+    process = subprocess.Popen(
+        [raysim, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**environment, **env},
+    )
     if watch is not None:
         deadline = time.monotonic() + 240
-        while process.poll() is None and time.monotonic() < deadline and not [
-            pid for pid in descendants(process.pid) if _comm(pid) == "gcs_server"
-        ]:
+        while (
+            process.poll() is None
+            and time.monotonic() < deadline
+            and not [pid for pid in descendants(process.pid) if _comm(pid) == "gcs_server"]
+        ):
             time.sleep(0.1)
         watch.append(Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
     stdout, stderr = process.communicate(timeout=300)
@@ -331,23 +363,33 @@ def _files_holding(folder: Path, secrets: list[str], skip: set[Path]) -> list[st
     import urllib.parse
 
     needles = {form.encode() for secret in secrets for form in (secret, urllib.parse.quote(secret, safe=""))}
-    return [str(path) for path in folder.rglob("*") if path.is_file() and path not in skip
-            and any(needle in path.read_bytes() for needle in needles)]  # fmt: skip
+    return [
+        str(path)
+        for path in folder.rglob("*")
+        if path.is_file() and path not in skip and any(needle in path.read_bytes() for needle in needles)
+    ]
 
 
 @pytest.mark.parametrize(
     ("uri", "expected"),
     [
-        ("postgresql://alice:pw@127.0.0.1/mlflow", "error: tracking.uri postgresql://***@127.0.0.1/mlflow: its "
-         "database driver 'psycopg' is not installed (No module named 'psycopg'); install it, or name an installed "
-         "one as postgresql+DRIVER://"),
-        ("mysql+nodriver://127.0.0.1/mlflow", "error: tracking.uri mysql+nodriver://127.0.0.1/mlflow: not a usable "
-         "database URL"),
-        ("ftp://alice:pw@127.0.0.1/mlflow", "error: tracking.uri ftp://***@127.0.0.1/mlflow: MLflow has no tracking "
-         "store for scheme 'ftp'; allowed: "),
+        (
+            "postgresql://alice:pw@127.0.0.1/mlflow",
+            "error: tracking.uri postgresql://***@127.0.0.1/mlflow: its "
+            "database driver 'psycopg' is not installed (No module named 'psycopg'); install it, or name an installed "
+            "one as postgresql+DRIVER://",
+        ),
+        (
+            "mysql+nodriver://127.0.0.1/mlflow",
+            "error: tracking.uri mysql+nodriver://127.0.0.1/mlflow: not a usable database URL",
+        ),
+        (
+            "ftp://alice:pw@127.0.0.1/mlflow",
+            "error: tracking.uri ftp://***@127.0.0.1/mlflow: MLflow has no tracking store for scheme 'ftp'; allowed: ",
+        ),
     ],
     ids=["postgresql-without-driver", "unknown-driver", "ftp"],
-)  # fmt: skip
+)
 def test_a_tracking_store_mlflow_cannot_open_is_refused_before_ray(tmp_path, uri, expected):
     """A traceback (postgresql://, its driver not installed) or one line after Ray had started (ftp://): both
     are known before anything starts."""
@@ -376,8 +418,12 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
         config = tmp_path / "cli.yaml"
         in_file = {**_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1), "rounds": 2}
         config.write_text(yaml.safe_dump(in_file))
-        typed = ["--set", f"tracking.uri=http://alice:{secrets[1]}@{host}", "--tracking-uri",
-                 f"http://alice:{secrets[2]}@{host}"]  # fmt: skip
+        typed = [
+            "--set",
+            f"tracking.uri=http://alice:{secrets[1]}@{host}",
+            "--tracking-uri",
+            f"http://alice:{secrets[2]}@{host}",
+        ]
         environment = {"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}", "MLFLOW_TRACKING_PASSWORD": secrets[4]}
         seen: list[str] = []
         done = _raysim(tmp_path, "run", str(config), "--quiet", *typed, env=environment, watch=seen)
@@ -388,7 +434,9 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
         from_environment = {**_config(None, tmp_path, checkpoint_every=1), "rounds": 2}
         del from_environment["tracking"]["uri"]
         config.write_text(yaml.safe_dump(from_environment))
-        again = _raysim(tmp_path, "run", str(config), "--quiet", env={"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}"})
+        again = _raysim(
+            tmp_path, "run", str(config), "--quiet", env={"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}"}
+        )
         assert again.returncode == 0, again.stderr[-2000:]
         printed += again.stdout + again.stderr
         client = MlflowClient(settings.url)
@@ -396,8 +444,10 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
     assert len(runs) == 2
     assert not [secret for secret in secrets if secret in printed or secret.split("@")[1] in printed], printed
     first = next(run for run in runs if "--tracking-uri" in run.data.tags["mlflow.source.name"])
-    assert f"--set tracking.uri=http://***@{host} --tracking-uri http://***@{host}" in first.data.tags[
-        "mlflow.source.name"]  # fmt: skip
+    assert (
+        f"--set tracking.uri=http://***@{host} --tracking-uri http://***@{host}"
+        in first.data.tags["mlflow.source.name"]
+    )
     assert f"--tracking-uri http://***@{host}" in first.data.tags["mlflow.note.content"]
     assert first.data.params["tracking.uri"] == f"http://***@{host}"
     stored = [value for run in runs for value in [*run.data.params.values(), *run.data.tags.values()]]
@@ -435,7 +485,6 @@ def test_http_credentials_move_into_mlflow_variables(monkeypatch):
     assert connect_uri("https://tok@host") == "https://host" and os.environ["MLFLOW_TRACKING_TOKEN"] == "tok"
     assert connect_uri("http://***@host:5000") == "http://host:5000"  # redacted: the variables must hold them
     assert connect_uri("postgresql://u:p@db/m") == "postgresql://u:p@db/m"  # SQLAlchemy needs them
-
 
 
 def _start_server(backend: str, port: int):
@@ -487,18 +536,47 @@ _HOSTILE = st.one_of(
     st.lists(st.integers(), max_size=3),
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
-_SECTIONS = ("algorithm", "dataset", "partition", "model", "clients", "runtime", "tracking", "attack", "aggregation",
-             "network")  # fmt: skip
+_SECTIONS = (
+    "algorithm",
+    "dataset",
+    "partition",
+    "model",
+    "clients",
+    "runtime",
+    "tracking",
+    "attack",
+    "aggregation",
+    "network",
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     section=st.sampled_from([*_SECTIONS, "rounds", "seed", "bogus"]),
-    key=st.one_of(st.sampled_from(["name", "scheme", "count", "lr", "rho", "beta", "q", "checkpoint_every",
-                                   "on_nonfinite", "max_restarts", "per_round", "fraction", "sampling",
-                                   "bandwidth_mbps", "link"]), st.text(max_size=6)),
+    key=st.one_of(
+        st.sampled_from(
+            [
+                "name",
+                "scheme",
+                "count",
+                "lr",
+                "rho",
+                "beta",
+                "q",
+                "checkpoint_every",
+                "on_nonfinite",
+                "max_restarts",
+                "per_round",
+                "fraction",
+                "sampling",
+                "bandwidth_mbps",
+                "link",
+            ]
+        ),
+        st.text(max_size=6),
+    ),
     value=_HOSTILE,
-)  # fmt: skip
+)
 def test_config_loader_answers_hostile_input_with_a_config_error_only(section, key, value):
     data = tiny_config()
     if section in ("rounds", "seed", "bogus"):
@@ -518,15 +596,16 @@ def test_config_loader_answers_hostile_input_with_a_config_error_only(section, k
 @given(
     scheme=st.sampled_from(["iid", "q_label", "dirichlet", "quality", "quantity", "natural", "hybrid", "mixed"]),
     fields=st.dictionaries(
-        st.sampled_from(["q", "beta", "min_samples", "overlap", "sigma", "iid_fraction", "test_fraction",
-                         "val_fraction"]),
+        st.sampled_from(
+            ["q", "beta", "min_samples", "overlap", "sigma", "iid_fraction", "test_fraction", "val_fraction"]
+        ),
         st.one_of(st.integers(-3, 10**6), st.floats(-1.0, 1e6, allow_nan=False), st.booleans()),
         max_size=3,
     ),
     clients=st.integers(1, 60),
     classes=st.integers(1, 5),
     size=st.integers(0, 120),
-)  # fmt: skip
+)
 def test_partitioners_answer_hostile_input_with_a_validation_error_only(scheme, fields, clients, classes, size):
     data = tiny_config(partition={"scheme": scheme, **fields}, clients={"count": clients})
     labels = np.random.default_rng(size).integers(0, classes, size)
@@ -581,12 +660,17 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
     expected = run_experiment(validate_config(reference), show_progress=False)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     raysim = str(Path(sys.executable).parent / "raysim")
-    driver = subprocess.Popen([raysim, "run", str(tmp_path / "run.yaml"), "--quiet"], start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    driver = subprocess.Popen(
+        [raysim, "run", str(tmp_path / "run.yaml"), "--quiet"],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     def checkpointed() -> int:
-        return max((int(p.parent.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("*/round-*/manifest.json")),
-                   default=0)  # fmt: skip
+        return max(
+            (int(p.parent.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("*/round-*/manifest.json")), default=0
+        )
 
     try:
         deadline = time.monotonic() + 240

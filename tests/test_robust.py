@@ -73,7 +73,9 @@ def _system(algorithm: dict, rule: dict, attack: dict, clients: int = 8, per_rou
     )
     problem = prepare(config)
     host = make_host(config, problem)
-    coordinator = Coordinator(config.algorithm, problem.params,
+    coordinator = Coordinator(
+        config.algorithm,
+        problem.params,
         problem.init_params,
         clients,
         robust=config.aggregation,
@@ -165,7 +167,9 @@ def test_a_robust_rule_equal_to_the_mean_reproduces_the_algorithms_own_step(algo
 
 def test_robust_aggregation_without_messages_is_refused():
     problem, host, _ = _system(FEDAVG, {"rule": "mean"}, {"kind": "none"})
-    coordinator = Coordinator(validate_config(tiny_config(algorithm=FEDAVG)).algorithm, problem.params,
+    coordinator = Coordinator(
+        validate_config(tiny_config(algorithm=FEDAVG)).algorithm,
+        problem.params,
         problem.init_params,
         8,
         robust=RobustSettings(rule="median"),

@@ -25,8 +25,12 @@ def _accuracy(network: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tens
 
 
 def _run(store: str, save_models: str, max_mb: float = 1024.0, **sections) -> raysim.Result:
-    tracking = {"experiment": "saved", "system_metrics": False, "save_models": save_models,
-                "client_models_max_mb": max_mb}  # fmt: skip
+    tracking = {
+        "experiment": "saved",
+        "system_metrics": False,
+        "save_models": save_models,
+        "client_models_max_mb": max_mb,
+    }
     config = tiny_config(tracking=tracking, rounds=2, **sections)
     return raysim.run(config, progress=False, tracking_uri=store)
 
@@ -59,8 +63,9 @@ def test_a_run_saves_its_final_models_for_a_reader(ray_local, mlflow_uri, monkey
         personal = result.personalized_models[client_id]
         assert np.array_equal(row, torch.cat([t.reshape(-1) for t in personal.values()]).numpy())
 
-    clients = pd.read_parquet(mlflow.artifacts.download_artifacts(run_id=result.run_id,
-                                                                  artifact_path="clients.parquet"))  # fmt: skip
+    clients = pd.read_parquet(
+        mlflow.artifacts.download_artifacts(run_id=result.run_id, artifact_path="clients.parquet")
+    )
     clients = clients.set_index("client_id")
     for client_id, row in zip(client_ids.tolist(), params, strict=True):
         x, y = result.test_data(client_id)

@@ -82,16 +82,18 @@ def test_option_ii_control_variate_is_the_mean_gradient_along_the_local_path():
     broadcast = algorithm.broadcast(server)
     info = ClientInfo(0, 10, 1 / m, m)
     c_i = generator.normal(size=size).astype(np.float32)
-    update = run_client_step(algorithm, info, dataclasses.replace(algorithm.init_client(info, x), c=c_i), broadcast,
-                             problem.executor(0))
+    update = run_client_step(
+        algorithm, info, dataclasses.replace(algorithm.init_client(info, x), c=c_i), broadcast, problem.executor(0)
+    )
     y, grads = x.astype(np.float64), []
     for _ in range(steps):
         grads.append(problem.grad(0, y))
         y = y - lr * (grads[-1] - c_i + c)
     np.testing.assert_allclose(update.state.c, np.mean(grads, axis=0), atol=1e-5)
     np.testing.assert_allclose(update.upload.delta_c, update.state.c - c_i, atol=1e-6)
-    plain = run_client_step(algorithm, info, dataclasses.replace(algorithm.init_client(info, x), c=c), broadcast,
-                            problem.executor(0))
+    plain = run_client_step(
+        algorithm, info, dataclasses.replace(algorithm.init_client(info, x), c=c), broadcast, problem.executor(0)
+    )
     h = problem.h[0]
     closed = h * (x - problem.a[0]) * (1 - (1 - lr * h) ** steps) / (steps * lr * h)
     np.testing.assert_allclose(plain.state.c, closed, atol=1e-5)
@@ -127,8 +129,13 @@ def test_server_learning_rate_scales_the_mean_model_change():
         algorithm = Scaffold(ScaffoldSettings(lr=0.1, epochs=3, eta_g=eta_g), SPEC)
         server = algorithm.init_server(x0, m)
         uploads = [
-            run_client_step(algorithm, ClientInfo(i, 10, 0.5, m), algorithm.init_client(ClientInfo(i, 10, 0.5, m), x0),
-                            algorithm.broadcast(server), problem.executor(i)).upload
+            run_client_step(
+                algorithm,
+                ClientInfo(i, 10, 0.5, m),
+                algorithm.init_client(ClientInfo(i, 10, 0.5, m), x0),
+                algorithm.broadcast(server),
+                problem.executor(i),
+            ).upload
             for i in range(m)
         ]
         models[eta_g] = algorithm.server_step(server, _total(uploads), m)[0].w

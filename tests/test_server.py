@@ -63,13 +63,20 @@ def test_a_local_sqlite_store_keeps_its_artifacts_beside_its_file(tmp_path, monk
 
 @pytest.mark.parametrize(
     ("uri", "database"),
-    [("sqlite:///runs.db", "runs.db"), ("sqlite:////tmp/s/runs.db", "/tmp/s/runs.db"),
-     ("sqlite:///sub/runs.db?timeout=30", "sub/runs.db"), ("sqlite:///./runs.db", "runs.db"),
-     ("sqlite:///:memory:", None), ("sqlite://", None),
-     ("http://127.0.0.1:5000", None), ("postgresql://u@h/db", None)],
-)  # fmt: skip
-def test_one_reading_of_a_sqlite_uri_serves_artifacts_sweeps_and_the_reachability_check(uri, database, tmp_path,
-                                                                                       monkeypatch):  # fmt: skip
+    [
+        ("sqlite:///runs.db", "runs.db"),
+        ("sqlite:////tmp/s/runs.db", "/tmp/s/runs.db"),
+        ("sqlite:///sub/runs.db?timeout=30", "sub/runs.db"),
+        ("sqlite:///./runs.db", "runs.db"),
+        ("sqlite:///:memory:", None),
+        ("sqlite://", None),
+        ("http://127.0.0.1:5000", None),
+        ("postgresql://u@h/db", None),
+    ],
+)
+def test_one_reading_of_a_sqlite_uri_serves_artifacts_sweeps_and_the_reachability_check(
+    uri, database, tmp_path, monkeypatch
+):
     """The database file of a local sqlite store, as the artifact folder, a sweep's trials (which run in other
     folders: a relative path made absolute, the query kept) and the missing-folder check read it."""
     from raysim.studies.sweep import absolute_tracking_uri

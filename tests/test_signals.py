@@ -76,9 +76,12 @@ def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     with open(tmp_path / "stderr.txt", "w") as stderr:  # a file: a pipe nobody reads would fill and block
         driver = subprocess.Popen(
-            [RAYSIM, "run", str(tmp_path / "run.yaml")], stdout=subprocess.DEVNULL, stderr=stderr,
-            start_new_session=True, preexec_fn=sigint_as_from_a_terminal,
-        )  # fmt: skip
+            [RAYSIM, "run", str(tmp_path / "run.yaml")],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            preexec_fn=sigint_as_from_a_terminal,
+        )
     deadline = time.monotonic() + 180
     while _newest_checkpoint(tmp_path / "ck") < 2:
         if driver.poll() is not None or time.monotonic() > deadline:
@@ -123,7 +126,7 @@ def _wait_all_gone(pids: list[int]) -> None:
     ("sig", "to_group"),
     [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, True)],
     ids=["SIGINT-group", "SIGTERM-pid", "SIGHUP-group"],  # each signal once, each delivery (pid, group) at least once
-)  # fmt: skip
+)
 def test_interrupted_run_is_marked_killed_with_one_line(tmp_path, sig, to_group):
     """To the whole group (Ctrl-C, `kill -- -PGID`, a scheduler, a container stop, a closed terminal) the signal
     reaches the local Ray's daemons too unless they run apart: they used to die under the driver, which then hung
@@ -158,8 +161,12 @@ def test_sigterm_while_the_local_ray_starts_is_one_line(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_config(rounds=10_000, tracking={"uri": uri})))
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        driver = subprocess.Popen([RAYSIM, "run", str(tmp_path / "run.yaml"), "--quiet"], stdout=subprocess.DEVNULL,
-                                  stderr=stderr, start_new_session=True)  # fmt: skip
+        driver = subprocess.Popen(
+            [RAYSIM, "run", str(tmp_path / "run.yaml"), "--quiet"],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 180
         while not [p for p in descendants(driver.pid) if _comm(p) == "gcs_server"]:
@@ -191,16 +198,23 @@ def test_a_closed_terminal_ends_the_run_killed(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = {"experiment": "signals", "uri": uri, "checkpoint_every": 1, "checkpoint_dir": str(tmp_path / "ck")}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_config(rounds=10_000, runtime={"num_hosts": 2},
-                                                                  tracking=tracking)))  # fmt: skip
+    (tmp_path / "run.yaml").write_text(
+        yaml.safe_dump(tiny_config(rounds=10_000, runtime={"num_hosts": 2}, tracking=tracking))
+    )
     master, terminal = os.openpty()
 
     def controlling_terminal() -> None:  # after setsid: the pty becomes the session's terminal, as in a login
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         sigint_as_from_a_terminal()
 
-    driver = subprocess.Popen([RAYSIM, "run", str(tmp_path / "run.yaml")], stdin=terminal, stdout=terminal,
-                              stderr=terminal, start_new_session=True, preexec_fn=controlling_terminal)  # fmt: skip
+    driver = subprocess.Popen(
+        [RAYSIM, "run", str(tmp_path / "run.yaml")],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
+        preexec_fn=controlling_terminal,
+    )
     os.close(terminal)
     shown, closing = bytearray(), threading.Event()
 
@@ -308,11 +322,15 @@ def _listening(port: int) -> bool:
 def test_sigterm_stops_the_mlflow_server_and_frees_its_port(tmp_path, command):
     port = free_port()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    store = ["--tracking-uri", uri] if command == "ui" else ["--backend-store-uri", uri, "--artifacts-destination",
-                                                               str(tmp_path / "artifacts")]  # fmt: skip
+    store = (
+        ["--tracking-uri", uri]
+        if command == "ui"
+        else ["--backend-store-uri", uri, "--artifacts-destination", str(tmp_path / "artifacts")]
+    )
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = subprocess.Popen([RAYSIM, command, "--port", str(port), *store], cwd=tmp_path,
-                                   stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
+        process = subprocess.Popen(
+            [RAYSIM, command, "--port", str(port), *store], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr
+        )
     try:
         deadline = time.monotonic() + 120
         while not _listening(port):
@@ -358,9 +376,12 @@ def test_a_local_ray_whose_agent_starts_late_is_started_again(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "RAYSIM_TEST_SLOW_AGENT": str(marker)}
     with open(tmp_path / "stderr.txt", "w") as stderr:
         done = subprocess.run(
-            [RAYSIM, "run", str(tmp_path / "run.yaml"), "--quiet"], stdout=subprocess.DEVNULL, stderr=stderr,
-            env=env, timeout=600,
-        )  # fmt: skip
+            [RAYSIM, "run", str(tmp_path / "run.yaml"), "--quiet"],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+            timeout=600,
+        )
     err = _stderr(tmp_path)
     assert done.returncode == 0, err[-3000:]
     assert "the local Ray did not start in time (try 1 of 3" in err, err[-3000:]

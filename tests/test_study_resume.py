@@ -27,8 +27,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _suite(folder: Path, uri: str) -> Path:
-    base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "resume", "checkpoint_every": 1,
-                                           "checkpoint_dir": str(folder / "checkpoints")})  # fmt: skip
+    base = tiny_config(
+        rounds=3,
+        tracking={
+            "uri": uri,
+            "experiment": "resume",
+            "checkpoint_every": 1,
+            "checkpoint_dir": str(folder / "checkpoints"),
+        },
+    )
     suite = {
         "name": "stopped",
         "base": base,
@@ -56,9 +63,12 @@ def _stop_during_the_second_child(path: Path, uri: str, folder: Path) -> str:
     client.search_experiments()  # the store's tables exist before two processes open it
     with open(folder / "stderr", "w") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "raysim.cli", "run", str(path), "--quiet"], cwd=folder, env=env,
-            stdout=subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
+            [sys.executable, "-m", "raysim.cli", "run", str(path), "--quiet"],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
         try:
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
@@ -129,8 +139,11 @@ def test_resume_refuses_a_run_that_is_not_this_suites_parent(tmp_path, ray_local
     other = writer.start("other", {}, {"suite": "other"})
     single = writer.start("single", {}, {})
     writer.finish()
-    for run, message in ((other, "parent run of the suite 'other', not of the suite 'stopped'"),
-                         (single, "parent run of no study"), ("0" * 32, "no such run")):  # fmt: skip
+    for run, message in (
+        (other, "parent run of the suite 'other', not of the suite 'stopped'"),
+        (single, "parent run of no study"),
+        ("0" * 32, "no such run"),
+    ):
         with pytest.raises(ConfigError, match=message):
             reopen_parent(MlflowWriter(uri, "resume"), run, "suite", "stopped")
     path = _suite(tmp_path, uri)
@@ -150,9 +163,14 @@ def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local
     client.search_experiments()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(tmp_path / "stderr", "w") as err:
-        process = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", str(path), "--quiet"],
-                                   cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                   preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "raysim.cli", "sweep", str(path), "--quiet"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            preexec_fn=sigint_as_from_a_terminal,
+        )
         try:
             deadline, parent = time.monotonic() + 300, None
             while time.monotonic() < deadline and parent is None:
@@ -175,7 +193,8 @@ def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local
     assert 1 <= len(kept) < 3
     stopped = [r for r in children if r.info.status != "FINISHED"]
     assert all(r.info.status == "KILLED" and "interrupted" in r.data.tags["raysim.error"] for r in stopped), [
-        (r.info.run_name, r.info.status, r.data.tags.get("raysim.error")) for r in stopped]  # fmt: skip
+        (r.info.run_name, r.info.status, r.data.tags.get("raysim.error")) for r in stopped
+    ]
     assert client.get_run(parent).info.status == "KILLED"
     last = (tmp_path / "stderr").read_text().splitlines()[-1]
     assert last.startswith("sweep swept interrupted by SIGINT with ") and last.endswith(

@@ -217,8 +217,11 @@ def test_a_failing_child_is_marked_failed_and_the_suite_goes_on_then_resumes_onl
     parent_id = parent.info.run_id
     nested = f"tags.mlflow.parentRunId = '{parent_id}'"
     children = {r.info.run_name: r for r in client.search_runs([experiment], nested)}
-    assert {n: r.info.status for n, r in children.items()} == {"before": "FINISHED", "diverges": "FAILED",
-                                                                "after": "FINISHED"}  # fmt: skip
+    assert {n: r.info.status for n, r in children.items()} == {
+        "before": "FINISHED",
+        "diverges": "FAILED",
+        "after": "FINISHED",
+    }
     error = children["diverges"].data.tags["raysim.error"]
     assert "round 0: client" in error and "raysim.error" not in children["after"].data.tags
     assert len(client.get_metric_history(children["after"].info.run_id, "pm/acc")) == 2  # rounds 0 and 1
@@ -231,8 +234,11 @@ def test_a_failing_child_is_marked_failed_and_the_suite_goes_on_then_resumes_onl
     assert parent.data.tags["raysim.error"] == "1 of 3 children failed: diverges"
     assert parent.data.metrics["children/failed"] == 1 and parent.data.metrics["children/finished"] == 2
     summary = pq.read_table(client.download_artifacts(parent_id, "summary.parquet", str(tmp_path))).to_pylist()
-    assert [(row["run"], row["status"]) for row in summary] == [("before", "finished"), ("diverges", "failed"),
-                                                                ("after", "finished")]  # fmt: skip
+    assert [(row["run"], row["status"]) for row in summary] == [
+        ("before", "finished"),
+        ("diverges", "failed"),
+        ("after", "finished"),
+    ]
     assert summary[1]["error"] and math.isnan(summary[1]["final/pm/acc"]) and summary[2]["final/pm/acc"] > 0
     artifacts = {a.path for a in client.list_artifacts(parent_id)}
     assert {"comparison.png", "fairness.png", "table_final.md", "table_best.csv"} <= artifacts
@@ -268,5 +274,7 @@ def test_a_childs_error_is_one_line_with_credentials_redacted():
     assert one_line(ConfigError("algorithm.rho: must be > 0")) == "algorithm.rho: must be > 0"
     task_error = RuntimeError("ray::ClientHost.train() (pid=1)\n  File 'host.py', line 2\nValueError: bad shape")
     assert one_line(task_error) == "ValueError: bad shape"
-    assert one_line(OSError("no route to http://ann:s3cret@mlflow:5000")) == "OSError: no route to http://***@mlflow:5000"
+    assert (
+        one_line(OSError("no route to http://ann:s3cret@mlflow:5000")) == "OSError: no route to http://***@mlflow:5000"
+    )
     assert one_line(KeyError()) == "KeyError"

@@ -40,8 +40,9 @@ def test_grid_times_draws_times_seeds():
     first = trials[0].config
     assert (first.algorithm.rho, first.clients.count, first.tracking.uri) == (0.1, 4, "sqlite:////tmp/x.db")
     assert len({t.config.tracking.run_name for t in trials}) == 24
-    colors = {t.setting_index: {x.config.tracking.color for x in trials if x.setting_index == t.setting_index}
-              for t in trials}  # fmt: skip
+    colors = {
+        t.setting_index: {x.config.tracking.color for x in trials if x.setting_index == t.setting_index} for t in trials
+    }
     assert all(len(c) == 1 for c in colors.values()) and len(set.union(*colors.values())) == 12  # a setting's seeds
 
 
@@ -116,15 +117,19 @@ def test_concurrent_sweep_records_a_failed_trial_and_finishes_the_others(ray_loc
     status = sorted((r.info.run_name, r.info.status) for r in children)
     assert {r.data.tags.get("raysim.group") for r in children if r.info.status == "FINISHED"} == {"name=mlr"}
     assert {r.data.tags["mlflow.source.name"] for r in [parent, *children]} == {command}  # not the Ray worker's
-    finals = [max(client.get_metric_history(r.info.run_id, "pm/acc"), key=lambda m: m.step).value
-              for r in children if r.info.status == "FINISHED"]  # fmt: skip
+    finals = [
+        max(client.get_metric_history(r.info.run_id, "pm/acc"), key=lambda m: m.step).value
+        for r in children
+        if r.info.status == "FINISHED"
+    ]
     assert parent.data.metrics["name_mlr/pm/acc"] == pytest.approx(sum(finals) / 2)  # mean over its 2 seeds
     assert not any(key.startswith("name_cnn/") for key in parent.data.metrics)  # both failed
     assert [s for _, s in status] == ["FINISHED", "FINISHED", "FAILED", "FAILED"]
     failed = [r for r in children if r.info.status == "FAILED"]
     assert all("model.name=cnn needs image input" in r.data.tags["raysim.error"] for r in failed)
-    assert [result.outcomes[i].error for i in (2, 3)] == [r.data.tags["raysim.error"] for r in sorted(
-        failed, key=lambda r: r.info.run_name)]  # fmt: skip
+    assert [result.outcomes[i].error for i in (2, 3)] == [
+        r.data.tags["raysim.error"] for r in sorted(failed, key=lambda r: r.info.run_name)
+    ]
     finished = [r for r in children if r.info.status == "FINISHED"]
     assert all(len(client.get_metric_history(r.info.run_id, "pm/acc")) == 3 for r in finished)
     folder = client.download_artifacts(result.parent_run_id, "", str(tmp_path))

@@ -92,13 +92,20 @@ def test_a_table_by_hand_in_three_formats():
 
 def test_latex_headers_and_the_direction_of_best_per_key():
     assert [column_label(m) for m in ("pm/acc", "gm/loss_var", "hm/f1", "time/round", "update/dual_norm", "x")] == [
-        "PM acc.", "GM loss var.", "HM F1", "time: round", "update: dual norm", "x"
+        "PM acc.",
+        "GM loss var.",
+        "HM F1",
+        "time: round",
+        "update: dual norm",
+        "x",
     ]
     assert not lower_is_better("pm/acc") and not lower_is_better("hm/auc")
     assert lower_is_better("pm/loss") and lower_is_better("gm/acc_std") and lower_is_better("time/round")
     assert lower_is_better("traffic/uplink_bytes") and lower_is_better("server/svd_seconds")
-    runs = [RunValues(name, 1, name, {"pm/acc": (acc, 5), "pm/loss": (loss, 5), "time/round": (time, 5)}, last_round=5)
-            for name, acc, loss, time in (("a", 0.9, 0.5, 2.0), ("b", 0.9, 0.4, 3.0), ("c", 0.8, 0.6, 1.0))]
+    runs = [
+        RunValues(name, 1, name, {"pm/acc": (acc, 5), "pm/loss": (loss, 5), "time/round": (time, 5)}, last_round=5)
+        for name, acc, loss, time in (("a", 0.9, 0.5, 2.0), ("b", 0.9, 0.4, 3.0), ("c", 0.8, 0.6, 1.0))
+    ]
     table = build_table(runs, ["pm/acc", "pm/loss", "time/round"], "final", "t")
     assert [table.best_rows(m) for m in table.metrics] == [{"a", "b"}, {"b"}, {"c"}]  # ties are all bold
     assert "\\caption{t: 5 rounds, seed 1. Values: final round;" in table.render("latex")
@@ -123,8 +130,11 @@ def finished_suite(tmp_path_factory, ray_local):
     path.write_text(yaml.safe_dump(suite))
     assert main(["run", str(path), "--quiet"]) == 0
     client = MlflowClient(uri)
-    (parent,) = [r for r in client.search_runs([client.get_experiment_by_name("table").experiment_id])
-                 if r.data.tags.get("suite") == "tiny"]  # fmt: skip
+    (parent,) = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("table").experiment_id])
+        if r.data.tags.get("suite") == "tiny"
+    ]
     return uri, parent.info.run_id
 
 
@@ -225,8 +235,12 @@ def test_raysim_figure_draws_each_settings_mean_over_seeds_with_its_band(finishe
         drawn = {line.get_label(): (line, band) for line, band in zip(axis.get_lines(), axis.collections, strict=True)}
         assert set(drawn) == set(children) == {"flame", "fedavg"}
         for setting, runs in children.items():
-            histories = np.array([[m.value for m in sorted(client.get_metric_history(r.info.run_id, metric),
-                                                            key=lambda m: m.step)] for r in runs])  # fmt: skip
+            histories = np.array(
+                [
+                    [m.value for m in sorted(client.get_metric_history(r.info.run_id, metric), key=lambda m: m.step)]
+                    for r in runs
+                ]
+            )
             line, band = drawn[setting]
             rounds, mean = line.get_data()
             assert list(rounds) == list(range(histories.shape[1])) == [0, 1, 2, 3]
@@ -251,13 +265,15 @@ ACCURACY = np.random.default_rng(0).uniform(0.3, 0.9, size=(5, 7))  # 5 runs x r
 ACCURACY[0, 0] = 0.99  # round 0 (before training) above every trained round: not the max over rounds
 ACCURACY[0, 5] = ACCURACY[0, 2] = 0.95  # a tie: the earliest round is the max's round
 ACCURACY[4, 3] = math.nan  # a diverged round is passed over
-TRAIN_LOSS = np.array([
-    [2.0, 1.2, 0.8, 0.45, 0.5, 0.3, 0.2],  # fedapm seed 1: <=0.5 first at round 3
-    [2.0, 1.5, 1.0, 0.7, 0.5, 0.4, 0.35],  # fedapm seed 2: at round 4 (exactly 0.5)
-    [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, math.nan],  # fedapm seed 3: never by its last round, 6
-    [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4],  # fedavg seed 1: never
-    [2.1, 2.0, 1.9, 1.8, 1.7, 1.6, 1.5],  # fedavg seed 2: never
-])  # fmt: skip
+TRAIN_LOSS = np.array(
+    [
+        [2.0, 1.2, 0.8, 0.45, 0.5, 0.3, 0.2],  # fedapm seed 1: <=0.5 first at round 3
+        [2.0, 1.5, 1.0, 0.7, 0.5, 0.4, 0.35],  # fedapm seed 2: at round 4 (exactly 0.5)
+        [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, math.nan],  # fedapm seed 3: never by its last round, 6
+        [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4],  # fedavg seed 1: never
+        [2.1, 2.0, 1.9, 1.8, 1.7, 1.6, 1.5],  # fedavg seed 2: never
+    ]
+)
 HAND_RUNS = (("fedapm", 1), ("fedapm", 2), ("fedapm", 3), ("fedavg", 1), ("fedavg", 2))
 
 
@@ -274,8 +290,9 @@ def hand_suite(tmp_path_factory):
     for index, (name, seed) in enumerate([*HAND_RUNS, ("fedavg", 3)]):
         run = client.create_run(experiment, run_name=f"{name}/seed{seed}", tags={"mlflow.parentRunId": parent})
         curves = {"pm/acc": ACCURACY[index % 5], "pm/train_loss": TRAIN_LOSS[index % 5]}
-        metrics = [Metric(key, float(value), 0, step) for key, curve in curves.items() for step, value in
-                   enumerate(curve)]  # fmt: skip
+        metrics = [
+            Metric(key, float(value), 0, step) for key, curve in curves.items() for step, value in enumerate(curve)
+        ]
         client.log_batch(run.info.run_id, metrics=metrics, params=[Param("seed", str(seed))])
         client.set_terminated(run.info.run_id, "FAILED" if index == 5 else "FINISHED")
     client.set_terminated(parent, "FINISHED")
@@ -348,8 +365,20 @@ def test_rounds_to_a_target_averages_the_seeds_that_reach_it_and_shows_the_other
     assert "rounds to pm/train\\_loss$\\leq$0.5 & rounds to pm/acc$>$0.8 \\\\" in latex
     assert "$3.5 \\pm 0.5$ (1 of 3 seeds $>$6)" in latex and "$>$6 (2 of 2 seeds)" in latex
 
-    command = ["table", parent, "--tracking-uri", uri, "--metrics", "pm/acc", "--std", "population",
-               "--rounds-to", "pm/train_loss<=0.5", "--rounds-to", "pm/acc>0.8"]  # fmt: skip
+    command = [
+        "table",
+        parent,
+        "--tracking-uri",
+        uri,
+        "--metrics",
+        "pm/acc",
+        "--std",
+        "population",
+        "--rounds-to",
+        "pm/train_loss<=0.5",
+        "--rounds-to",
+        "pm/acc>0.8",
+    ]
     assert main(command) == 0
     assert capsys.readouterr().out == markdown
 
@@ -361,12 +390,26 @@ def test_the_latex_table_compiles_with_booktabs_and_bolds_the_best_means(hand_su
     pdflatex = shutil.which("pdflatex")
     assert pdflatex, "pdflatex is needed: `make setup` installs Debian's texlive-latex-base and -recommended"
     uri, parent = hand_suite
-    command = ["table", parent, "--tracking-uri", uri, "--format", "latex", "--out", str(tmp_path / "table.tex"),
-               "--metrics", "pm/acc", "--rounds-to", "pm/train_loss<=0.5"]  # fmt: skip
+    command = [
+        "table",
+        parent,
+        "--tracking-uri",
+        uri,
+        "--format",
+        "latex",
+        "--out",
+        str(tmp_path / "table.tex"),
+        "--metrics",
+        "pm/acc",
+        "--rounds-to",
+        "pm/train_loss<=0.5",
+    ]
     assert main(command) == 0
     latex = (tmp_path / "table.tex").read_text()
-    finals = {name: np.mean([ACCURACY[i, -1] for i, (n, _) in enumerate(HAND_RUNS) if n == name])
-              for name in ("fedapm", "fedavg")}  # fmt: skip
+    finals = {
+        name: np.mean([ACCURACY[i, -1] for i, (n, _) in enumerate(HAND_RUNS) if n == name])
+        for name in ("fedapm", "fedavg")
+    }
     best = max(finals, key=lambda name: finals[name])
     rows = {line.split(" & ")[0]: line for line in latex.splitlines() if line.startswith(("fedapm &", "fedavg &"))}
     assert f"$\\mathbf{{{finals[best]:.4f}" in rows[best] and "mathbf" not in rows[({*finals} - {best}).pop()]
@@ -375,10 +418,17 @@ def test_the_latex_table_compiles_with_booktabs_and_bolds_the_best_means(hand_su
     targets = [f"pm/acc>={level / 10}" for level in range(1, 10)]
     wide = make_table(uri, parent, ["pm/acc", "pm/train_loss"], rounds_to=targets).render("latex")
     (tmp_path / "wide.tex").write_text(wide)
-    (tmp_path / "paper.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\usepackage{graphicx}"
-                                        "\\begin{document}\\input{table}\\input{wide}\\end{document}\n")  # fmt: skip
-    result = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    (tmp_path / "paper.tex").write_text(
+        "\\documentclass{article}\\usepackage{booktabs}\\usepackage{graphicx}"
+        "\\begin{document}\\input{table}\\input{wide}\\end{document}\n"
+    )
+    result = subprocess.run(
+        [pdflatex, "-interaction=nonstopmode", "-halt-on-error", "paper.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     assert (tmp_path / "paper.pdf").read_bytes().startswith(b"%PDF")
     assert "Output written on paper.pdf (1 page" in result.stdout
@@ -388,8 +438,22 @@ def test_the_latex_table_compiles_with_booktabs_and_bolds_the_best_means(hand_su
 def test_the_fedapm_aggregation_through_the_cli_and_bad_options_in_one_line(hand_suite, capsys, tmp_path):
     uri, parent = hand_suite
     out = tmp_path / "t.csv"
-    command = ["table", parent, "--tracking-uri", uri, "--metrics", "pm/acc", "--over-rounds", "max", "--std",
-               "population", "--format", "csv", "--out", str(out)]  # fmt: skip
+    command = [
+        "table",
+        parent,
+        "--tracking-uri",
+        uri,
+        "--metrics",
+        "pm/acc",
+        "--over-rounds",
+        "max",
+        "--std",
+        "population",
+        "--format",
+        "csv",
+        "--out",
+        str(out),
+    ]
     assert main(command) == 0
     expected = make_table(uri, parent, ["pm/acc"], over_rounds="max", std="population")
     assert out.read_text() == expected.render("csv")

@@ -76,8 +76,11 @@ def test_tff_femnist_all_classes_and_where_it_is_found(tmp_path):
     assert len(data) == sum(map(sum, WRITERS.values())) and data.y.max() >= 10
     source = DATASETS.get("femnist")
     assert found_at(source, [tmp_path, tmp_path / "all"]) == tmp_path / "all"  # `raysim datasets` sees the files
-    with pytest.raises(DataError, match=r"dataset.root: .*: no fed_emnist_digitsonly_train.h5 or "
-                                        r"fed_emnist_digitsonly_test.h5 \(TFF's federated EMNIST; download"):
+    with pytest.raises(
+        DataError,
+        match=r"dataset.root: .*: no fed_emnist_digitsonly_train.h5 or "
+        r"fed_emnist_digitsonly_test.h5 \(TFF's federated EMNIST; download",
+    ):
         load_dataset("femnist", root=tmp_path / "all", split="digits", format="tff_h5")
 
 

@@ -58,8 +58,9 @@ def _hold(port: int, when: str = "now") -> tuple[subprocess.Popen, bool]:
     at once, or (`after-mlflow-starts`) as soon as an `mlflow server --port PORT` process exists, i.e. between
     raysim's check of the port and MLflow binding it. Also whether it got the port at once (False: someone had
     it already)."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(port), when], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(port), when], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert holder.stdout.readline().strip() == "waiting"
     return holder, when == "now" and holder.stdout.readline().strip() == "listening"
 
@@ -77,8 +78,13 @@ def test_a_port_given_and_taken_is_refused_in_one_line_naming_its_holder(command
     assert held
     store = ["--tracking-uri" if command == "ui" else "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     try:
-        done = subprocess.run([sys.executable, "-m", "raysim.cli", command, "--port", str(port), *store],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "raysim.cli", command, "--port", str(port), *store],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         _stop(holder)
     assert done.returncode == 2 and done.stdout == "", done.stdout
@@ -123,12 +129,17 @@ def test_ui_takes_the_next_free_port_when_5000_is_taken_and_serves_the_runs_of_t
     holder, held = _hold(5000)
     process = subprocess.Popen(
         [sys.executable, "-m", "raysim.cli", "ui", "--tracking-uri", mlflow_uri],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         moved, serving, link = (process.stdout.readline().strip() for _ in range(3))
-        found = re.fullmatch(r"port 5000 on 127\.0\.0\.1 is in use(?P<by> by pid \d+: .*)?: the UI takes port (\d+)",
-                             moved)  # fmt: skip
+        found = re.fullmatch(
+            r"port 5000 on 127\.0\.0\.1 is in use(?P<by> by pid \d+: .*)?: the UI takes port (\d+)", moved
+        )
         assert found, (moved, process.stderr.read() if process.poll() is not None else "")
         port = int(found[2])
         assert port > 5000 and (not held or found["by"].startswith(f" by pid {holder.pid}: ")), moved
@@ -163,10 +174,21 @@ def test_ui_exits_in_one_line_when_mlflow_does_not_come_up(tmp_path):
     holder, _ = _hold(port, "after-mlflow-starts")
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "raysim.cli", "ui", "--port", str(port), "--tracking-uri",
-             f"sqlite:///{tmp_path / 'mlflow.db'}"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "raysim.cli",
+                "ui",
+                "--port",
+                str(port),
+                "--tracking-uri",
+                f"sqlite:///{tmp_path / 'mlflow.db'}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert holder.stdout.readline().strip() == "listening"
     finally:
         _stop(holder)
@@ -184,8 +206,14 @@ def _chromium(*args: str, width: int = 1600) -> subprocess.CompletedProcess:
     grouped chart only when the window is wide enough for its card (1900 pixels)."""
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     assert binary, "headless Chromium is needed: `make setup` installs Debian's chromium package"
-    options = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={width},1100",
-               "--virtual-time-budget=20000"]  # fmt: skip
+    options = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--window-size={width},1100",
+        "--virtual-time-budget=20000",
+    ]
     return subprocess.run([binary, *options, *args], capture_output=True, text=True, timeout=180)
 
 
@@ -230,8 +258,12 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "raysim.cli", "ui", *command.split()[2:], "--port", str(port)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         link = next(line.split(" ", 1)[1].strip() for line in process.stdout if line.startswith("open "))
         server = f"http://127.0.0.1:{port}"
@@ -267,6 +299,7 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
 
 def _healthy(port: int) -> bool:
     try:

@@ -352,8 +352,14 @@ RUNS = {
         {"clients": {"count": 6, "per_round": 4}},
     ),
     "fedalt_authors": (
-        {"name": "fedalt", "lr": 0.2, "batch_size": 32, "loss_scale": "1/m", "average_over": "all",
-         "order": "shared_first"},
+        {
+            "name": "fedalt",
+            "lr": 0.2,
+            "batch_size": 32,
+            "loss_scale": "1/m",
+            "average_over": "all",
+            "order": "shared_first",
+        },
         {"model": {"name": "mlp"}, "clients": {"count": 5, "per_round": 2}},
     ),
     "fedslr": ({"name": "fedslr", "lambda": 0.05, "mu": 0.01, "lr": 0.05, "batch_size": 32}, {}),
@@ -502,8 +508,9 @@ def test_a_dropped_upload_leaves_its_clients_state_as_it_was_in_a_stacked_chunk(
         unchanged = all(np.array_equal(getattr(new, f), getattr(old, f)) for f in ("theta", "w", "pi"))
         assert unchanged == (client == 2), client
     with pytest.raises(UploadRangeError, match="round 1: client 2: upload field 'change' has NaN"):
-        make_host(config.model_copy(update={"runtime": config.runtime.model_copy(update={"on_nonfinite": "stop"})}),
-                  problem).train(1, [0, 1, 2, 3], coordinator.broadcast())  # fmt: skip
+        make_host(
+            config.model_copy(update={"runtime": config.runtime.model_copy(update={"on_nonfinite": "stop"})}), problem
+        ).train(1, [0, 1, 2, 3], coordinator.broadcast())
 
 
 def test_each_step_pads_to_the_runs_widest_batch_and_a_clients_bits_do_not_depend_on_its_neighbours(one_thread):

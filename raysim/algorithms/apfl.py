@@ -147,4 +147,3 @@ class Apfl(Algorithm[ApflSettings, ApflClientState, ApflServerState, Vector, Wei
     def evaluated_model(self, state: ApflClientState, global_params: Vector) -> Vector:
         """The personalized model alpha_i v_i + (1 - alpha_i) w with the current global model w."""
         return mixture(np.asarray(state.v), global_params, float(state.alpha))
-

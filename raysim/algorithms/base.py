@@ -772,7 +772,6 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         return dataclasses.replace(upload, **{upload.message_field: value})
 
 
-
 def _check_algorithm(name: str, entry: type[Algorithm]) -> None:
     """An algorithm class whose Settings answer to its name (`algorithm.name` chooses them)."""
     if not (isinstance(entry, type) and issubclass(entry, Algorithm)):

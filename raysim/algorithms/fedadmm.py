@@ -108,9 +108,17 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
         metrics["stationarity"] = float(np.linalg.norm(alpha * at_theta.grad + state.pi + s.rho * (new.theta - w)))
         smooth = alpha * float(at_theta.loss)
         upload = diagnostic_upload(
-            change, smooth=smooth, last_smooth=state.reported_smooth, pi=new.pi, pi_before=state.pi, x=new.theta,
-            x_before=state.theta, w=w, rho=s.rho, step_squared=squared_change(new.theta, state.theta),
-        )  # fmt: skip
+            change,
+            smooth=smooth,
+            last_smooth=state.reported_smooth,
+            pi=new.pi,
+            pi_before=state.pi,
+            x=new.theta,
+            x_before=state.theta,
+            w=w,
+            rho=s.rho,
+            step_squared=squared_change(new.theta, state.theta),
+        )
         return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics, message=u)
 
     def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):

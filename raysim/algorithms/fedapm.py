@@ -288,10 +288,17 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         metrics["stationarity"] = float(np.linalg.norm(residual))
         smooth = alpha * float(at_params.loss)  # (4)
         upload = diagnostic_upload(
-            z - z_old, smooth=smooth, last_smooth=state.reported_smooth, pi=pi, pi_before=state.pi, x=synced,
-            x_before=state.params[self.synced], w=broadcast, rho=s.rho,
+            z - z_old,
+            smooth=smooth,
+            last_smooth=state.reported_smooth,
+            pi=pi,
+            pi_before=state.pi,
+            x=synced,
+            x_before=state.params[self.synced],
+            w=broadcast,
+            rho=s.rho,
             step_squared=squared_change(params, state.params),  # Sigma_p's ||dv_i||^2 + ||du_i||^2
-        )  # fmt: skip
+        )
         return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics, message=z)
 
     def message_of(self, state: FedApmClientState) -> Vector:

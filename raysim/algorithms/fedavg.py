@@ -69,8 +69,9 @@ class FedAvgSettings(SGDSettings, SplitSettings):
     @model_validator(mode="after")
     def _check_shared_start(self) -> FedAvgSettings:
         if self.shared_start == "local" and not self.shared_only:
-            raise ValueError("algorithm.shared_start='local' is the authors' code's shared-only path: set "
-                             "algorithm.shared_only=true")
+            raise ValueError(
+                "algorithm.shared_start='local' is the authors' code's shared-only path: set algorithm.shared_only=true"
+            )
         return self
 
 

@@ -70,17 +70,21 @@ from raysim.models.spec import ParamSpec
 class FedCPSettings(SGDSettings):
     name: Literal["fedcp"] = "fedcp"
     lam: float = Field(
-        5.0, ge=0, alias="lambda",
+        5.0,
+        ge=0,
+        alias="lambda",
         description="lambda: weight of the MMD term between the local and the received global features (5 in the "
         "authors' run_me.sh, `-lam 5`)",
-    )  # fmt: skip
+    )
     tau: float = Field(1.0, gt=0, description="temperature of the policy's softmax (1 in the authors' code)")
     gumbel: bool = Field(True, description="Gumbel noise in the policy while training (the authors' gumbel_softmax)")
     head_mix: float = Field(
-        0.5, ge=0, le=1,
+        0.5,
+        ge=0,
+        le=1,
         description="share of the personalized head in the global head a client uploads, (1 - head_mix) W_g + "
         "head_mix W_p (0.5 in the authors' code; 1: the personalized heads alone)",
-    )  # fmt: skip
+    )
     aggregation: Literal["samples", "uniform"] = Field(
         "samples", description="weights of the server's averages: training-set sizes (the authors' code) or equal"
     )

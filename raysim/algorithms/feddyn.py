@@ -52,9 +52,7 @@ from raysim.jit import distances
 def dynamic_request(settings: SGDSettings, w_t: Vector, gamma: Vector, eta_g: float, lr: float) -> LocalSGD:
     """Local SGD from w_t on f_i(w) - <gamma_i, w> + 1/(2 eta_g) ||w - w_t||^2 at rate `lr` (FedDyn Alg. 1 line 6
     with alpha = 1/eta_g; FedSLR eq. 4)."""
-    return dataclasses.replace(
-        settings.local_sgd(w_t, prox_weight=1.0 / eta_g, prox_center=w_t, linear=-gamma), lr=lr
-    )
+    return dataclasses.replace(settings.local_sgd(w_t, prox_weight=1.0 / eta_g, prox_center=w_t, linear=-gamma), lr=lr)
 
 
 def dual_update(gamma: Vector, w_t: Vector, w_i: Vector, eta_g: float) -> Vector:

@@ -62,8 +62,11 @@ from raysim.models.spec import ParamSpec
 class FedProtoSettings(SGDSettings):
     name: Literal["fedproto"] = "fedproto"
     lam: float = Field(
-        1.0, ge=0, alias="lambda", description="lambda: weight of the pull of features towards the global prototypes "
-        "(eq. 8; 1 in the authors' code, `ld`)"
+        1.0,
+        ge=0,
+        alias="lambda",
+        description="lambda: weight of the pull of features towards the global prototypes "
+        "(eq. 8; 1 in the authors' code, `ld`)",
     )
     aggregation: Literal["samples", "clients"] = Field(
         "samples",
@@ -105,8 +108,9 @@ class PrototypeUpload(Upload):
 
 
 @ALGORITHMS.register()
-class FedProto(Algorithm[FedProtoSettings, FedProtoClientState, FedProtoServerState, FedProtoBroadcast,
-                         PrototypeUpload]):  # fmt: skip
+class FedProto(
+    Algorithm[FedProtoSettings, FedProtoClientState, FedProtoServerState, FedProtoBroadcast, PrototypeUpload]
+):
     name = "fedproto"
     Settings = FedProtoSettings
     Upload = PrototypeUpload

@@ -133,9 +133,7 @@ class SharedPartAlgorithm(Algorithm[P, PersonalPartState, SharedPartServerState,
         full[..., self.shared] = shared
         return full
 
-    def client_step(
-        self, client: ClientInfo | ClientChunk, state: PersonalPartState, broadcast: Vector
-    ) -> ClientStep:
+    def client_step(self, client: ClientInfo | ClientChunk, state: PersonalPartState, broadcast: Vector) -> ClientStep:
         start = self.assemble(state.personal, broadcast)
         result, metrics = yield from self.local_training(start, client.num_clients)
         params = np.asarray(result.params, np.float32)

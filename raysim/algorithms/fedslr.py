@@ -362,9 +362,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         metrics["dual_sum_norm"] = server.num_clients * metrics["gamma_mean_norm"]  # ||sum_i gamma_i||, all M
         if isinstance(total, FedSlrDiagnosticUpload) and num_selected == server.num_clients:
             metrics["potential"] = self.potential(total, prox.params, gamma_mean, metrics["nuclear_norm"])
-        new = FedSlrServerState(
-            prox.params, prox.model, gamma_mean, gammas, prox.ranks, server.num_clients
-        )
+        new = FedSlrServerState(prox.params, prox.model, gamma_mean, gammas, prox.ranks, server.num_clients)
         return new, metrics
 
     def potential(self, total: FedSlrDiagnosticUpload, x: Vector, gamma_mean: np.ndarray, nuclear_norm: float) -> float:

@@ -98,6 +98,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
     def code_draws(cls, settings: FlameSettings) -> CodeDraws:
         """One pass per local epoch (their update_weights' loop over the trainloader)."""
         return CodeDraws(passes=settings.epochs)
+
     stacks = True
 
     def init_server(self, init_params: Vector, num_clients: int) -> RunningMeanState:
@@ -158,10 +159,17 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         # (10): g_i = alpha_i (f_i(theta_i) + lambda/2 ||theta_i - w_i||^2), f_i the full-batch training loss
         smooth = alpha * (np.asarray(at_theta.loss, np.float64) + s.lam / 2 * squared_change(theta, w_i))
         upload = diagnostic_upload(
-            change, smooth=smooth, last_smooth=state.reported_smooth, pi=pi, pi_before=pi_before, x=w_i,
-            x_before=w_before, w=w, rho=s.rho,
+            change,
+            smooth=smooth,
+            last_smooth=state.reported_smooth,
+            pi=pi,
+            pi_before=pi_before,
+            x=w_i,
+            x_before=w_before,
+            w=w,
+            rho=s.rho,
             step_squared=squared_change(theta, theta_before) + squared_change(w_i, w_before),  # Delta Gamma's
-        )  # fmt: skip
+        )
         return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics)
 
     def message(self, update: ClientUpdate) -> Vector:

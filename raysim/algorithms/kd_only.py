@@ -45,6 +45,7 @@ from raysim.models.spec import ParamSpec
 
 class KdOnlySettings(TransferStepSettings):
     name: Literal["kd_only"] = "kd_only"
+
     @model_validator(mode="after")
     def _transfers(self) -> KdOnlySettings:
         if self.regularizer == "none":

@@ -200,8 +200,9 @@ def layer_spectra(flat: np.ndarray, spec: ParamSpec) -> dict[str, np.ndarray]:
 
     values = np.asarray(flat)
     return {
-        name: torch.linalg.svdvals(matrixize(torch.from_numpy(values[spec.slice(name)].astype(np.float64)).view(shape)))
-        .numpy()
+        name: torch.linalg.svdvals(
+            matrixize(torch.from_numpy(values[spec.slice(name)].astype(np.float64)).view(shape))
+        ).numpy()
         for name, shape in zip(spec.names, spec.shapes, strict=True)
         if len(shape) >= 2
     }

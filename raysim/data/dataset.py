@@ -96,7 +96,6 @@ def open_npz(file: Path, where: str, expected: str) -> np.lib.npyio.NpzFile:
     return archive
 
 
-
 class DatasetSettings(Settings):
     """The `dataset` section: `dataset.name` chooses the source, whose settings these are. A source subclasses this
     with `name: Literal["its_name"] = "its_name"`, its own options and `load`, and registers with
@@ -104,9 +103,10 @@ class DatasetSettings(Settings):
 
     name: str
     augment: Literal["none", "crop_flip"] = Field(
-        "none", description="training-time augmentation of images: crop_flip = random crop after zero padding and "
-        "horizontal flip (FedSLR on CIFAR and Tiny-ImageNet, fedslr.md 6.1), drawn from each client's seeded stream"
-    )  # fmt: skip
+        "none",
+        description="training-time augmentation of images: crop_flip = random crop after zero padding and "
+        "horizontal flip (FedSLR on CIFAR and Tiny-ImageNet, fedslr.md 6.1), drawn from each client's seeded stream",
+    )
     crop_padding: int = Field(4, ge=0, description="crop_flip: zero padding before the crop (Tiny-ImageNet: 8)")
     crop_probability: float = Field(
         0.5, ge=0, le=1, description="crop_flip: share of samples cropped (0.5 as FedSLR; 1: always)"

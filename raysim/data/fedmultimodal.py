@@ -60,36 +60,49 @@ class Source:
 
 SOURCES = {
     "crisismmd": Source(
-        "crisismmd", 8,
+        "crisismmd",
+        8,
         (
             ("image", "feature/img/mobilenet_v2/crisis_mmd/alpha10"),
             ("text", "feature/text/mobilebert/crisis_mmd/alpha10"),
         ),
-        frozenset({"text"}), "CrisisMMD humanitarian task: MobileNetV2 image + MobileBERT token features, 8 classes",
+        frozenset({"text"}),
+        "CrisisMMD humanitarian task: MobileNetV2 image + MobileBERT token features, 8 classes",
     ),
     "kuhar": Source(
-        "kuhar", 8,
+        "kuhar",
+        8,
         (("acc", "feature/acc/ku_har/fold1"), ("gyro", "feature/gyro/ku_har/fold1")),
-        frozenset(), "KU-HAR: accelerometer + gyroscope windows, 8 activities, group = participant",
+        frozenset(),
+        "KU-HAR: accelerometer + gyroscope windows, 8 activities, group = participant",
     ),
     "cremad": Source(
-        "cremad", 4,
+        "cremad",
+        4,
         (("audio", "feature/audio/mfcc/crema_d/fold1"), ("video", "feature/video/mobilenet_v2/crema_d/fold1")),
-        frozenset({"audio", "video"}), "Crema-D: MFCC frames + MobileNetV2 frame features, 4 emotions, group = speaker",
+        frozenset({"audio", "video"}),
+        "Crema-D: MFCC frames + MobileNetV2 frame features, 4 emotions, group = speaker",
     ),
-}  # fmt: skip
+}
 
-_ALLOWED = {
-    ("builtins", name) for name in ("list", "dict", "tuple", "set", "frozenset", "str", "int", "float", "bool")
-} | {
-    (module, name)
-    for module in ("numpy.core.multiarray", "numpy._core.multiarray")
-    for name in ("_reconstruct", "scalar")
-} | {
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.numeric", "_frombuffer"),
-    ("numpy._core.numeric", "_frombuffer"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-    ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
-}  # fmt: skip
+_ALLOWED = (
+    {("builtins", name) for name in ("list", "dict", "tuple", "set", "frozenset", "str", "int", "float", "bool")}
+    | {
+        (module, name)
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for name in ("_reconstruct", "scalar")
+    }
+    | {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"),
+    }
+)
 """What an authors' feature pickle may name: containers, numbers, strings, paths and numpy arrays."""
 
 
@@ -163,9 +176,11 @@ def convert(name: str, source_dir: Path, out_dir: Path) -> Path:
     if y.min() < 0 or y.max() >= source.classes:
         raise DataError(f"{source_dir}: labels must lie in 0..{source.classes - 1}, got {y.min()}..{y.max()}")
     arrays: dict[str, np.ndarray] = {
-        "y": y, "groups": np.concatenate(groups), "part": np.concatenate(parts),
+        "y": y,
+        "groups": np.concatenate(groups),
+        "part": np.concatenate(parts),
         "group_names": np.array([f.stem for f in client_files]),
-    }  # fmt: skip
+    }
     for modality, arrays_of in steps.items():
         widths = {a.shape[1] for a in arrays_of}
         if len(widths) != 1:

@@ -144,8 +144,10 @@ def _class_images(root: Path, classes: list[str]) -> list[list[Path]]:
                 elif entry.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
                     file = os.path.realpath(path)
                     if file in images:
-                        raise DataError(f"dataset.root: {path} is the same image file as {images[file]}; every "
-                                        "image must be read once")  # fmt: skip
+                        raise DataError(
+                            f"dataset.root: {path} is the same image file as {images[file]}; every "
+                            "image must be read once"
+                        )
                     images[file] = path
                     found.append(path)
         per_class.append(sorted(found))
@@ -157,9 +159,10 @@ class ImageFolderSettings(RootSettings):
     name: Literal["image_folder"] = "image_folder"
     size: int | None = Field(None, ge=1, description="resize images to size x size (e.g. 64 for Medical MNIST)")
     channels: Literal[1, 3] | None = Field(
-        None, description="convert every image to 1 (grey) or 3 (RGB) channels; default: RGB if any image has colour "
-        "(the FLAME authors read Medical MNIST as RGB)"
-    )  # fmt: skip
+        None,
+        description="convert every image to 1 (grey) or 3 (RGB) channels; default: RGB if any image has colour "
+        "(the FLAME authors read Medical MNIST as RGB)",
+    )
     about: ClassVar[str] = "any ImageFolder tree, e.g. Kaggle's Medical MNIST (FLAME's MMNIST, `dataset.size: 64`)"
     layout: ClassVar[str] = "one folder per class holding the images"
     get: ClassVar[str] = "your own files; Medical MNIST: kaggle.com/datasets/andrewmvd/medical-mnist"

@@ -80,9 +80,11 @@ class Modalities(tuple):
         return hash(self.parts)
 
     def __repr__(self) -> str:
-        return "Modalities(" + ", ".join(
-            f"{p.name}{list(p.shape)}{' variable' if p.sequence else ''}" for p in self.parts
-        ) + ")"
+        return (
+            "Modalities("
+            + ", ".join(f"{p.name}{list(p.shape)}{' variable' if p.sequence else ''}" for p in self.parts)
+            + ")"
+        )
 
     @property
     def names(self) -> tuple[str, ...]:

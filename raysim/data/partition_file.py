@@ -155,8 +155,10 @@ def _indices(column: pa.ChunkedArray, name: str, where: str) -> list[np.ndarray]
     lists = column.to_pylist()
     for row, indices in enumerate(lists):
         if None in indices:
-            raise PartitionError(f"{where}: row {row}, column {name!r}: a missing (null) index inside the list "
-                                 f"(position {indices.index(None)})")  # fmt: skip
+            raise PartitionError(
+                f"{where}: row {row}, column {name!r}: a missing (null) index inside the list "
+                f"(position {indices.index(None)})"
+            )
     return [np.asarray(indices, dtype=np.int64) for indices in lists]
 
 
@@ -194,14 +196,19 @@ def read_partition(settings: FileSettings, labels: np.ndarray, num_clients: int)
     if "client_id" in columns:
         listed = table.column("client_id").to_pylist()
         if not all(isinstance(i, int) for i in listed):
-            raise PartitionError(f"{where}: column 'client_id' must hold integer ids 0..{num_clients - 1} (found "
-                                 f"{next(i for i in listed if not isinstance(i, int))!r})")  # fmt: skip
+            raise PartitionError(
+                f"{where}: column 'client_id' must hold integer ids 0..{num_clients - 1} (found "
+                f"{next(i for i in listed if not isinstance(i, int))!r})"
+            )
         ids = [int(i) for i in listed]
         if sorted(ids) != list(range(num_clients)):
             raise PartitionError(f"{where}: column 'client_id' must hold the ids 0..{num_clients - 1}, each once")
     empty = [np.arange(0, dtype=np.int64)] * num_clients
-    parts = {name: _indices(table.column(name), name, where) for name in ("train", "test", "val", "indices")
-             if name in columns}  # fmt: skip
+    parts = {
+        name: _indices(table.column(name), name, where)
+        for name in ("train", "test", "val", "indices")
+        if name in columns
+    }
     noise = table.column("noise_std").to_pylist() if "noise_std" in columns else [0.0] * num_clients
     marked = table.column("malicious").to_pylist() if "malicious" in columns else [False] * num_clients
     rows = [
@@ -252,8 +259,9 @@ def _check_client(row: ClientRow, num_samples: int, where: str) -> None:
             )
     if row.indices is not None:
         if len(row.indices) < 2:
-            raise PartitionError(f"{client} holds {len(row.indices)} samples; every client needs a training and a "
-                                 "test sample")  # fmt: skip
+            raise PartitionError(
+                f"{client} holds {len(row.indices)} samples; every client needs a training and a test sample"
+            )
         return
     for name in ("train", "test"):
         if len(held[name]) == 0:

@@ -95,9 +95,7 @@ class SchemeSettings(Settings):
         """The clients this partition marks as attackers (a partition file's); None: it marks none."""
         return None
 
-    def splits(
-        self, labels: np.ndarray, num_clients: int, seed: int, groups: np.ndarray | None
-    ) -> list[ClientSplit]:
+    def splits(self, labels: np.ndarray, num_clients: int, seed: int, groups: np.ndarray | None) -> list[ClientSplit]:
         """Every client's train / test / val indices: `assign`, each client's share split by `split_client`, and
         the scheme's noise levels. With `test_split: global`, `assign` deals only the samples outside the shared
         test split (`global_test_split`), and every client's test split is that one."""

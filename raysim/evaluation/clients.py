@@ -62,8 +62,7 @@ def evaluation_data(
             ys[position] = data.y[plain[position]]
             continue
         drawn = [
-            data.arrays(name, rng(seed, Stream.DATA_NOISE, client_id, evaluation, SPLITS.index(name)))
-            for name in names
+            data.arrays(name, rng(seed, Stream.DATA_NOISE, client_id, evaluation, SPLITS.index(name))) for name in names
         ]
         xs[position] = np.concatenate([x for x, _ in drawn])
         ys[position] = np.concatenate([y for _, y in drawn])

@@ -165,9 +165,13 @@ class FlatModel:
         return total.item(), grad
 
     def prototype_contrast_loss_and_grad(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: PrototypeContrast,
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss: PrototypeContrast,
         dropout_seed: int | None = None,
-    ) -> tuple[float, torch.Tensor]:  # fmt: skip
+    ) -> tuple[float, torch.Tensor]:
         """PrototypeContrast `loss` on the batch at `flat` and its gradient (a new flat tensor); dropout as in
         `loss_and_grad`."""
         point = flat.detach().requires_grad_(True)
@@ -197,8 +201,15 @@ class FlatModel:
         return flat[:size].reshape(weight.shape), bias
 
     @torch.no_grad()
-    def class_means(self, flat: np.ndarray | None, x: np.ndarray, y: np.ndarray, classes: int, chunk: int = 2048,
-                    embedding: bool = False) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+    def class_means(
+        self,
+        flat: np.ndarray | None,
+        x: np.ndarray,
+        y: np.ndarray,
+        classes: int,
+        chunk: int = 2048,
+        embedding: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Per class: the samples' count [classes] (float64) and, at `flat`, their mean features [classes, d]
         (float32, summed in float64; zero for a class without samples), or with `embedding` their mean normalized
         outputs h / ||h||. Dropout off."""
@@ -273,9 +284,11 @@ class GatedHeadsModel(FlatModel):
         context = torch.tensor(np.asarray(loss.context, np.float32))
         with self._dropout(seed):
             logits, features, _shares = functional_call(
-                self.module, self.spec.unflatten(point), (x,), {"context": context, "generator": generator,
-                                                                 "details": True},
-            )  # fmt: skip
+                self.module,
+                self.spec.unflatten(point),
+                (x,),
+                {"context": context, "generator": generator, "details": True},
+            )
         total = nn.functional.cross_entropy(logits, y)
         if loss.mmd_weight and loss.reference is not None:
             with torch.no_grad():

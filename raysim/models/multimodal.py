@@ -126,8 +126,9 @@ class ImageTextClassifier(nn.Module):
     (545,870 parameters on [1,1280] + [32,512], 8 classes). Paper sizes (`paper`): img_proj Linear(image -> 64)-ReLU-
     dropout, GRU hidden 64, attention d_hid 64, d_head 4."""
 
-    def __init__(self, modalities: Modalities, classes: int, paper: bool = False, image: str = "image",
-                 text: str = "text"):  # fmt: skip
+    def __init__(
+        self, modalities: Modalities, classes: int, paper: bool = False, image: str = "image", text: str = "text"
+    ):
         super().__init__()
         self.modalities, self.image, self.text = modalities, image, text
         image_dim = modalities.part(image).size

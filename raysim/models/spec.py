@@ -89,8 +89,10 @@ class ParamSpec:
     def require_head(self) -> tuple[str, ...]:
         """`head`, or a ValueError when this layout does not know it."""
         if not self.head:
-            raise ValueError(f"the parameter layout of model {self.model or '(unnamed)'!r} names no head (last linear "
-                             "layer); build it with raysim.models.flat.param_spec")
+            raise ValueError(
+                f"the parameter layout of model {self.model or '(unnamed)'!r} names no head (last linear "
+                "layer); build it with raysim.models.flat.param_spec"
+            )
         return self.head
 
     def unflatten(self, flat: Any) -> dict[str, Any]:

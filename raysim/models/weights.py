@@ -109,8 +109,9 @@ def read_weights(path: str | Path, key: str) -> tuple[np.ndarray, WeightsHeader]
             f"version {FORMAT_VERSION} (write it again with `raysim pretrain`)"
         )
     if params.dtype != np.float32 or params.ndim != 1 or params.size != header.parameters:
-        raise ConfigError(f"{where}: corrupted: {params.size} {params.dtype} values, the header says "
-                          f"{header.parameters} float32")  # fmt: skip
+        raise ConfigError(
+            f"{where}: corrupted: {params.size} {params.dtype} values, the header says {header.parameters} float32"
+        )
     actual = checksum(params)
     if actual != header.sha256:
         raise ConfigError(
@@ -140,5 +141,6 @@ def check_model(
     if not mismatches and tuple(header.layers) != tuple(layers):
         mismatches.append("another parameter layout (made by another raysim version of the model?)")
     if mismatches:
-        raise ConfigError(f"{key}: {Path(path).expanduser()} holds weights of {'; '.join(mismatches)} "
-                          f"(dataset {header.dataset})")  # fmt: skip
+        raise ConfigError(
+            f"{key}: {Path(path).expanduser()} holds weights of {'; '.join(mismatches)} (dataset {header.dataset})"
+        )

@@ -116,8 +116,13 @@ def run_experiment(
         raise _interrupted(interrupt, config, writer, result, rounds) from None
     except BaseException as error:
         if result.run_id is not None:
-            writer.set_tags({"raysim.error": redact_text(str(error).strip().splitlines()[-1] if str(error) else
-                                                         type(error).__name__)})  # fmt: skip
+            writer.set_tags(
+                {
+                    "raysim.error": redact_text(
+                        str(error).strip().splitlines()[-1] if str(error) else type(error).__name__
+                    )
+                }
+            )
         writer.finish("FAILED", timeout)
         raise
     writer.finish("FINISHED", timeout)
@@ -193,8 +198,9 @@ def _interrupted(
             return RayLost(f"{interrupt} (before the run started)")
         writer.set_tags({"raysim.error": f"{interrupt} after round {done}"})
         writer.finish("FAILED", config.tracking.flush_timeout_s)
-        return RayLost(f"run {result.run_id} failed after round {done} of {config.rounds}: {interrupt}: marked "
-                       f"FAILED{hint}")  # fmt: skip
+        return RayLost(
+            f"run {result.run_id} failed after round {done} of {config.rounds}: {interrupt}: marked FAILED{hint}"
+        )
     number = getattr(interrupt, "signal_number", signal.SIGINT)
     name = signal.Signals(number).name
     if result.run_id is None:

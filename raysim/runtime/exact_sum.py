@@ -85,8 +85,9 @@ def add_rows(
 def encode(upload: Any, max_terms: int, client_id: int) -> PartialSum:
     """One client's upload as a PartialSum of one term; raises UploadRangeError (naming the client and the field)
     when it cannot be summed exactly."""
-    stacked = dataclasses.replace(upload, **{f.name: np.asarray(getattr(upload, f.name))[None] for f in
-                                             dataclasses.fields(upload)})  # fmt: skip
+    stacked = dataclasses.replace(
+        upload, **{f.name: np.asarray(getattr(upload, f.name))[None] for f in dataclasses.fields(upload)}
+    )
     total, rejected = add_rows(None, stacked, [client_id], max_terms)
     if rejected or total is None:  # its one term refused
         raise UploadRangeError(rejection(upload, max_terms, client_id))

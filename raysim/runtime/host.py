@@ -36,6 +36,7 @@ from raysim.training.local import ClientData
 EVALUATION_CLIENTS = 64
 """Clients whose splits the global model scores in one pass (ClientHost.evaluate); memory: their samples."""
 
+
 class ClientHost(Renewable):
     """Simulates the clients `clients` (ClientInfo, ClientSplit pairs) of one host."""
 

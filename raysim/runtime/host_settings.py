@@ -70,14 +70,27 @@ class HostSettings:
         runtime = config.runtime
         reads_messages = ALGORITHMS.get(config.algorithm.name).reads_messages(config.algorithm)
         return cls(
-            config.algorithm, problem.model_spec, config.seed, runtime.torch_threads, problem.attack,
+            config.algorithm,
+            problem.model_spec,
+            config.seed,
+            runtime.torch_threads,
+            problem.attack,
             config.aggregation.active or reads_messages,
-            config.tracking.auc_single_label, runtime.on_nonfinite, runtime.state_memory_mb,
-            runtime.spill_dir, runtime.client_training, runtime.vectorize_chunk, runtime.host_gpus, problem.inputs,
-            config.tracking.loss_sum_batch, config.tracking.train_loss_every,
-            tuple(sorted({info.num_train for info, _ in problem.clients})), authors_batches(config, problem),
-            train_loss_unit=config.tracking.train_loss_unit, deterministic=runtime.deterministic,
-        )  # fmt: skip
+            config.tracking.auc_single_label,
+            runtime.on_nonfinite,
+            runtime.state_memory_mb,
+            runtime.spill_dir,
+            runtime.client_training,
+            runtime.vectorize_chunk,
+            runtime.host_gpus,
+            problem.inputs,
+            config.tracking.loss_sum_batch,
+            config.tracking.train_loss_every,
+            tuple(sorted({info.num_train for info, _ in problem.clients})),
+            authors_batches(config, problem),
+            train_loss_unit=config.tracking.train_loss_unit,
+            deterministic=runtime.deterministic,
+        )
 
 
 def authors_batches(config: ExperimentConfig, problem: Problem) -> AuthorsBatchPlan | None:
@@ -92,6 +105,10 @@ def authors_batches(config: ExperimentConfig, problem: Problem) -> AuthorsBatchP
     assert draws is not None and isinstance(settings, SGDSettings), "checked by ExperimentConfig._check_authors_batches"
     splits = [split for _, split in problem.clients]
     return AuthorsBatchPlan(
-        config.seed, tuple(len(s.train) + len(s.test) + 1 for s in splits), tuple(len(s.train) for s in splits),
-        settings.batch_size, draws.passes, draws.picks,
-    )  # fmt: skip
+        config.seed,
+        tuple(len(s.train) + len(s.test) + 1 for s in splits),
+        tuple(len(s.train) for s in splits),
+        settings.batch_size,
+        draws.passes,
+        draws.picks,
+    )

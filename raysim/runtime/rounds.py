@@ -85,8 +85,12 @@ class Rounds:
             with checkpoint.round_folder(directory) as partial:
                 self._write_checkpoint(simulation, step, partial)
         except checkpoint.CheckpointError as error:
-            kept = (f"the last complete one is {self.latest}: free space and continue with `raysim resume "
-                    f"{self.result.run_id}`" if self.latest else "no checkpoint of this run is complete")  # fmt: skip
+            kept = (
+                f"the last complete one is {self.latest}: free space and continue with `raysim resume "
+                f"{self.result.run_id}`"
+                if self.latest
+                else "no checkpoint of this run is complete"
+            )
             raise checkpoint.CheckpointError(f"{error}; {kept}") from None
         self.latest = directory
         self.writer.set_tags({"raysim.checkpoint": str(directory)})
@@ -197,7 +201,11 @@ class Rounds:
             return True
         logging.getLogger(__name__).warning(
             "the clients' models (%d x %d parameters, %.0f MB) are not saved: over tracking.client_models_max_mb = "
-            "%g; the global model is", clients, self.params.size, megabytes, tracking.client_models_max_mb,
+            "%g; the global model is",
+            clients,
+            self.params.size,
+            megabytes,
+            tracking.client_models_max_mb,
         )
         return False
 

@@ -190,7 +190,8 @@ def _start_local(runtime: RuntimeSettings, local: dict[str, float]) -> LocalDaem
                 raise
             logging.getLogger(__name__).warning(
                 "the local Ray did not start in time (try %d of %d; a loaded machine?): starting it again",
-                attempt, START_ATTEMPTS,
+                attempt,
+                START_ATTEMPTS,
             )
     raise AssertionError("unreachable: the last try returns or raises")
 

@@ -262,9 +262,7 @@ class ClientSteps:
             self.sent[client_id] = message
         return upload, ((np.asarray(message, np.float32), previous) if self.settings.send_messages else None)
 
-    def _generators(
-        self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING
-    ) -> Iterator[Draws]:
+    def _generators(self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING) -> Iterator[Draws]:
         """The generators of a client's successive requests, keyed by (seed, stream, client, round, request number);
         with clients.batches = authors their training batches are the authors' (one RoundDraws for the round)."""
         generators = (rng(self.seed, stream, client_id, round_index, number) for number in itertools.count())

@@ -173,28 +173,26 @@ def workload(
     """The benchmark's FLAME experiment: evaluation before round 1 and after the last, or with `evaluate` after
     every round; `chunk` None keeps runtime.vectorize_chunk's default; `overrides` are `--set key.path=value`."""
     chunking = {} if chunk is None else {"vectorize_chunk": chunk}
-    tree = (
-        {
-            "algorithm": {"name": "flame", "lambda": 1.0, "rho": 0.1, "epochs": 1, "lr": 0.01, "batch_size": 100},
-            "dataset": {"name": "fashion_mnist"},
-            "partition": {"scheme": "iid"},
-            "model": {"name": model},
-            "clients": {"count": clients},
-            "rounds": rounds,
-            "seed": 1,
-            "runtime": {
-                "num_hosts": hosts,
-                "host_gpus": host_gpus,
-                "client_training": "vectorized" if vectorized else "sequential",
-                **chunking,
-            },
-            "tracking": {
-                "uri": f"sqlite:///{folder}/mlflow.db",
-                "experiment": "bench",
-                "eval_every": 1 if evaluate else rounds,
-            },
-        }
-    )
+    tree = {
+        "algorithm": {"name": "flame", "lambda": 1.0, "rho": 0.1, "epochs": 1, "lr": 0.01, "batch_size": 100},
+        "dataset": {"name": "fashion_mnist"},
+        "partition": {"scheme": "iid"},
+        "model": {"name": model},
+        "clients": {"count": clients},
+        "rounds": rounds,
+        "seed": 1,
+        "runtime": {
+            "num_hosts": hosts,
+            "host_gpus": host_gpus,
+            "client_training": "vectorized" if vectorized else "sequential",
+            **chunking,
+        },
+        "tracking": {
+            "uri": f"sqlite:///{folder}/mlflow.db",
+            "experiment": "bench",
+            "eval_every": 1 if evaluate else rounds,
+        },
+    }
     apply_overrides(tree, tuple(overrides))
     return validate_config(tree)
 
@@ -280,15 +278,28 @@ def _measure_reference(
         ready = time.perf_counter()
         ends, w = reference_loop(config, problem, device)
     seconds = _round_seconds(ends)
-    measured = Measurement("reference", clients, config.model.name, rounds, 1, seconds, clients / seconds,
-                           ready - start, memory.peak_mib, 1.0, 0.0, 0.0, device, *gpu.usage(*_measured_window(ends)),
-                           algorithm=config.algorithm.name, dataset=config.dataset.name)  # fmt: skip
+    measured = Measurement(
+        "reference",
+        clients,
+        config.model.name,
+        rounds,
+        1,
+        seconds,
+        clients / seconds,
+        ready - start,
+        memory.peak_mib,
+        1.0,
+        0.0,
+        0.0,
+        device,
+        *gpu.usage(*_measured_window(ends)),
+        algorithm=config.algorithm.name,
+        dataset=config.dataset.name,
+    )
     return measured, w
 
 
-def _measure_raysim(
-    config: ExperimentConfig, reference: Measurement | None, w_ref: np.ndarray | None
-) -> Measurement:
+def _measure_raysim(config: ExperimentConfig, reference: Measurement | None, w_ref: np.ndarray | None) -> Measurement:
     """Run the `workload` config once; its round times, memory and GPU use against the reference's (None: the
     reference was not run: no ratios)."""
     clients, rounds, runtime = config.clients.count, config.rounds, config.runtime
@@ -401,8 +412,19 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
     algorithms = ", ".join(sorted({r.algorithm for r in results}))  # algorithm.name
     datasets = ", ".join(sorted({r.dataset for r in results}))  # dataset.name
     table = Table(title=f"{algorithms} round on {datasets} ({os.cpu_count()} CPUs, torch {torch.__version__})")
-    columns = ["clients", "model", "way", "hosts", "chunk", "s/round", "updates/s", "start-up s", "peak RSS MiB",
-               "ratio vs reference", "max |w - w_ref|"]  # fmt: skip
+    columns = [
+        "clients",
+        "model",
+        "way",
+        "hosts",
+        "chunk",
+        "s/round",
+        "updates/s",
+        "start-up s",
+        "peak RSS MiB",
+        "ratio vs reference",
+        "max |w - w_ref|",
+    ]
     evaluated = any(r.evaluation_seconds is not None for r in results)
     if gpus:
         columns[5:5] = ["GPU/host", "device"]
@@ -412,9 +434,19 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
     for column in columns:
         table.add_column(column, justify="left" if column in ("model", "way", "device") else "right")
     for r in results:
-        row = [str(r.clients), r.model, r.way, str(r.hosts), _optional(r.chunk), f"{r.seconds_per_round:.3f}",
-               f"{r.updates_per_second:.0f}", f"{r.startup_seconds:.1f}", f"{r.peak_rss_mib:.0f}",
-               _optional(r.ratio_vs_reference, ".2f"), _optional(r.max_abs_diff_vs_reference, ".1e")]  # fmt: skip
+        row = [
+            str(r.clients),
+            r.model,
+            r.way,
+            str(r.hosts),
+            _optional(r.chunk),
+            f"{r.seconds_per_round:.3f}",
+            f"{r.updates_per_second:.0f}",
+            f"{r.startup_seconds:.1f}",
+            f"{r.peak_rss_mib:.0f}",
+            _optional(r.ratio_vs_reference, ".2f"),
+            _optional(r.max_abs_diff_vs_reference, ".1e"),
+        ]
         if gpus:
             row[5:5] = [f"{r.host_gpus:g}", r.device]
             row += [_optional(r.gpu_utilisation_percent), _optional(r.gpu_memory_mib)]

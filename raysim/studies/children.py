@@ -151,8 +151,9 @@ def failure_lines(kind: str, children: Children, resume: str) -> list[str]:
     failed = [(config.tracking.run_name, outcome) for config, outcome in children if not outcome.finished]
     if not failed:
         return []
-    lines = [f"{len(failed)} of {len(children)} {kind} children failed (marked FAILED, error in their raysim.error "
-             "tag):"]  # fmt: skip
+    lines = [
+        f"{len(failed)} of {len(children)} {kind} children failed (marked FAILED, error in their raysim.error tag):"
+    ]
     lines += [f"  {name}: {outcome.error}" for name, outcome in failed]
     lines.append(f"rerun the failed ones (finished ones are kept) with `{resume}`")
     return lines

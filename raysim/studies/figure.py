@@ -88,8 +88,13 @@ def curves_figure(tracking_uri: str, target: str, metrics: list[str] | None = No
         lines = axis.get_lines()
         for line, curve in zip(lines, curves, strict=True):
             axis.fill_between(curve.rounds, curve.low, curve.high, color=line.get_color(), alpha=0.15, linewidth=0)
-        shown = [v for curve in curves for r, lo, hi in zip(curve.rounds, curve.low, curve.high, strict=True)
-                 if r >= 1 or len(curve.rounds) == 1 for v in (lo, hi)]  # fmt: skip
+        shown = [
+            v
+            for curve in curves
+            for r, lo, hi in zip(curve.rounds, curve.low, curve.high, strict=True)
+            if r >= 1 or len(curve.rounds) == 1
+            for v in (lo, hi)
+        ]
         plots.zoom(axis, [v for v in shown if not math.isnan(v)], _bounds(metric))
     return fig
 

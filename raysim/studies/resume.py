@@ -113,9 +113,11 @@ def reopen_parent(writer: MlflowWriter, parent: str, kind: str, name: str) -> Pr
         raise ConfigError(f"--resume {parent}: that run is in another experiment than this {kind} logs to")
     writer.reopen(parent)
     children = writer.client.search_runs(
-        [writer.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=50000,
+        [writer.experiment_id],
+        f"tags.mlflow.parentRunId = '{parent}'",
+        max_results=50000,
         order_by=["attributes.start_time ASC"],
-    )  # fmt: skip
+    )
     by_name: dict[str, Any] = {}
     for child in children:  # a finished child wins over an unfinished one of the same name
         name_of = child.info.run_name or ""

@@ -106,8 +106,9 @@ class SuiteResult:
 
     def mean_final(self, name: str, metric: str) -> float:
         """Mean over the finished seeds of run `name` of a summary metric (e.g. `final/pm/acc`); NaN if none."""
-        values = [c.outcome.summary.get(metric, math.nan) for c in self.children
-                  if c.name == name and c.outcome.finished]  # fmt: skip
+        values = [
+            c.outcome.summary.get(metric, math.nan) for c in self.children if c.name == name and c.outcome.finished
+        ]
         return sum(values) / len(values) if values else math.nan
 
 

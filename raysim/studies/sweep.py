@@ -203,9 +203,7 @@ def absolute_tracking_uri(configured: str | None) -> str:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_trial(
-    config: ExperimentConfig, parent: str, continue_run: str | None, command: str | None
-) -> ChildOutcome:
+def _run_trial(config: ExperimentConfig, parent: str, continue_run: str | None, command: str | None) -> ChildOutcome:
     """One trial on the cluster (raysim.studies.children.run_child): errors are returned. `command`: the sweep's,
     the trial's MLflow source (its own process is a Ray worker). The actors a trial keeps (runtime.reuse_actors)
     are ended with it: kept in the idle worker process, they held their CPUs for ever, and the driver's next run
@@ -322,8 +320,10 @@ def _schedule(
                 except Exception as error:  # noqa: BLE001 - the task itself died
                     outcome = ChildOutcome("failed", error=one_line(error))
                 outcomes[trial.index] = outcome
-                say(f"trial {trial.index:3d} {outcome_line(f'{trial.label} seed={trial.config.seed}', outcome)}",
-                    flush=True)  # fmt: skip
+                say(
+                    f"trial {trial.index:3d} {outcome_line(f'{trial.label} seed={trial.config.seed}', outcome)}",
+                    flush=True,
+                )
     except KeyboardInterrupt:
         _cancel(writer, parent, pending)
         raise

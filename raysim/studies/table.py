@@ -46,8 +46,11 @@ class TableError(RaysimError):
 
 
 COMPARISONS: dict[str, Callable[[float, float], bool]] = {
-    "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt
-}  # fmt: skip
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+}
 TARGET = re.compile(
     r"^(?P<metric>[^\s<>=]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)$"
 )
@@ -221,8 +224,12 @@ class Table:
         for metric in self.metrics:
             columns += [f"{metric} mean", f"{metric} std", f"{metric} n", f"{metric} rounds", f"{metric} values"]
         for target in self.targets:
-            columns += [f"{target.label} mean", f"{target.label} std", f"{target.label} reached",
-                        f"{target.label} rounds"]  # fmt: skip
+            columns += [
+                f"{target.label} mean",
+                f"{target.label} std",
+                f"{target.label} reached",
+                f"{target.label} rounds",
+            ]
         writer.writerow(columns)
         for setting, seeds, cells in self.rows:
             row: list[Any] = [setting, ";".join(map(str, seeds))]
@@ -232,15 +239,18 @@ class Table:
                     row += ["", "", 0, "", ""]
                     continue
                 std = "" if math.isnan(cell.std) else repr(cell.std)
-                row += [repr(cell.mean), std, cell.n, ";".join(map(str, cell.rounds)),
-                        ";".join(map(repr, cell.values))]  # fmt: skip
+                row += [repr(cell.mean), std, cell.n, ";".join(map(str, cell.rounds)), ";".join(map(repr, cell.values))]
             for target in self.targets:
                 reach = self.reach.get(setting, {}).get(target.label)
                 if reach is None:
                     row += ["", "", 0, ""]
                     continue
-                row += [_number(reach.mean), _number(reach.std), len(reach.rounds) - len(reach.missed),
-                        ";".join(reach.per_seed())]  # fmt: skip
+                row += [
+                    _number(reach.mean),
+                    _number(reach.std),
+                    len(reach.rounds) - len(reach.missed),
+                    ";".join(reach.per_seed()),
+                ]
             writer.writerow(row)
         return out.getvalue()
 
@@ -266,8 +276,9 @@ class Table:
         ]
         for setting, seeds, cells in self.rows:
             shown = self._shown(setting, cells, latex=True)
-            shown = [_bold(text) if setting in bold[column] else text for column, text in zip(columns, shown,
-                                                                                               strict=True)]
+            shown = [
+                _bold(text) if setting in bold[column] else text for column, text in zip(columns, shown, strict=True)
+            ]
             lines.append(" & ".join([_latex_escape(setting), str(len(seeds)), *shown]) + " \\\\")
         lines += [
             "\\bottomrule",
@@ -284,9 +295,7 @@ class Table:
         target = next((t for t in self.targets if t.label == column), None)
         means: dict[str, float] = {}
         for setting, _, cells in self.rows:
-            cell: Cell | ReachCell | None = (
-                self.reach.get(setting, {}).get(column) if target else cells.get(column)
-            )
+            cell: Cell | ReachCell | None = self.reach.get(setting, {}).get(column) if target else cells.get(column)
             if cell is not None and not math.isnan(cell.mean):
                 means[setting] = round(cell.mean, 1 if target else 4)
         if len(means) < 2:
@@ -339,10 +348,21 @@ def listed(names: list[str], limit: int = 10) -> str:
 KIND_LABELS = {"pm": "PM", "gm": "GM", "hm": "HM", "personal": "personal", "proto": "prototype"}
 """The model a metric key's first part names (spec: personalized, global and hybrid model)."""
 NAME_LABELS = {
-    "acc": "acc.", "acc_min": "min. acc.", "acc_p10": "10th pct. acc.", "acc_std": "acc. std", "acc_var": "acc. var.",
-    "auc": "AUC", "best_acc": "best acc.", "f1": "F1", "lagging_share": "lagging share", "loss": "loss",
-    "loss_std": "loss std", "loss_var": "loss var.", "loss_sum_var": "summed loss var.", "train_loss": "train loss",
-}  # fmt: skip
+    "acc": "acc.",
+    "acc_min": "min. acc.",
+    "acc_p10": "10th pct. acc.",
+    "acc_std": "acc. std",
+    "acc_var": "acc. var.",
+    "auc": "AUC",
+    "best_acc": "best acc.",
+    "f1": "F1",
+    "lagging_share": "lagging share",
+    "loss": "loss",
+    "loss_std": "loss std",
+    "loss_var": "loss var.",
+    "loss_sum_var": "summed loss var.",
+    "train_loss": "train loss",
+}
 """Readable names of the per-model metrics raysim logs (raysim.evaluation)."""
 TIME_PREFIXES = ("time/", "traffic/")
 """Metric groups (seconds, bytes) that are best when smallest."""
@@ -459,8 +479,13 @@ def build_table(
             if not found:
                 continue
             values = np.array([v for v, _ in found], dtype=np.float64)
-            cells[metric] = Cell(float(values.mean()), spread(values, std), len(values), tuple(s for _, s in found),
-                                 tuple(float(v) for v in values))  # fmt: skip
+            cells[metric] = Cell(
+                float(values.mean()),
+                spread(values, std),
+                len(values),
+                tuple(s for _, s in found),
+                tuple(float(v) for v in values),
+            )
         rows.append((setting, [r.seed for r in members], cells))
         for target in targets:
             reaches = [r.reached[target.label] for r in members if target.label in r.reached]
@@ -472,8 +497,9 @@ def build_table(
             cell = ReachCell(mean, std_met, tuple(r.first for r in reaches), tuple(r.last for r in reaches))
             reach.setdefault(setting, {})[target.label] = cell
     lasts = [r.last_round for r in runs if r.last_round is not None]
-    return Table(title, at, list(metrics), rows, best_by, list(left_out or []), std, over_rounds, list(targets),
-                 reach, lasts)  # fmt: skip
+    return Table(
+        title, at, list(metrics), rows, best_by, list(left_out or []), std, over_rounds, list(targets), reach, lasts
+    )
 
 
 SUITE_CHILD = re.compile(r"^(?P<setting>.+)/seed(?P<seed>-?\d+)$")
@@ -530,9 +556,11 @@ def read_runs(tracking_uri: str, target: str, metrics: Sequence[str]) -> StudyRu
     if parent is not None:
         title = parent.data.tags.get("suite") or parent.data.tags.get("sweep") or parent.info.run_name
         runs = client.search_runs(
-            [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{target}'", max_results=50000,
+            [parent.info.experiment_id],
+            f"tags.mlflow.parentRunId = '{target}'",
+            max_results=50000,
             order_by=["attributes.start_time ASC"],
-        )  # fmt: skip
+        )
         if not runs:
             raise TableError(f"run {target} has no child runs: give the parent run of a suite or sweep")
         labels = {run.info.run_id: setting_of(run.info.run_name or "") for run in runs}
@@ -545,7 +573,7 @@ def read_runs(tracking_uri: str, target: str, metrics: Sequence[str]) -> StudyRu
             run
             for run in client.search_runs(
                 [experiment.experiment_id], max_results=50000, order_by=["attributes.start_time ASC"]
-            )  # fmt: skip
+            )
             if "mlflow.parentRunId" not in run.data.tags
         ]
         studies = [run for run in top_level if {"suite", "sweep"} & set(run.data.tags)]
@@ -565,8 +593,10 @@ def read_runs(tracking_uri: str, target: str, metrics: Sequence[str]) -> StudyRu
             labels[run.info.run_id],
             int(run.data.params.get("seed", 0)),
             run.info.run_id,
-            {metric: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
-             for metric in dict.fromkeys(metrics)},  # fmt: skip
+            {
+                metric: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
+                for metric in dict.fromkeys(metrics)
+            },
         )
         for run in finished
     ]

@@ -32,9 +32,12 @@ class TrialProgress:
         """trial name -> rounds last shown"""
         self.tasks: dict[str, TaskID] = {}
         self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
             console=self.console,
-        )  # fmt: skip
+        )
         if self.live:
             self.progress.start()
 
@@ -48,8 +51,9 @@ class TrialProgress:
         )
         return {
             run.info.run_name: len(client.get_metric_history(run.info.run_id, ROUND_METRIC))
-            for run in running if run.info.run_name in wanted
-        }  # fmt: skip
+            for run in running
+            if run.info.run_name in wanted
+        }
 
     def look(self, in_flight: dict[str, int], force: bool = False) -> None:
         """Show the progress of the trials in flight (run name -> its total rounds), at most every `every_s`."""

@@ -51,9 +51,7 @@ class RunArtifacts(RoundCallback):
     start and the first rounds run; config.yaml (credentials redacted), clients.parquet and convergence.png when
     it ends, then its final models (tracking.save_models: `on_models`)."""
 
-    def __init__(
-        self, config: ExperimentConfig, problem: PreparedProblem, writer: MlflowWriter, resumed: bool = False
-    ):
+    def __init__(self, config: ExperimentConfig, problem: PreparedProblem, writer: MlflowWriter, resumed: bool = False):
         self.config, self.problem, self.writer = config, problem, writer
         self._failure: BaseException | None = None
         self._partition = threading.Thread(target=self._write_partition, name="partition-artifacts", daemon=True)

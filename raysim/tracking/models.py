@@ -50,8 +50,11 @@ def save_global_model(spec: ModelSpec, params: np.ndarray, path: Path) -> None:
     from packaging.version import Version
 
     # torch's public version: a local label (2.13.0+cpu) is not installable from PyPI (MLflow would warn and drop it)
-    requirements = [f"torch=={Version(torch.__version__).public}", f"cloudpickle=={version('cloudpickle')}",
-                    f"mlflow=={mlflow.__version__}"]  # fmt: skip
+    requirements = [
+        f"torch=={Version(torch.__version__).public}",
+        f"cloudpickle=={version('cloudpickle')}",
+        f"mlflow=={mlflow.__version__}",
+    ]
     module = global_module(spec, params)
     try:
         os.getcwd()  # MLflow reads it while parsing the requirements

@@ -194,7 +194,10 @@ LABEL_DIRECTIONS = 16
 
 
 def place_labels(
-    fig: Figure, axis: Axes, labels: Sequence[tuple[str, float, float]], markers: Sequence[tuple[float, float, float]],
+    fig: Figure,
+    axis: Axes,
+    labels: Sequence[tuple[str, float, float]],
+    markers: Sequence[tuple[float, float, float]],
     fontsize: float = 7,
 ) -> list[Any]:
     """Annotate each (text, x, y) so that no label overlaps another label or a marker: greedy, in the given order,
@@ -227,14 +230,19 @@ def place_labels(
         x0 = px + radii * np.cos(angles) - width * (1 - np.cos(angles)) / 2
         y0 = py + radii * np.sin(angles) - height * (1 - np.sin(angles)) / 2
         boxes = np.stack([x0, y0, x0 + width, y0 + height], axis=1)
-        inside = (boxes[:, 0] >= bounds.x0) & (boxes[:, 2] <= bounds.x1) & (boxes[:, 1] >= bounds.y0) & (
-            boxes[:, 3] <= bounds.y1
+        inside = (
+            (boxes[:, 0] >= bounds.x0)
+            & (boxes[:, 2] <= bounds.x1)
+            & (boxes[:, 1] >= bounds.y0)
+            & (boxes[:, 3] <= bounds.y1)
         )
         others = np.array(taken).reshape(-1, 4)
         clash = (
-            (boxes[:, None, 0] < others[None, :, 2]) & (others[None, :, 0] < boxes[:, None, 2])
-            & (boxes[:, None, 1] < others[None, :, 3]) & (others[None, :, 1] < boxes[:, None, 3])
-        ).any(axis=1)  # fmt: skip
+            (boxes[:, None, 0] < others[None, :, 2])
+            & (others[None, :, 0] < boxes[:, None, 2])
+            & (boxes[:, None, 1] < others[None, :, 3])
+            & (others[None, :, 1] < boxes[:, None, 3])
+        ).any(axis=1)
         free = np.flatnonzero(inside & ~clash)
         chosen = int(free[0]) if len(free) else None
         box = tuple(boxes[chosen]) if chosen is not None else (px, py, px + width, py + height)
@@ -242,6 +250,17 @@ def place_labels(
         taken.append(box)
         offset = ((box[0] + 1 - px) / scale, (box[1] + 1 - py) / scale)
         leader = {"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 0, "shrinkB": 2} if radius > 10 else None
-        placed.append(axis.annotate(text, (x, y), xytext=offset, textcoords="offset points", fontsize=fontsize,
-                                    ha="left", va="bottom", alpha=0.85, arrowprops=leader))  # fmt: skip
+        placed.append(
+            axis.annotate(
+                text,
+                (x, y),
+                xytext=offset,
+                textcoords="offset points",
+                fontsize=fontsize,
+                ha="left",
+                va="bottom",
+                alpha=0.85,
+                arrowprops=leader,
+            )
+        )
     return placed

@@ -60,9 +60,7 @@ def write_convergence_plot(
     plots.save(figure, path, formats)
 
 
-def write_partition_table(
-    counts: dict[str, np.ndarray], extra: Mapping[int, Mapping[str, object]], path: Path
-) -> None:
+def write_partition_table(counts: dict[str, np.ndarray], extra: Mapping[int, Mapping[str, object]], path: Path) -> None:
     """The partition summary: one row per (client, label) with its train/test/val sample counts."""
     clients, classes = counts["train"].shape
     rows = [

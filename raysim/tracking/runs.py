@@ -47,10 +47,14 @@ def resumable_runs(tracking_uri: str | None = None) -> list[ResumableRun]:
             continue
         found.append(
             ResumableRun(
-                run.info.run_id, experiments[run.info.experiment_id], run.info.status,
-                _driver_state(tags.get(DRIVER_TAG, "")), tags["raysim.checkpoint"], run.info.start_time / 1000,
+                run.info.run_id,
+                experiments[run.info.experiment_id],
+                run.info.status,
+                _driver_state(tags.get(DRIVER_TAG, "")),
+                tags["raysim.checkpoint"],
+                run.info.start_time / 1000,
             )
-        )  # fmt: skip
+        )
     return sorted(found, key=lambda r: -r.started)
 
 

@@ -199,9 +199,12 @@ class TrackingServer:
             self.log_path = Path(name)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                self.settings.command(), env=server_env(), stdout=log, stderr=subprocess.STDOUT,
+                self.settings.command(),
+                env=server_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         try:
             self._wait_until_ready(timeout_s)
         except BaseException:
@@ -305,8 +308,11 @@ def serve(
         try:
             server.start(timeout_s=300)  # MLflow takes 6 s on an idle machine, a minute on a busy one
             artifacts = f", artifacts {settings.artifacts_destination}" if settings.artifacts_destination else ""
-            print(f"{what} on {settings.url} (backend {redact(settings.backend_store_uri)}{artifacts}; log "
-                  f"{server.log_path})", flush=True)  # fmt: skip
+            print(
+                f"{what} on {settings.url} (backend {redact(settings.backend_store_uri)}{artifacts}; log "
+                f"{server.log_path})",
+                flush=True,
+            )
             if landing:
                 print(f"open {landing(settings.url)}", flush=True)
             assert server.process is not None

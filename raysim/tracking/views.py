@@ -44,8 +44,12 @@ def share_children_view(writer: MlflowWriter) -> None:
     parent = writer.run_id or ""
     writer.client.set_experiment_tag(writer.experiment_id, SHARED_VIEW_PREFIX + parent, json.dumps(view_state(parent)))
     path = view_path(writer.experiment_id, parent)
-    writer.set_tags({"mlflow.note.content": f"[Compare the settings]({path}): every child, grouped by setting "
-                     "(mean over seeds), in charts and (the table icon) the runs table."})  # fmt: skip
+    writer.set_tags(
+        {
+            "mlflow.note.content": f"[Compare the settings]({path}): every child, grouped by setting "
+            "(mean over seeds), in charts and (the table icon) the runs table."
+        }
+    )
 
 
 def compare_command(writer: MlflowWriter) -> str:

@@ -150,9 +150,11 @@ def crop_flip(rows: np.ndarray, corners: np.ndarray, flips: np.ndarray, padding:
     left = corners[:, 1:] + np.arange(width)
     left = np.where(flips[:, None], left[:, ::-1], left)
     return padded[
-        np.arange(n)[:, None, None, None], np.arange(channels)[None, :, None, None], top[:, None, :, None],
+        np.arange(n)[:, None, None, None],
+        np.arange(channels)[None, :, None, None],
+        top[:, None, :, None],
         left[:, None, None, :],
-    ]  # fmt: skip
+    ]
 
 
 @dataclass(frozen=True)
@@ -319,8 +321,9 @@ class LocalTrainer:
                 losses.append(loss)
                 if on_step is not None:
                     on_step(epoch, loss)
-        return SGDResult(params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"),
-                         steps=len(losses))  # fmt: skip
+        return SGDResult(
+            params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
+        )
 
     def batch_gradients(self, request: BatchGradients, data: ClientData, generator: Draws) -> BatchGradientsResult:
         """The loss and gradient at each point of the request on one fresh mini-batch (see BatchGradients): its

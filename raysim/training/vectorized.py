@@ -148,9 +148,7 @@ class VectorizedTrainer:
                     )
         return [results[position] for position in range(len(jobs))]
 
-    def sgd_rows(
-        self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[Draws]
-    ) -> SGDResult:
+    def sgd_rows(self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[Draws]) -> SGDResult:
         """LocalTrainer.sgd of each row of a stacked request: its vectors are [k, n] (row i is client i's, whose
         data and generator are `data[i]` and `generators[i]`) or one [n] vector shared by every row; its numbers
         are shared. Returns params [k, n] (one new array), mean_loss [k] and steps [k]."""
@@ -341,9 +339,7 @@ class VectorizedTrainer:
             tensor = torch.from_numpy(array).to(self.device, dtype)
         return tensor.expand(count, -1) if tensor.ndim == 1 else tensor
 
-    def _train(
-        self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[Draws]
-    ) -> SGDResult:
+    def _train(self, request: LocalSGD, data: Sequence[ClientData], generators: Sequence[Draws]) -> SGDResult:
         """One chunk of rows, sorted by step count (longest first), in one lockstep loop."""
         count = len(data)
         start = np.asarray(request.start)

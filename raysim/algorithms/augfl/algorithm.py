@@ -119,8 +119,13 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
         the meta partition whose held-back pools it needs, with a quarter of the clients held out as targets."""
         from raysim.data.meta_partition import MetaSettings
 
-        algorithm = {"name": cls.name, "regularizer": "crd", "transfer": {"negatives": 64}, "teacher_model": "mlp",
-                     "teacher_epochs": 1}  # fmt: skip
+        algorithm = {
+            "name": cls.name,
+            "regularizer": "crd",
+            "transfer": {"negatives": 64},
+            "teacher_model": "mlp",
+            "teacher_epochs": 1,
+        }
         clients = {**context.base.get("clients", {}), "heldout": 0.25}
         return {"algorithm": algorithm, "clients": clients, **MetaSettings.example(context)}
 
@@ -140,9 +145,15 @@ class AugFl(Algorithm[AugFlSettings, AugFlClientState, AugFlServerState, Vector,
         params = yield from pretrained_parameters(s, context, architecture)
         transfer = context.pools[1]
         return AugFlServerData(
-            params, architecture, transfer.x, transfer.y, context.model, context.input_shape, context.num_classes,
+            params,
+            architecture,
+            transfer.x,
+            transfer.y,
+            context.model,
+            context.input_shape,
+            context.num_classes,
             context.seed,
-        )  # fmt: skip
+        )
 
     def setup_server(self, data: AugFlServerData) -> None:
         """Keep theta_p (l2) or build the CRD machinery on the transfer set (crd); coordinator only."""

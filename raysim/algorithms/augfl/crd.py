@@ -131,8 +131,9 @@ class ContrastiveTransfer:
     def _crd(self, student_features, heads, indices, contrast, memories, normalizers):
         """The symmetric CRD loss of one batch; updates `normalizers` in place on the first batch."""
         student_head = nn.functional.linear(student_features, heads["student.weight"], heads["student.bias"])
-        teacher_head = nn.functional.linear(self.teacher_features[indices], heads["teacher.weight"],
-                                            heads["teacher.bias"])  # fmt: skip
+        teacher_head = nn.functional.linear(
+            self.teacher_features[indices], heads["teacher.weight"], heads["teacher.bias"]
+        )
         embed_s = nn.functional.normalize(student_head, dim=1)
         embed_t = nn.functional.normalize(teacher_head, dim=1)
         memory_s, memory_t = memories
@@ -173,8 +174,9 @@ class ContrastiveTransfer:
             point = student.detach().requires_grad_(True)
             head_point = heads.detach().requires_grad_(True)
             features, logits = self.student.features(point, self.x[indices])
-            loss, embed_s, embed_t = self._crd(features, self._head_params(head_point), indices, contrast, memories,
-                                               normalizers)  # fmt: skip
+            loss, embed_s, embed_t = self._crd(
+                features, self._head_params(head_point), indices, contrast, memories, normalizers
+            )
             if s.mode == "code":
                 loss = s.crd_weight * loss + s.ce_weight * nn.functional.cross_entropy(logits, self.y[indices])
             # a model without hidden layers (mlr) has the input as its features: then only CE reaches theta

@@ -56,8 +56,9 @@ class PretrainingSettings(Settings):
     teacher_weight_decay: float = Field(5e-4, ge=0, description="pretraining weight decay (added to the gradient)")
     teacher_batch_size: int = Field(64, ge=1, description="pretraining batch size")
     teacher_lr_steps: tuple[int, ...] = Field(
-        (150, 180, 210), description="epochs (0-based) at whose start the pretraining rate is multiplied by "
-        "teacher_lr_decay; steps beyond teacher_epochs never come"
+        (150, 180, 210),
+        description="epochs (0-based) at whose start the pretraining rate is multiplied by "
+        "teacher_lr_decay; steps beyond teacher_epochs never come",
     )
     teacher_lr_decay: float = Field(0.1, gt=0, description="factor of each pretraining rate step")
 

@@ -125,26 +125,43 @@ def pretrain(
     model = teacher_model(architecture, context)
     pool = context.pools[0]
     result = yield TrainModel(
-        architecture, pool.x, pool.y, model.initial_parameters(torch_seed(context.seed, Stream.MODEL_INIT, 1)),
-        settings.teacher_epochs, settings.teacher_lr, settings.teacher_batch_size, settings.teacher_momentum,
-        settings.teacher_weight_decay, settings.teacher_lr_steps, settings.teacher_lr_decay,
-    )  # fmt: skip
+        architecture,
+        pool.x,
+        pool.y,
+        model.initial_parameters(torch_seed(context.seed, Stream.MODEL_INIT, 1)),
+        settings.teacher_epochs,
+        settings.teacher_lr,
+        settings.teacher_batch_size,
+        settings.teacher_momentum,
+        settings.teacher_weight_decay,
+        settings.teacher_lr_steps,
+        settings.teacher_lr_decay,
+    )
     params = np.asarray(result.params, np.float32)
     trained["mean_loss"] = float(result.mean_loss)
     write_weights(path, params, weights_header(model, context, trained, params))
     return path
 
 
-def weights_header(model: FlatModel, context: ServerContext, trained: dict[str, Any], params: np.ndarray
-                   ) -> WeightsHeader:  # fmt: skip
+def weights_header(
+    model: FlatModel, context: ServerContext, trained: dict[str, Any], params: np.ndarray
+) -> WeightsHeader:
     import torch
 
     layers = tuple(zip(model.spec.names, model.spec.shapes, strict=True))
     return WeightsHeader(
-        model=model.name, input_shape=tuple(context.input_shape), outputs=context.num_classes, task=context.task,
-        layers=layers, dataset=context.dataset, classes=context.num_classes, recipe=trained, parameters=params.size,
-        sha256=checksum(params), torch=torch.__version__,
-    )  # fmt: skip
+        model=model.name,
+        input_shape=tuple(context.input_shape),
+        outputs=context.num_classes,
+        task=context.task,
+        layers=layers,
+        dataset=context.dataset,
+        classes=context.num_classes,
+        recipe=trained,
+        parameters=params.size,
+        sha256=checksum(params),
+        torch=torch.__version__,
+    )
 
 
 def load_weights(path: str | Path, key: str, architecture: str, context: ServerContext) -> np.ndarray:
