@@ -23,7 +23,7 @@ import numpy as np
 
 from raysim.config import apply_override, validate_config
 from raysim.evaluation.columns import client_evaluations
-from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.coordinator import Coordinator, CoordinatorSettings
 from raysim.runtime.host import ClientHost
 from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.problem import prepare
@@ -57,7 +57,9 @@ def main() -> None:
     host = ClientHost(
         HostSettings.from_config(config, problem), problem.x, problem.y, problem.clients, problem.init_params
     )
-    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, problem.num_training)
+    coordinator = Coordinator(
+        CoordinatorSettings(config.algorithm, problem.params, problem.num_training), problem.init_params
+    )
     everyone = list(range(problem.num_training))
     start = time.perf_counter()
 

@@ -16,7 +16,7 @@ import statistics
 import time
 
 from raysim.config import load_config
-from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.coordinator import Coordinator, CoordinatorSettings
 from raysim.runtime.host import ClientHost
 from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.problem import prepare, sample_clients
@@ -31,7 +31,9 @@ def main() -> None:
     problem = prepare(config)
     settings = HostSettings.from_config(config, problem)
     host = ClientHost(settings, problem.x, problem.y, problem.clients, problem.init_params)
-    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, problem.num_training)
+    coordinator = Coordinator(
+        CoordinatorSettings(config.algorithm, problem.params, problem.num_training), problem.init_params
+    )
     timings: dict[str, list[float]] = {"training round": [], "evaluation with train loss": [], "evaluation without": []}
     per_round = config.clients.per_round_count()
     for round_index in range(args.rounds):

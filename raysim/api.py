@@ -241,10 +241,9 @@ class _FinalModels:
         if round_index + 1 < self.rounds:
             return
         import numpy as np
-        import ray
 
-        self.global_params = np.asarray(ray.get(simulation.coordinator.global_model.remote()), np.float32)
-        self.context = ray.get(simulation.coordinator.evaluation_context.remote())
+        self.global_params = np.asarray(simulation.global_model(), np.float32)
+        self.context = simulation.evaluation_context()
         self.states = simulation.client_states() if self.personalized else {}
 
 

@@ -116,6 +116,12 @@ class ClientsSettings(_Section):
 
 
 class RuntimeSettings(_Section):
+    actors: Literal["ray", "in_process"] = Field(
+        "ray",
+        description="where the hosts and the coordinator run: Ray actors, or objects of the driver's process "
+        "(in_process: no Ray starts and the hosts run one after another, the same results as on Ray; for a "
+        "debugger, a profiler or a quick test)",
+    )
     address: str | None = Field(None, description="Ray cluster address; default: RAY_ADDRESS or a new local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a new local Ray instance (default: all)")
     num_gpus: int | None = Field(None, ge=0, description="GPUs of a new local Ray instance (default: all detected)")
@@ -197,6 +203,15 @@ class RuntimeSettings(_Section):
         description="client_training=vectorized: at most this many clients train together (bounds memory; on a "
         "CPU 8-16 keeps a chunk's batches in cache and is fastest, a GPU wants hundreds)",
     )
+
+    @model_validator(mode="after")
+    def _check_actors(self) -> RuntimeSettings:
+        if self.actors == "in_process" and self.address is not None:
+            raise ValueError(
+                f"runtime.address={self.address!r}: runtime.actors=in_process runs the hosts in the driver's process "
+                "and joins no Ray cluster; leave one of them out"
+            )
+        return self
 
 
 class TrackingSettings(_Section):

@@ -16,15 +16,15 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.evaluation.summaries import mean_client_metrics
 from raysim.models.flat import ModelSpec
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_flame import _orthogonal_regression
+from tests.support.convex import orthogonal_regression
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 N, D = 40, 4
 
 
 def _simulation(algorithm: dict, b: list[float]) -> tuple[InProcess, np.ndarray]:
-    problem, theta_hat = _orthogonal_regression(b, N, D, seed=3)
+    problem, theta_hat = orthogonal_regression(b, N, D, seed=3)
     config = validate_config(
         tiny_config(algorithm={**algorithm, "diagnostics": True}, clients={"count": len(b)}, model={"name": "linear"})
     )
@@ -123,7 +123,7 @@ def test_fedapm_lyapunov_descends_under_its_conditions():
     augmented Lagrangian (4), which must never increase; the primal residuals and sum_i pi_i go to zero. The
     logged Lagrangian is (4) of the states and the server's u."""
     b, rho = [1.0, 2.0, 3.0], 6.0
-    problem, _ = _orthogonal_regression(b, N, D, seed=3)
+    problem, _ = orthogonal_regression(b, N, D, seed=3)
     problem = dataclasses.replace(
         problem,
         model_spec=ModelSpec("mlr", (D,), 1, "regression"),  # x -> <u, x> + v: u = `1.weight`, v = `1.bias`
@@ -236,7 +236,7 @@ def test_fedslr_phase2_gradient_mapping_and_dual_sum():
     from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
     from raysim.algorithms.prox import soft_threshold
     from raysim.execution import run_client_step
-    from tests.test_fedslr import SPEC, Quadratic
+    from tests.support.convex import SPEC, Quadratic
 
     m, mu, lr = 4, 0.3, 0.1
     problem = Quadratic(m, SPEC.size, seed=9)
@@ -284,7 +284,7 @@ def test_fedslr_potential_is_def_1_and_descends_under_lemma_3():
     from raysim.algorithms.fedslr import FedSlr, FedSlrSettings
     from raysim.algorithms.prox import layer_spectra
     from raysim.execution import run_client_step
-    from tests.test_fedslr import SPEC, Quadratic
+    from tests.support.convex import SPEC, Quadratic
 
     m = 4
     problem = Quadratic(m, SPEC.size, seed=5)

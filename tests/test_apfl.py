@@ -13,17 +13,17 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.execution.drivers import drive
 from raysim.models.flat import FlatModel
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_flame import _orthogonal_regression
-from tests.test_vectorized import _assert_close_runs, _run
+from tests.support.convex import orthogonal_regression
+from tests.support.executors import assert_close_runs, run_executor
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 B, N, D = [1.0, 2.0, 3.0], 40, 4
 b = np.array(B)[:, None]
 
 
 def _sim(algorithm: dict, rounds: int, seed: int = 5):
-    problem, theta_hat = _orthogonal_regression(B, N, D, seed=seed)
+    problem, theta_hat = orthogonal_regression(B, N, D, seed=seed)
     config = validate_config(tiny_config(algorithm=algorithm, clients={"count": 3}, model={"name": "linear"}))
     sim = InProcess(config, problem)
     for round_index in range(rounds):
@@ -114,4 +114,6 @@ def test_settings_are_validated(field, value):
 def test_sequential_and_vectorized_executors_agree():
     algorithm = {"name": "apfl", "lr": 0.05, "batch_size": 16, "adaptive_alpha": True}
     sections = {"model": {"name": "mlp"}, "clients": {"count": 5, "per_round": 4}}
-    _assert_close_runs(_run(algorithm, "sequential", **sections), _run(algorithm, "vectorized", **sections))
+    assert_close_runs(
+        run_executor(algorithm, "sequential", **sections), run_executor(algorithm, "vectorized", **sections)
+    )

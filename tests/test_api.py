@@ -21,7 +21,7 @@ from raysim.api import experiment_config
 from raysim.cli import main
 from raysim.config import load_config
 from raysim.errors import ConfigError
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BEST_KEYS = {"pm/best_acc", "gm/best_acc", "hm/best_acc"}
@@ -210,11 +210,11 @@ def test_plugins_are_imported_before_the_config_is_validated_as_with_plugin(tmp_
     """`plugins=[...]` as `--plugin`: docs/extending.md's FedAvgM file names an algorithm the config can then use, and
     the config lists it for Ray's workers; a missing one is the command line's one line. In a subprocess, so that
     this process's registries stay as raysim ships them."""
-    from tests.test_plugins import page_files
+    from tests.support.pages import page_files
 
     (tmp_path / "fedavgm.py").write_text(page_files()["fedavgm.py"])
     script = (
-        "import raysim.api, tests.conftest as c\n"
+        "import raysim.api, tests.support.experiments as c\n"
         "tree = c.tiny_config(algorithm={'name': 'fedavgm', 'lr': 0.05, 'batch_size': 32, 'server_momentum': 0.5})\n"
         "config = raysim.api.experiment_config(tree, ['rounds=1'], plugins=['fedavgm.py'])\n"
         "print(config.algorithm.name, config.algorithm.server_momentum, config.plugins)\n"

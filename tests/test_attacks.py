@@ -14,12 +14,12 @@ from raysim.errors import ConfigError
 from raysim.evaluation.columns import RECORD_COLUMNS, evaluation_batch
 from raysim.evaluation.records import ClientEvaluation, ModelScores
 from raysim.evaluation.summaries import benign_summary
-from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.coordinator import Coordinator, CoordinatorSettings
 from raysim.runtime.problem import prepare
 from raysim.threats.attacks import AttackSettings, attack_plan, byzantine_message, malicious_clients
 from raysim.training.local import ClientData
-from tests.conftest import tiny_config
-from tests.inprocess import make_host
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import make_host
 
 ALGORITHMS = {
     "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
@@ -42,7 +42,7 @@ def _setup(algorithm: str, attack: dict | None = None, clients: int = 6):
     )
     problem = prepare(config)
     host = make_host(config, problem, send_messages=True)
-    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, clients)
+    coordinator = Coordinator(CoordinatorSettings(config.algorithm, problem.params, clients), problem.init_params)
     return config, problem, host, coordinator
 
 

@@ -15,10 +15,10 @@ import yaml
 from raysim.algorithms.base import FullGradient
 from raysim.config import validate_config
 from raysim.evaluation.batched import Scorer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_cli import _raysim, run_cli
-from tests.weights import weights_file
+from tests.support.cli import raysim, run_cli
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
+from tests.support.weights import weights_file
 
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 256, "val_fraction": 0.5}
 
@@ -183,7 +183,7 @@ def test_pretrained_teacher_fits_the_reserved_pool_and_is_cached(tmp_path, monke
 
 def test_pretrain_subcommand_rejects_non_meta_partitions(tmp_path):
     (tmp_path / "dirichlet.yaml").write_text(yaml.safe_dump(tiny_config()))
-    refused = _raysim("pretrain", str(tmp_path / "dirichlet.yaml"), "--out", str(tmp_path / "t.npz"), cwd=tmp_path)
+    refused = raysim("pretrain", str(tmp_path / "dirichlet.yaml"), "--out", str(tmp_path / "t.npz"), cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.startswith("error: partition.scheme")
     assert not list(tmp_path.glob("*.npz"))
 

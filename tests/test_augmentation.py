@@ -19,8 +19,8 @@ from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, Inputs, LocalTrainer, model_inputs
 from raysim.training.vectorized import VectorizedTrainer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 SHAPE = (3, 8, 8)

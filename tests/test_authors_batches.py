@@ -21,9 +21,9 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import ModelSpec
 from raysim.training.authors_batches import AuthorsBatchPlan, AuthorsStreams
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_partition_authors import _their_q_label
+from tests.support.authors import their_q_label
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 SEED, CLIENTS, BATCH = 3, 3, 48
 
@@ -116,7 +116,7 @@ def test_ditto_copies_and_gm_equal_their_update_py_batch_for_batch(training):
     torch.manual_seed(SEED)  # setup_seed
     np.random.seed(SEED)
     random.seed(SEED)
-    groups = _their_q_label(sim.problem.y, CLIENTS, 2)  # get_dataset
+    groups = their_q_label(sim.problem.y, CLIENTS, 2)  # get_dataset
     global_model = nn.Linear(20, 4)  # their model, then main.py's projection matrix
     torch.normal(mean=0, std=1.0, size=(10, sum(p.numel() for p in global_model.parameters())))
     flat = torch.cat([p.detach().reshape(-1) for p in global_model.parameters()]).numpy()

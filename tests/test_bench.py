@@ -8,13 +8,13 @@ import pytest
 from rich.console import Console
 
 from raysim.studies.bench import GpuSampler, Measurement, gpu_usage, read_gpus, report
-from tests.test_cli import _raysim
+from tests.support.cli import raysim
 
 
 @pytest.mark.slow
 def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path):
     out = tmp_path / "bench.json"
-    done = _raysim(
+    done = raysim(
         "bench",
         "--clients",
         "6",
@@ -52,11 +52,11 @@ def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path):
 
 
 def test_bench_rejects_too_few_rounds_and_an_empty_chunk_before_measuring(tmp_path):
-    done = _raysim("bench", "--clients", "2", "--rounds", "2", cwd=tmp_path)
+    done = raysim("bench", "--clients", "2", "--rounds", "2", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.strip() == (
         "error: --rounds 2: at least 3 are needed (the first warms up, the last evaluates)"
     )
-    done = _raysim("bench", "--clients", "2", "--chunk", "0", cwd=tmp_path)
+    done = raysim("bench", "--clients", "2", "--chunk", "0", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.strip() == "error: --chunk 0: at least 1 client must train at a time"
     assert not (tmp_path / "bench.json").exists()
 
@@ -125,7 +125,7 @@ def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path):
     """`--eval` evaluates after every round and reports its time beside the training round's; without the
     reference way there are no ratios; `--set` reaches the workload (spilled client state here)."""
     out = tmp_path / "bench.json"
-    done = _raysim(
+    done = raysim(
         "bench",
         "--clients",
         "8",
@@ -154,14 +154,14 @@ def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path):
 
 
 def test_bench_refuses_a_bad_set_before_measuring(tmp_path):
-    done = _raysim("bench", "--clients", "2", "--set", "runtime.client_training=fast", cwd=tmp_path)
+    done = raysim("bench", "--clients", "2", "--set", "runtime.client_training=fast", cwd=tmp_path)
     assert done.returncode == 2 and "runtime.client_training" in done.stderr and "vectorized" in done.stderr
     assert not (tmp_path / "bench.json").exists()
 
 
 def test_bench_refuses_the_flame_reference_for_another_algorithm(tmp_path):
     """The reference loop is FLAME's: a ratio against it for FedAvg would compare two different algorithms."""
-    done = _raysim("bench", "--clients", "2", "--set", "algorithm.name=fedavg", cwd=tmp_path)
+    done = raysim("bench", "--clients", "2", "--set", "algorithm.name=fedavg", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.strip() == (
         "error: --set algorithm.name=fedavg: the reference loop is FLAME's; "
         "run the other ways alone (--ways sequential vectorized)"
@@ -170,7 +170,7 @@ def test_bench_refuses_the_flame_reference_for_another_algorithm(tmp_path):
 
 def test_bench_refuses_the_reference_for_a_model_with_dropout(tmp_path):
     """The reference loop trains without dropout: its w would differ from a multimodal model's for that alone."""
-    done = _raysim(
+    done = raysim(
         "bench",
         "--clients",
         "2",

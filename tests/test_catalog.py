@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from raysim.data import DATASETS
-from tests.cluster import ROOT
+from tests.support.cluster import ROOT
 
 BUILT_IN = {name: source for name, source in DATASETS.items() if source.__module__.startswith("raysim.")}
 """The package's own sources (a plugin's, registered in this process by another test, is in neither the README nor

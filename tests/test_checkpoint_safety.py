@@ -20,8 +20,8 @@ import yaml
 from raysim.config import validate_config
 from raysim.runtime import checkpoint
 from raysim.runtime.checkpoint import CheckpointError
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 
 def _crafted(path, structure) -> None:

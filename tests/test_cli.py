@@ -3,43 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from tests.cluster import ROOT
-from tests.conftest import tiny_config
-
-RAYSIM = [sys.executable, "-m", "raysim.cli"]
-
-
-def _write(tmp_path: Path, config: dict) -> Path:
-    path = tmp_path / "experiment.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _raysim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
-    return subprocess.run([*RAYSIM, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
-
-
-def run_cli(tmp_path: Path, config: dict, *options: str) -> Run:
-    """`raysim run` on the config (written to tmp_path), which must succeed; the one MLflow run it made in the
-    config's tracking store and experiment."""
-    done = _raysim("run", str(_write(tmp_path, config)), *options, "--quiet", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    tracking = config["tracking"]
-    client = MlflowClient(tracking["uri"])
-    (run,) = client.search_runs([client.get_experiment_by_name(tracking["experiment"]).experiment_id])
-    return run
+from tests.support.cli import raysim, run_cli, write_config
+from tests.support.cluster import ROOT
+from tests.support.experiments import tiny_config
 
 
 @pytest.mark.slow
@@ -84,7 +57,7 @@ def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, m
 )
 def test_bad_configs_exit_nonzero_with_one_line_naming_the_field(tmp_path, mlflow_uri, change, field):
     config = {**tiny_config(tracking={"uri": mlflow_uri, "experiment": "bad"}), **change}
-    done = _raysim("run", str(_write(tmp_path, config)), "--quiet", cwd=tmp_path)
+    done = raysim("run", str(write_config(tmp_path, config)), "--quiet", cwd=tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], done.stderr
@@ -96,17 +69,17 @@ def test_bad_configs_exit_nonzero_with_one_line_naming_the_field(tmp_path, mlflo
 def test_unknown_key_suggests_the_right_one(tmp_path):
     config = tiny_config()
     config["algorithm"]["lamda"] = 3
-    done = _raysim("run", str(_write(tmp_path, config)), cwd=tmp_path)
+    done = raysim("run", str(write_config(tmp_path, config)), cwd=tmp_path)
     assert done.returncode == 2 and "did you mean 'lambda'" in done.stderr
 
 
 def test_set_override_errors_name_the_key(tmp_path):
-    done = _raysim("run", str(_write(tmp_path, tiny_config())), "--set", "rounds=-1", cwd=tmp_path)
+    done = raysim("run", str(write_config(tmp_path, tiny_config())), "--set", "rounds=-1", cwd=tmp_path)
     assert done.returncode == 2 and "rounds" in done.stderr
 
 
 def test_algorithms_lists_the_registry(tmp_path):
-    done = _raysim("algorithms", cwd=tmp_path)
+    done = raysim("algorithms", cwd=tmp_path)
     names = {line.split()[0] for line in done.stdout.splitlines()}
     assert done.returncode == 0 and {"flame", "fedavg"} <= names
 
@@ -114,24 +87,24 @@ def test_algorithms_lists_the_registry(tmp_path):
 def test_version_and_defaults_in_help(tmp_path):
     from raysim import __version__
 
-    done = _raysim("--version", cwd=tmp_path)
+    done = raysim("--version", cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == f"raysim {__version__}"
-    bench = _raysim("bench", "--help", cwd=tmp_path).stdout
+    bench = raysim("bench", "--help", cwd=tmp_path).stdout
     assert "(default: 5)" in " ".join(bench.split()) and "(default: mlp)" in bench
-    run = _raysim("run", "--help", cwd=tmp_path).stdout
+    run = raysim("run", "--help", cwd=tmp_path).stdout
     assert "examples:" in run and "raysim run configs/quickstart.yaml" in run and "--tracking-uri" in run
 
 
 def test_config_prints_the_resolved_config_that_run_would_use(tmp_path):
     from raysim.config import load_config, validate_config
 
-    path = _write(tmp_path, tiny_config())
-    done = _raysim("config", str(path), "--set", "algorithm.name=fedavg", "--set", "rounds=9", cwd=tmp_path)
+    path = write_config(tmp_path, tiny_config())
+    done = raysim("config", str(path), "--set", "algorithm.name=fedavg", "--set", "rounds=9", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     printed = yaml.safe_load(done.stdout)
     assert printed["rounds"] == 9 and printed["algorithm"]["name"] == "fedavg" and "rho" not in printed["algorithm"]
     assert validate_config(printed) == load_config(path, ["algorithm.name=fedavg", "rounds=9"])
-    bad = _raysim("config", str(path), "--set", "partition.beta=-1", cwd=tmp_path)
+    bad = raysim("config", str(path), "--set", "partition.beta=-1", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("error: partition.beta") and bad.stdout == ""
 
 
@@ -197,8 +170,8 @@ def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_pat
 @pytest.mark.slow
 def test_run_takes_the_tracking_uri_and_experiment_from_the_command_line(tmp_path):
     uri = f"sqlite:///{tmp_path}/elsewhere.db"
-    path = _write(tmp_path, tiny_config(rounds=1))
-    done = _raysim(
+    path = write_config(tmp_path, tiny_config(rounds=1))
+    done = raysim(
         "run",
         str(path),
         "--quiet",

@@ -31,8 +31,8 @@ from mlflow.tracking import MlflowClient
 
 from raysim.config import validate_config
 from raysim.jobs import stop_nodes
-from tests.cluster import ROOT, free_port, kill_all, processes_with
-from tests.conftest import tiny_config
+from tests.support.cluster import ROOT, free_port, kill_all, processes_with
+from tests.support.experiments import tiny_config
 
 RECIPE_MARKER = "<!-- test: cluster-recipe"
 RECIPE_PORTS = {"6379": "GCS", "8265": "dashboard", "5000": "MLflow"}
@@ -192,7 +192,7 @@ def test_hosts_land_on_intended_nodes_and_match_single_process_run(cluster, tmp_
     assert len(set(outcome["spread"]["hosts"])) == 2  # one host on each worker node
     assert len(set(outcome["pack"]["hosts"])) == 1  # both hosts on one worker node
 
-    from tests.inprocess import InProcess
+    from tests.support.inprocess import InProcess
 
     reference = InProcess(validate_config(configs["spread"]))
     for round_index in range(3):
@@ -279,7 +279,7 @@ def test_a_submitted_job_takes_its_plugin_files_to_every_node(cluster, tmp_path,
     nodes can hold, import them there."""
     from raysim.cli import main
     from raysim.tracking.server import ServerSettings, TrackingServer
-    from tests.test_plugins import page_files
+    from tests.support.pages import page_files
 
     mine = tmp_path / "mine"
     mine.mkdir()

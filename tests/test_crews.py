@@ -13,7 +13,7 @@ from raysim.config import validate_config
 from raysim.errors import RaysimError
 from raysim.runtime import crews
 from raysim.runtime.driver import run_experiment
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
 
 pytestmark = pytest.mark.slow
 

@@ -198,7 +198,7 @@ def test_npz_file_problems_are_one_line_each(tmp_path):
 def test_config_takes_the_new_sources():
     from raysim.config import validate_config
     from raysim.errors import ConfigError
-    from tests.conftest import tiny_config
+    from tests.support.experiments import tiny_config
 
     config = validate_config(tiny_config(dataset={"name": "npz", "path": "/data/mine.npz"}))
     assert config.dataset.path == "/data/mine.npz"
@@ -224,7 +224,7 @@ def test_natural_split_runs_end_to_end(source, tmp_path, ray_local, mlflow_uri):
     from raysim.config import validate_config
     from raysim.runtime.driver import run_experiment
     from raysim.runtime.problem import prepare
-    from tests.conftest import tiny_config
+    from tests.support.experiments import tiny_config
 
     dataset_section = {"name": "synthetic_writers"}
     if source == "npz":  # the same writers, from a file

@@ -4,7 +4,6 @@ formats, download through a local HTTP server, refuse corrupt downloads, and run
 from __future__ import annotations
 
 import functools
-import gzip
 import http.server
 import io
 import pickle
@@ -23,26 +22,8 @@ from raysim.data import cifar, idx
 from raysim.data.download import extract, fetch
 from raysim.data.sources import load_dataset
 from raysim.errors import ConfigError, DataError
-from tests.conftest import run_through_cli, tiny_config
-
-MNIST_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-
-def _idx_bytes(array: np.ndarray) -> bytes:
-    """An IDX file exactly as the publishers write it: 0, 0, type code, ndim, big-endian dims, then data."""
-    code = {np.uint8: 0x08, np.int32: 0x0C}[array.dtype.type]
-    header = bytes([0, 0, code, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
-    return header + array.astype(array.dtype.newbyteorder(">")).tobytes()
-
-
-def _write_idx(path: Path, array: np.ndarray, gz: bool = False) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = _idx_bytes(array)
-    if gz:
-        path = path.with_name(path.name + ".gz")
-        data = gzip.compress(data)
-    path.write_bytes(data)
-    return path
+from tests.support.data_files import MNIST_STEMS, cifar_batch, write_cifar100, write_emnist, write_idx
+from tests.support.experiments import run_through_cli, tiny_config
 
 
 def _mnist_arrays(seed: int = 0, classes: int = 10, low: int = 0) -> dict[str, np.ndarray]:
@@ -57,30 +38,7 @@ def _mnist_arrays(seed: int = 0, classes: int = 10, low: int = 0) -> dict[str, n
 
 def _write_mnist(directory: Path, arrays: dict[str, np.ndarray], gz: bool = False) -> list[Path]:
     keys = ("train_x", "train_y", "test_x", "test_y")
-    return [_write_idx(directory / stem, arrays[key], gz) for stem, key in zip(MNIST_STEMS, keys, strict=True)]
-
-
-def _write_emnist(directory: Path, split: str, upright: dict[str, np.ndarray], gz: bool = False) -> list[Path]:
-    """EMNIST stores each image transposed: write the transpose of the upright images."""
-    written = []
-    for part in ("train", "test"):
-        stored = upright[f"{part}_x"].transpose(0, 2, 1)
-        written.append(_write_idx(directory / f"emnist-{split}-{part}-images-idx3-ubyte", stored, gz))
-        written.append(_write_idx(directory / f"emnist-{split}-{part}-labels-idx1-ubyte", upright[f"{part}_y"], gz))
-    return written
-
-
-def _cifar_batch(n: int, labels_key: bytes, classes: int, rng: np.random.Generator) -> dict[bytes, object]:
-    """One batch as the publisher's files hold it: b'data' uint8 (n, 3072) rows (R, G, B planes), label list."""
-    batch: dict[bytes, object] = {
-        b"batch_label": b"a test batch",
-        b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
-        labels_key: [int(v) for v in rng.integers(0, classes, size=n)],
-        b"filenames": [f"img_{k}.png".encode() for k in range(n)],
-    }
-    if labels_key == b"fine_labels":
-        batch[b"coarse_labels"] = [int(v) % 20 for v in batch[labels_key]]
-    return batch
+    return [write_idx(directory / stem, arrays[key], gz) for stem, key in zip(MNIST_STEMS, keys, strict=True)]
 
 
 def _write_cifar10(root: Path, per_batch: int = 4, seed: int = 0) -> list[dict[bytes, object]]:
@@ -89,19 +47,7 @@ def _write_cifar10(root: Path, per_batch: int = 4, seed: int = 0) -> list[dict[b
     folder.mkdir(parents=True, exist_ok=True)
     batches = []
     for name in (*(f"data_batch_{k}" for k in range(1, 6)), "test_batch"):
-        batch = _cifar_batch(per_batch, b"labels", 10, rng)
-        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
-        batches.append(batch)
-    return batches
-
-
-def _write_cifar100(root: Path, seed: int = 0) -> list[dict[bytes, object]]:
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True, exist_ok=True)
-    batches = []
-    for name, n in (("train", 7), ("test", 3)):
-        batch = _cifar_batch(n, b"fine_labels", 100, rng)
+        batch = cifar_batch(per_batch, b"labels", 10, rng)
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
         batches.append(batch)
     return batches
@@ -162,7 +108,7 @@ def test_emnist_turns_images_upright_and_numbers_classes_from_zero(tmp_path, spl
     for part in ("train", "test"):  # make every image visibly non-symmetric
         upright[f"{part}_x"][:, 0, :] = 255
         upright[f"{part}_x"][:, 1:, 0] = 0
-    _write_emnist(tmp_path / "EMNIST" / "raw", split, upright, gz=True)
+    write_emnist(tmp_path / "EMNIST" / "raw", split, upright, gz=True)
     data = load_dataset("emnist", root=tmp_path, download=False, split=split)
     assert data.x.dtype == np.uint8 and data.x.shape == (10, 1, 28, 28)
     assert data.num_classes == classes
@@ -201,7 +147,7 @@ def test_cifar10_reads_pickled_batches_as_nchw_uint8_in_file_order(tmp_path):
 
 
 def test_cifar100_uses_the_fine_labels(tmp_path):
-    batches = _write_cifar100(tmp_path)
+    batches = write_cifar100(tmp_path)
     data = load_dataset("cifar100", root=tmp_path, download=False)
     assert data.x.shape == (10, 3, 32, 32) and data.num_classes == 100
     np.testing.assert_array_equal(data.y, batches[0][b"fine_labels"] + batches[1][b"fine_labels"])
@@ -267,7 +213,7 @@ def test_emnist_downloads_the_zip_and_keeps_every_split(tmp_path, server, monkey
     base, served = server
     upright = _mnist_arrays(seed=4, classes=26, low=1)
     staging = tmp_path / "staging" / "gzip"
-    written = _write_emnist(staging, "letters", upright, gz=True)
+    written = write_emnist(staging, "letters", upright, gz=True)
     archive = served / "gzip.zip"
     with zipfile.ZipFile(archive, "w") as bundle:
         for path in written:

@@ -15,34 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from raysim.data import image_folder as image_folder_module
 from raysim.data import medmnist as medmnist_module
 from raysim.data.sources import load_dataset
 from raysim.errors import ConfigError, DataError
-from tests.conftest import run_through_cli, tiny_config
+from tests.support.data_files import image_of, write_leaf, write_medmnist, write_tiny_imagenet
+from tests.support.experiments import run_through_cli, tiny_config
 
 # ---------------------------------------------------------------- writers of the real formats
-
-
-def write_medmnist(folder: Path, subset: str, size: int = 28, rgb: bool = False, classes: int = 4) -> Path:
-    """A MedMNIST-style .npz: {train,val,test}_{images,labels}, images (n, H, W[, 3]) uint8, labels (n, 1)."""
-    generator = np.random.default_rng(0)
-    arrays = {}
-    for split, n in (("train", 6), ("val", 2), ("test", 3)):
-        shape = (n, size, size, 3) if rgb else (n, size, size)
-        arrays[f"{split}_images"] = generator.integers(0, 256, size=shape, dtype=np.uint8)
-        arrays[f"{split}_labels"] = (np.arange(n) % classes).reshape(n, 1).astype(np.uint8)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / (f"{subset}.npz" if size == 28 else f"{subset}_{size}.npz")
-    np.savez_compressed(path, **arrays)
-    return path
-
-
-def _image(value: int, size: tuple[int, int], mode: str) -> Image.Image:
-    fill = value if mode == "L" else (value, 255 - value, value // 2)
-    return Image.new(mode, size, fill)
 
 
 def write_image_folder(root: Path, per_class: int = 4, size: tuple[int, int] = (12, 12), color: bool = False) -> Path:
@@ -53,50 +34,8 @@ def write_image_folder(root: Path, per_class: int = 4, size: tuple[int, int] = (
         for k in range(per_class):
             mode = "RGB" if color and k == 0 else "L"
             target = folder / ("nested" if k == 0 else ".") / f"{name}{k}.{'jpg' if k % 2 else 'png'}"
-            _image(40 * label + k, size, mode).save(target)
+            image_of(40 * label + k, size, mode).save(target)
     return root
-
-
-def write_tiny_imagenet(root: Path, per_class: int = 3, val_per_class: int = 2) -> Path:
-    """Tiny-ImageNet-200's layout with three wnids (listed unsorted), one grayscale JPEG among them."""
-    base = root / "tiny-imagenet-200"
-    wnids = ["n03444034", "n01443537", "n02124075"]
-    (base / "val" / "images").mkdir(parents=True)
-    (base / "wnids.txt").write_text("\n".join(wnids) + "\n")
-    lines = []
-    for wnid in wnids:
-        images = base / "train" / wnid / "images"
-        images.mkdir(parents=True)
-        (base / "train" / wnid / f"{wnid}_boxes.txt").write_text("")
-        for k in range(per_class):
-            _image(10 * k, (64, 64), "L" if k == 0 else "RGB").save(images / f"{wnid}_{k}.JPEG")
-        for _ in range(val_per_class):
-            name = f"val_{len(lines)}.JPEG"
-            _image(200, (64, 64), "RGB").save(base / "val" / "images" / name)
-            lines.append(f"{name}\t{wnid}\t0\t1\t62\t63")
-    (base / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
-    return base
-
-
-def write_leaf(root: Path, samples: int = 5) -> dict[str, int]:
-    """LEAF FEMNIST JSON for three writers split over train/ and test/ (two files per split); returns each
-    writer's total sample count."""
-    generator = np.random.default_rng(1)
-    writers = {"f3100_45": samples + 2, "f0001_12": samples, "f0420_07": samples + 4}
-    for split in ("train", "test"):
-        (root / split).mkdir(parents=True, exist_ok=True)
-        for part, names in enumerate((["f3100_45", "f0001_12"], ["f0420_07"])):
-            user_data, counts = {}, []
-            for name in names:
-                held_out = writers[name] // 4
-                n = held_out if split == "test" else writers[name] - held_out
-                x = np.round(generator.random((n, 784)) * 255) / 255
-                y = generator.integers(0, 62, size=n)
-                user_data[name] = {"x": x.tolist(), "y": y.tolist()}
-                counts.append(n)
-            content = {"users": names, "num_samples": counts, "user_data": user_data}
-            (root / split / f"all_data_{part}_niid_0_keep_0_{split}_9.json").write_text(json.dumps(content))
-    return writers
 
 
 # ---------------------------------------------------------------- MedMNIST
@@ -181,7 +120,7 @@ def test_image_folder_errors(tmp_path):
         load_dataset("image_folder")
     root = write_image_folder(tmp_path / "pets")
     odd = root / "cat" / "odd.png"
-    _image(1, (13, 12), "L").save(odd)
+    image_of(1, (13, 12), "L").save(odd)
     with pytest.raises(DataError, match=f"{re.escape(str(odd))}: 13x12 pixels, but .* is 12x12; set dataset.size"):
         load_dataset("image_folder", root=root)
     (root / "empty").mkdir()
@@ -289,7 +228,7 @@ def test_raysim_run_refuses_a_bomb_or_a_link_loop_in_one_line_before_ray(tmp_pat
 def test_medical_mnist_class_names_get_the_flame_constants(tmp_path):
     for k, name in enumerate(sorted(image_folder_module.MEDICAL_MNIST_CLASSES)):
         (tmp_path / name).mkdir()
-        _image(30 * k, (64, 64), "L").save(tmp_path / name / "000000.jpeg")
+        image_of(30 * k, (64, 64), "L").save(tmp_path / name / "000000.jpeg")
     data = load_dataset("image_folder", root=tmp_path)
     assert data.x.shape == (6, 1, 64, 64) and data.mean == (0.3,) and data.std == (0.3,)
 

@@ -10,7 +10,7 @@ import pytest
 
 from raysim.data.sources import load_dataset
 from raysim.errors import DataError
-from tests.conftest import run_through_cli, tiny_config
+from tests.support.experiments import run_through_cli, tiny_config
 
 datasets = pytest.importorskip("datasets")
 

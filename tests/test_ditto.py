@@ -15,15 +15,15 @@ from raysim.config import validate_config
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_flame import _orthogonal_regression
+from tests.support.convex import orthogonal_regression
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 B, N, D = [1.0, 2.0, 3.0], 40, 4
 
 
 def _sim(**algorithm) -> tuple[InProcess, np.ndarray]:
-    problem, theta_hat = _orthogonal_regression(B, N, D, seed=5)
+    problem, theta_hat = orthogonal_regression(B, N, D, seed=5)
     settings = {"name": "ditto", "lambda": 1.0, "lr": 0.1, "batch_size": N, "epochs": 1} | algorithm
     config = validate_config(tiny_config(algorithm=settings, clients={"count": 3}, model={"name": "linear"}))
     return InProcess(config, problem), theta_hat

@@ -20,7 +20,7 @@ from raysim.evaluation.records import ClientEvaluation, ModelScores
 from raysim.evaluation.summaries import summarize_scores
 from raysim.models.flat import FlatModel
 from raysim.runtime.driver import run_experiment
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from raysim.config import validate_config
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_flame import _orthogonal_regression
+from tests.support.convex import orthogonal_regression
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 B, N, D = [1.0, 2.0, 3.0], 40, 4
 
 
 def _run_regression(algorithm: dict, rounds: int):
-    problem, theta_hat = _orthogonal_regression(B, N, D, seed=3)
+    problem, theta_hat = orthogonal_regression(B, N, D, seed=3)
     config = validate_config(tiny_config(algorithm=algorithm, clients={"count": 3}, model={"name": "linear"}))
     sim = InProcess(config, problem)
     for round_index in range(rounds):

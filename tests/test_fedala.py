@@ -11,9 +11,9 @@ import pytest
 from raysim.algorithms.base import FullGradient
 from raysim.config import validate_config
 from raysim.errors import ConfigError
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_flame import _orthogonal_regression
+from tests.support.convex import orthogonal_regression
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 SGD = {"lr": 0.05, "batch_size": 16, "epochs": 1}
 
@@ -46,7 +46,7 @@ def test_with_eta_zero_the_weights_stay_one_and_it_is_fedavg():
 
 def test_the_weight_gradient_matches_central_differences_on_a_quadratic():
     """Linear regression: f(theta(W)) is quadratic in W, so central differences are exact up to rounding."""
-    problem, _ = _orthogonal_regression([1.0, 2.0], 40, 4, seed=3)
+    problem, _ = orthogonal_regression([1.0, 2.0], 40, 4, seed=3)
     config = validate_config(tiny_config(algorithm={"name": "fedala"}, clients={"count": 2}, model={"name": "linear"}))
     sim = InProcess(config, problem)
     algorithm, data, trainer = sim.host.algorithm, sim.host.data[0], sim.host.steps.trainer

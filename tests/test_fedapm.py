@@ -21,8 +21,8 @@ from raysim.models.flat import FlatModel
 from raysim.models.spec import ParamSpec
 from raysim.runtime.problem import sample_clients
 from raysim.training.local import ClientData, LocalTrainer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 MLP = {"name": "mlp"}
 

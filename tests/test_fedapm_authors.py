@@ -16,7 +16,7 @@ from raysim.algorithms.fedalt import FedAltSettings
 from raysim.algorithms.fedapm import FedApmSettings
 from raysim.algorithms.fedavg import FedAvgSettings
 from raysim.studies.suite import load_suite, run_suite
-from tests.cluster import ROOT
+from tests.support.cluster import ROOT
 
 SUITE = ROOT / "configs" / "paper" / "suites" / "fedapm_authors_fmnist.yaml"
 ROUNDS = 20

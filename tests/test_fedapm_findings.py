@@ -23,8 +23,8 @@ import math
 import pytest
 
 from raysim.studies.suite import load_suite, run_suite
-from tests.cluster import ROOT
-from tests.test_paper_configs import BUILT_IN
+from tests.support.cluster import ROOT
+from tests.support.paper_data import BUILT_IN
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 TABLE3 = {

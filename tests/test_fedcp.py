@@ -14,14 +14,14 @@ from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.models.gated import mmd
 from raysim.models.losses import GatedHeads, GatedHeadsLoss
-from tests.conftest import tiny_config
-from tests.features import CLASSES, DIM, labelled_problem
-from tests.inprocess import InProcess, make_host
-from tests.test_state_store import assert_identical
+from tests.support.experiments import tiny_config
+from tests.support.features import CLASSES, DIM, labelled_problem
+from tests.support.inprocess import InProcess, make_host
+from tests.support.states import assert_identical
 
 HEADS = GatedHeads()
 FEATURES = 64
-"""d: the features of tests.features' mlp (DIM-128-64-CLASSES)."""
+"""d: the features of tests.support.features' mlp (DIM-128-64-CLASSES)."""
 
 
 def _vector(seed: int) -> tuple[FlatModel, torch.Tensor]:

@@ -13,9 +13,9 @@ from raysim.algorithms.feddyn import FedDyn, FedDynSettings
 from raysim.algorithms.servers import WeightedUpload
 from raysim.config import validate_config
 from raysim.execution import run_client_step
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_fedslr import SPEC, Quadratic
+from tests.support.convex import SPEC, Quadratic
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 
 def _round(algorithm: FedDyn, problem: Quadratic, server, states: dict, selected, m: int):

@@ -11,9 +11,9 @@ import pytest
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.runtime.problem import prepare
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.weights import weights_file
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
+from tests.support.weights import weights_file
 
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}
 SGD = {"lr": 0.1, "batch_size": 16, "epochs": 2}

@@ -15,9 +15,9 @@ from raysim.models.flat import FlatModel
 from raysim.models.losses import PrototypeContrast
 from raysim.runtime import checkpoint
 from raysim.runtime.problem import prepare
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.weights import weights_file
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
+from tests.support.weights import weights_file
 
 SGD = {"lr": 0.5, "batch_size": 16, "epochs": 2}
 

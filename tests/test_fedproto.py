@@ -15,9 +15,9 @@ from raysim.evaluation.batched import Scorer
 from raysim.evaluation.columns import client_evaluations
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer
-from tests.conftest import tiny_config
-from tests.features import CLASSES, DIM, labelled_problem
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.features import CLASSES, DIM, labelled_problem
+from tests.support.inprocess import InProcess
 
 
 def _batch(seed: int = 0) -> tuple[FlatModel, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,8 +4,6 @@ only the body is sent; it stacks; its settings' errors."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -16,43 +14,9 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.execution.drivers import run_client_step
 from raysim.models.flat import FlatModel
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_vectorized import _assert_close_runs
-from tests.test_vectorized import _run as run_executor
-
-SGD = {"lr": 0.05, "batch_size": 32}
-
-
-def simulate(algorithm: dict, rounds: int = 2, model: str = "mlp", **sections) -> InProcess:
-    config = tiny_config(algorithm={**SGD, **algorithm}, model={"name": model}, clients={"count": 5, "per_round": 3})
-    sim = InProcess(validate_config({**config, **sections}))
-    for round_index in range(rounds):
-        sim.round(round_index)
-    return sim
-
-
-def check_round(algorithm: dict, selected: list[int], model: str = "mlp") -> tuple[InProcess, list]:
-    """One round of `selected` after a first one, one client at a time; every selected client's step recomputed
-    from its state before the round with the host's own executor (the same draws, the same bits); unselected
-    clients' states must stay bit for bit. Returns the simulation and the recomputed updates."""
-    sim = simulate(algorithm, rounds=1, model=model, runtime={"num_hosts": 2, "client_training": "sequential"})
-    before = {c: dataclasses.replace(s) for c, s in sim.states.items()}
-    broadcast = sim.coordinator.broadcast()
-    expected = [
-        run_client_step(sim.host.algorithm, sim.host.info[c], before[c], broadcast, sim.host.steps.executor(c, 1))
-        for c in selected
-    ]
-    sim.round(1, selected)
-    for client, state in sim.states.items():
-        for field in dataclasses.fields(state):
-            got, was = getattr(state, field.name), getattr(before[client], field.name)
-            if client in selected:
-                want = getattr(expected[selected.index(client)].state, field.name)
-                np.testing.assert_array_equal(got, want, err_msg=f"client {client} {field.name}")
-            else:
-                assert got.tobytes() == was.tobytes(), f"unselected client {client} changed its {field.name}"
-    return sim, expected
+from tests.support.executors import assert_close_runs, run_executor
+from tests.support.experiments import tiny_config
+from tests.support.split_models import SGD, check_round, simulate
 
 
 def test_an_empty_head_is_fedavg():
@@ -135,7 +99,7 @@ def test_vectorized_runs_match_sequential_runs():
     algorithm = {"name": "fedrep", "head_epochs": 2, **SGD}
     sections = {"model": {"name": "mlp"}, "clients": {"count": 5, "per_round": 3}}
     sequential = run_executor(algorithm, "sequential", **sections)
-    _assert_close_runs(sequential, run_executor(algorithm, "vectorized", **sections))
+    assert_close_runs(sequential, run_executor(algorithm, "vectorized", **sections))
 
 
 def test_settings_errors_name_the_field():

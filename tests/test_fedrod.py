@@ -12,9 +12,9 @@ from raysim.algorithms.fedrod import class_prior_shift
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
-from tests.conftest import tiny_config
-from tests.features import CLASSES, DIM, labelled_problem
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.features import CLASSES, DIM, labelled_problem
+from tests.support.inprocess import InProcess
 
 
 def _batch(seed: int = 0) -> tuple[FlatModel, torch.Tensor, torch.Tensor, torch.Tensor]:

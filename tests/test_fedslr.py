@@ -22,16 +22,13 @@ from raysim.evaluation.columns import ClientRecords, client_evaluations
 from raysim.evaluation.summaries import mean_client_metrics, summarize
 from raysim.execution import run_client_step
 from raysim.models.flat import FlatModel
-from raysim.models.spec import ParamSpec
-from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.coordinator import Coordinator, CoordinatorSettings
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, LocalTrainer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess, make_host
-from tests.test_cli import run_cli
-
-SPEC = ParamSpec(names=("conv", "fc", "bias"), shapes=((3, 2, 2, 2), (4, 5), (4,)), offsets=(0, 24, 44))
-"""A conv kernel (matrix 6 x 4), a linear weight (4 x 5) and a bias: 48 parameters."""
+from tests.support.cli import run_cli
+from tests.support.convex import SPEC, Quadratic
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess, make_host
 
 
 def test_soft_threshold_is_the_prox_of_the_l1_norm():
@@ -143,31 +140,6 @@ def test_local_sgd_l1_is_proximal_sgd():
     per_entry = np.zeros(size, np.float32)
     kept = trainer.sgd(LocalSGD(start, 1, 0.5, 40, l1=per_entry), data, np.random.default_rng(0))
     np.testing.assert_allclose(kept.params, start - 0.5 * grad.numpy(), atol=1e-6)
-
-
-class Quadratic:
-    """Client objectives f_i(x) = h_i/2 ||x - a_i||^2, with every LocalSGD request solved exactly."""
-
-    def __init__(self, m: int, size: int, seed: int):
-        generator = np.random.default_rng(seed)
-        self.h = generator.uniform(0.5, 2.0, size=m)
-        self.a = generator.normal(size=(m, size))
-
-    def grad(self, i: int, x: np.ndarray) -> np.ndarray:
-        return self.h[i] * (x - self.a[i])
-
-    def executor(self, i: int):
-        def execute(r: LocalSGD) -> SGDResult:
-            offset = 0.0 if r.offset is None else r.offset
-            center = 0.0 if r.prox_center is None else r.prox_center
-            linear = 0.0 if r.linear is None else r.linear
-            curvature = self.h[i] + r.prox_weight + r.weight_decay
-            x = (self.h[i] * (self.a[i] - offset) + r.prox_weight * center - linear) / curvature
-            if r.l1 is not None:
-                x = soft_threshold(x, np.asarray(r.l1) / curvature)
-            return SGDResult(x.astype(np.float32), 0.0, 1)
-
-        return execute
 
 
 def _round(algorithm, problem: Quadratic, server, states: dict, selected: list[int], m: int):
@@ -321,7 +293,9 @@ def _fedslr_host_after_one_round(algorithm: dict):
     config = validate_config(tiny_config(algorithm=algorithm))
     problem = prepare(config)
     host = make_host(config, problem)
-    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, config.clients.count)
+    coordinator = Coordinator(
+        CoordinatorSettings(config.algorithm, problem.params, config.clients.count), problem.init_params
+    )
     broadcast = coordinator.broadcast()
     _, records = host.train(0, host.client_ids, broadcast)
     return problem, host, broadcast, records

@@ -13,10 +13,9 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.models.spec import ParamSpec
-from tests.conftest import tiny_config
-from tests.test_fedrep import SGD, check_round, simulate
-from tests.test_vectorized import _assert_close_runs
-from tests.test_vectorized import _run as run_executor
+from tests.support.executors import assert_close_runs, run_executor
+from tests.support.experiments import tiny_config
+from tests.support.split_models import SGD, check_round, simulate
 
 HAND = ParamSpec(("w", "b"), ((2, 4), (2,)), (0, 8))
 """A 2x4 weight (sparse) and a bias (dense)."""
@@ -127,7 +126,7 @@ def test_vectorized_runs_match_sequential_runs():
     algorithm = {"name": "fedspa", "density": 0.4, **SGD}
     sections = {"model": {"name": "mlp"}, "clients": {"count": 5, "per_round": 3}}
     sequential = run_executor(algorithm, "sequential", **sections)
-    _assert_close_runs(sequential, run_executor(algorithm, "vectorized", **sections))
+    assert_close_runs(sequential, run_executor(algorithm, "vectorized", **sections))
 
 
 def test_settings_errors_name_the_field():

@@ -9,11 +9,9 @@ from hypothesis import strategies as st
 
 from raysim.algorithms import ClientInfo
 from raysim.config import validate_config
-from raysim.data.partitions import ClientSplit
-from raysim.models.flat import ModelSpec
-from raysim.runtime.problem import Problem
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.support.convex import orthogonal_regression
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 
 def test_lemma3_invariant_and_u_equals_theta_every_round():
@@ -48,33 +46,6 @@ def test_lemma3_holds_off_the_special_case_too():
     np.testing.assert_allclose(sim.server.w, np.mean([s.w + s.pi / 1.0 for s in states], axis=0), atol=2e-6)
 
 
-def _orthogonal_regression(b: list[float], n: int, d: int, seed: int) -> tuple[Problem, np.ndarray]:
-    """Clients with X_i^T X_i = N b_i I (flame.md App. B-A); returns the problem and each theta_hat_i."""
-    generator = np.random.default_rng(seed)
-    xs, ys, clients, theta_hat, offset = [], [], [], [], 0
-    for i, b_i in enumerate(b):
-        q, _ = np.linalg.qr(generator.normal(size=(n, d)))
-        x = np.sqrt(n * b_i) * q
-        y = x @ generator.normal(size=d) + 0.3 * generator.normal(size=n)
-        theta_hat.append(x.T @ y / (n * b_i))
-        x_test = generator.normal(size=(2, d))
-        xs += [x, x_test]
-        ys += [y, x_test @ theta_hat[-1]]
-        train = np.arange(offset, offset + n)
-        test = np.arange(offset + n, offset + n + 2)
-        offset += n + 2
-        split = ClientSplit(i, train, test, np.array([], dtype=np.int64))
-        clients.append((ClientInfo(i, n, 1.0 / len(b), len(b)), split))
-    problem = Problem(
-        x=np.concatenate(xs).astype(np.float32),
-        y=np.concatenate(ys).astype(np.float32),
-        model_spec=ModelSpec("linear", (d,), 1, "regression"),
-        clients=clients,
-        init_params=np.zeros(d, np.float32),
-    )
-    return problem, np.array(theta_hat)
-
-
 @pytest.mark.parametrize("prox_center", ["local", "global"])
 def test_converges_to_closed_form_fixed_point(prox_center):
     """Linear regression with X_i^T X_i = N b_i I has the fixed point (flame.md eq. 136)
@@ -87,7 +58,7 @@ def test_converges_to_closed_form_fixed_point(prox_center):
     prox centres (w_i, paper; w, code) share this fixed point.
     """
     b, lam, n, d = [1.0, 2.0, 3.0], 1.0, 40, 4
-    problem, theta_hat = _orthogonal_regression(b, n, d, seed=3)
+    problem, theta_hat = orthogonal_regression(b, n, d, seed=3)
     algorithm = {"name": "flame", "lambda": lam, "rho": 0.5, "lr": 0.1, "batch_size": n, "epochs": 40}
     config = validate_config(
         tiny_config(algorithm={**algorithm, "prox_center": prox_center}, clients={"count": 3}, model={"name": "linear"})

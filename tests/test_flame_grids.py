@@ -14,10 +14,10 @@ import pytest
 
 from raysim.config import validate_config
 from raysim.studies.suite import check_partitions, load_suite
-from tests.cluster import ROOT
-from tests.inprocess import InProcess
-from tests.light import light_training
-from tests.test_paper_configs import SUITE_DATA
+from tests.support.cluster import ROOT
+from tests.support.inprocess import InProcess
+from tests.support.light import light_training
+from tests.support.paper_data import SUITE_DATA
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 FLAME_SUITES = sorted(SUITES.glob("flame_*.yaml"))
@@ -91,9 +91,9 @@ JPEGs as 64x64 RGB)."""
 @pytest.mark.parametrize("path", FLAME_SUITES, ids=lambda path: path.name)
 def test_every_setting_of_a_flame_suite_trains_one_round(path, tmp_path, fmnist_tenth):
     """Each distinct setting (method, partition, attack, hyperparameters) at the suite's first seed: its data dealt,
-    one round trained through the real client host and coordinator in this process (tests/inprocess.py; Ray and
+    one round trained through the real client host and coordinator in this process (tests/support/inprocess.py; Ray and
     MLflow run each suite's first setting and each method in tests/test_paper_configs.py), by three clients, an
-    attacker among them in an attacked setting, with light local work (tests/light.py)."""
+    attacker among them in an attacked setting, with light local work (tests/support/light.py)."""
     suite = load_suite(path)
     data = path.stem.rsplit("_", 1)[1]
     overrides = _grid_data(path, tmp_path, fmnist_tenth, INPUT_SHAPES.get(data, (1,)))

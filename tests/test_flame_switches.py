@@ -14,9 +14,9 @@ from raysim.runtime.problem import prepare
 from raysim.seeding import Stream, rng
 from raysim.training.local import LocalTrainer, drawn_epochs
 from raysim.training.vectorized import VectorizedTrainer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess, make_host
-from tests.kernel_probe import coordinator_flags, kernel_flags
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess, make_host
+from tests.support.kernel_probe import coordinator_flags, kernel_flags
 
 FLAME = {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32, "epochs": 3}
 
@@ -131,6 +131,7 @@ def test_hosts_and_coordinators_set_the_kernel_choice_in_a_ray_actor(ray_local):
     process with each value (as runtime.reuse_actors renews it), reads back cuDNN deterministic without
     benchmarking (default, the authors' setup_seed), plus torch's deterministic algorithms (all), or benchmarking
     (fast); a coordinator constructed in that Ray worker (torch loaded) sets the same, whatever the flags were."""
+    from raysim.runtime.coordinator import CoordinatorSettings
     from raysim.runtime.host import ClientHost
     from raysim.runtime.host_settings import HostSettings
 
@@ -140,7 +141,7 @@ def test_hosts_and_coordinators_set_the_kernel_choice_in_a_ray_actor(ray_local):
     settings = dataclasses.replace(HostSettings.from_config(config, problem), client_training="sequential")
     want = {"fast": (False, True, False), "all": (True, False, True), "cudnn": (True, False, False)}
     data = (problem.x, problem.y, problem.clients, problem.init_params)
-    arguments = (config.algorithm, problem.params, problem.init_params, 4)
+    arguments = (CoordinatorSettings(config.algorithm, problem.params, 4), problem.init_params)
     host = (
         ray_local.remote(ClientHost)
         .options(num_cpus=0)

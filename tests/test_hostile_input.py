@@ -288,7 +288,7 @@ def test_experiment_and_run_names_reach_mlflow_as_typed(tmp_path):
     comment in a number refused by a real process, before Ray."""
     from mlflow.tracking import MlflowClient
 
-    from tests.conftest import tiny_config
+    from tests.support.experiments import tiny_config
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     path = tmp_path / "tiny.yaml"

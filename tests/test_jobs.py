@@ -15,7 +15,7 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.jobs import EXCLUDES, PROJECT_ROOT, JobError, auth_token, job_config_yaml, job_spec
 from raysim.studies.sweep import parse_sweep
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
 
 
 def test_experiment_job_carries_the_validated_config_and_tracking_uri(tmp_path, monkeypatch):
@@ -162,7 +162,7 @@ def test_database_password_is_refused_before_submitting(tmp_path, monkeypatch):
 
 def test_submit_prints_no_credential_when_it_fails(tmp_path, monkeypatch, capsys):
     from raysim.cli import main
-    from tests.cluster import free_port
+    from tests.support.cluster import free_port
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     path = tmp_path / "exp.yaml"

@@ -13,8 +13,8 @@ from raysim.algorithms.augfl.algorithm import AugFlUpload
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.runtime.problem import prepare
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 128}
 CRD = {"regularizer": "crd", "transfer": {"negatives": 32, "batch_size": 32}, "teacher_epochs": 1}

@@ -14,16 +14,16 @@ from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.training.local import LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_flame import _orthogonal_regression
-from tests.test_vectorized import _assert_close_runs, _clients, _run
+from tests.support.convex import orthogonal_regression
+from tests.support.executors import assert_close_runs, client_data, run_executor
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 B, N, D = [1.0, 2.0, 3.0], 40, 4
 
 
 def _sim(algorithm: dict, seed: int = 3, identity: bool = False) -> tuple[InProcess, np.ndarray]:
-    problem, theta_hat = _orthogonal_regression(B, N, D, seed=seed)
+    problem, theta_hat = orthogonal_regression(B, N, D, seed=seed)
     config = validate_config(tiny_config(algorithm=algorithm, clients={"count": 3}, model={"name": "linear"}))
     sim = InProcess(config, problem)
     if identity:  # P = I (d_sub = d); w^0 = P theta^0 = 0 for either P, so the initial states are already right
@@ -114,7 +114,7 @@ def test_projected_prox_agrees_between_trainers():
     """LocalSGD's projected proximal term: grad += weight P^T (P x - c), on LocalTrainer and stacked
     (VectorizedTrainer), with momentum and a per-client centre."""
     model = FlatModel("mlp", (2, 3, 4), 5)
-    clients = _clients([9, 14, 5], seed=1)
+    clients = client_data([9, 14, 5], seed=1)
     projection = gaussian_projection(4, model.size, seed=0)
     centers = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
     starts = np.stack([model.initial_parameters(s) for s in range(3)])
@@ -154,4 +154,6 @@ def test_settings_are_validated(field, value):
 def test_sequential_and_vectorized_executors_agree():
     algorithm = {"name": "lp_proj", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32, "momentum": 0.5}
     sections = {"model": {"name": "mlp"}, "clients": {"count": 6, "per_round": 4}}
-    _assert_close_runs(_run(algorithm, "sequential", **sections), _run(algorithm, "vectorized", **sections))
+    assert_close_runs(
+        run_executor(algorithm, "sequential", **sections), run_executor(algorithm, "vectorized", **sections)
+    )

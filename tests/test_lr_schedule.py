@@ -13,10 +13,10 @@ import pytest
 from raysim.algorithms import ALGORITHMS
 from raysim.algorithms.base import LrSchedule
 from raysim.config import validate_config
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_algorithms import ALGORITHMS as SETTINGS
-from tests.test_algorithms import PARTITIONS, SPLIT
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
+from tests.support.settings import ALGORITHMS as SETTINGS
+from tests.support.settings import PARTITIONS, SPLIT
 
 EXTRA = {"fedavg": {}, "flame": {"lambda": 1.0, "rho": 0.25}, "fedslr": {"lambda": 1e-3, "eta_g": 1.0}}
 """The settings of the algorithms tests/test_algorithms.py does not list (its ALGORITHMS has the others')."""

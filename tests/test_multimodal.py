@@ -22,8 +22,8 @@ from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, Inputs, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
-from tests.conftest import tiny_config
-from tests.logged import check_logged
+from tests.support.experiments import tiny_config
+from tests.support.logged import check_logged
 
 CRISISMMD = Modalities([Modality("image", (1, 1280)), Modality("text", (32, 512), sequence=True)])
 KUHAR = Modalities([Modality("acc", (256, 3)), Modality("gyro", (256, 3))])

@@ -19,8 +19,8 @@ from raysim.data.fedmultimodal import SOURCES, convert, main, read_pickle
 from raysim.data.partitions import DirichletSettings, LabelPriorSettings, NaturalSettings
 from raysim.data.substitutes import basic_motions, basic_motions_windows
 from raysim.evaluation.columns import client_evaluations
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 KUHAR_OFFSETS = [0, 19, 39, 59]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from raysim.studies.procmem import descendants
-from tests.cluster import ROOT
-from tests.conftest import tiny_config
+from tests.support.cluster import ROOT
+from tests.support.experiments import tiny_config
 
 
 def _config(uri: str, checkpoints: str) -> dict:

@@ -6,7 +6,6 @@ round in this process on the same folders (Fashion-MNIST: a tenth of the real on
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,28 @@ from raysim.config import apply_overrides, load_config, read_mapping, validate_c
 from raysim.runtime.driver import run_experiment
 from raysim.studies.suite import is_suite_file, load_suite
 from raysim.studies.sweep import is_sweep_file, load_sweep
-from tests.cluster import ROOT
-from tests.conftest import run_through_cli
-from tests.inprocess import InProcess
-from tests.light import light_training
-from tests.logged import check_logged
-from tests.test_datasets_files import MNIST_STEMS, _cifar_batch, _write_cifar100, _write_emnist, _write_idx
-from tests.test_datasets_folders import write_leaf, write_medmnist, write_tiny_imagenet
+from tests.support.cluster import ROOT
+from tests.support.data_files import (
+    MNIST_STEMS,
+    write_cifar100,
+    write_emnist,
+    write_idx,
+    write_leaf,
+    write_medmnist,
+    write_tiny_imagenet,
+)
+from tests.support.experiments import run_through_cli
+from tests.support.inprocess import InProcess
+from tests.support.light import light_training
+from tests.support.logged import check_logged
+from tests.support.paper_data import (
+    BUILT_IN,
+    LABEL_PRIOR_FIXTURE,
+    SMALL_RESNET_RUN,
+    SUITE_DATA,
+    cifar10,
+    cifar100_few_classes,
+)
 
 PAPER = ROOT / "configs" / "paper"
 
@@ -38,16 +52,7 @@ def _mnist(root: Path) -> list[str]:
         labels = np.repeat(np.arange(10, dtype=np.uint8), n // 10)
         arrays += [rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8), labels]
     for stem, array in zip(MNIST_STEMS, arrays, strict=True):
-        _write_idx(root / "MNIST" / "raw" / stem, array, gz=True)
-    return []
-
-
-def _cifar10(root: Path) -> list[str]:
-    rng = np.random.default_rng(0)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    for name in (*(f"data_batch_{k}" for k in range(1, 6)), "test_batch"):
-        (folder / name).write_bytes(pickle.dumps(_cifar_batch(60, b"labels", 10, rng), protocol=2))
+        write_idx(root / "MNIST" / "raw" / stem, array, gz=True)
     return []
 
 
@@ -72,18 +77,14 @@ def _fashion_mnist(root: Path) -> list[str]:
     return []  # the real data, installed by `make setup`
 
 
-SMALL_RESNET_RUN = ["clients.count=6", "clients.per_round=2", "model.name=cnn"]
-"""FedSLR's ResNet-18-GN trains at ~100 s a round on two cores even here: the runs use the CIFAR CNN, the network has
-its own test (tests/test_models.py)."""
-
 DATA = {
     "flame_mnist.yaml": _mnist,
     "flame_fmnist.yaml": _fashion_mnist,
-    "flame_cifar10.yaml": _cifar10,
+    "flame_cifar10.yaml": cifar10,
     "flame_mmnist.yaml": _medical_mnist,
     "flame_femnist.yaml": _femnist,
-    "fedslr_cifar10.yaml": lambda root: [*_cifar10(root), *SMALL_RESNET_RUN, *LABEL_PRIOR_FIXTURE],
-    "fedapm_cifar10.yaml": lambda root: [*_cifar10(root), "clients.count=6"],
+    "fedslr_cifar10.yaml": lambda root: [*cifar10(root), *SMALL_RESNET_RUN, *LABEL_PRIOR_FIXTURE],
+    "fedapm_cifar10.yaml": lambda root: [*cifar10(root), "clients.count=6"],
 }
 
 
@@ -93,12 +94,12 @@ def _emnist(root: Path) -> list[str]:
     for part, n in (("train", 16), ("test", 4)):
         upright[f"{part}_x"] = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
         upright[f"{part}_y"] = rng.integers(1, 27, size=n).astype(np.uint8)
-    _write_emnist(root / "EMNIST" / "raw", "letters", upright, gz=True)
+    write_emnist(root / "EMNIST" / "raw", "letters", upright, gz=True)
     return ["dataset.name=emnist", "dataset.split=letters"]
 
 
 def _cifar100(root: Path) -> list[str]:
-    _write_cifar100(root)
+    write_cifar100(root)
     return ["dataset.name=cifar100"]
 
 
@@ -115,46 +116,6 @@ def _tiny_imagenet(root: Path) -> list[str]:
 OTHER_LOADERS = {"emnist": _emnist, "cifar100": _cifar100, "medmnist": _medmnist, "tiny_imagenet": _tiny_imagenet}
 
 
-def _cifar100_few_classes(root: Path) -> list[str]:
-    """CIFAR-100's layout holding enough samples of five of its classes for FedSLR's label-prior split."""
-    rng = np.random.default_rng(0)
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True)
-    for name, n in (("train", 160), ("test", 40)):
-        (folder / name).write_bytes(pickle.dumps(_cifar_batch(n, b"fine_labels", 5, rng), protocol=2))
-    return ["dataset.name=cifar100"]
-
-
-def _tiny_imagenet_larger(root: Path) -> list[str]:
-    write_tiny_imagenet(root, per_class=12, val_per_class=4)
-    return ["dataset.name=tiny_imagenet"]
-
-
-FEDSLR_TABLE1 = {"cifar10": _cifar10, "cifar100": _cifar100_few_classes, "tiny_imagenet": _tiny_imagenet_larger}
-LABEL_PRIOR_FIXTURE = ["partition.test_samples=4", "partition.test_fraction=0.5"]
-"""FedSLR's label-prior split on the fixtures: 100 test samples per client need more than they hold."""
-SUITE_DATA = {
-    f"fedslr_table1_{data}_{split}.yaml": lambda root, data=data, split=split: [
-        *FEDSLR_TABLE1[data](root),
-        *SMALL_RESNET_RUN,
-        *([] if data == "cifar10" else ["clients.count=2"]),
-        *(LABEL_PRIOR_FIXTURE if split == "noniid" else []),
-    ]
-    for data in FEDSLR_TABLE1
-    for split in ("iid", "noniid")
-} | {
-    f"fedslr_sensitivity_{study}_cifar100.yaml": lambda root: [
-        *_cifar100_few_classes(root),
-        *SMALL_RESNET_RUN,
-        "clients.count=2",
-        *LABEL_PRIOR_FIXTURE,
-    ]
-    for study in ("lambda", "mu", "eta_g", "phase1_epochs", "pure_personal")
-}
-"""The fixture folders of the suites whose base is inline (not a configs/paper file), by suite file (the CIFAR-100
-and Tiny-ImageNet fixtures hold a few samples: two clients)."""
-
-
 def _emnist_letters(root: Path) -> list[str]:
     """EMNIST letters' IDX files holding 20 samples of each of four letters (labels 1..4 in the files)."""
     rng = np.random.default_rng(0)
@@ -162,7 +123,7 @@ def _emnist_letters(root: Path) -> list[str]:
     for part, n in (("train", 64), ("test", 16)):
         upright[f"{part}_x"] = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
         upright[f"{part}_y"] = np.tile(np.arange(1, 5, dtype=np.uint8), n // 4)
-    _write_emnist(root / "EMNIST" / "raw", "letters", upright, gz=True)
+    write_emnist(root / "EMNIST" / "raw", "letters", upright, gz=True)
     return []
 
 
@@ -176,8 +137,8 @@ FEW_SHOT_FIXTURE = ["clients.count=3", "partition.shots=2", "partition.reserved=
 to pretrain the ResNet32x4 teacher (or FedLP's ResNet8x4) and for the server's distillation (a ResNet32x4 step on a
 CPU costs seconds)."""
 TABLE2 = {
-    "cifar10": _cifar10,
-    "cifar100": _cifar100_few_classes,
+    "cifar10": cifar10,
+    "cifar100": cifar100_few_classes,
     "emnist": _emnist_letters,
     "tiny_imagenet": _tiny_imagenet_few_shot,
 }
@@ -189,7 +150,7 @@ TABLE2_SUITES = sorted((PAPER / "suites").glob("augfl_*_table2.yaml"))
 
 
 def _femnist_tff(root: Path) -> list[str]:
-    from tests.test_tff_emnist import write_tff_emnist
+    from tests.support.data_files import write_tff_emnist
 
     write_tff_emnist(root)
     return ["clients.count=2"]  # five writers: two each
@@ -199,7 +160,7 @@ SUITE_DATA |= {
     **{
         f"flame_{grid}_{name}.yaml": fixture
         for grid in ("table3", "sensitivity")
-        for name, fixture in (("mnist", _mnist), ("cifar10", _cifar10), ("mmnist", _medical_mnist))
+        for name, fixture in (("mnist", _mnist), ("cifar10", cifar10), ("mmnist", _medical_mnist))
     },
     "flame_table3_femnist.yaml": _femnist_tff,
 }
@@ -261,16 +222,6 @@ baselines keep 20,000 from every client for the pretrained model and D_s (here 2
 AugFL's setting the same 20,000 (so that its clients are AugFL's). A method that pretrains a model pretrains it for
 one epoch, not five (`run_one_round`)."""
 
-BUILT_IN = {
-    "digits": [],
-    "crisismmd_synthetic": ["dataset.samples=200", "dataset.image_dim=24", "dataset.text_dim=8", "dataset.tokens=6"],
-    "kuhar_synthetic": ["dataset.samples=160", "dataset.window=32"],
-    "cremad_synthetic": ["dataset.samples=288", "dataset.frames=24", "dataset.mfcc=8", "dataset.video_dim=16"],
-}
-"""Data sets inside the package (FedAPM's offline substitutes, fedapm.md 7.3), with the overrides that keep one
-round of their suites lean: fewer and smaller samples (the models read their sizes from the data); the epochs are
-made light with every run's (tests/light.py)."""
-
 
 def first_setting(path: Path, tracking_uri: str) -> tuple[dict[str, Any], Path]:
     """A shipped file's experiment as a raw config tree: the file itself, a suite's first run at its first seed,
@@ -320,9 +271,9 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     the paper datasets that are not installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN
     where it holds too little), the built-in ones are scaled down (BUILT_IN). Each run takes the actors of the one
     before (runtime.reuse_actors: a new actor process costs most of a one-round run; tests/test_crews.py shows
-    renewed actors give a new crew's results). Local training is light (tests/light.py): the test checks that the
-    experiment runs and logs, not what it learns. It saves the global model, so that every shipped model is saved
-    once, but not the clients' models (hundreds of MB for a suite of ResNet-18 clients: tests/test_saved_models.py).
+    renewed actors give a new crew's results). Local training is light (tests/support/light.py): the test checks
+    that the experiment runs and logs, not what it learns. It saves the global model, so that every shipped model is
+    saved once, but not the clients' models (hundreds of MB for a suite of ResNet-18 clients: tests/test_saved_models.py).
     Nor does it score the clients' training loss, a third of a one-round run: the paper configs' runs above score it
     (FLAME's, FedAPM's and FedSLR's models on their datasets), as do the matrix (every algorithm) and the
     algorithms' own CLI tests."""

@@ -13,9 +13,9 @@ from raysim.cli import main
 from raysim.config import ExperimentConfig, apply_overrides, validate_config
 from raysim.studies.suite import check_partitions, load_suite
 from raysim.studies.table import make_table
-from tests.cluster import ROOT
-from tests.inprocess import InProcess
-from tests.test_paper_configs import SUITE_DATA
+from tests.support.cluster import ROOT
+from tests.support.inprocess import InProcess
+from tests.support.paper_data import SUITE_DATA
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 CHILDREN = {
@@ -114,8 +114,8 @@ def sensitivity_settings() -> list[tuple[str, ExperimentConfig]]:
 
 def test_every_setting_of_fedslrs_sensitivity_suites_runs_one_round(tmp_path):
     """One round of each of the 18 distinct settings through the real client host and coordinator in this process
-    (tests/inprocess.py; Ray and MLflow are exercised by the first settings' runs), on the CIFAR-100 fixture with the
-    CIFAR CNN and two clients (tests/test_paper_configs.py SUITE_DATA)."""
+    (tests/support/inprocess.py; Ray and MLflow are exercised by the first settings' runs), on the CIFAR-100
+    fixture with the CIFAR CNN and two clients (tests/test_paper_configs.py SUITE_DATA)."""
     settings = sensitivity_settings()
     assert len(settings) == 18  # (5 + 5 + 4 + 4 + 3) - 3 repeats of the centre
     for index, (suite, config) in enumerate(settings):

@@ -27,12 +27,7 @@ from raysim.data.partitions import (
     partition_dataset,
 )
 from raysim.errors import ConfigError
-
-
-@pytest.fixture(scope="module")
-def labels() -> np.ndarray:
-    return load_fashion_mnist()[1]
-
+from tests.support.authors import their_q_label
 
 # --- the reference: the authors' calls, in their order and with their data structures -------------------
 
@@ -44,21 +39,6 @@ def _their_iid(n, num_users):
         dict_users[i] = set(np.random.choice(all_idxs, num_items, replace=False))
         all_idxs = list(set(all_idxs) - dict_users[i])
     return dict_users
-
-
-def _their_q_label(labels, num_users, q):
-    num_labels = len(np.unique(labels))
-    num_shards = math.ceil(q * num_users / num_labels)
-    indices = [np.where(labels == i)[0] for i in range(num_labels)]
-    data_split_indices = []
-    for i in range(num_labels):
-        data_split_indices.extend(np.array_split(indices[i], num_shards))
-    user_data_indices = {}
-    for user_id in range(num_users):
-        np.random.shuffle(data_split_indices)
-        user_data_indices[user_id] = np.concatenate(data_split_indices[:q])
-        del data_split_indices[:q]
-    return user_data_indices
 
 
 def _their_dir_label(labels, num_users):
@@ -80,7 +60,7 @@ def _their_dir_quantity(n, num_users):
 
 
 def _their_hybrid(labels, num_users, q):
-    label_part = list(_their_q_label(labels, math.ceil(num_users / 2), q).values())
+    label_part = list(their_q_label(labels, math.ceil(num_users / 2), q).values())
     return label_part + _their_dir_quantity(len(labels), math.floor(num_users / 2))
 
 
@@ -105,7 +85,7 @@ def _theirs(scheme: str, labels: np.ndarray, seed: int, num_users: int, q: int =
     random.seed(seed)
     deal = {
         "iid": lambda: _their_iid(len(labels), num_users),
-        "q_label": lambda: _their_q_label(labels, num_users, q),
+        "q_label": lambda: their_q_label(labels, num_users, q),
         "dirichlet": lambda: _their_dir_label(labels, num_users),
         "quantity": lambda: _their_dir_quantity(len(labels), num_users),
         "hybrid": lambda: _their_hybrid(labels, num_users, q),
@@ -135,6 +115,11 @@ def test_authors_draw_deals_what_their_code_deals_for_their_seeds(labels, scheme
         assert len(client.val) == 0
     counts = [np.bincount(labels[c.train], minlength=10).tolist() for c in ours]
     assert counts == [np.bincount(labels[t], minlength=10).tolist() for t, _ in theirs]
+
+
+@pytest.fixture(scope="module")
+def labels() -> np.ndarray:
+    return load_fashion_mnist()[1]
 
 
 def test_authors_q_label_with_q_above_the_shards_per_class_matches_too(labels):

@@ -18,7 +18,7 @@ from raysim.config import validate_config
 from raysim.data.partition_file import FileSettings, labels_digest, read_metadata, write_partition
 from raysim.data.partitions import ClientSplit, QLabelSettings, partition_dataset
 from raysim.errors import ConfigError, PartitionError
-from tests.conftest import run_through_cli
+from tests.support.experiments import run_through_cli
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3], dtype=np.int64)

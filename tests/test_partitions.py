@@ -486,8 +486,8 @@ def test_label_prior_clients_train_and_are_scored_on_their_own_test_sets():
     """Through prepare() and the real host and coordinator: the per-client test sets are what is scored."""
     from raysim.config import validate_config
     from raysim.evaluation.columns import client_evaluations
-    from tests.conftest import tiny_config
-    from tests.inprocess import InProcess
+    from tests.support.experiments import tiny_config
+    from tests.support.inprocess import InProcess
 
     config = validate_config(
         tiny_config(partition={"scheme": "label_prior", "alpha": 0.3, "test_samples": 40}, clients={"count": 8})

@@ -14,12 +14,11 @@ from raysim.execution.drivers import drive
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
-from tests.test_baselines import B, D, N, b
-from tests.test_baselines import _run as _sim
-from tests.test_flame import _orthogonal_regression
-from tests.test_vectorized import _assert_close_runs, _clients, _run
+from tests.support.convex import B, D, N, b, orthogonal_regression
+from tests.support.convex import run_orthogonal as _sim
+from tests.support.executors import assert_close_runs, client_data, run_executor
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 
 def test_alpha_zero_is_fedavg_with_lr_beta():
@@ -57,7 +56,7 @@ def test_one_step_matches_the_closed_form_meta_gradient(hessian):
 
 def test_a_heldout_client_adapts_the_current_global_model():
     """`adapt`: one gradient step of lr alpha on its training split from the given global model."""
-    problem, theta_hat = _orthogonal_regression(B, N, D, seed=5)
+    problem, theta_hat = orthogonal_regression(B, N, D, seed=5)
     config = validate_config(
         tiny_config(algorithm={"name": "perfedavg", "alpha": 0.1}, clients={"count": 3}, model={"name": "linear"})
     )
@@ -74,7 +73,7 @@ def test_a_heldout_client_adapts_the_current_global_model():
 def test_batch_gradients_agree_between_the_trainers():
     """The vectorized trainer's BatchGradients rows are LocalTrainer's, batch for batch (same draws)."""
     model = FlatModel("mlp", (2, 3, 4), 5)
-    clients = _clients([7, 12, 3], seed=2, noisy=1)
+    clients = client_data([7, 12, 3], seed=2, noisy=1)
     points = np.stack([np.stack([model.initial_parameters(s), model.initial_parameters(s + 10)]) for s in range(3)])
     request = BatchGradients(points, batch_size=5)
     want = [
@@ -110,4 +109,6 @@ def test_settings_are_validated(field, value):
 def test_sequential_and_vectorized_executors_agree(hessian):
     algorithm = {"name": "perfedavg", "alpha": 0.05, "lr": 0.1, "batch_size": 16, "hessian": hessian}
     sections = {"model": {"name": "mlp"}, "clients": {"count": 5, "per_round": 4}}
-    _assert_close_runs(_run(algorithm, "sequential", **sections), _run(algorithm, "vectorized", **sections))
+    assert_close_runs(
+        run_executor(algorithm, "sequential", **sections), run_executor(algorithm, "vectorized", **sections)
+    )

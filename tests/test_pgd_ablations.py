@@ -16,8 +16,8 @@ from raysim.config import validate_config
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 SECTIONS = {"clients": {"count": 5, "per_round": 3}, "model": {"name": "mlp"}}
 

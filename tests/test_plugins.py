@@ -27,19 +27,12 @@ from mlflow.tracking import MlflowClient
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.registry import Registry
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
+from tests.support.pages import PAGE, ROOT, page_files
 
-ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "extending.md"
-FILE_BLOCK = re.compile(r"<!-- file: (\S+) -->\n```\w+\n(.*?)\n```", re.S)
 RUN_MARKER = "<!-- test: plugin-run -->"
 RUN_LINE = re.compile(r"^run [0-9a-f]{32}: final PM ", re.M)
 PLUGIN_FILES = ("fedavgm.py", "tiny_cnn.py", "csv_source.py")
-
-
-def page_files() -> dict[str, str]:
-    """The files docs/extending.md shows (`<!-- file: NAME -->` before a code block), by name."""
-    return {name: text + "\n" for name, text in FILE_BLOCK.findall(PAGE.read_text())}
 
 
 def page_commands() -> list[str]:
@@ -299,7 +292,7 @@ def test_a_plugin_imported_after_the_config_module_joins_the_registries(tmp_path
         "import raysim.config, raysim.reference\n"
         "from raysim.plugins import load\n"
         f"load({str(tmp_path / 'fedavgm.py')!r})\n"
-        "from tests.conftest import tiny_config\n"
+        "from tests.support.experiments import tiny_config\n"
         "config = raysim.config.validate_config(tiny_config(algorithm={'name': 'fedavgm', 'server_momentum': 0.3}))\n"
         "print(type(config.algorithm).__name__, config.algorithm.server_momentum)\n"
         "print(config.model_dump()['algorithm']['server_momentum'])\n"

@@ -23,9 +23,9 @@ from raysim.errors import ConfigError
 from raysim.launch import pretrain
 from raysim.models.weights import FORMAT_VERSION, checksum, read_weights, write_weights
 from raysim.runtime.problem import prepare
-from tests.cluster import ROOT
-from tests.conftest import tiny_config
-from tests.terminal import sigint_as_from_a_terminal
+from tests.support.cluster import ROOT
+from tests.support.experiments import tiny_config
+from tests.support.terminal import sigint_as_from_a_terminal
 
 META = {"scheme": "meta", "shots": 10, "reserved": 300, "server_samples": 128}
 CRD = {"name": "augfl", "regularizer": "crd", "lambda": 5.0, "teacher_model": "mlp", "transfer": {"negatives": 32}}

@@ -24,10 +24,10 @@ from raysim.config import validate_config
 from raysim.data import partition_dataset
 from raysim.errors import ConfigError, PartitionError
 from raysim.runtime import checkpoint
+from raysim.runtime.actors import RecoveryError
 from raysim.runtime.driver import DivergenceError, resume_experiment, run_experiment
-from raysim.runtime.simulation import RecoveryError
-from tests.cluster import free_port
-from tests.conftest import tiny_config
+from tests.support.cluster import free_port
+from tests.support.experiments import tiny_config
 
 ROUNDS = 5
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,11 +7,11 @@ import pytest
 
 from raysim.config import validate_config
 from raysim.errors import ConfigError
-from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.coordinator import Coordinator, CoordinatorSettings
 from raysim.runtime.problem import prepare
 from raysim.threats.robust import RobustSettings, aggregate, multi_krum, norm_clip, trimmed_mean
-from tests.conftest import tiny_config
-from tests.inprocess import make_host
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import make_host
 
 
 def _cluster_with_outlier(n: int = 10, d: int = 30, seed: int = 0) -> np.ndarray:
@@ -73,14 +73,10 @@ def _system(algorithm: dict, rule: dict, attack: dict, clients: int = 8, per_rou
     )
     problem = prepare(config)
     host = make_host(config, problem)
-    coordinator = Coordinator(
-        config.algorithm,
-        problem.params,
-        problem.init_params,
-        clients,
-        robust=config.aggregation,
-        attack=config.attack,
+    settings = CoordinatorSettings(
+        config.algorithm, problem.params, clients, robust=config.aggregation, attack=config.attack
     )
+    coordinator = Coordinator(settings, problem.init_params)
     return problem, host, coordinator
 
 
@@ -167,12 +163,9 @@ def test_a_robust_rule_equal_to_the_mean_reproduces_the_algorithms_own_step(algo
 
 def test_robust_aggregation_without_messages_is_refused():
     problem, host, _ = _system(FEDAVG, {"rule": "mean"}, {"kind": "none"})
+    fedavg = validate_config(tiny_config(algorithm=FEDAVG)).algorithm
     coordinator = Coordinator(
-        validate_config(tiny_config(algorithm=FEDAVG)).algorithm,
-        problem.params,
-        problem.init_params,
-        8,
-        robust=RobustSettings(rule="median"),
+        CoordinatorSettings(fedavg, problem.params, 8, robust=RobustSettings(rule="median")), problem.init_params
     )
     with pytest.raises(RuntimeError, match="send_messages"):
         coordinator.aggregate(host.train(0, [0, 1], coordinator.broadcast())[0])

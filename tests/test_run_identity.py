@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.test_cli import _raysim
+from tests.support.cli import raysim
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def test_a_quickstart_run_fills_mlflows_standard_fields(tmp_path, monkeypatch):
     config = tmp_path / "quickstart.yaml"
     shutil.copy(ROOT / "configs" / "quickstart.yaml", config)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    done = _raysim("run", str(config), "--quiet", "--set", "rounds=1", "--set", f"tracking.uri={uri}", cwd=tmp_path)
+    done = raysim("run", str(config), "--quiet", "--set", "rounds=1", "--set", f"tracking.uri={uri}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     # a healthy run's console has no Ray warnings or errors (token-auth default, actor-restart caveat)
     assert "WARNING" not in done.stderr and "ERROR" not in done.stderr and "core_worker" not in done.stderr, done.stderr

@@ -12,8 +12,8 @@ from raysim.config import RuntimeSettings, validate_config
 from raysim.errors import ConfigError
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.placement import check_capacity, default_num_hosts
-from tests.conftest import tiny_config
-from tests.test_cli import _raysim, _write, run_cli
+from tests.support.cli import raysim, run_cli, write_config
+from tests.support.experiments import tiny_config
 
 
 def test_flame_invariants_hold_on_actor_state_after_every_round(ray_local, mlflow_uri):
@@ -178,7 +178,7 @@ def test_gpu_shares_bound_the_host_count_on_a_real_ray(tmp_path, mlflow_uri):
     assert run.info.status == "FINISHED" and run.data.tags["raysim.hosts"] == "2"
 
     refused = tiny_config(runtime={**runtime, "num_gpus": 0}, tracking=tracking, rounds=2)
-    done = _raysim("run", str(_write(tmp_path, refused)), "--quiet", cwd=tmp_path)
+    done = raysim("run", str(write_config(tmp_path, refused)), "--quiet", cwd=tmp_path)
     assert done.returncode != 0
     assert "runtime.host_gpus=0.5 (+ coordinator 0) needs 0.5 GPUs but the Ray cluster has 0" in done.stderr
 
@@ -212,7 +212,7 @@ def test_only_a_coordinator_whose_server_step_needs_torch_loads_it(ray_local, ml
 
 SIBLINGS_SCRIPT = """
 import gc, time, ray
-from raysim.runtime.simulation import get_all
+from raysim.runtime.actors import get_all
 
 @ray.remote(num_cpus=0)
 class Host:

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 import raysim
 from raysim.tracking.models import global_module
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
 
 
 def _accuracy(network: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:

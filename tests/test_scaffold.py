@@ -17,8 +17,8 @@ from raysim.algorithms.servers import WeightedUpload
 from raysim.config import validate_config
 from raysim.execution import run_client_step
 from raysim.models.spec import ParamSpec
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess
 
 SPEC = ParamSpec(names=("w", "b"), shapes=((3, 4), (3,)), offsets=(0, 12))
 

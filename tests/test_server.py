@@ -10,7 +10,7 @@ import pytest
 
 from raysim.tracking.mlflow_writer import MlflowWriter
 from raysim.tracking.server import ServerSettings, TrackingServer, is_healthy
-from tests.cluster import free_port
+from tests.support.cluster import free_port
 
 
 def test_command_uses_one_worker_and_served_artifacts(tmp_path):

@@ -21,9 +21,9 @@ from mlflow.tracking import MlflowClient
 from raysim.cli import main
 from raysim.errors import Interrupted, raise_pending, sigterm_interrupts
 from raysim.studies.procmem import descendants
-from tests.cluster import free_port
-from tests.conftest import tiny_config
-from tests.terminal import sigint_as_from_a_terminal
+from tests.support.cluster import free_port
+from tests.support.experiments import tiny_config
+from tests.support.terminal import sigint_as_from_a_terminal
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
 

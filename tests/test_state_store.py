@@ -4,7 +4,6 @@ checkpoints with nearly every state on disk equal the in-memory ones."""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import math
@@ -27,8 +26,9 @@ from raysim.runtime import checkpoint
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.problem import sample_clients
 from raysim.runtime.state_store import OWNER_LOCK, ClientStateStore, remove_orphaned_folders, state_nbytes
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess, make_host
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess, make_host
+from tests.support.states import assert_identical
 
 ALGORITHMS = {
     "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
@@ -48,31 +48,6 @@ ALGORITHMS = {
     "fedcp": {"name": "fedcp", "lr": 0.05, "batch_size": 32},
 }
 AUGFL_PARTITION = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
-
-
-def assert_identical(a: Any, b: Any, where: str = "state") -> None:
-    """Same types all the way down, arrays with the same dtype, shape, order and bytes, floats bit for bit."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, np.ndarray):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
-        assert a.flags.f_contiguous == b.flags.f_contiguous, where
-        assert a.tobytes() == b.tobytes(), where
-    elif isinstance(a, (np.generic, float)):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes() and np.asarray(a).dtype == np.asarray(b).dtype, where
-    elif dataclasses.is_dataclass(a):
-        for field in dataclasses.fields(a):
-            assert_identical(getattr(a, field.name), getattr(b, field.name), f"{where}.{field.name}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_identical(x, y, f"{where}[{i}]")
-    elif isinstance(a, dict):
-        assert list(a) == list(b), where
-        for (k, x), (j, y) in zip(a.items(), b.items(), strict=True):
-            assert_identical(k, j, f"{where} key")
-            assert_identical(x, y, f"{where}[{k!r}]")
-    else:
-        assert a == b, where
 
 
 @checkpoint.register_state_class

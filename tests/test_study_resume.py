@@ -20,8 +20,8 @@ from raysim.errors import ConfigError
 from raysim.runtime.driver import run_experiment
 from raysim.studies.resume import reopen_parent
 from raysim.tracking.mlflow_writer import MlflowWriter
-from tests.conftest import tiny_config
-from tests.terminal import sigint_as_from_a_terminal
+from tests.support.experiments import tiny_config
+from tests.support.terminal import sigint_as_from_a_terminal
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.studies.children import one_line
 from raysim.studies.suite import SuiteConfig, check_partitions, is_suite_file, load_suite, run_suite
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
 ISSUE_3 = ("flame", "fedavg", "fedprox", "fedadmm", "pfedme", "ditto", "fedapm", "fedalt", "fedsim", "local")

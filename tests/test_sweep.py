@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from raysim.errors import ConfigError
 from raysim.studies.sweep import is_sweep_file, load_sweep, parse_sweep, run_sweep
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
 

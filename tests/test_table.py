@@ -28,7 +28,7 @@ from raysim.studies.table import (
     setting_of,
     value_at,
 )
-from tests.conftest import tiny_config
+from tests.support.experiments import tiny_config
 
 
 def test_the_final_value_and_the_best_round_by_the_metrics_direction():

@@ -3,8 +3,6 @@ FEMNIST (flame.md 6.1): small files written here with h5py in TFF's layout, exam
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import h5py
 import numpy as np
 import pytest
@@ -15,29 +13,7 @@ from raysim.data.dataset import DATASETS
 from raysim.data.partitions import NaturalSettings, partition_dataset
 from raysim.data.tff_emnist import FILES
 from raysim.errors import DataError
-
-WRITERS = {"f3100_45": (9, 2), "f0001_12": (6, 1), "f0420_07": (7, 3), "f1998_30": (5, 2), "f0002_03": (4, 1)}
-"""Writer id -> (train samples, test samples); TFF's ids are not stored sorted by this dict's order."""
-
-
-def write_tff_emnist(root: Path, split: str = "digits", writers: dict[str, tuple[int, int]] = WRITERS) -> dict:
-    """TFF's two files of `split` under `root`: each writer's pixels (float32 [n, 28, 28] in [0, 1], multiples of
-    1/255) and labels (int32; 0-9 for digits, 0-61 otherwise). Returns writer -> (train x, train y, test x, test y)."""
-    generator = np.random.default_rng(3)
-    classes = 10 if split == "digits" else 62
-    written: dict[str, list[np.ndarray]] = {writer: [] for writer in writers}
-    root.mkdir(parents=True, exist_ok=True)
-    for part, name in enumerate(FILES[split]):
-        with h5py.File(root / name, "w") as handle:
-            examples = handle.create_group("examples")
-            for writer, counts in writers.items():
-                n = counts[part]
-                pixels = (generator.integers(0, 256, size=(n, 28, 28)) / 255.0).astype(np.float32)
-                labels = generator.integers(0, classes, size=n).astype(np.int32)
-                examples.create_dataset(f"{writer}/pixels", data=pixels)
-                examples.create_dataset(f"{writer}/label", data=labels)
-                written[writer] += [pixels, labels]
-    return written
+from tests.support.data_files import WRITERS, write_tff_emnist
 
 
 def test_tff_femnist_pools_each_writers_train_and_test_and_groups_by_sorted_writer(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.cluster import free_port
+from tests.support.cluster import free_port
 
 HOLD = """
 import http.server, os, sys, time
@@ -234,8 +234,8 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     import yaml
 
     from raysim.tracking.server import runs_page
-    from tests.conftest import tiny_config
-    from tests.test_cli import _raysim
+    from tests.support.cli import raysim
+    from tests.support.experiments import tiny_config
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     base = tiny_config(rounds=2, clients={"count": 3}, tracking={"uri": uri, "experiment": "compared"})
@@ -243,7 +243,7 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     runs = [{"name": name, "set": {"algorithm": {"name": name, "lr": 0.05}}} for name in settings]
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({"name": "three", "base": base, "runs": runs, "seeds": [0, 1]}))
-    done = _raysim("run", str(suite), cwd=tmp_path)
+    done = raysim("run", str(suite), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     command = next(line.split(": ", 1)[1] for line in done.stdout.splitlines() if "compare its children" in line)
     parent = command.rsplit(" ", 1)[1]
@@ -253,7 +253,7 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
     assert sorted(r.data.tags["raysim.group"] for r in children) == sorted(settings * 2)
 
-    refused = _raysim("ui", "--tracking-uri", uri, "--compare", children[0].info.run_id, cwd=tmp_path)
+    refused = raysim("ui", "--tracking-uri", uri, "--compare", children[0].info.run_id, cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().endswith("is not the parent run of a suite or sweep")
     port = free_port()
     process = subprocess.Popen(

@@ -24,35 +24,15 @@ from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.execution import run_client_step, run_client_steps
 from raysim.models.flat import FlatModel, param_spec
-from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.coordinator import Coordinator, CoordinatorSettings
 from raysim.runtime.driver import run_experiment
 from raysim.runtime.exact_sum import UploadRangeError
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import SGDJob, VectorizedTrainer, step_widths
-from tests.conftest import tiny_config
-from tests.inprocess import InProcess, make_host
-
-INPUT = (2, 3, 4)
-CLASSES = 5
-EMPTY = np.array([], np.int64)
-
-
-def _clients(sizes: list[int], seed: int, noisy: int = -1, poisoned: int = -1, private: int = -1) -> list[ClientData]:
-    """Clients with `sizes` training samples each, drawn shuffled from one shared dataset; client `noisy` has
-    feature noise, `poisoned` random labels and `private` its own feature array."""
-    source = np.random.default_rng(seed)
-    total = sum(sizes) + 3  # a few samples nobody trains on
-    x = source.normal(size=(total, *INPUT)).astype(np.float32)
-    y = source.integers(0, CLASSES, total).astype(np.int64)
-    owners = source.permutation(total)
-    clients, start = [], 0
-    for i, size in enumerate(sizes):
-        features = x + 1.0 if i == private else x
-        noise, labels = (0.3 if i == noisy else 0.0), (CLASSES if i == poisoned else 0)
-        clients.append(ClientData(features, y, owners[start : start + size], EMPTY, EMPTY, noise, labels))
-        start += size
-    return clients
+from tests.support.executors import CLASSES, EMPTY, INPUT, assert_close_runs, client_data, run_executor
+from tests.support.experiments import tiny_config
+from tests.support.inprocess import InProcess, make_host
 
 
 def _requests(model: FlatModel, count: int, seed: int, **terms) -> list[LocalSGD]:
@@ -121,7 +101,7 @@ def test_vectorized_sgd_matches_local_trainer(name, objective):
     """Unequal clients (one with feature noise, one with random labels, one with its own features), every
     objective term; chunks of 3 so clients of different lengths share a chunk and finish at different steps."""
     model = FlatModel(name, INPUT, CLASSES)
-    clients = _clients(SIZES, seed=1, noisy=3, poisoned=4, private=6)
+    clients = client_data(SIZES, seed=1, noisy=3, poisoned=4, private=6)
     requests = _requests(model, len(SIZES), seed=2, **OBJECTIVES[objective])
     trainer = _assert_matches_local(model, requests, clients, chunk=3)
     assert trainer.mode == "perceptron"
@@ -129,7 +109,7 @@ def test_vectorized_sgd_matches_local_trainer(name, objective):
 
 def test_requests_with_different_settings_train_in_separate_groups():
     model = FlatModel("mlp", INPUT, CLASSES)
-    clients = _clients([20, 31, 9, 50, 12, 3], seed=3, noisy=0)
+    clients = client_data([20, 31, 9, 50, 12, 3], seed=3, noisy=0)
     fast = _requests(model, 3, seed=4, lr=0.2, batch_size=8)
     slow = _requests(model, 3, seed=5, lr=0.05, epochs=3, momentum=0.5)
     mixed = [fast[0], slow[0], fast[1], slow[1], slow[2], fast[2]]
@@ -170,7 +150,7 @@ def test_model_that_cannot_be_vmapped_falls_back_to_one_client_at_a_time():
     model = FlatModel("mlr", INPUT, CLASSES)
     model.module = nn.Sequential(nn.Flatten(), nn.Linear(24, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 5))
     model.spec = param_spec(model.module)
-    clients = _clients([30, 18], seed=10)  # no one-sample batch, which BatchNorm refuses in training
+    clients = client_data([30, 18], seed=10)  # no one-sample batch, which BatchNorm refuses in training
     requests = _requests(model, 2, seed=11)
     trainer = VectorizedTrainer(model)
     assert trainer.mode == "sequential" and "running_mean" in trainer.unavailable
@@ -190,7 +170,7 @@ def test_model_that_cannot_be_vmapped_falls_back_to_one_client_at_a_time():
 )
 def test_any_sizes_and_batches_match_local_trainer(sizes, batch_size, epochs, momentum, chunk, seed):
     model = FlatModel("mlr", INPUT, CLASSES)
-    clients = _clients(sizes, seed, noisy=seed % 7, poisoned=seed % 5)
+    clients = client_data(sizes, seed, noisy=seed % 7, poisoned=seed % 5)
     requests = _requests(model, len(sizes), seed, epochs=epochs, batch_size=batch_size, momentum=momentum)
     _assert_matches_local(model, requests, clients, chunk, seed)
 
@@ -214,7 +194,7 @@ def test_a_stacked_request_trains_its_rows_as_the_requests_one_by_one(objective,
     from raysim.training.vectorized import stack_requests
 
     model = FlatModel("mlp", INPUT, CLASSES)
-    clients = _clients([9, 40, 17, 40, 3], seed=13, noisy=2)
+    clients = client_data([9, 40, 17, 40, 3], seed=13, noisy=2)
     requests = _requests(model, len(clients), seed=14, **OBJECTIVES[objective])
     jobs = _jobs(requests, clients, 0)
     alone = VectorizedTrainer(model, chunk=8).sgd(jobs)
@@ -276,7 +256,7 @@ def _same(a: object, b: object) -> bool:
 @pytest.mark.parametrize("which", ["flame_per_epoch", "uneven"])
 def test_lockstep_driver_with_one_client_at_a_time_execution_equals_run_client_step(which):
     model = FlatModel("mlr", INPUT, CLASSES)
-    data = _clients([23, 40, 8, 31, 16], seed=12, noisy=1)
+    data = client_data([23, 40, 8, 31, 16], seed=12, noisy=1)
     infos = [ClientInfo(i, len(d.train), 0.2, len(data)) for i, d in enumerate(data)]
     if which == "uneven":
         algorithm = _Uneven(FedAvgSettings(name="fedavg", lr=0.1, batch_size=16), model.spec)
@@ -312,28 +292,6 @@ def test_lockstep_driver_refuses_an_executor_that_loses_results():
     init = model.initial_parameters(0)
     with pytest.raises(ValueError, match="2 requests but 1 results"):
         run_client_steps(algorithm, infos, [None, None], init, lambda requests: requests[:1])
-
-
-def _run(algorithm: dict, mode: str, rounds: int = 3, **sections):
-    runtime = {"num_hosts": 2, "client_training": mode, "vectorize_chunk": 3}
-    config = validate_config(tiny_config(algorithm=algorithm, runtime=runtime, **sections))
-    sim = InProcess(config)
-    metrics = [sim.round(r) for r in range(rounds)]
-    return sim, metrics
-
-
-def _assert_close_runs(sequential, vectorized, atol: float = 1e-5) -> None:
-    (sim_s, metrics_s), (sim_v, metrics_v) = sequential, vectorized
-    np.testing.assert_allclose(sim_v.coordinator.global_model(), sim_s.coordinator.global_model(), atol=atol)
-    for want, got in zip(metrics_s, metrics_v, strict=True):
-        assert want.keys() == got.keys()
-        keys = [k for k in want if "seconds" not in k]  # timings differ from run to run
-        np.testing.assert_allclose([got[k] for k in keys], [want[k] for k in keys], rtol=1e-4, atol=atol)
-    states_s, states_v = sim_s.states, sim_v.states
-    for client, state in states_s.items():
-        for field in dataclasses.fields(state):
-            want, got = np.asarray(getattr(state, field.name)), np.asarray(getattr(states_v[client], field.name))
-            np.testing.assert_allclose(got, want, atol=atol, err_msg=f"client {client} {field.name}")
 
 
 RUNS = {
@@ -374,16 +332,18 @@ RUNS = {
 def test_vectorized_runs_match_sequential_runs(name):
     """Whole rounds on the real host and coordinator: global model, round metrics and every client's state."""
     algorithm, sections = RUNS[name]
-    _assert_close_runs(_run(algorithm, "sequential", **sections), _run(algorithm, "vectorized", **sections))
+    assert_close_runs(
+        run_executor(algorithm, "sequential", **sections), run_executor(algorithm, "vectorized", **sections)
+    )
 
 
 def test_gradient_requests_run_one_at_a_time_with_the_same_randomness():
     """AugFL asks only for full gradients: the vectorized mode runs them as the sequential one, bit for bit."""
     algorithm = {"name": "augfl", "alpha": 0.1, "rho": 0.7, "lambda": 0.0, "query_split": "val"}
     partition = {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.5}
-    sequential = _run(algorithm, "sequential", partition=partition)
-    vectorized = _run(algorithm, "vectorized", partition=partition)
-    _assert_close_runs(sequential, vectorized, atol=0.0)
+    sequential = run_executor(algorithm, "sequential", partition=partition)
+    vectorized = run_executor(algorithm, "vectorized", partition=partition)
+    assert_close_runs(sequential, vectorized, atol=0.0)
 
 
 @pytest.mark.parametrize(
@@ -401,7 +361,7 @@ def test_attacked_hosts_match(attack):
         host = make_host(config, problem, send_messages=True, client_training=mode, vectorize_chunk=4, gpus=0.5)
         if mode == "vectorized":
             assert host.steps.vectorized.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-        coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, 6)
+        coordinator = Coordinator(CoordinatorSettings(config.algorithm, problem.params, 6), problem.init_params)
         records = []
         for round_index in range(2):
             partial, round_records = host.train(round_index, host.client_ids, coordinator.broadcast())
@@ -497,7 +457,7 @@ def test_a_dropped_upload_leaves_its_clients_state_as_it_was_in_a_stacked_chunk(
     problem.x[bad.train] = np.nan
     host = make_host(config, problem)
     assert host.steps.stacked == (mode == "vectorized")
-    coordinator = Coordinator(config.algorithm, problem.params, problem.init_params, 6)
+    coordinator = Coordinator(CoordinatorSettings(config.algorithm, problem.params, 6), problem.init_params)
     before = host.client_states()
     partial, records = host.train(0, host.client_ids, coordinator.broadcast())
     assert partial.count == 5 and records["dropped"].to_pylist() == [False, False, True, False, False, False]
@@ -521,7 +481,7 @@ def test_each_step_pads_to_the_runs_widest_batch_and_a_clients_bits_do_not_depen
     the run does not list is refused."""
     model = FlatModel("mlp", INPUT, CLASSES)
     sizes = [12, 40, 3, 25]  # batches of 16: 1, 3, 1 and 2 an epoch, the last ones of 12, 8, 3 and 9 samples
-    clients = _clients(sizes, seed=15)
+    clients = client_data(sizes, seed=15)
     objective = {"momentum": 0.5, "prox_weight": 1.0, "prox_center": "vector"}
     requests = _requests(model, 4, seed=16, epochs=2, batch_size=16, **objective)
     trainer = VectorizedTrainer(model, chunk=4, train_sizes=sizes)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raysim.algorithms import build_algorithm
 from raysim.algorithms.base import AlgorithmSettings, Upload, Vector
 from raysim.algorithms.servers import start_running_mean
+from raysim.config import ExperimentConfig
 from raysim.models.spec import ParamSpec
 from raysim.runtime import checkpoint
 from raysim.runtime.crews import Renewable
@@ -19,41 +21,67 @@ from raysim.seeding import Kernels, use_kernels
 from raysim.threats.attacks import AttackSettings
 from raysim.threats.robust import RobustSettings, aggregate
 
+if TYPE_CHECKING:
+    from raysim.runtime.problem import Problem
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """Everything the coordinator needs besides the initial model and the server data (`from_config`: as a run sets
+    it up), as HostSettings is the hosts'."""
+
+    algorithm: AlgorithmSettings
+    params: ParamSpec
+    """The layout of the model's flat vector."""
+    num_clients: int
+    """m, the training clients."""
+    torch_threads: int = 1
+    robust: RobustSettings | None = None
+    """Replaces the mean of the messages by a robust aggregate (raysim.threats.robust); the hosts must then send
+    messages."""
+    attack: AttackSettings | None = None
+    """Sets Multi-Krum's default f = floor(attack.fraction * n) for the n messages of each aggregation
+    (AttackSettings.num_malicious; `aggregation.byzantine` overrides it)."""
+    deterministic: Kernels = "cudnn"
+    """torch's kernel choice (runtime.deterministic), set once torch is loaded here (`Coordinator._use_kernels`)."""
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, problem: Problem) -> CoordinatorSettings:
+        """The coordinator's settings of a run of `config` on the prepared `problem`."""
+        runtime = config.runtime
+        assert problem.num_training is not None  # Problem.__post_init__ sets it
+        assert problem.params is not None  # a prepared problem has its model's layout
+        return cls(
+            config.algorithm,
+            problem.params,
+            problem.num_training,
+            runtime.torch_threads,
+            config.aggregation,
+            config.attack,
+            runtime.deterministic,
+        )
+
 
 class Coordinator(Renewable):
     """Holds the server state and runs the server step. It imports torch only if its algorithm's server step needs
     it (FedSLR's SVD, AugFL's knowledge transfer): most coordinators only add vectors, and a process that imports
     torch starts a second later and holds 200 MB more."""
 
-    def __init__(
-        self,
-        algorithm_settings: AlgorithmSettings,
-        params: ParamSpec,
-        init_params: Vector,
-        num_clients: int,
-        torch_threads: int = 1,
-        robust: RobustSettings | None = None,
-        attack: AttackSettings | None = None,
-        server_data: Any = None,
-        deterministic: Kernels = "cudnn",
-    ):
-        """`robust` replaces the mean of the messages by a robust aggregate (raysim.threats.robust); the hosts must
-        then send messages. `attack` sets Multi-Krum's default f = floor(attack.fraction * n) for the n messages
-        of each aggregation (AttackSettings.num_malicious; `aggregation.byzantine` overrides it).
-        `server_data` (what `Algorithm.server_data` returned in the driver) is handed to the algorithm's
-        `setup_server` here and nowhere else; `params`: the layout of the model's flat vector. `deterministic`:
-        torch's kernel choice (runtime.deterministic), set once torch is loaded here (`_use_kernels`)."""
-        _use_threads(torch_threads)
-        self.kernels: Kernels | None = deterministic
+    def __init__(self, settings: CoordinatorSettings, init_params: Vector, server_data: Any = None):
+        """`server_data` (what `Algorithm.server_data` returned in the driver) is handed to the algorithm's
+        `setup_server` here and nowhere else."""
+        _use_threads(settings.torch_threads)
+        self.kernels: Kernels | None = settings.deterministic
         """The kernel choice still to set, when torch is loaded (None: set)."""
-        self.algorithm = build_algorithm(algorithm_settings, params)
+        self.algorithm = build_algorithm(settings.algorithm, settings.params)
         if server_data is not None:
             self.algorithm.setup_server(server_data)
         self._use_kernels()
-        self.state = self.algorithm.init_server(init_params, num_clients)
+        self.state = self.algorithm.init_server(init_params, settings.num_clients)
+        robust = settings.robust
         self.robust = robust if robust is not None and robust.active else None
-        self.attack = attack
-        self.num_clients = num_clients
+        self.attack = settings.attack
+        self.num_clients = settings.num_clients
         self.init_params = np.asarray(init_params, dtype=np.float32)
         self.latest: np.ndarray | None = None
         """Delta uploads: every client's latest message (m x d), allocated on first use."""

@@ -8,6 +8,7 @@ checkpoints, recovery and resume); the progress bar and the artifacts are round 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -23,7 +24,7 @@ from raysim.credentials import connect_uri, redact_text
 from raysim.errors import Interrupted, RayLost, RaysimError, as_raised
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import UploadRangeError
-from raysim.runtime.problem import Problem, host_layout, prepare
+from raysim.runtime.problem import Problem, assign_to_hosts, host_layout, prepare
 from raysim.runtime.rounds import Rounds
 from raysim.runtime.session import new_local_ray, ray_session
 from raysim.runtime.simulation import NoUsableUpload, Simulation
@@ -65,7 +66,8 @@ def run_experiment(
     problem = prepare(config)
     if config.tracking.checkpoint_every:
         checkpoint.check_writable(resume.resolve().parent if resume else Path(config.tracking.checkpoint_dir))
-    local = new_local_ray(config.runtime)
+    in_process = config.runtime.actors == "in_process"
+    local = None if in_process else new_local_ray(config.runtime)
     if local is not None:
         host_layout(config.runtime, problem.clients, local, local)
     manifest = checkpoint.read_manifest(resume) if resume is not None else None
@@ -78,8 +80,12 @@ def run_experiment(
     rounds: Rounds | None = None
     timeout = config.tracking.flush_timeout_s
     try:
-        with ray_session(config):
-            layout = host_layout(config.runtime, problem.clients, ray.available_resources(), ray.cluster_resources())
+        with contextlib.nullcontext() if in_process else ray_session(config):
+            if in_process:
+                layout = assign_to_hosts(problem.clients, min(config.runtime.num_hosts or 1, len(problem.clients)))
+            else:
+                available, cluster = ray.available_resources(), ray.cluster_resources()
+                layout = host_layout(config.runtime, problem.clients, available, cluster)
             result.run_id = _open_run(config, problem, writer, manifest, parent, command)
             callbacks: list[RoundCallback] = [RunArtifacts(config, problem, writer, resumed=resume is not None)]
             if show_progress:

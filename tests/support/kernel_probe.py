@@ -18,8 +18,11 @@ def kernel_flags(_actor: Any) -> tuple[bool, bool, bool] | None:
 
 
 def coordinator_flags(_actor: Any, arguments: tuple, kernels: str) -> tuple[bool, bool, bool] | None:
-    """Set torch's flags to the opposite of what `kernels` asks, construct a real Coordinator(*arguments,
-    deterministic=kernels) in this process (which has torch loaded) and return the flags it left."""
+    """Set torch's flags to the opposite of what `kernels` asks, construct a real Coordinator(settings with
+    deterministic=kernels, *rest of `arguments`) in this process (which has torch loaded) and return the flags it
+    left."""
+    import dataclasses
+
     import torch
 
     from raysim.runtime.coordinator import Coordinator
@@ -27,5 +30,6 @@ def coordinator_flags(_actor: Any, arguments: tuple, kernels: str) -> tuple[bool
     torch.backends.cudnn.deterministic = kernels == "fast"
     torch.backends.cudnn.benchmark = kernels != "fast"
     torch.use_deterministic_algorithms(kernels != "all")
-    Coordinator(*arguments, deterministic=kernels)
+    settings, *rest = arguments
+    Coordinator(dataclasses.replace(settings, deterministic=kernels), *rest)
     return kernel_flags(None)

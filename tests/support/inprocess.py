@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from raysim.config import ExperimentConfig
-from raysim.runtime.coordinator import Coordinator
+from raysim.runtime.coordinator import Coordinator, CoordinatorSettings
 from raysim.runtime.host import ClientHost
 from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.problem import Problem, prepare, sample_clients
@@ -28,9 +28,7 @@ class InProcess:
         self.problem = problem or prepare(config)
         p = self.problem
         self.host = make_host(config, p)
-        self.coordinator = Coordinator(
-            config.algorithm, p.params, p.init_params, p.num_training, server_data=p.server_data
-        )
+        self.coordinator = Coordinator(CoordinatorSettings.from_config(config, p), p.init_params, p.server_data)
 
     def round(self, round_index: int, selected: list[int] | None = None) -> dict[str, float]:
         if selected is None:

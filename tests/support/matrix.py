@@ -1,47 +1,31 @@
-"""The space of settings, tested (issue 29): every partition scheme x every algorithm x every executor x {no
+"""The configuration matrix's plan (issue 29): every partition scheme x every algorithm x every executor x {no
 validation split, a validation split} x {no attack, an attack with a robust rule}, built from the registries and
 each choice's own example (raysim.examples: the companion settings it needs), pruned to a pairwise cover
-(tests.pairwise) in which every two values of two axes meet at least once; every model runs in at least one cell.
+(tests.support.pairwise) in which every two values of two axes meet at least once; every model runs in at least
+one cell. `RAY_SAMPLE`: the cells that also run on real Ray hosts (each algorithm, executor and scheme once).
 
-A cell runs end to end on real Fashion-MNIST (a tenth of it, in its standard IDX layout: the loader, the uint8
-normalization and the data's structure are the real ones), 4 clients, 1 round, in this process
-(raysim.runtime.driver.run_experiment) on the session's one Ray instance, on the actors of the cells before it
-(runtime.reuse_actors: a new actor process costs seconds, most of a cell; tests/test_crews.py shows renewed
-actors give a new crew's results), logging to one sqlite MLflow store, and
-is read back from the store: FINISHED, every metric finite, every documented metric key logged once at every step.
 A cell that combines choices which cannot run together (their examples set one section differently, or a
 Byzantine attack or robust rule with an algorithm whose uploads name no message) must be refused before any Ray
-or MLflow work with one ConfigError line naming the key, and leave no run behind."""
+or MLflow work with one ConfigError line naming the key (`REFUSALS`)."""
 
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import combinations, product
 from pathlib import Path
 from typing import Any, NamedTuple, get_args
 
-import pytest
-from mlflow.tracking import MlflowClient
-
 from raysim.algorithms import ALGORITHMS
-from raysim.config import RuntimeSettings, validate_config
+from raysim.config import RuntimeSettings
 from raysim.data import PARTITIONS
-from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment, model_example
 from raysim.models import MODELS
-from raysim.runtime.driver import run_experiment
-from raysim.runtime.problem import save_partition
 from raysim.threats import ATTACKS, ROBUST_RULES
-from tests.cluster import ROOT
-from tests.conftest import NO_FIGURES
-from tests.light import light_training
-from tests.logged import check_logged
-from tests.pairwise import pairs_of, pairwise
+from tests.support.experiments import NO_FIGURES
+from tests.support.light import light_training
+from tests.support.pairwise import pairs_of, pairwise
 
 
 @dataclass(frozen=True)
@@ -243,81 +227,47 @@ def with_every_model(cells: list[Cell]) -> list[Cell]:
 RUNS, REFUSALS = plan()
 
 
-# Session set-up: the partition files the examples replay, one MLflow store (the tenth of Fashion-MNIST:
-# tests/conftest.py).
+def ray_sample(cells: list[Cell]) -> list[Cell]:
+    """A few of `cells` in which every algorithm, every executor and every scheme runs at least once (greedy: each
+    next cell the one that brings the most values not yet covered; ties to the earliest)."""
+    axes = ("algorithm", "executor", "scheme")
+    missing = {(axis, getattr(cell, axis)) for cell in cells for axis in axes}
+    chosen: list[Cell] = []
+    while missing:
+        best = max(cells, key=lambda cell: len({(axis, getattr(cell, axis)) for axis in axes} & missing))
+        chosen.append(best)
+        missing -= {(axis, getattr(best, axis)) for axis in axes}
+    return chosen
 
 
-@pytest.fixture(scope="session")
-def matrix_store(tmp_path_factory) -> str:
-    return f"sqlite:///{tmp_path_factory.mktemp('matrix-mlflow') / 'mlflow.db'}"
+RAY_SAMPLE = ray_sample([cell for cell in RUNS if cell.model == BASE["model"]["name"]])
+"""The cells that run on real Ray hosts too: every algorithm, executor and scheme once, on the base's model."""
 
 
-@pytest.fixture(scope="session")
-def contexts(tmp_path_factory, fmnist_tenth) -> dict[float, ExampleContext]:
-    """One example context per validation setting: the base on the tenth, its partition written as a file."""
-    folder = tmp_path_factory.mktemp("matrix-partitions")
-    made = {}
-    for val in VALIDATION:
-        base = base_tree(val, fmnist_tenth)
-        path = folder / f"partition-val{val:g}.parquet"
-        save_partition(validate_config(base), path)
-        made[val] = ExampleContext(base, path)
-    return made
-
-
-@pytest.fixture(scope="session")
-def pretrained_cache(tmp_path_factory):
-    """AugFL's pretrained teachers are cached in a folder of the session, never the user's."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAYSIM_CACHE", str(tmp_path_factory.mktemp("raysim-cache")))
-        yield
-
-
-def experiment(cell: Cell, context: ExampleContext, uri: str) -> dict[str, Any]:
+def experiment(cell: Cell, context: ExampleContext, uri: str, actors: str = "in_process") -> dict[str, Any]:
     """The cell's raw config: the base, its algorithm's example, then its scheme's (which wins a section both
     set), its validation split, executor and threat, logged to `uri` under the cell's name, and the sections its
-    model's example sets (`takes`: none that the algorithm or scheme set)."""
+    model's example sets (`takes`: none that the algorithm or scheme set); its hosts where `actors` says
+    (runtime.actors: in_process, or ray with the actors of the cell before, runtime.reuse_actors)."""
     own, scheme = fragments(cell, context)
     tree = {**copy.deepcopy(dict(context.base)), **copy.deepcopy(own), **copy.deepcopy(scheme)}
     if cell.val:
         tree["partition"] = {**tree["partition"], "val_fraction": cell.val}
-    tree["runtime"] = {**tree["runtime"], "client_training": cell.executor, "reuse_actors": True}
+    tree["runtime"] = {**tree["runtime"], "client_training": cell.executor, "actors": actors}
+    if actors == "ray":
+        tree["runtime"]["reuse_actors"] = True
+    tree["tracking"] = {**tree["tracking"], "uri": uri, "run_name": f"{cell.name}-{actors}"}
     if cell.threat != NO_ATTACK:
         kind, rule = cell.threat
         tree["attack"] = {"kind": kind, "fraction": ATTACK_FRACTION}
         tree["aggregation"] = {"rule": rule}
-    tree["tracking"] = {**tree["tracking"], "uri": uri, "run_name": cell.name}
     tree["model"] = {**tree["model"], "name": cell.model}
     tree.update(copy.deepcopy(model_sections(cell.model, context)))
     tree["algorithm"] = {**tree["algorithm"], **light_training(tree["algorithm"])}
     return tree
 
 
-@pytest.mark.slow
-@pytest.mark.matrix
-@pytest.mark.parametrize("cell", RUNS, ids=lambda cell: cell.name)
-def test_cell_runs_and_logs_every_key_once_per_step(cell, contexts, matrix_store, ray_local, pretrained_cache):
-    config = experiment(cell, contexts[cell.val], matrix_store)
-    result = run_experiment(validate_config(config), show_progress=False)
-    client = MlflowClient(matrix_store)
-    check_logged(client, result.run_id, config)
-    assert not [a.path for a in client.list_artifacts(result.run_id) if a.path.endswith(".png")]  # figures: []
-
-
-@pytest.mark.parametrize(("cell", "key"), REFUSALS, ids=lambda item: getattr(item, "name", item))
-def test_cell_that_cannot_run_is_refused_with_one_line(cell, key, contexts, matrix_store, ray_local, pretrained_cache):
-    config = experiment(cell, contexts[cell.val], matrix_store)
-    with pytest.raises(ConfigError) as refused:
-        run_experiment(validate_config(config), show_progress=False)
-    message = str(refused.value)
-    assert "\n" not in message and message.startswith(key), message
-    client = MlflowClient(matrix_store)
-    found = client.get_experiment_by_name(config["tracking"]["experiment"])
-    if found is not None:
-        assert not client.search_runs([found.experiment_id], f"attributes.run_name = '{cell.name}'")
-
-
-def test_every_pair_of_values_meets_in_a_run_or_a_refusal():
+def check_cover() -> None:
     """Every two values of two axes meet in a cell that runs, or, when no allowed combination holds them, in a
     refused cell; no run is a combination refused on purpose."""
     axes = list(AXES)
@@ -337,84 +287,3 @@ def test_every_pair_of_values_meets_in_a_run_or_a_refusal():
     assert {cell.model for cell in RUNS} == set(REGISTRIES.models)
     assert all(refused_key(cell.axes, PLANNING) is None for cell in RUNS)
     assert all(refused_key(cell.axes, PLANNING) == key for cell, key in REFUSALS)
-
-
-@pytest.mark.parametrize("sizes", [(2, 2, 2), (3, 3, 3, 3), (5, 4, 3, 2, 2), (12, 11, 5, 2, 2)])
-def test_the_pairwise_cover_meets_every_pair_in_few_rows(sizes):
-    axes = {f"axis{i}": list(range(size)) for i, size in enumerate(sizes)}
-    rows = pairwise(axes)
-    rows_of_product = (dict(zip(axes, values, strict=True)) for values in product(*axes.values()))
-    every = {pair for row in rows_of_product for pair in pairs_of(row, list(axes))}
-    assert set().union(*(pairs_of(row, list(axes)) for row in rows)) == every
-    assert sizes[0] * sizes[1] <= len(rows) <= sizes[0] * sizes[1] + sizes[0]
-
-
-PLUGIN = '''
-from typing import Literal
-
-import numpy as np
-
-from raysim.algorithms import ALGORITHMS
-from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
-from raysim.data import PARTITIONS, SchemeSettings
-from raysim.models import MODELS
-from raysim.threats import ATTACKS, ROBUST_RULES
-from raysim.threats.attacks import AttackKind
-
-
-class PluginSettings(FedAvgSettings):
-    name: Literal["plugin_algorithm"] = "plugin_algorithm"
-
-
-@ALGORITHMS.register()
-class PluginAlgorithm(FedAvg):
-    name = "plugin_algorithm"
-    Settings = PluginSettings
-
-
-@PARTITIONS.register()
-class PluginScheme(SchemeSettings):
-    scheme: Literal["plugin_scheme"] = "plugin_scheme"
-
-    def assign(self, labels, num_clients, generator, groups):
-        return np.array_split(np.arange(len(labels)), num_clients)
-
-
-@MODELS.register("plugin_model")
-def plugin_model(input_shape, outputs):
-    """Never built here."""
-
-
-@ATTACKS.register()
-class PluginAttack(AttackKind):
-    kind = "plugin_attack"
-
-    @staticmethod
-    def forge(settings, honest, broadcast, generator):
-        return np.zeros_like(honest)
-
-
-@ROBUST_RULES.register("plugin_rule")
-def plugin_rule(settings, messages, byzantine, reference):
-    return messages[0]
-'''
-
-
-def test_a_plugins_entries_join_the_matrix_without_editing_it(tmp_path):
-    """An algorithm, scheme, model, attack kind and robust rule registered by a plugin imported before the tests are
-    collected (as an installed plugin's entry point is) are values of the matrix's axes, meet every other value in
-    a run or a refusal, and the model runs in a cell (in a fresh interpreter: this one's registries stay as they
-    are)."""
-    (tmp_path / "matrix_plugin.py").write_text(PLUGIN)
-    check = (
-        "import matrix_plugin\n"
-        "import tests.test_matrix as matrix\n"
-        "assert 'plugin_algorithm' in matrix.AXES['algorithm'] and 'plugin_scheme' in matrix.AXES['scheme']\n"
-        "assert {'plugin_attack', 'plugin_rule'} <= {value for threat in matrix.AXES['threat'] for value in threat}\n"
-        "assert 'plugin_model' in {cell.model for cell in matrix.RUNS}\n"
-        "assert any(cell.algorithm == 'plugin_algorithm' and cell.scheme == 'plugin_scheme' for cell in matrix.RUNS)\n"
-        "matrix.test_every_pair_of_values_meets_in_a_run_or_a_refusal()\n"
-    )
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=environment, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr

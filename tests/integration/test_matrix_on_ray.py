@@ -1,0 +1,37 @@
+"""The matrix's cells on real Ray hosts: a sample in which every algorithm, executor and scheme runs at least once
+(tests/support/matrix.py RAY_SAMPLE) runs through Ray actors, on the session's local Ray and the actors of the cell
+before (runtime.reuse_actors), and must log exactly what the same cell logs in process (runtime.actors:
+in_process, as every cell runs in tests/integration/test_matrix.py): every metric at every step, bit for bit, but
+the timings."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from raysim.config import validate_config
+from raysim.runtime.driver import run_experiment
+from tests.support.logged import check_logged
+from tests.support.matrix import RAY_SAMPLE, experiment
+
+def timed(key: str) -> bool:
+    """A metric that measures the machine, not the run: time/*, system/*, a server step's own seconds."""
+    return key.startswith(("time/", "system/")) or (key.startswith("server/") and key.endswith("_seconds"))
+
+
+def logged(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric's history but the timings, as (step, value) pairs."""
+    keys = [key for key in client.get_run(run_id).data.metrics if not timed(key)]
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in keys}
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("cell", RAY_SAMPLE, ids=lambda cell: cell.name)
+def test_a_cell_on_ray_hosts_logs_what_it_logs_in_process(cell, contexts, matrix_store, ray_local, pretrained_cache):
+    client = MlflowClient(matrix_store)
+    on_ray = experiment(cell, contexts[cell.val], matrix_store, actors="ray")
+    ray_run = run_experiment(validate_config(on_ray), show_progress=False).run_id
+    check_logged(client, ray_run, on_ray)
+    in_process = experiment(cell, contexts[cell.val], matrix_store, actors="in_process")
+    local_run = run_experiment(validate_config(in_process), show_progress=False).run_id
+    assert logged(client, ray_run) == logged(client, local_run)

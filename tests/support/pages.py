@@ -1,0 +1,19 @@
+"""Helpers shared by several test modules (moved from test_plugins.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+PAGE = ROOT / "docs" / "extending.md"
+
+
+FILE_BLOCK = re.compile(r"<!-- file: (\S+) -->\n```\w+\n(.*?)\n```", re.S)
+
+
+def page_files() -> dict[str, str]:
+    """The files docs/extending.md shows (`<!-- file: NAME -->` before a code block), by name."""
+    return {name: text + "\n" for name, text in FILE_BLOCK.findall(PAGE.read_text())}
