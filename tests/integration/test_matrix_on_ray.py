@@ -14,6 +14,7 @@ from raysim.runtime.driver import run_experiment
 from tests.support.logged import check_logged
 from tests.support.matrix import RAY_SAMPLE, experiment
 
+
 def timed(key: str) -> bool:
     """A metric that measures the machine, not the run: time/*, system/*, a server step's own seconds."""
     return key.startswith(("time/", "system/")) or (key.startswith("server/") and key.endswith("_seconds"))

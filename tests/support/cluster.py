@@ -20,7 +20,6 @@ from pathlib import Path
 
 from raysim.jobs import stop_nodes
 
-ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
 NODES = {
     "head": {"num_cpus": 1, "resources": {"coordinator": 1}},

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
+from tests.support.paths import ROOT
 
 PAGE = ROOT / "docs" / "extending.md"
 

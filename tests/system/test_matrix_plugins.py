@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.support.cluster import ROOT
+from tests.support.paths import ROOT
 
 PLUGIN = '''
 from typing import Literal

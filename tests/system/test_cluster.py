@@ -1,0 +1,340 @@
+"""A real multi-node Ray cluster on 127.0.0.1, each node its own `ray start`.
+
+The cluster guide's recipe runs as written (read from docs/cluster.md at test time) with only its
+ports, temp folder and $HOME replaced. A head and two worker nodes (LocalCluster: token authentication with a
+fresh random token, a dedicated temp dir and ports) check placement, bit-for-bit results, a submitted sweep and
+token errors. Clusters are stopped with raysim.jobs.stop_nodes (what the recipe uses), checked against an
+independent census of their processes (a marker in their environment), never touching other Ray instances
+on the machine. Drivers that connect to a cluster run as subprocesses (a probe, or Ray Jobs), so this test
+process never joins one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from raysim.config import validate_config
+from raysim.jobs import stop_nodes
+from tests.support.cluster import free_port, kill_all, processes_with
+from tests.support.experiments import tiny_config
+from tests.support.paths import ROOT
+
+RECIPE_MARKER = "<!-- test: cluster-recipe"
+RECIPE_PORTS = {"6379": "GCS", "8265": "dashboard", "5000": "MLflow"}
+NODE_PORT_FLAGS = (
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+)
+
+
+def readme_recipe() -> str:
+    """The ```bash block after the cluster-recipe marker in the cluster guide (docs/cluster.md), as written."""
+    text = (ROOT / "docs" / "cluster.md").read_text()
+    after = text[text.index(RECIPE_MARKER) :]
+    return after.split("```bash\n", 1)[1].split("\n```", 1)[0]
+
+
+def localize(recipe: str, temp_dir: str) -> tuple[str, dict[str, int]]:
+    """The recipe with its ports (GCS, dashboard, MLflow) moved to free ports and its --temp-dir to `temp_dir`;
+    each `ray start` also gets its own agent ports (and the head its client-server port), which nodes sharing
+    one machine need and separate machines do not. Nothing else changes."""
+    script = recipe.replace("\\\n", " ")
+    ports = {old: free_port() for old in RECIPE_PORTS}
+    for old, new in ports.items():
+        assert re.search(rf"(?<![0-9]){old}(?![0-9])", script), f"recipe lost its {RECIPE_PORTS[old]} port"
+        script = re.sub(rf"(?<![0-9]){old}(?![0-9])", str(new), script)
+    temp_dirs = set(re.findall(r"--temp-dir[ =](\S+)", script))
+    assert len(temp_dirs) == 1, f"cluster-guide recipe: one --temp-dir for all nodes expected, got {temp_dirs}"
+    script = script.replace(temp_dirs.pop(), temp_dir)
+    lines = []
+    for line in script.splitlines():
+        if re.match(r"\s*ray start ", line):
+            extra = [f"{flag} {free_port()}" for flag in NODE_PORT_FLAGS]
+            if "--head" in line:
+                extra.append(f"--ray-client-server-port {free_port()}")
+            line = line.replace("ray start ", f"ray start {' '.join(extra)} ", 1)
+        lines.append(line)
+    return "\n".join(lines) + "\n", {RECIPE_PORTS[old]: new for old, new in ports.items()}
+
+
+@pytest.mark.slow
+def test_readme_cluster_recipe_runs_as_written(ray_local, tmp_path):
+    """The cluster-guide recipe, from `ray start` to stopping: its job's run lands in its MLflow server with metrics,
+    imports raysim only from the shipped working dir, and stopping leaves none of its processes and every
+    other Ray process (this session's local Ray) running."""
+    from mlflow.tracking import MlflowClient
+
+    bystanders = [
+        info.process.pid for infos in ray_local._private.worker._global_node.all_processes.values() for info in infos
+    ]
+    temp_dir = tempfile.mkdtemp(prefix="rsr-", dir="/tmp")  # short: Ray's socket paths live under it
+    home = tmp_path / "home"
+    home.mkdir()
+    script, ports = localize(readme_recipe(), temp_dir)
+    (tmp_path / "recipe.sh").write_text(script)
+    marker = f"RAYSIM_RECIPE_TEST={secrets.token_hex(8)}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+    env |= {
+        "HOME": str(home),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(256 * 2**20),  # two nodes on one shared machine
+        marker.split("=")[0]: marker.split("=")[1],
+    }
+    try:
+        done = subprocess.run(
+            ["bash", "-ex", str(tmp_path / "recipe.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
+        out = done.stdout
+        assert done.returncode == 0, f"{out}\n{done.stderr[-5000:]}"
+        assert "Ray runtime started" in done.stderr + out
+        assert re.search(r"job \S+: SUCCEEDED", out), out
+        run_id = re.search(r"mlflow run ([0-9a-f]{32}) at http://127.0.0.1:" + str(ports["MLflow"]), out).group(1)
+        roots = re.search(r"raysim code: (.*)", out).group(1)
+        assert roots.startswith(str(Path(temp_dir).resolve())) and "," not in roots, roots  # the shipped copy only
+        assert re.search(r"stopped \d+ Ray processes", out), out
+
+        left = kill_all(lambda: processes_with(marker, temp_dir), wait_s=30)
+        assert not left, f"the recipe left processes {left}"
+        for pid in bystanders:
+            os.kill(pid, 0)  # raises if another Ray instance's process was stopped
+        assert ray_local.cluster_resources().get("CPU")
+
+        client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")  # the stopped server's store
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.tags.get("raysim.hosts") == "2"
+        history = client.get_metric_history(run_id, "pm/acc")
+        assert [m.step for m in history] == [0, 1, 2] and all(0.0 <= m.value <= 1.0 for m in history)
+        assert (home / "mlartifacts").is_dir()
+    finally:
+        with contextlib.suppress(Exception):
+            stop_nodes(temp_dir)
+        kill_all(lambda: processes_with(marker, temp_dir), wait_s=0)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def placement_config(placement: str, uri: str) -> dict:
+    return tiny_config(
+        clients={"count": 6, "per_round": 4},
+        rounds=3,
+        runtime={
+            "num_hosts": 2,
+            "host_cpus": 0.5,
+            "placement": placement,
+            "host_resources": {"host_slot": 1},
+            "coordinator_resources": {"coordinator": 1},
+        },
+        tracking={"uri": uri, "experiment": "placement"},
+    )
+
+
+def probe(configs_path: str, out_path: str) -> None:
+    """Driver run in a subprocess connected to the cluster: runs each config, records where actors ran."""
+    import ray
+
+    from raysim.runtime.driver import run_experiment
+
+    ray.init()  # RAY_ADDRESS: the cluster; run_experiment then reuses this connection
+    outcome = {}
+    for name, data in json.loads(Path(configs_path).read_text()).items():
+        captured: dict = {}
+
+        def inspect(round_index, simulation, captured=captured):
+            where = [a.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for a in simulation.hosts]
+            captured["hosts"] = ray.get(where)
+            captured["coordinator"] = ray.get(
+                simulation.coordinator.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+            )
+            captured["states"] = simulation.client_states()
+            captured["w"] = simulation.server_state().w
+
+        run_experiment(validate_config(data), show_progress=False, inspect=inspect)
+        outcome[name] = captured
+    outcome["nodes"] = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    Path(out_path).write_bytes(pickle.dumps(outcome))
+
+
+@pytest.mark.slow
+def test_hosts_land_on_intended_nodes_and_match_single_process_run(cluster, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    configs = {p: placement_config(p, uri) for p in ("spread", "pack")}
+    (tmp_path / "configs.json").write_text(json.dumps(configs))
+    subprocess.run(
+        [sys.executable, "-m", "tests.test_cluster", str(tmp_path / "configs.json"), str(tmp_path / "out.pkl")],
+        cwd=ROOT,
+        env=cluster.driver_env(),
+        check=True,
+        timeout=600,
+    )
+    outcome = pickle.loads((tmp_path / "out.pkl").read_bytes())
+    nodes = outcome["nodes"]
+    assert len(nodes) == 3
+    for placement in ("spread", "pack"):
+        run = outcome[placement]
+        assert all(nodes[n].get("host_slot") for n in run["hosts"]), placement
+        assert nodes[run["coordinator"]].get("coordinator") == 1.0, placement
+    assert len(set(outcome["spread"]["hosts"])) == 2  # one host on each worker node
+    assert len(set(outcome["pack"]["hosts"])) == 1  # both hosts on one worker node
+
+    from tests.support.inprocess import InProcess
+
+    reference = InProcess(validate_config(configs["spread"]))
+    for round_index in range(3):
+        reference.round(round_index)
+    for placement in ("spread", "pack"):
+        np.testing.assert_array_equal(outcome[placement]["w"], reference.server.w)
+        for client_id, state in reference.states.items():
+            ran = outcome[placement]["states"][client_id]
+            for name in ("theta", "w", "pi"):
+                np.testing.assert_array_equal(getattr(ran, name), getattr(state, name))
+
+
+def _rest(server: str, endpoint: str, **query) -> dict:
+    with urllib.request.urlopen(f"{server}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(query)}") as response:
+        return json.load(response)
+
+
+@pytest.mark.slow
+def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
+    from raysim.cli import main
+    from raysim.tracking.server import ServerSettings, TrackingServer
+
+    sweep = {
+        "name": "cluster-sweep",
+        "base": tiny_config(
+            rounds=2,
+            runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1}},
+            tracking={"experiment": "cluster-sweep"},
+        ),
+        "grid": {"algorithm.rho": [0.1, 0.25]},
+        "seeds": [1, 2],
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(json.dumps(sweep))
+    settings = ServerSettings(
+        f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts"), "127.0.0.1", free_port()
+    )
+    with TrackingServer(settings, tmp_path / "server.log"):
+        args = ["--address", cluster.dashboard, "--auth-token", cluster.token]
+        code = main(["submit", str(path), "--tracking-uri", settings.url, "--follow", *args])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        job_id = out.split("job ", 1)[1].split()[0]
+        parent = out.split("mlflow run ", 1)[1].split()[0]
+        assert len(parent) == 32
+        assert "sweep cluster-sweep: parent run" in out
+        roots = re.search(r"raysim code: (.*)", out).group(1)  # the job's shipped copy, not this checkout
+        assert roots.startswith(str(cluster.root.resolve())) and "," not in roots, roots
+
+        assert main(["jobs", *args]) == 0
+        listing = capsys.readouterr().out
+        assert listing.splitlines()[0].split()[:4] == ["job", "status", "started", "mlflow"]
+        (row,) = [line for line in listing.splitlines() if line.startswith(job_id)]
+        assert "SUCCEEDED" in row and parent in row
+        assert main(["logs", job_id, *args]) == 0
+        assert "sweep cluster-sweep: parent run" in capsys.readouterr().out
+        assert main(["cancel", job_id, *args]) == 0
+        assert "already finished" in capsys.readouterr().out
+
+        experiment = _rest(settings.url, "experiments/get-by-name", experiment_name="cluster-sweep")
+        experiment_id = experiment["experiment"]["experiment_id"]
+        request = urllib.request.Request(
+            f"{settings.url}/api/2.0/mlflow/runs/search",
+            data=json.dumps({"experiment_ids": [experiment_id], "max_results": 100}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request) as response:
+            runs = json.load(response)["runs"]
+        children = [r for r in runs if {"key": "mlflow.parentRunId", "value": parent} in r["data"].get("tags", [])]
+        assert len(children) == 4
+        assert all(r["info"]["status"] == "FINISHED" for r in children)
+        for child in children:
+            history = _rest(settings.url, "metrics/get-history", run_id=child["info"]["run_id"], metric_key="pm/acc")
+            assert [m["step"] for m in history["metrics"]] == [0, 1, 2]
+            assert all(0.0 <= m["value"] <= 1.0 for m in history["metrics"])
+        files = {f["path"] for f in _rest(settings.url, "artifacts/list", run_id=parent).get("files", [])}
+        assert {"summary.parquet", "accuracy_vs_round.png", "final_accuracy.png"} <= files
+
+
+@pytest.mark.slow
+def test_a_submitted_job_takes_its_plugin_files_to_every_node(cluster, tmp_path, capsys):
+    """`raysim submit` of a config whose algorithm, model and dataset are plugin files kept outside the package (two
+    listed in the config, one given with --plugin): the files go with the job and the hosts, which only the worker
+    nodes can hold, import them there."""
+    from raysim.cli import main
+    from raysim.tracking.server import ServerSettings, TrackingServer
+    from tests.support.pages import page_files
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name, text in page_files().items():
+        (mine / name).write_text(text)
+    subprocess.run([sys.executable, "make_csv.py"], cwd=mine, check=True)
+    config = tiny_config(
+        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32, "server_momentum": 0.5},
+        model={"name": "tiny_cnn"},
+        dataset={"name": "csv", "path": str(mine / "digits.csv"), "shape": [1, 8, 8]},
+        rounds=2,
+        runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1}},
+        tracking={"experiment": "cluster-plugins"},
+    )
+    path = tmp_path / "experiment.yaml"
+    path.write_text(json.dumps({"plugins": ["mine/fedavgm.py", "mine/tiny_cnn.py"], **config}))
+    settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", None, "127.0.0.1", free_port())
+    with TrackingServer(settings, tmp_path / "server.log"):
+        args = ["--address", cluster.dashboard, "--auth-token", cluster.token, "--tracking-uri", settings.url]
+        code = main(["submit", str(path), "--plugin", str(mine / "csv_source.py"), *args, "--follow"])
+        out = capsys.readouterr().out
+        assert code == 0, out[-3000:]
+        run_id = re.search(r"^run ([0-9a-f]{32}): final PM ", out, re.M)[1]
+        run = MlflowClient(settings.url).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["plugins"] == "['fedavgm', 'tiny_cnn', 'csv_source']"
+    assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
+        "fedavgm",
+        "tiny_cnn",
+        "csv",
+    )
+
+
+@pytest.mark.slow
+def test_missing_or_wrong_token_is_one_error_line(cluster, tmp_path, monkeypatch, capsys):
+    from raysim.cli import main
+
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token of this machine's user
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token"))
+    (tmp_path / "exp.yaml").write_text(json.dumps(tiny_config()))
+    commands = [["jobs"], ["cancel", "raysubmit_none"], ["logs", "raysubmit_none"]]
+    commands.append(["submit", str(tmp_path / "exp.yaml")])
+    for token in (["--auth-token", "wrong"], []):
+        for command in commands:
+            assert main([*command, "--address", cluster.dashboard, *token]) == 2, command
+            captured = capsys.readouterr()
+            assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+            assert captured.err.startswith(f"error: --address {cluster.dashboard}: the Ray cluster refused ")
+            assert all(place in captured.err for place in ("--auth-token", "$RAY_AUTH_TOKEN", "~/.ray/auth_token"))
+            assert ("the token from --auth-token" if token else "no $RAY_AUTH_TOKEN") in captured.err
+    monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
+    assert main(["jobs", "--address", cluster.dashboard]) == 0
+
+
+if __name__ == "__main__":
+    probe(sys.argv[1], sys.argv[2])

@@ -1,0 +1,113 @@
+"""FLAME's grids as suites (issue 33; flame.md 4.2, 6.3-6.4, 8, 9.15): Table III on every dataset, the robustness grid
+on every partition the appendix uses, the sensitivity studies of Figs. 9-12. Every child of every FLAME suite is dealt
+(its partition at every seed and its attackers, as `raysim run` does before any run) on a tenth of its dataset (or its
+labels), and every setting trains one round in this process; the first setting of every suite runs one round through
+Ray and MLflow in tests/test_paper_configs.py (the FEMNIST row's on files in TFF's layout), every method of the suites
+in a suite setting there too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raysim.config import validate_config
+from raysim.studies.suite import check_partitions, load_suite
+from tests.support.inprocess import InProcess
+from tests.support.light import light_training
+from tests.support.paper_data import SUITE_DATA
+from tests.support.paths import ROOT
+
+SUITES = ROOT / "configs" / "paper" / "suites"
+FLAME_SUITES = sorted(SUITES.glob("flame_*.yaml"))
+TABLE3_PARTITIONS = {"q2", "q3", "q4", "q5", "q6", "dir_label", "quality", "dir_quantity", "hybrid"}
+ATTACKS = {"same_value", "sign_flip", "gaussian", "label_poisoning"}
+APPENDIX_ATTACKS = {"q2": ATTACKS, "dir_label": ATTACKS - {"gaussian"}, "quality": ATTACKS, "dir_quantity": ATTACKS}
+"""The attacks of the appendix's figures by partition (flame.md 4.2: Figs. 21-35; no Gaussian one for Dir label)."""
+CLASS_SIZES = {
+    "mnist": [6903, 7877, 6990, 7141, 6824, 6313, 6876, 7293, 6825, 6958],  # train + test: 70,000
+    "cifar10": [6000] * 10,
+    "mmnist": [10000, 8954, 10000, 10000, 10000, 10000],  # Kaggle's Medical MNIST: 58,954, read class by class
+}
+"""The pooled datasets' samples per class (flame.md 6.1): who holds what depends on the labels only, so the dealing
+is checked on labels at a tenth of these sizes, as on the tenth of Fashion-MNIST (the small image fixtures are too
+small: Dirichlet shares of a few hundred samples leave clients empty)."""
+
+
+def _settings(path) -> set[tuple[str, ...]]:
+    return {tuple(run.name.split("/")) for run in load_suite(path).runs}
+
+
+def test_the_flame_suites_hold_the_papers_grids():
+    for data in ("mnist", "fmnist", "mmnist", "cifar10"):
+        assert _settings(SUITES / f"flame_table3_{data}.yaml") == {
+            (method, partition) for method in ("flame", "pfedme", "ditto") for partition in TABLE3_PARTITIONS
+        }
+        sensitivity = load_suite(SUITES / f"flame_sensitivity_{data}.yaml").experiments()
+        studies = {name.split("/")[0] for name, _ in sensitivity}
+        assert studies == {"lambda", "H", "rho", "s"} and {c.algorithm.name for _, c in sensitivity} == {"flame"}
+        assert {c.clients.per_round_count() for name, c in sensitivity if name.startswith("s/")} == {10, 30, 50}
+        assert {c.clients.count for name, c in sensitivity} == {10, 100}
+    assert _settings(SUITES / "flame_table3_femnist.yaml") == {(m, "writers") for m in ("flame", "pfedme", "ditto")}
+    for partition, attacks in APPENDIX_ATTACKS.items():
+        settings = _settings(SUITES / f"flame_robustness_fmnist_{partition}.yaml")
+        assert {s[1] for s in settings if len(s) == 3} == attacks
+        assert {s[0] for s in settings} == {"flame", "pfedme", "ditto", "multi_krum"}
+
+
+def _grid_data(path: Path, tmp_path: Path, fmnist_tenth: Path, input_shape: tuple[int, ...] = (1,)) -> list[str]:
+    """The overrides that put a FLAME suite on test data: the installed Fashion-MNIST's tenth, TFF's layout for
+    FEMNIST (five writers: two clients), or a .npz of labels at a tenth of the others' class sizes (CLASS_SIZES)
+    with samples of `input_shape` (random pixels of 0 or 1, the scale of normalized images: the dealing depends on
+    the labels only)."""
+    data = path.stem.rsplit("_", 1)[1]
+    root = tmp_path / "data"
+    if data in CLASS_SIZES:
+        labels = np.repeat(np.arange(len(CLASS_SIZES[data])), [size // 10 for size in CLASS_SIZES[data]])
+        if data != "mmnist":
+            np.random.default_rng(0).shuffle(labels)
+        x = np.random.default_rng(1).integers(0, 2, size=(len(labels), *input_shape), dtype=np.uint8)
+        np.savez(tmp_path / "labels.npz", x=x, y=labels)
+        return [f"dataset={{name: npz, path: {tmp_path / 'labels.npz'}}}"]
+    if data == "femnist":
+        return [f"dataset.root={root}", *SUITE_DATA[path.name](root)]
+    return [f"dataset.root={fmnist_tenth}"]
+
+
+@pytest.mark.parametrize("path", FLAME_SUITES, ids=lambda path: path.name)
+def test_every_setting_of_a_flame_suite_is_dealt_on_its_data(path, tmp_path, fmnist_tenth):
+    """Every distinct partition (and attacker count) of every child, at every seed."""
+    children = load_suite(path, _grid_data(path, tmp_path, fmnist_tenth)).experiments()
+    check_partitions([(c.tracking.run_name, c) for _, c in children])
+
+
+INPUT_SHAPES = {"mnist": (1, 28, 28), "cifar10": (3, 32, 32), "mmnist": (3, 64, 64)}
+"""The samples the suites' models take on the datasets that are not installed (the Medical MNIST suites read its
+JPEGs as 64x64 RGB)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", FLAME_SUITES, ids=lambda path: path.name)
+def test_every_setting_of_a_flame_suite_trains_one_round(path, tmp_path, fmnist_tenth):
+    """Each distinct setting (method, partition, attack, hyperparameters) at the suite's first seed: its data dealt,
+    one round trained through the real client host and coordinator in this process (tests/support/inprocess.py; Ray and
+    MLflow run each suite's first setting and each method in tests/test_paper_configs.py), by three clients, an
+    attacker among them in an attacked setting, with light local work (tests/support/light.py)."""
+    suite = load_suite(path)
+    data = path.stem.rsplit("_", 1)[1]
+    overrides = _grid_data(path, tmp_path, fmnist_tenth, INPUT_SHAPES.get(data, (1,)))
+    children = [(name, c) for name, c in load_suite(path, overrides).experiments() if c.seed == suite.seeds[0]]
+    assert [name for name, _ in children] == [run.name for run in suite.runs]
+    for name, child in children:
+        tree = child.model_dump(mode="json", by_alias=True)
+        tree["algorithm"] = {**tree["algorithm"], **light_training(tree["algorithm"])}
+        run = InProcess(validate_config(tree))
+        honest = sorted(set(range(run.problem.num_training)) - run.problem.malicious)
+        selected = sorted({*honest[:2], *sorted(run.problem.malicious)[:1]})
+        assert (child.attack.kind == "none") == (not run.problem.malicious), name
+        before = np.array(run.coordinator.global_model(), copy=True)
+        metrics = run.round(0, selected)
+        after = run.coordinator.global_model()
+        assert metrics and all(np.isfinite(v) for v in metrics.values() if isinstance(v, float)), name
+        assert np.isfinite(after).all() and not np.array_equal(before, after), f"{name}: no finite step of w"

@@ -1,0 +1,345 @@
+"""Fault tolerance: checkpoints and resume, dead actors, NaN uploads, MLflow outages (issue #8)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+
+from raysim.config import validate_config
+from raysim.runtime.actors import RecoveryError
+from raysim.runtime.driver import resume_experiment, run_experiment
+from tests.support.cluster import free_port
+from tests.support.paths import ROOT
+from tests.support.reliability import ROUNDS, _config, _steps
+
+
+@pytest.fixture(scope="module")
+def baseline(ray_local, tmp_path_factory):
+    """The uninterrupted run every failure test must reproduce exactly."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    return run_experiment(validate_config(_config(f"sqlite:///{tmp / 'm.db'}", tmp)), show_progress=False)
+
+
+def test_killed_host_and_coordinator_are_restored_and_the_run_is_unchanged(baseline, mlflow_uri, tmp_path):
+    config = validate_config(_config(mlflow_uri, tmp_path))
+    killed: list[str] = []
+
+    def kill(round_index, simulation):
+        targets = {1: ("host", simulation.hosts[0]), 2: ("coordinator", simulation.coordinator)}
+        if round_index in targets and targets[round_index][0] not in killed:
+            name, actor = targets[round_index]
+            pid = ray.get(actor.pid.remote())
+            os.kill(pid, signal.SIGKILL)  # a real process death, mid-run
+            killed.append(name)
+
+    result = run_experiment(config, show_progress=False, inspect=kill)
+    assert killed == ["host", "coordinator"]
+    assert result.summary == baseline.summary
+    assert repr(result.final) == repr(baseline.final)
+    steps = _steps(mlflow_uri, result.run_id, "time/round")
+    assert sorted(steps) == list(range(1, ROUNDS + 1))
+
+
+@pytest.mark.parametrize(
+    ("restarts", "timeout", "message"),
+    [
+        (1, 0.01, r"^host 1 not back 0.01 s after dying .*runtime.restore_timeout_s"),
+        (0, 300, r"^host 1 died and cannot be replaced: runtime.max_restarts=0 replacements used up"),
+    ],
+)
+def test_restore_gives_up_naming_the_actor(ray_local, mlflow_uri, tmp_path, restarts, timeout, message):
+    """A replacement host that is not restored within runtime.restore_timeout_s, or a dead host with no
+    replacement left, stops the run with one line naming the host."""
+    data = _config(mlflow_uri, tmp_path)
+    data["runtime"] = {**data["runtime"], "max_restarts": restarts, "restore_timeout_s": timeout}
+
+    def kill(round_index, simulation):
+        if round_index == 2:
+            os.kill(ray.get(simulation.hosts[1].pid.remote()), signal.SIGKILL)
+
+    started = time.monotonic()
+    with pytest.raises(RecoveryError, match=message):
+        run_experiment(validate_config(data), show_progress=False, inspect=kill)
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.slow
+def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
+    """The shipped quickstart on Fashion-MNIST (fewer rounds): a host's client list (~280 KB) is larger than
+    Ray's inline limit, so a restarted host is built from object-store arguments that must still be alive."""
+    from raysim.config import load_config
+
+    def config(name: str):
+        return load_config(
+            ROOT / "configs" / "quickstart.yaml",
+            [
+                "rounds=4",
+                "tracking.checkpoint_every=2",
+                f"tracking.uri=sqlite:///{tmp_path / name}.db",
+                f"tracking.checkpoint_dir={tmp_path / name}",
+                "tracking.figures=[]",
+                "tracking.save_models=none",
+            ],
+        )
+
+    baseline = run_experiment(config("baseline"), show_progress=False)
+    killed: list[int] = []
+
+    def kill(round_index, simulation):
+        if round_index == 2 and not killed:  # round 3 is logged; the last checkpoint is round 2's
+            killed.append(ray.get(simulation.hosts[0].pid.remote()))
+            os.kill(killed[0], signal.SIGKILL)
+
+    result = run_experiment(config("killed"), show_progress=False, inspect=kill)
+    assert killed
+    assert result.summary == baseline.summary
+    assert repr(result.final) == repr(baseline.final)
+    uri = f"sqlite:///{tmp_path / 'killed'}.db"
+    for key in ("time/round", "pm/acc"):
+        steps = _steps(uri, result.run_id, key)
+        assert sorted(steps) == list(range(0 if key == "pm/acc" else 1, 5)), (key, steps)
+
+
+def _cli(tmp_path: Path, data: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`raysim run` in a process of its own (this test process may have started Ray already)."""
+    (tmp_path / "cli.yaml").write_text(yaml.safe_dump(data))
+    raysim = str(Path(sys.executable).parent / "raysim")
+    return subprocess.run(
+        [raysim, "run", str(tmp_path / "cli.yaml"), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.parametrize(
+    ("runtime", "expected"),
+    [
+        (
+            {"host_cpus": 1000},
+            r"1 hosts \(runtime.num_hosts=default, .*\) x runtime.host_cpus=1000 .* needs 1000 "
+            r"CPUs but the Ray cluster has 2; lower runtime.host_cpus",
+        ),
+        (
+            {"num_hosts": 50},
+            r"6 hosts \(runtime.num_hosts=50, at most one per client\) x runtime.host_cpus=1 .* "
+            r"needs 6 CPUs but the Ray cluster has 2",
+        ),
+    ],
+)
+def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, runtime, expected):
+    data = _config(f"sqlite:///{tmp_path / 'm.db'}", tmp_path)
+    data["runtime"] = {**runtime, "num_cpus": 2}
+    done = _cli(tmp_path, data)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting
+    assert re.fullmatch(f"error: {expected}.*", line), line
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
+    port = free_port()
+    data = _config(f"http://127.0.0.1:{port}", tmp_path)
+    with socket.socket() as silent:  # accepts connections, never answers: the slow case
+        silent.bind(("127.0.0.1", port))
+        silent.listen()
+        data["tracking"] = {**data["tracking"], "connect_timeout_s": 2}
+        started = time.monotonic()
+        done = _cli(tmp_path, data)
+        elapsed = time.monotonic() - started
+    assert done.returncode == 2 and elapsed < 60, (elapsed, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: tracking.uri http://127.0.0.1:{port}: MLflow server not reachable within 2 s")
+    done = _cli(tmp_path, _config(f"http://127.0.0.1:{port}", tmp_path))  # nobody listens: refused at once
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "not reachable" in line and "Connection refused" in line, line
+
+
+def _raysim(
+    tmp_path: Path, *args: str, env: dict[str, str], watch: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    """`raysim ARGS` run to its end; `watch`: gets the process's command line as the system shows it (`ps`, and
+    Ray, which records it as the job's entrypoint) once its local Ray is up."""
+    from raysim.studies.procmem import descendants
+
+    raysim = str(Path(sys.executable).parent / "raysim")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_ADDRESS"))}
+    process = subprocess.Popen(
+        [raysim, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**environment, **env},
+    )
+    if watch is not None:
+        deadline = time.monotonic() + 240
+        while (
+            process.poll() is None
+            and time.monotonic() < deadline
+            and not [pid for pid in descendants(process.pid) if _comm(pid) == "gcs_server"]
+        ):
+            time.sleep(0.1)
+        watch.append(Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _files_holding(folder: Path, secrets: list[str], skip: set[Path]) -> list[str]:
+    """Every file under `folder` (the tracking server's database and artifacts, the checkpoints) whose bytes hold
+    one of `secrets`, raw or percent-encoded."""
+    import urllib.parse
+
+    needles = {form.encode() for secret in secrets for form in (secret, urllib.parse.quote(secret, safe=""))}
+    return [
+        str(path)
+        for path in folder.rglob("*")
+        if path.is_file() and path not in skip and any(needle in path.read_bytes() for needle in needles)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        (
+            "postgresql://alice:pw@127.0.0.1/mlflow",
+            "error: tracking.uri postgresql://***@127.0.0.1/mlflow: its "
+            "database driver 'psycopg' is not installed (No module named 'psycopg'); install it, or name an installed "
+            "one as postgresql+DRIVER://",
+        ),
+        (
+            "mysql+nodriver://127.0.0.1/mlflow",
+            "error: tracking.uri mysql+nodriver://127.0.0.1/mlflow: not a usable database URL",
+        ),
+        (
+            "ftp://alice:pw@127.0.0.1/mlflow",
+            "error: tracking.uri ftp://***@127.0.0.1/mlflow: MLflow has no tracking store for scheme 'ftp'; allowed: ",
+        ),
+    ],
+    ids=["postgresql-without-driver", "unknown-driver", "ftp"],
+)
+def test_a_tracking_store_mlflow_cannot_open_is_refused_before_ray(tmp_path, uri, expected):
+    """A traceback (postgresql://, its driver not installed) or one line after Ray had started (ftp://): both
+    are known before anything starts."""
+    import importlib.util
+
+    if uri.startswith("postgresql") and importlib.util.find_spec("psycopg") is not None:
+        pytest.skip("psycopg is installed here")
+    done = _cli(tmp_path, _config(uri, tmp_path))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting
+    assert line.startswith(expected), line
+
+
+@pytest.mark.slow
+def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_path):
+    """Passwords holding `@` (redacted only up to it before) in a config file, a --set, a --tracking-uri and the
+    environment ($MLFLOW_TRACKING_URI, $MLFLOW_TRACKING_PASSWORD): none reaches the console, the tracking server's
+    database (params, tags: the command line in `mlflow.source.name` and `mlflow.note.content`), its artifacts or
+    the checkpoints; two real runs against a real MLflow server."""
+    from raysim.tracking.server import ServerSettings, TrackingServer
+
+    secrets = [f"pw{i}@s3cret:{i}" for i in range(5)]
+    settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts"), port=free_port())
+    host = f"127.0.0.1:{settings.port}"
+    with TrackingServer(settings, tmp_path / "server.log"):
+        config = tmp_path / "cli.yaml"
+        in_file = {**_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1), "rounds": 2}
+        config.write_text(yaml.safe_dump(in_file))
+        typed = [
+            "--set",
+            f"tracking.uri=http://alice:{secrets[1]}@{host}",
+            "--tracking-uri",
+            f"http://alice:{secrets[2]}@{host}",
+        ]
+        environment = {"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}", "MLFLOW_TRACKING_PASSWORD": secrets[4]}
+        seen: list[str] = []
+        done = _raysim(tmp_path, "run", str(config), "--quiet", *typed, env=environment, watch=seen)
+        assert done.returncode == 0, done.stderr[-2000:]
+        printed = done.stdout + done.stderr
+        assert not [secret for secret in secrets if secret.split("@")[1] in seen[0]]
+        assert f"--tracking-uri http://***@{host}" in seen[0]  # as `ps` and Ray's job table see it
+        from_environment = {**_config(None, tmp_path, checkpoint_every=1), "rounds": 2}
+        del from_environment["tracking"]["uri"]
+        config.write_text(yaml.safe_dump(from_environment))
+        again = _raysim(
+            tmp_path, "run", str(config), "--quiet", env={"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}"}
+        )
+        assert again.returncode == 0, again.stderr[-2000:]
+        printed += again.stdout + again.stderr
+        client = MlflowClient(settings.url)
+        runs = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert len(runs) == 2
+    assert not [secret for secret in secrets if secret in printed or secret.split("@")[1] in printed], printed
+    first = next(run for run in runs if "--tracking-uri" in run.data.tags["mlflow.source.name"])
+    assert (
+        f"--set tracking.uri=http://***@{host} --tracking-uri http://***@{host}"
+        in first.data.tags["mlflow.source.name"]
+    )
+    assert f"--tracking-uri http://***@{host}" in first.data.tags["mlflow.note.content"]
+    assert first.data.params["tracking.uri"] == f"http://***@{host}"
+    stored = [value for run in runs for value in [*run.data.params.values(), *run.data.tags.values()]]
+    assert not [value for value in stored for secret in secrets if secret.split("@")[1] in value]
+    assert list((tmp_path / "ckpt").glob("*/round-*/manifest.json"))
+    held = _files_holding(tmp_path, [secret.split("@")[1] for secret in secrets], skip={config})
+    assert not held, held
+
+
+@pytest.mark.slow
+def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, mlflow_uri, tmp_path):
+    """Long enough (30 rounds) that the driver is surely mid-run when a checkpoint of round 3 or later appears,
+    however fast rounds are; the resumed run must end exactly as an uninterrupted one."""
+    rounds = 30
+    data = _config(mlflow_uri, tmp_path, checkpoint_every=1) | {"rounds": rounds}
+    data["runtime"] = {**data["runtime"], "num_cpus": 2}
+    reference = _config(f"sqlite:///{tmp_path / 'reference.db'}", tmp_path / "reference") | {"rounds": rounds}
+    expected = run_experiment(validate_config(reference), show_progress=False)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+    raysim = str(Path(sys.executable).parent / "raysim")
+    driver = subprocess.Popen(
+        [raysim, "run", str(tmp_path / "run.yaml"), "--quiet"],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def checkpointed() -> int:
+        return max(
+            (int(p.parent.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("*/round-*/manifest.json")), default=0
+        )
+
+    try:
+        deadline = time.monotonic() + 240
+        while checkpointed() < 3:
+            assert driver.poll() is None and time.monotonic() < deadline, "driver ended before round 3"
+            time.sleep(0.05)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started: a dead driver
+        driver.wait(30)
+    assert checkpointed() < rounds  # killed mid-run
+    run_id = next((tmp_path / "ckpt").iterdir()).name
+    assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "RUNNING"
+    resumed = resume_experiment(run_id, mlflow_uri, show_progress=False)
+    assert resumed.summary == expected.summary
+    steps = _steps(mlflow_uri, run_id, "pm/acc")
+    assert sorted(steps) == list(range(rounds + 1))
+    assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "FINISHED"

@@ -1,0 +1,72 @@
+"""`raysim server`: a real MLflow tracking server on 127.0.0.1 with a sqlite backend and served artifacts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raysim.tracking.mlflow_writer import MlflowWriter
+from raysim.tracking.server import ServerSettings
+
+
+def test_command_uses_one_worker_and_served_artifacts(tmp_path):
+    command = ServerSettings("sqlite:///x.db", str(tmp_path / "a"), "127.0.0.1", 5123).command()
+    assert command[command.index("--workers") + 1] == "1"
+    assert command[command.index("--artifacts-destination") + 1] == str(tmp_path / "a")
+    assert "--serve-artifacts" in command and command[command.index("--host") + 1] == "127.0.0.1"
+    assert "--serve-artifacts" not in ServerSettings(artifacts_destination=None).command()
+
+
+def test_a_local_sqlite_store_keeps_its_artifacts_beside_its_file(tmp_path, monkeypatch):
+    """Artifacts of a new experiment go to mlartifacts/<experiment> next to the database, whatever folder the
+    command runs in (MLflow's default would be ./mlruns there)."""
+
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    writer = MlflowWriter(f"sqlite:///{store / 'runs.db'}", "beside the db")
+    run_id = writer.start("r", {}, {})
+    note = tmp_path / "note.txt"
+    note.write_text("kept")
+    writer.log_artifact(note)
+    writer.finish()
+    kept = store / "mlartifacts" / "beside_the_db" / run_id / "artifacts" / "note.txt"
+    assert kept.read_text() == "kept"
+    assert list(elsewhere.iterdir()) == []
+    assert writer.client.download_artifacts(run_id, "note.txt", str(tmp_path)) == str(tmp_path / "note.txt")
+
+
+@pytest.mark.parametrize(
+    ("uri", "database"),
+    [
+        ("sqlite:///runs.db", "runs.db"),
+        ("sqlite:////tmp/s/runs.db", "/tmp/s/runs.db"),
+        ("sqlite:///sub/runs.db?timeout=30", "sub/runs.db"),
+        ("sqlite:///./runs.db", "runs.db"),
+        ("sqlite:///:memory:", None),
+        ("sqlite://", None),
+        ("http://127.0.0.1:5000", None),
+        ("postgresql://u@h/db", None),
+    ],
+)
+def test_one_reading_of_a_sqlite_uri_serves_artifacts_sweeps_and_the_reachability_check(
+    uri, database, tmp_path, monkeypatch
+):
+    """The database file of a local sqlite store, as the artifact folder, a sweep's trials (which run in other
+    folders: a relative path made absolute, the query kept) and the missing-folder check read it."""
+    from raysim.studies.sweep import absolute_tracking_uri
+    from raysim.tracking.mlflow_writer import TrackingError, check_reachable, local_artifact_location, sqlite_file
+
+    monkeypatch.chdir(tmp_path)
+    assert sqlite_file(uri) == (None if database is None else Path(database))
+    located = local_artifact_location(uri, "a b")
+    assert located == (None if database is None else (Path(database).resolve().parent / "mlartifacts/a_b").as_uri())
+    absolute = absolute_tracking_uri(uri)
+    query = uri.partition("?")[2]
+    resolved = f"sqlite:///{Path(database).resolve()}" + (f"?{query}" if query else "") if database else None
+    assert absolute == (uri if database is None or Path(database).is_absolute() else resolved)
+    if database is not None and not Path(database).parent.is_dir():
+        with pytest.raises(TrackingError, match="does not exist"):
+            check_reachable(uri, 1.0)
