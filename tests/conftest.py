@@ -1,14 +1,42 @@
-"""Shared fixtures: one real local Ray instance per test session, and a fresh sqlite MLflow store per test."""
+"""The test tiers' order, and the shared fixtures: one real local Ray instance per test session (per xdist worker),
+a local multi-node cluster per module that asks for one, a tenth of Fashion-MNIST, and a fresh sqlite MLflow store
+per test.
+
+A test's tier is its folder (docs/development.md): tests/unit (no Ray, no subprocess, no network server),
+tests/integration (whole experiments in process; a local Ray where the test is about actors), tests/system (real
+processes and signals, servers, a cluster, the browser, the docs' commands, the shipped configs). The system tier
+runs first, the unit tier last, so that the many short tests fill both workers while the long ones end
+(`pytest_collection_modifyitems`); `make test` hands out single tests (`--dist loadgroup`), a module whose tests share
+an expensive module fixture (a cluster, a finished suite) as one group (`pytestmark = pytest.mark.xdist_group(...)`).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+TIERS = ("system", "integration", "unit")
+"""The folders under tests/, in the order their tests start."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The system tier's tests first, then the integration tier's, then the unit tier's, each in file order."""
+    items.sort(key=lambda item: TIERS.index(tier_of(item)))
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier folder a test lives in."""
+    parts = Path(str(item.path)).parts
+    tier = parts[parts.index("tests") + 1] if "tests" in parts else ""
+    if tier not in TIERS:
+        raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit, tests/integration or tests/system")
+    return tier
 
 
 @pytest.fixture(scope="session")
@@ -30,16 +58,16 @@ def ray_local():
 @pytest.fixture(scope="module", autouse=True)
 def no_crew_left():
     """The actors a module's runs kept (runtime.reuse_actors: tiny_config's default) hold CPUs of the session's Ray
-    that the next module's runs need."""
+    that the next module's runs need (nothing to do, nor to import, where no run kept any)."""
     yield
-    from raysim.runtime import crews
-
-    crews.dismiss_parked()
+    crews = sys.modules.get("raysim.runtime.crews")
+    if crews is not None:
+        crews.dismiss_parked()
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head and two worker nodes started with `ray start` on 127.0.0.1 (tests.test_cluster.LocalCluster), for
+    """A head and two worker nodes started with `ray start` on 127.0.0.1 (tests.support.cluster.LocalCluster), for
     the tests of one module; afterwards none of its processes is left."""
     from tests.support.cluster import LocalCluster
 

@@ -1,4 +1,4 @@
-"""The Python API (raysim.run, raysim.run_suite): real runs on the shared local Ray, read back from a sqlite MLflow
+"""The Python API (raysim.run, raysim.run_suite): real runs (their hosts in process), read back from a sqlite MLflow
 store. The result's tables are what MLflow logged, its final models score on the clients' test splits what the run
 logged, and every way of giving a config gives the same one; bad input is the command line's one line."""
 
@@ -13,7 +13,10 @@ from mlflow.tracking import MlflowClient
 
 import raysim
 from raysim.api import experiment_config
-from tests.support.experiments import tiny_config
+from tests.support.experiments import IN_PROCESS, tiny_config
+
+pytestmark = pytest.mark.xdist_group("integration-api")
+"""One worker runs this module's tests: its FLAME run is made once."""
 
 BEST_KEYS = {"pm/best_acc", "gm/best_acc", "hm/best_acc"}
 """Logged once, beside the curves, at the last step (their values are in Result.summary as best/...)."""
@@ -25,9 +28,9 @@ def store(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def flame(ray_local, store) -> raysim.Result:
+def flame(store) -> raysim.Result:
     """FLAME on 4 synthetic clients, one a label-poisoning attacker, given as a dict with overrides."""
-    tree = tiny_config(attack={"kind": "label_poisoning", "fraction": 0.25}, rounds=3)
+    tree = tiny_config(attack={"kind": "label_poisoning", "fraction": 0.25}, rounds=3, runtime=IN_PROCESS)
     return raysim.run(tree, "rounds=2", "algorithm.rho=0.5", progress=False, tracking_uri=store)
 
 
@@ -88,8 +91,10 @@ def test_the_final_models_score_what_the_run_logged(flame):
 
 
 @pytest.mark.slow
-def test_an_experiment_config_runs_and_fedavg_has_no_personalized_models(ray_local, store):
-    config = experiment_config(tiny_config(algorithm={"name": "fedavg", "lr": 0.05, "batch_size": 32}, rounds=1))
+def test_an_experiment_config_runs_and_fedavg_has_no_personalized_models(store):
+    config = experiment_config(
+        tiny_config(algorithm={"name": "fedavg", "lr": 0.05, "batch_size": 32}, rounds=1, runtime=IN_PROCESS)
+    )
     result = raysim.run(config, "clients.count=3", progress=False, tracking_uri=store)
     assert result.config.clients.count == 3 and result.config.algorithm.name == "fedavg"
     assert result.personalized_models == {} and len(result.clients) == 3
@@ -102,11 +107,13 @@ def test_an_experiment_config_runs_and_fedavg_has_no_personalized_models(ray_loc
 
 
 @pytest.mark.slow
-def test_a_personalized_model_that_is_not_the_network_scores_what_the_run_logged(ray_local, store):
+def test_a_personalized_model_that_is_not_the_network_scores_what_the_run_logged(store):
     """FedCP's PM is its gated heads around the network (Algorithm.personalized_network): `model(i)` builds that
     module from `personalized_models[i]`, and it scores each client's logged pm/acc; `model()` is the plain GM."""
     tree = tiny_config(algorithm={"name": "fedcp", "lr": 0.1, "batch_size": 16}, model={"name": "mlp"}, rounds=1)
-    result = raysim.run(tree, "clients.count=3", "runtime.num_hosts=1", progress=False, tracking_uri=store)
+    result = raysim.run(
+        tree, "clients.count=3", "runtime.num_hosts=1", "runtime.actors=in_process", progress=False, tracking_uri=store
+    )
     assert result.personalized_network is not None and sorted(result.personalized_models) == [0, 1, 2]
     assert any(name.startswith("policy.") for name in result.personalized_models[0])
     for client_id in range(3):
@@ -118,10 +125,10 @@ def test_a_personalized_model_that_is_not_the_network_scores_what_the_run_logged
 
 
 @pytest.mark.slow
-def test_run_suite_returns_every_child_s_summary_and_history(ray_local, store, tmp_path):
+def test_run_suite_returns_every_child_s_summary_and_history(store, tmp_path):
     suite = {
         "name": "api-suite",
-        "base": tiny_config(rounds=1, clients={"count": 3}),
+        "base": tiny_config(rounds=1, clients={"count": 3}, runtime=IN_PROCESS),
         "runs": [{"name": "flame", "set": {}}, {"name": "fedavg", "set": {"algorithm": {"name": "fedavg"}}}],
     }
     path = tmp_path / "suite.yaml"

@@ -7,11 +7,11 @@ import pytest
 
 from raysim.config import validate_config
 from raysim.runtime.problem import prepare
-from tests.support.experiments import tiny_config
+from tests.support.experiments import IN_PROCESS, tiny_config
 
 
 @pytest.mark.slow
-def test_run_logs_attackers_partition_summary_and_benign_metrics(ray_local, mlflow_uri):
+def test_run_logs_attackers_partition_summary_and_benign_metrics(mlflow_uri):
     import mlflow
     import pyarrow.parquet as pq
 
@@ -23,6 +23,7 @@ def test_run_logs_attackers_partition_summary_and_benign_metrics(ray_local, mlfl
             attack={"kind": "label_poisoning", "fraction": 0.5},
             aggregation={"rule": "multi_krum"},
             tracking={"uri": mlflow_uri, "experiment": "attacks", "figures": ["png"]},
+            runtime=IN_PROCESS,
         )
     )
     result = run_experiment(config, show_progress=False)

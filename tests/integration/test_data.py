@@ -11,15 +11,16 @@ from tests.support.data import _write_npz
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["synthetic_writers", "npz"])
-def test_natural_split_runs_end_to_end(source, tmp_path, ray_local, mlflow_uri):
-    """A real run on the natural split: writers dealt to clients, trained on Ray, logged to sqlite MLflow."""
+def test_natural_split_runs_end_to_end(source, tmp_path, mlflow_uri):
+    """A real run on the natural split: writers dealt to clients, trained by hosts in process, logged to sqlite
+    MLflow."""
     import mlflow
     import pyarrow.parquet as pq
 
     from raysim.config import validate_config
     from raysim.runtime.driver import run_experiment
     from raysim.runtime.problem import prepare
-    from tests.support.experiments import tiny_config
+    from tests.support.experiments import IN_PROCESS, tiny_config
 
     dataset_section = {"name": "synthetic_writers"}
     if source == "npz":  # the same writers, from a file
@@ -35,6 +36,7 @@ def test_natural_split_runs_end_to_end(source, tmp_path, ray_local, mlflow_uri):
             clients={"count": 8, "per_round": 4},
             rounds=2,
             tracking={"uri": mlflow_uri, "experiment": "natural"},
+            runtime=IN_PROCESS,
         )
     )
     problem = prepare(config)

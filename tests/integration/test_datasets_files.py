@@ -19,7 +19,7 @@ from raysim.data.sources import load_dataset
 from raysim.errors import DataError
 from tests.support.data_files import write_emnist
 from tests.support.datasets_files import _mnist_arrays, _write_cifar10, _write_mnist
-from tests.support.experiments import run_through_cli, tiny_config
+from tests.support.experiments import IN_PROCESS, run_through_cli, tiny_config
 
 
 def _md5(path: Path) -> str:
@@ -113,7 +113,7 @@ def test_a_download_with_the_wrong_checksum_is_not_kept(tmp_path, server, monkey
 
 
 @pytest.mark.slow  # about 30-60 s on 2 cores: Ray actors, torch and MLflow start-up
-def test_fedavg_runs_two_rounds_on_written_cifar10_through_the_cli(tmp_path, ray_local, mlflow_uri):
+def test_fedavg_runs_two_rounds_on_written_cifar10_through_the_cli(tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
     root = tmp_path / "data"
@@ -125,6 +125,7 @@ def test_fedavg_runs_two_rounds_on_written_cifar10_through_the_cli(tmp_path, ray
         model={"name": "cnn"},
         clients={"count": 4},
         tracking={"uri": mlflow_uri, "experiment": "cifar"},
+        runtime=IN_PROCESS,
     )
     run = run_through_cli(config, mlflow_uri, "rounds=2")
     client = MlflowClient(mlflow_uri)

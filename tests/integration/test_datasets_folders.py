@@ -98,12 +98,12 @@ def _run(tmp_path: Path, dataset: dict, partition: dict, model: str, clients: in
 
 
 @pytest.mark.slow
-def test_femnist_by_writer_runs_through_the_cli(tmp_path, ray_local):
+def test_femnist_by_writer_runs_through_the_cli(tmp_path):
     write_leaf(tmp_path / "femnist", samples=20)
     _run(tmp_path, {"name": "femnist", "root": str(tmp_path / "femnist")}, {"scheme": "natural"}, "cnn_femnist", 3)
 
 
 @pytest.mark.slow
-def test_image_folder_runs_through_the_cli(tmp_path, ray_local):
+def test_image_folder_runs_through_the_cli(tmp_path):
     write_image_folder(tmp_path / "pets", per_class=12, color=True)
     _run(tmp_path, {"name": "image_folder", "root": str(tmp_path / "pets")}, {"scheme": "iid"}, "cnn", 2)

@@ -4,10 +4,10 @@ features, ClassLabel and plain int labels, split choice and pooling, one-line er
 from __future__ import annotations
 
 from tests.support.datasets_huggingface import _save, _tabular
-from tests.support.experiments import run_through_cli, tiny_config
+from tests.support.experiments import IN_PROCESS, run_through_cli, tiny_config
 
 
-def test_fedavg_runs_two_rounds_on_a_saved_tabular_dataset_through_the_cli(tmp_path, ray_local, mlflow_uri):
+def test_fedavg_runs_two_rounds_on_a_saved_tabular_dataset_through_the_cli(tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
     path = _save(_tabular(240), tmp_path / "tabular")
@@ -19,6 +19,7 @@ def test_fedavg_runs_two_rounds_on_a_saved_tabular_dataset_through_the_cli(tmp_p
         clients={"count": 4},
         rounds=2,
         tracking={"uri": mlflow_uri, "experiment": "huggingface"},
+        runtime=IN_PROCESS,
     )
     run = run_through_cli(config, mlflow_uri)
     client = MlflowClient(mlflow_uri)

@@ -7,7 +7,7 @@ import pytest
 
 from raysim.config import validate_config
 from raysim.runtime.driver import run_experiment
-from tests.support.experiments import tiny_config
+from tests.support.experiments import IN_PROCESS, tiny_config
 
 
 def _history(mlflow_uri: str, **tracking) -> dict[int, dict[str, float]]:
@@ -16,13 +16,14 @@ def _history(mlflow_uri: str, **tracking) -> dict[int, dict[str, float]]:
             algorithm={"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.1, "batch_size": 16},
             rounds=3,
             tracking={"uri": mlflow_uri, "experiment": "switches", **tracking},
+            runtime=IN_PROCESS,
         )
     )
     return run_experiment(config, show_progress=False).history
 
 
 @pytest.mark.slow
-def test_gm_scored_before_aggregation_is_the_previous_rounds_gm(ray_local, tmp_path):
+def test_gm_scored_before_aggregation_is_the_previous_rounds_gm(tmp_path):
     """Round t's GM before its server step is round t-1's GM after it: the two series are shifted by one
     round exactly, and nothing else changes (FLAME's PM theta_i does not depend on when the GM is scored)."""
     after = _history(f"sqlite:///{tmp_path / 'a.db'}")
@@ -36,7 +37,7 @@ def test_gm_scored_before_aggregation_is_the_previous_rounds_gm(ray_local, tmp_p
 
 
 @pytest.mark.slow
-def test_train_loss_false_never_scores_it_and_n_scores_every_nth_evaluation(ray_local, tmp_path):
+def test_train_loss_false_never_scores_it_and_n_scores_every_nth_evaluation(tmp_path):
     never = _history(f"sqlite:///{tmp_path / 'n.db'}", train_loss=False)
     scored = [k for step in never.values() for k in step if k.endswith("/train_loss") and not k.startswith("update/")]
     assert not scored  # update/train_loss is the training epoch's own mean loss, which costs nothing extra

@@ -22,13 +22,13 @@ ORDER = ("fedapm", "fedalt", "fedavg")
 
 
 @pytest.mark.slow
-def test_the_authors_mode_reproduces_their_ordering_fedapm_fedalt_fedavg(ray_local, mlflow_uri, fmnist_tenth):
+def test_the_authors_mode_reproduces_their_ordering_fedapm_fedalt_fedavg(mlflow_uri, fmnist_tenth):
     sets = [
         f"dataset.root={fmnist_tenth}",
         f"rounds={ROUNDS}",
         f"tracking.uri={mlflow_uri}",
         "runtime.num_hosts=1",
-        "runtime.reuse_actors=true",
+        "runtime.actors=in_process",
     ]
     suite = load_suite(SUITE, sets)
     suite = suite.model_copy(update={"seeds": [1], "runs": [run for run in suite.runs if run.name in ORDER]})

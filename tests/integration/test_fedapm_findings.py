@@ -26,10 +26,13 @@ from raysim.studies.suite import load_suite, run_suite
 from tests.support.fedapm_findings import SUITES, TABLE3
 from tests.support.paper_data import BUILT_IN
 
+pytestmark = pytest.mark.xdist_group("integration-fedapm_findings")
+"""One worker runs this module's tests: its findings fixture runs the four FedAPM runs once."""
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", sorted(TABLE3))
-def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path, ray_local):
+def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path):
     """Every method of the suite at its first seed, 2 rounds, small substitutes (BUILT_IN), one epoch, on one
     Ray with the actors kept between the children: all finish, every round's PM accuracy is a share and the
     methods, FedAvg and FedProx included, report the deviation of the shared part."""
@@ -40,7 +43,7 @@ def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path, r
         "algorithm.epochs=1",
         "rounds=2",
         "runtime.num_hosts=1",
-        "runtime.reuse_actors=true",
+        "runtime.actors=in_process",
         f"tracking.uri={uri}",
     ]
     suite = load_suite(SUITES / f"fedapm_table3_{dataset}.yaml", sets)
@@ -93,7 +96,7 @@ def _findings_run(algorithm: dict, tracking_uri: str, fraction: float = 0.3) -> 
         "clients": {"count": 20, "fraction": fraction},
         "rounds": FINDINGS_ROUNDS,
         "seed": 3,
-        "runtime": {"num_hosts": 1, "reuse_actors": True},
+        "runtime": {"num_hosts": 1, "actors": "in_process"},
         "tracking": {"uri": tracking_uri, "experiment": "fedapm-findings"},
     }
     return run_experiment(validate_config(config), show_progress=False).history
@@ -132,7 +135,7 @@ def _mean_deviation(history: dict[int, dict[str, float]]) -> float:
 
 
 @pytest.fixture(scope="module")
-def findings(tmp_path_factory, ray_local) -> dict[str, dict[int, dict[str, float]]]:
+def findings(tmp_path_factory) -> dict[str, dict[int, dict[str, float]]]:
     """The runs the findings compare, at one seed, on one Ray with the actors kept between them."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('findings') / 'mlflow.db'}"
     baseline = {"lr": LR, "loss_scale": "1/m", "preset": PRESET}

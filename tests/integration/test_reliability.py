@@ -14,18 +14,21 @@ from mlflow.tracking import MlflowClient
 from raysim.config import validate_config
 from raysim.runtime.driver import DivergenceError, resume_experiment, run_experiment
 from tests.support.cluster import free_port
-from tests.support.reliability import ROUNDS, _config, _steps
+from tests.support.experiments import IN_PROCESS
+from tests.support.reliability import ROUNDS, baseline_run, reliability_config, steps_logged
+
+pytestmark = pytest.mark.xdist_group("integration-reliability")
+"""One worker runs this module's tests: its uninterrupted baseline run is made once."""
 
 
 @pytest.fixture(scope="module")
-def baseline(ray_local, tmp_path_factory):
-    """The uninterrupted run every failure test must reproduce exactly."""
-    tmp = tmp_path_factory.mktemp("baseline")
-    return run_experiment(validate_config(_config(f"sqlite:///{tmp / 'm.db'}", tmp)), show_progress=False)
+def baseline(tmp_path_factory):
+    """The uninterrupted run every failure test must reproduce exactly (tests/support/reliability.py)."""
+    return baseline_run(tmp_path_factory.mktemp("baseline"), IN_PROCESS)
 
 
 def test_resumed_run_equals_uninterrupted_run(baseline, mlflow_uri, tmp_path):
-    config = validate_config(_config(mlflow_uri, tmp_path))
+    config = validate_config(reliability_config(mlflow_uri, tmp_path, IN_PROCESS))
 
     def die(round_index, simulation):
         if round_index == 2:  # after round 3 is logged; the last checkpoint is round 2's
@@ -42,15 +45,15 @@ def test_resumed_run_equals_uninterrupted_run(baseline, mlflow_uri, tmp_path):
     assert resumed.summary == baseline.summary
     assert repr(resumed.final) == repr(baseline.final)  # repr: exact floats, and nan equals nan
     for key in ("pm/acc", "time/round", "traffic/uplink_bytes_total"):
-        steps = _steps(mlflow_uri, run_id, key)
+        steps = steps_logged(mlflow_uri, run_id, key)
         assert sorted(steps) == sorted(set(steps)), f"{key} logged twice at a step"
-    assert sorted(_steps(mlflow_uri, run_id, "pm/acc")) == list(range(ROUNDS + 1))
+    assert sorted(steps_logged(mlflow_uri, run_id, "pm/acc")) == list(range(ROUNDS + 1))
     assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "FINISHED"
     assert (tmp_path / "ckpt" / run_id / "round-000004" / "manifest.json").exists()
 
 
-def test_nonfinite_upload_stops_the_run_and_marks_it_failed(ray_local, mlflow_uri, tmp_path):
-    data = _config(mlflow_uri, tmp_path)
+def test_nonfinite_upload_stops_the_run_and_marks_it_failed(mlflow_uri, tmp_path):
+    data = reliability_config(mlflow_uri, tmp_path, IN_PROCESS)
     data["algorithm"] = {**data["algorithm"], "lr": 1e30}
     with pytest.raises(DivergenceError, match=r"round 0: client \d+") as caught:
         run_experiment(validate_config(data), show_progress=False)
@@ -61,8 +64,8 @@ def test_nonfinite_upload_stops_the_run_and_marks_it_failed(ray_local, mlflow_ur
     assert "client" in run.data.tags["raysim.error"]
 
 
-def test_nonfinite_uploads_can_be_dropped(ray_local, mlflow_uri, tmp_path):
-    data = _config(mlflow_uri, tmp_path)
+def test_nonfinite_uploads_can_be_dropped(mlflow_uri, tmp_path):
+    data = reliability_config(mlflow_uri, tmp_path, IN_PROCESS)
     data["algorithm"] = {**data["algorithm"], "lr": 1e30}
     data["runtime"] = {**data["runtime"], "on_nonfinite": "drop_client", "max_empty_rounds": ROUNDS}
     result = run_experiment(validate_config(data), show_progress=False)
@@ -70,10 +73,10 @@ def test_nonfinite_uploads_can_be_dropped(ray_local, mlflow_uri, tmp_path):
     assert np.isfinite(result.summary["final/gm/acc"])
 
 
-def test_a_round_without_a_usable_upload_stops_the_run(ray_local, mlflow_uri, tmp_path, capsys):
+def test_a_round_without_a_usable_upload_stops_the_run(mlflow_uri, tmp_path, capsys):
     """drop_client must not let a run go on at chance accuracy when every upload is dropped: the first such
     round (runtime.max_empty_rounds = 0) stops it with the one-line error of on_nonfinite = stop."""
-    data = _config(mlflow_uri, tmp_path)
+    data = reliability_config(mlflow_uri, tmp_path, IN_PROCESS)
     data["algorithm"] = {**data["algorithm"], "lr": 1e30}
     data["runtime"] = {**data["runtime"], "on_nonfinite": "drop_client"}
     path = tmp_path / "run.yaml"
@@ -94,8 +97,8 @@ def test_a_round_without_a_usable_upload_stops_the_run(ray_local, mlflow_uri, tm
     assert run.info.status == "FAILED" and "dropped" in run.data.tags["raysim.error"]
 
 
-def test_a_bounded_number_of_empty_rounds_is_tolerated(ray_local, mlflow_uri, tmp_path):
-    data = _config(mlflow_uri, tmp_path)
+def test_a_bounded_number_of_empty_rounds_is_tolerated(mlflow_uri, tmp_path):
+    data = reliability_config(mlflow_uri, tmp_path, IN_PROCESS)
     data["algorithm"] = {**data["algorithm"], "lr": 1e30}
     data["runtime"] = {**data["runtime"], "on_nonfinite": "drop_client", "max_empty_rounds": 2}
     with pytest.raises(DivergenceError, match=r"round 2: all 4 selected uploads .*, 3 rounds in a row"):
@@ -110,7 +113,7 @@ def _start_server(backend: str, port: int):
 
 
 @pytest.mark.slow
-def test_metrics_survive_a_tracking_server_outage_exactly_once(ray_local, tmp_path, monkeypatch):
+def test_metrics_survive_a_tracking_server_outage_exactly_once(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
     backend, port = f"sqlite:///{tmp_path / 'server.db'}", free_port()
@@ -128,7 +131,7 @@ def test_metrics_survive_a_tracking_server_outage_exactly_once(ray_local, tmp_pa
             servers.append(_start_server(backend, port))
 
     try:
-        data = _config(uri, tmp_path, checkpoint_every=0)
+        data = reliability_config(uri, tmp_path, IN_PROCESS, checkpoint_every=0)
         result = run_experiment(validate_config(data), show_progress=False, inspect=toggle)
         client = MlflowClient(uri)
         for key in ("pm/acc", "time/round", "update/loss"):

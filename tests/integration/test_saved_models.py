@@ -1,8 +1,7 @@
-"""The final models a finished run saves (tracking.save_models): real runs on the shared local Ray, read back from a
-sqlite MLflow store as a reader would, without raysim: the global model through mlflow.pytorch.load_model, the
+"""The final models a finished run saves (tracking.save_models): real runs (their hosts in process), read back from
+a sqlite MLflow store as a reader would, without raysim: the global model through mlflow.pytorch.load_model, the
 clients' models from client_models.npz. One run saves everything and is checked bit for bit and by the scores it
-logged; three more (actors reused: well under a second each) show what `global` and `none` leave out and what a
-client without a PM is stored with."""
+logged; three more show what `global` and `none` leave out and what a client without a PM is stored with."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 import raysim
 from raysim.tracking.models import global_module
-from tests.support.experiments import tiny_config
+from tests.support.experiments import IN_PROCESS, tiny_config
 
 
 def _accuracy(network: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
@@ -31,7 +30,7 @@ def _run(store: str, save_models: str, max_mb: float = 1024.0, **sections) -> ra
         "save_models": save_models,
         "client_models_max_mb": max_mb,
     }
-    config = tiny_config(tracking=tracking, rounds=2, **sections)
+    config = tiny_config(tracking=tracking, rounds=2, **{"runtime": IN_PROCESS, **sections})
     return raysim.run(config, progress=False, tracking_uri=store)
 
 
@@ -39,7 +38,7 @@ def _artifacts(store: str, run_id: str) -> set[str]:
     return {artifact.path for artifact in MlflowClient(store).list_artifacts(run_id)}
 
 
-def test_a_run_saves_its_final_models_for_a_reader(ray_local, mlflow_uri, monkeypatch):
+def test_a_run_saves_its_final_models_for_a_reader(mlflow_uri, monkeypatch):
     """`all` (FLAME, whose clients have PMs): `global_model` opens with load_model and holds the final global model
     bit for bit, client_models.npz holds each client's final PM bit for bit in client-id order, and both score each
     client's test split as clients.parquet says. FedAvg's clients are stored with the global model they are scored

@@ -13,7 +13,7 @@ from tests.support.study_resume import _suite
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_run_that_is_not_this_suites_parent(tmp_path, ray_local):
+def test_resume_refuses_a_run_that_is_not_this_suites_parent(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     writer = MlflowWriter(uri, "resume")
     other = writer.start("other", {}, {"suite": "other"})

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from raysim.algorithms.fedapm import FedApmSettings, personal_mask
 from raysim.cli import main
 from raysim.models.flat import FlatModel
-from tests.support.experiments import tiny_config
+from tests.support.experiments import IN_PROCESS, tiny_config
 
 ISSUE_3 = ("flame", "fedavg", "fedprox", "fedadmm", "pfedme", "ditto", "fedapm", "fedalt", "fedsim", "local")
 
@@ -37,7 +37,7 @@ def _bytes_per_client(name: str, model: str) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_local, mlflow_uri, capsys):
+def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, mlflow_uri, capsys):
     split = {"fedapm", "fedalt", "fedsim"}
     runs = [
         {
@@ -46,7 +46,9 @@ def test_every_algorithm_runs_through_the_cli_as_a_nested_suite(tmp_path, ray_lo
         }
         for name in ISSUE_3
     ]
-    base = tiny_config(rounds=2, clients={"count": 3}, tracking={"uri": mlflow_uri, "experiment": "suite"})
+    base = tiny_config(
+        rounds=2, clients={"count": 3}, tracking={"uri": mlflow_uri, "experiment": "suite"}, runtime=IN_PROCESS
+    )
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump({"name": "everything", "base": base, "runs": runs}))
     assert main(["run", str(path), "--quiet"]) == 0  # each child on the actors of the one before (tiny_config)

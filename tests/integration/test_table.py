@@ -15,15 +15,18 @@ from raysim.studies.table import (
     TableError,
     make_table,
 )
-from tests.support.experiments import tiny_config
+from tests.support.experiments import IN_PROCESS, tiny_config
+
+pytestmark = pytest.mark.xdist_group("integration-table")
+"""One worker runs this module's tests: its finished suite is run once."""
 
 
 @pytest.fixture(scope="module")
-def finished_suite(tmp_path_factory, ray_local):
+def finished_suite(tmp_path_factory):
     """A real suite: 2 members x 2 seeds, 3 rounds each, through `raysim run`; (tracking URI, parent run id)."""
     folder = tmp_path_factory.mktemp("suite")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "table"})
+    base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "table"}, runtime=IN_PROCESS)
     suite = {
         "name": "tiny",
         "base": base,

@@ -35,6 +35,9 @@ from tests.support.cluster import free_port, kill_all, processes_with
 from tests.support.experiments import tiny_config
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.xdist_group("system-cluster")
+"""One worker runs this module's tests: its three-node cluster is started once."""
+
 RECIPE_MARKER = "<!-- test: cluster-recipe"
 RECIPE_PORTS = {"6379": "GCS", "8265": "dashboard", "5000": "MLflow"}
 NODE_PORT_FLAGS = (

@@ -24,6 +24,9 @@ from raysim.algorithms import ALGORITHMS
 from raysim.reference import config_keys, config_reference
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.xdist_group("system-docs")
+"""One worker runs this module's tests: its copy of the checkout is made once."""
+
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(?P<language>[^\n`]*)\n(?P<body>.*?)^```$", re.M | re.S)
 NOT_RUN = re.compile(r"^not run by the docs test: (?P<reason>.+)$")

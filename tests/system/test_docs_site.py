@@ -23,6 +23,9 @@ import pytest
 
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.xdist_group("system-docs_site")
+"""One worker runs this module's tests: the site is built once."""
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -27,6 +27,9 @@ from mlflow.tracking import MlflowClient
 from tests.support.experiments import tiny_config
 from tests.support.pages import PAGE, ROOT, page_files
 
+pytestmark = pytest.mark.xdist_group("system-plugins")
+"""One worker runs this module's tests: its installed plugin package is built once."""
+
 RUN_MARKER = "<!-- test: plugin-run -->"
 
 

@@ -21,18 +21,20 @@ from raysim.runtime.actors import RecoveryError
 from raysim.runtime.driver import resume_experiment, run_experiment
 from tests.support.cluster import free_port
 from tests.support.paths import ROOT
-from tests.support.reliability import ROUNDS, _config, _steps
+from tests.support.reliability import ROUNDS, baseline_run, reliability_config, steps_logged
+
+pytestmark = pytest.mark.xdist_group("system-reliability")
+"""One worker runs this module's tests: its uninterrupted baseline run is made once."""
 
 
 @pytest.fixture(scope="module")
 def baseline(ray_local, tmp_path_factory):
-    """The uninterrupted run every failure test must reproduce exactly."""
-    tmp = tmp_path_factory.mktemp("baseline")
-    return run_experiment(validate_config(_config(f"sqlite:///{tmp / 'm.db'}", tmp)), show_progress=False)
+    """The uninterrupted run every failure test must reproduce exactly (tests/support/reliability.py)."""
+    return baseline_run(tmp_path_factory.mktemp("baseline"))
 
 
 def test_killed_host_and_coordinator_are_restored_and_the_run_is_unchanged(baseline, mlflow_uri, tmp_path):
-    config = validate_config(_config(mlflow_uri, tmp_path))
+    config = validate_config(reliability_config(mlflow_uri, tmp_path))
     killed: list[str] = []
 
     def kill(round_index, simulation):
@@ -47,7 +49,7 @@ def test_killed_host_and_coordinator_are_restored_and_the_run_is_unchanged(basel
     assert killed == ["host", "coordinator"]
     assert result.summary == baseline.summary
     assert repr(result.final) == repr(baseline.final)
-    steps = _steps(mlflow_uri, result.run_id, "time/round")
+    steps = steps_logged(mlflow_uri, result.run_id, "time/round")
     assert sorted(steps) == list(range(1, ROUNDS + 1))
 
 
@@ -61,7 +63,7 @@ def test_killed_host_and_coordinator_are_restored_and_the_run_is_unchanged(basel
 def test_restore_gives_up_naming_the_actor(ray_local, mlflow_uri, tmp_path, restarts, timeout, message):
     """A replacement host that is not restored within runtime.restore_timeout_s, or a dead host with no
     replacement left, stops the run with one line naming the host."""
-    data = _config(mlflow_uri, tmp_path)
+    data = reliability_config(mlflow_uri, tmp_path)
     data["runtime"] = {**data["runtime"], "max_restarts": restarts, "restore_timeout_s": timeout}
 
     def kill(round_index, simulation):
@@ -107,7 +109,7 @@ def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
     assert repr(result.final) == repr(baseline.final)
     uri = f"sqlite:///{tmp_path / 'killed'}.db"
     for key in ("time/round", "pm/acc"):
-        steps = _steps(uri, result.run_id, key)
+        steps = steps_logged(uri, result.run_id, key)
         assert sorted(steps) == list(range(0 if key == "pm/acc" else 1, 5)), (key, steps)
 
 
@@ -140,7 +142,7 @@ def _cli(tmp_path: Path, data: dict, timeout: float = 120) -> subprocess.Complet
     ],
 )
 def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, runtime, expected):
-    data = _config(f"sqlite:///{tmp_path / 'm.db'}", tmp_path)
+    data = reliability_config(f"sqlite:///{tmp_path / 'm.db'}", tmp_path)
     data["runtime"] = {**runtime, "num_cpus": 2}
     done = _cli(tmp_path, data)
     assert done.returncode == 2
@@ -151,7 +153,7 @@ def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, run
 
 def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
     port = free_port()
-    data = _config(f"http://127.0.0.1:{port}", tmp_path)
+    data = reliability_config(f"http://127.0.0.1:{port}", tmp_path)
     with socket.socket() as silent:  # accepts connections, never answers: the slow case
         silent.bind(("127.0.0.1", port))
         silent.listen()
@@ -162,7 +164,7 @@ def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
     assert done.returncode == 2 and elapsed < 60, (elapsed, done.stderr)
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"error: tracking.uri http://127.0.0.1:{port}: MLflow server not reachable within 2 s")
-    done = _cli(tmp_path, _config(f"http://127.0.0.1:{port}", tmp_path))  # nobody listens: refused at once
+    done = _cli(tmp_path, reliability_config(f"http://127.0.0.1:{port}", tmp_path))  # nobody listens: refused at once
     (line,) = done.stderr.strip().splitlines()
     assert done.returncode == 2 and "not reachable" in line and "Connection refused" in line, line
 
@@ -244,7 +246,7 @@ def test_a_tracking_store_mlflow_cannot_open_is_refused_before_ray(tmp_path, uri
 
     if uri.startswith("postgresql") and importlib.util.find_spec("psycopg") is not None:
         pytest.skip("psycopg is installed here")
-    done = _cli(tmp_path, _config(uri, tmp_path))
+    done = _cli(tmp_path, reliability_config(uri, tmp_path))
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting
     assert line.startswith(expected), line
@@ -263,7 +265,7 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
     host = f"127.0.0.1:{settings.port}"
     with TrackingServer(settings, tmp_path / "server.log"):
         config = tmp_path / "cli.yaml"
-        in_file = {**_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1), "rounds": 2}
+        in_file = {**reliability_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1), "rounds": 2}
         config.write_text(yaml.safe_dump(in_file))
         typed = [
             "--set",
@@ -278,7 +280,7 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
         printed = done.stdout + done.stderr
         assert not [secret for secret in secrets if secret.split("@")[1] in seen[0]]
         assert f"--tracking-uri http://***@{host}" in seen[0]  # as `ps` and Ray's job table see it
-        from_environment = {**_config(None, tmp_path, checkpoint_every=1), "rounds": 2}
+        from_environment = {**reliability_config(None, tmp_path, checkpoint_every=1), "rounds": 2}
         del from_environment["tracking"]["uri"]
         config.write_text(yaml.safe_dump(from_environment))
         again = _raysim(
@@ -309,9 +311,11 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
     """Long enough (30 rounds) that the driver is surely mid-run when a checkpoint of round 3 or later appears,
     however fast rounds are; the resumed run must end exactly as an uninterrupted one."""
     rounds = 30
-    data = _config(mlflow_uri, tmp_path, checkpoint_every=1) | {"rounds": rounds}
+    data = reliability_config(mlflow_uri, tmp_path, checkpoint_every=1) | {"rounds": rounds}
     data["runtime"] = {**data["runtime"], "num_cpus": 2}
-    reference = _config(f"sqlite:///{tmp_path / 'reference.db'}", tmp_path / "reference") | {"rounds": rounds}
+    reference = reliability_config(f"sqlite:///{tmp_path / 'reference.db'}", tmp_path / "reference") | {
+        "rounds": rounds
+    }
     expected = run_experiment(validate_config(reference), show_progress=False)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     raysim = str(Path(sys.executable).parent / "raysim")
@@ -340,6 +344,6 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
     assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "RUNNING"
     resumed = resume_experiment(run_id, mlflow_uri, show_progress=False)
     assert resumed.summary == expected.summary
-    steps = _steps(mlflow_uri, run_id, "pm/acc")
+    steps = steps_logged(mlflow_uri, run_id, "pm/acc")
     assert sorted(steps) == list(range(rounds + 1))
     assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "FINISHED"

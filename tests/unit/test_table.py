@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
 from raysim.studies.table import (
@@ -21,7 +20,10 @@ from raysim.studies.table import (
     setting_of,
     value_at,
 )
-from tests.support.table import ACCURACY, HAND_RUNS, TRAIN_LOSS
+from tests.support.table import ACCURACY, HAND_RUNS, TRAIN_LOSS, write_hand_suite
+
+pytestmark = pytest.mark.xdist_group("unit-table")
+"""One worker runs this module's tests: its hand-made suite is logged once."""
 
 
 def test_the_final_value_and_the_best_round_by_the_metrics_direction():
@@ -106,24 +108,8 @@ def test_latex_headers_and_the_direction_of_best_per_key():
 
 @pytest.fixture(scope="module")
 def hand_suite(tmp_path_factory):
-    """A sqlite store with a suite's parent and five finished children (plus one failed, left out) written through
-    the MLflow client, each with the curves above at steps 0..6; (tracking URI, parent run id)."""
-    from mlflow.entities import Metric, Param
-
-    uri = f"sqlite:///{tmp_path_factory.mktemp('hand') / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("hand")
-    parent = client.create_run(experiment, run_name="hand", tags={"suite": "hand"}).info.run_id
-    for index, (name, seed) in enumerate([*HAND_RUNS, ("fedavg", 3)]):
-        run = client.create_run(experiment, run_name=f"{name}/seed{seed}", tags={"mlflow.parentRunId": parent})
-        curves = {"pm/acc": ACCURACY[index % 5], "pm/train_loss": TRAIN_LOSS[index % 5]}
-        metrics = [
-            Metric(key, float(value), 0, step) for key, curve in curves.items() for step, value in enumerate(curve)
-        ]
-        client.log_batch(run.info.run_id, metrics=metrics, params=[Param("seed", str(seed))])
-        client.set_terminated(run.info.run_id, "FAILED" if index == 5 else "FINISHED")
-    client.set_terminated(parent, "FINISHED")
-    return uri, parent
+    """The hand-written suite (tests/support/table.py): (tracking URI, parent run id)."""
+    return write_hand_suite(tmp_path_factory.mktemp("hand"))
 
 
 def _rows(table) -> dict[str, tuple[list[int], dict]]:
