@@ -3,22 +3,30 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-matrix lint setup data tools docs lock clean
+.PHONY: run check test test-unit test-integration test-system test-matrix lint setup data tools docs lock clean
 
 run: setup
 	$(BIN)/raysim run configs/quickstart.yaml
 
-test: setup
-	$(BIN)/ruff check raysim tests jobs
-	$(BIN)/mypy raysim jobs
-	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadfile
+# What a contributor runs before a commit: lint, format, types and the unit tier (tests/unit: no Ray, no process).
+check: setup lint
+	$(BIN)/pytest -q -n 2 tests/unit
 
-# The configuration matrix's 273 runs alone (they are also part of `make test`).
+# Everything (what CI runs: .ci/run): lint, format, types and the three tiers, the slowest tier first.
+test: setup lint
+	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup
+
+# One tier alone (tests/<tier>: docs/development.md says what belongs where).
+test-unit test-integration test-system: test-%: setup
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup tests/$*
+
+# The configuration matrix alone (tests/integration/test_matrix*.py, also part of `make test`).
 test-matrix: setup
-	$(BIN)/pytest -q -rs -n 2 -m matrix
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup -m matrix
 
 lint: setup
-	$(BIN)/ruff check raysim tests jobs
+	$(BIN)/ruff check raysim tests jobs benchmarks
+	$(BIN)/ruff format --check raysim tests jobs benchmarks
 	$(BIN)/mypy raysim jobs
 
 setup: $(STAMP) data tools

@@ -20,7 +20,7 @@ to zero, so on convex L_k the server model is the minimizer of sum_k L_k (the pa
 
 As alpha -> 0 the client step is FedAvg's local SGD (the linear and proximal terms vanish), but the global model is
 not FedAvg's: h^t / alpha = -(1/m) sum over rounds of sum_{P_t} (theta_k - theta) does not depend on alpha, so the
-server keeps adding the accumulated mean change (tests/test_feddyn.py checks both). The step stacks.
+server keeps adding the accumulated mean change (tests/unit/test_feddyn.py checks both). The step stacks.
 """
 
 from __future__ import annotations

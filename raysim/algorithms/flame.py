@@ -189,7 +189,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
 def paper_update(theta: Any, w_i: Any, pi: Any, w: Any, lam_alpha: Any, rho: Any) -> tuple[Any, Any]:
     """Eqs. (12) and (13) as the paper writes them, in array operators over numpy arrays or torch tensors (one
     client's vectors, or a chunk's rows with `lam_alpha` a column): the new w_i and pi_i, as new arrays. The
-    compiled `_admm_update` gives exactly their float32 bits (tests/test_flame.py); the tests and benchmarks take
+    compiled `_admm_update` gives exactly their float32 bits (tests/unit/test_flame.py); the tests and benchmarks take
     the paper's form from here.
 
         w_i  <- (lambda alpha_i theta_i + rho w - pi_i) / (lambda alpha_i + rho)      (12)

@@ -111,7 +111,7 @@ class Scorer:
 
         A sample's output does not depend on which others share its pass: every pass has at least MIN_ROWS rows
         (a short one is padded with copies of its first row), as MKL takes a different, differently rounded path
-        for up to 3 rows (measured with this machine's AVX-512 MKL; tests/test_models.py checks it). So the scores
+        for up to 3 rows (measured with this machine's AVX-512 MKL; tests/unit/test_models.py checks it). So the scores
         of a group are the same whatever groups it is scored with."""
         samples = SampleScores.empty(sum(len(y) for _, y in groups), self._outputs_kept(keep_outputs))
         params = torch.tensor(flat, dtype=torch.float32)
@@ -134,7 +134,7 @@ class Scorer:
 
         A Flatten/Linear/ReLU stack scores many groups in one batched product per layer: the groups, shortest
         first, are packed `rows` padded rows at a time, each padded with zeros to the pack's longest (at least
-        MIN_ROWS rows). A group's scores are exactly those of `scores` on it alone (tests/test_models.py), so
+        MIN_ROWS rows). A group's scores are exactly those of `scores` on it alone (tests/unit/test_models.py), so
         they do not depend on which clients share a host. Other models score one group at a time."""
         if len(params) != len(groups):
             raise ValueError(f"scores_each: {len(params)} parameter vectors for {len(groups)} groups")

@@ -5,7 +5,7 @@ many short runs on one Ray, such as a notebook looping over raysim.api.run or th
 its time there. With runtime.reuse_actors a finished run parks its crew here (placement group, hosts and
 coordinator, emptied); the next run of this process that asks for the same resources takes it and renews every
 actor with its own arguments. `Renewable.renew` runs `__init__` again on an empty object, so a renewed actor
-holds exactly what a new one would (same seed, same results: tests/test_crews.py).
+holds exactly what a new one would (same seed, same results: tests/integration/test_crews.py).
 """
 
 from __future__ import annotations

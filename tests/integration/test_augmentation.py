@@ -8,7 +8,7 @@ import pytest
 
 from raysim.data.cifar import Cifar10Settings
 from raysim.runtime.driver import run_experiment
-from tests.support.augmentation import _config, tiny_images
+from tests.support.augmentation import augmented_config, tiny_images
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def tiny_cifar(monkeypatch):
 
 
 def _final(num_hosts: int, mlflow_uri: str):
-    config = _config(num_hosts=num_hosts, tracking={"uri": mlflow_uri, "experiment": "augmentation"}, rounds=2)
+    config = augmented_config(num_hosts=num_hosts, tracking={"uri": mlflow_uri, "experiment": "augmentation"}, rounds=2)
     captured = {}
 
     def inspect(round_index, simulation):

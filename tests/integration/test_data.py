@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from raysim.data import load_dataset
-from tests.support.data import _write_npz
+from tests.support.data_files import write_npz
 
 
 @pytest.mark.slow
@@ -26,7 +26,7 @@ def test_natural_split_runs_end_to_end(source, tmp_path, mlflow_uri):
     if source == "npz":  # the same writers, from a file
         writers = load_dataset("synthetic_writers", seed=7)
         keep = writers.groups < 120
-        file = _write_npz(tmp_path / "writers.npz", x=writers.x[keep], y=writers.y[keep], groups=writers.groups[keep])
+        file = write_npz(tmp_path / "writers.npz", x=writers.x[keep], y=writers.y[keep], groups=writers.groups[keep])
         dataset_section = {"name": "npz", "path": file}
     config = validate_config(
         tiny_config(

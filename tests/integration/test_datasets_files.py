@@ -17,8 +17,7 @@ import pytest
 from raysim.data import cifar, idx
 from raysim.data.sources import load_dataset
 from raysim.errors import DataError
-from tests.support.data_files import write_emnist
-from tests.support.datasets_files import _mnist_arrays, _write_cifar10, _write_mnist
+from tests.support.data_files import mnist_arrays, write_cifar10, write_emnist, write_mnist
 from tests.support.experiments import IN_PROCESS, run_through_cli, tiny_config
 
 
@@ -51,8 +50,8 @@ def server(tmp_path) -> Iterator[tuple[str, Path]]:
 
 def test_mnist_downloads_into_an_empty_root(tmp_path, server, monkeypatch):
     base, served = server
-    arrays = _mnist_arrays(seed=3)
-    files = _write_mnist(served, arrays, gz=True)
+    arrays = mnist_arrays(seed=3)
+    files = write_mnist(served, arrays, gz=True)
     monkeypatch.setattr(idx, "MNIST_RESOURCES", {f.name: (f"{base}/{f.name}", _md5(f)) for f in files})
     root = tmp_path / "data"
     data = load_dataset("mnist", root=root, download=True)
@@ -64,7 +63,7 @@ def test_mnist_downloads_into_an_empty_root(tmp_path, server, monkeypatch):
 
 def test_emnist_downloads_the_zip_and_keeps_every_split(tmp_path, server, monkeypatch):
     base, served = server
-    upright = _mnist_arrays(seed=4, classes=26, low=1)
+    upright = mnist_arrays(seed=4, classes=26, low=1)
     staging = tmp_path / "staging" / "gzip"
     written = write_emnist(staging, "letters", upright, gz=True)
     archive = served / "gzip.zip"
@@ -82,7 +81,7 @@ def test_emnist_downloads_the_zip_and_keeps_every_split(tmp_path, server, monkey
 def test_cifar10_downloads_and_extracts_the_tarball(tmp_path, server, monkeypatch):
     base, served = server
     staging = tmp_path / "staging"
-    batches = _write_cifar10(staging)
+    batches = write_cifar10(staging)
     tarball = served / "cifar-10-python.tar.gz"
     with tarfile.open(tarball, "w:gz") as bundle:
         bundle.add(staging / "cifar-10-batches-py", arcname="cifar-10-batches-py")
@@ -96,7 +95,7 @@ def test_cifar10_downloads_and_extracts_the_tarball(tmp_path, server, monkeypatc
 
 def test_a_download_with_the_wrong_checksum_is_not_kept(tmp_path, server, monkeypatch):
     base, served = server
-    files = _write_mnist(served, _mnist_arrays(), gz=True)
+    files = write_mnist(served, mnist_arrays(), gz=True)
     table = {f.name: (f"{base}/{f.name}", _md5(f)) for f in files}
     table["t10k-images-idx3-ubyte.gz"] = (table["t10k-images-idx3-ubyte.gz"][0], "0" * 32)
     monkeypatch.setattr(idx, "MNIST_RESOURCES", table)
@@ -117,7 +116,7 @@ def test_fedavg_runs_two_rounds_on_written_cifar10_through_the_cli(tmp_path, mlf
     from mlflow.tracking import MlflowClient
 
     root = tmp_path / "data"
-    _write_cifar10(root, per_batch=20)
+    write_cifar10(root, per_batch=20)
     config = tiny_config(
         algorithm={"name": "fedavg", "lr": 0.05, "batch_size": 8},
         dataset={"name": "cifar10", "root": str(root), "download": False},

@@ -17,10 +17,9 @@ from raysim.data import image_folder as image_folder_module
 from raysim.data import medmnist as medmnist_module
 from raysim.data.sources import load_dataset
 from raysim.errors import DataError
-from tests.support.data_files import write_leaf, write_medmnist, write_tiny_imagenet
 
 # ---------------------------------------------------------------- writers of the real formats
-from tests.support.datasets_folders import write_image_folder
+from tests.support.data_files import write_image_folder, write_leaf, write_medmnist, write_tiny_imagenet
 from tests.support.experiments import run_through_cli, tiny_config
 
 

@@ -3,14 +3,14 @@ features, ClassLabel and plain int labels, split choice and pooling, one-line er
 
 from __future__ import annotations
 
-from tests.support.datasets_huggingface import _save, _tabular
+from tests.support.data_files import save_dataset, tabular_dataset
 from tests.support.experiments import IN_PROCESS, run_through_cli, tiny_config
 
 
 def test_fedavg_runs_two_rounds_on_a_saved_tabular_dataset_through_the_cli(tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    path = _save(_tabular(240), tmp_path / "tabular")
+    path = save_dataset(tabular_dataset(240), tmp_path / "tabular")
     config = tiny_config(
         algorithm={"name": "fedavg", "lr": 0.05, "batch_size": 16},
         dataset={"name": "huggingface", "path": path, "image": "features", "label": "target"},

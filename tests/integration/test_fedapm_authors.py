@@ -13,7 +13,7 @@ import pytest
 from mlflow import MlflowClient
 
 from raysim.studies.suite import load_suite, run_suite
-from tests.support.fedapm_authors import SUITE
+from tests.support.fedapm import SUITE
 
 ROUNDS = 20
 

@@ -23,7 +23,7 @@ import math
 import pytest
 
 from raysim.studies.suite import load_suite, run_suite
-from tests.support.fedapm_findings import SUITES, TABLE3
+from tests.support.fedapm import SUITES, TABLE3
 from tests.support.paper_data import BUILT_IN
 
 pytestmark = pytest.mark.xdist_group("integration-fedapm_findings")

@@ -7,8 +7,8 @@ import dataclasses
 
 from raysim.config import validate_config
 from raysim.runtime.problem import prepare
+from tests.support.algorithms import FLAME
 from tests.support.experiments import tiny_config
-from tests.support.flame_switches import FLAME
 from tests.support.kernel_probe import coordinator_flags, kernel_flags
 
 

@@ -8,9 +8,9 @@ from mlflow.tracking import MlflowClient
 
 from raysim.config import validate_config
 from raysim.runtime.driver import run_experiment
+from tests.support.data_files import SMALL_CRISIS
 from tests.support.experiments import tiny_config
 from tests.support.logged import check_logged
-from tests.support.multimodal import SMALL_CRISIS
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_flame_invariants_hold_on_actor_state_after_every_round(ray_local, mlflo
 
 
 def _final_states(num_hosts: int, mlflow_uri: str) -> tuple[dict, list]:
-    """FLAME with its ADMM diagnostics (which train the same: tests/test_admm_diagnostics.py), so that their
+    """FLAME with its ADMM diagnostics (which train the same: tests/unit/test_admm_diagnostics.py), so that their
     running totals are checked too."""
     config = validate_config(
         tiny_config(

@@ -9,7 +9,7 @@ from raysim.cli import main
 from raysim.errors import ConfigError
 from raysim.studies.resume import reopen_parent
 from raysim.tracking.mlflow_writer import MlflowWriter
-from tests.support.study_resume import _suite
+from tests.support.studies import resumable_suite
 
 
 @pytest.mark.slow
@@ -26,5 +26,5 @@ def test_resume_refuses_a_run_that_is_not_this_suites_parent(tmp_path):
     ):
         with pytest.raises(ConfigError, match=message):
             reopen_parent(MlflowWriter(uri, "resume"), run, "suite", "stopped")
-    path = _suite(tmp_path, uri)
+    path = resumable_suite(tmp_path, uri)
     assert main(["run", str(path), "--quiet", "--resume", other]) == 2

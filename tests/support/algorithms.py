@@ -1,4 +1,5 @@
-"""What the algorithms tests of several tiers share."""
+"""Every algorithm's small settings (those a tiny run needs beyond the defaults), the partitions some need, and
+watching a run's client states."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import numpy as np
 from raysim.config import validate_config
 from raysim.runtime.problem import sample_clients
 from tests.support.experiments import tiny_config
-from tests.support.settings import ALGORITHMS, PARTITIONS, SPLIT
 
 SGD = {"lr": 0.05, "batch_size": 32}
 
@@ -18,7 +18,7 @@ NO_LOCAL_TRAINING = ("kd_only",)
 """Algorithms without local SGD settings."""
 
 
-def _config(name: str, **sections):
+def algorithm_config(name: str, **sections):
     return validate_config(
         tiny_config(
             algorithm={"name": name, **({} if name in NO_LOCAL_TRAINING else SGD), **ALGORITHMS[name]},
@@ -31,7 +31,7 @@ def _config(name: str, **sections):
     )
 
 
-def _bytes(state: object) -> dict[str, bytes]:
+def state_bytes(state: object) -> dict[str, bytes]:
     return {f.name: np.asarray(getattr(state, f.name)).tobytes() for f in dataclasses.fields(state)}
 
 
@@ -45,7 +45,7 @@ class StateWatch:
 
     def check(self, round_index: int, states: dict[int, object]) -> None:
         selected = sample_clients(self.seed, round_index, 5, 2)
-        current = {c: _bytes(s) for c, s in states.items()}
+        current = {c: state_bytes(s) for c, s in states.items()}
         for client, state in current.items():
             if client in selected and state:
                 assert state != self.previous.get(client), f"{self.name}: selected client {client} did not change"
@@ -53,3 +53,46 @@ class StateWatch:
                 assert state == self.previous[client], f"{self.name}: unselected client {client} changed"
         self.previous = current
         self.rounds.append(round_index)
+
+
+SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg", "fedproto", "fedrod", "fedcp")
+"""Algorithms that need a model of several layers (a personal and a shared part, a body and a head)."""
+
+
+ALGORITHMS = {
+    "fedadmm": {"rho": 0.25},
+    "fedprox": {"mu": 0.1},
+    "pfedme": {"lambda": 1.0},
+    "ditto": {"lambda": 1.0},
+    "fedapm": {"rho": 0.25},
+    "fedalt": {},
+    "fedsim": {},
+    "local": {},
+    "scaffold": {},
+    "feddyn": {"alpha": 0.1},
+    "gpgd": {"lambda": 0.01},
+    "lpgd": {"lambda": 0.01},
+    "fedrep": {"head_epochs": 2},
+    "lg_fedavg": {},
+    "fedspa": {"density": 0.5},
+    "perfedavg": {"alpha": 0.05},
+    "apfl": {"adaptive_alpha": True},
+    "lp_proj": {"lambda": 1.0, "rho": 0.25, "d_sub": 3},
+    "fedproto": {"lambda": 1.0},
+    "fedrod": {},
+    "fedlp": {"teacher_epochs": 1},
+    "fedala": {},
+    "fedcp": {},
+    "kd_only": {"teacher_epochs": 1, "transfer": {"negatives": 32}},
+    "fedpcl": {"teacher_epochs": 1},
+}
+
+
+META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}
+
+
+PARTITIONS = {"fedlp": META, "kd_only": META, "fedpcl": META}
+"""Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""
+
+
+FLAME = {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32, "epochs": 3}

@@ -1,4 +1,4 @@
-"""Helpers shared by several test modules (moved from test_cli.py)."""
+"""`raysim` as a user runs it: a subprocess in a folder of the test's, and a run whose MLflow run is read back."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (moved from test_flame.py)."""
+"""Convex problems with closed-form answers: FLAME's orthogonal linear regression (flame.md App. B-A) and
+quadratic client objectives solved exactly (FedSLR's Lemma 3)."""
 
 from __future__ import annotations
 

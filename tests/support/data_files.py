@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (moved from test_datasets_files.py)."""
+"""Small files in each dataset's published format (IDX, CIFAR pickles, EMNIST zips, LEAF, MedMNIST, Tiny-ImageNet,
+TFF's FEMNIST, image folders, npz, Hugging Face `save_to_disk`), and the package's built-in sources."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 from PIL import Image
 
+from raysim.data import DATASETS
 from raysim.data.tff_emnist import FILES
 
 MNIST_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -151,3 +156,101 @@ def write_tff_emnist(root: Path, split: str = "digits", writers: dict[str, tuple
                 examples.create_dataset(f"{writer}/label", data=labels)
                 written[writer] += [pixels, labels]
     return written
+
+
+def write_npz(path, **arrays) -> str:
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def mnist_arrays(seed: int = 0, classes: int = 10, low: int = 0) -> dict[str, np.ndarray]:
+    """Train (6) and test (4) images and labels, distinct per sample."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for part, n in (("train", 6), ("test", 4)):
+        arrays[f"{part}_x"] = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        arrays[f"{part}_y"] = rng.integers(low, low + classes, size=n).astype(np.uint8)
+    return arrays
+
+
+def write_mnist(directory: Path, arrays: dict[str, np.ndarray], gz: bool = False) -> list[Path]:
+    keys = ("train_x", "train_y", "test_x", "test_y")
+    return [write_idx(directory / stem, arrays[key], gz) for stem, key in zip(MNIST_STEMS, keys, strict=True)]
+
+
+def write_cifar10(root: Path, per_batch: int = 4, seed: int = 0) -> list[dict[bytes, object]]:
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    batches = []
+    for name in (*(f"data_batch_{k}" for k in range(1, 6)), "test_batch"):
+        batch = cifar_batch(per_batch, b"labels", 10, rng)
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+        batches.append(batch)
+    return batches
+
+
+def write_image_folder(root: Path, per_class: int = 4, size: tuple[int, int] = (12, 12), color: bool = False) -> Path:
+    """Three class folders (created out of order) of PNGs and JPEGs, one inside a nested folder."""
+    for label, name in enumerate(("cat", "ant", "bee")):  # sorted: ant=0, bee=1, cat=2
+        folder = root / name
+        (folder / "nested").mkdir(parents=True, exist_ok=True)
+        for k in range(per_class):
+            mode = "RGB" if color and k == 0 else "L"
+            target = folder / ("nested" if k == 0 else ".") / f"{name}{k}.{'jpg' if k % 2 else 'png'}"
+            image_of(40 * label + k, size, mode).save(target)
+    return root
+
+
+def write_png_bomb(path: Path, side: int = 20_000) -> Path:
+    """A valid 1-bit PNG of side x side pixels (400 M at the default) that is about 50 KB on disk: its rows are
+    zeros, which deflate packs about 1000:1."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(9)
+    row = bytes(1 + (side + 7) // 8)  # filter byte 0, then the packed pixels
+    body = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)  # 1 bit, grayscale
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+    return path
+
+
+datasets = pytest.importorskip("datasets")
+
+
+def tabular_dataset(n: int = 200, seed: int = 0):
+    """Three Gaussian clusters in 10 dimensions as a list-of-floats column plus plain int labels."""
+    generator = np.random.default_rng(seed)
+    centres = generator.normal(0.0, 3.0, size=(3, 10))
+    labels = generator.integers(0, 3, size=n)
+    rows = centres[labels] + generator.normal(size=(n, 10))
+    features = datasets.Features(
+        {"features": datasets.List(datasets.Value("float32")), "target": datasets.Value("int64")}
+    )
+    return datasets.Dataset.from_dict({"features": rows.tolist(), "target": labels.tolist()}, features=features)
+
+
+def save_dataset(table, folder: Path) -> str:
+    table.save_to_disk(str(folder))
+    return str(folder)
+
+
+BUILT_IN = {name: source for name, source in DATASETS.items() if source.__module__.startswith("raysim.")}
+"""The package's own sources (a plugin's, registered in this process by another test, is in neither the README nor
+a fresh `raysim datasets`)."""
+
+
+SMALL_CRISIS = {"name": "crisismmd_synthetic", "samples": 120, "image_dim": 24, "text_dim": 8, "tokens": 6}
+"""A CrisisMMD-shaped substitute small enough to train in milliseconds (the models read their sizes from it)."""
+
+
+def write_partition_table(path: Path, columns: dict, metadata: dict | None = None) -> Path:
+    table = pa.table(columns)
+    if metadata is not None:
+        table = table.replace_schema_metadata({b"raysim": json.dumps(metadata).encode()})
+    pq.write_table(table, path)
+    return path

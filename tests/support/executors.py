@@ -1,4 +1,4 @@
-"""Helpers shared by several test modules (moved from test_vectorized.py)."""
+"""Runs of one algorithm through the sequential and the vectorized executor, compared within float tolerance."""
 
 from __future__ import annotations
 

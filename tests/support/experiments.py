@@ -8,14 +8,14 @@ from typing import Any
 NO_FIGURES = {"figures": [], "save_models": "none"}
 """tiny_config's tracking default: a run's two figures in three formats took 1-2.5 s of a tiny run's few seconds;
 the tests of figures ask for them (tracking.figures), and the shipped configs' runs draw them. Nor are the final
-models saved (tracking.save_models): tests/test_saved_models.py asks for them."""
+models saved (tracking.save_models): tests/integration/test_saved_models.py asks for them."""
 IN_PROCESS = {"actors": "in_process", "num_hosts": 2}
 """A runtime section whose hosts and coordinator run in the test's process (runtime.actors: in_process): the
 integration tier's runs that are not about actors (tests/integration/test_matrix_on_ray.py shows they log on Ray
 exactly what they log in process)."""
 REUSED_ACTORS = {"num_hosts": 2, "reuse_actors": True}
 """tiny_config's runtime section unless a test gives its own: a run on the session's Ray takes the actors of the
-one before (runtime.reuse_actors: a 3-round run took 7 s on new actors, 0.3 s on renewed ones; tests/test_crews.py
+one before (runtime.reuse_actors: a 3-round run took 7 s on new actors, 0.3 s on renewed ones; tests/integration/test_crews.py
 shows renewed actors give a new crew's results)."""
 
 

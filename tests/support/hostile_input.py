@@ -1,4 +1,4 @@
-"""What the hostile_input tests of several tiers share."""
+"""Hostile config files and command lines, and what a refusal of them must look like."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ CONFIGS = ROOT / "configs"
 DEEP = 5000
 
 
-def _quickstart(**changes: Any) -> dict[str, Any]:
+def quickstart_with(**changes: Any) -> dict[str, Any]:
     """The shipped quickstart as a mapping, with dotted keys replaced (`changes={"algorithm.lr": 0.1}`)."""
     config = yaml.safe_load((CONFIGS / "quickstart.yaml").read_text())
     for dotted, value in changes.items():
@@ -27,14 +27,14 @@ def _quickstart(**changes: Any) -> dict[str, Any]:
     return config
 
 
-def _write(path: Path, config: dict[str, Any], tail: bytes = b"") -> Path:
+def write_hostile(path: Path, config: dict[str, Any], tail: bytes = b"") -> Path:
     path.write_bytes(yaml.safe_dump(config, sort_keys=False).encode() + tail)
     return path
 
 
 # End to end: the command line on each case (in this process, with Ray and MLflow made to fail if touched), and
 # two of them in a real subprocess (one per kind of input: a file, a --set value).
-_CLI_CASES: dict[str, tuple[dict[str, Any], bytes, tuple[str, ...], str]] = {
+CLI_CASES: dict[str, tuple[dict[str, Any], bytes, tuple[str, ...], str]] = {
     "not-utf8": ({}, b"notes: caf\xe9\n", (), "not UTF-8"),
     "deep-file": ({}, b"notes: " + b"[" * DEEP + b"]" * DEEP, (), "nested too deeply"),
     "deep-set": ({}, b"", ("--set", "algorithm.lr=" + "[" * DEEP + "]" * DEEP), "--set algorithm.lr: nested too"),
@@ -47,14 +47,14 @@ _CLI_CASES: dict[str, tuple[dict[str, Any], bytes, tuple[str, ...], str]] = {
 }
 
 
-def _case(folder: Path, name: str) -> list[str]:
+def cli_case(folder: Path, name: str) -> list[str]:
     """The case's config written to `folder` (tracking to a sqlite file there); the `raysim` arguments."""
-    changes, tail, options, _ = _CLI_CASES[name]
-    config = _quickstart(**changes, **{"tracking.uri": f"sqlite:///{folder / 'mlflow.db'}"})
-    return ["run", str(_write(folder / "experiment.yaml", config, tail)), "--quiet", *options]
+    changes, tail, options, _ = CLI_CASES[name]
+    config = quickstart_with(**changes, **{"tracking.uri": f"sqlite:///{folder / 'mlflow.db'}"})
+    return ["run", str(write_hostile(folder / "experiment.yaml", config, tail)), "--quiet", *options]
 
 
-def _check_refused(returncode: int, stdout: str, stderr: str, folder: Path, expected: str) -> None:
+def check_refused(returncode: int, stdout: str, stderr: str, folder: Path, expected: str) -> None:
     lines = stderr.strip().splitlines()
     assert returncode == 2, stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], stderr

@@ -96,8 +96,8 @@ BASE: dict[str, Any] = {
 }
 """The experiment every cell starts from; the cell's choices replace its sections with their examples'. No
 figures: drawing them took 1-1.5 s of a cell's 2.5 s, and they depend on the logged keys only, which every cell
-checks (the shipped configs' runs in tests/test_paper_configs.py draw them); no saved models
-(tests/test_saved_models.py checks them)."""
+checks (the shipped configs' runs in tests/system/test_paper_configs.py draw them); no saved models
+(tests/integration/test_saved_models.py checks them)."""
 
 
 class Cell(NamedTuple):

@@ -1,4 +1,4 @@
-"""Helpers shared by several test modules (moved from test_plugins.py)."""
+"""The plugin files docs/extending.md shows, as the page gives them."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def cifar10(root: Path) -> list[str]:
 
 SMALL_RESNET_RUN = ["clients.count=6", "clients.per_round=2", "model.name=cnn"]
 """FedSLR's ResNet-18-GN trains at ~100 s a round on two cores even here: the runs use the CIFAR CNN, the network has
-its own test (tests/test_models.py)."""
+its own test (tests/unit/test_models.py)."""
 
 
 def cifar100_few_classes(root: Path) -> list[str]:
@@ -211,4 +211,4 @@ SUITE_DATA |= {
     },
     "flame_table3_femnist.yaml": _femnist_tff,
 }
-"""FLAME's Table III and sensitivity suites on the datasets that are not installed (tests/test_flame_grids.py)."""
+"""FLAME's Table III and sensitivity suites on the datasets that are not installed (tests/system/test_flame_grids.py)."""

@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (moved from test_fedrep.py)."""
+"""Rounds of the split-model methods (FedRep, LG-FedAvg, FedSPA) on the in-process host, each selected client's
+step recomputed from its state before the round."""
 
 from __future__ import annotations
 

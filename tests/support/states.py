@@ -1,4 +1,4 @@
-"""Helpers shared by several test modules (moved from test_state_store.py)."""
+"""Client states: a FLAME state of given values, and bit-for-bit equality of two states."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+
+from raysim.algorithms.flame import FlameClientState
 
 
 def assert_identical(a: Any, b: Any, where: str = "state") -> None:
@@ -31,3 +33,7 @@ def assert_identical(a: Any, b: Any, where: str = "state") -> None:
             assert_identical(x, y, f"{where}[{k!r}]")
     else:
         assert a == b, where
+
+
+def flame_state(value: float, size: int = 100) -> FlameClientState:
+    return FlameClientState(np.full(size, value, np.float32), np.full(size, value, np.float32), np.zeros(size))

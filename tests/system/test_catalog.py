@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.support.catalog import BUILT_IN
+from tests.support.data_files import BUILT_IN
 
 
 def test_the_datasets_command_finds_a_layout_under_root(tmp_path):

@@ -14,14 +14,14 @@ import pytest
 import yaml
 
 from raysim.runtime import checkpoint
-from tests.support.checkpoint_safety import _crafted
+from tests.support.checkpoints import crafted_npz
 from tests.support.experiments import tiny_config
 
 
 def test_a_crafted_checkpoint_imports_no_module_outside_raysim(tmp_path):
     """The refusal comes before any import: a module that is not loaded stays unloaded."""
     path = tmp_path / "x.npz"
-    _crafted(path, {"__dataclass__": "smtplib:SMTP", "fields": {}})
+    crafted_npz(path, {"__dataclass__": "smtplib:SMTP", "fields": {}})
     code = (
         "import sys; from raysim.runtime import checkpoint\n"
         f"try: checkpoint.load_tree({str(path)!r})\n"

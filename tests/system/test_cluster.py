@@ -180,7 +180,7 @@ def test_hosts_land_on_intended_nodes_and_match_single_process_run(cluster, tmp_
     configs = {p: placement_config(p, uri) for p in ("spread", "pack")}
     (tmp_path / "configs.json").write_text(json.dumps(configs))
     subprocess.run(
-        [sys.executable, "-m", "tests.test_cluster", str(tmp_path / "configs.json"), str(tmp_path / "out.pkl")],
+        [sys.executable, "-m", "tests.system.test_cluster", str(tmp_path / "configs.json"), str(tmp_path / "out.pkl")],
         cwd=ROOT,
         env=cluster.driver_env(),
         check=True,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 # ---------------------------------------------------------------- writers of the real formats
-from tests.support.datasets_folders import write_image_folder, write_png_bomb
+from tests.support.data_files import write_image_folder, write_png_bomb
 from tests.support.experiments import tiny_config
 
 

@@ -32,12 +32,12 @@ FENCE = re.compile(r"^```(?P<language>[^\n`]*)\n(?P<body>.*?)^```$", re.M | re.S
 NOT_RUN = re.compile(r"^not run by the docs test: (?P<reason>.+)$")
 SERVER = "until Ctrl-C"
 SET_UP = ("make run", "make test")  # the README's two commands: what the test starts from
-ELSEWHERE = {"<!-- test: cluster-recipe": "test_cluster.py", "<!-- test: plugin-run": "test_plugins.py"}
+ELSEWHERE = {"<!-- test: cluster-recipe": "system/test_cluster.py", "<!-- test: plugin-run": "system/test_plugins.py"}
 """Markers on the line before a block that another test runs (a local cluster; the plugin files a page shows, saved
 beside its commands): the marker -> that test's file, which names the marker."""
 MOST_NOT_RUN = 3
 FILE_MARKER = "<!-- file: "
-"""On the line before a ```python block that is a file a page shows (docs/extending.md: tests/test_plugins.py saves
+"""On the line before a ```python block that is a file a page shows (docs/extending.md: tests/system/test_plugins.py saves
 and runs them), not code to run in the page's notebook."""
 
 

@@ -2,7 +2,7 @@
 on every partition the appendix uses, the sensitivity studies of Figs. 9-12. Every child of every FLAME suite is dealt
 (its partition at every seed and its attackers, as `raysim run` does before any run) on a tenth of its dataset (or its
 labels), and every setting trains one round in this process; the first setting of every suite runs one round through
-Ray and MLflow in tests/test_paper_configs.py (the FEMNIST row's on files in TFF's layout), every method of the suites
+Ray and MLflow in tests/system/test_paper_configs.py (the FEMNIST row's on files in TFF's layout), every method of the suites
 in a suite setting there too."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ JPEGs as 64x64 RGB)."""
 def test_every_setting_of_a_flame_suite_trains_one_round(path, tmp_path, fmnist_tenth):
     """Each distinct setting (method, partition, attack, hyperparameters) at the suite's first seed: its data dealt,
     one round trained through the real client host and coordinator in this process (tests/support/inprocess.py; Ray and
-    MLflow run each suite's first setting and each method in tests/test_paper_configs.py), by three clients, an
+    MLflow run each suite's first setting and each method in tests/system/test_paper_configs.py), by three clients, an
     attacker among them in an attacked setting, with light local work (tests/support/light.py)."""
     suite = load_suite(path)
     data = path.stem.rsplit("_", 1)[1]

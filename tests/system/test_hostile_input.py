@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.hostile_input import _CLI_CASES, _case, _check_refused
+from tests.support.hostile_input import CLI_CASES, check_refused, cli_case
 
 
 def test_the_raysim_process_exits_2_with_one_line_and_no_traceback(tmp_path):
@@ -22,12 +22,12 @@ def test_the_raysim_process_exits_2_with_one_line_and_no_traceback(tmp_path):
     for name in ("not-utf8", "deep-set"):
         folder = tmp_path / name
         folder.mkdir()
-        command = [sys.executable, "-m", "raysim.cli", *_case(folder, name)]
+        command = [sys.executable, "-m", "raysim.cli", *cli_case(folder, name)]
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
         started[name] = (subprocess.Popen(command, cwd=folder, env=env, text=True, **pipes), folder)
     for name, (process, folder) in started.items():
         stdout, stderr = process.communicate(timeout=300)
-        _check_refused(process.returncode, stdout, stderr, folder, _CLI_CASES[name][3])
+        check_refused(process.returncode, stdout, stderr, folder, CLI_CASES[name][3])
 
 
 @pytest.mark.slow

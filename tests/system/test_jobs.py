@@ -1,5 +1,5 @@
 """What `raysim submit` ships with a job (config, code package, never a credential), and where it finds the
-cluster token (the submission itself runs against a real cluster in tests/test_cluster.py)."""
+cluster token (the submission itself runs against a real cluster in tests/system/test_cluster.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from raysim.jobs import JobError
 
 def test_stop_nodes_stops_what_writes_into_its_folder_and_nothing_else(tmp_path):
     """What `raysim stop-nodes DIR` selects, on real processes (the Ray daemons themselves are
-    covered by tests/test_cluster.py): output into DIR selects a process, a reader of DIR's logs or a process
+    covered by tests/system/test_cluster.py): output into DIR selects a process, a reader of DIR's logs or a process
     of a sibling folder (DIR2) is left alone."""
     import subprocess
 

@@ -76,7 +76,7 @@ def test_run_survives_a_lost_worker_node(cluster, tmp_path):
     command = [
         sys.executable,
         "-m",
-        "tests.test_node_loss",
+        "tests.system.test_node_loss",
         str(tmp_path / "config.json"),
         str(tmp_path / "out.json"),
         str(raylets[0]),

@@ -104,7 +104,7 @@ def test_augfls_table2_rows_have_the_papers_clients_and_models():
 def sensitivity_settings() -> list[tuple[str, ExperimentConfig]]:
     """Every setting of FedSLR's sensitivity suites (fedslr.md 8); the centre setting (lambda 1e-4, mu 1e-3,
     eta_g 10, 2 Phase I epochs) that the first four share, once. (Their first settings, FedSLR on Table 1's CIFAR-100
-    Non-IID cell with one value changed, do not run through Ray again: tests/test_paper_configs.py LEFT_OUT.)"""
+    Non-IID cell with one value changed, do not run through Ray again: tests/system/test_paper_configs.py LEFT_OUT.)"""
     found: dict[str, tuple[str, ExperimentConfig]] = {}
     for path in sorted(SUITES.glob("fedslr_sensitivity_*.yaml")):
         for _name, config in load_suite(path).experiments():
@@ -115,7 +115,7 @@ def sensitivity_settings() -> list[tuple[str, ExperimentConfig]]:
 def test_every_setting_of_fedslrs_sensitivity_suites_runs_one_round(tmp_path):
     """One round of each of the 18 distinct settings through the real client host and coordinator in this process
     (tests/support/inprocess.py; Ray and MLflow are exercised by the first settings' runs), on the CIFAR-100
-    fixture with the CIFAR CNN and two clients (tests/test_paper_configs.py SUITE_DATA)."""
+    fixture with the CIFAR CNN and two clients (tests/system/test_paper_configs.py SUITE_DATA)."""
     settings = sensitivity_settings()
     assert len(settings) == 18  # (5 + 5 + 4 + 4 + 3) - 3 repeats of the centre
     for index, (suite, config) in enumerate(settings):

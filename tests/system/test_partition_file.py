@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from raysim.data.partition_file import read_metadata
+from tests.support.data_files import write_partition_table
 from tests.support.experiments import run_through_cli
-from tests.support.partition_file import _write
 from tests.support.paths import ROOT
 
 REPO = ROOT
@@ -66,7 +66,7 @@ def test_raysim_partition_of_the_quickstart_replays_to_the_same_run(tmp_path):
 )
 def test_raysim_run_refuses_a_bad_partition_file_in_one_line_before_ray(tmp_path, train, expected):
     """A null inside an index list was a traceback; an index listed twice ran, the sample weighing double."""
-    path = _write(tmp_path / "p.parquet", {"train": train, "test": [[5], [6]]})
+    path = write_partition_table(tmp_path / "p.parquet", {"train": train, "test": [[5], [6]]})
     config = {
         "algorithm": {"name": "fedavg"},
         "dataset": {"name": "synthetic_classification"},

@@ -3,7 +3,7 @@ through the same registries as raysim's own.
 
 docs/extending.md runs as written: its files are saved into a folder, its math test passes there and its commands
 (`raysim ... --plugin FILE`) run there. The same three plugins also run listed in a config (`plugins:`) and installed
-as a real package with an entry point (`raysim submit` on a local cluster: tests/test_cluster.py). A plugin that
+as a real package with an entry point (`raysim submit` on a local cluster: tests/system/test_cluster.py). A plugin that
 cannot be imported is one error line before Ray starts; a misspelled name of every kind gets a "did you mean".
 Whatever imports a plugin runs in a subprocess, so this test process's registries stay as raysim ships them.
 """
@@ -41,7 +41,7 @@ PLUGIN_FILES = ("fedavgm.py", "tiny_cnn.py", "csv_source.py")
 
 def page_commands() -> list[str]:
     """The ```bash blocks marked to run, in page order: the math test, then each example's commands (the docs test,
-    tests/test_docs.py, leaves the blocks after this marker to this file)."""
+    tests/system/test_docs.py, leaves the blocks after this marker to this file)."""
     return [part.split("```bash\n", 1)[1].split("\n```", 1)[0] for part in PAGE.read_text().split(RUN_MARKER)[1:]]
 
 

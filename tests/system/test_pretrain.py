@@ -13,9 +13,9 @@ import time
 import pytest
 import yaml
 
+from tests.support.augfl import CRD, PRETRAIN_META
 from tests.support.experiments import tiny_config
 from tests.support.paths import ROOT
-from tests.support.pretrain import CRD, META
 from tests.support.terminal import sigint_as_from_a_terminal
 
 
@@ -23,7 +23,7 @@ from tests.support.terminal import sigint_as_from_a_terminal
 def test_ctrl_c_during_raysim_pretrain_leaves_no_file(tmp_path):
     """A real `raysim pretrain` process stopped by SIGINT while it trains: exit 130, one line, no file (the
     weights are written only once trained, and then atomically)."""
-    config = tiny_config(algorithm={**CRD, "teacher_epochs": 20, "teacher_batch_size": 1}, partition=META)
+    config = tiny_config(algorithm={**CRD, "teacher_epochs": 20, "teacher_batch_size": 1}, partition=PRETRAIN_META)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "weights" / "teacher.npz"
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 from raysim.runtime.state_store import ClientStateStore, remove_orphaned_folders
-from tests.support.state_store import _flame
-from tests.support.states import assert_identical
+from tests.support.states import assert_identical, flame_state
 
 _KILLED_HOST = """
 import os, signal, sys
@@ -30,15 +29,15 @@ def test_a_killed_hosts_spill_folder_is_removed_by_the_next_store(tmp_path):
     orphan = Path(killed.stdout.strip())
     assert (orphan / "client-0.npz").exists()  # SIGKILL skipped every cleanup
     alive = ClientStateStore(0, tmp_path)
-    alive[0] = _flame(1.0)
+    alive[0] = flame_state(1.0)
     stranger = tmp_path / "raysim-states-unlocked"  # no owner lock (being made, or not a store's): kept
     stranger.mkdir()
 
     with ClientStateStore(0, tmp_path) as newcomer:
-        newcomer[0] = _flame(2.0)  # its first spill makes its folder and sweeps the orphans
+        newcomer[0] = flame_state(2.0)  # its first spill makes its folder and sweeps the orphans
         assert not orphan.exists()
         assert alive.folder.exists() and stranger.exists()
         assert remove_orphaned_folders(tmp_path) == []  # live owners keep their locks
-        assert_identical(alive[0], _flame(1.0))
+        assert_identical(alive[0], flame_state(1.0))
     alive.close()
     assert list(tmp_path.iterdir()) == [stranger]

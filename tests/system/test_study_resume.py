@@ -19,7 +19,7 @@ from raysim.config import validate_config
 from raysim.runtime.driver import run_experiment
 from tests.support.experiments import tiny_config
 from tests.support.paths import ROOT
-from tests.support.study_resume import _suite
+from tests.support.studies import resumable_suite
 from tests.support.terminal import sigint_as_from_a_terminal
 
 REPO = ROOT
@@ -71,7 +71,7 @@ def _stop_during_the_second_child(path: Path, uri: str, folder: Path) -> str:
 @pytest.mark.slow
 def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted_one(tmp_path, ray_local):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    path = _suite(tmp_path, uri)
+    path = resumable_suite(tmp_path, uri)
     parent = _stop_during_the_second_child(path, uri, tmp_path)
     client = MlflowClient(uri)
     before = _runs(client, parent)

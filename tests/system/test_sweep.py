@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.sweep import sweep_data
+from tests.support.studies import sweep_data
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
 

@@ -99,7 +99,7 @@ def test_flame_lyapunov_descends_and_residuals_vanish_under_lemma_1():
 def test_fedadmm_diagnostics_reach_the_kkt_point():
     """FedADMM (flame.md 2.2) with exact theta-steps (stationarity residual at rounding level) converges to the KKT
     point of (19): primal residuals and sum_i pi_i go to zero and the augmented Lagrangian to the optimum
-    sum_i alpha_i f_i(w*), w* = sum_i b_i theta_hat_i / sum_i b_i (tests/test_fedadmm.py)."""
+    sum_i alpha_i f_i(w*), w* = sum_i b_i theta_hat_i / sum_i b_i (tests/unit/test_fedadmm.py)."""
     b = [1.0, 2.0, 3.0]
     algorithm = {"name": "fedadmm", "rho": 0.5, "lr": 0.2, "batch_size": N, "epochs": 20, "start": "local"}
     sim, theta_hat = _simulation(algorithm, b)

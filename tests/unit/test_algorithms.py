@@ -9,15 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tests.support.algorithms import StateWatch, _config
+from tests.support.algorithms import ALGORITHMS, StateWatch, algorithm_config
 from tests.support.inprocess import InProcess
-from tests.support.settings import ALGORITHMS
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_unselected_clients_keep_their_state_bit_for_bit_in_process(name, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))  # a pretrained model's cache
-    config = _config(name)
+    config = algorithm_config(name)
     sim = InProcess(config)
     watch = StateWatch(name, config.seed)
     for round_index in range(3):

@@ -18,7 +18,7 @@ from raysim.models.flat import FlatModel
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, Inputs, LocalTrainer, model_inputs
 from raysim.training.vectorized import VectorizedTrainer
-from tests.support.augmentation import MEAN, SHAPE, STD, _config, _images, tiny_images
+from tests.support.augmentation import MEAN, SHAPE, STD, augmented_config, images, tiny_images
 from tests.support.experiments import tiny_config
 from tests.support.inprocess import InProcess
 
@@ -26,7 +26,7 @@ EMPTY = np.array([], np.int64)
 
 
 def test_normalization_is_the_hand_computation_per_channel():
-    x, _ = _images(5, seed=0)
+    x, _ = images(5, seed=0)
     want = np.empty(x.shape, np.float32)
     for c in range(3):
         want[:, c] = (x[:, c].astype(np.float32) / np.float32(255) - np.float32(MEAN[c])) / np.float32(STD[c])
@@ -40,7 +40,7 @@ def test_normalization_is_the_hand_computation_per_channel():
 def test_rows_read_through_the_compiled_normalization_are_model_inputs_bits():
     """Inputs.rows and rows_into (gather and normalize uint8 images in one compiled pass, straight into a batch
     buffer) give exactly model_inputs' float32 bits, at the rows asked for, and leave the other rows alone."""
-    x, _ = _images(30, seed=1)
+    x, _ = images(30, seed=1)
     inputs = Inputs(MEAN, STD)
     indices = np.array([4, 29, 4, 0, 17])
     np.testing.assert_array_equal(inputs.rows(x, indices), model_inputs(x[indices], MEAN, STD))
@@ -55,7 +55,7 @@ def test_an_empty_split_of_a_client_with_per_access_randomness_reads_as_no_rows(
     """A client whose samples get noise or random labels at every access (quality skew, label poisoning) and whose
     validation split is empty (partition.val_fraction 0): reading that split gives 0 rows of the model's input
     shape, for uint8 images normalized on the fly as for rows stored ready (the quality quickstart's crash)."""
-    x, y = _images(10, seed=2)
+    x, y = images(10, seed=2)
     inputs = Inputs(MEAN, STD) if normalized else Inputs()
     x = x if normalized else model_inputs(x, MEAN, STD)
     for noise, labels in ((0.3, 0), (0.0, 4), (0.3, 4)):
@@ -69,7 +69,7 @@ def test_an_empty_split_of_a_client_with_per_access_randomness_reads_as_no_rows(
 
 
 def test_dataset_refuses_inconsistent_normalization():
-    x, y = _images(4, seed=0)
+    x, y = images(4, seed=0)
     with pytest.raises(DataError, match="one value per channel"):
         Dataset("bad", x, y, 4, mean=(0.5,), std=(0.5,))
     with pytest.raises(DataError, match="uint8"):
@@ -79,7 +79,7 @@ def test_dataset_refuses_inconsistent_normalization():
 def test_uint8_dataset_trains_as_its_float32_normalized_twin():
     """Same seed: the sequential trainer on uint8 + mean/std and on the rows normalized up front agree bit for bit
     (with feature noise too, which is drawn after normalization)."""
-    x, y = _images(90, seed=1)
+    x, y = images(90, seed=1)
     model = FlatModel("mlp", SHAPE, 4)
     start = model.initial_parameters(0)
     request = LocalSGD(start=start, epochs=2, lr=0.05, batch_size=16, momentum=0.5)
@@ -103,7 +103,7 @@ def _candidates(image: np.ndarray, padding: int = 4) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("normalized", [False, True])
 def test_crop_flip_batches_are_crops_and_flips_of_the_padded_originals(normalized):
-    x, y = _images(40, seed=2, low=1)  # no zero pixels: padding shows
+    x, y = images(40, seed=2, low=1)  # no zero pixels: padding shows
     inputs = Inputs(MEAN, STD, "crop_flip") if normalized else Inputs(augment="crop_flip")
     data = ClientData(x, y, np.arange(40), np.arange(0), EMPTY, inputs=inputs)
     indices = np.arange(40)
@@ -133,7 +133,7 @@ def test_crop_flip_draws_are_uniform_and_seeded():
     centred = (corners == 8).all(axis=1)
     assert abs(centred.mean() - (0.5 + 0.5 / 17**2)) < 0.02 and corners.max() == 16
     assert abs(flips.mean() - 0.5) < 0.02
-    x, y = _images(30, seed=4)
+    x, y = images(30, seed=4)
     data = ClientData(x, y, np.arange(30), EMPTY, EMPTY, inputs=Inputs(MEAN, STD, "crop_flip"))
     first = data.batch(np.arange(30), np.random.default_rng(9), training=True)[0]
     again = data.batch(np.arange(30), np.random.default_rng(9), training=True)[0]
@@ -164,7 +164,7 @@ def _assert_vectorized_equals_sequential(clients: list[ClientData], chunk: int, 
 
 def test_vectorized_trainer_draws_the_same_augmentation_as_the_sequential_one():
     """Unequal clients, one with feature noise (its batches made step by step), one with its own uint8 array."""
-    x, y = _images(200, seed=6)
+    x, y = images(200, seed=6)
     inputs = Inputs(MEAN, STD, "crop_flip")
     owners = np.random.default_rng(7).permutation(200)
     sizes, start, clients = [7, 33, 50, 1, 40], 0, []
@@ -178,7 +178,7 @@ def test_vectorized_trainer_draws_the_same_augmentation_as_the_sequential_one():
 def test_vectorized_trainer_reads_normalized_uint8_rows_of_all_clients_together_like_the_sequential_one():
     """Clients sharing one uint8 array and its normalization (Fashion-MNIST as stored): one read per step, of the
     real samples only (padding rows keep old finite values, weighted zero), gives LocalTrainer's results."""
-    x, y = _images(200, seed=8)
+    x, y = images(200, seed=8)
     owners = np.random.default_rng(9).permutation(200)
     sizes, start, clients = [7, 33, 50, 1, 40, 16], 0, []
     for size in sizes:
@@ -194,11 +194,11 @@ def tiny_cifar(monkeypatch):
 
 
 def test_in_process_vectorized_runs_match_sequential_runs_with_crop_flip(tiny_cifar):
-    problem = prepare(_config())
+    problem = prepare(augmented_config())
     assert problem.x.dtype == np.uint8 and problem.inputs == Inputs(MEAN, STD, "crop_flip")
     runs = {}
     for mode in ("sequential", "vectorized"):
-        sim = InProcess(_config(mode), problem)
+        sim = InProcess(augmented_config(mode), problem)
         metrics = [sim.round(r) for r in range(3)]
         w = sim.coordinator.global_model()
         runs[mode] = (w, metrics, sim.states, client_evaluations(sim.host.evaluate(w)))
@@ -218,7 +218,7 @@ def test_in_process_vectorized_runs_match_sequential_runs_with_crop_flip(tiny_ci
 
 def test_augmentation_changes_training_but_not_evaluation(tiny_cifar):
     """crop_flip moves the trained model; one global model scores the same whatever dataset.augment says."""
-    plain, augmented = (InProcess(_config(augment=a)) for a in ("none", "crop_flip"))
+    plain, augmented = (InProcess(augmented_config(augment=a)) for a in ("none", "crop_flip"))
     for sim in (plain, augmented):
         sim.round(0)
     assert not np.array_equal(plain.coordinator.global_model(), augmented.coordinator.global_model())

@@ -3,7 +3,7 @@ finds a dataset whose layout is under `--root`."""
 
 from __future__ import annotations
 
-from tests.support.catalog import BUILT_IN
+from tests.support.data_files import BUILT_IN
 from tests.support.paths import ROOT
 
 

@@ -12,7 +12,7 @@ import pytest
 from raysim.config import validate_config
 from raysim.runtime import checkpoint
 from raysim.runtime.checkpoint import CheckpointError
-from tests.support.checkpoint_safety import _crafted
+from tests.support.checkpoints import crafted_npz
 from tests.support.experiments import tiny_config
 from tests.support.inprocess import InProcess
 
@@ -34,7 +34,7 @@ def test_a_crafted_checkpoint_cannot_construct_anything_but_state(tmp_path, name
     marker = tmp_path / "pwned"
     fields = json.loads(json.dumps(fields).replace("{marker}", str(marker)))
     path = tmp_path / "host-0.npz"
-    _crafted(path, {"__dict__": [["state", {"__dataclass__": name, "fields": fields}]]})
+    crafted_npz(path, {"__dict__": [["state", {"__dataclass__": name, "fields": fields}]]})
     with pytest.raises(CheckpointError) as error:
         checkpoint.load_tree(path)
     assert str(path) in str(error.value) and name in str(error.value)
@@ -43,10 +43,10 @@ def test_a_crafted_checkpoint_cannot_construct_anything_but_state(tmp_path, name
 
 def test_unknown_sequence_kinds_and_fields_are_refused(tmp_path):
     path = tmp_path / "seq.npz"
-    _crafted(path, {"__seq__": "__import__", "items": ["os"]})
+    crafted_npz(path, {"__seq__": "__import__", "items": ["os"]})
     with pytest.raises(CheckpointError, match="unknown sequence kind '__import__'"):
         checkpoint.load_tree(path)
-    _crafted(path, {"__dataclass__": "raysim.algorithms.base:SGDResult", "fields": {"params": 1, "evil": 2}})
+    crafted_npz(path, {"__dataclass__": "raysim.algorithms.base:SGDResult", "fields": {"params": 1, "evil": 2}})
     with pytest.raises(CheckpointError, match=r"fields it does not have: \['evil'\]"):
         checkpoint.load_tree(path)
 

@@ -11,7 +11,7 @@ from raysim.data import fashion_mnist as fm
 from raysim.data import load_dataset, partition_dataset
 from raysim.data.partitions import DirichletSettings, IIDSettings, NaturalSettings, QLabelSettings
 from raysim.errors import DataError, PartitionError
-from tests.support.data import _write_npz
+from tests.support.data_files import write_npz
 
 
 def _write_idx(path, array: np.ndarray, compress: bool) -> None:
@@ -140,16 +140,16 @@ def test_npz_source_reads_features_labels_and_groups(tmp_path):
     x = generator.normal(size=(50, 3, 4)).astype(np.float64)
     y = generator.integers(0, 5, size=50).astype(np.int32)
     groups = np.arange(50) // 5
-    file = _write_npz(tmp_path / "mine.npz", x=x, y=y, groups=groups)
+    file = write_npz(tmp_path / "mine.npz", x=x, y=y, groups=groups)
     dataset = load_dataset("npz", path=file)
     assert dataset.name == "mine" and dataset.task == "classification" and dataset.input_shape == (3, 4)
     assert dataset.x.dtype == np.float32 and dataset.y.dtype == np.int64 and dataset.num_classes == int(y.max()) + 1
     np.testing.assert_array_equal(dataset.groups, groups)
     np.testing.assert_allclose(dataset.x, x.astype(np.float32))
     assert load_dataset("npz", root=file).groups is not None  # dataset.root may name the file instead
-    plain = load_dataset("npz", path=_write_npz(tmp_path / "plain.npz", x=x, y=y))
+    plain = load_dataset("npz", path=write_npz(tmp_path / "plain.npz", x=x, y=y))
     assert plain.groups is None
-    regression = load_dataset("npz", path=_write_npz(tmp_path / "reg.npz", x=x, y=y.astype(np.float64) / 3))
+    regression = load_dataset("npz", path=write_npz(tmp_path / "reg.npz", x=x, y=y.astype(np.float64) / 3))
     assert regression.task == "regression" and regression.num_classes == 0 and regression.y.dtype == np.float32
 
 
@@ -168,7 +168,7 @@ def test_npz_source_reads_features_labels_and_groups(tmp_path):
     ],
 )
 def test_npz_errors_name_the_key_the_file_and_what_is_expected(tmp_path, arrays, message):
-    file = _write_npz(tmp_path / "bad.npz", **arrays)
+    file = write_npz(tmp_path / "bad.npz", **arrays)
     with pytest.raises(DataError) as error:
         load_dataset("npz", path=file)
     text = str(error.value)

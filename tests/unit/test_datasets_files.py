@@ -18,8 +18,7 @@ from raysim.data import cifar
 from raysim.data.download import extract, fetch
 from raysim.data.sources import load_dataset
 from raysim.errors import ConfigError, DataError
-from tests.support.data_files import write_cifar100, write_emnist
-from tests.support.datasets_files import _mnist_arrays, _write_cifar10, _write_mnist
+from tests.support.data_files import mnist_arrays, write_cifar10, write_cifar100, write_emnist, write_mnist
 
 
 def _closed_port() -> int:
@@ -30,9 +29,9 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize(("layout", "gz"), [("torchvision", False), ("torchvision", True), ("flat", False)])
 def test_mnist_pools_train_then_test_as_uint8_images(tmp_path, layout, gz):
-    arrays = _mnist_arrays()
+    arrays = mnist_arrays()
     directory = tmp_path / "MNIST" / "raw" if layout == "torchvision" else tmp_path
-    _write_mnist(directory, arrays, gz)
+    write_mnist(directory, arrays, gz)
     data = load_dataset("mnist", root=tmp_path, download=False)
     assert data.x.dtype == np.uint8 and data.x.shape == (10, 1, 28, 28)
     assert data.y.dtype == np.int64 and data.num_classes == 10
@@ -43,7 +42,7 @@ def test_mnist_pools_train_then_test_as_uint8_images(tmp_path, layout, gz):
 
 @pytest.mark.parametrize(("split", "classes", "low"), [("balanced", 47, 0), ("letters", 26, 1)])
 def test_emnist_turns_images_upright_and_numbers_classes_from_zero(tmp_path, split, classes, low):
-    upright = _mnist_arrays(seed=1, classes=classes, low=low)
+    upright = mnist_arrays(seed=1, classes=classes, low=low)
     for part in ("train", "test"):  # make every image visibly non-symmetric
         upright[f"{part}_x"][:, 0, :] = 255
         upright[f"{part}_x"][:, 1:, 0] = 0
@@ -68,7 +67,7 @@ def test_emnist_split_must_be_one_of_the_six(tmp_path):
 
 
 def test_cifar10_reads_pickled_batches_as_nchw_uint8_in_file_order(tmp_path):
-    batches = _write_cifar10(tmp_path)
+    batches = write_cifar10(tmp_path)
     data = load_dataset("cifar10", root=tmp_path, download=False)
     assert data.x.dtype == np.uint8 and data.x.shape == (24, 3, 32, 32) and data.x.flags.c_contiguous
     assert data.y.dtype == np.int64 and data.num_classes == 10
@@ -94,7 +93,7 @@ def test_cifar100_uses_the_fine_labels(tmp_path):
 
 
 def test_a_cifar_batch_that_asks_for_other_globals_is_refused_without_running_them(tmp_path):
-    _write_cifar10(tmp_path)
+    write_cifar10(tmp_path)
     marker = tmp_path / "ran"
 
     class Exploit:
@@ -126,7 +125,7 @@ def test_a_missing_file_is_one_line_naming_the_path_and_both_ways_to_get_it(tmp_
 
 
 def test_a_truncated_idx_file_names_the_file(tmp_path):
-    paths = _write_mnist(tmp_path, _mnist_arrays())
+    paths = write_mnist(tmp_path, mnist_arrays())
     paths[2].write_bytes(paths[2].read_bytes()[:-5])
     with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte: truncated or corrupt IDX file"):
         load_dataset("mnist", root=tmp_path, download=False)

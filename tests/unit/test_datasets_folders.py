@@ -13,10 +13,16 @@ from raysim.data import image_folder as image_folder_module
 from raysim.data import medmnist as medmnist_module
 from raysim.data.sources import load_dataset
 from raysim.errors import ConfigError, DataError
-from tests.support.data_files import image_of, write_leaf, write_medmnist, write_tiny_imagenet
 
 # ---------------------------------------------------------------- writers of the real formats
-from tests.support.datasets_folders import write_image_folder, write_png_bomb
+from tests.support.data_files import (
+    image_of,
+    write_image_folder,
+    write_leaf,
+    write_medmnist,
+    write_png_bomb,
+    write_tiny_imagenet,
+)
 
 
 @pytest.mark.parametrize(("rgb", "size"), [(False, 28), (True, 64)])

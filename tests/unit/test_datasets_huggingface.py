@@ -8,7 +8,7 @@ import pytest
 
 from raysim.data.sources import load_dataset
 from raysim.errors import DataError
-from tests.support.datasets_huggingface import _save, _tabular, datasets
+from tests.support.data_files import datasets, save_dataset, tabular_dataset
 
 CLASSES = ["cat", "dog", "fox"]
 
@@ -34,7 +34,7 @@ def _image_set(n: int = 60, mode: str = "RGB", sizes: tuple[int, ...] = (8,), of
 
 
 def test_image_dataset_loads_as_uint8_with_classlabel_classes_and_channel_stats(tmp_path):
-    path = _save(_image_set(60), tmp_path / "pets")
+    path = save_dataset(_image_set(60), tmp_path / "pets")
     data = load_dataset("huggingface", path=path, image="img")
     assert data.x.dtype == np.uint8 and data.x.shape == (60, 3, 8, 8)
     assert data.y.dtype == np.int64 and data.y.tolist() == [row % 3 for row in range(60)]
@@ -46,11 +46,11 @@ def test_image_dataset_loads_as_uint8_with_classlabel_classes_and_channel_stats(
 
 
 def test_grayscale_images_have_one_channel_and_mixed_sizes_need_size(tmp_path):
-    gray = _save(_image_set(12, mode="L"), tmp_path / "gray")
+    gray = save_dataset(_image_set(12, mode="L"), tmp_path / "gray")
     data = load_dataset("huggingface", path=gray, image="img")
     assert data.x.shape == (12, 1, 8, 8) and len(data.mean) == 1 and len(data.std) == 1
 
-    mixed = _save(_image_set(12, sizes=(8, 6)), tmp_path / "mixed")
+    mixed = save_dataset(_image_set(12, sizes=(8, 6)), tmp_path / "mixed")
     with pytest.raises(DataError) as error:
         load_dataset("huggingface", path=mixed, image="img")
     message = str(error.value)
@@ -64,7 +64,7 @@ def test_dataset_dict_split_selection_and_pooling_train_then_test(tmp_path):
     splits = datasets.DatasetDict(
         {"validation": _image_set(6, offset=200), "test": _image_set(10, offset=100), "train": _image_set(20)}
     )
-    path = _save(splits, tmp_path / "splits")
+    path = save_dataset(splits, tmp_path / "splits")
     test = load_dataset("huggingface", path=path, split="test", image="img")
     assert len(test) == 10 and test.x[0, 0, 0, 0] == 100
     pooled = load_dataset("huggingface", path=path, image="img")
@@ -76,8 +76,8 @@ def test_dataset_dict_split_selection_and_pooling_train_then_test(tmp_path):
 
 
 def test_tabular_dataset_gives_float_features_and_max_plus_one_classes(tmp_path):
-    table = _tabular(90)
-    path = _save(table, tmp_path / "tabular")
+    table = tabular_dataset(90)
+    path = save_dataset(table, tmp_path / "tabular")
     data = load_dataset("huggingface", path=path, image="features", label="target")
     assert data.x.dtype == np.float32 and data.x.shape == (90, 10)
     assert np.allclose(data.x, np.asarray(table["features"], dtype=np.float32))
@@ -86,7 +86,7 @@ def test_tabular_dataset_gives_float_features_and_max_plus_one_classes(tmp_path)
 
 
 def test_a_missing_column_names_the_field_and_lists_the_columns(tmp_path):
-    path = _save(_tabular(20), tmp_path / "tabular")
+    path = save_dataset(tabular_dataset(20), tmp_path / "tabular")
     for options, field in (({"label": "target"}, "image"), ({"image": "features"}, "label")):
         with pytest.raises(DataError) as error:
             load_dataset("huggingface", path=path, **options)

@@ -1,7 +1,7 @@
 """Ditto's global copy as the FLAME authors' code trains it: `global_steps: one_batch` (flame.md 2.4, 11); the
-copy's rule against their update.py itself, batch for batch, is in tests/test_authors_batches.py.
+copy's rule against their update.py itself, batch for batch, is in tests/unit/test_authors_batches.py.
 
-On the convex problem of tests/test_baselines.py (f_i(theta) = 1/(2N) ||X_i theta - y_i||^2 with X_i^T X_i = N b_i I,
+On the convex problem of tests/unit/test_baselines.py (f_i(theta) = 1/(2N) ||X_i theta - y_i||^2 with X_i^T X_i = N b_i I,
 so grad f_i(theta) = b_i (theta - th_i)) every step has a closed form.
 """
 

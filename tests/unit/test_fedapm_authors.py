@@ -13,7 +13,7 @@ from raysim.algorithms.fedalt import FedAltSettings
 from raysim.algorithms.fedapm import FedApmSettings
 from raysim.algorithms.fedavg import FedAvgSettings
 from raysim.studies.suite import load_suite
-from tests.support.fedapm_authors import SUITE
+from tests.support.fedapm import SUITE
 
 
 def test_the_paper_algorithms_are_the_defaults_and_the_suite_switches_to_the_authors_code():

@@ -19,7 +19,7 @@ authors' FedAlt, not against Pillutla et al.'s in these rounds (fedapm.md 1.5)."
 from __future__ import annotations
 
 from raysim.studies.suite import load_suite
-from tests.support.fedapm_findings import SUITES, TABLE3
+from tests.support.fedapm import SUITES, TABLE3
 
 
 def _suite_paths() -> list:

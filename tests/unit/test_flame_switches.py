@@ -14,8 +14,8 @@ from raysim.runtime.problem import prepare
 from raysim.seeding import Stream, rng
 from raysim.training.local import LocalTrainer, drawn_epochs
 from raysim.training.vectorized import VectorizedTrainer
+from tests.support.algorithms import FLAME
 from tests.support.experiments import tiny_config
-from tests.support.flame_switches import FLAME
 from tests.support.inprocess import InProcess, make_host
 
 

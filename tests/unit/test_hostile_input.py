@@ -12,7 +12,15 @@ from raysim.config import load_config
 from raysim.errors import ConfigError
 from raysim.studies.suite import is_suite_file, load_suite
 from raysim.studies.sweep import is_sweep_file, load_sweep
-from tests.support.hostile_input import _CLI_CASES, CONFIGS, DEEP, _case, _check_refused, _quickstart, _write
+from tests.support.hostile_input import (
+    CLI_CASES,
+    CONFIGS,
+    DEEP,
+    check_refused,
+    cli_case,
+    quickstart_with,
+    write_hostile,
+)
 
 
 def _refusal(path: Path, overrides: tuple[str, ...] = ()) -> str:
@@ -24,7 +32,7 @@ def _refusal(path: Path, overrides: tuple[str, ...] = ()) -> str:
 
 
 def test_a_file_that_is_not_utf8_is_refused_naming_the_file_and_the_byte(tmp_path):
-    path = _write(tmp_path / "latin.yaml", _quickstart(), b"notes: caf\xe9\n")
+    path = write_hostile(tmp_path / "latin.yaml", quickstart_with(), b"notes: caf\xe9\n")
     message = _refusal(path)
     assert message.startswith(f"{path}: ") and "not UTF-8" in message and "byte 0xe9" in message
 
@@ -40,7 +48,7 @@ def test_a_file_that_is_not_utf8_is_refused_naming_the_file_and_the_byte(tmp_pat
     ids=["flow-lists", "flow-mappings", "block-mappings", "self-reference"],
 )
 def test_deeply_nested_yaml_is_refused_naming_the_file(tmp_path, tail):
-    path = _write(tmp_path / "deep.yaml", _quickstart(), tail.encode())
+    path = write_hostile(tmp_path / "deep.yaml", quickstart_with(), tail.encode())
     message = _refusal(path)
     assert message.startswith(f"{path}: nested too deeply"), message
 
@@ -51,12 +59,12 @@ def test_deeply_nested_yaml_is_refused_naming_the_file(tmp_path, tail):
     ids=["list-value", "mapping-value", "key-path"],
 )
 def test_deeply_nested_set_values_are_refused_naming_the_assignment(tmp_path, assignment):
-    message = _refusal(_write(tmp_path / "ok.yaml", _quickstart()), (assignment,))
+    message = _refusal(write_hostile(tmp_path / "ok.yaml", quickstart_with()), (assignment,))
     assert message.startswith(f"--set {assignment.split('.')[0].split('=')[0]}") and "nested too deeply" in message
 
 
 def test_a_set_value_that_is_not_yaml_is_one_line(tmp_path):
-    message = _refusal(_write(tmp_path / "ok.yaml", _quickstart()), ("rounds=[1",))
+    message = _refusal(write_hostile(tmp_path / "ok.yaml", quickstart_with()), ("rounds=[1",))
     assert message.startswith("--set rounds: not valid YAML")
 
 
@@ -94,7 +102,7 @@ def test_a_set_value_that_is_not_yaml_is_one_line(tmp_path):
 )
 def test_a_bool_or_non_finite_float_for_a_number_is_refused_naming_the_field(tmp_path, changes, expected):
     """As YAML the file holds `true`, `.inf`, `.nan`: what a person types, not what Python writes."""
-    message = _refusal(_write(tmp_path / "experiment.yaml", _quickstart(**changes)))
+    message = _refusal(write_hostile(tmp_path / "experiment.yaml", quickstart_with(**changes)))
     assert message.startswith(expected), message
 
 
@@ -117,7 +125,7 @@ def test_suites_and_sweeps_refuse_a_bool_for_a_number(tmp_path, section, expecte
     path = tmp_path / "family.yaml"
     (tmp_path / "quickstart.yaml").write_text((CONFIGS / "quickstart.yaml").read_text())
     family = {"name": "f", "base_config": "quickstart.yaml", **section}
-    _write(path, family)
+    write_hostile(path, family)
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.")):
         (load_suite if "runs" in family else load_sweep)(path)
 
@@ -125,14 +133,14 @@ def test_suites_and_sweeps_refuse_a_bool_for_a_number(tmp_path, section, expecte
 def test_numbers_lists_and_real_bools_still_validate(tmp_path):
     """Not strict mode: an int for a float, a list for a tuple, a bool for a bool field all stay valid."""
     config = load_config(
-        _write(tmp_path / "experiment.yaml", _quickstart(**{"algorithm.lr": 1, "dataset.download": False})),
+        write_hostile(tmp_path / "experiment.yaml", quickstart_with(**{"algorithm.lr": 1, "dataset.download": False})),
         ("runtime.host_resources={worker: 1}", "partition={scheme: dirichlet, overlap: true}"),
     )
     assert config.algorithm.lr == 1.0 and isinstance(config.algorithm.lr, float) and config.dataset.download is False
     assert config.partition.overlap is True and config.runtime.host_resources == {"worker": 1.0}
     (tmp_path / "quickstart.yaml").write_text((CONFIGS / "quickstart.yaml").read_text())
     random = {"count": 2, "params": {"algorithm.lr": {"uniform": [0, 1]}}}
-    sweep = _write(tmp_path / "sweep.yaml", {"name": "w", "base_config": "quickstart.yaml", "random": random})
+    sweep = write_hostile(tmp_path / "sweep.yaml", {"name": "w", "base_config": "quickstart.yaml", "random": random})
     assert load_sweep(sweep).random.params["algorithm.lr"].uniform == (0.0, 1.0)
 
 
@@ -146,7 +154,7 @@ def test_every_shipped_config_still_validates(path):
         assert load_config(path).rounds >= 1
 
 
-@pytest.mark.parametrize("case", list(_CLI_CASES))
+@pytest.mark.parametrize("case", list(CLI_CASES))
 def test_the_cli_refuses_with_one_error_line_before_ray_or_mlflow(tmp_path, monkeypatch, capsys, case):
     import ray
 
@@ -159,9 +167,9 @@ def test_the_cli_refuses_with_one_error_line_before_ray_or_mlflow(tmp_path, monk
     monkeypatch.setattr(ray, "init", touched)
     monkeypatch.setattr(MlflowWriter, "__init__", touched)
     monkeypatch.chdir(tmp_path)
-    code = main(_case(tmp_path, case))
+    code = main(cli_case(tmp_path, case))
     out = capsys.readouterr()
-    _check_refused(code, out.out, out.err, tmp_path, _CLI_CASES[case][3])
+    check_refused(code, out.out, out.err, tmp_path, CLI_CASES[case][3])
 
 
 @pytest.mark.parametrize(
@@ -178,7 +186,7 @@ def test_the_cli_refuses_with_one_error_line_before_ray_or_mlflow(tmp_path, monk
 def test_names_are_literal_strings(tmp_path, assignment, key, value):
     """A text field's --set value is what was typed: YAML dropped ` #2` as a comment, made `yes` a bool and
     `2024-01-01` a date."""
-    config = load_config(_write(tmp_path / "ok.yaml", _quickstart()), (assignment,))
+    config = load_config(write_hostile(tmp_path / "ok.yaml", quickstart_with()), (assignment,))
     assert getattr(config.tracking, key) == value
 
 
@@ -194,20 +202,20 @@ def test_names_are_literal_strings(tmp_path, assignment, key, value):
 def test_text_fields_of_the_chosen_settings_are_literal(tmp_path, left_out, assignments, section, key, value):
     """The sections a name chooses (`dataset.name`, `partition.scheme`, `algorithm.name`, looked up in their
     registries) have the text fields of the settings chosen, after the --set that switches them."""
-    tree = {name: part for name, part in _quickstart().items() if name != left_out}
-    loaded = load_config(_write(tmp_path / "ok.yaml", tree), assignments)
+    tree = {name: part for name, part in quickstart_with().items() if name != left_out}
+    loaded = load_config(write_hostile(tmp_path / "ok.yaml", tree), assignments)
     assert getattr(getattr(loaded, section), key) == value
 
 
 @pytest.mark.parametrize("section", ["algorithm.name", "dataset.name", "partition.scheme"])
 def test_a_choosing_name_is_text_whatever_the_choice(tmp_path, section):
     """`yes` is a name no registry has, said as typed (YAML would have made it True)."""
-    message = _refusal(_write(tmp_path / "ok.yaml", _quickstart()), (f"{section}=yes",))
+    message = _refusal(write_hostile(tmp_path / "ok.yaml", quickstart_with()), (f"{section}=yes",))
     assert message.startswith(f"{section}: unknown ") and "'yes'" in message, message
 
 
 @pytest.mark.parametrize("assignment", ["rounds=5 #x", "partition={scheme: iid} # iid for now", "algorithm.lr=0.1 #"])
 def test_a_yaml_comment_in_a_set_value_is_refused(tmp_path, assignment):
-    message = _refusal(_write(tmp_path / "ok.yaml", _quickstart()), (assignment,))
+    message = _refusal(write_hostile(tmp_path / "ok.yaml", quickstart_with()), (assignment,))
     path, raw = assignment.split("=", 1)
     assert message.startswith(f"--set {path}: '#") and f"dropped from the value {raw!r}" in message, message

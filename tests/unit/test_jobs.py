@@ -1,5 +1,5 @@
 """What `raysim submit` ships with a job (config, code package, never a credential), and where it finds the
-cluster token (the submission itself runs against a real cluster in tests/test_cluster.py)."""
+cluster token (the submission itself runs against a real cluster in tests/system/test_cluster.py)."""
 
 from __future__ import annotations
 

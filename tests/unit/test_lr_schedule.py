@@ -13,13 +13,13 @@ import pytest
 from raysim.algorithms import ALGORITHMS
 from raysim.algorithms.base import LrSchedule
 from raysim.config import validate_config
+from tests.support.algorithms import ALGORITHMS as SETTINGS
+from tests.support.algorithms import PARTITIONS, SPLIT
 from tests.support.experiments import tiny_config
 from tests.support.inprocess import InProcess
-from tests.support.settings import ALGORITHMS as SETTINGS
-from tests.support.settings import PARTITIONS, SPLIT
 
 EXTRA = {"fedavg": {}, "flame": {"lambda": 1.0, "rho": 0.25}, "fedslr": {"lambda": 1e-3, "eta_g": 1.0}}
-"""The settings of the algorithms tests/test_algorithms.py does not list (its ALGORITHMS has the others')."""
+"""The settings of the algorithms tests/unit/test_algorithms.py does not list (its ALGORITHMS has the others')."""
 SCHEDULED = sorted(name for name in ALGORITHMS.names() if issubclass(ALGORITHMS.get(name).Settings, LrSchedule))
 T, DECAY, LR = 3, 0.5, 0.05
 

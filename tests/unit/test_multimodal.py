@@ -20,8 +20,8 @@ from raysim.models.zoo import build_module
 from raysim.runtime.problem import prepare
 from raysim.training.local import ClientData, Inputs, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
+from tests.support.data_files import SMALL_CRISIS
 from tests.support.experiments import tiny_config
-from tests.support.multimodal import SMALL_CRISIS
 
 CRISISMMD = Modalities([Modality("image", (1, 1280)), Modality("text", (32, 512), sequence=True)])
 

@@ -12,7 +12,7 @@ from raysim.config import validate_config
 from raysim.data.partition_file import FileSettings, labels_digest, read_metadata, write_partition
 from raysim.data.partitions import ClientSplit, QLabelSettings, partition_dataset
 from raysim.errors import ConfigError, PartitionError
-from tests.support.partition_file import _write
+from tests.support.data_files import write_partition_table
 
 LABELS = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3], dtype=np.int64)
 
@@ -38,7 +38,7 @@ def test_written_partition_replays_exactly_with_noise_and_attackers(tmp_path):
 
 
 def test_a_file_from_another_tool_with_train_and_test_in_any_client_order(tmp_path):
-    path = _write(
+    path = write_partition_table(
         tmp_path / "other.parquet",
         {"client_id": [1, 0], "train": [[5, 4], [0, 1, 2]], "test": [[3], [11]]},
     )
@@ -50,7 +50,7 @@ def test_a_file_from_another_tool_with_train_and_test_in_any_client_order(tmp_pa
 
 def test_a_file_with_only_indices_is_split_per_client_by_test_fraction(tmp_path):
     """E.g. flwr-datasets partitioners give each partition's indices; raysim splits them 2:1 here."""
-    path = _write(tmp_path / "flwr.parquet", {"indices": [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]})
+    path = write_partition_table(tmp_path / "flwr.parquet", {"indices": [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]})
     clients = _replay(path, 2, test_fraction=1 / 3)
     for client, held in zip(clients, ([0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]), strict=True):
         assert sorted(client.train.tolist() + client.test.tolist()) == held
@@ -59,11 +59,13 @@ def test_a_file_with_only_indices_is_split_per_client_by_test_fraction(tmp_path)
 
 
 def test_shared_samples_are_allowed_unless_the_partition_is_declared_disjoint(tmp_path):
-    path = _write(tmp_path / "overlap.parquet", {"train": [[0, 1], [1, 2]], "test": [[3], [4]]})
+    path = write_partition_table(tmp_path / "overlap.parquet", {"train": [[0, 1], [1, 2]], "test": [[3], [4]]})
     assert len(_replay(path, 2)) == 2
     with pytest.raises(PartitionError, match=r"sample 1 belongs to clients 0 and 1, but the partition is declared"):
         _replay(path, 2, disjoint=True)
-    claimed = _write(tmp_path / "claimed.parquet", {"train": [[0, 1], [1, 2]], "test": [[3], [4]]}, {"disjoint": True})
+    claimed = write_partition_table(
+        tmp_path / "claimed.parquet", {"train": [[0, 1], [1, 2]], "test": [[3], [4]]}, {"disjoint": True}
+    )
     with pytest.raises(PartitionError, match="declared disjoint"):
         _replay(claimed, 2)
     assert len(_replay(claimed, 2, disjoint=False)) == 2
@@ -94,7 +96,7 @@ def test_shared_samples_are_allowed_unless_the_partition_is_declared_disjoint(tm
     ],
 )
 def test_a_bad_file_is_refused_naming_the_path_and_the_problem(tmp_path, columns, metadata, clients, message):
-    path = _write(tmp_path / "bad.parquet", columns, metadata)
+    path = write_partition_table(tmp_path / "bad.parquet", columns, metadata)
     with pytest.raises(PartitionError, match=message) as error:
         _replay(path, clients)
     assert str(error.value).startswith(f"partition.path={path}") and "\n" not in str(error.value)

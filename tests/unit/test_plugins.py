@@ -3,7 +3,7 @@ through the same registries as raysim's own.
 
 docs/extending.md runs as written: its files are saved into a folder, its math test passes there and its commands
 (`raysim ... --plugin FILE`) run there. The same three plugins also run listed in a config (`plugins:`) and installed
-as a real package with an entry point (`raysim submit` on a local cluster: tests/test_cluster.py). A plugin that
+as a real package with an entry point (`raysim submit` on a local cluster: tests/system/test_cluster.py). A plugin that
 cannot be imported is one error line before Ray starts; a misspelled name of every kind gets a "did you mean".
 Whatever imports a plugin runs in a subprocess, so this test process's registries stay as raysim ships them.
 """

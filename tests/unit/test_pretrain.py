@@ -18,12 +18,12 @@ from raysim.errors import ConfigError
 from raysim.launch import pretrain
 from raysim.models.weights import FORMAT_VERSION, checksum, read_weights, write_weights
 from raysim.runtime.problem import prepare
+from tests.support.augfl import CRD, PRETRAIN_META
 from tests.support.experiments import tiny_config
-from tests.support.pretrain import CRD, META
 
 
 def _config(**algorithm):
-    return validate_config(tiny_config(algorithm={**CRD, "teacher_epochs": 1, **algorithm}, partition=META))
+    return validate_config(tiny_config(algorithm={**CRD, "teacher_epochs": 1, **algorithm}, partition=PRETRAIN_META))
 
 
 def test_the_defaults_are_the_authors_recipe_and_its_rate_steps():
@@ -51,7 +51,7 @@ def test_pretrain_writes_a_file_whose_header_and_checksum_verify(tmp_path):
     assert header.torch == torch.__version__ and dict(header.layers)["1.weight"] == (128, 20)
     recipe = header.recipe
     assert (recipe["epochs"], recipe["lr"], recipe["batch_size"], recipe["lr_steps"]) == (1, 0.05, 32, [0])
-    assert recipe["pool_samples"] == META["reserved"] and recipe["seed"] == config.seed
+    assert recipe["pool_samples"] == PRETRAIN_META["reserved"] and recipe["seed"] == config.seed
     assert np.isfinite(recipe["mean_loss"]) and not list(tmp_path.glob(".*"))  # no temporary file left
 
 
@@ -97,7 +97,7 @@ def test_a_corrupted_or_mismatched_file_is_refused_in_one_line_naming_field_and_
     np.savez(tmp_path / "three.npz", x=generator.normal(size=(900, 20)).astype(np.float32), y=np.arange(900) % 3)
     other = tiny_config(
         algorithm={**CRD, "teacher_epochs": 1},
-        partition=META,
+        partition=PRETRAIN_META,
         dataset={"name": "npz", "path": str(tmp_path / "three.npz")},
     )
     elsewhere = pretrain(validate_config(other), tmp_path / "weights-of-three.npz")

@@ -24,8 +24,7 @@ from raysim.runtime.problem import sample_clients
 from raysim.runtime.state_store import OWNER_LOCK, ClientStateStore, state_nbytes
 from tests.support.experiments import tiny_config
 from tests.support.inprocess import InProcess, make_host
-from tests.support.state_store import _flame
-from tests.support.states import assert_identical
+from tests.support.states import assert_identical, flame_state
 
 ALGORITHMS = {
     "flame": {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
@@ -143,11 +142,11 @@ def test_numpy_scalars_keep_their_dtype_in_checkpoints(tmp_path):
 
 
 def test_budget_keeps_the_most_recently_used_states_in_memory(tmp_path):
-    one = state_nbytes(_flame(0))
+    one = state_nbytes(flame_state(0))
     assert one == 100 * (4 + 4 + 8)
     with ClientStateStore(2 * one + one // 2, tmp_path) as store:
         for client_id in range(5):
-            store[client_id] = _flame(client_id)
+            store[client_id] = flame_state(client_id)
         stats = store.stats()
         assert (stats.in_memory, stats.spilled, stats.memory_bytes, stats.spills) == (2, 3, 2 * one, 3)
         spilled = {int(p.stem.split("-")[1]) for p in store.folder.glob("client-*.npz")}
@@ -155,7 +154,7 @@ def test_budget_keeps_the_most_recently_used_states_in_memory(tmp_path):
         assert stats.disk_bytes == sum(p.stat().st_size for p in store.folder.glob("client-*.npz"))
 
         assert store[3].theta[0] == 3  # in memory: 3 becomes the most recently used ...
-        store[5] = _flame(5)  # ... so 4 spills, not 3
+        store[5] = flame_state(5)  # ... so 4 spills, not 3
         assert {int(p.stem.split("-")[1]) for p in store.folder.glob("client-*.npz")} == {0, 1, 2, 4}
 
         before = store.stats()
@@ -163,7 +162,7 @@ def test_budget_keeps_the_most_recently_used_states_in_memory(tmp_path):
         after = store.stats()
         assert (after.loads, after.spills, after.in_memory) == (before.loads + 1, before.spills, before.in_memory)
 
-        store[0] = _flame(10)  # a new state for a spilled client: its file goes, the oldest in memory spills
+        store[0] = flame_state(10)  # a new state for a spilled client: its file goes, the oldest in memory spills
         assert {int(p.stem.split("-")[1]) for p in store.folder.glob("client-*.npz")} == {1, 2, 3, 4}
         assert store[0].theta[0] == 10 and store.stats().in_memory == 2
         assert list(store) == [0, 1, 2, 3, 4, 5]  # key order is insertion order, wherever a state lives
@@ -171,9 +170,9 @@ def test_budget_keeps_the_most_recently_used_states_in_memory(tmp_path):
 
 def test_a_state_larger_than_the_budget_goes_straight_to_disk(tmp_path):
     with ClientStateStore(10, tmp_path) as store:
-        store[0] = _flame(1.0)
+        store[0] = flame_state(1.0)
         assert store.stats().in_memory == 0 and store.stats().spilled == 1
-        assert_identical(store[0], _flame(1.0))
+        assert_identical(store[0], flame_state(1.0))
 
 
 def test_files_are_written_whole_or_not_at_all(tmp_path):
@@ -192,7 +191,7 @@ def test_files_are_written_whole_or_not_at_all(tmp_path):
 
 def test_spill_folders_are_removed_on_close_and_when_collected(tmp_path):
     first, second = ClientStateStore(0, tmp_path), ClientStateStore(0, tmp_path)
-    first[0], second[0] = _flame(1.0), _flame(2.0)
+    first[0], second[0] = flame_state(1.0), flame_state(2.0)
     assert first.folder != second.folder and first.folder.parent == second.folder.parent == tmp_path
     folder = first.folder
     first.close()
@@ -204,7 +203,7 @@ def test_spill_folders_are_removed_on_close_and_when_collected(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
     unspilled = ClientStateStore(None, tmp_path)
-    unspilled[0] = _flame(1.0)
+    unspilled[0] = flame_state(1.0)
     assert unspilled.stats().spilled == 0 and list(tmp_path.iterdir()) == []  # no folder until a spill
 
 

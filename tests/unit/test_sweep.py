@@ -9,7 +9,7 @@ import pytest
 from raysim.errors import ConfigError
 from raysim.studies.sweep import is_sweep_file, load_sweep, parse_sweep, run_sweep
 from tests.support.experiments import tiny_config
-from tests.support.sweep import sweep_data
+from tests.support.studies import sweep_data
 
 
 def test_grid_times_draws_times_seeds():

@@ -1,4 +1,4 @@
-"""What the study_resume tests of several tiers share."""
+"""Small suites and sweeps for the study tests."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ import yaml
 from tests.support.experiments import tiny_config
 
 
-def _suite(folder: Path, uri: str) -> Path:
+def sweep_data(**extra) -> dict:
+    return {"name": "s", "base": tiny_config(), **extra}
+
+
+def resumable_suite(folder: Path, uri: str) -> Path:
     base = tiny_config(
         rounds=3,
         tracking={

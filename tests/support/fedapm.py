@@ -1,8 +1,11 @@
-"""What the fedapm_findings tests of several tiers share."""
+"""FedAPM's shipped suites: Table 3's substitutes and the authors' ordering."""
 
 from __future__ import annotations
 
 from tests.support.paths import ROOT
+
+SUITE = ROOT / "configs" / "paper" / "suites" / "fedapm_authors_fmnist.yaml"
+
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 
