@@ -4,8 +4,8 @@ section only where it cannot run without it (AugFL: the meta partition; the natu
 natural ids; the file scheme: a partition file). So two choices whose examples set one section differently
 cannot run together, and raysim must refuse that config with one line naming the section.
 
-Whoever needs a working experiment for any registered choice (the test matrix, tests/integration/test_matrix.py) builds it
-from these: a new entry comes with its example and needs no table kept elsewhere. Examples are plain settings,
+Whoever needs a working experiment for any registered choice (the test matrix, tests/integration/test_matrix.py) builds
+it from these: a new entry comes with its example and needs no table kept elsewhere. Examples are plain settings,
 computed before any data is read; they write nothing."""
 
 from __future__ import annotations

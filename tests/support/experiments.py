@@ -15,8 +15,8 @@ integration tier's runs that are not about actors (tests/integration/test_matrix
 exactly what they log in process)."""
 REUSED_ACTORS = {"num_hosts": 2, "reuse_actors": True}
 """tiny_config's runtime section unless a test gives its own: a run on the session's Ray takes the actors of the
-one before (runtime.reuse_actors: a 3-round run took 7 s on new actors, 0.3 s on renewed ones; tests/integration/test_crews.py
-shows renewed actors give a new crew's results)."""
+one before (runtime.reuse_actors: a 3-round run took 7 s on new actors, 0.3 s on renewed ones;
+tests/integration/test_crews.py shows renewed actors give a new crew's results)."""
 
 
 def tiny_config(**sections: Any) -> dict[str, Any]:

@@ -211,4 +211,5 @@ SUITE_DATA |= {
     },
     "flame_table3_femnist.yaml": _femnist_tff,
 }
-"""FLAME's Table III and sensitivity suites on the datasets that are not installed (tests/system/test_flame_grids.py)."""
+"""FLAME's Table III and sensitivity suites on the datasets that are not installed
+(tests/system/test_flame_grids.py)."""

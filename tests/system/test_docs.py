@@ -37,8 +37,8 @@ ELSEWHERE = {"<!-- test: cluster-recipe": "system/test_cluster.py", "<!-- test: 
 beside its commands): the marker -> that test's file, which names the marker."""
 MOST_NOT_RUN = 3
 FILE_MARKER = "<!-- file: "
-"""On the line before a ```python block that is a file a page shows (docs/extending.md: tests/system/test_plugins.py saves
-and runs them), not code to run in the page's notebook."""
+"""On the line before a ```python block that is a file a page shows (docs/extending.md: tests/system/test_plugins.py
+saves and runs them), not code to run in the page's notebook."""
 
 
 def test_the_site_builds_in_strict_mode_with_the_generated_reference(tmp_path):

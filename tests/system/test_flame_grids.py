@@ -2,8 +2,8 @@
 on every partition the appendix uses, the sensitivity studies of Figs. 9-12. Every child of every FLAME suite is dealt
 (its partition at every seed and its attackers, as `raysim run` does before any run) on a tenth of its dataset (or its
 labels), and every setting trains one round in this process; the first setting of every suite runs one round through
-Ray and MLflow in tests/system/test_paper_configs.py (the FEMNIST row's on files in TFF's layout), every method of the suites
-in a suite setting there too."""
+Ray and MLflow in tests/system/test_paper_configs.py (the FEMNIST row's on files in TFF's layout), every method of the
+suites in a suite setting there too."""
 
 from __future__ import annotations
 

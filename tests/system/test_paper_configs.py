@@ -130,8 +130,8 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     """One round of a shipped experiment tree, in this process (the CLI path of each kind of file has its own tests):
     the paper datasets that are not installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN
     where it holds too little), the built-in ones are scaled down (BUILT_IN). Each run takes the actors of the one
-    before (runtime.reuse_actors: a new actor process costs most of a one-round run; tests/integration/test_crews.py shows
-    renewed actors give a new crew's results). Local training is light (tests/support/light.py): the test checks
+    before (runtime.reuse_actors: a new actor process costs most of a one-round run; tests/integration/test_crews.py
+    shows renewed actors give a new crew's results). Local training is light (tests/support/light.py): the test checks
     that the experiment runs and logs, not what it learns. It saves the global model, so that every shipped model is
     saved once, but not the clients' models (hundreds of MB for a suite of ResNet-18 clients:
     tests/integration/test_saved_models.py).
@@ -170,7 +170,8 @@ FLAME on a dataset and scheme that a Table III suite's or flame_robustness_fmnis
 time); every child of theirs is validated and partitioned, and every setting trains a round in process
 (tests/system/test_flame_grids.py)."""
 FEDSLR_SENSITIVITY = set((PAPER / "suites").glob("fedslr_sensitivity_*"))
-"""FedSLR's sensitivity suites: every setting of theirs trains a round in process (tests/system/test_paper_suites.py)."""
+"""FedSLR's sensitivity suites: every setting of theirs trains a round in process
+(tests/system/test_paper_suites.py)."""
 FLAME_TABLE3_ELSEWHERE = {PAPER / "suites" / f"flame_table3_{name}.yaml" for name in ("mnist", "cifar10", "mmnist")}
 """FLAME's Table III suites whose first setting is its paper config's run on the same data and model
 (configs/paper/flame_*.yaml, test_paper_config_runs_from_a_folder_in_the_standard_layout)."""

@@ -1,8 +1,8 @@
 """Ditto's global copy as the FLAME authors' code trains it: `global_steps: one_batch` (flame.md 2.4, 11); the
 copy's rule against their update.py itself, batch for batch, is in tests/unit/test_authors_batches.py.
 
-On the convex problem of tests/unit/test_baselines.py (f_i(theta) = 1/(2N) ||X_i theta - y_i||^2 with X_i^T X_i = N b_i I,
-so grad f_i(theta) = b_i (theta - th_i)) every step has a closed form.
+On the convex problem of tests/unit/test_baselines.py (f_i(theta) = 1/(2N) ||X_i theta - y_i||^2 with X_i^T X_i = N b_i
+I, so grad f_i(theta) = b_i (theta - th_i)) every step has a closed form.
 """
 
 from __future__ import annotations
