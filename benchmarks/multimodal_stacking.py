@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from raysim.algorithms.base import LocalSGD
+from raysim.algorithms.requests import LocalSGD
 from raysim.data.dataset import Dataset
 from raysim.data.substitutes import CremaDSyntheticSettings, CrisisMMDSyntheticSettings, KUHARSyntheticSettings
 from raysim.models import multimodal

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from raysim.algorithms.base import LocalSGD
+from raysim.algorithms.requests import LocalSGD
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer

@@ -2,7 +2,7 @@
 robust rules come in, raysim's own exactly as a user's plugin (raysim.plugins).
 
 A registry maps the names a config writes (`algorithm.name: flame`) to entries. Each kind has one, at the bottom of
-its own layer (ALGORITHMS in raysim.algorithms.base, MODELS in raysim.models.spec, DATASETS in raysim.data.dataset,
+its own layer (ALGORITHMS in raysim.algorithms.interface, MODELS in raysim.models.spec, DATASETS in raysim.data.dataset,
 PARTITIONS in raysim.data.scheme, ATTACKS in raysim.threats.attacks, ROBUST_RULES in raysim.threats.robust); every
 entry registers itself with the registry's decorator in its own module, and the packages import their built-in
 modules so that they register. Names are looked up when a config is validated, not when raysim.config is imported,

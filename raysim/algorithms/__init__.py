@@ -1,5 +1,5 @@
 """Algorithms, one module each (AugFL: a package), registered by name (the config's `algorithm.name`,
-raysim.algorithms.base.ALGORITHMS).
+raysim.algorithms.interface.ALGORITHMS).
 
 The built-in modules are imported here so that they register, in the order `raysim algorithms` lists them; the names
 a plugin's algorithm needs are exported here (docs/extending.md)."""
@@ -18,18 +18,9 @@ from raysim.algorithms import fedcp  # noqa: F401
 from raysim.algorithms import fedpcl  # noqa: F401
 
 # isort: on
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    AlgorithmSettings,
-    ClientInfo,
-    ClientUpdate,
-    LocalSGD,
-    SGDResult,
-    SGDSettings,
-    Upload,
-    Vector,
-)
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientUpdate, Upload
+from raysim.algorithms.requests import LocalSGD, SGDResult, Vector
+from raysim.algorithms.settings import AlgorithmSettings, SGDSettings
 from raysim.models.spec import ParamSpec
 
 

@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from raysim.algorithms.base import NOT_SENT, Number, Vector
+from raysim.algorithms.interface import NOT_SENT
+from raysim.algorithms.requests import Number, Vector
 from raysim.algorithms.servers import AdmmTotals, DeltaUpload, RunningMeanState, running_mean
 
 

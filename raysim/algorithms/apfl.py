@@ -28,22 +28,18 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
-    BatchGradients,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    LocalStepsSettings,
-    Number,
-    Vector,
-    batch_gradients,
-    mean_over_steps,
     per_row,
 )
+from raysim.algorithms.requests import BatchGradients, Number, Vector, batch_gradients, mean_over_steps
 from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_average
+from raysim.algorithms.settings import LocalStepsSettings
 from raysim.jit import distances
 
 

@@ -21,20 +21,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    ClientInfo,
-    ClientStep,
-    ClientUpdate,
-    Request,
-    Result,
-    SGDResult,
-    SGDSettings,
-    Vector,
-    train,
-)
 from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
+from raysim.algorithms.requests import Request, Result, SGDResult, Vector, train
 from raysim.algorithms.servers import (
     DeltaUpload,
     RunningMeanState,
@@ -43,6 +32,7 @@ from raysim.algorithms.servers import (
     start_running_mean,
     weighted_average,
 )
+from raysim.algorithms.settings import SGDSettings
 from raysim.models.spec import ParamSpec
 
 

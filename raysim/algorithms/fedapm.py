@@ -30,21 +30,10 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.admm_diagnostics import admm_server_step, diagnostic_upload, squared_change
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    AlgorithmSettings,
-    ClientInfo,
-    ClientStep,
-    ClientUpdate,
-    FullGradient,
-    Number,
-    SGDSettings,
-    Vector,
-    gradient,
-    train,
-)
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
+from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
+from raysim.algorithms.settings import AlgorithmSettings, SGDSettings
 from raysim.errors import ConfigError
 from raysim.models.spec import ParamSpec, personalization
 

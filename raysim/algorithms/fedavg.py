@@ -21,20 +21,17 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.base import (
+from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    LocalSGD,
-    SGDSettings,
-    Vector,
     per_row,
-    train,
 )
-from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
+from raysim.algorithms.requests import LocalSGD, Vector, train
 from raysim.algorithms.servers import (
     DeltaUpload,
     RunningMeanState,
@@ -44,6 +41,7 @@ from raysim.algorithms.servers import (
     upload_weight,
     weighted_average,
 )
+from raysim.algorithms.settings import SGDSettings
 from raysim.jit import distances
 from raysim.models.spec import ParamSpec
 

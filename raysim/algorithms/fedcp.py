@@ -50,20 +50,18 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    GatedHeads,
-    GatedHeadsLoss,
-    SGDSettings,
     Upload,
-    Vector,
-    train,
 )
+from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import server_metrics, upload_weight
+from raysim.algorithms.settings import SGDSettings
+from raysim.models.losses import GatedHeads, GatedHeadsLoss
 from raysim.models.spec import ParamSpec
 
 

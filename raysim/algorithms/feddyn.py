@@ -32,20 +32,18 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    LocalSGD,
-    SGDSettings,
-    Vector,
     per_row,
-    train,
 )
+from raysim.algorithms.requests import LocalSGD, Vector, train
 from raysim.algorithms.servers import WeightedUpload, server_metrics
+from raysim.algorithms.settings import SGDSettings
 from raysim.jit import distances
 
 

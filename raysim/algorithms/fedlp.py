@@ -21,8 +21,9 @@ from pydantic import model_validator
 
 from raysim.algorithms.augfl.settings import PretrainingSettings
 from raysim.algorithms.augfl.teacher import pretrained_parameters
-from raysim.algorithms.base import ALGORITHMS, ServerContext, ServerDataStep, Vector
 from raysim.algorithms.fedavg import FedAvg, FedAvgServerState, FedAvgSettings
+from raysim.algorithms.interface import ALGORITHMS, ServerContext
+from raysim.algorithms.requests import ServerDataStep, Vector
 from raysim.examples import ExampleContext, Fragment
 
 

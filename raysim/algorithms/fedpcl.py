@@ -60,21 +60,17 @@ from pydantic import Field
 
 from raysim.algorithms.augfl.settings import PretrainingSettings
 from raysim.algorithms.augfl.teacher import pretrained_parameters
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
-    ClassMeans,
     ClientInfo,
     ClientStep,
     ClientUpdate,
     ServerContext,
-    ServerDataStep,
-    SGDSettings,
     Upload,
-    Vector,
-    class_means,
-    train,
 )
+from raysim.algorithms.requests import ClassMeans, ServerDataStep, Vector, class_means, train
+from raysim.algorithms.settings import SGDSettings
 from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment
 from raysim.models.losses import PrototypeContrast

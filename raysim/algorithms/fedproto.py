@@ -42,20 +42,10 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    ClassMeans,
-    ClientInfo,
-    ClientStep,
-    ClientUpdate,
-    FeatureLoss,
-    SGDSettings,
-    Upload,
-    Vector,
-    class_means,
-    train,
-)
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate, Upload
+from raysim.algorithms.requests import ClassMeans, Vector, class_means, train
+from raysim.algorithms.settings import SGDSettings
+from raysim.models.losses import FeatureLoss
 from raysim.models.spec import ParamSpec
 
 

@@ -14,8 +14,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from raysim.algorithms.base import ALGORITHMS, LocalSGD, Vector
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
+from raysim.algorithms.interface import ALGORITHMS
+from raysim.algorithms.requests import LocalSGD, Vector
 
 
 class FedProxSettings(FedAvgSettings):

@@ -30,24 +30,19 @@ from typing import Literal, TypeVar
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
+from raysim.algorithms.fedapm import SplitPreset, SplitSettings, personal_mask
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    Number,
-    Request,
-    Result,
-    SGDResult,
-    SGDSettings,
-    Vector,
     per_row,
-    train,
 )
-from raysim.algorithms.fedapm import SplitPreset, SplitSettings, personal_mask
+from raysim.algorithms.requests import Number, Request, Result, SGDResult, Vector, train
 from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_average
+from raysim.algorithms.settings import SGDSettings
 from raysim.errors import ConfigError
 from raysim.models.spec import ParamSpec
 

@@ -33,21 +33,12 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    ClassMeans,
-    ClientInfo,
-    ClientStep,
-    ClientUpdate,
-    FeatureLoss,
-    SGDSettings,
-    Vector,
-    class_means,
-    train,
-)
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
+from raysim.algorithms.requests import ClassMeans, Vector, class_means, train
 from raysim.algorithms.servers import WeightedUpload, weighted_average
+from raysim.algorithms.settings import SGDSettings
 from raysim.jit import distances
+from raysim.models.losses import FeatureLoss
 from raysim.models.spec import ParamSpec
 
 

@@ -13,8 +13,9 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from raysim.algorithms.base import ALGORITHMS, Request, Result, SGDResult, Vector, train
 from raysim.algorithms.fedalt import FedAlt, FedAltSettings
+from raysim.algorithms.interface import ALGORITHMS
+from raysim.algorithms.requests import Request, Result, SGDResult, Vector, train
 
 
 class FedSimSettings(FedAltSettings):

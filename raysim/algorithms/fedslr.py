@@ -44,20 +44,6 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    NOT_SENT,
-    Algorithm,
-    ClientInfo,
-    ClientStep,
-    ClientUpdate,
-    FullGradient,
-    Number,
-    Upload,
-    Vector,
-    gradient,
-    train,
-)
 from raysim.algorithms.feddyn import (
     FedSlrSolverSettings,
     dual_corrected_mean,
@@ -65,6 +51,7 @@ from raysim.algorithms.feddyn import (
     dynamic_request,
     mirrored_dual_mean,
 )
+from raysim.algorithms.interface import ALGORITHMS, NOT_SENT, Algorithm, ClientInfo, ClientStep, ClientUpdate, Upload
 from raysim.algorithms.prox import (
     FactoredModel,
     LayerwiseSVT,
@@ -73,6 +60,7 @@ from raysim.algorithms.prox import (
     layerwise_svt,
     matrix_shape,
 )
+from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
 from raysim.models.spec import ParamSpec
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from raysim.algorithms.admm_diagnostics import admm_server_step, diagnostic_upload, row_norms, squared_change
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
     ClientChunk,
@@ -37,14 +37,10 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     CodeDraws,
-    FullGradient,
-    Number,
-    SGDSettings,
-    Vector,
-    gradient,
-    train,
 )
+from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
+from raysim.algorithms.settings import SGDSettings
 from raysim.jit import add_square, distances, kernel, rows
 
 

@@ -26,20 +26,19 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
+from raysim.algorithms.feddyn import FedSlrSolverSettings
+from raysim.algorithms.fedslr import FedSlrBroadcast, FedSlrUpload, LowRankProx
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    Vector,
     per_row,
-    train,
 )
-from raysim.algorithms.feddyn import FedSlrSolverSettings
-from raysim.algorithms.fedslr import FedSlrBroadcast, FedSlrUpload, LowRankProx
 from raysim.algorithms.prox import FactoredModel
+from raysim.algorithms.requests import Vector, train
 from raysim.jit import distances
 from raysim.models.spec import ParamSpec
 

@@ -27,7 +27,7 @@ from pydantic import model_validator
 
 from raysim.algorithms.augfl.algorithm import AugFl, AugFlServerState, AugFlUpload
 from raysim.algorithms.augfl.settings import AugFlSettings, TransferStepSettings
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     AdaptStep,
     Algorithm,
@@ -35,10 +35,9 @@ from raysim.algorithms.base import (
     ClientStep,
     ClientUpdate,
     ServerContext,
-    ServerDataStep,
     Upload,
-    Vector,
 )
+from raysim.algorithms.requests import ServerDataStep, Vector
 from raysim.examples import ExampleContext, Fragment
 from raysim.models.spec import ParamSpec
 

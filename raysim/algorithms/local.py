@@ -9,17 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    ClientInfo,
-    ClientStep,
-    ClientUpdate,
-    SGDSettings,
-    Upload,
-    Vector,
-    train,
-)
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate, Upload
+from raysim.algorithms.requests import Vector, train
+from raysim.algorithms.settings import SGDSettings
 
 
 class LocalSettings(SGDSettings):

@@ -34,19 +34,11 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    ClientChunk,
-    ClientInfo,
-    ClientStep,
-    ClientUpdate,
-    SGDSettings,
-    Vector,
-    train,
-)
 from raysim.algorithms.flame import _admm_update
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientChunk, ClientInfo, ClientStep, ClientUpdate
+from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
+from raysim.algorithms.settings import SGDSettings
 from raysim.jit import rows
 from raysim.models.spec import ParamSpec
 

@@ -26,19 +26,18 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
+from raysim.algorithms.feddyn import FedSlrSolverSettings
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    Vector,
     per_row,
-    train,
 )
-from raysim.algorithms.feddyn import FedSlrSolverSettings
 from raysim.algorithms.prox import matrix_shape
+from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.jit import distances
 

@@ -34,17 +34,19 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     AdaptStep,
     Algorithm,
-    BatchGradients,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    per_row,
+)
+from raysim.algorithms.requests import (
+    BatchGradients,
     FullGradient,
-    LocalStepsSettings,
     Number,
     Request,
     Result,
@@ -52,9 +54,9 @@ from raysim.algorithms.base import (
     batch_gradients,
     gradient,
     mean_over_steps,
-    per_row,
 )
 from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_average
+from raysim.algorithms.settings import LocalStepsSettings
 from raysim.jit import distances
 
 

@@ -16,18 +16,8 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    ClientInfo,
-    ClientStep,
-    ClientUpdate,
-    CodeDraws,
-    SGDSettings,
-    Upload,
-    Vector,
-    train,
-)
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate, CodeDraws, Upload
+from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import (
     DeltaUpload,
     RunningMeanState,
@@ -35,6 +25,7 @@ from raysim.algorithms.servers import (
     server_metrics,
     start_running_mean,
 )
+from raysim.algorithms.settings import SGDSettings
 
 
 class PFedMeSettings(SGDSettings):

@@ -29,20 +29,19 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
     ClientChunk,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    SGDSettings,
     Upload,
-    Vector,
     per_row,
-    train,
 )
+from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import server_metrics
+from raysim.algorithms.settings import SGDSettings
 from raysim.jit import distances
 
 

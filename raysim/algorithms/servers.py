@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.algorithms.base import Number, Upload, Vector
+from raysim.algorithms.interface import Upload
+from raysim.algorithms.requests import Number, Vector
 
 
 @dataclass

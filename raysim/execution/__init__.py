@@ -1,6 +1,6 @@
 """Running algorithms' client steps: the drivers of their request generators and the stacked form of a chunk's states.
 
-Between the algorithm interface (raysim.algorithms.base) and the runtime: it knows no particular algorithm and
+Between the algorithm interface (raysim.algorithms.interface) and the runtime: it knows no particular algorithm and
 nothing of Ray, so a unit test drives a client step with a stand-in for local training exactly as a host drives it
 with its trainers (raysim.runtime.steps)."""
 

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from raysim.algorithms.base import Algorithm, ClientChunk, ClientInfo, ClientUpdate, Request, Result
+from raysim.algorithms.interface import Algorithm, ClientChunk, ClientInfo, ClientUpdate
+from raysim.algorithms.requests import Request, Result
 
 
 def run_stacked_step(

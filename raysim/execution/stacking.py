@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from raysim.algorithms.base import ClassMeans, ClientUpdate, FullGradient, LocalSGD
+from raysim.algorithms.interface import ClientUpdate
+from raysim.algorithms.requests import ClassMeans, FullGradient, LocalSGD
 
 
 def stack(items: Sequence[Any]) -> Any:

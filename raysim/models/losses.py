@@ -1,5 +1,5 @@
 """Local losses beyond a model's plain task loss, described without torch (raysim.models.flat computes them): what
-a LocalSGD request (raysim.algorithms.base) trains on when a method acts on the model's features and head; and the
+a LocalSGD request (raysim.algorithms.requests) trains on when a method acts on the model's features and head; and the
 personalized models that are not the network itself but built around it (GatedHeads; raysim.models.flat computes
 them)."""
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import torch
 
 from raysim.algorithms import ClientInfo, build_algorithm
-from raysim.algorithms.base import Vector
+from raysim.algorithms.requests import Vector
 from raysim.data.partitions import ClientSplit
 from raysim.evaluation.clients import ClientScorer, evaluation_data
 from raysim.evaluation.columns import ClientRecords, evaluation_batch

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raysim.algorithms import ALGORITHMS
-from raysim.algorithms.base import AlgorithmSettings, SGDSettings
+from raysim.algorithms.settings import AlgorithmSettings, SGDSettings
 from raysim.config import ExperimentConfig
 from raysim.evaluation.classification import SingleLabelAuc
 from raysim.evaluation.clients import TrainLossUnit

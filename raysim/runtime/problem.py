@@ -14,7 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from raysim.algorithms import ClientInfo, build_algorithm
-from raysim.algorithms.base import ServerContext, ServerDataStep, ServerSamples, SGDResult, TrainModel
+from raysim.algorithms.interface import ServerContext, ServerSamples
+from raysim.algorithms.requests import ServerDataStep, SGDResult, TrainModel
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
 from raysim.data.dataset import Dataset

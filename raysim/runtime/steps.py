@@ -18,14 +18,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from raysim.algorithms.base import (
-    Algorithm,
+from raysim.algorithms.interface import Algorithm, ClientInfo, ClientUpdate
+from raysim.algorithms.requests import (
     BatchGradients,
     BatchGradientsResult,
     ClassMeans,
     ClassMeansResult,
-    ClientInfo,
-    ClientUpdate,
     FullGradient,
     GradientResult,
     LocalSGD,

@@ -1,5 +1,5 @@
 """Threats: Byzantine attacks on the messages clients upload, and the robust aggregation rules that resist
-them (both act on the Upload contract of raysim.algorithms.base)."""
+them (both act on the Upload contract of raysim.algorithms.interface)."""
 
 from raysim.threats.attacks import ATTACKS, AttackKind, AttackSettings
 from raysim.threats.robust import ROBUST_RULES, RobustSettings

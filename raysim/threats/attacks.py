@@ -26,7 +26,7 @@ from typing import Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import Vector
+from raysim.algorithms.requests import Vector
 from raysim.errors import ConfigError
 from raysim.registry import OneOf, Registry
 from raysim.seeding import Stream, rng

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import Vector
+from raysim.algorithms.requests import Vector
 from raysim.registry import OneOf, Registry
 from raysim.settings import Settings
 

@@ -11,7 +11,8 @@ from typing import Literal, overload
 import numpy as np
 import torch
 
-from raysim.algorithms.base import (
+from raysim.algorithms.prox import layerwise_svt, soft_threshold
+from raysim.algorithms.requests import (
     BatchGradients,
     BatchGradientsResult,
     ClassMeans,
@@ -24,7 +25,6 @@ from raysim.algorithms.base import (
     SGDResult,
     TrainModel,
 )
-from raysim.algorithms.prox import layerwise_svt, soft_threshold
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
 from raysim.models.losses import PrototypeContrast
@@ -343,7 +343,7 @@ class LocalTrainer:
 
     def run(self, request: Request, data: ClientData, generator: Draws | None) -> Result:
         """Any request of a client step, by its kind; `generator` None only for one that draws nothing
-        (raysim.algorithms.base.draws_randomness)."""
+        (raysim.algorithms.requests.draws_randomness)."""
         if isinstance(request, ClassMeans):
             return self.class_means(request, data, generator)
         if generator is None:

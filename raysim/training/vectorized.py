@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from raysim.algorithms.base import BatchGradients, BatchGradientsResult, LocalSGD, SGDResult
 from raysim.algorithms.prox import soft_threshold
+from raysim.algorithms.requests import BatchGradients, BatchGradientsResult, LocalSGD, SGDResult
 from raysim.execution.stacking import unstack
 from raysim.models.flat import FlatModel, perceptron_layers
 from raysim.training.local import ClientData, Draws, LocalTrainer, drawn_epochs

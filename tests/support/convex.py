@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from raysim.algorithms import ClientInfo
-from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.prox import soft_threshold
+from raysim.algorithms.requests import LocalSGD, SGDResult
 from raysim.config import validate_config
 from raysim.data.partitions import ClientSplit
 from raysim.models.flat import ModelSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.algorithms.base import ClientInfo
+from raysim.algorithms.interface import ClientInfo
 from raysim.data.scheme import ClientSplit
 from raysim.models.flat import ModelSpec
 from raysim.runtime.problem import Problem

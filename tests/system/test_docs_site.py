@@ -84,7 +84,7 @@ def test_every_internal_link_of_the_site_lands_on_a_file_not_a_folder(site):
 
 def test_the_api_reference_is_generated_from_the_docstrings(site):
     """docs/api.md: the entry points, each with its signature and its docstring's text."""
-    from raysim.algorithms.base import Algorithm
+    from raysim.algorithms.interface import Algorithm
     from raysim.api import Result, run
     from raysim.registry import Registry
 
@@ -95,8 +95,8 @@ def test_the_api_reference_is_generated_from_the_docstrings(site):
         "raysim.api.Result",
         "raysim.api.Result.history",
         "raysim.registry.Registry.register",
-        "raysim.algorithms.base.Algorithm.client_step",
-        "raysim.algorithms.base.Algorithm.server_step",
+        "raysim.algorithms.interface.Algorithm.client_step",
+        "raysim.algorithms.interface.Algorithm.server_step",
     ):
         assert f'id="{entry}"' in page, entry
     text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", page)))

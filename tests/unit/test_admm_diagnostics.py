@@ -232,9 +232,9 @@ def test_fedslr_phase2_gradient_mapping_and_dual_sum():
     G = (p - S_{mu eta}(p - eta grad f_i(w_t + p))) / eta is zero at it for any eta; without Phase II the p_i^0 = 0
     left in place is not, and G is that formula. ||sum_i gamma_i|| over all M clients is the server's mirror."""
     from raysim.algorithms import ClientInfo
-    from raysim.algorithms.base import FullGradient, GradientResult
     from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
     from raysim.algorithms.prox import soft_threshold
+    from raysim.algorithms.requests import FullGradient, GradientResult
     from raysim.execution import run_client_step
     from tests.support.convex import SPEC, Quadratic
 
@@ -280,9 +280,9 @@ def test_fedslr_potential_is_def_1_and_descends_under_lemma_3():
     and f_i and the server's x = w_{t+1} (R(x) = lambda sum_l ||X_l||_*), and with eta_g <= 1/(2L), L = max h_i,
     Lemma 3 makes it non-increasing; a round that not every client reports logs none."""
     from raysim.algorithms import ClientInfo
-    from raysim.algorithms.base import FullGradient, GradientResult
     from raysim.algorithms.fedslr import FedSlr, FedSlrSettings
     from raysim.algorithms.prox import layer_spectra
+    from raysim.algorithms.requests import FullGradient, GradientResult
     from raysim.execution import run_client_step
     from tests.support.convex import SPEC, Quadratic
 

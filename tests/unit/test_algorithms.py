@@ -102,7 +102,7 @@ def test_a_step_writes_into_its_state_only_where_the_runtime_donated_it():
     """`writable` gives a step the state's arrays themselves only for a donated chunk (ClientChunk.in_place) whose
     step does not keep their old values to its end; otherwise equal copies (a single client's state is never
     donated). `may_write` says the same for training in place."""
-    from raysim.algorithms.base import ClientChunk, ClientInfo
+    from raysim.algorithms.interface import ClientChunk, ClientInfo
 
     clients = (ClientInfo(0, 5, 0.5, 2), ClientInfo(1, 5, 0.5, 2))
     w, pi = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from raysim.algorithms.base import FullGradient
+from raysim.algorithms.requests import FullGradient
 from raysim.config import validate_config
 from raysim.evaluation.batched import Scorer
 from tests.support.augfl import META
@@ -229,7 +229,7 @@ def test_the_pretrained_model_is_asked_for_as_a_training_request_and_then_read_f
     """AugFL's server_data hook yields one TrainModel request on the first held-back pool (the runtime runs it) when
     nothing is cached, none once the file exists; an algorithm without server data returns no generator."""
     from raysim.algorithms import build_algorithm
-    from raysim.algorithms.base import TrainModel
+    from raysim.algorithms.requests import TrainModel
     from raysim.models.flat import ModelSpec
     from raysim.runtime.problem import run_server_requests, server_context
 

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from raysim.algorithms.base import LocalSGD
+from raysim.algorithms.requests import LocalSGD
 from raysim.config import validate_config
 from raysim.data.cifar import Cifar10Settings
 from raysim.data.dataset import Dataset

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from raysim.algorithms import ALGORITHMS
-from raysim.algorithms.base import LocalSGD
 from raysim.algorithms.fedavg import FedAvgSettings
 from raysim.algorithms.fedprox import FedProxSettings
+from raysim.algorithms.requests import LocalSGD
 from raysim.config import load_config, validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel

@@ -46,7 +46,7 @@ def test_unknown_sequence_kinds_and_fields_are_refused(tmp_path):
     crafted_npz(path, {"__seq__": "__import__", "items": ["os"]})
     with pytest.raises(CheckpointError, match="unknown sequence kind '__import__'"):
         checkpoint.load_tree(path)
-    crafted_npz(path, {"__dataclass__": "raysim.algorithms.base:SGDResult", "fields": {"params": 1, "evil": 2}})
+    crafted_npz(path, {"__dataclass__": "raysim.algorithms.requests:SGDResult", "fields": {"params": 1, "evil": 2}})
     with pytest.raises(CheckpointError, match=r"fields it does not have: \['evil'\]"):
         checkpoint.load_tree(path)
 

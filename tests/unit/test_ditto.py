@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.algorithms.base import LocalSGD
+from raysim.algorithms.requests import LocalSGD
 from raysim.config import validate_config
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer

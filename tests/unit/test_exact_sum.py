@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raysim.algorithms.base import Upload
+from raysim.algorithms.interface import Upload
 from raysim.runtime.exact_sum import UploadRangeError, add_rows, encode, rejection
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.algorithms.base import FullGradient
+from raysim.algorithms.requests import FullGradient
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from tests.support.convex import orthogonal_regression

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.base import ClientChunk, ClientInfo, SGDResult
 from raysim.algorithms.fedapm import FedApm, FedApmSettings, personal_mask
 from raysim.algorithms.fedavg import FedAvg, FedAvgClientState, FedAvgSettings
+from raysim.algorithms.interface import ClientChunk, ClientInfo
+from raysim.algorithms.requests import SGDResult
 from raysim.config import validate_config
 from raysim.data.modalities import Modalities, Modality
 from raysim.errors import ConfigError

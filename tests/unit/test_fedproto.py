@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.base import FeatureLoss
 from raysim.algorithms.fedproto import FedProtoBroadcast, FedProtoSettings, PrototypeUpload
+from raysim.models.losses import FeatureLoss
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.evaluation.batched import Scorer

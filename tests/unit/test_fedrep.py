@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from raysim.algorithms import build_algorithm
-from raysim.algorithms.base import LocalSGD, payload_bytes
 from raysim.algorithms.fedrep import FedRepSettings
+from raysim.algorithms.interface import payload_bytes
+from raysim.algorithms.requests import LocalSGD
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.execution.drivers import run_client_step

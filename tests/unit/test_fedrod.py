@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.base import FeatureLoss
 from raysim.algorithms.fedrod import class_prior_shift
+from raysim.models.losses import FeatureLoss
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
@@ -139,7 +139,7 @@ def test_invalid_settings_are_refused_naming_the_field(key, value):
 def test_class_counts_draw_nothing_and_follow_redrawn_labels():
     """The counts alone read the stored labels (no generator); a client whose labels are redrawn uniformly from r
     classes (label poisoning) gets their expected counts n / r, so no label it trains on has a zero prior."""
-    from raysim.algorithms.base import ClassMeans, draws_randomness
+    from raysim.algorithms.requests import ClassMeans, draws_randomness
     from raysim.training.local import ClientData, LocalTrainer
 
     model = FlatModel("mlp", (DIM,), CLASSES)

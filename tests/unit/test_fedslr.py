@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from raysim.algorithms import ClientInfo
-from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
+from raysim.algorithms.requests import LocalSGD, SGDResult
 from raysim.config import validate_config
 from raysim.evaluation.batched import Scorer
 from raysim.evaluation.columns import ClientRecords, client_evaluations

@@ -91,7 +91,7 @@ def test_per_epoch_dual_updates_coincide_with_per_round_when_h_is_1():
 def _exact_prox(targets: dict[int, np.ndarray]):
     """An executor that solves FLAME's theta-step exactly for f_i(theta) = 1/2 ||theta - t_i||^2:
     argmin f_i + lambda/2 ||theta - c||^2 = (t_i + lambda c) / (1 + lambda)."""
-    from raysim.algorithms.base import SGDResult
+    from raysim.algorithms.requests import SGDResult
 
     def execute_many(requests):
         results = []
@@ -105,7 +105,7 @@ def _exact_prox(targets: dict[int, np.ndarray]):
 
 def _exact_prox_rows(targets: dict[int, np.ndarray], ids: list[int]):
     """`_exact_prox` for a stacked request whose rows are the clients `ids` (run_stacked_step's executor)."""
-    from raysim.algorithms.base import SGDResult
+    from raysim.algorithms.requests import SGDResult
 
     def execute(request):
         target = np.stack([targets[c] for c in ids])

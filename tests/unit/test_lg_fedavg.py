@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from raysim.algorithms import build_algorithm
-from raysim.algorithms.base import payload_bytes
+from raysim.algorithms.interface import payload_bytes
 from raysim.algorithms.lg_fedavg import LgFedAvgSettings
 from raysim.config import validate_config
 from raysim.errors import ConfigError

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.algorithms.base import LocalSGD
 from raysim.algorithms.lp_proj import gaussian_projection
+from raysim.algorithms.requests import LocalSGD
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel

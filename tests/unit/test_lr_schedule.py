@@ -1,4 +1,4 @@
-"""The per-round learning-rate schedule (`algorithm.lr_decay`, raysim.algorithms.base.LrSchedule): at round t every
+"""The per-round learning-rate schedule (`algorithm.lr_decay`, raysim.algorithms.settings.LrSchedule): at round t every
 algorithm with a local rate steps its clients with lr * lr_decay^t, in both executors, and the FedSLR family (whose
 0.998^t it generalizes) trains as before, when it read t from its broadcast."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from raysim.algorithms import ALGORITHMS
-from raysim.algorithms.base import LrSchedule
+from raysim.algorithms.settings import LrSchedule
 from raysim.config import validate_config
 from tests.support.algorithms import ALGORITHMS as SETTINGS
 from tests.support.algorithms import PARTITIONS, SPLIT

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.base import LocalSGD
+from raysim.algorithms.requests import LocalSGD
 from raysim.config import validate_config
 from raysim.data import Dataset
 from raysim.data.modalities import Modalities, Modality

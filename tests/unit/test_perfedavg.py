@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from raysim.algorithms import build_algorithm
-from raysim.algorithms.base import BatchGradients, ClientInfo
+from raysim.algorithms.interface import ClientInfo
+from raysim.algorithms.requests import BatchGradients
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.execution.drivers import drive

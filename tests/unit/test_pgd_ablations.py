@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.base import LocalSGD, scale_loss
 from raysim.algorithms.gpgd import Gpgd, GpgdSettings
 from raysim.algorithms.lpgd import Lpgd, LpgdSettings
 from raysim.algorithms.prox import layerwise_svt, matrixize
+from raysim.algorithms.requests import LocalSGD, scale_loss
 from raysim.config import validate_config
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer

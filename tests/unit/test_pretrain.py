@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from raysim.algorithms.augfl.settings import AugFlSettings
-from raysim.algorithms.base import TrainModel
+from raysim.algorithms.requests import TrainModel
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.launch import pretrain

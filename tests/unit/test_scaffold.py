@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from raysim.algorithms import ClientInfo
-from raysim.algorithms.base import LocalSGD, SGDResult
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
+from raysim.algorithms.requests import LocalSGD, SGDResult
 from raysim.algorithms.scaffold import Scaffold, ScaffoldSettings, ScaffoldUpload
 from raysim.algorithms.servers import WeightedUpload
 from raysim.config import validate_config

@@ -37,20 +37,17 @@ import numpy as np
 
 from raysim.algorithms.augfl.settings import AugFlSettings
 from raysim.algorithms.augfl.teacher import check_pools, pretrained_parameters, teacher_architecture
-from raysim.algorithms.base import (
+from raysim.algorithms.interface import (
     ALGORITHMS,
     AdaptStep,
     Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
-    FullGradient,
     ServerContext,
-    ServerDataStep,
     Upload,
-    Vector,
-    gradient,
 )
+from raysim.algorithms.requests import FullGradient, ServerDataStep, Vector, gradient
 from raysim.examples import ExampleContext, Fragment
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from raysim.algorithms.augfl.settings import TransferSettings
-from raysim.algorithms.base import Vector
+from raysim.algorithms.requests import Vector
 from raysim.models.flat import FlatModel
 from raysim.seeding import Stream, rng, torch_seed
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, ConfigDict, Field
 
-from raysim.algorithms.base import AlgorithmSettings
+from raysim.algorithms.settings import AlgorithmSettings
 from raysim.models.spec import ModelChoice
 from raysim.settings import Settings
 

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raysim.algorithms.augfl.settings import AugFlSettings, PretrainingSettings, TransferStepSettings
-from raysim.algorithms.base import AlgorithmSettings, ServerContext, SGDResult, TrainModel
+from raysim.algorithms.interface import ServerContext
+from raysim.algorithms.requests import SGDResult, TrainModel
+from raysim.algorithms.settings import AlgorithmSettings
 from raysim.errors import ConfigError
 from raysim.models.weights import WeightsHeader, check_model, checksum, read_weights, write_weights
 from raysim.seeding import Stream, torch_seed
