@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms.requests import LocalSGD
+from raysim.algorithms.terms import Prox
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer
 from raysim.training.vectorized import VectorizedTrainer
@@ -56,8 +57,8 @@ def main() -> None:
     for name in args.models:
         model = FlatModel(name, (1, 28, 28), 10)
         start = model.initial_parameters(0)
-        objective = {"prox_weight": args.prox, "prox_center": start} if args.prox else {}
-        request = LocalSGD(start, args.epochs, 0.05, args.batch_size, momentum=args.momentum, **objective)
+        terms = (Prox(start, args.prox),) if args.prox else ()
+        request = LocalSGD(start, args.epochs, 0.05, args.batch_size, momentum=args.momentum, terms=terms)
         sequential = LocalTrainer(model)
         vectorized = VectorizedTrainer(model, args.chunk, torch.device(args.device))
 

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
     from raysim.data.dataset import Dataset
     from raysim.data.scheme import ClientSplit
+    from raysim.models.composed import GatedHeads
     from raysim.models.flat import ModelSpec
-    from raysim.models.losses import GatedHeads
     from raysim.runtime.simulation import Simulation
     from raysim.tracking.callbacks import RunResult
 

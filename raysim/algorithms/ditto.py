@@ -26,6 +26,7 @@ from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, Clien
 from raysim.algorithms.requests import LocalSGD, Vector, train
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import Prox
 
 
 class DittoSettings(SGDSettings):
@@ -83,7 +84,7 @@ class Ditto(Algorithm[DittoSettings, DittoClientState, DittoServerState, Vector,
 
     def client_step(self, client: ClientInfo, state: DittoClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
-        personal = yield from train(s.local_sgd(state.v, prox_weight=s.lam, prox_center=broadcast))
+        personal = yield from train(s.local_sgd(state.v, terms=(Prox(broadcast, s.lam),)))
         shared = broadcast if s.global_resync else state.w
         global_lr = s.lr if s.global_lr is None else s.global_lr
         if s.global_steps == "one_batch":

@@ -27,6 +27,7 @@ from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, Clien
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import Linear, Prox
 
 
 class FedAdmmSettings(SGDSettings):
@@ -77,7 +78,7 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
         w = broadcast
         start = w if s.start == "global" else state.theta
         result = yield from train(
-            s.local_sgd(start, prox_weight=s.rho / client.weight, prox_center=w, linear=state.pi / client.weight)
+            s.local_sgd(start, terms=(Prox(w, s.rho / client.weight), Linear(state.pi / client.weight)))
         )
         theta = result.params
         pi = state.pi if s.freeze_dual else (state.pi + s.rho * (theta - w)).astype(np.float32)

@@ -34,6 +34,7 @@ from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, Clien
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
 from raysim.algorithms.settings import AlgorithmSettings, SGDSettings
+from raysim.algorithms.terms import Linear, Prox
 from raysim.errors import ConfigError
 from raysim.models.spec import ParamSpec, personalization
 
@@ -237,9 +238,7 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         start = anchor.copy()
         if s.v_anchor == "broadcast":
             start[self.shared] = u
-        v_phase = yield from train(
-            sgd.local_sgd(start, prox_weight=s.sigma / alpha, prox_center=anchor, mask=self.personal)
-        )
+        v_phase = yield from train(sgd.local_sgd(start, terms=(Prox(anchor, s.sigma / alpha),), mask=self.personal))
         start = v_phase.params.copy()
         if s.u_start == "broadcast":
             start[self.shared] = u
@@ -250,7 +249,7 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         linear = np.zeros_like(start)
         linear[self.synced] = state.pi / alpha
         u_phase = yield from train(
-            sgd.local_sgd(start, prox_weight=s.rho / alpha, prox_center=center, linear=linear, mask=self.shared)
+            sgd.local_sgd(start, terms=(Prox(center, s.rho / alpha), Linear(linear)), mask=self.shared)
         )
         params = u_phase.params.astype(np.float32)
         u_i = params[self.shared]

@@ -5,7 +5,7 @@ Table 4 (fedapm.md 4.3, 5.2).
 
 The network is split at its head (ParamSpec.head, the last linear layer): a feature extractor f (the body), and on
 its features h = f(x) (size d) two heads, the global head g (W_g, b_g) and the client's personalized head p_i
-(W_p, b_p), with the Conditional Policy Network (CPN) between them (raysim.models.losses.GatedHeads):
+(W_p, b_p), with the Conditional Policy Network (CPN) between them (raysim.models.composed.GatedHeads):
 
     v      = c_i / ||c_i||, c_i = sum over the classes of the rows of W_p        (the client-specific input)
     u      = ReLU(LayerNorm(A (h * v) + a)) = (u_p, u_g)                          (the CPN on the conditional input)
@@ -18,7 +18,7 @@ personalized head by local SGD on
 
     CE(out, y) + lambda * MMD^2(f(x), f_global(x))
 
-where f_global is the received (frozen) extractor: the MMD term (Gaussian kernels, raysim.models.losses) keeps the
+where f_global is the received (frozen) extractor: the MMD term (Gaussian kernels, `mmd`) keeps the
 local features close to the global ones. It uploads its body, its CPN and, for the global head,
 (1 - head_mix) W_g + head_mix W_p (the authors' `generate_upload_head`, 0.5/0.5); the server averages the three
 weighted by training samples and the personalized head never leaves the client.
@@ -38,14 +38,16 @@ body with the global head (the network's own layout). A held-out client deploys 
 global head and CPN (the CPN has 2 d^2 + 6 d parameters); the upload names no message, so Byzantine attacks and
 robust rules, which act on a message of the model's coordinates, are refused for it.
 
-Not stacked (`stacks = False`): the gated two-head loss with its MMD term runs through a forward hook on the head
-(FlatModel.composed), one client at a time, as FedRoD's and FedProto's feature losses.
+The gated two-head loss with its MMD term is this module's term (`GatedHeadsLoss`): it runs through the composed
+network's forward (FlatModel.composed) and a forward hook on the head, one client at a time (not stacked,
+`stacks = False`), as FedRoD's and FedProto's losses.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -61,8 +63,95 @@ from raysim.algorithms.interface import (
 from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import server_metrics, upload_weight
 from raysim.algorithms.settings import SGDSettings
-from raysim.models.losses import GatedHeads, GatedHeadsLoss
+from raysim.algorithms.terms import Term
+from raysim.models.composed import GatedHeads
 from raysim.models.spec import ParamSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models.flat import FlatModel
+
+MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
+"""sigma of GatedHeadsLoss's Gaussian kernels (the FedCP authors' `MMD(x, y, 'rbf')`)."""
+
+
+@dataclass(frozen=True, eq=False)
+class GatedHeadsLoss(Term):
+    """The local loss in place of f_i, of a GatedHeads vector (its layout: GatedHeads) on a batch of B samples:
+
+        CE(logits, y) + mmd_weight * MMD^2(h, h_ref)
+
+    with the policy's conditional input `context` fixed for the whole request (not recomputed from the training
+    personalized head), and MMD^2 the biased estimate between the batch's features h and those of the network at
+    `reference` (a frozen copy, no gradient): `mmd`."""
+
+    heads: GatedHeads
+    context: np.ndarray
+    """[d]: the conditional input v (unnormalized: the forward normalizes it)."""
+    reference: np.ndarray | None = None
+    """The network's parameters (its size) whose features the MMD term pulls the trained features towards."""
+    mmd_weight: float = 0.0
+    gumbel: bool = True
+    """Gumbel noise in the policy's softmax at every step (drawn from the step's seed: the client's stream)."""
+    replaces_loss: ClassVar[bool] = True
+    batched: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.mmd_weight and self.reference is None:
+            raise ValueError("GatedHeadsLoss: mmd_weight > 0 needs a reference network")
+
+    @property
+    def draws(self) -> bool:
+        """Gumbel noise is drawn at every step."""
+        return self.gumbel
+
+    def loss_and_grad(
+        self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
+    ) -> tuple[float, torch.Tensor]:
+        """The loss at the GatedHeads vector `point`; `seed` (drawn from the client's stream) seeds the Gumbel noise
+        and the network's dropout."""
+        import torch
+        from torch import nn
+        from torch.func import functional_call
+
+        if self.gumbel and seed is None:
+            raise ValueError("GatedHeadsLoss: Gumbel noise needs the step's seed")
+        composed = model.composed(self.heads)
+        point = point.detach().requires_grad_(True)
+        generator = torch.Generator().manual_seed(seed) if self.gumbel and seed is not None else None
+        context = torch.tensor(np.asarray(self.context, np.float32))
+        with composed.dropout(seed):
+            logits, features, _shares = functional_call(
+                composed.module,
+                composed.spec.unflatten(point),
+                (x,),
+                {"context": context, "generator": generator, "details": True},
+            )
+        total = nn.functional.cross_entropy(logits, y)
+        if self.mmd_weight and self.reference is not None:
+            with torch.no_grad():
+                reference, _ = model.features(torch.tensor(np.asarray(self.reference, np.float32)), x)
+            total = total + self.mmd_weight * mmd(features, reference)
+        (grad,) = torch.autograd.grad(total, point)
+        return total.item(), grad
+
+
+def mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The biased MMD^2 estimate between the rows of x and y with the sum of Gaussian kernels exp(-||a - b||^2 /
+    (2 sigma)) over sigma in MMD_BANDWIDTHS: mean K_xx + mean K_yy - 2 mean K_xy, the squared distances from inner
+    products as the authors' code takes them (smooth where a distance is 0)."""
+    import torch
+
+    xx, yy, xy = x @ x.T, y @ y.T, x @ y.T
+    x_norms, y_norms = xx.diagonal(), yy.diagonal()
+    distances = (
+        x_norms[:, None] + x_norms[None, :] - 2 * xx,
+        y_norms[:, None] + y_norms[None, :] - 2 * yy,
+        x_norms[:, None] + y_norms[None, :] - 2 * xy,
+    )
+    kernels = [functools.reduce(torch.add, [torch.exp(-0.5 * d / s) for s in MMD_BANDWIDTHS]) for d in distances]
+    return (kernels[0] + kernels[1] - 2 * kernels[2]).mean()
 
 
 class FedCPSettings(SGDSettings):
@@ -165,7 +254,7 @@ class FedCP(Algorithm[FedCPSettings, FedCPClientState, FedCPServerState, Vector,
         loss = GatedHeadsLoss(
             self.heads, self.conditional_input(state.personal_head), start[self.network].copy(), s.lam, s.gumbel
         )
-        result = yield from train(s.local_sgd(start, loss=loss, mask=~self.global_head))  # the global head frozen
+        result = yield from train(s.local_sgd(start, terms=(loss,), mask=~self.global_head))  # the global head frozen
         trained = np.asarray(result.params, np.float32)
         personal = trained[self.personal]
         sent = trained.copy()

@@ -44,13 +44,14 @@ from raysim.algorithms.interface import (
 from raysim.algorithms.requests import LocalSGD, Vector, train
 from raysim.algorithms.servers import WeightedUpload, server_metrics
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import Linear, Prox
 from raysim.jit import distances
 
 
 def dynamic_request(settings: SGDSettings, w_t: Vector, gamma: Vector, eta_g: float, lr: float) -> LocalSGD:
     """Local SGD from w_t on f_i(w) - <gamma_i, w> + 1/(2 eta_g) ||w - w_t||^2 at rate `lr` (FedDyn Alg. 1 line 6
     with alpha = 1/eta_g; FedSLR eq. 4)."""
-    return dataclasses.replace(settings.local_sgd(w_t, prox_weight=1.0 / eta_g, prox_center=w_t, linear=-gamma), lr=lr)
+    return dataclasses.replace(settings.local_sgd(w_t, terms=(Prox(w_t, 1.0 / eta_g), Linear(-gamma))), lr=lr)
 
 
 def dual_update(gamma: Vector, w_t: Vector, w_i: Vector, eta_g: float) -> Vector:

@@ -20,7 +20,7 @@ nearest-prototype inference is the network with another linear head, below). A s
 
    with s(z, C) = <z, C>, tau = `temperature` (0.07, the authors' ConLoss), the sums over the classes that have a
    global prototype, a class that client k does not hold taking the global prototype in its set (the authors'
-   `update_weights_lg`), m the clients whose local prototypes the server holds (raysim.models.losses.
+   `update_weights_lg`), m the clients whose local prototypes the server holds (raysim.algorithms.fedpcl.
    PrototypeContrast); before any prototype exists (round 0) the loss is empty and g_i stays as it is (the authors'
    `loss2 = 0` until every client has uploaded);
 2. computes its local prototypes C_i^(j), the mean embedding z of each of its classes over its training split
@@ -46,14 +46,14 @@ prototypes and every client's local prototypes. The encoder is not FL traffic (t
 off-the-shelf backbones): raysim hands it to a client with the broadcast it first trains on, uncounted.
 
 Persistent client state: the model (encoder and projection) and its local prototypes; the server's: the initial
-model and every client's latest prototypes; both checkpointed like any state. Not stacked (`stacks = False`): the
-contrastive loss runs through FlatModel one client at a time.
+model and every client's latest prototypes; both checkpointed like any state. The contrastive loss is this module's
+term (`PrototypeContrast`), one client at a time (not stacked, `stacks = False`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -71,13 +71,61 @@ from raysim.algorithms.interface import (
 )
 from raysim.algorithms.requests import ClassMeans, ServerDataStep, Vector, class_means, train
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import Term
 from raysim.errors import ConfigError
 from raysim.examples import ExampleContext, Fragment
-from raysim.models.losses import PrototypeContrast
 from raysim.models.spec import ParamSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models.flat import FlatModel
 
 NO_PROTOTYPE_LOGIT = -1e9
 """The logit of a class without a prototype: never predicted."""
+
+
+@dataclass(frozen=True, eq=False)
+class PrototypeContrast(Term):
+    """The prototype-wise contrastive loss in place of f_i, on a classifier whose head is a projection: the embedding
+    of x is z = h / ||h|| with h the head's output, and for each set s of class prototypes P_s [classes, d]
+
+        sum_s weights[s] * mean_b -log softmax_j(<z_b, P_s[j]> / temperature)[y_b]
+
+    the softmax over the classes that have a prototype (`present`), the mean over the batch's samples whose class has
+    one (a sample of another class adds nothing). Set 0 is the global prototypes, the others the clients' local ones;
+    `weights` the terms' weights (1, then 1/m each)."""
+
+    prototypes: np.ndarray
+    """[sets, classes, d]."""
+    present: np.ndarray
+    """[classes] bool."""
+    weights: np.ndarray
+    """[sets]."""
+    temperature: float
+    replaces_loss: ClassVar[bool] = True
+    batched: ClassVar[bool] = False
+
+    def loss_and_grad(
+        self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
+    ) -> tuple[float, torch.Tensor]:
+        import torch
+        from torch import nn
+
+        point = point.detach().requires_grad_(True)
+        with model.dropout(seed):
+            z = nn.functional.normalize(model.forward(point, x), dim=1)
+        present = torch.tensor(np.asarray(self.present, bool))
+        kept = present[y]
+        total = point.new_zeros(())
+        if kept.any():
+            prototypes = torch.tensor(np.asarray(self.prototypes, np.float32))
+            logits = torch.einsum("bd,scd->sbc", z[kept], prototypes) / self.temperature
+            logits = logits.masked_fill(~present, float("-inf"))
+            for index, weight in enumerate(np.asarray(self.weights, np.float64)):
+                total = total + float(weight) * nn.functional.cross_entropy(logits[index], y[kept])
+        (grad,) = torch.autograd.grad(total, point, allow_unused=True)
+        return total.item(), torch.zeros_like(point) if grad is None else grad
 
 
 class FedPclSettings(SGDSettings, PretrainingSettings):
@@ -213,7 +261,7 @@ class FedPcl(Algorithm[FedPclSettings, FedPclClientState, FedPclServerState, Fed
         loss = self.contrast(broadcast)
         train_loss: float | np.ndarray = 0.0
         if loss is not None:  # step 1: the projection only
-            result = yield from train(s.local_sgd(theta, mask=self.head_mask, loss=loss))
+            result = yield from train(s.local_sgd(theta, terms=(loss,), mask=self.head_mask))
             theta, train_loss = np.asarray(result.params, np.float32), result.mean_loss
         means = np.zeros((self.classes, self.dim))
         counts = np.zeros(self.classes)

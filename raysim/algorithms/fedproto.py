@@ -31,13 +31,14 @@ head with a bias (ResNet-18-GN's on CIFAR has none: no `proto` there) and is sco
 GM: there is no global model; the common initial model is reported as raysim's Local does. Uplink: the prototypes
 and counts of the classes a client holds; downlink: the global prototypes that exist (classes x feature dimension).
 
-Not stacked (`stacks = False`): the feature loss runs through FlatModel.features, one client at a time.
+The local loss is this module's term (`PrototypePull`): its features come through FlatModel.features, one client at
+a time (not stacked, `stacks = False`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -45,8 +46,49 @@ from pydantic import Field
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate, Upload
 from raysim.algorithms.requests import ClassMeans, Vector, class_means, train
 from raysim.algorithms.settings import SGDSettings
-from raysim.models.losses import FeatureLoss
+from raysim.algorithms.terms import Term
 from raysim.models.spec import ParamSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models.flat import FlatModel
+
+
+@dataclass(frozen=True, eq=False)
+class PrototypePull(Term):
+    """Eq. 8's local loss in place of f_i: CE(logits, y) + weight * (1/(B d)) sum_b ||z_b - targets[y_b]||^2 over a
+    batch of B samples with features z = f(x) (the head's input), a sample whose class has no target (`has_target`)
+    adding 0 (an MSE against itself), divided by B d as torch's mse_loss divides it."""
+
+    targets: np.ndarray
+    """[classes, d]: the global prototypes."""
+    has_target: np.ndarray
+    """[classes] bool."""
+    weight: float
+    replaces_loss: ClassVar[bool] = True
+    batched: ClassVar[bool] = False
+
+    def loss_and_grad(
+        self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
+    ) -> tuple[float, torch.Tensor]:
+        import torch
+        from torch import nn
+
+        if model.task != "classification":
+            raise ValueError(f"FedProto's loss needs a classifier; model {model.name!r} is trained for {model.task}")
+        point = point.detach().requires_grad_(True)
+        with model.dropout(seed):
+            features, logits = model.features(point, x)
+        total = nn.functional.cross_entropy(logits, y)
+        if self.weight:
+            # Copies: the arrays may be read-only views of Ray's object store, which torch must not alias.
+            targets = torch.tensor(np.asarray(self.targets, np.float32))[y]
+            kept = torch.tensor(np.asarray(self.has_target, bool))[y]
+            targets = torch.where(kept[:, None], targets, features.detach())
+            total = total + self.weight * nn.functional.mse_loss(features, targets)
+        (grad,) = torch.autograd.grad(total, point)
+        return total.item(), grad
 
 
 class FedProtoSettings(SGDSettings):
@@ -125,8 +167,8 @@ class FedProto(
     def client_step(self, client: ClientInfo, state: FedProtoClientState, broadcast: FedProtoBroadcast) -> ClientStep:
         s = self.settings
         regularized = s.lam > 0 and bool(broadcast.present.any())
-        loss = FeatureLoss(targets=broadcast.prototypes, has_target=broadcast.present, target_weight=s.lam)
-        result = yield from train(s.local_sgd(state.theta, loss=loss if regularized else None))  # eq. 8
+        pull = PrototypePull(broadcast.prototypes, broadcast.present, s.lam)
+        result = yield from train(s.local_sgd(state.theta, terms=(pull,) if regularized else ()))  # eq. 8
         theta = np.asarray(result.params, np.float32)
         means = np.zeros((self.classes, self.feature_dim))
         counts = np.zeros(self.classes)

@@ -17,6 +17,7 @@ from pydantic import Field
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 from raysim.algorithms.interface import ALGORITHMS
 from raysim.algorithms.requests import LocalSGD, Vector
+from raysim.algorithms.terms import Prox
 
 
 class FedProxSettings(FedAvgSettings):
@@ -34,4 +35,4 @@ class FedProx(FedAvg):
 
     def local_request(self, start: Vector) -> LocalSGD:
         plain = super().local_request(start)  # FedAvg's, shared-part mask included
-        return dataclasses.replace(plain, prox_weight=self.settings.mu, prox_center=start)
+        return dataclasses.replace(plain, terms=(*plain.terms, Prox(start, self.settings.mu)))

@@ -22,13 +22,14 @@ The server averages the uploaded bodies and generic heads weighted by training s
 PM = body + generic head + personal head, i.e. the network whose head is g_G + g_P (both linear in the same
 features, so their logits add). Uplink and downlink: the body and generic head (the whole model), never g_P.
 
-Not stacked (`stacks = False`): the two-head loss runs through FlatModel.features, one client at a time.
+The two-head loss is this module's term (`TwoHeadLoss`): its features come through FlatModel.features, one client at
+a time (not stacked, `stacks = False`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -37,9 +38,46 @@ from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, Clien
 from raysim.algorithms.requests import ClassMeans, Vector, class_means, train
 from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import Term
 from raysim.jit import distances
-from raysim.models.losses import FeatureLoss
 from raysim.models.spec import ParamSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models.flat import FlatModel
+
+
+@dataclass(frozen=True, eq=False)
+class TwoHeadLoss(Term):
+    """The local loss in place of f_i, on the vector (model, personal head) whose second part is laid out as the
+    model's head (ParamSpec.head): CE(logits + logit_shift, y) + CE(stopgrad(logits) + g_P(stopgrad(z)), y), with z
+    the model's features (its head's input) and g_P the personal head; `logit_shift` None: plain CE for the first."""
+
+    logit_shift: np.ndarray | None
+    """[classes]: log class counts (the balanced softmax), or None."""
+    replaces_loss: ClassVar[bool] = True
+    batched: ClassVar[bool] = False
+
+    def loss_and_grad(
+        self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
+    ) -> tuple[float, torch.Tensor]:
+        import torch
+        from torch import nn
+
+        if model.task != "classification":
+            raise ValueError(f"FedRoD's loss needs a classifier; model {model.name!r} is trained for {model.task}")
+        point = point.detach().requires_grad_(True)
+        with model.dropout(seed):
+            features, logits = model.features(point[: model.size], x)
+        # A copy (torch.tensor): the arrays may be read-only views of Ray's object store, which torch must not alias.
+        shift = None if self.logit_shift is None else torch.tensor(np.asarray(self.logit_shift, np.float32))
+        total = nn.functional.cross_entropy(logits if shift is None else logits + shift, y)
+        head = model.spec_head(point[model.size :])
+        corrected = logits.detach() + nn.functional.linear(features.detach(), *head)
+        total = total + nn.functional.cross_entropy(corrected, y)
+        (grad,) = torch.autograd.grad(total, point)
+        return total.item(), grad
 
 
 class FedRoDSettings(SGDSettings):
@@ -100,7 +138,7 @@ class FedRoD(Algorithm[FedRoDSettings, FedRoDClientState, FedRoDServerState, Vec
             counts = yield from class_means(ClassMeans(None))
             shift = class_prior_shift(counts.counts)
         start = np.concatenate([broadcast, state.personal_head]).astype(np.float32)
-        result = yield from train(s.local_sgd(start, loss=FeatureLoss(logit_shift=shift, second_head=True)))
+        result = yield from train(s.local_sgd(start, terms=(TwoHeadLoss(shift),)))
         params = np.asarray(result.params, np.float32)
         model, personal = params[: len(broadcast)], params[len(broadcast) :]
         weight = float(client.num_train) if s.aggregation == "samples" else 1.0

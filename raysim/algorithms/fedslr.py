@@ -61,6 +61,7 @@ from raysim.algorithms.prox import (
     matrix_shape,
 )
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
+from raysim.algorithms.terms import L1, Offset
 from raysim.models.spec import ParamSpec
 
 
@@ -268,7 +269,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         l1 = s.mu if s.l1_scope == "all" else s.mu * self._matrix_coordinates().astype(np.float32)
         if s.phase2_epochs:
             phase2 = dataclasses.replace(
-                s.local_sgd(p, s.phase2_epochs, offset=w_t, l1=l1), lr=lr, weight_decay=s.p_weight_decay
+                s.local_sgd(p, s.phase2_epochs, terms=(Offset(w_t), L1(l1))), lr=lr, weight_decay=s.p_weight_decay
             )
             second = yield from train(phase2)  # (7)
             p = second.params

@@ -41,6 +41,7 @@ from raysim.algorithms.interface import (
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import Prox
 from raysim.jit import add_square, distances, kernel, rows
 
 
@@ -124,9 +125,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
         losses = []
         for epochs in passes:
             center = w_i if s.prox_center == "local" else w
-            result = yield from train(
-                s.local_sgd(theta, epochs, prox_weight=s.lam, prox_center=center, in_place=in_place)
-            )
+            result = yield from train(s.local_sgd(theta, epochs, terms=(Prox(center, s.lam),), in_place=in_place))
             losses.append(result.mean_loss)  # a number, or one per row
             theta, in_place = np.asarray(result.params, np.float32), True  # later epochs train the step's own theta
             if s.diagnostics:  # w_i^t of (17), before (12) writes the new w_i over it

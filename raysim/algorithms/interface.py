@@ -33,7 +33,7 @@ from raysim.algorithms.requests import (
 )
 from raysim.algorithms.settings import AlgorithmSettings
 from raysim.examples import ExampleContext, Fragment
-from raysim.models.losses import GatedHeads
+from raysim.models.composed import GatedHeads
 from raysim.models.spec import ParamSpec
 from raysim.registry import Registry
 
@@ -296,7 +296,7 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
 
     def personalized_network(self) -> GatedHeads | None:
         """What the PMs are when they are not vectors of the network's parameters: a personalized model built around
-        the network (raysim.models.losses.GatedHeads: FedCP's), whose vectors `composed_model` gives in place of
+        the network (raysim.models.composed.GatedHeads: FedCP's), whose vectors `composed_model` gives in place of
         `evaluated_model` and the hosts score with FlatModel.composed. Default None: the PM is the network's."""
         return None
 

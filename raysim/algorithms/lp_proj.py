@@ -39,6 +39,7 @@ from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientChunk, Clie
 from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import ProjectedProx
 from raysim.jit import rows
 from raysim.models.spec import ParamSpec
 
@@ -108,9 +109,7 @@ class LpProj(Algorithm[LpProjSettings, LpProjClientState, RunningMeanState, Vect
         center = w_i if s.prox_center == "local" else broadcast
         request = s.local_sgd(
             state.theta,
-            projection=self.projection,
-            projected_prox_weight=s.lam,
-            projected_prox_center=center,
+            terms=(ProjectedProx(self.projection, center, s.lam),),
             in_place=client.may_write(),
         )
         result = yield from train(request)

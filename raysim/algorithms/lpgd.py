@@ -39,6 +39,7 @@ from raysim.algorithms.interface import (
 from raysim.algorithms.prox import matrix_shape
 from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import WeightedUpload, weighted_average
+from raysim.algorithms.terms import Nuclear
 from raysim.jit import distances
 
 
@@ -78,7 +79,7 @@ class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, Vector, Wei
     def client_step(self, client: ClientInfo | ClientChunk, state: LpgdClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
         lr = s.lr  # eta_l * decay^t (LrSchedule.at_round)
-        request = s.local_sgd(broadcast, nuclear=s.lam if s.lam else None)
+        request = s.local_sgd(broadcast, terms=(Nuclear(s.lam),) if s.lam else ())
         result = yield from train(request)  # (18)
         w_i = np.asarray(result.params, np.float32)
         count = np.ones_like(np.asarray(client.num_train, np.float32))  # a number, or one per row of a chunk

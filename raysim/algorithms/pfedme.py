@@ -26,6 +26,7 @@ from raysim.algorithms.servers import (
     start_running_mean,
 )
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import Prox
 
 
 class PFedMeSettings(SGDSettings):
@@ -92,7 +93,7 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vect
         theta, w_i = state.theta, broadcast.astype(np.float64)
         losses = []
         for _epoch in range(s.epochs):
-            result = yield from train(s.local_sgd(theta, 1, prox_weight=s.lam, prox_center=w_i.astype(np.float32)))
+            result = yield from train(s.local_sgd(theta, 1, terms=(Prox(w_i.astype(np.float32), s.lam),)))
             losses.append(result.mean_loss)
             theta = result.params
             w_i = w_i - s.global_lr * s.lam * (w_i - theta)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from raysim.models.losses import FeatureLoss, GatedHeadsLoss, PrototypeContrast
+from raysim.algorithms.terms import Nuclear, Term, loss_term
+
+T = TypeVar("T", bound=Term)
 
 if TYPE_CHECKING:
     pass
@@ -37,12 +39,13 @@ Number = float | np.ndarray
 class LocalSGD:
     """Request: mini-batch SGD from `start` on the client's training split, minimising
 
-        f_i(offset + x) + (prox_weight/2) ||x - prox_center||^2 + <linear, x> + (weight_decay/2) ||x||^2
-            + l1 ||x||_1 + nuclear sum_l ||W_l||_*
-            + (projected_prox_weight/2) ||projection x - projected_prox_center||^2
+        f_i(x) + (weight_decay/2) ||x||^2 + the request's terms (raysim.algorithms.terms)
 
     for `epochs` passes of shuffled mini-batches (the last batch may be smaller), or for `random_batches` steps on
-    one random batch each, moving only the coordinates in `mask` when one is given.
+    one random batch each, moving only the coordinates in `mask` when one is given. A step takes the gradient of
+    f_i (or of the one loss term that replaces it) at the point the terms say, adds weight_decay x and each smooth
+    term's gradient in order, keeps the frozen coordinates' at 0, folds in momentum, steps, then applies each
+    non-smooth term's proximal map in order.
     """
 
     start: Vector
@@ -51,35 +54,14 @@ class LocalSGD:
     batch_size: int
     momentum: float = 0.0
     weight_decay: float = 0.0
-    prox_weight: float = 0.0
-    prox_center: Vector | None = None
-    linear: Vector | None = None
+    terms: tuple[Term, ...] = ()
+    """The local objective's terms beyond f_i, in the order their gradients are added and their maps applied."""
     mask: np.ndarray | None = None
     """Boolean, parameter-sized: only these coordinates move (partial personalization phases, fedapm.md 1.5)."""
-    offset: Vector | None = None
-    """If given, f_i is evaluated at offset + x (FedSLR Phase II trains p with w_t frozen, fedslr.md eq. 7)."""
-    l1: float | Vector | None = None
-    """If given, proximal SGD for + l1 ||x||_1: soft-threshold at lr * l1 after every step (scalar or per entry)."""
-    nuclear: float | None = None
-    """If given, proximal SGD for + nuclear sum_l ||W_l||_* over the matrix (>= 2-D) parameters W_l, matrixized as
-    raysim.algorithms.prox.matrixize: singular value thresholding of each at lr * nuclear after every step (and after
-    the l1 step), the per-step proximal operator of FedSLR's LPGD ablation (fedslr.md A.2 eq. 18). An SVD per layer
-    and step: the vectorized trainer runs such requests one client at a time. Not with `mask`."""
     random_batches: int | None = None
     """If given, instead of `epochs` passes: this many steps, each on one batch picked uniformly among the batches of
     a fresh shuffle of the split (the smaller last batch included), as `random.choice(list(trainloader))` does in
     the FLAME authors' code for Ditto's global copy (flame.md 11); momentum carries over between the steps."""
-    projection: np.ndarray | None = None
-    """P [d_sub, n], one matrix shared by every row of a chunk: with `projected_prox_weight` the proximal term pulls
-    the projection P x towards `projected_prox_center` (Lp-Proj-2's lambda/2 ||P theta - w_i||^2, flame.md 2.5,
-    whose gradient lambda P^T (P theta - w_i) enters every step)."""
-    projected_prox_weight: float = 0.0
-    projected_prox_center: Vector | None = None
-    """[d_sub] (a chunk's: [k, d_sub] or one [d_sub] shared)."""
-    loss: FeatureLoss | GatedHeadsLoss | PrototypeContrast | None = None
-    """If given, the local loss on the features and logits that replaces f_i (vectors such as `prox_center` are then
-    sized as `start`, which holds a second head too with FeatureLoss.second_head, or is a GatedHeads vector with a
-    GatedHeadsLoss). A loss that draws noise (`loss.draws`) gets a seed from the client's stream at every step."""
     random_epochs: bool = False
     """If set, `epochs` is a maximum: the executor first draws the passes uniformly from 1..epochs with the request's
     generator (raysim.training.local.drawn_epochs), then the batches (SGDSettings.random_epochs)."""
@@ -87,36 +69,41 @@ class LocalSGD:
     """The executor may train in `start`'s memory and return it as the result (the step needs the old values no
     more, ClientChunk.in_place); without it, or where it cannot, it trains a copy."""
 
-    shared_fields: ClassVar[tuple[str, ...]] = ("projection",)
-    """Matrix fields that one request of a chunk shares by every row (raysim.execution.stacking.unstack)."""
-
     def __post_init__(self) -> None:
-        if self.prox_weight and self.prox_center is None:
-            raise ValueError("LocalSGD: prox_weight > 0 needs a prox_center")
-        if self.nuclear is not None and self.mask is not None:
-            raise ValueError("LocalSGD: nuclear (a per-layer prox) cannot be combined with a mask")
-        if self.projected_prox_weight and (self.projection is None or self.projected_prox_center is None):
-            raise ValueError("LocalSGD: projected_prox_weight > 0 needs a projection and a projected_prox_center")
+        if not all(isinstance(term, Term) for term in self.terms):
+            raise TypeError(f"LocalSGD: terms must be raysim.algorithms.terms.Term objects, got {self.terms!r}")
+        loss_term(self.terms)  # at most one
+        if self.mask is not None and any(isinstance(term, Nuclear) for term in self.terms):
+            raise ValueError("LocalSGD: a nuclear term (a per-layer prox) cannot be combined with a mask")
         if self.random_batches is not None and self.random_batches < 1:
             raise ValueError(f"LocalSGD: random_batches must be at least 1, got {self.random_batches}")
         if self.random_epochs and self.random_batches is not None:
             raise ValueError("LocalSGD: random_epochs draws passes; a random_batches request makes none")
 
+    def term(self, kind: type[T]) -> T | None:
+        """The request's term of type `kind`, or None (exact solvers in tests read the objective this way)."""
+        return next((term for term in self.terms if isinstance(term, kind)), None)
+
+    @property
+    def batched(self) -> bool:
+        """Whether the vectorized trainer can run a chunk's rows of this request in one lockstep loop: every term has
+        a stacked form and the steps are whole passes."""
+        return self.random_batches is None and all(term.batched for term in self.terms)
+
+    @property
+    def draws(self) -> bool:
+        """Whether a step draws noise of its own (a term's), besides dropout's."""
+        return any(term.draws for term in self.terms)
+
 
 def scale_loss(request: LocalSGD, factor: float) -> LocalSGD:
-    """`request` on the objective factor * (f_i + weight_decay/2 ||x||^2) + the other terms unscaled, as SGD with
-    lr * factor on the objective whose prox, projected prox, linear and l1 terms are divided by `factor`: the same
-    iterates (with momentum too), and FedAPM's way of weighting its loss by alpha_i (raysim.algorithms.fedapm)."""
+    """`request` on the objective factor * (f_i + weight_decay/2 ||x||^2) + its terms unscaled, as SGD with
+    lr * factor on the objective whose terms are divided by `factor` (Term.scaled): the same iterates (with momentum
+    too), and FedAPM's way of weighting its loss by alpha_i (raysim.algorithms.fedapm)."""
     if factor == 1.0:
         return request
     return dataclasses.replace(
-        request,
-        lr=request.lr * factor,
-        prox_weight=request.prox_weight / factor,
-        projected_prox_weight=request.projected_prox_weight / factor,
-        linear=None if request.linear is None else request.linear / np.float32(factor),
-        l1=None if request.l1 is None else request.l1 / np.float32(factor),
-        nuclear=None if request.nuclear is None else request.nuclear / factor,
+        request, lr=request.lr * factor, terms=tuple(term.scaled(factor) for term in request.terms)
     )
 
 
@@ -202,7 +189,7 @@ class ClassMeans:
     split: str = "train"
     embedding: bool = False
     """Average the normalized head outputs z = h / ||h|| instead of the features (FedPCL's prototypes,
-    raysim.models.losses.PrototypeContrast); d is then the head's output size."""
+    raysim.algorithms.fedpcl.PrototypeContrast); d is then the head's output size."""
     """"train", "val" or "test": the ClientData index set to count and average over."""
 
     @property

@@ -42,6 +42,7 @@ from raysim.algorithms.interface import (
 from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.servers import server_metrics
 from raysim.algorithms.settings import SGDSettings
+from raysim.algorithms.terms import Linear
 from raysim.jit import distances
 
 
@@ -108,7 +109,7 @@ class Scaffold(
     ) -> ClientStep:
         s = self.settings
         x, c = broadcast.x, broadcast.c
-        result = yield from train(s.local_sgd(x, linear=c - state.c))  # line 10: g_i(y) - c_i + c
+        result = yield from train(s.local_sgd(x, terms=(Linear(c - state.c),)))  # line 10: g_i(y) - c_i + c
         y = np.asarray(result.params, np.float32)
         steps = per_row(result.steps)
         # Option II (line 12): c_i+ = c_i - c + (x - y_i) / (K eta_l)

@@ -15,6 +15,7 @@ from raysim.algorithms.requests import (
     batch_steps,
     scale_loss,
 )
+from raysim.algorithms.terms import Term
 from raysim.settings import Settings
 
 if TYPE_CHECKING:
@@ -91,8 +92,11 @@ class SGDSettings(LrSchedule):
         """The step on the unweighted loss f_i, lr times the loss's weight, as the run's parameters state it."""
         return f"{self.lr * self.loss_factor(num_clients):.6g}"
 
-    def local_sgd(self, start: Vector, epochs: int | None = None, **objective: Any) -> LocalSGD:
-        """A LocalSGD request with these hyperparameters; `objective` sets the prox/linear terms."""
+    def local_sgd(
+        self, start: Vector, epochs: int | None = None, terms: tuple[Term, ...] = (), **options: Any
+    ) -> LocalSGD:
+        """A LocalSGD request with these hyperparameters on f_i + `terms`; `options` sets its other fields (mask,
+        in_place)."""
         return LocalSGD(
             start=start,
             epochs=self.epochs if epochs is None else epochs,
@@ -100,8 +104,9 @@ class SGDSettings(LrSchedule):
             batch_size=self.batch_size,
             momentum=self.momentum,
             weight_decay=self.weight_decay,
+            terms=terms,
             random_epochs=self.random_epochs,
-            **objective,
+            **options,
         )
 
 

@@ -99,9 +99,12 @@ class Term:
     """Fields holding one array that every row of a chunk shares."""
     replaces_loss: ClassVar[bool] = False
     """`loss_and_grad` gives the step's loss and gradient in place of f_i's (at most one such term a request)."""
-    draws: ClassVar[bool] = False
-    """The term draws noise of its own at every step: the step's seed (from the client's stream) reaches
-    `loss_and_grad`, as dropout's does."""
+
+    @property
+    def draws(self) -> bool:
+        """Whether the term draws noise of its own at every step: the step's seed (from the client's stream) then
+        reaches `loss_and_grad`, as dropout's does."""
+        return False
 
     def scaled(self, factor: float) -> Self:
         """The term divided by `factor` (raysim.algorithms.requests.scale_loss); a part of the loss stays as it is."""

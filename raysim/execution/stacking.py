@@ -44,15 +44,14 @@ def one_row(item: Any) -> Any:
 
 def unstack(stacked: Any, count: int) -> list[Any]:
     """The `count` rows of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
-    ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row, as is
-    a field the type names in `shared_fields` (LocalSGD's projection matrix)."""
+    ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row, and a
+    LocalSGD's terms give each row its own (Term.row)."""
     request = isinstance(stacked, LocalSGD | FullGradient | ClassMeans)
-    shared = getattr(stacked, "shared_fields", ())
     columns = {}
     for f in dataclasses.fields(stacked):
         value = getattr(stacked, f.name)
-        if f.name in shared:
-            columns[f.name] = [value] * count
+        if f.name == "terms":
+            columns[f.name] = [tuple(term.row(i) for term in value) for i in range(count)]
         elif isinstance(value, np.ndarray) and value.ndim == 2:
             columns[f.name] = list(value)
         elif isinstance(value, np.ndarray) and value.ndim == 1 and not request:

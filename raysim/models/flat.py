@@ -17,8 +17,8 @@ from torch import nn
 from torch.func import functional_call
 
 from raysim.data.dataset import Task
-from raysim.models.gated import GatedHeadsNetwork, mmd
-from raysim.models.losses import FeatureLoss, GatedHeads, GatedHeadsLoss, PrototypeContrast
+from raysim.models.composed import GatedHeads
+from raysim.models.gated import GatedHeadsNetwork
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import as_shape, build_module, initial_parameters
 
@@ -117,7 +117,7 @@ class FlatModel:
         dropout trains with it on, its masks drawn from a torch generator seeded so (the caller draws the seed from
         the client's stream: the same masks wherever the client runs); else dropout is off."""
         point = flat.detach().requires_grad_(True)
-        with self._dropout(dropout_seed):
+        with self.dropout(dropout_seed):
             loss = self._loss(self.forward(point, x), y)
         (grad,) = torch.autograd.grad(loss, point)
         return loss.item(), grad
@@ -128,66 +128,6 @@ class FlatModel:
         if network not in self._composed:
             self._composed[network] = GatedHeadsModel(self, network)
         return self._composed[network]
-
-    def feature_loss_and_grad(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        loss: FeatureLoss | GatedHeadsLoss,
-        dropout_seed: int | None = None,
-    ) -> tuple[float, torch.Tensor]:
-        """FeatureLoss `loss` on the batch at `flat` (the model's parameters, then with `loss.second_head` a second
-        head laid out as `spec.head`) and its gradient (a new flat tensor); dropout as in `loss_and_grad`. A
-        GatedHeadsLoss trains a vector of its GatedHeads (`composed`), `dropout_seed` seeding its noise too."""
-        if self.task != "classification":
-            raise ValueError(f"a feature loss needs a classifier; model {self.name!r} is trained for {self.task}")
-        if isinstance(loss, GatedHeadsLoss):
-            return self.composed(loss.heads).gated_loss_and_grad(flat, x, y, loss, dropout_seed)
-        point = flat.detach().requires_grad_(True)
-        model = point[: self.size]
-        with self._dropout(dropout_seed):
-            features, logits = self.features(model, x)
-        # Copies (torch.tensor): the arrays may be read-only views of Ray's object store, which torch must not alias.
-        shift = None if loss.logit_shift is None else torch.tensor(np.asarray(loss.logit_shift, np.float32))
-        total = nn.functional.cross_entropy(logits if shift is None else logits + shift, y)
-        if loss.target_weight:
-            targets = torch.tensor(np.asarray(loss.targets, np.float32))[y]
-            if loss.has_target is not None:
-                kept = torch.tensor(np.asarray(loss.has_target, bool))[y]
-                targets = torch.where(kept[:, None], targets, features.detach())
-            total = total + loss.target_weight * nn.functional.mse_loss(features, targets)
-        if loss.second_head:
-            head = self.spec_head(point[self.size :])
-            corrected = logits.detach() + nn.functional.linear(features.detach(), *head)
-            total = total + nn.functional.cross_entropy(corrected, y)
-        (grad,) = torch.autograd.grad(total, point)
-        return total.item(), grad
-
-    def prototype_contrast_loss_and_grad(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        loss: PrototypeContrast,
-        dropout_seed: int | None = None,
-    ) -> tuple[float, torch.Tensor]:
-        """PrototypeContrast `loss` on the batch at `flat` and its gradient (a new flat tensor); dropout as in
-        `loss_and_grad`."""
-        point = flat.detach().requires_grad_(True)
-        with self._dropout(dropout_seed):
-            z = nn.functional.normalize(self.forward(point, x), dim=1)
-        present = torch.tensor(np.asarray(loss.present, bool))
-        kept = present[y]
-        total = point.new_zeros(())
-        if kept.any():
-            prototypes = torch.tensor(np.asarray(loss.prototypes, np.float32))
-            logits = torch.einsum("bd,scd->sbc", z[kept], prototypes) / loss.temperature
-            logits = logits.masked_fill(~present, float("-inf"))
-            for s, weight in enumerate(np.asarray(loss.weights, np.float64)):
-                total = total + float(weight) * nn.functional.cross_entropy(logits[s], y[kept])
-        (grad,) = torch.autograd.grad(total, point, allow_unused=True)
-        return total.item(), torch.zeros_like(point) if grad is None else grad
 
     def spec_head(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A head's (weight, bias) from a vector laid out as the model's head (`spec.head`: weight, then bias)."""
@@ -228,7 +168,7 @@ class FlatModel:
         return counts, means.to(torch.float32).numpy()
 
     @contextmanager
-    def _dropout(self, seed: int | None) -> Iterator[None]:
+    def dropout(self, seed: int | None) -> Iterator[None]:
         """Dropout on, from torch's generator seeded with `seed` (restored afterwards), within the block."""
         if seed is None or not self.stochastic:
             yield
@@ -271,31 +211,6 @@ class GatedHeadsModel(FlatModel):
         """The noiseless policy of each sample, [samples, 2, d] (rows s and r), at the vector `flat`."""
         params = self.spec.unflatten(torch.tensor(flat, dtype=torch.float32))
         return functional_call(self.module, params, (torch.from_numpy(x),), {"details": True})[2].numpy()
-
-    def gated_loss_and_grad(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: GatedHeadsLoss, seed: int | None
-    ) -> tuple[float, torch.Tensor]:
-        """GatedHeadsLoss `loss` on the batch at the vector `flat` and its gradient; `seed` (drawn from the client's
-        stream) seeds the Gumbel noise and the network's dropout."""
-        if loss.gumbel and seed is None:
-            raise ValueError("GatedHeadsLoss: Gumbel noise needs the step's seed")
-        point = flat.detach().requires_grad_(True)
-        generator = torch.Generator().manual_seed(seed) if loss.gumbel and seed is not None else None
-        context = torch.tensor(np.asarray(loss.context, np.float32))
-        with self._dropout(seed):
-            logits, features, _shares = functional_call(
-                self.module,
-                self.spec.unflatten(point),
-                (x,),
-                {"context": context, "generator": generator, "details": True},
-            )
-        total = nn.functional.cross_entropy(logits, y)
-        if loss.mmd_weight and loss.reference is not None:
-            with torch.no_grad():
-                reference, _ = self.network.features(torch.tensor(np.asarray(loss.reference, np.float32)), x)
-            total = total + loss.mmd_weight * mmd(features, reference)
-        (grad,) = torch.autograd.grad(total, point)
-        return total.item(), grad
 
 
 def gated_network(network: nn.Module, heads: GatedHeads) -> GatedHeadsNetwork:

@@ -1,16 +1,14 @@
-"""The torch side of GatedHeads (raysim.models.losses): FedCP's personalized model, the network with a global head
+"""The torch side of GatedHeads (raysim.models.composed): FedCP's personalized model, the network with a global head
 and a conditional policy network that splits each sample's features between the two heads, as a torch module whose
-parameters are GatedHeads' vector, and GatedHeadsLoss's MMD term (raysim.models.flat.GatedHeadsModel trains and
-scores such vectors)."""
+parameters are GatedHeads' vector (raysim.models.flat.GatedHeadsModel scores such vectors, FedCP's GatedHeadsLoss
+trains them)."""
 
 from __future__ import annotations
-
-import functools
 
 import torch
 from torch import nn
 
-from raysim.models.losses import MMD_BANDWIDTHS, GatedHeads
+from raysim.models.composed import GatedHeads
 
 
 class GatedHeadsNetwork(nn.Module):
@@ -56,18 +54,3 @@ class GatedHeadsNetwork(nn.Module):
         personal, shared = shares[:, 0], shares[:, 1]
         logits = nn.functional.linear(features * personal, head.weight, head.bias) + self.global_head(features * shared)
         return (logits, features, shares) if details else logits
-
-
-def mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The biased MMD^2 estimate between the rows of x and y with the sum of Gaussian kernels exp(-||a - b||^2 /
-    (2 sigma)) over sigma in MMD_BANDWIDTHS (GatedHeadsLoss): mean K_xx + mean K_yy - 2 mean K_xy, the squared
-    distances from inner products as the authors' code takes them (smooth where a distance is 0)."""
-    xx, yy, xy = x @ x.T, y @ y.T, x @ y.T
-    x_norms, y_norms = xx.diagonal(), yy.diagonal()
-    distances = (
-        x_norms[:, None] + x_norms[None, :] - 2 * xx,
-        y_norms[:, None] + y_norms[None, :] - 2 * yy,
-        x_norms[:, None] + y_norms[None, :] - 2 * xy,
-    )
-    kernels = [functools.reduce(torch.add, [torch.exp(-0.5 * d / s) for s in MMD_BANDWIDTHS]) for d in distances]
-    return (kernels[0] + kernels[1] - 2 * kernels[2]).mean()

@@ -11,7 +11,6 @@ from typing import Literal, overload
 import numpy as np
 import torch
 
-from raysim.algorithms.prox import layerwise_svt, soft_threshold
 from raysim.algorithms.requests import (
     BatchGradients,
     BatchGradientsResult,
@@ -27,7 +26,6 @@ from raysim.algorithms.requests import (
 )
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
-from raysim.models.losses import PrototypeContrast
 from raysim.training.authors_batches import ReplayedBatches
 
 Augment = Literal["none", "crop_flip"]
@@ -248,49 +246,41 @@ class LocalTrainer:
         self.model = model
 
     def sgd(self, request: LocalSGD, data: ClientData, generator: Draws) -> SGDResult:
-        """Mini-batch SGD (with optional momentum) on the request's objective; see LocalSGD."""
+        """Mini-batch SGD (with optional momentum) on the request's objective, its terms in order; see LocalSGD."""
         request = drawn_epochs(request, generator)
         x = torch.from_numpy(np.array(request.start, dtype=np.float32))
-        # Copies: the arrays may be read-only views of Ray's object store, which torch must not alias.
-        center = _tensor(request.prox_center, np.float32)
-        linear = _tensor(request.linear, np.float32)
-        mask = _tensor(request.mask, bool)
-        offset = _tensor(request.offset, np.float32)
-        projection = _tensor(request.projection, np.float32) if request.projected_prox_weight else None
-        projected_center = _tensor(request.projected_prox_center, np.float32)
-        l1 = None if request.l1 is None else request.lr * _tensor(request.l1, np.float32)
+        # A copy: the arrays may be read-only views of Ray's object store, which torch must not alias.
+        mask = None if request.mask is None else torch.from_numpy(np.array(request.mask, dtype=bool))
+        terms = request.terms
+        loss_term = next((term for term in terms if term.replaces_loss), None)
+        noisy = self.model.stochastic or request.draws
         velocity = torch.zeros_like(x) if request.momentum else None
         losses: list[float] = []
         for batch in training_batches(request, data.train, generator):
             xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
-            noisy = self.model.stochastic or (request.loss is not None and request.loss.draws)
-            dropout_seed = int(generator.integers(2**62)) if noisy else None  # after the batch's draws
-            point = x if offset is None else offset + x
-            if request.loss is None:
-                loss, grad = self.model.loss_and_grad(point, xb, yb, dropout_seed)
-            elif isinstance(request.loss, PrototypeContrast):
-                loss, grad = self.model.prototype_contrast_loss_and_grad(point, xb, yb, request.loss, dropout_seed)
+            seed = int(generator.integers(2**62)) if noisy else None  # after the batch's draws
+            point = x
+            for term in terms:
+                point = term.evaluated_at(point)
+            if loss_term is None:
+                loss, grad = self.model.loss_and_grad(point, xb, yb, seed)
             else:
-                loss, grad = self.model.feature_loss_and_grad(point, xb, yb, request.loss, dropout_seed)
+                loss, grad = loss_term.loss_and_grad(self.model, point, xb, yb, seed)
             losses.append(loss)
             if request.weight_decay:
                 grad.add_(x, alpha=request.weight_decay)
-            if request.prox_weight and center is not None:  # LocalSGD: a prox_weight comes with its center
-                grad.add_(x - center, alpha=request.prox_weight)
-            if linear is not None:
-                grad.add_(linear)
-            if projection is not None and projected_center is not None:  # P^T (P x - c), LocalSGD.projection
-                grad.add_(projection.T @ (projection @ x - projected_center), alpha=request.projected_prox_weight)
+            for term in terms:
+                term.add_gradient(grad, x)
             if mask is not None:
                 grad.masked_fill_(~mask, 0.0)
             if velocity is not None:
                 velocity.mul_(request.momentum).add_(grad)
                 grad = velocity
             x.sub_(grad, alpha=request.lr)
-            if l1 is not None:
-                x = soft_threshold(x, l1) if mask is None else torch.where(mask, soft_threshold(x, l1), x)
-            if request.nuclear is not None:  # LocalSGD.nuclear: SVT of every matrix parameter at lr * nuclear
-                x = torch.from_numpy(layerwise_svt(x.numpy(), self.model.spec, request.lr * request.nuclear).params)
+            for term in terms:
+                mapped = term.proximal(x, request.lr, self.model)
+                if mapped is not x:  # a frozen coordinate stays where the step left it
+                    x = mapped if mask is None else torch.where(mask, mapped, x)
         return SGDResult(
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )

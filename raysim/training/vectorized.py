@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from raysim.algorithms.prox import soft_threshold
 from raysim.algorithms.requests import BatchGradients, BatchGradientsResult, LocalSGD, SGDResult
+from raysim.algorithms.terms import RowsContext, StackedTerm
 from raysim.execution.stacking import unstack
 from raysim.models.flat import FlatModel, perceptron_layers
 from raysim.training.local import ClientData, Draws, LocalTrainer, drawn_epochs
@@ -57,22 +57,17 @@ logger = logging.getLogger(__name__)
 
 
 def group_key(request: LocalSGD) -> tuple:
-    """Requests that can share one lockstep loop: the same hyperparameters and the same objective terms."""
+    """Requests that can share one lockstep loop: the same hyperparameters and the same kinds of terms with the
+    same numbers (Term.key)."""
     return (
         request.epochs,
         request.lr,
         request.batch_size,
         request.momentum,
         request.weight_decay,
-        request.prox_weight,
-        request.linear is not None,
         request.mask is not None,
-        request.offset is not None,
-        request.l1 is not None,
-        request.nuclear,
         request.random_batches,
-        request.projected_prox_weight,
-        None if request.projection is None else id(request.projection),
+        tuple(term.key() for term in request.terms),
     )
 
 
@@ -129,7 +124,7 @@ class VectorizedTrainer:
         groups: dict[tuple, list[int]] = defaultdict(list)
         jobs = [(drawn_epochs(request, generator), data, generator) for request, data, generator in jobs]
         for position, (request, data, generator) in enumerate(jobs):
-            if request.loss is not None:  # each client's own FeatureLoss: one at a time (see sgd_rows)
+            if not request.batched:  # a term without a stacked form: one at a time (see sgd_rows)
                 results[position] = self._sequential.sgd(request, data, generator)
             else:
                 groups[group_key(request)].append(position)
@@ -155,11 +150,10 @@ class VectorizedTrainer:
         count = len(data)
         if request.random_epochs:  # each row's own draw of passes: rows of the same count train together
             return self._stacked(self.sgd(list(zip(unstack(request, count), data, generators, strict=True))))
-        # A few random batches, a per-step SVD of every client's layers (LocalSGD.nuclear): no lockstep. A feature
-        # loss (LocalSGD.loss) runs through FlatModel.features, a forward hook on the head that vmap and the
-        # perceptron's hand-written backward pass do not take.
-        lockstep = request.random_batches is None and request.nuclear is None and request.loss is None
-        if self.unavailable is not None or not lockstep:
+        # A few random batches, or a term without a stacked form (a per-step SVD of every client's layers, a loss
+        # term through FlatModel.features' forward hook, which vmap and the perceptron's backward pass do not take):
+        # one client at a time.
+        if self.unavailable is not None or not request.batched:
             jobs = zip(unstack(request, count), data, generators, strict=True)
             return self._stacked([self._sequential.sgd(row, d, g) for row, d, g in jobs])
         steps = np.array([_steps(request, d) for d in data], np.int64)
@@ -349,19 +343,21 @@ class VectorizedTrainer:
             flat = torch.empty((count, self.model.size), dtype=torch.float32, device=self.device)
             flat.copy_(self._rows(start, count))
         params = self.model.spec.unflatten(flat)  # per-layer views [k, *shape] of the one buffer
-        offset = self._rows(request.offset, count)
-        shift = None if offset is None else self.model.spec.unflatten(offset)
-        update = _Update(request, params, lambda v, dtype=torch.float32: self._layers_of(v, count, dtype))
-        projected = _ProjectedProx(request, count, self.device, self.model.spec.unflatten)
+        layers = lambda vectors, dtype=torch.float32: self._layers_of(vectors, count, dtype)  # noqa: E731
+        rows = RowsContext(count, self.model.size, request.lr, layers, self.model.spec.unflatten, self.device)
+        terms = [term.stacked(rows) for term in request.terms]
+        shifts = [shift for term in terms if (shift := term.shift()) is not None]
+        update = _Update(request, params, terms, layers)
         widths = None if self.train_sizes is None else step_widths(self.train_sizes, request.batch_size, request.epochs)
         batches = _Batches(request, widths, data, generators, self._source, self._features)
         losses = torch.zeros((count, len(batches.active)), dtype=torch.float32, device=self.device)
         for step, active in enumerate(batches.active):
             x, y, weight = batches.step(step, active)
             now = {name: p[:active] for name, p in params.items()}
-            moved = None if shift is None else {name: o[:active] for name, o in shift.items()}
+            moved = _shifted(shifts, active)
             losses[:active, step], gradients = self._gradients(now, moved, x, y, weight)
-            update.step_terms = projected.gradient(flat[:active])
+            for term in terms:
+                term.before_step(flat[:active])
             for name, p in now.items():
                 update(name, p, gradients[name])
         seen = losses.cpu().numpy().astype(np.float64)
@@ -394,35 +390,36 @@ class VectorizedTrainer:
         return None if rows is None else self.model.spec.unflatten(rows)
 
 
+def _shifted(shifts: list[Layers], active: int) -> Layers | None:
+    """Per layer, what the first `active` rows' point of f_i is shifted by (the terms' shifts summed), or None."""
+    if not shifts:
+        return None
+    total = {name: value[:active] for name, value in shifts[0].items()}
+    for shift in shifts[1:]:
+        total = {name: value + shift[name][:active] for name, value in total.items()}
+    return total
+
+
 class _Update:
-    """LocalTrainer.sgd's parameter update for one chunk's stacked layers (its velocity lives here).
+    """LocalTrainer.sgd's parameter update for one chunk's stacked layers (its velocity lives here), with the
+    request's terms in their stacked form (StackedTerm).
 
-    The gradient of the objective's extra terms, weight_decay x + prox_weight (x - center) + linear, is
-    decay x - prox_weight center + linear with decay = weight_decay + prox_weight, read from the request's rows
-    (views, no copies). A weight gradient given as a product (a perceptron's) is computed straight into the
-    velocity (momentum) or, without momentum or mask, into the parameters: x <- (1 - lr decay) x - lr delta
-    input^T in one product, then + lr prox_weight center - lr linear (the same values as LocalTrainer's up to
-    rounding)."""
+    The gradient of weight_decay x and the terms is decay x + the terms' constants (decay = weight_decay + the terms'
+    decays, the constants added in the terms' order), read from the request's rows (views, no copies). A weight
+    gradient given as a product (a perceptron's) is computed straight into the velocity (momentum) or, without
+    momentum or mask, into the parameters: x <- (1 - lr decay) x - lr delta input^T in one product, then the
+    constants times -lr (the same values as LocalTrainer's up to rounding). After the step each term's map."""
 
-    def __init__(self, request: LocalSGD, params: Layers, layers: Callable[..., Layers | None]):
+    def __init__(
+        self, request: LocalSGD, params: Layers, terms: list[StackedTerm], layers: Callable[..., Layers | None]
+    ):
         """`layers(vectors, dtype)` views a request's rows (or shared vector) per layer (VectorizedTrainer)."""
         self.lr, self.momentum = request.lr, request.momentum
-        self.decay = request.weight_decay + request.prox_weight
-        self.prox_weight = request.prox_weight
-        self.center = layers(request.prox_center) if request.prox_weight else None
-        self.linear = layers(request.linear)
+        self.terms = terms
+        self.decay = request.weight_decay + sum(term.decay for term in terms)
         mask = layers(request.mask, torch.bool)
         self.frozen = None if mask is None else {name: ~m for name, m in mask.items()}
-        self.threshold = None
-        if request.l1 is not None:
-            size = sum(p[0].numel() for p in params.values())
-            l1 = np.broadcast_to(np.asarray(request.l1, np.float32), (size,)) if np.ndim(request.l1) < 2 else request.l1
-            per_layer = layers(l1)
-            assert per_layer is not None  # layers of an array
-            self.threshold = {name: request.lr * value for name, value in per_layer.items()}
         self.velocity = {name: torch.zeros_like(p) for name, p in params.items()} if request.momentum else None
-        self.step_terms: Layers | None = None
-        """Gradient terms of this step computed from the whole vector before it (the projected prox's), per layer."""
 
     def __call__(self, name: str, p: torch.Tensor, gradient: Gradient) -> None:
         """One SGD step of layer `name` for the active clients (the first len(p) of the chunk)."""
@@ -431,8 +428,8 @@ class _Update:
         moving = None if self.velocity is None else self.velocity[name][:active]
         if isinstance(gradient, tuple) and moving is None and frozen is None:
             p.baddbmm_(gradient[0], gradient[1].transpose(1, 2), beta=1.0 - self.lr * self.decay, alpha=-self.lr)
-            self._add_terms(name, p, -self.lr)
-            self._shrink(name, p, frozen)
+            self._add_constants(name, p, -self.lr)
+            self._after_step(name, p, frozen)
             return
         if isinstance(gradient, tuple):  # with momentum: v = momentum v + delta input^T, the other terms below
             product = (gradient[0], gradient[1].transpose(1, 2))
@@ -442,65 +439,31 @@ class _Update:
             gradient = torch.add(gradient, moving, alpha=self.momentum, out=moving)
         if self.decay:
             gradient.add_(p, alpha=self.decay)
-        self._add_terms(name, gradient, 1.0)
+        self._add_constants(name, gradient, 1.0)
         if frozen is not None:  # a frozen coordinate's gradient, hence also its velocity, stays 0
             gradient.masked_fill_(frozen, 0.0)
         p.sub_(gradient, alpha=self.lr)
-        self._shrink(name, p, frozen)
+        self._after_step(name, p, frozen)
 
-    def _add_terms(self, name: str, target: torch.Tensor, scale: float) -> None:
-        """target += scale (linear - prox_weight center), the gradient terms that do not depend on x."""
-        active = len(target)
-        if self.center is not None:
-            target.add_(self.center[name][:active], alpha=-scale * self.prox_weight)
-        if self.linear is not None:
-            target.add_(self.linear[name][:active], alpha=scale)
-        if self.step_terms is not None:
-            target.add_(self.step_terms[name][:active], alpha=scale)
+    def _add_constants(self, name: str, target: torch.Tensor, scale: float) -> None:
+        for term in self.terms:
+            term.add_constant(name, target, scale)
 
-    def _shrink(self, name: str, p: torch.Tensor, frozen: torch.Tensor | None) -> None:
-        """The l1 proximal step after the gradient step (soft-thresholding, only where not frozen)."""
-        if self.threshold is None:
-            return
-        shrunk = soft_threshold(p, self.threshold[name][: len(p)])
-        p.copy_(shrunk if frozen is None else torch.where(frozen, p, shrunk))
-
-
-class _ProjectedProx:
-    """The projected proximal term's gradient w P^T (P x - c) of a chunk's active rows (LocalSGD.projection), from
-    the flat rows before the step, as per-layer views for `_Update`'s step terms."""
-
-    def __init__(self, request: LocalSGD, count: int, device: torch.device, unflatten: Callable[..., Layers]):
-        self.weight = request.projected_prox_weight
-        self.unflatten = unflatten
-        self.projection = self.center = None
-        if self.weight and request.projection is not None and request.projected_prox_center is not None:
-            self.projection = torch.from_numpy(np.array(request.projection, np.float32)).to(device)
-            center = torch.from_numpy(np.array(request.projected_prox_center, np.float32)).to(device)
-            self.center = center.expand(count, -1) if center.ndim == 1 else center
-
-    def gradient(self, flat: torch.Tensor) -> Layers | None:
-        """The term for the first len(flat) rows (None without a projected prox)."""
-        if self.projection is None or self.center is None:
-            return None
-        residual = flat @ self.projection.T - self.center[: len(flat)]
-        return self.unflatten(self.weight * (residual @ self.projection))
+    def _after_step(self, name: str, p: torch.Tensor, frozen: torch.Tensor | None) -> None:
+        for term in self.terms:
+            term.after_step(name, p, frozen)
 
 
 def stack_requests(requests: Sequence[LocalSGD]) -> LocalSGD:
-    """Requests of the same group (`group_key`) as one request over their rows: vectors [k, n], numbers shared."""
+    """Requests of the same group (`group_key`) as one request over their rows: start and mask [k, n], each term
+    stacked (Term.stack), numbers shared."""
     first = requests[0]
-    vectors: dict[str, Any] = {}
-    for name in ROW_FIELDS:
-        values = [getattr(r, name) for r in requests]
-        if values[0] is not None and (name != "l1" or np.ndim(values[0]) > 0):
-            width = np.shape(values[0])[-1] if name == "projected_prox_center" else _size(first)
-            vectors[name] = np.stack([np.broadcast_to(np.asarray(v), (width,)) for v in values])
-    return dataclasses.replace(first, **vectors)
-
-
-ROW_FIELDS = ("start", "prox_center", "linear", "mask", "offset", "l1", "projected_prox_center")
-"""The LocalSGD fields that are vectors, one row per client in a stacked request (l1 also as a shared number)."""
+    width = _size(first)
+    stacked: dict[str, Any] = {"start": np.stack([np.broadcast_to(np.asarray(r.start), (width,)) for r in requests])}
+    if first.mask is not None:
+        stacked["mask"] = np.stack([np.broadcast_to(np.asarray(r.mask), (width,)) for r in requests])
+    terms = [type(term).stack([r.terms[i] for r in requests], width) for i, term in enumerate(first.terms)]
+    return dataclasses.replace(first, **stacked, terms=tuple(terms))
 
 
 def _size(request: LocalSGD) -> int:
@@ -508,9 +471,9 @@ def _size(request: LocalSGD) -> int:
 
 
 def _rows_of(request: LocalSGD, order: np.ndarray, count: int) -> LocalSGD:
-    """The request with its [k, n] row fields permuted by `order` (shared vectors and numbers as they are)."""
-    permuted = {}
-    for name in ROW_FIELDS:
+    """The request with its [k, n] rows (start, mask, the terms' vectors) permuted by `order`."""
+    permuted: dict[str, Any] = {"terms": tuple(term.rows_of(order) for term in request.terms)}
+    for name in ("start", "mask"):
         value = getattr(request, name)
         if value is not None and np.ndim(value) == 2:
             permuted[name] = np.asarray(value)[order]

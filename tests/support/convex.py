@@ -8,6 +8,7 @@ import numpy as np
 from raysim.algorithms import ClientInfo
 from raysim.algorithms.prox import soft_threshold
 from raysim.algorithms.requests import LocalSGD, SGDResult
+from raysim.algorithms.terms import L1, Linear, Offset, Prox
 from raysim.config import validate_config
 from raysim.data.partitions import ClientSplit
 from raysim.models.flat import ModelSpec
@@ -61,13 +62,14 @@ class Quadratic:
 
     def executor(self, i: int):
         def execute(r: LocalSGD) -> SGDResult:
-            offset = 0.0 if r.offset is None else r.offset
-            center = 0.0 if r.prox_center is None else r.prox_center
-            linear = 0.0 if r.linear is None else r.linear
-            curvature = self.h[i] + r.prox_weight + r.weight_decay
-            x = (self.h[i] * (self.a[i] - offset) + r.prox_weight * center - linear) / curvature
-            if r.l1 is not None:
-                x = soft_threshold(x, np.asarray(r.l1) / curvature)
+            offset, prox, linear, l1 = r.term(Offset), r.term(Prox), r.term(Linear), r.term(L1)
+            shift = 0.0 if offset is None else offset.offset
+            weight, center = (0.0, 0.0) if prox is None else (prox.weight, prox.center)
+            curvature = self.h[i] + weight + r.weight_decay
+            x = self.h[i] * (self.a[i] - shift) + weight * center - (0.0 if linear is None else linear.vector)
+            x = x / curvature
+            if l1 is not None:
+                x = soft_threshold(x, np.asarray(l1.weight) / curvature)
             return SGDResult(x.astype(np.float32), 0.0, 1)
 
         return execute

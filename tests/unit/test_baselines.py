@@ -14,6 +14,7 @@ from raysim.algorithms import ALGORITHMS
 from raysim.algorithms.fedavg import FedAvgSettings
 from raysim.algorithms.fedprox import FedProxSettings
 from raysim.algorithms.requests import LocalSGD
+from raysim.algorithms.terms import Prox
 from raysim.config import load_config, validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
@@ -120,7 +121,7 @@ def test_loss_scale_leaves_the_prox_term_unscaled(executor):
     model, data, start, center = _loss_scale_problem()
     settings = FedProxSettings(name="fedprox", lr=0.4, batch_size=24, epochs=1, weight_decay=0.01, mu=0.5)
     scaled = settings.model_copy(update={"loss_scale": "1/m"})
-    request = scaled.scaled(scaled.local_sgd(start, prox_weight=settings.mu, prox_center=center), M)
+    request = scaled.scaled(scaled.local_sgd(start, terms=(Prox(center, settings.mu),)), M)
     got = _execute(executor, model, request, data)
     xb, yb = (torch.from_numpy(a) for a in data.arrays("train"))
     _loss, grad = model.loss_and_grad(torch.from_numpy(start.copy()), xb, yb)
@@ -128,7 +129,7 @@ def test_loss_scale_leaves_the_prox_term_unscaled(executor):
     authors = w - 0.4 * ((grad.numpy() + 0.01 * w) / M + 0.5 * (w - center))
     np.testing.assert_allclose(got, authors, atol=1e-6)
     lr_over_m = settings.model_copy(update={"lr": 0.4 / M})
-    other = _execute(executor, model, lr_over_m.local_sgd(start, prox_weight=settings.mu, prox_center=center), data)
+    other = _execute(executor, model, lr_over_m.local_sgd(start, terms=(Prox(center, settings.mu),)), data)
     np.testing.assert_allclose(other - got, 0.4 * 0.5 * (1 - 1 / M) * (w - center), atol=1e-6)
 
 

@@ -12,6 +12,7 @@ from raysim.algorithms.fedapm import FedApm, FedApmSettings, personal_mask
 from raysim.algorithms.fedavg import FedAvg, FedAvgClientState, FedAvgSettings
 from raysim.algorithms.interface import ClientChunk, ClientInfo
 from raysim.algorithms.requests import SGDResult
+from raysim.algorithms.terms import Prox
 from raysim.config import validate_config
 from raysim.data.modalities import Modalities, Modality
 from raysim.errors import ConfigError
@@ -279,8 +280,9 @@ def test_shared_start_local_is_the_authors_unimodal_fedavg(name, training):
     np.testing.assert_array_equal(request.start[personal], init[personal])
     assert np.array_equal(request.mask, shared)
     if name == "fedprox":
-        assert request.prox_weight == 0.1
-        np.testing.assert_array_equal(request.prox_center, request.start)  # the client's own previous model
+        prox = request.term(Prox)
+        assert prox.weight == 0.1
+        np.testing.assert_array_equal(prox.center, request.start)  # the client's own previous model
     own = algorithm.evaluated_model(states[1], broadcast)
     np.testing.assert_array_equal(own[shared], states[1].shared)
     np.testing.assert_array_equal(own[personal], init[personal])

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.fedcp import FedCPServerState
+from raysim.algorithms.fedcp import FedCPServerState, GatedHeadsLoss, mmd
 from raysim.config import validate_config
 from raysim.errors import ConfigError
+from raysim.models.composed import GatedHeads
 from raysim.models.flat import FlatModel
-from raysim.models.gated import mmd
-from raysim.models.losses import GatedHeads, GatedHeadsLoss
 from tests.support.experiments import tiny_config
 from tests.support.features import CLASSES, DIM, labelled_problem
 from tests.support.inprocess import InProcess, make_host
@@ -32,7 +31,7 @@ def _vector(seed: int) -> tuple[FlatModel, torch.Tensor]:
 
 
 def _by_hand(model: FlatModel, vector: torch.Tensor, x: torch.Tensor, context: torch.Tensor | None = None):
-    """GatedHeads' logits (raysim.models.losses) from the vector's named parts: (logits, features, s, r)."""
+    """GatedHeads' logits (raysim.models.composed) from the vector's named parts: (logits, features, s, r)."""
     p = model.spec.unflatten(vector)
     h = x
     for layer in ("1", "3"):  # the mlp's hidden layers (Flatten, Linear, ReLU, Linear, ReLU, head)
@@ -100,7 +99,7 @@ def test_forward_and_loss_are_the_papers_by_hand():
     reference = generator.normal(0.0, 0.3, model.network.size).astype(np.float32)
     context = generator.normal(size=FEATURES).astype(np.float32)
     loss = GatedHeadsLoss(HEADS, context, reference, mmd_weight=5.0, gumbel=False)
-    value, grad = model.network.feature_loss_and_grad(vector, x, y, loss)
+    value, grad = loss.loss_and_grad(model.network, vector, x, y, None)
     point = vector.clone().requires_grad_(True)
     logits, h, _s, _r = _by_hand(model, point, x, torch.from_numpy(context))
     with torch.no_grad():
@@ -133,10 +132,10 @@ def test_gumbel_noise_comes_from_the_steps_seed():
     x = torch.from_numpy(np.random.default_rng(6).normal(size=(8, DIM)).astype(np.float32))
     y = torch.zeros(8, dtype=torch.int64)
     loss = GatedHeadsLoss(HEADS, np.ones(FEATURES, np.float32))
-    one, two, other = (model.network.feature_loss_and_grad(vector, x, y, loss, seed) for seed in (7, 7, 8))
+    one, two, other = (loss.loss_and_grad(model.network, vector, x, y, seed) for seed in (7, 7, 8))
     assert one[0] == two[0] and torch.equal(one[1], two[1]) and one[0] != other[0]
     with pytest.raises(ValueError, match="seed"):
-        model.network.feature_loss_and_grad(vector, x, y, loss)
+        loss.loss_and_grad(model.network, vector, x, y, None)
 
 
 def _config(clients: int, **algorithm):

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.fedpcl import FedPcl
+from raysim.algorithms.fedpcl import FedPcl, PrototypeContrast
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
-from raysim.models.losses import PrototypeContrast
 from raysim.runtime import checkpoint
 from raysim.runtime.problem import prepare
 from tests.support.experiments import tiny_config
@@ -47,7 +46,7 @@ def test_the_contrastive_loss_is_the_hand_computed_one():
         np.float32,
     )
     loss = PrototypeContrast(sets, np.array([True, True, False]), np.array([1.0, 0.5]), temperature=0.5)
-    value, grad = model.prototype_contrast_loss_and_grad(theta, x, y, loss)
+    value, grad = loss.loss_and_grad(model, theta, x, y, None)
     w, b = theta[:6].numpy().reshape(3, 2), theta[6:].numpy()
     expected = 0.0
     for s, weight in enumerate((1.0, 0.5)):

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.fedproto import FedProtoBroadcast, FedProtoSettings, PrototypeUpload
-from raysim.models.losses import FeatureLoss
+from raysim.algorithms.fedproto import FedProtoBroadcast, FedProtoSettings, PrototypePull, PrototypeUpload
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.evaluation.batched import Scorer
@@ -28,10 +27,15 @@ def _batch(seed: int = 0) -> tuple[FlatModel, torch.Tensor, torch.Tensor, torch.
     return model, torch.from_numpy(model.initial_parameters(seed)), x, y
 
 
-def test_feature_loss_without_terms_is_the_plain_loss():
+def pull(targets: np.ndarray, present: np.ndarray, weight: float) -> PrototypePull:
+    return PrototypePull(targets, present, weight)
+
+
+def test_the_pull_without_weight_is_the_plain_loss():
     model, point, x, y = _batch()
     plain_loss, plain_grad = model.loss_and_grad(point, x, y)
-    loss, grad = model.feature_loss_and_grad(point, x, y, FeatureLoss())
+    nowhere = np.zeros((CLASSES, 64), np.float32)
+    loss, grad = pull(nowhere, np.ones(CLASSES, bool), 0.0).loss_and_grad(model, point, x, y, None)
     assert loss == pytest.approx(plain_loss, abs=1e-6)
     torch.testing.assert_close(grad, plain_grad, atol=1e-6, rtol=0)
 
@@ -43,8 +47,8 @@ def test_prototype_term_is_the_per_sample_mse_to_the_class_targets():
     targets = np.random.default_rng(2).normal(size=(CLASSES, 64)).astype(np.float32)
     present = np.array([True, False, True])
     lam = 0.7
-    loss = FeatureLoss(targets=targets, has_target=present, target_weight=lam)
-    value, grad = model.feature_loss_and_grad(point, x, y, loss)
+    loss = pull(targets, present, lam)
+    value, grad = loss.loss_and_grad(model, point, x, y, None)
     with torch.no_grad():
         z, logits = model.features(point, x)
     kept = present[y.numpy()]
@@ -54,8 +58,8 @@ def test_prototype_term_is_the_per_sample_mse_to_the_class_targets():
     direction = torch.from_numpy(np.random.default_rng(3).normal(size=point.shape).astype(np.float32))
     direction /= direction.norm()
     step = 1e-3
-    plus, _ = model.feature_loss_and_grad(point + step * direction, x, y, loss)
-    minus, _ = model.feature_loss_and_grad(point - step * direction, x, y, loss)
+    plus, _ = loss.loss_and_grad(model, point + step * direction, x, y, None)
+    minus, _ = loss.loss_and_grad(model, point - step * direction, x, y, None)
     assert float(grad @ direction) == pytest.approx((plus - minus) / (2 * step), rel=2e-2)
 
 
@@ -221,21 +225,23 @@ def test_a_regression_model_is_refused():
     model = FlatModel("linear", (DIM,), 1, "regression")
     x, y = torch.zeros((2, DIM)), torch.zeros(2)
     with pytest.raises(ValueError, match="needs a classifier"):
-        model.feature_loss_and_grad(torch.zeros(model.size), x, y, FeatureLoss())
+        pull(np.zeros((CLASSES, 64), np.float32), np.ones(CLASSES, bool), 1.0).loss_and_grad(
+            model, torch.zeros(model.size), x, y, None
+        )
 
 
 def test_the_trainer_runs_a_feature_loss_request():
-    """LocalTrainer.sgd with a FeatureLoss equals the same steps taken by hand with feature_loss_and_grad."""
+    """LocalTrainer.sgd with the pull term equals the same steps taken by hand with its loss_and_grad."""
     model, point, x, y = _batch(10)
     empty = np.array([], np.int64)
     data = ClientData(x.numpy(), y.numpy(), np.arange(len(y)), empty, empty)
     targets = np.random.default_rng(11).normal(size=(CLASSES, 64)).astype(np.float32)
-    loss = FeatureLoss(targets=targets, target_weight=0.5)
-    request = FedProtoSettings(lr=0.1, batch_size=len(y), epochs=3).local_sgd(point.numpy(), loss=loss)
+    loss = pull(targets, np.ones(CLASSES, bool), 0.5)
+    request = FedProtoSettings(lr=0.1, batch_size=len(y), epochs=3).local_sgd(point.numpy(), terms=(loss,))
     result = LocalTrainer(model).sgd(request, data, np.random.default_rng(0))
     expected = point.clone()
     for _ in range(3):  # one full batch per epoch: the shuffle does not change the mean
-        _value, grad = model.feature_loss_and_grad(expected, x, y, loss)
+        _value, grad = loss.loss_and_grad(model, expected, x, y, None)
         expected -= 0.1 * grad
     np.testing.assert_allclose(result.params, expected.numpy(), atol=1e-5)
     assert result.steps == 3

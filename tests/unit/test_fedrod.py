@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.fedrod import class_prior_shift
-from raysim.models.losses import FeatureLoss
+from raysim.algorithms.fedrod import TwoHeadLoss, class_prior_shift
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
@@ -25,14 +24,22 @@ def _batch(seed: int = 0) -> tuple[FlatModel, torch.Tensor, torch.Tensor, torch.
     return model, torch.from_numpy(model.initial_parameters(seed)), x, y
 
 
+def _with_head(model: FlatModel, point: torch.Tensor, head: torch.Tensor | None = None) -> torch.Tensor:
+    """The vector TwoHeadLoss trains: the model's parameters, then a personal head (zeros unless given)."""
+    return torch.cat([point, torch.zeros(model.spec.head_size) if head is None else head])
+
+
 def test_balanced_softmax_with_a_uniform_prior_is_cross_entropy():
-    """CE(logits + log n) with every n_c equal adds one constant to every logit: plain CE, value and gradient."""
+    """CE(logits + log n) with every n_c equal adds one constant to every logit: plain CE, value and gradient (the
+    personal head's term alike in both)."""
     model, point, x, y = _batch()
-    plain_loss, plain_grad = model.loss_and_grad(point, x, y)
+    plain_loss, plain_grad = TwoHeadLoss(None).loss_and_grad(model, _with_head(model, point), x, y, None)
     shift = class_prior_shift(np.full(CLASSES, 7.0))
-    loss, grad = model.feature_loss_and_grad(point, x, y, FeatureLoss(logit_shift=shift))
+    loss, grad = TwoHeadLoss(shift).loss_and_grad(model, _with_head(model, point), x, y, None)
     assert loss == pytest.approx(plain_loss, abs=1e-6)
     torch.testing.assert_close(grad, plain_grad, atol=1e-6, rtol=0)
+    _plain, alone = model.loss_and_grad(point, x, y)  # the model's part: plain CE's gradient
+    torch.testing.assert_close(grad[: model.size], alone, atol=1e-6, rtol=0)
 
 
 def test_balanced_softmax_adds_the_log_class_counts():
@@ -41,11 +48,13 @@ def test_balanced_softmax_adds_the_log_class_counts():
     counts = np.array([6.0, 3.0, 0.0])
     shift = class_prior_shift(counts)
     assert shift is not None and shift[2] == -np.inf
-    loss, grad = model.feature_loss_and_grad(point, x[:9], y[:9], FeatureLoss(logit_shift=shift))  # classes 0, 1
+    loss, grad = TwoHeadLoss(shift).loss_and_grad(model, _with_head(model, point), x[:9], y[:9], None)  # classes 0, 1
     with torch.no_grad():
         _z, logits = model.features(point, x[:9])
     adjusted = logits[:, :2] + torch.log(torch.tensor([6.0, 3.0]))
-    assert loss == pytest.approx(torch.nn.functional.cross_entropy(adjusted, y[:9]).item(), rel=1e-5)
+    personal = torch.nn.functional.cross_entropy(logits, y[:9])  # a zero personal head adds nothing to the logits
+    expected = torch.nn.functional.cross_entropy(adjusted, y[:9]) + personal
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
     assert torch.isfinite(grad).all()
     assert class_prior_shift(np.zeros(CLASSES)) is None and class_prior_shift(np.zeros(0)) is None
 
@@ -56,11 +65,12 @@ def test_the_personal_head_learns_on_detached_logits_and_features():
     model, point, x, y = _batch(2)
     head = torch.from_numpy(np.random.default_rng(3).normal(size=model.spec.head_size).astype(np.float32))
     shift = class_prior_shift(np.array([6.0, 3.0, 1.0]))
-    _one, alone = model.feature_loss_and_grad(point, x, y, FeatureLoss(logit_shift=shift))
-    _two, both = model.feature_loss_and_grad(
-        torch.cat([point, head]), x, y, FeatureLoss(logit_shift=shift, second_head=True)
-    )
-    torch.testing.assert_close(both[: model.size], alone, atol=1e-7, rtol=0)
+    _two, both = TwoHeadLoss(shift).loss_and_grad(model, _with_head(model, point, head), x, y, None)
+    leaf = point.clone().requires_grad_(True)
+    _z, own_logits = model.features(leaf, x)
+    torch.nn.functional.cross_entropy(own_logits + torch.from_numpy(shift), y).backward()
+    assert leaf.grad is not None
+    torch.testing.assert_close(both[: model.size], leaf.grad, atol=1e-7, rtol=0)
     with torch.no_grad():
         z, logits = model.features(point, x)
     weight = head[: CLASSES * 64].reshape(CLASSES, 64).clone().requires_grad_(True)
@@ -154,7 +164,7 @@ def test_class_counts_draw_nothing_and_follow_redrawn_labels():
 
 
 def test_the_lockstep_executor_runs_a_feature_loss_one_client_at_a_time():
-    """VectorizedTrainer.sgd trains each FeatureLoss request alone (its own prior and second head), with the result
+    """VectorizedTrainer.sgd trains each TwoHeadLoss request alone (its own prior and second head), with the result
     of LocalTrainer.sgd bit for bit, next to plain requests that it stacks."""
     from raysim.algorithms.fedrod import FedRoDSettings
     from raysim.training.local import ClientData, LocalTrainer
@@ -166,16 +176,14 @@ def test_the_lockstep_executor_runs_a_feature_loss_one_client_at_a_time():
     settings = FedRoDSettings(lr=0.1, batch_size=4, epochs=2)
     start = np.concatenate([point.numpy(), np.zeros(model.spec.head_size, np.float32)])
     requests = [
-        settings.local_sgd(
-            start, loss=FeatureLoss(logit_shift=class_prior_shift(np.array([6.0, 3.0, 1.0])), second_head=True)
-        ),
+        settings.local_sgd(start, terms=(TwoHeadLoss(class_prior_shift(np.array([6.0, 3.0, 1.0]))),)),
         settings.local_sgd(point.numpy()),
-        settings.local_sgd(start, loss=FeatureLoss(second_head=True)),
+        settings.local_sgd(start, terms=(TwoHeadLoss(None),)),
     ]
     lockstep = VectorizedTrainer(model, 4).sgd([(r, data, np.random.default_rng(i)) for i, r in enumerate(requests)])
     for i, request in enumerate(requests):
         alone = LocalTrainer(model).sgd(request, data, np.random.default_rng(i))
-        if request.loss is not None:
+        if request.terms:
             np.testing.assert_array_equal(lockstep[i].params, alone.params)
         else:
             np.testing.assert_allclose(lockstep[i].params, alone.params, atol=1e-6)

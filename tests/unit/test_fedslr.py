@@ -13,6 +13,7 @@ from raysim.algorithms import ClientInfo
 from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
 from raysim.algorithms.requests import LocalSGD, SGDResult
+from raysim.algorithms.terms import L1, Offset
 from raysim.config import validate_config
 from raysim.evaluation.batched import Scorer
 from raysim.evaluation.columns import ClientRecords, client_evaluations
@@ -118,7 +119,7 @@ def test_local_sgd_offset_evaluates_the_loss_at_offset_plus_x():
     trainer, data = _trainer_and_data()
     size = trainer.model.size
     start, offset = np.full(size, 0.1, np.float32), np.random.default_rng(3).normal(size=size).astype(np.float32)
-    shifted = trainer.sgd(LocalSGD(start, 2, 0.1, 8, offset=offset), data, np.random.default_rng(5))
+    shifted = trainer.sgd(LocalSGD(start, 2, 0.1, 8, terms=(Offset(offset),)), data, np.random.default_rng(5))
     plain = trainer.sgd(LocalSGD(offset + start, 2, 0.1, 8), data, np.random.default_rng(5))
     np.testing.assert_allclose(shifted.params + offset, plain.params, atol=1e-5)
     assert shifted.mean_loss == pytest.approx(plain.mean_loss, rel=1e-5)
@@ -130,11 +131,13 @@ def test_local_sgd_l1_is_proximal_sgd():
     size = trainer.model.size
     start = np.random.default_rng(4).normal(size=size).astype(np.float32)
     _, grad = trainer.model.loss_and_grad(torch.from_numpy(start), torch.from_numpy(data.x), torch.from_numpy(data.y))
-    step = trainer.sgd(LocalSGD(start, 1, 0.5, 40, l1=0.4), data, np.random.default_rng(0))
+    step = trainer.sgd(LocalSGD(start, 1, 0.5, 40, terms=(L1(0.4),)), data, np.random.default_rng(0))
     np.testing.assert_allclose(step.params, soft_threshold(start - 0.5 * grad.numpy(), 0.2), atol=1e-6)
-    assert not np.any(trainer.sgd(LocalSGD(start, 1, 0.5, 8, l1=100.0), data, np.random.default_rng(0)).params)
+    assert not np.any(
+        trainer.sgd(LocalSGD(start, 1, 0.5, 8, terms=(L1(100.0),)), data, np.random.default_rng(0)).params
+    )
     per_entry = np.zeros(size, np.float32)
-    kept = trainer.sgd(LocalSGD(start, 1, 0.5, 40, l1=per_entry), data, np.random.default_rng(0))
+    kept = trainer.sgd(LocalSGD(start, 1, 0.5, 40, terms=(L1(per_entry),)), data, np.random.default_rng(0))
     np.testing.assert_allclose(kept.params, start - 0.5 * grad.numpy(), atol=1e-6)
 
 

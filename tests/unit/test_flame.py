@@ -92,11 +92,13 @@ def _exact_prox(targets: dict[int, np.ndarray]):
     """An executor that solves FLAME's theta-step exactly for f_i(theta) = 1/2 ||theta - t_i||^2:
     argmin f_i + lambda/2 ||theta - c||^2 = (t_i + lambda c) / (1 + lambda)."""
     from raysim.algorithms.requests import SGDResult
+    from raysim.algorithms.terms import Prox
 
     def execute_many(requests):
         results = []
         for client_id, request in requests:
-            theta = (targets[client_id] + request.prox_weight * request.prox_center) / (1 + request.prox_weight)
+            prox = request.term(Prox)
+            theta = (targets[client_id] + prox.weight * prox.center) / (1 + prox.weight)
             results.append(SGDResult(theta.astype(np.float32), float(client_id), 1))
         return results
 
@@ -106,10 +108,12 @@ def _exact_prox(targets: dict[int, np.ndarray]):
 def _exact_prox_rows(targets: dict[int, np.ndarray], ids: list[int]):
     """`_exact_prox` for a stacked request whose rows are the clients `ids` (run_stacked_step's executor)."""
     from raysim.algorithms.requests import SGDResult
+    from raysim.algorithms.terms import Prox
 
     def execute(request):
         target = np.stack([targets[c] for c in ids])
-        theta = (target + request.prox_weight * request.prox_center) / (1 + request.prox_weight)
+        prox = request.term(Prox)
+        theta = (target + prox.weight * prox.center) / (1 + prox.weight)
         return SGDResult(theta.astype(np.float32), np.array(ids, np.float64), np.ones(len(ids), np.int64))
 
     return execute

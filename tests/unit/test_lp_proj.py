@@ -9,6 +9,7 @@ import pytest
 
 from raysim.algorithms.lp_proj import gaussian_projection
 from raysim.algorithms.requests import LocalSGD
+from raysim.algorithms.terms import ProjectedProx
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
@@ -125,9 +126,7 @@ def test_projected_prox_agrees_between_trainers():
             0.1,
             4,
             momentum=0.5,
-            projection=projection,
-            projected_prox_weight=3.0,
-            projected_prox_center=centers[i],
+            terms=(ProjectedProx(projection, centers[i], 3.0),),
         )
         for i in range(3)
     ]
@@ -141,8 +140,8 @@ def test_projected_prox_agrees_between_trainers():
 
 
 def test_a_projected_prox_needs_its_matrix_and_centre():
-    with pytest.raises(ValueError, match="projected_prox_weight"):
-        LocalSGD(np.zeros(3, np.float32), 1, 0.1, 2, projected_prox_weight=1.0)
+    with pytest.raises(TypeError, match="projection.*center"):
+        ProjectedProx(weight=1.0)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(("field", "value"), [("d_sub", 0), ("lambda", 0.0), ("rho", -1.0), ("prox_center", "w")])

@@ -12,6 +12,7 @@ from raysim.algorithms.gpgd import Gpgd, GpgdSettings
 from raysim.algorithms.lpgd import Lpgd, LpgdSettings
 from raysim.algorithms.prox import layerwise_svt, matrixize
 from raysim.algorithms.requests import LocalSGD, scale_loss
+from raysim.algorithms.terms import Nuclear
 from raysim.config import validate_config
 from raysim.models.flat import FlatModel
 from raysim.training.local import ClientData, LocalTrainer
@@ -86,7 +87,7 @@ def test_local_sgd_nuclear_thresholds_every_matrix_after_every_step():
     for _step in range(3):
         _, grad = trainer.model.loss_and_grad(torch.from_numpy(x), torch.from_numpy(data.x), torch.from_numpy(data.y))
         plain = x - lr * grad.numpy()
-        x = trainer.sgd(LocalSGD(x, 1, lr, 40, nuclear=nuclear), data, np.random.default_rng(2)).params
+        x = trainer.sgd(LocalSGD(x, 1, lr, 40, terms=(Nuclear(nuclear),)), data, np.random.default_rng(2)).params
         for name, shape in zip(spec.names, spec.shapes, strict=True):
             if len(shape) < 2:
                 np.testing.assert_allclose(x[spec.slice(name)], plain[spec.slice(name)], atol=1e-6)
@@ -98,10 +99,10 @@ def test_local_sgd_nuclear_thresholds_every_matrix_after_every_step():
             assert int((after > 1e-5).sum()) == rank
         np.testing.assert_allclose(x, layerwise_svt(plain, spec, lr * nuclear).params, atol=1e-5)
     assert any(cut)  # some layer lost part of its rank at some step
-    chained = trainer.sgd(LocalSGD(start, 3, lr, 40, nuclear=nuclear), data, np.random.default_rng(2)).params
+    chained = trainer.sgd(LocalSGD(start, 3, lr, 40, terms=(Nuclear(nuclear),)), data, np.random.default_rng(2)).params
     np.testing.assert_allclose(chained, x, atol=1e-4)
     vectorized = VectorizedTrainer(trainer.model, chunk=2)
-    jobs = [(LocalSGD(start, 3, lr, 40, nuclear=nuclear), data, np.random.default_rng(2)) for _ in range(2)]
+    jobs = [(LocalSGD(start, 3, lr, 40, terms=(Nuclear(nuclear),)), data, np.random.default_rng(2)) for _ in range(2)]
     for result in vectorized.sgd(jobs):  # one client at a time (no lockstep SVD): LocalTrainer's result
         np.testing.assert_array_equal(result.params, chained)
 
@@ -129,8 +130,8 @@ def test_lpgd_local_models_are_low_rank_and_their_mean_in_general_is_not():
 
 def test_nuclear_request_checks_and_loss_scaling():
     with pytest.raises(ValueError, match="nuclear"):
-        LocalSGD(np.zeros(4, np.float32), 1, 0.1, 4, nuclear=0.1, mask=np.ones(4, bool))
-    scaled = scale_loss(LocalSGD(np.zeros(4, np.float32), 1, 0.1, 4, nuclear=0.3), 0.5)
-    assert (scaled.lr, scaled.nuclear) == (0.05, 0.6)
+        LocalSGD(np.zeros(4, np.float32), 1, 0.1, 4, terms=(Nuclear(0.1),), mask=np.ones(4, bool))
+    scaled = scale_loss(LocalSGD(np.zeros(4, np.float32), 1, 0.1, 4, terms=(Nuclear(0.3),)), 0.5)
+    assert (scaled.lr, scaled.terms[0].weight) == (0.05, 0.6)
     assert GpgdSettings().lam == LpgdSettings().lam == 1e-4
     assert Gpgd.stacks and Lpgd.stacks

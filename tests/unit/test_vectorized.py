@@ -21,6 +21,7 @@ from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 from raysim.algorithms.interface import ClientInfo, ClientUpdate
 from raysim.algorithms.requests import LocalSGD, Request, Result
 from raysim.algorithms.servers import WeightedUpload
+from raysim.algorithms.terms import L1, Linear, Offset, Prox
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.execution import run_client_step, run_client_steps
@@ -35,26 +36,36 @@ from tests.support.experiments import tiny_config
 from tests.support.inprocess import InProcess, make_host
 
 
-def _requests(model: FlatModel, count: int, seed: int, **terms) -> list[LocalSGD]:
-    """One request per client, each from its own start point; `terms` are LocalSGD fields, where the value
-    "vector" stands for a per-client random vector (prox_center, linear, offset, l1) and "mask" for a random mask."""
+def _requests(model: FlatModel, count: int, seed: int, **fields) -> list[LocalSGD]:
+    """One request per client, each from its own start point; `fields` are LocalSGD fields, or the terms' parts
+    (prox_weight with prox_center: Prox; linear: Linear; offset: Offset; l1: L1), where the value "vector" stands for a
+    per-client random vector and "mask" for a random mask."""
     source = np.random.default_rng(seed)
     start = model.initial_parameters(seed)
     requests = []
     for _ in range(count):
-        fields = dict(terms)
-        for key, value in terms.items():
+        drawn = dict(fields)
+        for key, value in fields.items():
             if value == "vector":
-                fields[key] = (0.1 * source.normal(size=model.size)).astype(np.float32)
+                drawn[key] = (0.1 * source.normal(size=model.size)).astype(np.float32)
                 if key == "l1":
-                    fields[key] = np.abs(fields[key])
+                    drawn[key] = np.abs(drawn[key])
             elif value == "mask":
-                fields[key] = source.random(model.size) < 0.7
-        fields.setdefault("epochs", 2)
-        fields.setdefault("lr", 0.1)
-        fields.setdefault("batch_size", 16)
+                drawn[key] = source.random(model.size) < 0.7
+        terms = []
+        if "offset" in drawn:
+            terms.append(Offset(drawn.pop("offset")))
+        if "prox_weight" in drawn:
+            terms.append(Prox(drawn.pop("prox_center"), drawn.pop("prox_weight")))
+        if "linear" in drawn:
+            terms.append(Linear(drawn.pop("linear")))
+        if "l1" in drawn:
+            terms.append(L1(drawn.pop("l1")))
+        drawn.setdefault("epochs", 2)
+        drawn.setdefault("lr", 0.1)
+        drawn.setdefault("batch_size", 16)
         noise = (0.1 * source.normal(size=model.size)).astype(np.float32)
-        requests.append(LocalSGD(start=start + noise, **fields))
+        requests.append(LocalSGD(start=start + noise, terms=tuple(terms), **drawn))
     return requests
 
 

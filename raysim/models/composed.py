@@ -1,0 +1,30 @@
+"""Personalized models that are not the network itself but built around it, described without torch
+(raysim.models.gated builds them, raysim.models.flat.FlatModel.composed scores them): FedCP's gated heads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GatedHeads:
+    """A classifier whose features are split, sample by sample, between two heads by a conditional policy network:
+    FedCP's personalized model (Zhang et al., KDD 2023; raysim.algorithms.fedcp). With the network's features
+    h = f(x) (the input of its head, ParamSpec.head, of size d), its head (W_p, b_p: the personalized head), a second
+    head (W_g, b_g: the global head) and the policy network (A [2d, d], a [2d], then LayerNorm(2d) gamma, beta):
+
+        v      = c / ||c||,  c = sum over the classes of the rows of W_p   (the client's conditional input, detached)
+        u      = ReLU(LayerNorm(A (h * v) + a)),  u = (u_p, u_g), each of size d
+        (s, r) = softmax((u_p + g_p) / tau, (u_g + g_g) / tau) entry by entry, so s + r = 1, each in [0, 1]
+        logits = W_p (h * s) + b_p + W_g (h * r) + b_g
+
+    (g: Gumbel noise while training, GatedHeadsLoss.gumbel; none at evaluation). Its vector: the policy network
+    (A, a, gamma, beta), then the network's own parameters (body and personalized head, laid out as the network),
+    then the global head laid out as the network's head (ParamSpec.head: weight, then bias)."""
+
+    tau: float = 1.0
+    """The softmax temperature of the policy (1 in the authors' code)."""
+
+    def policy_size(self, feature_dim: int) -> int:
+        """Parameters of the policy network on features of size d: 2d x d + 2d (linear), 2d + 2d (LayerNorm)."""
+        return 2 * feature_dim * feature_dim + 6 * feature_dim
