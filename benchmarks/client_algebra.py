@@ -6,9 +6,9 @@ caches hold, as on a host):
 
 - `numpy, one client at a time`: the equations as numpy expressions, each a pass with a fresh temporary (how
   raysim computed them before the compiled passes), and the fixed-point encoding of one upload in numpy;
-- `compiled, one client at a time`: FLAME's `_admm_update` on copies of one client's w_i and pi_i (its state is
+- `compiled, one client at a time`: FLAME's `admm_update` on copies of one client's w_i and pi_i (its state is
   not donated), `add_rows` of one upload;
-- `compiled, chunks in place`: `_admm_update` on a chunk's rows written in place, `add_rows` of the chunk.
+- `compiled, chunks in place`: `admm_update` on a chunk's rows written in place, `add_rows` of the chunk.
 
     python benchmarks/client_algebra.py [--clients 512] [--chunk 16] [--size 109386]
 
@@ -32,8 +32,7 @@ import time
 
 import numpy as np
 
-from raysim.algorithms.flame import _admm_update, paper_message, paper_update
-from raysim.algorithms.servers import DeltaUpload
+from raysim.algorithms.families.consensus import DeltaUpload, admm_update, paper_message, paper_update
 from raysim.runtime.exact_sum import SCALE, add_rows
 from raysim.runtime.steps import keep_freed_memory
 
@@ -68,7 +67,7 @@ def main() -> None:
     limit = 2.0**31 / count
     rows: list[tuple[str, float, float]] = []
     small = theta[:2, :8].copy()  # load the compiled passes (numba's first call) before timing
-    delta, *_ = _admm_update(small, small.copy(), small.copy(), w[:8], lam_alpha[:2], rho)
+    delta, *_ = admm_update(small, small.copy(), small.copy(), w[:8], lam_alpha[:2], rho)
     add_rows(None, DeltaUpload(delta), [0, 1], count)
 
     total = np.zeros(size, np.int64)
@@ -85,7 +84,7 @@ def main() -> None:
     for i in range(count):
         start = time.perf_counter()
         new_w, new_pi = w_i[i : i + 1].copy(), pi[i : i + 1].copy()  # not donated: the step updates copies
-        delta, *_ = _admm_update(theta[i : i + 1], new_w, new_pi, w, lam_alpha[i : i + 1], rho)
+        delta, *_ = admm_update(theta[i : i + 1], new_w, new_pi, w, lam_alpha[i : i + 1], rho)
         middle = time.perf_counter()
         partial, _ = add_rows(partial, DeltaUpload(delta), [i], count)
         algebra, encode = algebra + middle - start, encode + time.perf_counter() - middle
@@ -95,7 +94,7 @@ def main() -> None:
     for begin in range(0, count, chunk):
         part = slice(begin, begin + chunk)
         start = time.perf_counter()
-        delta, *_ = _admm_update(theta[part], w_i[part], pi[part], w, lam_alpha[part], rho)  # in place
+        delta, *_ = admm_update(theta[part], w_i[part], pi[part], w, lam_alpha[part], rho)  # in place
         middle = time.perf_counter()
         partial, _ = add_rows(partial, DeltaUpload(delta), list(range(begin, begin + chunk)), count)
         algebra, encode = algebra + middle - start, encode + time.perf_counter() - middle

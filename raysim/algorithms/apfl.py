@@ -28,6 +28,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.families.averaging import WeightedUpload, upload_weight, weighted_average
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -38,7 +39,6 @@ from raysim.algorithms.interface import (
     per_row,
 )
 from raysim.algorithms.requests import BatchGradients, Number, Vector, batch_gradients, mean_over_steps
-from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_average
 from raysim.algorithms.settings import LocalStepsSettings
 from raysim.jit import distances
 

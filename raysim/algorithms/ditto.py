@@ -22,9 +22,9 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.families.averaging import WeightedUpload, weighted_average
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate, CodeDraws
 from raysim.algorithms.requests import LocalSGD, Vector, train
-from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Prox
 

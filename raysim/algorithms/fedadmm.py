@@ -11,7 +11,7 @@ The SGD objective is divided by alpha_i (same minimizer; FLAME's theta-step drop
 
 Every step reports the primal residual ||theta_i - w||, the dual change and norm ||pi_i||; with `diagnostics: true`
 one more full pass gives f_i(theta_i) and its gradient, for the theta-step's stationarity residual and the client's
-term of the augmented Lagrangian (raysim.algorithms.admm_diagnostics).
+term of the augmented Lagrangian (raysim.algorithms.families.consensus).
 """
 
 from __future__ import annotations
@@ -22,10 +22,16 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.admm_diagnostics import admm_server_step, diagnostic_upload, squared_change
+from raysim.algorithms.families.consensus import (
+    DeltaUpload,
+    RunningMeanState,
+    admm_server_step,
+    diagnostic_upload,
+    squared_change,
+    start_running_mean,
+)
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
-from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Linear, Prox
 
@@ -51,7 +57,7 @@ class FedAdmmClientState:
     theta: Vector
     pi: Vector
     reported_smooth: Number = np.nan
-    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.admm_diagnostics)."""
+    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.families.consensus)."""
 
     def message(self, rho: float) -> Vector:
         """u_i = theta_i + pi_i / rho."""

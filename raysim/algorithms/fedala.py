@@ -42,10 +42,10 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.families.averaging import WeightedUpload, weighted_average
 from raysim.algorithms.fedavg import FedAvgServerState
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import FullGradient, Request, Result, Vector, gradient, train
-from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.algorithms.settings import SGDSettings
 from raysim.jit import distances
 from raysim.models.spec import ParamSpec

@@ -7,7 +7,7 @@ FedAPM with pi_i = 0, rho = 0, sigma_i = 0 and u_i <- u at every round start (fe
 
 The FedAPM authors' code runs it differently (fedapm.md 1.5, issue 35), and two switches reproduce that:
 `average_over: all` is their server, the mean of the latest shared parts of ALL m clients, stale ones included
-(FedAPM's running mean, raysim.algorithms.servers); `order: shared_first` trains the received part first, which
+(FedAPM's running mean, families/consensus.py); `order: shared_first` trains the received part first, which
 with the body personal (`personal` patterns) and the head shared is their unimodal path: it loads and averages
 the head and keeps the body local.
 """
@@ -21,17 +21,11 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
+from raysim.algorithms.families.averaging import WeightedUpload, weighted_average
+from raysim.algorithms.families.consensus import DeltaUpload, RunningMeanState, running_mean, start_running_mean
+from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import Request, Result, SGDResult, Vector, train
-from raysim.algorithms.servers import (
-    DeltaUpload,
-    RunningMeanState,
-    WeightedUpload,
-    running_mean,
-    start_running_mean,
-    weighted_average,
-)
 from raysim.algorithms.settings import SGDSettings
 from raysim.models.spec import ParamSpec
 
@@ -115,7 +109,9 @@ class FedAlt(Algorithm[FedAltSettings, PartialClientState, PartialServerState, V
         weight = float(client.num_train) if self.settings.aggregation == "samples" else 1.0
         metrics = {"train_loss": result.mean_loss, "deviation": per_tensor, "deviation_l2": l2}
         shared = params[self.shared].astype(np.float64)
-        if self.settings.average_over == "all":  # the change of this client's latest shared part (see servers.py)
+        if (
+            self.settings.average_over == "all"
+        ):  # the change of this client's latest shared part
             change = shared - state.params[self.shared].astype(np.float64)
             return ClientUpdate(PartialClientState(params), DeltaUpload(change), metrics, message=shared)
         upload = WeightedUpload(weight * shared, weight)

@@ -14,7 +14,7 @@ alpha_i-weighted objective, which is how the authors' code scales every loss gra
 Every step reports the primal residual ||u_i - u|| (over the synced coordinates), the dual change and norm ||pi_i||;
 with `diagnostics: true` one more full pass gives f_i(v_i, u_i) and its gradient, for Definition 2's residual
 ||alpha_i grad_u f_i(v_i, u_i) + pi_i^t + rho (u_i - u)|| and the client's term of the augmented Lagrangian (4)
-(raysim.algorithms.admm_diagnostics).
+(raysim.algorithms.families.consensus).
 
 The GM is the shared part u with the common initial personal part (no v_i is ever sent), i.e. what a
 new client would start from; PM is (v_i, u_i).
@@ -22,126 +22,26 @@ new client would start from; PM is (v_i, u_i).
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.admm_diagnostics import admm_server_step, diagnostic_upload, squared_change
+from raysim.algorithms.families.consensus import (
+    DeltaUpload,
+    RunningMeanState,
+    admm_server_step,
+    diagnostic_upload,
+    squared_change,
+    start_running_mean,
+)
+from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
-from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
-from raysim.algorithms.settings import AlgorithmSettings, SGDSettings
+from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Linear, Prox
-from raysim.errors import ConfigError
-from raysim.models.spec import ParamSpec, personalization
-
-SplitPreset = Literal["output", "input", "split_input", "split_input_code", "first_layer", "last_layer"]
-
-
-class SplitSettings(AlgorithmSettings):
-    """Which parameters are personal; shared by FedAPM and its baselines (the shared part is what they sync, and
-    the tensors the deviation is taken over)."""
-
-    personal: tuple[str, ...] | None = Field(
-        None, description="fnmatch patterns over parameter names (e.g. ['7.*', '9.*']); overrides `preset`"
-    )
-    preset: SplitPreset = Field(
-        "output",
-        description="the personal modules: a strategy of fedapm.md 2 from the model's table (input, output, "
-        "split_input, split_input_code: the authors' code's both encoders), or for a model without a table "
-        "`output` = the layers after the last convolution (the last layer without convolutions); any model: "
-        "first_layer, last_layer",
-    )
-
-
-def _layers(params: ParamSpec) -> list[str]:
-    """Module prefixes ('0', '3', ...) in parameter order: a layer's weight and bias share one."""
-    layers: list[str] = []
-    for name in params.names:
-        prefix = name.rsplit(".", 1)[0]
-        if prefix not in layers:
-            layers.append(prefix)
-    return layers
-
-
-def allowed_presets(params: ParamSpec) -> tuple[str, ...]:
-    """The presets that mean something for this model: its table's strategies (or `output` by the generic rule
-    when it has none), and the positional first_layer and last_layer."""
-    table = personalization(params.model)
-    return (*(table if table else ("output",)), "first_layer", "last_layer")
-
-
-def preset_names(preset: str, params: ParamSpec) -> list[str]:
-    """The parameter names `preset` makes personal: by module prefix from the model's table, else by position.
-    An unknown preset for this model is a ConfigError naming the allowed ones."""
-    table = personalization(params.model)
-    if preset not in allowed_presets(params):
-        model = f"model {params.model!r}" if params.model else "this model"
-        allowed = ", ".join(allowed_presets(params))
-        raise ConfigError(f"algorithm.preset={preset!r} is not defined for {model}; allowed: {allowed}")
-    if preset in table:
-        names = []
-        for module in table[preset]:
-            matched = [n for n in params.names if n.startswith(module + ".")]
-            if not matched:
-                raise TypeError(
-                    f"model {params.model!r}: its personalization {preset!r} names module {module!r}, which has no "
-                    "parameters"
-                )
-            names += matched
-        return names
-    layers = _layers(params)
-    if preset == "first_layer":
-        chosen = layers[:1]
-    elif preset == "last_layer":
-        chosen = layers[-1:]
-    else:
-        conv = [n.rsplit(".", 1)[0] for n, shape in zip(params.names, params.shapes, strict=True) if len(shape) > 2]
-        chosen = layers[layers.index(conv[-1]) + 1 :] if conv else layers[-1:]
-    return [n for n in params.names if n.rsplit(".", 1)[0] in chosen]
-
-
-def personal_mask(settings: SplitSettings, params: ParamSpec, allow_empty: bool = False) -> np.ndarray:
-    """Boolean mask over the flat vector: True on personal coordinates. A ConfigError if either part is empty,
-    unless `allow_empty`."""
-    if settings.personal is not None:
-        personal = [n for n in params.names if any(fnmatch.fnmatchcase(n, p) for p in settings.personal)]
-        source = f"algorithm.personal={list(settings.personal)}"
-    else:
-        personal = preset_names(settings.preset, params)
-        source = f"algorithm.preset={settings.preset!r}"
-    mask = np.zeros(params.size, dtype=bool)
-    for name in personal:
-        mask[params.slice(name)] = True
-    if (mask.all() or not mask.any()) and not allow_empty:
-        kind = "every" if mask.all() else "no"
-        raise ConfigError(
-            f"{source} makes {kind} parameter personal; parameters of this model: {', '.join(params.names)}"
-        )
-    return mask
-
-
-def deviation(params: ParamSpec, shared: np.ndarray, local: Vector, reference: Vector) -> tuple[Number, Number]:
-    """||u_i - u|| over the shared tensors (`local`, `reference`: shared-part vectors, or a chunk's [k, n_shared]
-    rows): the sum of per-tensor Frobenius norms (the paper's curves, fedapm.md 1.5) and the global L2 norm; numbers
-    for one client's vectors, [k] arrays for rows."""
-    position = np.cumsum(shared) - shared  # a shared coordinate's index within the shared part
-    per_tensor: Number = 0.0
-    squares: Number = 0.0
-    for name in params.names:  # one tensor at a time: a chunk's rows are never copied whole
-        where = params.slice(name)
-        if shared[where].all():
-            start = int(position[where.start])
-            stop = start + where.stop - where.start
-            norm = np.linalg.norm(np.asarray(local[..., start:stop], np.float64) - reference[start:stop], axis=-1)
-            per_tensor, squares = per_tensor + norm, squares + norm**2
-    l2 = np.sqrt(squares)
-    if np.ndim(local) == 1:
-        return float(per_tensor), float(l2)
-    return per_tensor, l2
+from raysim.models.spec import ParamSpec
 
 
 class FedApmSettings(SGDSettings, SplitSettings):
@@ -187,7 +87,7 @@ class FedApmClientState:
     pi: Vector
     """Dual pi_i, shared-part sized."""
     reported_smooth: Number = np.nan
-    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.admm_diagnostics)."""
+    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.families.consensus)."""
 
 
 @dataclass

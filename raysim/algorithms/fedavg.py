@@ -21,7 +21,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.fedapm import SplitSettings, deviation, personal_mask
+from raysim.algorithms.families.averaging import WeightedUpload, upload_weight, weighted_average
+from raysim.algorithms.families.consensus import DeltaUpload, RunningMeanState, running_mean, start_running_mean
+from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -32,15 +34,6 @@ from raysim.algorithms.interface import (
     per_row,
 )
 from raysim.algorithms.requests import LocalSGD, Vector, train
-from raysim.algorithms.servers import (
-    DeltaUpload,
-    RunningMeanState,
-    WeightedUpload,
-    running_mean,
-    start_running_mean,
-    upload_weight,
-    weighted_average,
-)
 from raysim.algorithms.settings import SGDSettings
 from raysim.jit import distances
 from raysim.models.spec import ParamSpec
@@ -151,7 +144,7 @@ class FedAvg(Algorithm[FedAvgSettings, ClientState, FedAvgServerState, Vector, W
             "deviation": per_tensor,
             "deviation_l2": l2,
         }
-        if isinstance(state, SharedOnlyClientState):  # the change of the latest shared part (see servers.py)
+        if isinstance(state, SharedOnlyClientState):  # the change of the latest shared part (families/consensus.py)
             shared = params[..., self.shared]
             message = shared.astype(np.float64)
             return ClientUpdate(SharedOnlyClientState(shared), DeltaUpload(message - state.shared), metrics, message)

@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.families.averaging import upload_weight
+from raysim.algorithms.families.consensus import server_metrics
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -61,7 +63,6 @@ from raysim.algorithms.interface import (
     Upload,
 )
 from raysim.algorithms.requests import Vector, train
-from raysim.algorithms.servers import server_metrics, upload_weight
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Term
 from raysim.models.composed import GatedHeads

@@ -19,8 +19,7 @@ from typing import Literal
 import numpy as np
 from pydantic import model_validator
 
-from raysim.algorithms.augfl.settings import PretrainingSettings
-from raysim.algorithms.augfl.teacher import pretrained_parameters
+from raysim.algorithms.families.teacher import PretrainingSettings, pretrained_parameters
 from raysim.algorithms.fedavg import FedAvg, FedAvgServerState, FedAvgSettings
 from raysim.algorithms.interface import ALGORITHMS, ServerContext
 from raysim.algorithms.requests import ServerDataStep, Vector

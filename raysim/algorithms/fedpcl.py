@@ -58,8 +58,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.augfl.settings import PretrainingSettings
-from raysim.algorithms.augfl.teacher import pretrained_parameters
+from raysim.algorithms.families.teacher import PretrainingSettings, pretrained_parameters
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.families.averaging import WeightedUpload, weighted_average
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import ClassMeans, Vector, class_means, train
-from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Term
 from raysim.jit import distances

@@ -36,7 +36,6 @@ eta_g <= 1/(2L) and Phase I is solved exactly.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -44,28 +43,24 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.feddyn import (
-    FedSlrSolverSettings,
+from raysim.algorithms.families.dynamic import (
+    DynamicSolverSettings,
     dual_corrected_mean,
     dual_update,
     dynamic_request,
     mirrored_dual_mean,
 )
-from raysim.algorithms.interface import ALGORITHMS, NOT_SENT, Algorithm, ClientInfo, ClientStep, ClientUpdate, Upload
+from raysim.algorithms.families.lowrank import LowRankBroadcast, LowRankProx, LowRankUpload
+from raysim.algorithms.interface import ALGORITHMS, NOT_SENT, Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.prox import (
     FactoredModel,
-    LayerwiseSVT,
-    factored_size,
-    layer_spectra,
-    layerwise_svt,
-    matrix_shape,
 )
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
 from raysim.algorithms.terms import L1, Offset
 from raysim.models.spec import ParamSpec
 
 
-class FedSlrSettings(FedSlrSolverSettings):
+class FedSlrSettings(DynamicSolverSettings):
     name: Literal["fedslr"] = "fedslr"
     epochs: int = Field(2, ge=1, description="Phase I local epochs (2 in the paper's experiments)")
     phase2_epochs: int = Field(1, ge=0, description="Phase II local epochs (1 in the paper); 0 skips Phase II")
@@ -124,27 +119,8 @@ class FedSlrServerState:
     num_clients: int
 
 
-@dataclass(frozen=True, eq=False)
-class FedSlrBroadcast:
-    model: FactoredModel
-    """The GKR w_t, factored where that is smaller; clients rebuild it with `model.params`."""
-    ranks: dict[str, int]
-    """Per-layer rank of w (for the mixed model's parameter count)."""
-
-
 @dataclass
-class FedSlrUpload(Upload):
-    w: Vector
-    count: Number = 1.0
-    """1 per client (one per row of a chunk's stacked upload: GPGD stacks), so that a robust aggregate replacing the
-    sum of w_i is still divided correctly."""
-
-    message_field = "w"
-    weight_field = "count"
-
-
-@dataclass
-class FedSlrDiagnosticUpload(FedSlrUpload):
+class FedSlrDiagnosticUpload(LowRankUpload):
     """With `diagnostics: true`: a client's terms of the potential (Def. 1, eq. 10), not counted as uplink."""
 
     loss: Number = field(default=0.0, metadata=NOT_SENT)
@@ -155,70 +131,15 @@ class FedSlrDiagnosticUpload(FedSlrUpload):
     """||w_i||^2."""
 
 
-@dataclass(frozen=True)
-class LowRankProx:
-    """FedSLR's server prox (eq. 6, Alg. 2; fedslr.md 2.3, 2.4, 6.5): layer-wise SVT of the aggregate, whose factors
-    are the next downlink, and what it logs (ranks, parameter count, SVD time). GPGD's server is the same prox of a
-    plain mean (fedslr.md A.2 eq. 21)."""
-
-    params: ParamSpec
-    svd_device: str
-    """auto, cpu or cuda (the settings' `svd_device`)."""
-
-    def full_ranks(self) -> dict[str, int]:
-        layers = zip(self.params.names, self.params.shapes, strict=True)
-        return {name: min(matrix_shape(shape)) for name, shape in layers if len(shape) > 1}
-
-    def parameter_count(self, ranks: dict[str, int]) -> int:
-        """#params of a low-rank model (fedslr.md 6.5): min(d1 d2, r (d1 + d2)) per matrix plus the 1-D ones."""
-        layers = zip(self.params.names, self.params.shapes, strict=True)
-        return sum(factored_size(shape, ranks.get(name, 0)) for name, shape in layers)
-
-    def device(self) -> str:
-        import torch  # the server step's SVD runs in torch (only this coordinator imports it)
-
-        if self.svd_device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if self.svd_device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("algorithm.svd_device: cuda requested but the coordinator has no GPU; use auto or cpu")
-        return self.svd_device
-
-    def __call__(self, before: np.ndarray, threshold: float, previous: Vector) -> tuple[LayerwiseSVT, dict[str, float]]:
-        """Prox_{threshold sum_l ||W_l||_*}(before) and the server metrics (`previous`: the current global model)."""
-        start = time.perf_counter()
-        prox = layerwise_svt(before, self.params, threshold, self.device())
-        seconds = time.perf_counter() - start
-        full = self.full_ranks()
-        metrics = {
-            "global_change": float(np.linalg.norm(prox.params - previous)),
-            "svd_seconds": seconds,
-            "rank_fraction": sum(prox.ranks.values()) / max(sum(full.values()), 1),
-            "global_params": float(self.parameter_count(prox.ranks)),
-            "nuclear_norm": float(sum(values.sum() for values in prox.spectra.values())),  # sum_l ||W_l||_*, R/lambda
-            **{f"rank/{name}": float(rank) for name, rank in prox.ranks.items()},
-        }
-        return prox, metrics
-
-    def spectra_table(self, global_params: Vector) -> dict[str, dict[str, list]]:
-        """`spectra`: every singular value of every matrixized layer of the global model (fedslr.md 10 item 14),
-        computed afresh from the flat vector, as rows (layer, index, singular_value), largest first per layer."""
-        columns: dict[str, list] = {"layer": [], "index": [], "singular_value": []}
-        for name, values in layer_spectra(global_params, self.params).items():
-            columns["layer"] += [name] * len(values)
-            columns["index"] += list(range(len(values)))
-            columns["singular_value"] += [float(v) for v in values]
-        return {"spectra": columns}
-
-
 MAX_LAYER_SPARSITY_METRICS = 32
 """Per-layer sparsity of p_i is logged for models with at most this many matrix layers (ResNet-18: 21)."""
 
 
 @ALGORITHMS.register()
-class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, FedSlrBroadcast, FedSlrUpload]):
+class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, LowRankBroadcast, LowRankUpload]):
     name = "fedslr"
     Settings = FedSlrSettings
-    Upload = FedSlrUpload
+    Upload = LowRankUpload
 
     def __init__(self, settings: FedSlrSettings, params: ParamSpec):
         super().__init__(settings, params)
@@ -249,10 +170,10 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
             p[matrices] = init_params[matrices]
         return FedSlrClientState(np.zeros_like(init_params), p, None)
 
-    def broadcast(self, server: FedSlrServerState) -> FedSlrBroadcast:
-        return FedSlrBroadcast(server.model, server.ranks)
+    def broadcast(self, server: FedSlrServerState) -> LowRankBroadcast:
+        return LowRankBroadcast(server.model, server.ranks)
 
-    def client_step(self, client: ClientInfo, state: FedSlrClientState, broadcast: FedSlrBroadcast) -> ClientStep:
+    def client_step(self, client: ClientInfo, state: FedSlrClientState, broadcast: LowRankBroadcast) -> ClientStep:
         s = self.settings
         w_t = broadcast.model.params(self.params)
         lr = s.lr  # eta_l * decay^t: the runtime steps round t with its settings (LrSchedule.at_round)
@@ -287,7 +208,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         new = FedSlrClientState(gamma, p.astype(np.float32), received)
         sent = w_i.astype(np.float32)
         if not s.diagnostics:
-            return ClientUpdate(new, FedSlrUpload(sent), metrics)
+            return ClientUpdate(new, LowRankUpload(sent), metrics)
         at_local = yield from gradient(FullGradient(sent, "train"))  # f_i(w_i) for the potential
         y = sent.astype(np.float64)
         gamma_dot_w = float(np.asarray(gamma, np.float64) @ y)
@@ -311,7 +232,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         """`spectra`: the singular values of every layer of the final GKR (LowRankProx.spectra_table)."""
         return self.low_rank.spectra_table(global_params)
 
-    def server_step(self, server: FedSlrServerState, total: FedSlrUpload, num_selected: int):
+    def server_step(self, server: FedSlrServerState, total: LowRankUpload, num_selected: int):
         """Alg. 3 in its partial-participation form: only the selected clients' gamma_i changed, by
         (w_t - w_i)/eta_g each, so the mean over all M moves by their sum / M (fedslr.md 2.8; FedDyn's h)."""
         s = self.settings
@@ -322,7 +243,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         return self._prox_step(server, total, num_selected, gamma_mean, None)
 
     def server_step_by_client(
-        self, server: FedSlrServerState, total: FedSlrUpload, num_selected: int, messages: Mapping[int, Vector]
+        self, server: FedSlrServerState, total: LowRankUpload, num_selected: int, messages: Mapping[int, Vector]
     ):
         """Alg. 1/2: the server mirrors each selected client's gamma_i + (w_t - w_i)/eta_g (line 6, the client's own
         float32 update of eq. 5, so mirror and client agree bit for bit) and averages all M mirrors, stale ones
@@ -338,7 +259,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
     def _prox_step(
         self,
         server: FedSlrServerState,
-        total: FedSlrUpload,
+        total: LowRankUpload,
         num_selected: int,
         gamma_mean: np.ndarray,
         gammas: np.ndarray | None,
@@ -366,7 +287,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Fed
         """#params of the GKR (fedslr.md 6.5): see LowRankProx.parameter_count."""
         return self.low_rank.parameter_count(ranks)
 
-    def downlink_bytes(self, broadcast: FedSlrBroadcast) -> int:
+    def downlink_bytes(self, broadcast: LowRankBroadcast) -> int:
         """What is sent: the GKR's dense layers and factors (fedslr.md 2.4), plus the round t (the clients' rate
         decay), as float32."""
         return 4 * (broadcast.model.size + 1)

@@ -12,23 +12,33 @@ of the latest u_i of all m clients, so w = (1/m) sum_i u_i (14) needs only the s
 changes u_i^new - u_i^old. Unselected clients keep all their state.
 
 The client step runs (12), (13) and the message change as one compiled pass over each client's vectors
-(`_admm_update`, a raysim.jit kernel over rows), so the same lines update one client's vectors or a chunk's
+(`admm_update`, a raysim.jit kernel over rows), so the same lines update one client's vectors or a chunk's
 stacked rows (`Algorithm.stacks`), reading theta_i, w_i and pi_i once.
 
 Every step reports the primal residual ||w_i - w||, the dual change and norm ||pi_i||, and Lemma 3's error; with
 `diagnostics: true` one more full pass over the training set gives f_i(theta_i) and its gradient, for the
-stationarity residual (17) and the client's term of the augmented Lagrangian (10) (raysim.algorithms.admm_diagnostics).
+stationarity residual (17) and the client's term of the augmented Lagrangian (10) (families/consensus.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.admm_diagnostics import admm_server_step, diagnostic_upload, row_norms, squared_change
+from raysim.algorithms.families.consensus import (
+    DeltaUpload,
+    RunningMeanState,
+    admm_server_step,
+    admm_update,
+    diagnostic_upload,
+    paper_message,
+    row_norms,
+    squared_change,
+    start_running_mean,
+)
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -39,10 +49,9 @@ from raysim.algorithms.interface import (
     CodeDraws,
 )
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
-from raysim.algorithms.servers import DeltaUpload, RunningMeanState, start_running_mean
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Prox
-from raysim.jit import add_square, distances, kernel, rows
+from raysim.jit import distances, rows
 
 
 class FlameSettings(SGDSettings):
@@ -78,7 +87,7 @@ class FlameClientState:
     w: Vector
     pi: Vector
     reported_smooth: Number = np.nan
-    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.admm_diagnostics)."""
+    """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.families.consensus)."""
 
     def message(self, rho: float) -> Vector:
         """u_i, the vector the server averages."""
@@ -130,7 +139,7 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
             theta, in_place = np.asarray(result.params, np.float32), True  # later epochs train the step's own theta
             if s.diagnostics:  # w_i^t of (17), before (12) writes the new w_i over it
                 center = np.array(center, copy=True)
-            delta_u, primal, dual, lemma3 = _admm_update(
+            delta_u, primal, dual, lemma3 = admm_update(
                 rows(theta), rows(w_i), rows(pi), w, lam_alpha, np.float32(s.rho)
             )
         new = FlameClientState(theta, w_i, pi, state.reported_smooth)
@@ -179,49 +188,3 @@ class Flame(Algorithm[FlameSettings, FlameClientState, RunningMeanState, Vector,
 
     def personalized_model(self, state: FlameClientState) -> Vector:
         return state.theta
-
-
-def paper_update(theta: Any, w_i: Any, pi: Any, w: Any, lam_alpha: Any, rho: Any) -> tuple[Any, Any]:
-    """Eqs. (12) and (13) as the paper writes them, in array operators over numpy arrays or torch tensors (one
-    client's vectors, or a chunk's rows with `lam_alpha` a column): the new w_i and pi_i, as new arrays. The
-    compiled `_admm_update` gives exactly their float32 bits (tests/unit/test_flame.py); the tests and benchmarks take
-    the paper's form from here.
-
-        w_i  <- (lambda alpha_i theta_i + rho w - pi_i) / (lambda alpha_i + rho)      (12)
-        pi_i <- pi_i + rho (w_i - w)                                                (13)
-    """
-    new_w = (lam_alpha * theta + rho * w - pi) / (lam_alpha + rho)
-    return new_w, pi + rho * (new_w - w)
-
-
-def paper_message(w_i: Any, pi: Any, rho: Any) -> Any:
-    """u_i = w_i + pi_i / rho, the message whose mean over all m clients is the global model (14)."""
-    return w_i + pi / rho
-
-
-@kernel
-def _admm_update(theta, w_i, pi, w, lam_alpha, rho):
-    """For every row i (client), eqs. (12) and (13) (`paper_update`), written into w_i and pi (each entry read
-    before it is written, one pass).
-
-    Returns the change of the message u_i = w_i + pi_i / rho, ||w_i - w|| (primal residual), the change of pi_i in
-    norm (dual change) and ||pi_i - lambda alpha_i (theta_i - w_i)||, Lemma 3's residual (eq. 33: zero in exact
-    arithmetic, so it measures rounding). float32 throughout, as numpy."""
-    count, n = theta.shape
-    delta_u = np.empty_like(theta)
-    primal, dual, lemma = np.empty(count), np.empty(count), np.empty(count)
-    for i in range(count):
-        la = lam_alpha[i]
-        primal_sq = dual_sq = lemma_sq = np.float32(0.0)
-        for j in range(n):
-            pi_old = pi[i, j]
-            u_old = w_i[i, j] + pi_old / rho
-            w_ij = (la * theta[i, j] + rho * w[j] - pi_old) / (la + rho)
-            pi_ij = pi_old + rho * (w_ij - w[j])
-            delta_u[i, j] = (w_ij + pi_ij / rho) - u_old
-            primal_sq = add_square(primal_sq, w_ij - w[j])
-            dual_sq = add_square(dual_sq, pi_ij - pi_old)
-            lemma_sq = add_square(lemma_sq, pi_ij - la * (theta[i, j] - w_ij))
-            w_i[i, j], pi[i, j] = w_ij, pi_ij
-        primal[i], dual[i], lemma[i] = np.sqrt(primal_sq), np.sqrt(dual_sq), np.sqrt(lemma_sq)
-    return delta_u, primal, dual, lemma

@@ -26,8 +26,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.feddyn import FedSlrSolverSettings
-from raysim.algorithms.fedslr import FedSlrBroadcast, FedSlrUpload, LowRankProx
+from raysim.algorithms.families.dynamic import DynamicSolverSettings
+from raysim.algorithms.families.lowrank import LowRankBroadcast, LowRankProx, LowRankUpload
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -43,7 +43,7 @@ from raysim.jit import distances
 from raysim.models.spec import ParamSpec
 
 
-class GpgdSettings(FedSlrSolverSettings):
+class GpgdSettings(DynamicSolverSettings):
     name: Literal["gpgd"] = "gpgd"
     lam: float = Field(1e-4, ge=0, alias="lambda", description="lambda: nuclear-norm (low-rank) penalty")
     eta_g: float = Field(10.0, gt=0, description="eta_g: the server's proximal step; SVT threshold lambda * eta_g")
@@ -67,10 +67,10 @@ class GpgdServerState:
 
 
 @ALGORITHMS.register()
-class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, FedSlrBroadcast, FedSlrUpload]):
+class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, LowRankBroadcast, LowRankUpload]):
     name = "gpgd"
     Settings = GpgdSettings
-    Upload = FedSlrUpload
+    Upload = LowRankUpload
     stacks = True
 
     def __init__(self, settings: GpgdSettings, params: ParamSpec):
@@ -84,11 +84,11 @@ class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, FedSlrBroad
     def init_client(self, client: ClientInfo, init_params: Vector) -> GpgdClientState:
         return GpgdClientState()
 
-    def broadcast(self, server: GpgdServerState) -> FedSlrBroadcast:
-        return FedSlrBroadcast(server.model, server.ranks)
+    def broadcast(self, server: GpgdServerState) -> LowRankBroadcast:
+        return LowRankBroadcast(server.model, server.ranks)
 
     def client_step(
-        self, client: ClientInfo | ClientChunk, state: GpgdClientState, broadcast: FedSlrBroadcast
+        self, client: ClientInfo | ClientChunk, state: GpgdClientState, broadcast: LowRankBroadcast
     ) -> ClientStep:
         s = self.settings
         w_t = broadcast.model.params(self.params)
@@ -97,15 +97,15 @@ class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, FedSlrBroad
         w_i = np.asarray(result.params, np.float32)
         count = np.ones_like(np.asarray(client.num_train, np.float32))  # a number, or one per row of a chunk
         metrics = {"train_loss": result.mean_loss, "update_norm": distances(w_i, w_t), "lr": lr}
-        return ClientUpdate(state, FedSlrUpload(per_row(count) * w_i, count), metrics)
+        return ClientUpdate(state, LowRankUpload(per_row(count) * w_i, count), metrics)
 
-    def server_step(self, server: GpgdServerState, total: FedSlrUpload, num_selected: int):
+    def server_step(self, server: GpgdServerState, total: LowRankUpload, num_selected: int):
         s = self.settings
         mean = np.asarray(total.w, np.float64) / np.asarray(total.count, np.float64)
         prox, metrics = self.low_rank(mean, s.lam * s.eta_g, server.w)  # (21)
         return GpgdServerState(prox.params, prox.model, prox.ranks), metrics
 
-    def downlink_bytes(self, broadcast: FedSlrBroadcast) -> int:
+    def downlink_bytes(self, broadcast: LowRankBroadcast) -> int:
         """The factored model's dense layers and factors (fedslr.md 2.4), plus the round t (the clients' rate decay),
         as float32 (FedSLR's)."""
         return 4 * (broadcast.model.size + 1)

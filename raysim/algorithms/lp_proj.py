@@ -34,10 +34,15 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.flame import _admm_update
+from raysim.algorithms.families.consensus import (
+    DeltaUpload,
+    RunningMeanState,
+    admm_update,
+    running_mean,
+    start_running_mean,
+)
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientChunk, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import Vector, train
-from raysim.algorithms.servers import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import ProjectedProx
 from raysim.jit import rows
@@ -115,7 +120,7 @@ class LpProj(Algorithm[LpProjSettings, LpProjClientState, RunningMeanState, Vect
         result = yield from train(request)
         theta = np.asarray(result.params, np.float32)
         projected = self.project(theta)
-        delta_u, primal, dual, lemma3 = _admm_update(  # (186), (187) on P theta_i, FLAME's kernel
+        delta_u, primal, dual, lemma3 = admm_update(  # (186), (187) on P theta_i, FLAME's kernel
             rows(projected), rows(w_i), rows(pi), broadcast, lam_alpha, np.float32(s.rho)
         )
         metrics = {

@@ -26,7 +26,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.feddyn import FedSlrSolverSettings
+from raysim.algorithms.families.averaging import WeightedUpload, weighted_average
+from raysim.algorithms.families.dynamic import DynamicSolverSettings
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -38,12 +39,11 @@ from raysim.algorithms.interface import (
 )
 from raysim.algorithms.prox import matrix_shape
 from raysim.algorithms.requests import Vector, train
-from raysim.algorithms.servers import WeightedUpload, weighted_average
 from raysim.algorithms.terms import Nuclear
 from raysim.jit import distances
 
 
-class LpgdSettings(FedSlrSolverSettings):
+class LpgdSettings(DynamicSolverSettings):
     name: Literal["lpgd"] = "lpgd"
     lam: float = Field(
         1e-4, ge=0, alias="lambda", description="lambda: nuclear-norm penalty; SVT at eta_l * lambda per local step"

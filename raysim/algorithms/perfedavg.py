@@ -34,6 +34,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.families.averaging import WeightedUpload, upload_weight, weighted_average
 from raysim.algorithms.interface import (
     ALGORITHMS,
     AdaptStep,
@@ -55,7 +56,6 @@ from raysim.algorithms.requests import (
     gradient,
     mean_over_steps,
 )
-from raysim.algorithms.servers import WeightedUpload, upload_weight, weighted_average
 from raysim.algorithms.settings import LocalStepsSettings
 from raysim.jit import distances
 

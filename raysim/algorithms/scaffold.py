@@ -29,6 +29,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from raysim.algorithms.families.consensus import server_metrics
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -40,7 +41,6 @@ from raysim.algorithms.interface import (
     per_row,
 )
 from raysim.algorithms.requests import Vector, train
-from raysim.algorithms.servers import server_metrics
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Linear
 from raysim.jit import distances

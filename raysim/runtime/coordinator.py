@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raysim.algorithms import build_algorithm
+from raysim.algorithms.families.consensus import start_running_mean
 from raysim.algorithms.interface import Upload
 from raysim.algorithms.requests import Vector
-from raysim.algorithms.servers import start_running_mean
 from raysim.algorithms.settings import AlgorithmSettings
 from raysim.config import ExperimentConfig
 from raysim.models.spec import ParamSpec

@@ -50,7 +50,8 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from raysim.algorithms.flame import FlameSettings, paper_message, paper_update
+from raysim.algorithms.families.consensus import paper_message, paper_update
+from raysim.algorithms.flame import FlameSettings
 from raysim.config import ExperimentConfig, apply_overrides, validate_config
 from raysim.errors import RaysimError
 from raysim.models.flat import FlatModel

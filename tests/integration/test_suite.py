@@ -8,7 +8,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from raysim.algorithms.fedapm import FedApmSettings, personal_mask
+from raysim.algorithms.families.split import personal_mask
+from raysim.algorithms.fedapm import FedApmSettings
 from raysim.cli import main
 from raysim.models.flat import FlatModel
 from tests.support.experiments import IN_PROCESS, tiny_config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raysim.algorithms.augfl.teacher import teacher_model, weights_header
+from raysim.algorithms.families.teacher import teacher_model, weights_header
 from raysim.config import ExperimentConfig
 from raysim.models.weights import write_weights
 from raysim.runtime.problem import server_context

@@ -1,4 +1,4 @@
-"""The ADMM convergence diagnostics (raysim.algorithms.admm_diagnostics, `diagnostics: true`) on the convex
+"""The ADMM convergence diagnostics (raysim.algorithms.families.consensus, `diagnostics: true`) on the convex
 linear-regression problem of flame.md App. B-A, where f_i(theta) = 1/(2N) ||X_i theta - y_i||^2 with
 X_i^T X_i = N b_i I, so grad f_i(theta) = b_i (theta - theta_hat_i) and full-batch steps solve each theta-step to
 float32 accuracy: the logged values equal the same quantities computed from the states, and behave as the papers
@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from raysim.algorithms.admm_diagnostics import AdmmDiagnosticUpload
+from raysim.algorithms.families.consensus import AdmmDiagnosticUpload
 from raysim.config import validate_config
 from raysim.errors import ConfigError
 from raysim.evaluation.summaries import mean_client_metrics
@@ -232,7 +232,8 @@ def test_fedslr_phase2_gradient_mapping_and_dual_sum():
     G = (p - S_{mu eta}(p - eta grad f_i(w_t + p))) / eta is zero at it for any eta; without Phase II the p_i^0 = 0
     left in place is not, and G is that formula. ||sum_i gamma_i|| over all M clients is the server's mirror."""
     from raysim.algorithms import ClientInfo
-    from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
+    from raysim.algorithms.families.lowrank import LowRankUpload
+    from raysim.algorithms.fedslr import FedSlr, FedSlrSettings
     from raysim.algorithms.prox import soft_threshold
     from raysim.algorithms.requests import FullGradient, GradientResult
     from raysim.execution import run_client_step
@@ -264,7 +265,7 @@ def test_fedslr_phase2_gradient_mapping_and_dual_sum():
                 states[i], stationarity[i] = update.state, update.metrics["stationarity"]
                 total = update.upload.w.astype(np.float64) if total is None else total + update.upload.w
             w_t = broadcast.model.params(SPEC)
-            server, metrics = algorithm.server_step(server, FedSlrUpload(total, float(len(selected))), len(selected))
+            server, metrics = algorithm.server_step(server, LowRankUpload(total, float(len(selected))), len(selected))
             dual_sum = sum(np.asarray(s.gamma, np.float64) for s in states.values())
             assert metrics["dual_sum_norm"] == pytest.approx(np.linalg.norm(dual_sum), rel=1e-5)
             for i in selected:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.fedapm import FedApm, FedApmSettings, personal_mask
+from raysim.algorithms.families.split import personal_mask
+from raysim.algorithms.fedapm import FedApm, FedApmSettings
 from raysim.algorithms.fedavg import FedAvg, FedAvgClientState, FedAvgSettings
 from raysim.algorithms.interface import ClientChunk, ClientInfo
 from raysim.algorithms.requests import SGDResult

@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from raysim.algorithms import ClientInfo
+from raysim.algorithms.families.averaging import WeightedUpload
 from raysim.algorithms.feddyn import FedDyn, FedDynSettings
-from raysim.algorithms.servers import WeightedUpload
 from raysim.config import validate_config
 from raysim.execution import run_client_step
 from tests.support.convex import SPEC, Quadratic

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from raysim.algorithms import ClientInfo
-from raysim.algorithms.fedslr import FedSlr, FedSlrSettings, FedSlrUpload
+from raysim.algorithms.families.lowrank import LowRankUpload
+from raysim.algorithms.fedslr import FedSlr, FedSlrSettings
 from raysim.algorithms.prox import dematrixize, layerwise_svt, matrixize, soft_threshold, svt
 from raysim.algorithms.requests import LocalSGD, SGDResult
 from raysim.algorithms.terms import L1, Offset
@@ -149,7 +150,7 @@ def _round(algorithm, problem: Quadratic, server, states: dict, selected: list[i
         update = run_client_step(algorithm, info, states[i], broadcast, problem.executor(i))
         states[i] = update.state
         total = update.upload.w.astype(np.float64) if total is None else total + update.upload.w
-    return algorithm.server_step(server, FedSlrUpload(total, float(len(selected))), len(selected))
+    return algorithm.server_step(server, LowRankUpload(total, float(len(selected))), len(selected))
 
 
 def test_lambda_mu_zero_is_feddyn():

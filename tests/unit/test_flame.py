@@ -175,10 +175,10 @@ def test_a_chunk_of_stacked_clients_steps_like_each_client_alone(prox_center, du
     seed=st.integers(0, 2**16),
 )
 def test_the_compiled_update_is_equations_12_and_13_bit_for_bit(rows, size, rho, lam, seed):
-    """`_admm_update` (one compiled pass, in place) gives exactly the float32 bits of (12), (13) and the message
+    """`admm_update` (one compiled pass, in place) gives exactly the float32 bits of (12), (13) and the message
     change written in numpy, for every row alone or together (a row never depends on its neighbours), and its
     norms are those of the differences."""
-    from raysim.algorithms.flame import _admm_update, paper_message, paper_update
+    from raysim.algorithms.families.consensus import admm_update, paper_message, paper_update
 
     generator = np.random.default_rng(seed)
     theta, w_i, pi = (generator.normal(size=(rows, size)).astype(np.float32) for _ in range(3))
@@ -188,7 +188,7 @@ def test_the_compiled_update_is_equations_12_and_13_bit_for_bit(rows, size, rho,
     want_w, want_pi = paper_update(theta, w_i, pi, w, la, rho32)
     want_delta = paper_message(want_w, want_pi, rho32) - paper_message(w_i, pi, rho32)
     new_w, new_pi = w_i.copy(), pi.copy()
-    delta, primal, dual, lemma3 = _admm_update(theta, new_w, new_pi, w, lam_alpha, rho32)
+    delta, primal, dual, lemma3 = admm_update(theta, new_w, new_pi, w, lam_alpha, rho32)
     for got, want in ((new_w, want_w), (new_pi, want_pi), (delta, want_delta)):
         assert got.dtype == np.float32 and np.array_equal(got, want)
     np.testing.assert_allclose(primal, np.linalg.norm(want_w - w, axis=1), rtol=1e-5, atol=1e-6)
@@ -196,6 +196,6 @@ def test_the_compiled_update_is_equations_12_and_13_bit_for_bit(rows, size, rho,
     residual = np.linalg.norm(want_pi - la * (theta - want_w), axis=1)  # Lemma 3's: rounding only
     np.testing.assert_allclose(lemma3, residual, rtol=1e-3, atol=1e-6)
     alone_w, alone_pi = w_i[-1:].copy(), pi[-1:].copy()
-    alone = _admm_update(theta[-1:], alone_w, alone_pi, w, lam_alpha[-1:], rho32)
+    alone = admm_update(theta[-1:], alone_w, alone_pi, w, lam_alpha[-1:], rho32)
     assert np.array_equal(alone_w, new_w[-1:]) and np.array_equal(alone[0], delta[-1:])
     assert alone[1][0] == primal[-1] and alone[2][0] == dual[-1] and alone[3][0] == lemma3[-1]

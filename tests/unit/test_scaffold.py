@@ -10,10 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from raysim.algorithms import ClientInfo
+from raysim.algorithms.families.averaging import WeightedUpload
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 from raysim.algorithms.requests import LocalSGD, SGDResult
 from raysim.algorithms.scaffold import Scaffold, ScaffoldSettings, ScaffoldUpload
-from raysim.algorithms.servers import WeightedUpload
 from raysim.config import validate_config
 from raysim.execution import run_client_step
 from raysim.models.spec import ParamSpec

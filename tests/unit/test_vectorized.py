@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 from raysim.algorithms import build_algorithm
+from raysim.algorithms.families.averaging import WeightedUpload
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 from raysim.algorithms.interface import ClientInfo, ClientUpdate
 from raysim.algorithms.requests import LocalSGD, Request, Result
-from raysim.algorithms.servers import WeightedUpload
 from raysim.algorithms.terms import L1, Linear, Offset, Prox
 from raysim.config import validate_config
 from raysim.errors import ConfigError

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from raysim.algorithms.augfl.settings import AugFlSettings
-from raysim.algorithms.augfl.teacher import check_pools, pretrained_parameters, teacher_architecture
+from raysim.algorithms.augfl.teacher import teacher_architecture
+from raysim.algorithms.families.teacher import check_pools, pretrained_parameters
 from raysim.algorithms.interface import (
     ALGORITHMS,
     AdaptStep,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, ConfigDict, Field
+from pydantic import AliasChoices, Field
 
+from raysim.algorithms.families.teacher import PretrainingSettings
 from raysim.algorithms.settings import AlgorithmSettings
 from raysim.models.spec import ModelChoice
 from raysim.settings import Settings
@@ -29,38 +30,6 @@ class TransferSettings(Settings):
     weight_decay: float = Field(5e-4, ge=0)
     ce_weight: float = Field(1.0, ge=0, description="code mode: weight of the cross-entropy on D_s's labels")
     crd_weight: float = Field(0.8, ge=0, description="code mode: weight of the CRD term")
-
-
-class PretrainingSettings(Settings):
-    """The pretrained model theta_p (`algorithm.teacher_*`): a weights file that `raysim pretrain` wrote
-    (`teacher_weights`, verified on load), or pretrained on the first pool the `meta` partition keeps back with the
-    recipe below and cached (raysim.algorithms.augfl.teacher); shared by AugFL and the PM-aided baselines. The
-    recipe's defaults are the authors' (train_teacher_model.py, augfl.md 2.2: SGD, rate 0.05, momentum 0.9, weight
-    decay 5e-4, batch 64, 240 epochs, the rate x0.1 at epochs 150, 180 and 210); shorten it with `teacher_epochs`."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    teacher_weights: str | None = Field(
-        None,
-        validation_alias=AliasChoices("teacher_weights", "teacher_path", "pm_path"),
-        description="weights file of the teacher theta_p written by `raysim pretrain` (checksum, model and classes "
-        "verified); default: pretrained with the recipe below on first use and cached",
-    )
-    teacher_epochs: int = Field(
-        240, ge=1, validation_alias=AliasChoices("teacher_epochs", "pm_epochs"), description="pretraining epochs"
-    )
-    teacher_lr: float = Field(
-        0.05, gt=0, validation_alias=AliasChoices("teacher_lr", "pm_lr"), description="pretraining SGD rate"
-    )
-    teacher_momentum: float = Field(0.9, ge=0, lt=1, description="pretraining SGD momentum")
-    teacher_weight_decay: float = Field(5e-4, ge=0, description="pretraining weight decay (added to the gradient)")
-    teacher_batch_size: int = Field(64, ge=1, description="pretraining batch size")
-    teacher_lr_steps: tuple[int, ...] = Field(
-        (150, 180, 210),
-        description="epochs (0-based) at whose start the pretraining rate is multiplied by "
-        "teacher_lr_decay; steps beyond teacher_epochs never come",
-    )
-    teacher_lr_decay: float = Field(0.1, gt=0, description="factor of each pretraining rate step")
 
 
 class TransferStepSettings(AlgorithmSettings, PretrainingSettings):

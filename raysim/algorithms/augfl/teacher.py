@@ -7,24 +7,20 @@ architecture, seed, pool sizes and recipe. Either way the run verifies the file'
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Generator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from raysim.algorithms.augfl.settings import AugFlSettings, PretrainingSettings, TransferStepSettings
+from raysim.algorithms.augfl.settings import AugFlSettings, TransferStepSettings
+from raysim.algorithms.families.teacher import PretrainingSettings
 from raysim.algorithms.interface import ServerContext
 from raysim.algorithms.requests import SGDResult, TrainModel
 from raysim.algorithms.settings import AlgorithmSettings
 from raysim.errors import ConfigError
-from raysim.models.weights import WeightsHeader, check_model, checksum, read_weights, write_weights
-from raysim.seeding import Stream, torch_seed
 
 if TYPE_CHECKING:
-    from raysim.models.flat import FlatModel
+    pass
+from raysim.algorithms.families.teacher import pretrain
 
 LARGER = {
     "mlr": "mlp",
@@ -37,9 +33,6 @@ LARGER = {
 }
 """The default architecture of the teacher for each client model: the next larger network of the zoo, and the
 paper's pair (a ResNet32x4 distilled into a ResNet8x4, augfl.md 4.2)."""
-
-CACHE = "teacher"
-"""The teachers' subfolder of raysim's cache folder (`ServerContext.cache`)."""
 
 
 def teacher_architecture(settings: TransferStepSettings, model: str, input_shape: tuple[int, ...]) -> str:
@@ -62,129 +55,6 @@ def teacher_architecture(settings: TransferStepSettings, model: str, input_shape
         )
     larger = LARGER[model]
     return larger if len(input_shape) == 3 or larger in ("mlp", "mlr") else "mlp"
-
-
-def teacher_model(architecture: str, context: ServerContext) -> FlatModel:
-    from raysim.models.flat import FlatModel  # in the driver, which prepares the server data
-
-    try:
-        return FlatModel(architecture, context.input_shape, context.num_classes, context.task)
-    except ValueError as error:
-        raise ConfigError(f"algorithm.teacher_model: {error}") from None
-
-
-def check_pools(context: ServerContext, purpose: str) -> None:
-    """The partition keeps back the two pools AugFL's server needs (the teacher's and the transfer set)."""
-    if len(context.pools) != 2:
-        raise ConfigError(
-            f"partition.scheme={context.partition}: {purpose} needs 'meta' (its held-back pools feed the "
-            "teacher and the server's transfer set)"
-        )
-
-
-KEY = "algorithm.teacher_weights"
-"""The config field of a teacher's weights file, which starts every refusal of one."""
-
-
-def recipe(settings: PretrainingSettings, context: ServerContext) -> dict[str, Any]:
-    """The pretraining recipe as a weights file records it: the SGD settings, the seed and the pool trained on."""
-    return {
-        "optimizer": "sgd",
-        "epochs": settings.teacher_epochs,
-        "lr": settings.teacher_lr,
-        "momentum": settings.teacher_momentum,
-        "weight_decay": settings.teacher_weight_decay,
-        "batch_size": settings.teacher_batch_size,
-        "lr_steps": list(settings.teacher_lr_steps),
-        "lr_decay": settings.teacher_lr_decay,
-        "seed": context.seed,
-        "pool": f"partition {context.partition}: the first held-back pool",
-        "pool_samples": len(context.pools[0].y),
-        "held_back_samples": sum(len(p.y) for p in context.pools),
-    }
-
-
-def pretrained_cache_path(folder: Path, context: ServerContext, architecture: str, trained: dict[str, Any]) -> Path:
-    """The cached teacher of this dataset, architecture, seed, pool sizes and recipe `trained` in `folder`."""
-    digest = hashlib.sha256(json.dumps(trained, sort_keys=True).encode()).hexdigest()[:12]
-    pool, held = trained["pool_samples"], trained["held_back_samples"]
-    name = f"{context.dataset}-{architecture}-seed{context.seed}-pool{pool}-held{held}-{digest}.npz"
-    return folder.expanduser() / name
-
-
-def pretrain(
-    settings: PretrainingSettings, context: ServerContext, architecture: str, out: Path | None = None
-) -> Generator[TrainModel, SGDResult, Path]:
-    """Train the teacher on the first held-back pool (augfl.md 4.1) with the recipe of `settings` and write it as a
-    weights file to `out`; without `out`, to the cache (`pretrained_cache_path`), where a file already there is
-    reused. The training is one `TrainModel` request (from an initialization of its own), yielded only when a file
-    is to be written; returns the file's path."""
-    check_pools(context, "pretraining")
-    trained = recipe(settings, context)
-    path = out or pretrained_cache_path(context.cache / CACHE, context, architecture, trained)
-    if out is None and path.exists():
-        return path
-    model = teacher_model(architecture, context)
-    pool = context.pools[0]
-    result = yield TrainModel(
-        architecture,
-        pool.x,
-        pool.y,
-        model.initial_parameters(torch_seed(context.seed, Stream.MODEL_INIT, 1)),
-        settings.teacher_epochs,
-        settings.teacher_lr,
-        settings.teacher_batch_size,
-        settings.teacher_momentum,
-        settings.teacher_weight_decay,
-        settings.teacher_lr_steps,
-        settings.teacher_lr_decay,
-    )
-    params = np.asarray(result.params, np.float32)
-    trained["mean_loss"] = float(result.mean_loss)
-    write_weights(path, params, weights_header(model, context, trained, params))
-    return path
-
-
-def weights_header(
-    model: FlatModel, context: ServerContext, trained: dict[str, Any], params: np.ndarray
-) -> WeightsHeader:
-    import torch
-
-    layers = tuple(zip(model.spec.names, model.spec.shapes, strict=True))
-    return WeightsHeader(
-        model=model.name,
-        input_shape=tuple(context.input_shape),
-        outputs=context.num_classes,
-        task=context.task,
-        layers=layers,
-        dataset=context.dataset,
-        classes=context.num_classes,
-        recipe=trained,
-        parameters=params.size,
-        sha256=checksum(params),
-        torch=torch.__version__,
-    )
-
-
-def load_weights(path: str | Path, key: str, architecture: str, context: ServerContext) -> np.ndarray:
-    """The verified parameters of a weights file for a model of `architecture` in this context (`key`: the config
-    field that named it, which starts the one-line refusal of a corrupted or mismatched file)."""
-    params, header = read_weights(path, key)
-    model = teacher_model(architecture, context)
-    layers = tuple(zip(model.spec.names, model.spec.shapes, strict=True))
-    check_model(header, key, path, architecture, tuple(context.input_shape), context.num_classes, layers)
-    return params
-
-
-def pretrained_parameters(
-    settings: PretrainingSettings, context: ServerContext, architecture: str
-) -> Generator[TrainModel, SGDResult, np.ndarray]:
-    """theta_p, the flat float32 parameters of a model of `architecture`: from the weights file `teacher_weights`,
-    or pretrained on the first held-back pool (`pretrain`, cached); verified (`load_weights`) either way."""
-    if settings.teacher_weights:
-        return load_weights(settings.teacher_weights, KEY, architecture, context)
-    path = yield from pretrain(settings, context, architecture)
-    return load_weights(path, KEY, architecture, context)
 
 
 def pretraining(
