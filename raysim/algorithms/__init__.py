@@ -13,7 +13,8 @@ from raysim.algorithms import scaffold, feddyn, gpgd, lpgd  # noqa: F401
 from raysim.algorithms import fedrep, lg_fedavg, fedspa  # noqa: F401
 from raysim.algorithms import perfedavg, apfl, lp_proj  # noqa: F401
 from raysim.algorithms import fedproto, fedrod  # noqa: F401
-from raysim.algorithms import fedlp, fedala, kd_only  # noqa: F401
+from raysim.algorithms import fedlp, fedala  # noqa: F401
+from raysim.algorithms.augfl import kd_only  # noqa: F401
 from raysim.algorithms import fedcp  # noqa: F401
 from raysim.algorithms import fedpcl  # noqa: F401
 

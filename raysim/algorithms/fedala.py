@@ -42,8 +42,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.families.averaging import WeightedUpload, weighted_average
-from raysim.algorithms.fedavg import FedAvgServerState
+from raysim.algorithms.families.averaging import AveragingServerState, WeightedUpload, weighted_average
 from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import FullGradient, Request, Result, Vector, gradient, train
 from raysim.algorithms.settings import SGDSettings
@@ -90,7 +89,7 @@ def top_start(params: ParamSpec, layer_idx: int) -> int:
 
 
 @ALGORITHMS.register()
-class FedAla(Algorithm[FedAlaSettings, FedAlaClientState, FedAvgServerState, Vector, WeightedUpload]):
+class FedAla(Algorithm[FedAlaSettings, FedAlaClientState, AveragingServerState, Vector, WeightedUpload]):
     name = "fedala"
     Settings = FedAlaSettings
     Upload = WeightedUpload
@@ -101,13 +100,13 @@ class FedAla(Algorithm[FedAlaSettings, FedAlaClientState, FedAvgServerState, Vec
         self.top = slice(top_start(params, settings.layer_idx), params.size)
         """The higher layers' coordinates, those ALA mixes."""
 
-    def init_server(self, init_params: Vector, num_clients: int) -> FedAvgServerState:
-        return FedAvgServerState(init_params.copy())
+    def init_server(self, init_params: Vector, num_clients: int) -> AveragingServerState:
+        return AveragingServerState(init_params.copy())
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedAlaClientState:
         return FedAlaClientState(init_params.copy(), np.ones_like(init_params[self.top]), 0)
 
-    def broadcast(self, server: FedAvgServerState) -> Vector:
+    def broadcast(self, server: AveragingServerState) -> Vector:
         return server.w
 
     def mix(self, local: Vector, w: Vector, weights: Vector) -> Vector:
@@ -170,11 +169,11 @@ class FedAla(Algorithm[FedAlaSettings, FedAlaClientState, FedAvgServerState, Vec
         new = FedAlaClientState(params, weights, state.participations + 1)
         return ClientUpdate(new, WeightedUpload(samples * params.astype(np.float64), samples), metrics)
 
-    def server_step(self, server: FedAvgServerState, total: WeightedUpload, num_selected: int):
+    def server_step(self, server: AveragingServerState, total: WeightedUpload, num_selected: int):
         w, metrics = weighted_average(total, server.w)  # w = sum_i n_i theta_i / sum_i n_i
-        return FedAvgServerState(w), metrics
+        return AveragingServerState(w), metrics
 
-    def global_model(self, server: FedAvgServerState) -> Vector:
+    def global_model(self, server: AveragingServerState) -> Vector:
         return server.w
 
     def personalized_model(self, state: FedAlaClientState) -> Vector:

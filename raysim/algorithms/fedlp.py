@@ -4,7 +4,7 @@ from the pretrained model (PM) instead of a random initialization.
 AugFL (Yue et al., 2025, arXiv:2503.02154) lists it among the PM-aided baselines as "FedLP [46]: initialize client
 models with the PM", which requires the PM to have the clients' architecture (their Fig. 5 setup uses a pretrained
 ResNet8x4 as the client model); the digest states nothing else of it, and the source of [46] was not at hand, so
-this is the method as AugFL states it: w^0 = theta_p, then FedAvg rounds (flame.md 2.3; `FedAvgSettings` all apply),
+this is the method as AugFL states it: w^0 = theta_p, then FedAvg rounds (flame.md 2.3; `AveragingSettings` all apply),
 the GM deployed on every client, held-out ones included (as AugFL's FedAvg column).
 
 theta_p comes from AugFL's pretrained-model machinery (raysim.algorithms.augfl.teacher): the weights file
@@ -19,15 +19,15 @@ from typing import Literal
 import numpy as np
 from pydantic import model_validator
 
+from raysim.algorithms.families.averaging import Averaging, AveragingServerState, AveragingSettings
 from raysim.algorithms.families.teacher import PretrainingSettings, pretrained_parameters
-from raysim.algorithms.fedavg import FedAvg, FedAvgServerState, FedAvgSettings
 from raysim.algorithms.interface import ALGORITHMS, ServerContext
 from raysim.algorithms.requests import ServerDataStep, Vector
 from raysim.examples import ExampleContext, Fragment
 
 
-class FedLpSettings(FedAvgSettings, PretrainingSettings):
-    name: Literal["fedlp"] = "fedlp"  # type: ignore[assignment]  # its own, extending FedAvg's settings
+class FedLpSettings(AveragingSettings, PretrainingSettings):
+    name: Literal["fedlp"] = "fedlp"
 
     @model_validator(mode="after")
     def _whole_model(self) -> FedLpSettings:
@@ -38,7 +38,7 @@ class FedLpSettings(FedAvgSettings, PretrainingSettings):
 
 
 @ALGORITHMS.register()
-class FedLp(FedAvg):
+class FedLp(Averaging):
     name = "fedlp"
     Settings = FedLpSettings
     settings: FedLpSettings
@@ -60,7 +60,7 @@ class FedLp(FedAvg):
             raise ValueError(f"FedLP: the PM has {data.size} parameters, the model {self.params.size}")
         self._pretrained = data
 
-    def init_server(self, init_params: Vector, num_clients: int) -> FedAvgServerState:
+    def init_server(self, init_params: Vector, num_clients: int) -> AveragingServerState:
         """w^0 = theta_p: the random `init_params` are replaced by the PM's parameters."""
         if self._pretrained is None:
             raise RuntimeError("FedLP: setup_server was not called with the pretrained model")

@@ -14,21 +14,21 @@ from typing import Literal
 
 from pydantic import Field
 
-from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
+from raysim.algorithms.families.averaging import Averaging, AveragingSettings
 from raysim.algorithms.interface import ALGORITHMS
 from raysim.algorithms.requests import LocalSGD, Vector
 from raysim.algorithms.terms import Prox
 
 
-class FedProxSettings(FedAvgSettings):
-    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]  # its own, extending FedAvg's settings
+class FedProxSettings(AveragingSettings):
+    name: Literal["fedprox"] = "fedprox"
     mu: float = Field(
         0.1, ge=0, description="proximal weight towards the round's starting model (the received global model)"
     )
 
 
 @ALGORITHMS.register()
-class FedProx(FedAvg):
+class FedProx(Averaging):
     name = "fedprox"
     Settings = FedProxSettings
     settings: FedProxSettings

@@ -28,13 +28,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.families.split import (
-    SharedPartAlgorithm,
-    SharedPartSettings,
-    SplitPreset,
-    SplitSettings,
-    personal_mask,
-)
+from raysim.algorithms.families.shared_part import SharedPartAlgorithm, SharedPartSettings
+from raysim.algorithms.families.split import SplitPreset, SplitSettings, personal_mask
 from raysim.algorithms.interface import (
     ALGORITHMS,
 )

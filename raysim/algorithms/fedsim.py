@@ -13,13 +13,13 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from raysim.algorithms.fedalt import FedAlt, FedAltSettings
+from raysim.algorithms.families.partial import PartialPersonalization, PartialSettings
 from raysim.algorithms.interface import ALGORITHMS
 from raysim.algorithms.requests import Request, Result, SGDResult, Vector, train
 
 
-class FedSimSettings(FedAltSettings):
-    name: Literal["fedsim"] = "fedsim"  # type: ignore[assignment]  # its own, extending FedAlt's settings
+class FedSimSettings(PartialSettings):
+    name: Literal["fedsim"] = "fedsim"
 
     @model_validator(mode="after")
     def _check_order(self) -> FedSimSettings:
@@ -29,7 +29,7 @@ class FedSimSettings(FedAltSettings):
 
 
 @ALGORITHMS.register()
-class FedSim(FedAlt):
+class FedSim(PartialPersonalization):
     name = "fedsim"
     Settings = FedSimSettings
 

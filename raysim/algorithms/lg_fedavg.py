@@ -30,13 +30,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.families.split import (
-    SharedPartAlgorithm,
-    SharedPartSettings,
-    SplitPreset,
-    allowed_presets,
-    preset_names,
-)
+from raysim.algorithms.families.shared_part import SharedPartAlgorithm, SharedPartSettings
+from raysim.algorithms.families.split import SplitPreset, allowed_presets, preset_names
 from raysim.algorithms.interface import ALGORITHMS
 from raysim.algorithms.requests import Number, Request, Result, SGDResult, Vector, train
 from raysim.errors import ConfigError

@@ -189,3 +189,31 @@ def test_the_named_rules_hold(graph):
         if floor_of(module) < runtime:
             assert not any(t.startswith("raysim.runtime") for t in targets), module
             assert "ray" not in outside[module], module
+
+
+ALGORITHM_HOUSE = {"interface", "requests", "settings", "terms", "prox", "families"}
+"""The modules of raysim.algorithms every method may import; every other module (a package: AugFL) is one method's."""
+
+
+def method_of(module: str) -> str | None:
+    """The method a module of raysim.algorithms belongs to (its module, or its package), None for the house."""
+    parts = module.split(".")
+    if parts[:2] != ["raysim", "algorithms"] or len(parts) < 3 or parts[2] in ALGORITHM_HOUSE:
+        return None
+    return parts[2]
+
+
+def test_a_method_imports_families_never_another_method(graph):
+    """What several methods share lives in raysim.algorithms.families (averaging, consensus, split, ...), so that a
+    method is one module (or package) that a new contributor reads alone and a plugin imitates; the families and
+    the house import no method at all."""
+    inside, _ = graph
+    assert method_of("raysim.algorithms.augfl.kd_only") == "augfl" and method_of("raysim.algorithms.families") is None
+    crossing = sorted(
+        f"{module} imports {target}"
+        for module, targets in inside.items()
+        if module.startswith("raysim.algorithms.") and module != "raysim.algorithms"
+        for target in targets
+        if method_of(target) is not None and method_of(target) != method_of(module)
+    )
+    assert crossing == []

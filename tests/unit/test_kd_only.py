@@ -1,4 +1,4 @@
-"""KD only (raysim.algorithms.kd_only; augfl.md 4.4, Fig. 7): clients send and receive nothing and their data never
+"""KD only (augfl/kd_only.py; augfl.md 4.4, Fig. 7): clients send and receive nothing and their data never
 reach the model; the server objective R_h decreases; its step is AugFL's server step (eq. 13) with clients that
 never trained."""
 

@@ -34,7 +34,7 @@ class TransferSettings(Settings):
 
 class TransferStepSettings(AlgorithmSettings, PretrainingSettings):
     """What AugFL's server knowledge-transfer step (eq. 13) and its held-out adaptation (eq. 7) take; shared by AugFL
-    and the KD-only ablation (raysim.algorithms.kd_only)."""
+    and the KD-only ablation (raysim.algorithms.augfl.kd_only)."""
 
     alpha: float = Field(0.03, gt=0, description="alpha: one-step adaptation rate (0.03 in the paper, Table I)")
     rho: float = Field(0.7, gt=0, description="rho_i: ADMM penalty, the same for every client (Table I)")

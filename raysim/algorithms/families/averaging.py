@@ -11,12 +11,32 @@ Each client uploads a_i * x_i and a_i (`WeightedUpload`); the runtime sums both 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
-from raysim.algorithms.families.consensus import server_metrics
-from raysim.algorithms.interface import Upload
-from raysim.algorithms.requests import Number, Vector
+from raysim.algorithms.families.consensus import (
+    DeltaUpload,
+    RunningMeanState,
+    running_mean,
+    server_metrics,
+    start_running_mean,
+)
+from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
+from raysim.algorithms.interface import (
+    Algorithm,
+    ClientChunk,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    Upload,
+    per_row,
+)
+from raysim.algorithms.requests import LocalSGD, Number, Vector, train
+from raysim.algorithms.settings import SGDSettings
+from raysim.jit import distances
+from raysim.models.spec import ParamSpec
 
 
 @dataclass
@@ -46,3 +66,139 @@ def weighted_average(total: Upload, previous: Vector) -> tuple[Vector, dict[str,
         raise TypeError(f"weighted_average needs an Upload with message_field and weight_field, got {kind}")
     model = (getattr(total, total.message_field) / getattr(total, total.weight_field)).astype(np.float32)
     return model, server_metrics(model, previous)
+
+
+class AveragingSettings(SGDSettings, SplitSettings):
+    """FedAvg's settings, which every method of the family extends."""
+
+    aggregation: Literal["samples", "uniform"] = Field(
+        "samples", description="weight local models by training-set size (McMahan et al.) or equally"
+    )
+    shared_only: bool = Field(
+        False,
+        description="the FedAPM authors' code: train only the shared part of the split (personal / preset), the "
+        "personal part frozen at the initial model, and average the latest shared parts of all m clients "
+        "(stale ones included, unweighted; `aggregation` does not apply)",
+    )
+    shared_start: Literal["broadcast", "local"] = Field(
+        "broadcast",
+        description="with shared_only: where a client's shared part starts each round: the server's mean (the "
+        "authors' multimodal path), or the client's own latest shared part, never synchronized (their unimodal "
+        "path: FedAvg is then local training, FedProx pulls towards the client's previous model, the PM is scored)",
+    )
+
+    @model_validator(mode="after")
+    def _check_shared_start(self) -> AveragingSettings:
+        if self.shared_start == "local" and not self.shared_only:
+            raise ValueError(
+                "algorithm.shared_start='local' is the authors' code's shared-only path: set algorithm.shared_only=true"
+            )
+        return self
+
+
+@dataclass
+class AveragingClientState:
+    """A FedAvg-like client keeps nothing between rounds."""
+
+
+@dataclass
+class SharedOnlyClientState:
+    """`shared_only`: the client's latest shared part, the model the authors' server keeps for it."""
+
+    shared: Vector
+
+
+@dataclass
+class AveragingServerState:
+    w: Vector
+    running: RunningMeanState | None = None
+    """`shared_only`: the mean over all m clients of their latest shared parts (w's shared part), and their sum."""
+
+
+ClientState = AveragingClientState | SharedOnlyClientState
+
+
+class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, Vector, WeightedUpload | DeltaUpload]):
+    """FedAvg's client and server steps (flame.md 2.3), with the FedAPM authors' shared-only path: the base of the
+    methods that change only the local objective (FedProx) or the server's mean (FedALA, FedLP); a subclass
+    registers itself with its `name` and `Settings`."""
+
+    Upload = WeightedUpload
+    """A DeltaUpload of the shared part with `shared_only`."""
+    stacks = True
+    scales_loss = True
+
+    def __init__(self, settings: AveragingSettings, params: ParamSpec):
+        super().__init__(settings, params)
+        # The whole model is shared where a preset leaves a part empty (FedAvg has no personal part of its own);
+        # explicit patterns and the shared-only training need a real split.
+        personal = personal_mask(settings, params, allow_empty=settings.personal is None and not settings.shared_only)
+        self.shared = ~personal if personal.any() and not personal.all() else np.ones_like(personal)
+
+    def init_server(self, init_params: Vector, num_clients: int) -> AveragingServerState:
+        if not self.settings.shared_only:
+            return AveragingServerState(init_params.copy())
+        return AveragingServerState(init_params.copy(), start_running_mean(init_params[self.shared], num_clients))
+
+    def init_client(self, client: ClientInfo, init_params: Vector) -> ClientState:
+        if self.settings.shared_only:
+            return SharedOnlyClientState(init_params[self.shared])
+        return AveragingClientState()
+
+    def broadcast(self, server: AveragingServerState) -> Vector:
+        return server.w
+
+    def local_request(self, start: Vector) -> LocalSGD:
+        """The local training of a round from `start` (FedProx adds its proximal term towards it here)."""
+        return self.settings.local_sgd(start, mask=self.shared if self.settings.shared_only else None)
+
+    def start(self, state: ClientState, broadcast: Vector) -> Vector:
+        """The round's starting model: the broadcast, or with `shared_start: local` the broadcast's personal part
+        (the common initial one) with the client's own latest shared part (one row per client of a chunk)."""
+        if self.settings.shared_start == "broadcast" or not isinstance(state, SharedOnlyClientState):
+            return broadcast
+        start = np.repeat(broadcast[None], len(state.shared), axis=0) if state.shared.ndim == 2 else broadcast.copy()
+        start[..., self.shared] = state.shared
+        return start
+
+    def client_step(self, client: ClientInfo | ClientChunk, state: ClientState, broadcast: Vector) -> ClientStep:
+        start = self.start(state, broadcast)
+        result = yield from train(self.settings.scaled(self.local_request(start), client.num_clients))
+        params = np.asarray(result.params, np.float32)
+        whole = self.shared.all()  # then no copy of the shared part
+        # The deviation is from the server's model even where the client starts from its own (the authors' measure)
+        local, received = (params, broadcast) if whole else (params[..., self.shared], broadcast[self.shared])
+        per_tensor, l2 = deviation(self.params, self.shared, local, received)
+        metrics = {
+            "train_loss": result.mean_loss,
+            "update_norm": distances(params, start),
+            "deviation": per_tensor,
+            "deviation_l2": l2,
+        }
+        if isinstance(state, SharedOnlyClientState):  # the change of the latest shared part (families/consensus.py)
+            shared = params[..., self.shared]
+            message = shared.astype(np.float64)
+            return ClientUpdate(SharedOnlyClientState(shared), DeltaUpload(message - state.shared), metrics, message)
+        weight = upload_weight(client.num_train, self.settings.aggregation)  # a number, or one per row of a chunk
+        return ClientUpdate(state, WeightedUpload(per_row(weight) * params, weight), metrics)
+
+    def server_step(self, server: AveragingServerState, total: WeightedUpload | DeltaUpload, num_selected: int):
+        if server.running is None:
+            w, metrics = weighted_average(total, server.w)  # w = sum_i n_i theta_i / sum_i n_i (or uniform)
+            return AveragingServerState(w), metrics
+        running, metrics = running_mean(server.running, total)  # u = (1/m) sum_i u_i over ALL m (fedapm.md 1.5)
+        w = server.w.copy()
+        w[self.shared] = running.w
+        return AveragingServerState(w, running), metrics
+
+    def message_coordinates(self, params: Vector) -> Vector:
+        return params[self.shared] if self.settings.shared_only else params
+
+    def global_model(self, server: AveragingServerState) -> Vector:
+        return server.w
+
+    def evaluated_model(self, state: ClientState, global_params: Vector) -> Vector | None:
+        """`shared_start: local`: the client's own model (its shared part, the global personal part) is its PM."""
+        if self.settings.shared_start == "broadcast" or not isinstance(state, SharedOnlyClientState):
+            return None
+        return self.start(state, global_params)
