@@ -27,8 +27,9 @@ from raysim.data import DATASETS, PARTITIONS, DatasetSettings, SchemeSettings
 from raysim.data.fashion_mnist import FashionMnistSettings
 from raysim.data.partitions import QLabelSettings
 from raysim.errors import ConfigError
+from raysim.executors import EXECUTORS
 from raysim.models.spec import ModelSettings
-from raysim.registry import UNKNOWN, Registry
+from raysim.registry import UNKNOWN, OneOf, Registry
 from raysim.seeding import Kernels
 from raysim.settings import Settings, field_keys
 from raysim.threats.attacks import AttackSettings
@@ -189,9 +190,10 @@ class RuntimeSettings(_Section):
         description="folder for spilled client state, a path on each host's node (one subfolder per host, "
         "removed when the run ends); default: the system temp folder",
     )
-    client_training: Literal["auto", "sequential", "vectorized"] = Field(
+    client_training: Annotated[str, OneOf(EXECUTORS, also=("auto",))] = Field(
         "auto",
-        description="how a host trains its selected clients: one at a time, or a chunk of them together "
+        description="the executor that runs a host's selected clients' requests (raysim.executors, a plugin's too): "
+        "one client at a time, or a chunk of them together "
         "(parameters stacked per layer, one batched step for all; same results up to float rounding, 2-3x faster "
         "for mlr, mlp and linear models; a stacking algorithm such as FLAME then updates a chunk's states as rows in "
         "place); auto: vectorized for Flatten/Linear/ReLU models and on hosts with GPUs, else sequential (a CNN "

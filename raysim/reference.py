@@ -39,11 +39,11 @@ def type_text(annotation: Any) -> str:
 
 def field_type(field: FieldInfo) -> str:
     """type_text of a field; a registered name lists the registry's names (those of plugins imported too)."""
-    registry = next((item.registry for item in field.metadata if isinstance(item, OneOf)), None)
-    if registry is None:
-        registry = next((getattr(arg, "registry", None) for arg in _annotated_metadata(field.annotation)), None)
+    metadata = [*field.metadata, *_annotated_metadata(field.annotation)]
+    choice = next((item for item in metadata if isinstance(item, OneOf)), None)
+    registry = next((item.registry for item in metadata if hasattr(item, "registry")), None)
     if registry is not None:
-        names = " \\| ".join(f"`{name}`" for name in registry.names())
+        names = " \\| ".join(f"`{name}`" for name in (choice.names() if choice else registry.names()))
         return f"{names} \\| null" if type(None) in typing.get_args(field.annotation) else names
     return type_text(field.annotation)
 

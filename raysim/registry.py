@@ -103,10 +103,10 @@ class Registry(Generic[T]):
             return entries[name]
         raise ConfigError(f"{self.key}: {self.unknown(name)}")
 
-    def unknown(self, name: object) -> str:
+    def unknown(self, name: object, also: tuple[str, ...] = ()) -> str:
         """What to say about a name no entry has: "unknown algorithm 'fedavgmm'; did you mean 'fedavgm'? (allowed:
-        ...)" (or "missing" for None)."""
-        names = self.names()
+        ...)" (or "missing" for None); `also`: the field's other allowed values (OneOf.also)."""
+        names = (*also, *self.names())
         allowed = f"(allowed: {', '.join(names)})"
         if name is None:
             return f"missing {allowed}"
@@ -166,15 +166,21 @@ class _ChoiceValidator:
 
 @dataclass(frozen=True)
 class OneOf:
-    """Field metadata: the value is one of `registry`'s names, checked at validation (`Annotated[str,
-    OneOf(MODELS)]`); the configuration reference lists the names from it."""
+    """Field metadata: the value is one of `registry`'s names (or of `also`, values that name no entry, such as
+    `auto`), checked at validation (`Annotated[str, OneOf(MODELS)]`); the configuration reference lists the names
+    from it."""
 
     registry: Registry
+    also: tuple[str, ...] = ()
+
+    def names(self) -> tuple[str, ...]:
+        return (*self.also, *self.registry.names())
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.no_info_after_validator_function(self._check, handler(source))
 
     def _check(self, value: str) -> str:
-        if value not in self.registry:
-            raise PydanticCustomError(UNKNOWN, self.registry.unknown(value), {"config_key": ""})
+        if value not in self.registry and value not in self.also:
+            message = self.registry.unknown(value, self.also)
+            raise PydanticCustomError(UNKNOWN, message, {"config_key": ""})
         return value

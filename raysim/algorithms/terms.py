@@ -369,6 +369,50 @@ class _StackedOffset(StackedTerm):
         return self.offset
 
 
+@dataclass(frozen=True, eq=False)
+class Distillation(Term):
+    """Knowledge distillation (Hinton et al. 2015) from a teacher of the client's own architecture, in place of f_i:
+
+        (1 - weight) CE(s(x), y) + weight T^2 KL(softmax(t(x) / T) || softmax(s(x) / T))
+
+    with s the student's logits at the point trained and t the teacher's (its dropout off), T the `temperature`;
+    `weight` = 0 is plain cross-entropy. The teacher is one vector that every row of a chunk shares (the global
+    model, a server-side generator's: FedGen, FedKD-style methods); a request with it trains one client at a
+    time."""
+
+    teacher: np.ndarray
+    """The teacher's flat parameters ([n], the student's layout)."""
+    weight: float = 0.5
+    temperature: float = 1.0
+    shared: ClassVar[tuple[str, ...]] = ("teacher",)
+    replaces_loss: ClassVar[bool] = True
+    batched: ClassVar[bool] = False
+
+    def loss_and_grad(
+        self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
+    ) -> tuple[float, torch.Tensor]:
+        import torch
+        from torch.nn import functional
+
+        if model.task != "classification":
+            raise ValueError(f"Distillation needs a classifier; model {model.name!r} is trained for {model.task}")
+        with torch.no_grad():
+            taught = model.forward(_cached_tensor(self, "teacher"), x)
+        point = point.detach().requires_grad_(True)
+        with model.dropout(seed):
+            logits = model.forward(point, x)
+        scale = self.temperature
+        soft = functional.kl_div(
+            functional.log_softmax(logits / scale, dim=1),
+            functional.log_softmax(taught / scale, dim=1),
+            log_target=True,
+            reduction="batchmean",
+        )
+        total = (1 - self.weight) * functional.cross_entropy(logits, y) + self.weight * scale**2 * soft
+        (grad,) = torch.autograd.grad(total, point)
+        return total.item(), grad
+
+
 def _cached_tensor(term: Term, name: str) -> torch.Tensor:
     """The term's field `name` as a float32 tensor, made once per term (a request's term serves all its steps)."""
     cache = term.__dict__.setdefault("_tensors", {})

@@ -176,7 +176,7 @@ class ClientHost(Renewable):
                 return self.algorithm.composed_model(state, global_params, context)
             return self.algorithm.evaluated_model(state, global_params)
         adaptation = self.algorithm.adapt(self.info[client_id], global_params)
-        execute = self.steps.executor(client_id, self.evaluations, Stream.ADAPTATION)
+        execute = self.steps.client_executor(client_id, self.evaluations, Stream.ADAPTATION)
         return None if adaptation is None else drive(adaptation, execute)
 
     def save_checkpoint(self, path: str) -> str | None:

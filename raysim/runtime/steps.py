@@ -1,9 +1,11 @@
-"""A host's client steps: the three paths a chunk of selected clients steps by, and the executors of their requests.
+"""A host's client steps: the two paths a chunk of selected clients steps by, over the run's executor.
 
-Sequentially each client steps alone (`run_client_step` with the LocalTrainer); with vectorized training a chunk
-steps in lockstep (`run_client_steps`, its SGD requests trained together), or, for an algorithm that stacks, as one
-step over its stacked states (`run_stacked_step`, requests run for all rows at once). Whichever path, a chunk's
-states come from and go back to the host's ClientStates, whichever container holds them.
+A chunk (the selected clients of one block of the executor's `clients_at_once`) steps in lockstep
+(`run_client_steps`: each turn's requests go to the executor together; with `sequential` a chunk is one client),
+or, for an algorithm that stacks on an executor that stacks, as one step over its stacked states
+(`run_stacked_step`, requests run for all rows at once). Whichever path, a chunk's states come from and go back to
+the host's ClientStates, whichever container holds them, and every request gets the generator of its client's
+next request number from here (raysim.training.executors).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from raysim.algorithms.requests import (
     ClassMeansResult,
     FullGradient,
     GradientResult,
-    LocalSGD,
     Request,
     Result,
     SGDResult,
@@ -34,7 +35,8 @@ from raysim.algorithms.requests import (
     draws_randomness,
 )
 from raysim.execution.drivers import run_client_step, run_client_steps, run_stacked_step
-from raysim.execution.stacking import one_row, stack, unstack, unstack_update
+from raysim.execution.stacking import one_row, unstack_update
+from raysim.executors import ExecutorContext, Job, build_executor
 from raysim.models.flat import FlatModel
 from raysim.runtime.exact_sum import PartialSum, add_rows
 from raysim.runtime.host_settings import HostSettings
@@ -42,8 +44,7 @@ from raysim.runtime.state_store import ClientStateStore, StoreStats
 from raysim.runtime.state_table import StateTables
 from raysim.seeding import Stream, rng
 from raysim.training.authors_batches import AuthorsStreams, ReplayedBatches
-from raysim.training.local import ClientData, Draws, LocalTrainer
-from raysim.training.vectorized import SGDJob, VectorizedTrainer
+from raysim.training.local import ClientData, Draws
 
 
 class ClientStates(Protocol):
@@ -126,19 +127,11 @@ class ClientSteps:
         self.algorithm = algorithm
         self.data = data
         self.info = info
-        self.trainer = LocalTrainer(model)
         device = torch.device("cuda" if settings.gpus > 0 and torch.cuda.is_available() else "cpu")
-        mode = settings.client_training
-        if mode == "auto":
-            mode = "vectorized" if model.perceptron or device.type == "cuda" else "sequential"
-        self.vectorized = (
-            VectorizedTrainer(model, settings.vectorize_chunk, device, settings.train_sizes)
-            if mode == "vectorized"
-            else None
-        )
-        """runtime.client_training = vectorized (or auto, for a perceptron or on a GPU): the trainer of the selected
-        clients' LocalSGD requests."""
-        self.stacked = self.vectorized is not None and algorithm.stacks
+        context = ExecutorContext(model, device, settings.vectorize_chunk, settings.train_sizes)
+        self.executor = build_executor(settings.client_training, context)
+        """runtime.client_training: what runs the selected clients' requests (raysim.training.executors)."""
+        self.stacked = self.executor.stacks and algorithm.stacks
         """Whether a chunk's client steps run as one step over their stacked states (Algorithm.stacks)."""
         self.seed = settings.seed
         plan = settings.batches
@@ -149,9 +142,9 @@ class ClientSteps:
         """The last message each Byzantine client sent (delta uploads must be relative to it)."""
         self.num_clients = next(iter(info.values())).num_clients if info else 0
         longest_first = sorted(info, key=lambda c: (-info[c].num_train, c))
-        size = settings.vectorize_chunk if self.vectorized is not None else 1
+        size = self.executor.clients_at_once
         self.blocks = [longest_first[i : i + size] for i in range(0, len(longest_first), size)]
-        """The host's clients in fixed blocks of `vectorize_chunk` (1 without vectorized training), longest training
+        """The host's clients in fixed blocks of the executor's `clients_at_once` (1 for sequential), longest training
         split first; a round's chunks are the selected clients of each block, so that a block selected whole keeps
         its clients' states as the rows of one array per field from round to round (stacked without a copy)."""
         self.states: ClientStates = (
@@ -182,14 +175,7 @@ class ClientSteps:
                 continue
             states = [self.states[c] for c in chunk]
             infos = [self.info[c] for c in chunk]
-            if self.vectorized is not None:
-                executor = self._execute_many(round_index, self.vectorized)
-                updates = run_client_steps(algorithm, infos, states, broadcast, executor)
-            else:
-                updates = [
-                    run_client_step(algorithm, info, state, broadcast, self.executor(c, round_index))
-                    for c, info, state in zip(chunk, infos, states, strict=True)
-                ]
+            updates = run_client_steps(algorithm, infos, states, broadcast, self._turns(round_index))
             for client_id, update in zip(chunk, updates, strict=True):
                 yield ChunkUpdate([client_id], one_row(update), self._store(client_id, update.state))
 
@@ -269,58 +255,40 @@ class ClientSteps:
         draws = self.authors_streams.round_draws(client_id, round_index)
         return (ReplayedBatches(draws, generator) for generator in generators)
 
-    def executor(self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING):
-        """Runs a client's requests with randomness keyed by (seed, stream, client, round, request number)."""
+    def client_executor(self, client_id: int, round_index: int, stream: Stream = Stream.CLIENT_TRAINING):
+        """Runs a client's requests alone, with randomness keyed by (seed, stream, client, round, request number)."""
         generators = self._generators(client_id, round_index, stream)
 
         def execute(request: Request) -> Result:
-            generator = next(generators) if draws_randomness(request) else None
-            return self.trainer.run(request, self.data[client_id], generator)
+            draws = next(generators) if draws_randomness(request) else None
+            return self.executor.run(request, self.data[client_id], draws)
 
         return execute
 
     def _rows_executor(self, round_index: int, client_ids: list[int]) -> Callable[[Request], Result]:
-        """Runs a chunk's stacked requests (row i: client `client_ids[i]`): SGD and mini-batch gradients on the
-        vectorized trainer, all rows at once; full gradients one row at a time. Each row's randomness is keyed as
-        `executor` keys it."""
+        """Runs a chunk's stacked requests (row i: client `client_ids[i]`), each row's randomness keyed as
+        `client_executor` keys it."""
         generators = {c: self._generators(c, round_index) for c in client_ids}
         data = [self.data[c] for c in client_ids]
-        vectorized = self.vectorized
-        assert vectorized is not None  # only a vectorized host steps chunks stacked (self.stacked)
 
         def execute(request: Request) -> Result:
-            if isinstance(request, LocalSGD):
-                return vectorized.sgd_rows(request, data, [next(generators[c]) for c in client_ids])
-            if isinstance(request, BatchGradients):
-                return vectorized.batch_gradients_rows(request, data, [next(generators[c]) for c in client_ids])
-            drawn = [next(generators[c]) if draws_randomness(request) else None for c in client_ids]
-            rows = unstack(request, len(client_ids))
-            return stack([self.trainer.run(*job) for job in zip(rows, data, drawn, strict=True)])
+            draws = [next(generators[c]) if draws_randomness(request) else None for c in client_ids]
+            return self.executor.run_rows(request, data, draws)
 
         return execute
 
-    def _execute_many(
-        self, round_index: int, trainer: VectorizedTrainer
-    ) -> Callable[[list[tuple[int, Request]]], list[Result]]:
-        """The lockstep executor of a round (runtime.client_training = vectorized): each client's randomness is
-        keyed as by `executor`; a turn's SGD requests train together, its other requests one at a time."""
+    def _turns(self, round_index: int) -> Callable[[list[tuple[int, Request]]], list[Result]]:
+        """Runs a chunk's turns in lockstep (one request per unfinished client), each client's randomness keyed as
+        `client_executor` keys it."""
         generators: dict[int, Iterator[Draws]] = {}
 
         def execute_many(requests: list[tuple[int, Request]]) -> list[Result]:
-            results: dict[int, Result] = {}
-            jobs: list[SGDJob] = []
-            positions: list[int] = []
-            for position, (client_id, request) in enumerate(requests):
+            jobs: list[Job] = []
+            for client_id, request in requests:
                 if client_id not in generators:
                     generators[client_id] = self._generators(client_id, round_index)
-                if isinstance(request, LocalSGD):
-                    jobs.append((request, self.data[client_id], next(generators[client_id])))
-                    positions.append(position)
-                else:
-                    generator = next(generators[client_id]) if draws_randomness(request) else None
-                    results[position] = self.trainer.run(request, self.data[client_id], generator)
-            for position, result in zip(positions, trainer.sgd(jobs), strict=True):
-                results[position] = result
-            return [results[position] for position in range(len(requests))]
+                draws = next(generators[client_id]) if draws_randomness(request) else None
+                jobs.append((request, self.data[client_id], draws))
+            return self.executor.run_turn(jobs)
 
         return execute_many

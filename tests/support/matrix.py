@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import combinations, product
 from pathlib import Path
-from typing import Any, NamedTuple, get_args
+from typing import Any, NamedTuple
 
 from raysim.algorithms import ALGORITHMS
-from raysim.config import RuntimeSettings
 from raysim.data import PARTITIONS
 from raysim.examples import ExampleContext, Fragment, model_example
+from raysim.executors import EXECUTORS
 from raysim.models import MODELS
 from raysim.threats import ATTACKS, ROBUST_RULES
 from tests.support.experiments import NO_FIGURES
@@ -37,7 +37,7 @@ class Registries:
     schemes: Mapping[str, Any]
     """partition.scheme -> settings class (with `example`)."""
     executors: tuple[str, ...]
-    """runtime.client_training values that name an executor (not `auto`, which picks one)."""
+    """The executors (runtime.client_training values but `auto`, which picks one)."""
     attacks: Mapping[str, Any]
     """attack.kind -> attack class (with `byzantine`), other than none."""
     rules: tuple[str, ...]
@@ -52,7 +52,7 @@ def registries() -> Registries:
     return Registries(
         algorithms=dict(ALGORITHMS.items()),
         schemes=dict(PARTITIONS.items()),
-        executors=tuple(v for v in get_args(RuntimeSettings.model_fields["client_training"].annotation) if v != "auto"),
+        executors=EXECUTORS.names(),
         attacks={kind: attack for kind, attack in ATTACKS.items() if kind != "none"},
         rules=tuple(rule for rule in ROBUST_RULES.names() if rule != "mean"),
         models=MODELS.names(),

@@ -31,7 +31,9 @@ def check_round(algorithm: dict, selected: list[int], model: str = "mlp") -> tup
     before = {c: dataclasses.replace(s) for c, s in sim.states.items()}
     broadcast = sim.coordinator.broadcast()
     expected = [
-        run_client_step(sim.host.algorithm, sim.host.info[c], before[c], broadcast, sim.host.steps.executor(c, 1))
+        run_client_step(
+            sim.host.algorithm, sim.host.info[c], before[c], broadcast, sim.host.steps.client_executor(c, 1)
+        )
         for c in selected
     ]
     sim.round(1, selected)

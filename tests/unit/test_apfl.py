@@ -100,7 +100,7 @@ def test_communication_is_w_only():
     assert algorithm.downlink_bytes(sim.coordinator.broadcast()) == 4 * size
     update = drive(
         algorithm.client_step(sim.host.info[0], sim.host.states[0], sim.coordinator.broadcast()),
-        sim.host.steps.executor(0, 0),
+        sim.host.steps.client_executor(0, 0),
     )
     assert algorithm.uplink_bytes(update.upload) == 4 * size + 4
 

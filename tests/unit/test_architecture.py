@@ -26,7 +26,7 @@ FLOORS = (
     ("raysim.models",),
     ("raysim.algorithms",),
     ("raysim.execution",),
-    ("raysim.threats", "raysim.training"),
+    ("raysim.threats", "raysim.training", "raysim.executors"),
     ("raysim.evaluation",),
     ("raysim.config",),
     ("raysim.tracking",),

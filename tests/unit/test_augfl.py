@@ -29,9 +29,9 @@ def _sim(partition: dict | None = None, **algorithm) -> InProcess:
 
 def _gradient(sim: InProcess, client: int, point: np.ndarray, split: str) -> np.ndarray:
     data = sim.host.data[client]
-    return sim.host.steps.trainer.full_gradient(FullGradient(point.astype(np.float32), split), data, None).grad.astype(
-        np.float64
-    )
+    return sim.host.steps.executor.trainer.full_gradient(
+        FullGradient(point.astype(np.float32), split), data, None
+    ).grad.astype(np.float64)
 
 
 def _meta_gradient(sim: InProcess, client: int, theta: np.ndarray, k: int) -> np.ndarray:

@@ -49,7 +49,7 @@ def test_the_weight_gradient_matches_central_differences_on_a_quadratic():
     problem, _ = orthogonal_regression([1.0, 2.0], 40, 4, seed=3)
     config = validate_config(tiny_config(algorithm={"name": "fedala"}, clients={"count": 2}, model={"name": "linear"}))
     sim = InProcess(config, problem)
-    algorithm, data, trainer = sim.host.algorithm, sim.host.data[0], sim.host.steps.trainer
+    algorithm, data, trainer = sim.host.algorithm, sim.host.data[0], sim.host.steps.executor.trainer
     generator = np.random.default_rng(0)
     local, w = generator.normal(size=(2, 4)).astype(np.float32)
     weights = generator.uniform(0.2, 0.8, size=4).astype(np.float32)
@@ -87,7 +87,7 @@ def test_layer_idx_zero_mixes_every_tensor_as_the_authors_slice():
 
 def test_full_gradient_on_positions_and_on_a_random_share():
     sim = _sim()
-    data, trainer = sim.host.data[0], sim.host.steps.trainer
+    data, trainer = sim.host.data[0], sim.host.steps.executor.trainer
     point = sim.problem.init_params
     n = len(data.train)
     some = np.array([3, 0, 5])

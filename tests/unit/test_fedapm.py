@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from raysim.algorithms.families.averaging import AveragingClientState
 from raysim.algorithms.families.split import personal_mask
 from raysim.algorithms.fedapm import FedApm, FedApmSettings
-from raysim.algorithms.fedavg import FedAvg, FedAvgClientState, FedAvgSettings
+from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 from raysim.algorithms.interface import ClientChunk, ClientInfo
 from raysim.algorithms.requests import SGDResult
 from raysim.algorithms.terms import Prox
@@ -220,7 +221,7 @@ def test_fedavg_deviation_is_the_sum_of_per_tensor_norms_over_the_shared_tensors
         (one, moved, 7.0, math.sqrt(29)),
         (ClientChunk((one, ClientInfo(1, 10, 0.5, 2))), np.stack([moved, broadcast]), [7.0, 0.0], [math.sqrt(29), 0]),
     ]:
-        step = algorithm.client_step(client, FedAvgClientState(), broadcast)
+        step = algorithm.client_step(client, AveragingClientState(), broadcast)
         next(step)
         with pytest.raises(StopIteration) as done:
             step.send(SGDResult(params, 1.0, 1))
@@ -315,7 +316,8 @@ def test_reset_personal_starts_the_head_from_the_aggregate():
         broadcast = np.arange(9 if reset else 6, dtype=np.float32) + 1
         request = next(algorithm.client_step(ClientInfo(0, 10, 0.5, 2), state, broadcast))
         head = broadcast[6:] if reset else state.params[6:]
-        assert np.array_equal(request.start[6:], head) and np.array_equal(request.prox_center[6:], head)
+        prox = request.term(Prox)
+        assert prox is not None and np.array_equal(request.start[6:], head) and np.array_equal(prox.center[6:], head)
         assert np.array_equal(request.mask, [False] * 6 + [True] * 3)
 
 

@@ -51,7 +51,7 @@ def test_the_head_trains_with_the_body_frozen_then_the_body_with_the_new_head():
     sim = simulate({"name": "fedrep", "head_epochs": 3, "epochs": 2}, rounds=0)
     algorithm, host = sim.host.algorithm, sim.host
     requests: list[LocalSGD] = []
-    execute = host.steps.executor(0, 0)
+    execute = host.steps.client_executor(0, 0)
     state, broadcast = sim.states[0], sim.coordinator.broadcast()
     update = run_client_step(algorithm, host.info[0], state, broadcast, lambda r: requests.append(r) or execute(r))
     head, body = requests
@@ -76,7 +76,7 @@ def test_only_the_body_is_sent():
     fedrep = sim.host.algorithm
     body = int(fedrep.shared.sum())
     update = run_client_step(
-        fedrep, sim.host.info[1], sim.states[1], sim.coordinator.broadcast(), sim.host.steps.executor(1, 0)
+        fedrep, sim.host.info[1], sim.states[1], sim.coordinator.broadcast(), sim.host.steps.client_executor(1, 0)
     )
     assert fedrep.uplink_bytes(update.upload) == 4 * (body + 1) == payload_bytes(update.upload)
     assert fedrep.downlink_bytes(sim.coordinator.broadcast()) == 4 * body
@@ -85,7 +85,7 @@ def test_only_the_body_is_sent():
 def test_joint_phases_train_the_whole_model_once():
     sim = simulate({"name": "fedrep", "phases": "joint", "epochs": 2}, rounds=0)
     requests: list[LocalSGD] = []
-    execute = sim.host.steps.executor(0, 0)
+    execute = sim.host.steps.client_executor(0, 0)
     run_client_step(
         sim.host.algorithm,
         sim.host.info[0],

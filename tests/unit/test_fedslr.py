@@ -260,7 +260,9 @@ def test_p_init_and_l1_scope_switches():
     step = algorithm.client_step(info, algorithm.init_client(info, w0), broadcast)
     next(step)
     phase2 = step.send(SGDResult(w0, 0.0, 1))
-    assert phase2.offset is not None and np.array_equal(phase2.l1, np.r_[np.full(44, 0.5), np.zeros(4)])
+    l1 = phase2.term(L1)
+    assert phase2.term(Offset) is not None and l1 is not None
+    assert np.array_equal(l1.weight, np.r_[np.full(44, 0.5), np.zeros(4)])
 
 
 def _fedslr_host_after_one_round(algorithm: dict):

@@ -59,7 +59,7 @@ def test_one_joint_phase_from_the_clients_local_layers_and_the_received_global_o
     sim = simulate({"name": "lg_fedavg", "epochs": 3}, rounds=1)
     algorithm, host = sim.host.algorithm, sim.host
     requests = []
-    execute = host.steps.executor(2, 1)
+    execute = host.steps.client_executor(2, 1)
     state, broadcast = sim.states[2], sim.coordinator.broadcast()
     run_client_step(algorithm, host.info[2], state, broadcast, lambda r: requests.append(r) or execute(r))
     (request,) = requests

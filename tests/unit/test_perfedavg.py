@@ -92,9 +92,11 @@ def test_communication_is_the_model_both_ways():
     sim = InProcess(config)
     algorithm, size = sim.coordinator.algorithm, sim.problem.params.size
     assert algorithm.downlink_bytes(sim.coordinator.broadcast()) == 4 * size
-    update = sim.host.steps  # a real client step's upload
+    steps = sim.host.steps  # a real client step's upload
     info = sim.host.info[0]
-    result = drive(algorithm.client_step(info, sim.host.states[0], sim.coordinator.broadcast()), update.executor(0, 0))
+    result = drive(
+        algorithm.client_step(info, sim.host.states[0], sim.coordinator.broadcast()), steps.client_executor(0, 0)
+    )
     assert algorithm.uplink_bytes(result.upload) == 4 * size + 4
 
 

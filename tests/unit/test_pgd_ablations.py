@@ -1,5 +1,5 @@
 """FedSLR's Appendix A.2 ablations: GPGD (server-side nuclear prox of FedAvg's mean, eqs. 20-21) and LPGD (the prox
-inside every local step, eqs. 18-19, through LocalSGD.nuclear). Both are FedAvg at lambda = 0; GPGD's global model
+inside every local step, eqs. 18-19, through the term Nuclear). Both are FedAvg at lambda = 0; GPGD's global model
 and LPGD's local models are low-rank with the ranks the thresholds give."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _trainer_and_data() -> tuple[LocalTrainer, ClientData]:
 
 
 def test_local_sgd_nuclear_thresholds_every_matrix_after_every_step():
-    """LocalSGD.nuclear (LPGD eq. 18): each step is x <- SVT_{lr*nuclear}(x - lr grad) layer by layer, so after
+    """The term Nuclear (LPGD eq. 18): each step is x <- SVT_{lr*nuclear}(x - lr grad) layer by layer, so after
     every step each matrix's rank is the number of singular values of its gradient step above lr * nuclear; 1-D
     parameters take the plain step. Chained one-step requests equal one request of several full-batch steps."""
     trainer, data = _trainer_and_data()

@@ -14,6 +14,7 @@ from raysim.algorithms.families.averaging import WeightedUpload
 from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
 from raysim.algorithms.requests import LocalSGD, SGDResult
 from raysim.algorithms.scaffold import Scaffold, ScaffoldSettings, ScaffoldUpload
+from raysim.algorithms.terms import Linear
 from raysim.config import validate_config
 from raysim.execution import run_client_step
 from raysim.models.spec import ParamSpec
@@ -55,7 +56,8 @@ class Quadratic:
         def execute(r: LocalSGD) -> SGDResult:
             y = np.asarray(r.start, np.float64).copy()
             for _ in range(r.epochs):
-                y = y - r.lr * (self.grad(i, y) + (0.0 if r.linear is None else r.linear))
+                linear = r.term(Linear)
+                y = y - r.lr * (self.grad(i, y) + (0.0 if linear is None else linear.vector))
             return SGDResult(y.astype(np.float32), 0.0, r.epochs)
 
         return execute

@@ -373,7 +373,7 @@ def test_attacked_hosts_match(attack):
         # a GPU share: the vectorized host trains there when this machine has one
         host = make_host(config, problem, send_messages=True, client_training=mode, vectorize_chunk=4, gpus=0.5)
         if mode == "vectorized":
-            assert host.steps.vectorized.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+            assert host.steps.executor.vectorized.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
         coordinator = Coordinator(CoordinatorSettings(config.algorithm, problem.params, 6), problem.init_params)
         records = []
         for round_index in range(2):
