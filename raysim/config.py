@@ -359,7 +359,7 @@ class ExperimentConfig(Settings):
     def _check_messages(self) -> ExperimentConfig:
         """Byzantine attacks and robust aggregation act on the algorithm's message (see base.Upload)."""
         for key, used in (("attack.kind", self.attack.byzantine), ("aggregation.rule", self.aggregation.active)):
-            if used and not ALGORITHMS.get(self.algorithm.name).sends_messages():
+            if used and not ALGORITHMS.get(self.algorithm.name).Upload.carries_message():
                 raise ValueError(
                     f"{key}: algorithm {self.algorithm.name!r} does not name the message it uploads "
                     "(Upload.message_field), so it supports only attack.kind none/label_poisoning and "

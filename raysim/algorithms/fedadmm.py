@@ -98,7 +98,7 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
         }
         change = u - state.message(s.rho)
         if not s.diagnostics:
-            return ClientUpdate(new, DeltaUpload(change), metrics, message=u)
+            return ClientUpdate(new, DeltaUpload(change), metrics)
         at_theta = yield from gradient(FullGradient(new.theta, "train"))
         alpha = client.weight
         # the theta-step's gradient alpha_i grad f_i(theta) + pi_i^t + rho (theta - w^t) at its inexact solution
@@ -116,7 +116,11 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
             rho=s.rho,
             step_squared=squared_change(new.theta, state.theta),
         )
-        return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics, message=u)
+        return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics)
+
+    def message(self, update: ClientUpdate) -> Vector:
+        """u_i = theta_i + pi_i / rho of the new state."""
+        return update.state.message(self.settings.rho)
 
     def server_step(self, server: RunningMeanState, total: DeltaUpload, num_selected: int):
         return admm_server_step(server, total, num_selected, self.settings.rho)  # w = (1/m) sum_i u_i

@@ -168,7 +168,7 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
             "dual_norm": float(np.linalg.norm(pi)),
         }
         if not s.diagnostics:
-            return ClientUpdate(new, DeltaUpload(z - z_old), metrics, message=z)
+            return ClientUpdate(new, DeltaUpload(z - z_old), metrics)
         at_params = yield from gradient(FullGradient(params, "train"))
         synced = params[self.synced]
         # Definition 2: the u_i-step's gradient alpha_i grad_u f_i(v_i, u_i) + pi_i^t + rho (u_i - u^t) at its solution
@@ -187,7 +187,11 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
             rho=s.rho,
             step_squared=squared_change(params, state.params),  # Sigma_p's ||dv_i||^2 + ||du_i||^2
         )
-        return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics, message=z)
+        return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics)
+
+    def message(self, update: ClientUpdate) -> Vector:
+        """z_i of the new state (the message whose change the client uploads)."""
+        return self.message_of(update.state)
 
     def message_of(self, state: FedApmClientState) -> Vector:
         """z_i = u_i + pi_i / rho (13)."""

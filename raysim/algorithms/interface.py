@@ -149,6 +149,24 @@ class Upload:
     weight_field: ClassVar[str | None] = None
     delta: ClassVar[bool] = False
 
+    @classmethod
+    def carries_message(cls) -> bool:
+        """Whether attacks and robust aggregation can act on this upload (it names its message's field)."""
+        return cls.message_field is not None
+
+    def with_message(self, message: Vector, previous: Vector | None = None) -> Self:
+        """This upload changed to send `message` instead; `previous`: the client's last sent message (delta)."""
+        if self.message_field is None:
+            raise NotImplementedError(f"{type(self).__name__} names no message_field")
+        if self.delta:
+            if previous is None:
+                raise ValueError(f"{type(self).__name__} is a delta upload: it needs the client's previous message")
+            value = np.asarray(message, dtype=np.float64) - previous
+        else:
+            weight = getattr(self, self.weight_field) if self.weight_field else 1.0
+            value = weight * np.asarray(message, dtype=np.float64)
+        return dataclasses.replace(self, **{self.message_field: value})
+
 
 U = TypeVar("U", bound=Upload)
 
@@ -171,8 +189,6 @@ class ClientUpdate(Generic[C, U]):
     upload: U
     metrics: Mapping[str, Number] = field(default_factory=dict)
     """Python floats once a driver has run the step (raysim.execution); [clients] float64 arrays in a chunk's."""
-    message: Vector | None = None
-    """The message this update sends, when the upload holds only a change of it (Upload.delta)."""
 
 
 ClientStep = Generator[Request, Result, ClientUpdate[C, U]]
@@ -354,43 +370,29 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         such code, or settings whose draws differ from it."""
         return None
 
-    @classmethod
-    def sends_messages(cls) -> bool:
-        """Whether attacks and robust aggregation can act on this algorithm's uploads (see Upload)."""
-        return cls.Upload.message_field is not None
-
     def message_coordinates(self, params: Vector) -> Vector:
         """The part of a full parameter vector that messages carry (all of it, unless the algorithm shares
         only part of the model); the coordinator uses it for the initial messages and the clipping centre."""
         return params
 
     def message(self, update: ClientUpdate) -> Vector:
-        """The message an update sends: `update.message`, else the weighted upload field / its weight."""
+        """The message an update sends (asked for only by attacks and robust aggregation): the upload's message
+        field over its weight. The one way to supply it otherwise: an algorithm whose upload is a change of its
+        message (Upload.delta) overrides this, computing the message from the new state."""
         upload = update.upload
-        if update.message is not None:
-            return update.message
         if upload.message_field is None or upload.delta:
-            raise NotImplementedError(f"algorithm {self.name!r}: set Upload.message_field and ClientUpdate.message")
+            raise NotImplementedError(
+                f"algorithm {self.name!r}: set Upload.message_field, and override Algorithm.message for a delta upload"
+            )
         weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
         return np.asarray(getattr(upload, upload.message_field), dtype=np.float64) / weight
 
-    def previous_message(self, update: ClientUpdate) -> Vector | None:
-        """For delta uploads, the message the server held for this client before the update."""
-        upload = update.upload
-        return self.message(update) - getattr(upload, upload.message_field) if upload.delta else None
 
-    def upload_from_message(self, upload: U, message: Vector, previous: Vector | None = None) -> U:
-        """`upload` changed to send `message` instead; `previous` is the client's last sent message (delta)."""
-        if upload.message_field is None:
-            raise NotImplementedError(f"algorithm {self.name!r}: its Upload names no message_field")
-        if upload.delta:
-            if previous is None:
-                raise ValueError(f"algorithm {self.name!r}: a delta upload needs the client's previous message")
-            value = np.asarray(message, dtype=np.float64) - previous
-        else:
-            weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
-            value = weight * np.asarray(message, dtype=np.float64)
-        return dataclasses.replace(upload, **{upload.message_field: value})
+def previous_message(algorithm: Algorithm, update: ClientUpdate) -> Vector | None:
+    """For a delta upload, the message the server held for this client before the update (its new message minus
+    the change it uploads); None otherwise."""
+    upload = update.upload
+    return algorithm.message(update) - getattr(upload, upload.message_field) if upload.delta else None
 
 
 def _check_algorithm(name: str, entry: type[Algorithm]) -> None:

@@ -101,7 +101,11 @@ class PFedMe(Algorithm[PFedMeSettings, PFedMeClientState, RunningMeanState, Vect
         upload = DeltaUpload(new.w - state.w) if s.aggregation == "all" else PFedMeUpload(new.w)
         train_loss, gap = float(np.mean(np.array(losses))), float(np.linalg.norm(new.theta - new.w))
         metrics = {"train_loss": train_loss, "local_gap": gap}
-        return ClientUpdate(new, upload, metrics, message=new.w.astype(np.float64))
+        return ClientUpdate(new, upload, metrics)
+
+    def message(self, update: ClientUpdate) -> Vector:
+        """w_i of the new state, what the server averages."""
+        return update.state.w.astype(np.float64)
 
     def server_step(self, server: RunningMeanState, total: PFedMeUpload | DeltaUpload, num_selected: int):
         if isinstance(total, DeltaUpload):  # aggregation "all": w = (1/m) sum_i w_i over all m clients

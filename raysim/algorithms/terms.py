@@ -110,6 +110,11 @@ class Term:
         """The term divided by `factor` (raysim.algorithms.requests.scale_loss); a part of the loss stays as it is."""
         return self
 
+    def tensor(self, name: str) -> torch.Tensor:
+        """The term's field `name` as a float32 torch tensor, made once per term (a request's term serves all its
+        steps; the arrays may be read-only views of Ray's object store, which torch must not alias)."""
+        return _cached_tensor(self, name)
+
     def evaluated_at(self, x: torch.Tensor) -> torch.Tensor:
         """The point f_i is evaluated at, for the parameters x."""
         return x

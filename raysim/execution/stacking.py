@@ -37,8 +37,7 @@ def one_row(item: Any) -> Any:
     views, numbers (and an update's metrics) [1] arrays."""
     if isinstance(item, ClientUpdate):
         metrics = {name: np.atleast_1d(np.asarray(value, np.float64)) for name, value in item.metrics.items()}
-        message = None if item.message is None else np.asarray(item.message)[None]
-        return ClientUpdate(one_row(item.state), one_row(item.upload), metrics, message)
+        return ClientUpdate(one_row(item.state), one_row(item.upload), metrics)
     return stack([item])
 
 
@@ -65,12 +64,11 @@ def unstack(stacked: Any, count: int) -> list[Any]:
 def unstack_update(update: ClientUpdate, count: int) -> list[ClientUpdate]:
     """The clients' own updates from a stacked one (`run_stacked_step`): vectors are views of their row, metrics
     floats."""
-    messages = [None] * count if update.message is None else list(update.message)
     metrics = {name: np.asarray(values) for name, values in update.metrics.items()}
     return [
-        ClientUpdate(state, upload, {name: float(values[i]) for name, values in metrics.items()}, message)
-        for i, (state, upload, message) in enumerate(
-            zip(unstack(update.state, count), unstack(update.upload, count), messages, strict=True)
+        ClientUpdate(state, upload, {name: float(values[i]) for name, values in metrics.items()})
+        for i, (state, upload) in enumerate(
+            zip(unstack(update.state, count), unstack(update.upload, count), strict=True)
         )
     ]
 

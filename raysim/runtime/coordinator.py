@@ -146,7 +146,7 @@ class Coordinator(Renewable):
             # the total carries sum(weight) * mean; without a weight field the weight is the count
             scale = 1.0 if upload.weight_field else float(len(rows))
             robust = aggregate(rule, rows, byzantine(len(rows)), reference)
-            return self.algorithm.upload_from_message(upload, scale * robust)
+            return upload.with_message(scale * robust)
         initial = np.asarray(self.algorithm.message_coordinates(self.init_params), dtype=np.float64)
         if self.latest is None:  # every client's message starts as the initial model's, as the server step's sum
             self.latest = np.tile(initial.astype(np.float32), (self.num_clients, 1))
@@ -158,7 +158,7 @@ class Coordinator(Renewable):
                 self.seen.add(client_id)
             self.latest[client_id] = message
         target = self.num_clients * aggregate(rule, self.latest, byzantine(len(self.latest)), reference)
-        upload = self.algorithm.upload_from_message(upload, target, self.served_sum)
+        upload = upload.with_message(target, self.served_sum)
         self.served_sum = target
         return upload
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from raysim.algorithms.interface import Algorithm, ClientInfo, ClientUpdate
+from raysim.algorithms.interface import Algorithm, ClientInfo, ClientUpdate, previous_message
 from raysim.algorithms.requests import (
     BatchGradients,
     BatchGradientsResult,
@@ -237,12 +237,12 @@ class ClientSteps:
         message = self.algorithm.message(update)
         previous = self.sent.get(client_id)
         if previous is None:
-            previous = self.algorithm.previous_message(update)
+            previous = previous_message(self.algorithm, update)
         upload = update.upload
         if byzantine:
             assert self.attack is not None  # a Byzantine client is the attack's
             message = self.attack.corrupt(client_id, round_index, message, broadcast)
-            upload = self.algorithm.upload_from_message(upload, message, previous)
+            upload = upload.with_message(message, previous)
             self.sent[client_id] = message
         return upload, ((np.asarray(message, np.float32), previous) if self.settings.send_messages else None)
 

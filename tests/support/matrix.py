@@ -33,7 +33,7 @@ class Registries:
     """The registered choices the matrix spans."""
 
     algorithms: Mapping[str, Any]
-    """name -> algorithm class (with `example` and `sends_messages`)."""
+    """name -> algorithm class (with `example`, and its `Upload`)."""
     schemes: Mapping[str, Any]
     """partition.scheme -> settings class (with `example`)."""
     executors: tuple[str, ...]
@@ -140,7 +140,7 @@ def fragments(cell: Cell, context: ExampleContext) -> tuple[Fragment, Fragment]:
 def refused_key(row: Mapping[str, Any], context: ExampleContext) -> str | None:
     """The config key at which raysim must refuse a (partial) row, None when it must run: the section that the
     algorithm's and the scheme's examples set differently, or a Byzantine attack / robust rule for an algorithm
-    whose uploads name no message (Algorithm.sends_messages)."""
+    whose uploads name no message (Upload.carries_message)."""
     algorithm = row.get("algorithm")
     if algorithm is not None and row.get("scheme") is not None:
         own, scheme = fragments(Cell(algorithm, row["scheme"], NO_ATTACK, "", 0.0), context)
@@ -148,7 +148,7 @@ def refused_key(row: Mapping[str, Any], context: ExampleContext) -> str | None:
         if clash:
             return clash[0]
     threat = row.get("threat")
-    if threat in (None, NO_ATTACK) or algorithm is None or REGISTRIES.algorithms[algorithm].sends_messages():
+    if threat in (None, NO_ATTACK) or algorithm is None or REGISTRIES.algorithms[algorithm].Upload.carries_message():
         return None
     return "attack.kind" if REGISTRIES.attacks[threat[0]].byzantine else "aggregation.rule"
 

@@ -94,11 +94,19 @@ def page(tmp_path_factory) -> Path:
 
 def test_the_page_shows_every_plugin_and_counts_fedavgm_right():
     files = page_files()
-    assert {*PLUGIN_FILES, "test_fedavgm.py", "fedavgm.yaml", "make_csv.py"} <= set(files)
+    assert {
+        *PLUGIN_FILES,
+        "test_fedavgm.py",
+        "fedavgm.yaml",
+        "make_csv.py",
+        "fedhuber.py",
+        "timed.py",
+        "fedhuber.yaml",
+    } <= set(files)
     fedavgm = files["fedavgm.py"]
     stated = re.search(r"`fedavgm.py` above is (\d+) lines, (\d+) of them code", PAGE.read_text())
     assert stated and (int(stated[1]), int(stated[2])) == (len(fedavgm.splitlines()), code_lines(fedavgm))
-    assert len(page_commands()) == 4
+    assert len(page_commands()) == 5
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text().replace("!!python/name:", ""))["nav"]
     assert {"Extending raysim": "extending.md"} in nav and "docs/extending.md" in (ROOT / "README.md").read_text()
 
@@ -110,7 +118,7 @@ def test_the_math_test_on_the_page_passes(page):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", range(1, 4), ids=["algorithm", "model", "dataset"])
+@pytest.mark.parametrize("block", range(1, 5), ids=["algorithm", "term-and-executor", "model", "dataset"])
 def test_the_pages_commands_run_each_plugin_through_raysim_run(page, block):
     """Each example's commands as the page shows them: listed by raysim, then a real run with `--plugin`."""
     done = shell(page_commands()[block], page, environment(page))

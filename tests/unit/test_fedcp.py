@@ -255,7 +255,7 @@ def test_it_sends_the_body_global_head_and_cpn_and_keeps_the_personalized_head()
     assert records.column("uplink_bytes").to_pylist() == [4.0 * (shared + 1)] * 2
     assert sim.coordinator.broadcast_bytes() == 4 * shared
     assert sim.states[0].personal_head.size == problem.params.head_size == CLASSES * (FEATURES + 1)
-    assert not algorithm.sends_messages()
+    assert not algorithm.Upload.carries_message()
 
 
 @pytest.mark.parametrize(("key", "value"), [("head_mix", 1.5), ("tau", 0.0), ("lambda", -1.0)])

@@ -177,10 +177,16 @@ class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, 
         }
         if isinstance(state, SharedOnlyClientState):  # the change of the latest shared part (families/consensus.py)
             shared = params[..., self.shared]
-            message = shared.astype(np.float64)
-            return ClientUpdate(SharedOnlyClientState(shared), DeltaUpload(message - state.shared), metrics, message)
+            change = shared.astype(np.float64) - state.shared
+            return ClientUpdate(SharedOnlyClientState(shared), DeltaUpload(change), metrics)
         weight = upload_weight(client.num_train, self.settings.aggregation)  # a number, or one per row of a chunk
         return ClientUpdate(state, WeightedUpload(per_row(weight) * params, weight), metrics)
+
+    def message(self, update: ClientUpdate) -> Vector:
+        """With `shared_only`, the client's latest shared part (it uploads its change); else the local model."""
+        if isinstance(update.state, SharedOnlyClientState):
+            return update.state.shared.astype(np.float64)
+        return super().message(update)
 
     def server_step(self, server: AveragingServerState, total: WeightedUpload | DeltaUpload, num_selected: int):
         if server.running is None:

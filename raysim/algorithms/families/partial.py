@@ -101,9 +101,13 @@ class PartialPersonalization(
         shared = params[self.shared].astype(np.float64)
         if self.settings.average_over == "all":  # the change of this client's latest shared part
             change = shared - state.params[self.shared].astype(np.float64)
-            return ClientUpdate(PartialClientState(params), DeltaUpload(change), metrics, message=shared)
+            return ClientUpdate(PartialClientState(params), DeltaUpload(change), metrics)
         upload = WeightedUpload(weight * shared, weight)
         return ClientUpdate(PartialClientState(params), upload, metrics)
+
+    def message(self, update: ClientUpdate) -> Vector:
+        """The client's latest shared part (with `average_over: all` it uploads its change)."""
+        return update.state.params[self.shared].astype(np.float64)
 
     def server_step(self, server: PartialServerState, total: WeightedUpload | DeltaUpload, num_selected: int):
         if server.latest is not None:  # average_over = all: u = (1/m) sum over all m of the latest shared parts
