@@ -14,15 +14,15 @@ check: setup lint
 
 # Everything (what CI runs: .ci/run): lint, format, types and the three tiers, the slowest tier first.
 test: setup lint
-	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup
+	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder
 
 # One tier alone (tests/<tier>: docs/development.md says what belongs where).
 test-unit test-integration test-system: test-%: setup
-	$(BIN)/pytest -q -rs -n 2 --dist loadgroup tests/$*
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder tests/$*
 
 # The configuration matrix alone (tests/integration/test_matrix*.py, also part of `make test`).
 test-matrix: setup
-	$(BIN)/pytest -q -rs -n 2 --dist loadgroup -m matrix
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder -m matrix
 
 lint: setup
 	$(BIN)/ruff check raysim tests jobs benchmarks

@@ -196,7 +196,7 @@ def _ui(args: argparse.Namespace) -> int:
 
         path = comparison_path(store, args.compare)
         landing = lambda url: url + path  # noqa: E731
-    serve(ServerSettings(store, None, host, port), "MLflow UI", landing)
+    serve(ServerSettings(store, None, host, port), "MLflow UI", landing, port_chosen=args.port is None)
 
 
 def _docs(args: argparse.Namespace) -> int:

@@ -61,4 +61,6 @@ def use_kernels(kernels: Kernels) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts (CUDA's note)
     torch.backends.cudnn.deterministic = kernels != "fast"
     torch.backends.cudnn.benchmark = kernels == "fast"
-    torch.use_deterministic_algorithms(kernels == "all")
+    if torch.are_deterministic_algorithms_enabled() != (kernels == "all"):
+        # only on a change: the call imports torch's compiler stack (torch._dynamo), 1.5 s of every process's start
+        torch.use_deterministic_algorithms(kernels == "all")

@@ -4,10 +4,13 @@ per test.
 
 A test's tier is its folder (docs/development.md): tests/unit (no Ray, no subprocess, no network server),
 tests/integration (whole experiments in process; a local Ray where the test is about actors), tests/system (real
-processes and signals, servers, a cluster, the browser, the docs' commands, the shipped configs). The system tier
-runs first, the unit tier last, so that the many short tests fill both workers while the long ones end
-(`pytest_collection_modifyitems`); `make test` hands out single tests (`--dist loadgroup`), a module whose tests share
-an expensive module fixture (a cluster, a finished suite) as one group (`pytestmark = pytest.mark.xdist_group(...)`).
+processes and signals, servers, a cluster, the browser, the docs' commands, the shipped configs).
+
+`make test` hands its two workers one test at a time as they free up (`--dist loadgroup`; a module whose tests share
+an expensive module fixture, a cluster or a finished suite, goes as one group: `pytestmark =
+pytest.mark.xdist_group(...)`), in the order `pytest_collection_modifyitems` makes: a system test starts a process
+tree (a Ray, a server) that takes both cores, so two of them side by side each ran 40 % slower; the order interleaves
+the system tier with the other two, so that while one worker runs a system test the other runs lighter ones.
 """
 
 from __future__ import annotations
@@ -22,12 +25,23 @@ import pytest
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 TIERS = ("system", "integration", "unit")
-"""The folders under tests/, in the order their tests start."""
+"""The folders under tests/."""
+TYPICAL_SECONDS = {"system": 15.0, "integration": 1.5, "unit": 0.05}
+"""A test's typical duration in each tier, which the order below weighs tests by."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The system tier's tests first, then the integration tier's, then the unit tier's, each in file order."""
-    items.sort(key=lambda item: TIERS.index(tier_of(item)))
+    """Two lanes merged by their typical durations: the system tier's tests in file order, and the integration and
+    unit tiers' in file order; the next test comes from the lane that has used less time so far."""
+    system = [item for item in items if tier_of(item) == "system"]
+    lighter = [item for item in items if tier_of(item) != "system"]
+    order, used = [], {"system": 0.0, "lighter": 0.0}
+    while system or lighter:
+        lane = "system" if system and (not lighter or used["system"] <= used["lighter"]) else "lighter"
+        item = (system if lane == "system" else lighter).pop(0)
+        used[lane] += TYPICAL_SECONDS[tier_of(item)]
+        order.append(item)
+    items[:] = order
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -63,6 +77,23 @@ def no_crew_left():
     crews = sys.modules.get("raysim.runtime.crews")
     if crews is not None:
         crews.dismiss_parked()
+
+
+@pytest.fixture(autouse=True)
+def no_plugin_left():
+    """A test that loads a plugin in this process (`main(["submit", ..., "--plugin", FILE])`, a config's `plugins:`)
+    registers its entries for the rest of the process: they are taken out after it, and its module forgotten, so
+    that every test sees the registries raysim ships (and a later test that loads the plugin imports it again)."""
+    plugins = sys.modules.get("raysim.plugins")
+    before = set(plugins.loaded()) if plugins is not None else set()
+    yield
+    plugins = sys.modules.get("raysim.plugins")
+    if plugins is None or set(plugins.loaded()) == before:
+        return
+    from tests.support.registries import forget_plugin
+
+    for spec in set(plugins.loaded()) - before:
+        forget_plugin(spec)
 
 
 @pytest.fixture(scope="module")

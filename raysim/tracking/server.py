@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -34,6 +34,10 @@ from raysim.errors import RaysimError
 
 class ServerError(RaysimError):
     """The tracking server did not come up."""
+
+
+class PortTaken(ServerError):
+    """Someone else listens on the server's port (before it started, or took it while it was starting)."""
 
 
 TIMESTAMP = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\s+")  # MLflow's log lines start with one
@@ -152,7 +156,7 @@ def in_use_message(host: str, port: int) -> str:
 def check_port(host: str, port: int) -> None:
     """A ServerError naming the port and who holds it if a server could not listen on it."""
     if port_in_use(host, port):
-        raise ServerError(f"{in_use_message(host, port)}: choose another --port, or stop it")
+        raise PortTaken(f"{in_use_message(host, port)}: choose another --port, or stop it")
 
 
 def exposure_warning(host: str) -> str | None:
@@ -249,10 +253,12 @@ class TrackingServer:
             lines = [" ".join(TIMESTAMP.sub("", line).split()) for line in text.splitlines() if line.strip()]
         last = next((line for line in reversed(lines) if ERROR.search(line)), lines[-1] if lines else "")
         pids = listening_pids(self.settings.port) or set()
-        if pids - self._own(pids):
+        taken = bool(pids - self._own(pids))
+        if taken:
             last += f" ({in_use_message(self.settings.host, self.settings.port)})"
         detail = f": {redact_text(last)[:300]}" if last else ""
-        return ServerError(f"MLflow server on {self.settings.url} {what}{detail} (log: {self.log_path})")
+        error = PortTaken if taken else ServerError
+        return error(f"MLflow server on {self.settings.url} {what}{detail} (log: {self.log_path})")
 
     def stop(self, wait_s: float = 15.0) -> None:
         """SIGTERM to the server's whole process group (its workers too, even when the leader has already
@@ -278,6 +284,19 @@ class TrackingServer:
         self.stop()
 
 
+def _start_on_a_free_port(settings: ServerSettings, port_chosen: bool, attempts: int = 20) -> TrackingServer:
+    for _ in range(attempts - 1):
+        try:
+            return TrackingServer(settings).start(timeout_s=300)  # MLflow: 6 s on an idle machine, a minute busy
+        except PortTaken:
+            if not port_chosen:
+                raise
+        taken = settings.port
+        settings = replace(settings, port=next_free_port(settings.host, taken + 1))
+        print(f"{in_use_message(settings.host, taken)}: the server takes port {settings.port}", flush=True)
+    return TrackingServer(settings).start(timeout_s=300)
+
+
 def runs_page(url: str, tracking_uri: str, experiment: str | None = None) -> str:
     """The UI link that opens an experiment's runs table in MLflow's model-training view: `experiment` if
     given and present, else the experiment whose runs changed last; the experiments list if there is none."""
@@ -295,18 +314,23 @@ def runs_page(url: str, tracking_uri: str, experiment: str | None = None) -> str
 
 
 def serve(
-    settings: ServerSettings, what: str = "MLflow tracking server", landing: Callable[[str], str] | None = None
+    settings: ServerSettings,
+    what: str = "MLflow tracking server",
+    landing: Callable[[str], str] | None = None,
+    port_chosen: bool = False,
 ) -> NoReturn:
     """Run the server until Ctrl-C or SIGTERM, then stop it with every process it started (the server runs in
     its own process group, so nothing is left holding the port). Nothing is printed before it answers on its
     port; `landing`: the link to print then for the user to open, made from the server's URL. A server that
-    fails to start, or stops by itself, is one `error:` line (ServerError)."""
+    fails to start, or stops by itself, is one `error:` line (ServerError). `port_chosen`: the port was picked
+    as a free one, so another process taking it in the meantime (two UIs started at once) moves this server
+    to the next free port, said in one line, instead of failing."""
     from raysim.errors import sigterm_interrupts
 
-    server = TrackingServer(settings)
     with sigterm_interrupts():
+        server = _start_on_a_free_port(settings, port_chosen)
+        settings = server.settings
         try:
-            server.start(timeout_s=300)  # MLflow takes 6 s on an idle machine, a minute on a busy one
             artifacts = f", artifacts {settings.artifacts_destination}" if settings.artifacts_destination else ""
             print(
                 f"{what} on {settings.url} (backend {redact(settings.backend_store_uri)}{artifacts}; log "

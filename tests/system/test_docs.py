@@ -213,7 +213,7 @@ docs_test_serve() {  # "$@", a server, until the link it prints answers; then SI
   pid=$!
   until link=$(sed -n 's/^open //p' "$log") && [ -n "$link" ]; do
     if ! kill -0 "$pid" 2>/dev/null || [ "$SECONDS" -gt "$deadline" ]; then
-      kill -TERM "$pid" 2>/dev/null; cat "$log"; echo "docs test: no link from $*" >&2; return 1
+      kill -TERM "$pid" 2>/dev/null || true; cat "$log"; echo "docs test: no link from $*" >&2; return 1
     fi
     sleep 1
   done

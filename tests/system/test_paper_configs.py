@@ -128,21 +128,20 @@ def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
 
 def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri: str, fmnist_tenth: Path) -> None:
     """One round of a shipped experiment tree, in this process (the CLI path of each kind of file has its own tests):
-    the paper datasets that are not installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN
-    where it holds too little), the built-in ones are scaled down (BUILT_IN). Each run takes the actors of the one
-    before (runtime.reuse_actors: a new actor process costs most of a one-round run; tests/integration/test_crews.py
-    shows renewed actors give a new crew's results). Local training is light (tests/support/light.py): the test checks
-    that the experiment runs and logs, not what it learns. It saves the global model, so that every shipped model is
-    saved once, but not the clients' models (hundreds of MB for a suite of ResNet-18 clients:
-    tests/integration/test_saved_models.py).
-    Nor does it score the clients' training loss, a third of a one-round run: the paper configs' runs above score it
-    (FLAME's, FedAPM's and FedSLR's models on their datasets), as do the matrix (every algorithm) and the
-    algorithms' own CLI tests."""
+    the paper datasets that are not installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN where
+    it holds too little), the built-in ones are scaled down (BUILT_IN). Its hosts run in this process (runtime.actors:
+    in_process, the code Ray's actors run: a new actor process costs most of a one-round run, and
+    tests/integration/test_matrix_on_ray.py shows every method logs the same on Ray; the paper configs run through Ray
+    above). Local training is light (tests/support/light.py): the test checks that the experiment runs and logs, not
+    what it learns. It saves the global model, so that every shipped model is saved once, but not the clients' models
+    (hundreds of MB for a suite of ResNet-18 clients: tests/integration/test_saved_models.py). Nor does it score the
+    clients' training loss, a third of a one-round run: the paper configs' runs above score it (FLAME's, FedAPM's and
+    FedSLR's models on their datasets), as do the matrix (every algorithm) and the algorithms' own CLI tests."""
     sets = [
         "rounds=1",
         f"tracking.uri={mlflow_uri}",
         "runtime.num_hosts=1",
-        "runtime.reuse_actors=true",
+        "runtime.actors=in_process",
         "tracking.save_models=global",
         "tracking.train_loss=false",
     ]
@@ -185,7 +184,7 @@ FLAME_VARIANTS."""
 @pytest.mark.parametrize(
     "paths", FIRST_SETTINGS, ids=lambda paths: "=".join(str(p.relative_to(ROOT / "configs")) for p in paths)
 )
-def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, ray_local, mlflow_uri, fmnist_tenth):
+def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, mlflow_uri, fmnist_tenth):
     run_one_round(*first_setting(paths[0], mlflow_uri), tmp_path, mlflow_uri, fmnist_tenth)
 
 
@@ -217,7 +216,7 @@ def test_every_registered_algorithm_runs_in_a_shipped_suite():
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(SUITE_METHODS))
 def test_every_method_of_the_shipped_suites_runs_one_round_in_a_suite_setting(
-    algorithm, tmp_path, ray_local, mlflow_uri, fmnist_tenth
+    algorithm, tmp_path, mlflow_uri, fmnist_tenth
 ):
     path, index = SUITE_METHODS[algorithm]
     config = load_suite(path).experiments()[index][1]

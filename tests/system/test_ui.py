@@ -201,6 +201,31 @@ def test_ui_exits_in_one_line_when_mlflow_does_not_come_up(tmp_path):
     log.unlink()
 
 
+def test_a_chosen_port_taken_while_mlflow_starts_moves_the_server_to_the_next_free_one(tmp_path, capsys):
+    """Two UIs started at once both find the same port free: the one that loses the race says so in one line
+    and serves on the next free port, where a port given with --port fails as above."""
+    from raysim.tracking.server import PortTaken, ServerSettings, _start_on_a_free_port
+
+    port = free_port()
+    holder, _ = _hold(port, "after-mlflow-starts")
+    settings = ServerSettings(f"sqlite:///{tmp_path / 'mlflow.db'}", None, "127.0.0.1", port)
+    try:
+        server = _start_on_a_free_port(settings, port_chosen=True)
+        try:
+            assert server.settings.port != port
+            assert urllib.request.urlopen(f"{server.settings.url}/health", timeout=30).status == 200
+        finally:
+            server.stop()
+        assert holder.stdout.readline().strip() == "listening"
+        moved = capsys.readouterr().out
+        assert f"port {port} on 127.0.0.1 is in use by pid {holder.pid}" in moved, moved
+        assert f"the server takes port {server.settings.port}" in moved, moved
+        with pytest.raises(PortTaken, match=f"port {port} on 127.0.0.1 is in use"):
+            _start_on_a_free_port(settings, port_chosen=False)
+    finally:
+        _stop(holder)
+
+
 def _chromium(*args: str, width: int = 1600) -> subprocess.CompletedProcess:
     """Headless Chromium (Debian's `chromium`, which `make setup` installs) on a page of the UI; MLflow draws a
     grouped chart only when the window is wide enough for its card (1900 pixels)."""
