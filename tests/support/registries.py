@@ -7,11 +7,12 @@ import sys
 from raysim import plugins
 from raysim.algorithms import ALGORITHMS
 from raysim.data import DATASETS, PARTITIONS
+from raysim.executors import EXECUTORS
 from raysim.models import MODELS
 from raysim.registry import Registry
 from raysim.threats import ATTACKS, ROBUST_RULES
 
-REGISTRIES: tuple[Registry, ...] = (ALGORITHMS, DATASETS, PARTITIONS, MODELS, ATTACKS, ROBUST_RULES)
+REGISTRIES: tuple[Registry, ...] = (ALGORITHMS, DATASETS, PARTITIONS, MODELS, ATTACKS, ROBUST_RULES, EXECUTORS)
 
 
 def forget_plugin(spec: str) -> None:
