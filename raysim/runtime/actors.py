@@ -10,7 +10,7 @@ Both are called alike, as Ray actors are: `handle.method.remote(...)` gives a re
 value, and a reference passed as an argument arrives as its value. In process every argument and result crosses a
 pickle as it would cross Ray's object store (its numpy arrays arrive as read-only views of the pickled buffers, as
 Ray's zero-copy reads do), so that a host never shares a mutable object with the driver or another host: what
-runs in process runs the same on Ray (tests/integration/test_in_process.py compares them bit for bit).
+runs in process runs the same on Ray (tests/integration/test_matrix_on_ray.py compares them bit for bit).
 """
 
 from __future__ import annotations

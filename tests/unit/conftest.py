@@ -1,0 +1,24 @@
+"""The unit tier's rule, checked on every test: no Ray, no subprocess (docs/development.md). A test that needs either
+belongs in tests/integration or tests/system; here it fails with that line instead of slowing `make check` down."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+MOVE = "belongs in tests/integration or tests/system, not in the unit tier"
+
+
+@pytest.fixture(autouse=True)
+def no_process_and_no_ray(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a test that starts a process ({args[0] if args else kwargs.get('args')}) {MOVE}")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        raise AssertionError(f"a test that starts Ray {MOVE}")
