@@ -245,8 +245,8 @@ def _models(args: argparse.Namespace) -> int:
     from raysim.models.spec import MODELS
 
     _load_plugins(args)
-    for name, factory in MODELS.items():
-        print(f"{name:12s} {_first_line(factory.__doc__)}")
+    for name, entry in MODELS.items():
+        print(f"{name:12s} {_first_line(entry.definition.__doc__)}")
     return 0
 
 

@@ -31,9 +31,9 @@ class ExampleContext:
     replays one)."""
 
 
-def model_example(factory: Any, context: ExampleContext) -> Fragment:
-    """The config sections a registered model needs besides `model` (raysim.models.spec.MODELS): its factory's
+def model_example(entry: Any, context: ExampleContext) -> Fragment:
+    """The config sections a registered model needs besides `model` (a raysim.models.spec.ModelEntry): its entry's
     `example(context)` when it has one (a multimodal model names a dataset with its modalities), else none: the
     model runs on any dataset."""
-    example = getattr(factory, "example", None)
+    example = entry.example
     return {} if example is None else example(context)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel, GetCoreSchemaHandler, SerializeAsAny, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError, core_schema
@@ -25,13 +25,21 @@ from raysim.plugins import load_installed
 from raysim.settings import Settings
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 UNKNOWN = "unknown_choice"
 """The pydantic error type of a name no registry entry has (raysim.config prints its message as it is)."""
 
 
+def defined_by(entry: object) -> object:
+    """The class or function an entry is: a typed entry (a model's, raysim.models.spec.ModelEntry) names the
+    definition it describes as its `definition`."""
+    return getattr(entry, "definition", entry)
+
+
 def _origin(entry: object) -> str:
     """Where an entry was defined (module.qualname), to tell a module imported twice from two entries that clash."""
+    entry = defined_by(entry)
     return f"{getattr(entry, '__module__', '?')}.{getattr(entry, '__qualname__', type(entry).__qualname__)}"
 
 
@@ -44,14 +52,17 @@ class Registry(Generic[T]):
         key: str,
         settings: Callable[[T], type[Settings]] | None = None,
         check: Callable[[str, T], None] | None = None,
+        entry: Callable[..., T] | None = None,
     ):
         """`kind` names an entry in messages ("algorithm"); `key` is the config key the names are written in;
         `settings(entry)` is an entry's settings model when the key chooses a whole section (`choice`);
-        `check(name, entry)` refuses an entry that does not fit (raises TypeError)."""
+        `check(name, entry)` refuses an entry that does not fit (raises TypeError); `entry(definition, **details)`
+        makes the typed entry stored for a decorated definition and the details `register` was given."""
         self.kind = kind
         self.key = key
         self._settings = settings
         self._check = check
+        self._entry = entry
         self._entries: dict[str, T] = {}
 
     @property
@@ -59,12 +70,18 @@ class Registry(Generic[T]):
         """The key's last part: the field or class attribute an entry states its own name in (`name`, `scheme`)."""
         return self.key.rsplit(".", 1)[-1]
 
-    def register(self, name: str | None = None) -> Callable[[T], T]:
+    def register(self, name: str | None = None, **details: Any) -> Callable[[D], D]:
         """Decorator: register the decorated class or function as `name` (default: the name it states itself, see
-        `name_of`); returns it unchanged."""
+        `name_of`), with the `details` its kind's typed entry takes (a model's `personalization`, `example`);
+        returns it unchanged."""
+        if details and self._entry is None:
+            raise TypeError(f"a {self.kind} registers with a name only, not {', '.join(details)}")
 
-        def decorate(entry: T) -> T:
-            return self.add(self.name_of(entry) if name is None else name, entry)
+        def decorate(definition: D) -> D:
+            # without a typed entry, the definition is the entry (an Algorithm subclass, a rule function)
+            entry = cast(T, definition) if self._entry is None else self._entry(definition, **details)
+            self.add(self.name_of(definition) if name is None else name, entry)
+            return definition
 
         return decorate
 

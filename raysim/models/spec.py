@@ -4,8 +4,8 @@ import this and never torch; what builds the network (ModelSpec) is in raysim.mo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -14,15 +14,45 @@ from pydantic import Field
 from raysim.registry import OneOf, Registry
 from raysim.settings import Settings
 
-
-def _check_model(name: str, entry: object) -> None:
-    if not callable(entry):
-        raise TypeError(f"model {name!r}: register a function (input_shape, outputs) -> torch.nn.Module, not {entry!r}")
+Factory = Callable[[tuple[int, ...], int], Any]
+"""(input shape, number of outputs) -> a freshly built torch.nn.Module."""
 
 
-MODELS: Registry[Callable[[tuple[int, ...], int], Any]] = Registry("model", "model.name", check=_check_model)
-"""The networks by `model.name`: factories (input shape, number of outputs) -> torch.nn.Module, each registered with
-`@MODELS.register(name)` and described by its docstring's first line (raysim.models.zoo holds the built-ins)."""
+@dataclass(frozen=True)
+class ModelEntry:
+    """A registered network: how to build it, and what the rest of raysim may know of it without building it.
+    `@MODELS.register(name, personalization=..., example=...)` on a factory makes one."""
+
+    definition: Factory
+    """The factory; its docstring's first line describes the model (`raysim models`)."""
+    personalization: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Strategy (`algorithm.preset`: input, output, split_input, split_input_code) -> the module name prefixes whose
+    parameters are personal (fedapm.md 2); a model without one gets `output` by the generic rule."""
+    example: Callable[[Any], dict[str, Any]] | None = None
+    """(raysim.examples.ExampleContext) -> the config sections it cannot run without (a multimodal model's dataset),
+    for the configuration matrix; None: it runs on any dataset."""
+
+    def __call__(self, input_shape: tuple[int, ...], outputs: int) -> Any:
+        return self.definition(input_shape, outputs)
+
+    @property
+    def description(self) -> str:
+        return (self.definition.__doc__ or "").strip().split("\n", 1)[0]
+
+
+def _model_entry(
+    definition: Factory,
+    personalization: Mapping[str, tuple[str, ...]] | None = None,
+    example: Callable[[Any], dict[str, Any]] | None = None,
+) -> ModelEntry:
+    if not callable(definition):
+        raise TypeError(f"register a function (input_shape, outputs) -> torch.nn.Module as a model, not {definition!r}")
+    return ModelEntry(definition, dict(personalization or {}), example)
+
+
+MODELS: Registry[ModelEntry] = Registry("model", "model.name", entry=_model_entry)
+"""The networks by `model.name`, each registered with `@MODELS.register(name)` on its factory (raysim.models.zoo
+holds the built-ins): a ModelEntry."""
 
 ModelChoice = Annotated[str, OneOf(MODELS)]
 """A field holding a model name."""
@@ -111,4 +141,4 @@ def personalization(model: str) -> dict[str, tuple[str, ...]]:
     `example` in raysim.examples); {} for a model that declares none or an unknown name."""
     if not model or model not in MODELS:
         return {}
-    return dict(getattr(MODELS.get(model), "personalization", {}))
+    return dict(MODELS.get(model).personalization)

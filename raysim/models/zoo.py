@@ -53,7 +53,7 @@ def mlp(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     )
 
 
-@MODELS.register("cnn")
+@MODELS.register("cnn", personalization={"output": ("7", "9")})  # fc1, fc2 (fedapm.md 2; code layer_num=4)
 def cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """The CIFAR-10 CNN: conv3x3(16)-pool-conv3x3(32)-pool-FC128-FC (268,650 parameters on 3x32x32)."""
     from torch import nn
@@ -71,9 +71,6 @@ def cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
         nn.ReLU(),
         nn.Linear(128, outputs),
     )
-
-
-cnn.personalization = {"output": ("7", "9")}  # type: ignore[attr-defined]  # fc1, fc2 (fedapm.md 2; code layer_num=4)
 
 
 def _cnn1(name: str, input_shape: tuple[int, ...], outputs: int, dropout: float) -> nn.Module:
@@ -193,7 +190,11 @@ def _crisismmd_example(context: ExampleContext) -> Fragment:
     return {"dataset": {"name": "crisismmd_synthetic", "samples": 1000}}
 
 
-@MODELS.register("image_text_classifier")
+IMAGE_TEXT_PERSONALIZATION = {"input": ("img_proj", "text_rnn"), "output": ("classifier",)}
+"""Input personalization: the image projection and the text GRU (fedapm.md 2; the code's layer_num=8)."""
+
+
+@MODELS.register("image_text_classifier", personalization=IMAGE_TEXT_PERSONALIZATION, example=_crisismmd_example)
 def image_text_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """FedAPM's CrisisMMD model, code sizes: image projection + text GRU + attention fusion (545,870 parameters)."""
     from raysim.models.multimodal import ImageTextClassifier, needs_modalities
@@ -201,13 +202,7 @@ def image_text_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Modu
     return ImageTextClassifier(needs_modalities("image_text_classifier", input_shape, ("image", "text")), outputs)
 
 
-image_text_classifier.example = _crisismmd_example  # type: ignore[attr-defined]
-IMAGE_TEXT_PERSONALIZATION = {"input": ("img_proj", "text_rnn"), "output": ("classifier",)}
-"""Input personalization: the image projection and the text GRU (fedapm.md 2; the code's layer_num=8)."""
-image_text_classifier.personalization = IMAGE_TEXT_PERSONALIZATION  # type: ignore[attr-defined]
-
-
-@MODELS.register("image_text_classifier_paper")
+@MODELS.register("image_text_classifier_paper", personalization=IMAGE_TEXT_PERSONALIZATION, example=_crisismmd_example)
 def image_text_classifier_paper(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """FedAPM's CrisisMMD model with the paper's sizes (hidden 64, 4 attention heads) instead of the code's."""
     from raysim.models.multimodal import ImageTextClassifier, needs_modalities
@@ -216,11 +211,15 @@ def image_text_classifier_paper(input_shape: tuple[int, ...], outputs: int) -> n
     return ImageTextClassifier(modalities, outputs, paper=True)
 
 
-image_text_classifier_paper.example = _crisismmd_example  # type: ignore[attr-defined]
-image_text_classifier_paper.personalization = IMAGE_TEXT_PERSONALIZATION  # type: ignore[attr-defined]
-
-
-@MODELS.register("har_classifier")
+@MODELS.register(
+    "har_classifier",
+    personalization={
+        "split_input": ("acc_conv",),  # the paper: the accelerometer encoder; the gyroscope's sees the other slice
+        "split_input_code": ("acc_conv", "gyro_conv"),  # the authors' code, layer_num=12: both Conv1d encoders
+        "output": ("classifier",),
+    },
+    example=lambda context: {"dataset": {"name": "kuhar_synthetic", "samples": 1000}},
+)
 def har_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """FedAPM's KU-HAR model: accelerometer and gyroscope Conv1d encoders + GRUs + attention (420,814 parameters)."""
     from raysim.models.multimodal import HARClassifier, needs_modalities
@@ -228,29 +227,19 @@ def har_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     return HARClassifier(needs_modalities("har_classifier", input_shape, ("acc", "gyro")), outputs)
 
 
-har_classifier.example = lambda context: {"dataset": {"name": "kuhar_synthetic", "samples": 1000}}  # type: ignore[attr-defined]
-har_classifier.personalization = {  # type: ignore[attr-defined]
-    "split_input": ("acc_conv",),  # the paper: the accelerometer encoder; the gyroscope's sees the other slice
-    "split_input_code": ("acc_conv", "gyro_conv"),  # the authors' code, layer_num=12: both Conv1d encoders
-    "output": ("classifier",),
-}
-
-
-@MODELS.register("mm_action_classifier")
+@MODELS.register(
+    "mm_action_classifier",
+    personalization={
+        "input": ("audio_conv", "audio_rnn", "video_rnn"),  # fedapm.md 2; the code's layer_num=14
+        "output": ("classifier",),
+    },
+    example=lambda context: {"dataset": {"name": "cremad_synthetic", "samples": 1000, "frames": 96}},
+)
 def mm_action_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """FedAPM's Crema-D model: audio Conv1d encoder + GRU, video GRU, attention (823,338 parameters)."""
     from raysim.models.multimodal import MMActionClassifier, needs_modalities
 
     return MMActionClassifier(needs_modalities("mm_action_classifier", input_shape, ("audio", "video")), outputs)
-
-
-mm_action_classifier.example = lambda context: {  # type: ignore[attr-defined]
-    "dataset": {"name": "cremad_synthetic", "samples": 1000, "frames": 96}
-}
-mm_action_classifier.personalization = {  # type: ignore[attr-defined]
-    "input": ("audio_conv", "audio_rnn", "video_rnn"),  # fedapm.md 2; the code's layer_num=14
-    "output": ("classifier",),
-}
 
 
 def build_module(name: str, input_shape: tuple[int, ...], outputs: int) -> nn.Module:

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from raysim.algorithms.requests import (
     Result,
     SGDResult,
     TrainModel,
+    draws_randomness,
 )
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
@@ -334,15 +335,22 @@ class LocalTrainer:
     def run(self, request: Request, data: ClientData, generator: Draws | None) -> Result:
         """Any request of a client step, by its kind; `generator` None only for one that draws nothing
         (raysim.algorithms.requests.draws_randomness)."""
-        if isinstance(request, ClassMeans):
-            return self.class_means(request, data, generator)
-        if generator is None:
+        handler = self.handlers.get(type(request))
+        if handler is None:
+            raise TypeError(f"the trainer runs {', '.join(k.__name__ for k in self.handlers)}, not {request!r}")
+        if generator is None and draws_randomness(request):
             raise ValueError(f"a {type(request).__name__} request needs the client's generator")
-        if isinstance(request, FullGradient):
-            return self.full_gradient(request, data, generator)
-        if isinstance(request, BatchGradients):
-            return self.batch_gradients(request, data, generator)
-        return self.sgd(request, data, generator)
+        return handler(request, data, generator)
+
+    @property
+    def handlers(self) -> dict[type, Callable[[Any, ClientData, Any], Result]]:
+        """The one table of what runs each kind of request (raysim.algorithms.requests)."""
+        return {
+            LocalSGD: self.sgd,
+            FullGradient: self.full_gradient,
+            BatchGradients: self.batch_gradients,
+            ClassMeans: self.class_means,
+        }
 
     def full_gradient(self, request: FullGradient, data: ClientData, generator: Draws | None) -> GradientResult:
         """The mean loss over the request's split (its `indices`, or a random `fraction` of them) and its gradient,

@@ -9,7 +9,7 @@ from raysim.algorithms import ALGORITHMS
 from raysim.data import DATASETS, PARTITIONS
 from raysim.executors import EXECUTORS
 from raysim.models import MODELS
-from raysim.registry import Registry
+from raysim.registry import Registry, defined_by
 from raysim.threats import ATTACKS, ROBUST_RULES
 
 REGISTRIES: tuple[Registry, ...] = (ALGORITHMS, DATASETS, PARTITIONS, MODELS, ATTACKS, ROBUST_RULES, EXECUTORS)
@@ -23,6 +23,6 @@ def forget_plugin(spec: str) -> None:
     sys.modules.pop(name, None)
     for registry in REGISTRIES:
         for key, entry in list(registry.items()):
-            origin = getattr(entry, "__module__", "") or ""
+            origin = getattr(defined_by(entry), "__module__", "") or ""
             if origin == name or origin.startswith(f"{name}."):
                 registry._entries.pop(key)  # noqa: SLF001 - likewise
