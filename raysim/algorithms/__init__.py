@@ -7,9 +7,9 @@ a plugin's algorithm needs are exported here (docs/extending.md)."""
 from __future__ import annotations
 
 # isort: off
-from raysim.algorithms import flame, fedavg, fedadmm, fedprox, pfedme, ditto, fedapm, fedalt, fedsim, local  # noqa: F401
-from raysim.algorithms import fedslr, augfl  # noqa: F401
-from raysim.algorithms import scaffold, feddyn, gpgd, lpgd  # noqa: F401
+from raysim.algorithms import flame, fedapm, fedavg, fedadmm, fedprox, pfedme, ditto, fedalt, fedsim, local  # noqa: F401
+from raysim.algorithms import feddyn, fedslr, augfl  # noqa: F401
+from raysim.algorithms import scaffold, gpgd, lpgd  # noqa: F401
 from raysim.algorithms import fedrep, lg_fedavg, fedspa  # noqa: F401
 from raysim.algorithms import perfedavg, apfl, lp_proj  # noqa: F401
 from raysim.algorithms import fedproto, fedrod  # noqa: F401
