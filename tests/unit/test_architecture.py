@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from raysim.algorithms import HOUSE
 from tests.support.paths import ROOT
 
 PACKAGE = ROOT / "raysim"
@@ -191,14 +192,10 @@ def test_the_named_rules_hold(graph):
             assert "ray" not in outside[module], module
 
 
-ALGORITHM_HOUSE = {"interface", "requests", "settings", "terms", "prox", "families"}
-"""The modules of raysim.algorithms every method may import; every other module (a package: AugFL) is one method's."""
-
-
 def method_of(module: str) -> str | None:
     """The method a module of raysim.algorithms belongs to (its module, or its package), None for the house."""
     parts = module.split(".")
-    if parts[:2] != ["raysim", "algorithms"] or len(parts) < 3 or parts[2] in ALGORITHM_HOUSE:
+    if parts[:2] != ["raysim", "algorithms"] or len(parts) < 3 or parts[2] in HOUSE:
         return None
     return parts[2]
 
