@@ -128,5 +128,7 @@ def fmnist_tenth(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def mlflow_uri(tmp_path) -> str:
-    """A fresh sqlite tracking store for one test."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    """A fresh sqlite tracking store for one test (tests/support/stores.py)."""
+    from tests.support.stores import fresh_store
+
+    return fresh_store(tmp_path / "mlflow.db")

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 import raysim
 from raysim.api import experiment_config
 from tests.support.experiments import IN_PROCESS, tiny_config
+from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.xdist_group("integration-api")
 """One worker runs this module's tests: its FLAME run is made once."""
@@ -24,7 +25,7 @@ BEST_KEYS = {"pm/best_acc", "gm/best_acc", "hm/best_acc"}
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
-    return f"sqlite:///{tmp_path_factory.mktemp('api') / 'mlflow.db'}"
+    return fresh_store(tmp_path_factory.mktemp("api") / "mlflow.db")
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,13 @@ from raysim.errors import RaysimError
 from raysim.runtime import crews
 from raysim.runtime.driver import run_experiment
 from tests.support.experiments import tiny_config
+from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.slow
 
 
 def _config(tmp_path, reuse: bool, num_hosts: int = 2, **sections):
-    tracking = {"experiment": "crews", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    tracking = {"experiment": "crews", "uri": fresh_store(tmp_path / "mlflow.db")}
     runtime = {"num_hosts": num_hosts, "reuse_actors": reuse}
     return validate_config(tiny_config(rounds=2, runtime=runtime, tracking=tracking, **sections))
 
@@ -87,7 +88,7 @@ def test_a_sweep_ends_the_parked_crews_before_and_after_its_trials(tmp_path, emp
 
     run_experiment(_config(tmp_path, reuse=True), show_progress=False)
     assert len(_parked_actor_ids()) == 3  # both CPUs of the session's Ray
-    base = tiny_config(rounds=1, tracking={"experiment": "crews", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    base = tiny_config(rounds=1, tracking={"experiment": "crews", "uri": fresh_store(tmp_path / "mlflow.db")})
     sweep = parse_sweep({"name": "after-a-parked-crew", "base": base, "grid": {"algorithm.lr": [0.05]}})
     done: list = []
     thread = threading.Thread(target=lambda: done.append(run_sweep(sweep, show_progress=False)), daemon=True)

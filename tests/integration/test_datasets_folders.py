@@ -21,6 +21,7 @@ from raysim.errors import DataError
 # ---------------------------------------------------------------- writers of the real formats
 from tests.support.data_files import write_image_folder, write_leaf, write_medmnist, write_tiny_imagenet
 from tests.support.experiments import run_through_cli, tiny_config
+from tests.support.stores import fresh_store
 
 
 class QuietHandler(SimpleHTTPRequestHandler):
@@ -79,7 +80,7 @@ def test_tiny_imagenet_downloads_and_extracts_the_zip(tmp_path, http_root, monke
 def _run(tmp_path: Path, dataset: dict, partition: dict, model: str, clients: int) -> None:
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     config = tiny_config(
         dataset=dataset,
         partition=partition,

@@ -8,6 +8,7 @@ import pytest
 from raysim.config import validate_config
 from raysim.runtime.driver import run_experiment
 from tests.support.experiments import IN_PROCESS, tiny_config
+from tests.support.stores import fresh_store
 
 
 def _history(mlflow_uri: str, **tracking) -> dict[int, dict[str, float]]:
@@ -26,8 +27,8 @@ def _history(mlflow_uri: str, **tracking) -> dict[int, dict[str, float]]:
 def test_gm_scored_before_aggregation_is_the_previous_rounds_gm(tmp_path):
     """Round t's GM before its server step is round t-1's GM after it: the two series are shifted by one
     round exactly, and nothing else changes (FLAME's PM theta_i does not depend on when the GM is scored)."""
-    after = _history(f"sqlite:///{tmp_path / 'a.db'}")
-    before = _history(f"sqlite:///{tmp_path / 'b.db'}", gm_scored="before_aggregation")
+    after = _history(fresh_store(tmp_path / "a.db"))
+    before = _history(fresh_store(tmp_path / "b.db"), gm_scored="before_aggregation")
     assert before[0]["gm/acc"] == after[0]["gm/acc"]
     for step in (1, 2, 3):
         for key in ("gm/acc", "gm/loss", "gm/loss_sum_var"):
@@ -38,11 +39,11 @@ def test_gm_scored_before_aggregation_is_the_previous_rounds_gm(tmp_path):
 
 @pytest.mark.slow
 def test_train_loss_false_never_scores_it_and_n_scores_every_nth_evaluation(tmp_path):
-    never = _history(f"sqlite:///{tmp_path / 'n.db'}", train_loss=False)
+    never = _history(fresh_store(tmp_path / "n.db"), train_loss=False)
     scored = [k for step in never.values() for k in step if k.endswith("/train_loss") and not k.startswith("update/")]
     assert not scored  # update/train_loss is the training epoch's own mean loss, which costs nothing extra
     assert all("pm/acc" in never[step] for step in range(4))
-    second = _history(f"sqlite:///{tmp_path / 's.db'}", train_loss=2)
+    second = _history(fresh_store(tmp_path / "s.db"), train_loss=2)
     scored = [step for step in range(4) if "pm/train_loss" in second[step]]
     assert scored == [0, 2]  # evaluations 1 and 3 of steps 0..3
     assert all("gm/train_loss" in second[step] for step in scored)

@@ -25,6 +25,7 @@ import pytest
 from raysim.studies.suite import load_suite, run_suite
 from tests.support.fedapm import SUITES, TABLE3
 from tests.support.paper_data import BUILT_IN
+from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.xdist_group("integration-fedapm_findings")
 """One worker runs this module's tests: its findings fixture runs the four FedAPM runs once."""
@@ -37,7 +38,7 @@ def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path):
     Ray with the actors kept between the children: all finish, every round's PM accuracy is a share and the
     methods, FedAvg and FedProx included, report the deviation of the shared part."""
     substitute, methods = TABLE3[dataset]
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     sets = [
         *BUILT_IN[substitute],
         "algorithm.epochs=1",
@@ -137,7 +138,7 @@ def _mean_deviation(history: dict[int, dict[str, float]]) -> float:
 @pytest.fixture(scope="module")
 def findings(tmp_path_factory) -> dict[str, dict[int, dict[str, float]]]:
     """The runs the findings compare, at one seed, on one Ray with the actors kept between them."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('findings') / 'mlflow.db'}"
+    uri = fresh_store(tmp_path_factory.mktemp("findings") / "mlflow.db")
     baseline = {"lr": LR, "loss_scale": "1/m", "preset": PRESET}
     return {
         "fedapm": _findings_run(_fedapm(), uri),

@@ -11,13 +11,14 @@ from raysim.runtime.driver import run_experiment
 from tests.support.data_files import SMALL_CRISIS
 from tests.support.experiments import tiny_config
 from tests.support.logged import check_logged
+from tests.support.stores import fresh_store
 
 
 @pytest.mark.slow
 def test_fedapm_runs_on_the_crisismmd_substitute_on_ray(ray_local, tmp_path):
     """FedAPM with ImageTextClassifier, input personalization (image projection + text GRU personal, fedapm.md 2),
     2 rounds on a real local Ray through run_experiment: finished, every metric finite and logged once a step."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     config = tiny_config(
         algorithm={
             "name": "fedapm",

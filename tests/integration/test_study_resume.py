@@ -9,12 +9,13 @@ from raysim.cli import main
 from raysim.errors import ConfigError
 from raysim.studies.resume import reopen_parent
 from raysim.tracking.mlflow_writer import MlflowWriter
+from tests.support.stores import fresh_store
 from tests.support.studies import resumable_suite
 
 
 @pytest.mark.slow
 def test_resume_refuses_a_run_that_is_not_this_suites_parent(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     writer = MlflowWriter(uri, "resume")
     other = writer.start("other", {}, {"suite": "other"})
     single = writer.start("single", {}, {})

@@ -16,6 +16,7 @@ from raysim.studies.table import (
     make_table,
 )
 from tests.support.experiments import IN_PROCESS, tiny_config
+from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.xdist_group("integration-table")
 """One worker runs this module's tests: its finished suite is run once."""
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.xdist_group("integration-table")
 def finished_suite(tmp_path_factory):
     """A real suite: 2 members x 2 seeds, 3 rounds each, through `raysim run`; (tracking URI, parent run id)."""
     folder = tmp_path_factory.mktemp("suite")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = fresh_store(folder / "mlflow.db")
     base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "table"}, runtime=IN_PROCESS)
     suite = {
         "name": "tiny",

@@ -13,6 +13,11 @@ from mlflow.tracking import MlflowClient
 
 RAYSIM = [sys.executable, "-m", "raysim.cli"]
 
+HOSTS_IN_PROCESS = ("--set", "runtime.actors=in_process")
+"""For a `raysim run` whose subject is not Ray (the command line, what reaches MLflow, a method's metrics): the hosts
+and the coordinator run in the driver's process (runtime.actors: in_process), which computes what Ray hosts compute
+(tests/integration/test_matrix_on_ray.py) without starting a Ray and three processes that import torch."""
+
 
 def write_config(tmp_path: Path, config: dict) -> Path:
     path = tmp_path / "experiment.yaml"

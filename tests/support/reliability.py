@@ -11,6 +11,7 @@ from raysim.config import validate_config
 from raysim.runtime.driver import run_experiment
 from raysim.tracking.callbacks import RunResult
 from tests.support.experiments import tiny_config
+from tests.support.stores import fresh_store
 
 ROUNDS = 5
 
@@ -37,7 +38,7 @@ def reliability_config(
 
 def baseline_run(folder: Path, runtime: dict[str, Any] | None = None) -> RunResult:
     """The uninterrupted run (logged into `folder`) every failure test must reproduce exactly."""
-    return run_experiment(validate_config(reliability_config(f"sqlite:///{folder / 'm.db'}", folder, runtime)), False)
+    return run_experiment(validate_config(reliability_config(fresh_store(folder / "m.db"), folder, runtime)), False)
 
 
 def steps_logged(uri: str, run_id: str, key: str) -> list[int]:

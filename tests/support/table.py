@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 from mlflow.tracking import MlflowClient
 
+from tests.support.stores import fresh_store
+
 ACCURACY = np.random.default_rng(0).uniform(0.3, 0.9, size=(5, 7))  # 5 runs x rounds 0..6
 ACCURACY[0, 0] = 0.99  # round 0 (before training) above every trained round: not the max over rounds
 ACCURACY[0, 5] = ACCURACY[0, 2] = 0.95  # a tie: the earliest round is the max's round
@@ -34,7 +36,7 @@ def write_hand_suite(folder: Path) -> tuple[str, str]:
     parent run id)."""
     from mlflow.entities import Metric, Param
 
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = fresh_store(folder / "mlflow.db")
     client = MlflowClient(uri)
     experiment = client.create_experiment("hand")
     parent = client.create_run(experiment, run_name="hand", tags={"suite": "hand"}).info.run_id

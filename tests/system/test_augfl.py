@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.support.augfl import META
-from tests.support.cli import raysim, run_cli
+from tests.support.cli import HOSTS_IN_PROCESS, raysim, run_cli
 from tests.support.experiments import tiny_config
 
 
@@ -19,7 +19,7 @@ def test_augfl_runs_through_the_cli_and_logs_its_metrics(tmp_path, mlflow_uri):
     config = tiny_config(
         algorithm=settings, partition=partition, tracking={"uri": mlflow_uri, "experiment": "augfl"}, rounds=3
     )
-    run = run_cli(tmp_path, config)
+    run = run_cli(tmp_path, config, *HOSTS_IN_PROCESS)
     metrics = run.data.metrics
     assert run.data.tags["algorithm"] == "augfl"
     assert metrics["update/query_loss"] > 0 and metrics["server/effective_step"] == pytest.approx(1 / (4 * 0.7))
@@ -46,7 +46,7 @@ def test_augfl_with_crd_and_heldout_clients_runs_through_the_cli(tmp_path, mlflo
         tracking={"uri": mlflow_uri, "experiment": "augfl"},
         rounds=3,
     )
-    run = run_cli(tmp_path, config)
+    run = run_cli(tmp_path, config, *HOSTS_IN_PROCESS)
     metrics = run.data.metrics
     assert metrics["server/transfer_loss"] > 0 and metrics["server/regularizer_gradient_norm"] > 0
     assert 0 <= metrics["heldout/pm/acc"] <= 1

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.support.cli import raysim, run_cli, write_config
+from tests.support.cli import HOSTS_IN_PROCESS, raysim, run_cli, write_config
 from tests.support.experiments import tiny_config
 
 
@@ -123,6 +123,7 @@ def test_run_takes_the_tracking_uri_and_experiment_from_the_command_line(tmp_pat
         "tracking.system_metrics=false",
         "--set",
         "tracking.figures=[png]",
+        *HOSTS_IN_PROCESS,
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -34,6 +34,7 @@ from raysim.jobs import stop_nodes
 from tests.support.cluster import free_port, kill_all, processes_with
 from tests.support.experiments import tiny_config
 from tests.support.paths import ROOT
+from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.xdist_group("system-cluster")
 """One worker runs this module's tests: its three-node cluster is started once."""
@@ -176,7 +177,7 @@ def probe(configs_path: str, out_path: str) -> None:
 
 @pytest.mark.slow
 def test_hosts_land_on_intended_nodes_and_match_single_process_run(cluster, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     configs = {p: placement_config(p, uri) for p in ("spread", "pack")}
     (tmp_path / "configs.json").write_text(json.dumps(configs))
     subprocess.run(

@@ -32,6 +32,8 @@ def test_without_a_terminal_progress_prints_a_line_every_few_rounds(tmp_path):
         "dataset.name=digits",
         "--set",
         "model.name=mlr",
+        "--set",
+        "runtime.actors=in_process",  # the console is the subject, not Ray
     ]
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         done = subprocess.run(command, cwd=tmp_path, env=env, stdout=out, stderr=err, timeout=600)

@@ -9,18 +9,19 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.support.cli import run_cli
+from tests.support.cli import HOSTS_IN_PROCESS, run_cli
 from tests.support.experiments import tiny_config
 
 
 @pytest.mark.slow
 def test_fedslr_runs_through_the_cli_and_logs_rank_sparsity_and_traffic(tmp_path, mlflow_uri):
-    """A real Ray + MLflow run: per-layer ranks, p_i sparsity, factored downlink below FedAvg's dense one, and the
-    simulated communication time of a shared 1 Mbit/s link with 5 ms latency each way (config.network)."""
+    """A real CLI + MLflow run (hosts in process): per-layer ranks, p_i sparsity, factored downlink below FedAvg's
+    dense one, and the simulated communication time of a shared 1 Mbit/s link with 5 ms latency each way
+    (config.network)."""
     settings = {"name": "fedslr", "lambda": 0.05, "eta_g": 10.0, "mu": 0.01, "lr": 0.05, "batch_size": 32}
     config = tiny_config(algorithm=settings, tracking={"uri": mlflow_uri, "experiment": "fedslr"}, rounds=3)
     config["network"] = {"bandwidth_mbps": 1.0, "latency_ms": 5.0}
-    run = run_cli(tmp_path, config)
+    run = run_cli(tmp_path, config, *HOSTS_IN_PROCESS)
     metrics = run.data.metrics
     moved = metrics["traffic/downlink_bytes"] + metrics["traffic/uplink_bytes"]
     assert metrics["traffic/round_seconds"] == pytest.approx(2 * 0.005 + 8 * moved / 1e6)

@@ -57,7 +57,8 @@ def test_experiment_and_run_names_reach_mlflow_as_typed(tmp_path):
     ], refused.stderr
     assert not (tmp_path / "mlflow.db").exists()
     done = subprocess.run(
-        [raysim, "run", str(path), "--quiet", "--experiment", "my exp #2", "--set", "tracking.run_name=no #1: on"],
+        [raysim, "run", str(path), "--quiet", "--experiment", "my exp #2", "--set", "tracking.run_name=no #1: on"]
+        + ["--set", "runtime.actors=in_process"],  # the names are the subject, not Ray
         capture_output=True,
         text=True,
         cwd=tmp_path,

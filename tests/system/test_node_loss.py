@@ -20,6 +20,7 @@ import pytest
 from raysim.studies.procmem import descendants
 from tests.support.experiments import tiny_config
 from tests.support.paths import ROOT
+from tests.support.stores import fresh_store
 
 
 def _config(uri: str, checkpoints: str) -> dict:
@@ -71,7 +72,7 @@ def test_run_survives_a_lost_worker_node(cluster, tmp_path):
         and b"worker_b" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
     assert len(raylets) == 1, raylets
-    config = _config(f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "ckpt"))
+    config = _config(fresh_store(tmp_path / "mlflow.db"), str(tmp_path / "ckpt"))
     (tmp_path / "config.json").write_text(json.dumps(config))
     command = [
         sys.executable,

@@ -31,9 +31,14 @@ def test_every_paper_config_has_a_test():
     assert sorted(p.name for p in PAPER.glob("*.yaml")) == sorted(DATA)
 
 
+IN_ONE_PROCESS = ("runtime.num_hosts=1", "runtime.actors=in_process")
+"""The loaders are the subject: one host, in the test's process."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DATA))
-def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, ray_local, mlflow_uri):
+def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, mlflow_uri):
+    """`raysim run` of the config on its dataset's folder (the hosts in process: the loaders are the subject)."""
     root = tmp_path / "data"
     root.mkdir()
     overrides = DATA[name](root)
@@ -41,7 +46,7 @@ def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, 
         f"dataset.root={root}",
         "rounds=1",
         f"tracking.uri={mlflow_uri}",
-        "runtime.num_hosts=1",
+        *IN_ONE_PROCESS,
         *overrides,
         "tracking.save_models=global",
     ]
@@ -55,14 +60,14 @@ def test_paper_config_runs_from_a_folder_in_the_standard_layout(name, tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loader", sorted(OTHER_LOADERS))
-def test_the_other_loaders_run_end_to_end_with_a_cnn(loader, tmp_path, ray_local, mlflow_uri):
+def test_the_other_loaders_run_end_to_end_with_a_cnn(loader, tmp_path, mlflow_uri):
     """The loaders no paper config names, through `raysim run` on their written files, with the CIFAR CNN."""
     root = tmp_path / "data"
     root.mkdir()
     config = yaml.safe_load((PAPER / "flame_cifar10.yaml").read_text())
     config["partition"] = {"scheme": "iid"}
     sets = [*OTHER_LOADERS[loader](root), f"dataset.root={root}", "clients.count=2", "rounds=1"]
-    run = run_through_cli(config, mlflow_uri, *sets, f"tracking.uri={mlflow_uri}", "runtime.num_hosts=1")
+    run = run_through_cli(config, mlflow_uri, *sets, f"tracking.uri={mlflow_uri}", *IN_ONE_PROCESS)
     assert run.info.status == "FINISHED" and run.data.params["dataset.name"] == loader
 
 

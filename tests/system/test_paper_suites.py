@@ -16,6 +16,7 @@ from raysim.studies.table import make_table
 from tests.support.inprocess import InProcess
 from tests.support.paper_data import SUITE_DATA
 from tests.support.paths import ROOT
+from tests.support.stores import fresh_store
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 CHILDREN = {
@@ -66,7 +67,7 @@ def test_a_slice_of_flames_table3_suite_runs_and_tabulates(tmp_path, ray_local):
     """FLAME, pFedMe and Ditto on #label = 2 with every authors'-code switch, seed 1, 2 rounds: the shipped
     file's own base and members, run by `raysim run` and summarized by `raysim table PARENT --at best`."""
     shipped = yaml.safe_load((SUITES / "flame_table3_fmnist.yaml").read_text())
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     shipped["runs"] = [r for r in shipped["runs"] if r["name"].endswith("/q2")]
     shipped["seeds"] = [1]
     shipped["base"] |= {"rounds": 2}

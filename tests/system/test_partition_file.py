@@ -14,6 +14,7 @@ from raysim.data.partition_file import read_metadata
 from tests.support.data_files import write_partition_table
 from tests.support.experiments import run_through_cli
 from tests.support.paths import ROOT
+from tests.support.stores import fresh_store
 
 REPO = ROOT
 
@@ -42,7 +43,7 @@ def test_raysim_partition_of_the_quickstart_replays_to_the_same_run(tmp_path):
     for name, partition in (("original", base["partition"]), ("replayed", {"scheme": "file", "path": str(out)})):
         folder = tmp_path / name
         folder.mkdir()
-        uri = f"sqlite:///{folder}/mlflow.db"
+        uri = fresh_store(folder / "mlflow.db")
         run = run_through_cli(
             {**base, "partition": partition},
             uri,
@@ -50,6 +51,7 @@ def test_raysim_partition_of_the_quickstart_replays_to_the_same_run(tmp_path):
             f"tracking.uri={uri}",
             "tracking.figures=[]",
             "tracking.save_models=none",
+            "runtime.actors=in_process",  # the partition is the subject: hosts in process
         )
         runs.append(run.data.metrics)
     keys = [k for k in runs[0] if k.startswith(("pm/", "gm/", "hm/")) and not k.startswith("time")]

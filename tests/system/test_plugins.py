@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.support.experiments import tiny_config
 from tests.support.pages import PAGE, ROOT, page_files
+from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.xdist_group("system-plugins")
 """One worker runs this module's tests: its installed plugin package is built once."""
@@ -133,7 +134,7 @@ def _all_three(tmp_path: Path, config: Path) -> dict:
         model={"name": "tiny_cnn"},
         dataset={"name": "csv", "path": str(tmp_path / "digits.csv"), "shape": [1, 8, 8]},
         rounds=2,
-        tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "plugins"},
+        tracking={"uri": fresh_store(tmp_path / "mlflow.db"), "experiment": "plugins"},
     )
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(yaml.safe_dump(tree))

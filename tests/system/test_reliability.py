@@ -22,6 +22,7 @@ from raysim.runtime.driver import resume_experiment, run_experiment
 from tests.support.cluster import free_port
 from tests.support.paths import ROOT
 from tests.support.reliability import ROUNDS, baseline_run, reliability_config, steps_logged
+from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.xdist_group("system-reliability")
 """One worker runs this module's tests: its uninterrupted baseline run is made once."""
@@ -107,7 +108,7 @@ def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
     assert killed
     assert result.summary == baseline.summary
     assert repr(result.final) == repr(baseline.final)
-    uri = f"sqlite:///{tmp_path / 'killed'}.db"
+    uri = fresh_store(tmp_path / "killed.db")
     for key in ("time/round", "pm/acc"):
         steps = steps_logged(uri, result.run_id, key)
         assert sorted(steps) == list(range(0 if key == "pm/acc" else 1, 5)), (key, steps)
@@ -142,7 +143,7 @@ def _cli(tmp_path: Path, data: dict, timeout: float = 120) -> subprocess.Complet
     ],
 )
 def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, runtime, expected):
-    data = reliability_config(f"sqlite:///{tmp_path / 'm.db'}", tmp_path)
+    data = reliability_config(fresh_store(tmp_path / "m.db"), tmp_path)
     data["runtime"] = {**runtime, "num_cpus": 2}
     done = _cli(tmp_path, data)
     assert done.returncode == 2
@@ -313,9 +314,7 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
     rounds = 30
     data = reliability_config(mlflow_uri, tmp_path, checkpoint_every=1) | {"rounds": rounds}
     data["runtime"] = {**data["runtime"], "num_cpus": 2}
-    reference = reliability_config(f"sqlite:///{tmp_path / 'reference.db'}", tmp_path / "reference") | {
-        "rounds": rounds
-    }
+    reference = reliability_config(fresh_store(tmp_path / "reference.db"), tmp_path / "reference") | {"rounds": rounds}
     expected = run_experiment(validate_config(reference), show_progress=False)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     raysim = str(Path(sys.executable).parent / "raysim")

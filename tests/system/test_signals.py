@@ -23,6 +23,7 @@ from raysim.errors import Interrupted, raise_pending, sigterm_interrupts
 from raysim.studies.procmem import descendants
 from tests.support.cluster import free_port
 from tests.support.experiments import tiny_config
+from tests.support.stores import fresh_store
 from tests.support.terminal import sigint_as_from_a_terminal
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
@@ -67,7 +68,7 @@ def test_ctrl_c_is_handled_like_sigterm_unless_it_is_ignored():
 def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     """`raysim run` of a long tiny experiment with a checkpoint every round, in its own process group; returns
     once a checkpoint of round 2 or later is complete."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     data = tiny_config(
         rounds=10_000,
         runtime={"num_hosts": 2, "num_cpus": 2},
@@ -196,7 +197,7 @@ def test_a_closed_terminal_ends_the_run_killed(tmp_path):
     import termios
     import threading
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     tracking = {"experiment": "signals", "uri": uri, "checkpoint_every": 1, "checkpoint_dir": str(tmp_path / "ck")}
     (tmp_path / "run.yaml").write_text(
         yaml.safe_dump(tiny_config(rounds=10_000, runtime={"num_hosts": 2}, tracking=tracking))
@@ -366,7 +367,7 @@ startup" (ray-project/ray#65983)."""
 def test_a_local_ray_whose_agent_starts_late_is_started_again(tmp_path):
     """The local Ray of a run whose first dashboard agent is 120 s late (SLOW_AGENT): the run starts it again after
     ending what the failed try started (the late agent among it), says so on the console, and finishes."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     (tmp_path / "run.yaml").write_text(
         yaml.safe_dump(tiny_config(rounds=1, tracking={"uri": uri, "experiment": "signals"}))
     )

@@ -19,6 +19,7 @@ from raysim.config import validate_config
 from raysim.runtime.driver import run_experiment
 from tests.support.experiments import tiny_config
 from tests.support.paths import ROOT
+from tests.support.stores import fresh_store
 from tests.support.studies import resumable_suite
 from tests.support.terminal import sigint_as_from_a_terminal
 
@@ -70,7 +71,7 @@ def _stop_during_the_second_child(path: Path, uri: str, folder: Path) -> str:
 
 @pytest.mark.slow
 def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted_one(tmp_path, ray_local):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     path = resumable_suite(tmp_path, uri)
     parent = _stop_during_the_second_child(path, uri, tmp_path)
     client = MlflowClient(uri)
@@ -111,7 +112,7 @@ def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted
 def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local):
     """Ctrl-C (SIGINT) stops the sweep: the trial in flight and the parent are marked KILLED, and the one line
     names the command that continues it."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "resume"})
     sweep = {"name": "swept", "base": base, "grid": {"algorithm.lr": [0.05, 0.1, 0.2]}, "max_concurrent": 1}
     path = tmp_path / "sweep.yaml"

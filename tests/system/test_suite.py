@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
 from tests.support.experiments import tiny_config
+from tests.support.stores import fresh_store
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
 
@@ -26,7 +27,7 @@ def test_a_failing_child_is_marked_failed_and_the_suite_goes_on_then_resumes_onl
     the suite (a real `raysim run` process) ends with the failed child named on stderr, nothing else there, and
     exit 1, and its parent's summary, plot and tables come from the finished children. Fixed in the suite file,
     `--resume PARENT` reruns that child only."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     base = tiny_config(rounds=1, clients={"count": 3}, tracking={"uri": uri, "experiment": "failing"})
     runs = [
         {"name": "before", "set": {}},
