@@ -10,7 +10,6 @@ import pytest
 # ---------------------------------------------------------------- writers of the real formats
 from tests.support.data_files import write_image_folder, write_png_bomb
 from tests.support.experiments import tiny_config
-from tests.support.stores import fresh_store
 
 
 @pytest.mark.parametrize("case", ["bomb", "root-link"])
@@ -31,7 +30,7 @@ def test_raysim_run_refuses_a_bomb_or_a_link_loop_in_one_line_before_ray(tmp_pat
     config = tiny_config(
         dataset={"name": "image_folder", "root": str(root)},
         partition={"scheme": "iid"},
-        tracking={"uri": fresh_store(tmp_path / "mlflow.db")},
+        tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
     )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     raysim = str(Path(sys.executable).parent / "raysim")

@@ -108,7 +108,7 @@ def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
     assert killed
     assert result.summary == baseline.summary
     assert repr(result.final) == repr(baseline.final)
-    uri = fresh_store(tmp_path / "killed.db")
+    uri = f"sqlite:///{tmp_path / 'killed.db'}"  # the store the run above made
     for key in ("time/round", "pm/acc"):
         steps = steps_logged(uri, result.run_id, key)
         assert sorted(steps) == list(range(0 if key == "pm/acc" else 1, 5)), (key, steps)
@@ -143,7 +143,7 @@ def _cli(tmp_path: Path, data: dict, timeout: float = 120) -> subprocess.Complet
     ],
 )
 def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, runtime, expected):
-    data = reliability_config(fresh_store(tmp_path / "m.db"), tmp_path)
+    data = reliability_config(f"sqlite:///{tmp_path / 'm.db'}", tmp_path)  # refused: no store made
     data["runtime"] = {**runtime, "num_cpus": 2}
     done = _cli(tmp_path, data)
     assert done.returncode == 2

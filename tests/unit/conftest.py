@@ -3,11 +3,13 @@ belongs in tests/integration or tests/system; here it fails with that line inste
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 
 import pytest
 
+platform.processor()  # asks `uname -p` once and keeps it: libraries ask at import (MLflow), which is no test's process
 MOVE = "belongs in tests/integration or tests/system, not in the unit tier"
 
 

@@ -48,7 +48,7 @@ def test_a_path_a_dict_and_a_config_with_overrides_are_the_same_experiment(tmp_p
 )
 def test_bad_input_is_the_command_line_s_one_line_before_any_run(tmp_path, capsys, config, overrides):
     (tmp_path / "experiment.yaml").write_text(yaml.safe_dump(tiny_config(partition={"scheme": "q_label", "q": 2})))
-    store = fresh_store(tmp_path / "mlflow.db")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # refused: no store is made
     path = str(tmp_path / config)
     with pytest.raises(ConfigError) as raised:
         raysim.run(path, *overrides, progress=False, tracking_uri=store)
