@@ -24,7 +24,7 @@ from raysim.algorithms import fedcp  # noqa: F401
 from raysim.algorithms import fedpcl  # noqa: F401
 
 # isort: on
-from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientUpdate, Upload
+from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientUpdate, Upload, server_metrics
 from raysim.algorithms.requests import LocalSGD, SGDResult, Vector
 from raysim.algorithms.settings import AlgorithmSettings, SGDSettings
 from raysim.models.spec import ParamSpec
@@ -46,6 +46,7 @@ __all__ = [
     "Upload",
     "Vector",
     "build_algorithm",
+    "server_metrics",
 ]
 
 HOUSE = frozenset({"interface", "requests", "settings", "terms", "prox", "families"})

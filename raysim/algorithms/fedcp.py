@@ -53,7 +53,6 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.families.averaging import upload_weight
-from raysim.algorithms.families.consensus import server_metrics
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -61,6 +60,7 @@ from raysim.algorithms.interface import (
     ClientStep,
     ClientUpdate,
     Upload,
+    server_metrics,
 )
 from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.settings import SGDSettings

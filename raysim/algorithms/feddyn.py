@@ -32,7 +32,6 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.families.averaging import WeightedUpload
-from raysim.algorithms.families.consensus import server_metrics
 from raysim.algorithms.families.dynamic import (
     DynamicSolverSettings,
     dual_corrected_mean,
@@ -48,6 +47,7 @@ from raysim.algorithms.interface import (
     ClientStep,
     ClientUpdate,
     per_row,
+    server_metrics,
 )
 from raysim.algorithms.requests import Vector, train
 from raysim.jit import distances

@@ -40,8 +40,16 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.families.consensus import server_metrics
-from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientChunk, ClientInfo, ClientStep, ClientUpdate, Upload
+from raysim.algorithms.interface import (
+    ALGORITHMS,
+    Algorithm,
+    ClientChunk,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    Upload,
+    server_metrics,
+)
 from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
 from raysim.algorithms.settings import SGDSettings
 from raysim.models.spec import ParamSpec

@@ -434,3 +434,8 @@ def payload_bytes(payload: object) -> int:
     if isinstance(payload, tuple | list):
         return sum(payload_bytes(item) for item in payload)
     raise TypeError(f"payload_bytes: cannot size a {type(payload).__name__}; override uplink/downlink_bytes")
+
+
+def server_metrics(model: Vector, previous: Vector) -> dict[str, float]:
+    """What every server step logs: how far the global model moved this round."""
+    return {"global_change": float(np.linalg.norm(model - previous))}

@@ -16,14 +16,17 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.families.consensus import (
-    DeltaUpload,
-    RunningMeanState,
-    running_mean,
+from raysim.algorithms.families.consensus import DeltaUpload, RunningMeanState, running_mean, start_running_mean
+from raysim.algorithms.interface import (
+    ALGORITHMS,
+    Algorithm,
+    ClientInfo,
+    ClientStep,
+    ClientUpdate,
+    CodeDraws,
+    Upload,
     server_metrics,
-    start_running_mean,
 )
-from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate, CodeDraws, Upload
 from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Prox

@@ -29,7 +29,6 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.families.consensus import server_metrics
 from raysim.algorithms.interface import (
     ALGORITHMS,
     Algorithm,
@@ -39,6 +38,7 @@ from raysim.algorithms.interface import (
     ClientUpdate,
     Upload,
     per_row,
+    server_metrics,
 )
 from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.settings import SGDSettings

@@ -19,8 +19,12 @@ def no_process_and_no_ray(monkeypatch):
         raise AssertionError(f"a test that starts a process ({args[0] if args else kwargs.get('args')}) {MOVE}")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    ray_before = _ray_up()
     yield
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
+    if _ray_up() and not ray_before:  # a Ray this worker's earlier tests started (ray_local) is not this test's
         raise AssertionError(f"a test that starts Ray {MOVE}")
+
+
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()

@@ -16,13 +16,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from raysim.algorithms.families.consensus import (
-    DeltaUpload,
-    RunningMeanState,
-    running_mean,
-    server_metrics,
-    start_running_mean,
-)
+from raysim.algorithms.families.consensus import DeltaUpload, RunningMeanState, running_mean, start_running_mean
 from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
 from raysim.algorithms.interface import (
     Algorithm,
@@ -32,6 +26,7 @@ from raysim.algorithms.interface import (
     ClientUpdate,
     Upload,
     per_row,
+    server_metrics,
 )
 from raysim.algorithms.requests import LocalSGD, Number, Vector, train
 from raysim.algorithms.settings import SGDSettings

@@ -4,8 +4,8 @@ Lp-Proj's client step takes too), and the augmented Lagrangian the methods log a
 
 Robust aggregation and Byzantine attacks rewrite the upload field named by `Upload.message_field`
 (raysim.threats.robust, raysim.threats.attacks, the coordinator's `_robust_upload`); these helpers read the very same
-fields, so the server's mean and the robust rule that replaces it agree on what a message is. `server_metrics`:
-`global_change` = ||w_new - w_old||, the server metric every algorithm logs.
+fields, so the server's mean and the robust rule that replaces it agree on what a message is. Every server step reports
+`global_change` = ||w_new - w_old|| (interface.server_metrics).
 
 Running-mean servers (`Upload.delta = True`: FLAME, FedADMM, FedAPM, pFedMe with `aggregation: all`).
 The global model is the unweighted mean of the latest messages of ALL m clients, stale ones included:
@@ -66,6 +66,7 @@ import numpy as np
 from raysim.algorithms.interface import (
     NOT_SENT,
     Upload,
+    server_metrics,
 )
 from raysim.algorithms.requests import Number, Vector
 from raysim.jit import add_square, kernel
@@ -123,11 +124,6 @@ def running_mean(server: RunningMeanState, total: Upload) -> tuple[RunningMeanSt
     new_sum = server.running_sum + getattr(total, total.message_field)
     model = (new_sum / server.num_clients).astype(np.float32)
     return RunningMeanState(model, new_sum, server.num_clients), server_metrics(model, server.w)
-
-
-def server_metrics(model: Vector, previous: Vector) -> dict[str, float]:
-    """What every server step logs: how far the global model moved this round."""
-    return {"global_change": float(np.linalg.norm(model - previous))}
 
 
 @dataclass
