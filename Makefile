@@ -14,7 +14,7 @@ check: setup lint
 
 # Everything (what CI runs: .ci/run): lint, format, types and the three tiers, the slowest tier first.
 test: setup lint
-	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadgroup --no-loadscope-reorder
+	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder
 
 # One tier alone (tests/<tier>: docs/development.md says what belongs where).
 test-unit test-integration test-system: test-%: setup

@@ -33,7 +33,7 @@ TYPICAL_SECONDS = {"system": 15.0, "integration": 1.5, "unit": 0.05}
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Two lanes merged by their typical durations: the system tier's tests in file order, and the integration and
     unit tiers' in file order; the next test comes from the lane that has used less time so far."""
-    system = [item for item in items if tier_of(item) == "system"]
+    system = heaviest_modules_first([item for item in items if tier_of(item) == "system"])
     lighter = [item for item in items if tier_of(item) != "system"]
     order, used = [], {"system": 0.0, "lighter": 0.0}
     while system or lighter:
@@ -42,6 +42,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         used[lane] += TYPICAL_SECONDS[tier_of(item)]
         order.append(item)
     items[:] = order
+
+
+def heaviest_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The system tier's modules by their count of `slow` tests, most first (file order among equals, a module's
+    tests kept together): the long modules start early, so that the run does not end with one worker still in a
+    long module while the other has nothing left."""
+    slow: dict[Path, int] = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    position = {path: index for index, path in enumerate(slow)}
+    return sorted(items, key=lambda item: (-slow[item.path], position[item.path]))
 
 
 def tier_of(item: pytest.Item) -> str:

@@ -216,18 +216,35 @@ def _rest(server: str, endpoint: str, **query) -> dict:
 
 
 @pytest.mark.slow
-def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
+def test_a_submitted_sweep_of_plugin_files_runs_on_every_node_and_logs_to_the_tracking_server(
+    cluster, tmp_path, capsys
+):
+    """`raysim submit` of a sweep whose algorithm, model and dataset are plugin files kept outside the package (two
+    listed in the sweep file, one given with --plugin): the files go with the job, the hosts, which only the worker
+    nodes can hold, import them there, and the trials log to an MLflow server: the parent, its children with their
+    curves, and the parent's comparison artifacts; `raysim jobs`, `logs` and `cancel` know the job."""
     from raysim.cli import main
     from raysim.tracking.server import ServerSettings, TrackingServer
+    from tests.support.pages import page_files
 
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name, text in page_files().items():
+        (mine / name).write_text(text)
+    subprocess.run([sys.executable, "make_csv.py"], cwd=mine, check=True)
+    base = tiny_config(
+        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32},
+        model={"name": "tiny_cnn"},
+        dataset={"name": "csv", "path": str(mine / "digits.csv"), "shape": [1, 8, 8]},
+        rounds=2,
+        runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1}},
+        tracking={"experiment": "cluster-sweep"},
+    )
     sweep = {
         "name": "cluster-sweep",
-        "base": tiny_config(
-            rounds=2,
-            runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1}},
-            tracking={"experiment": "cluster-sweep"},
-        ),
-        "grid": {"algorithm.rho": [0.1, 0.25]},
+        "plugins": ["mine/fedavgm.py", "mine/tiny_cnn.py"],
+        "base": base,
+        "grid": {"algorithm.server_momentum": [0.0, 0.5]},
         "seeds": [1],
     }
     path = tmp_path / "sweep.yaml"
@@ -237,9 +254,10 @@ def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
     )
     with TrackingServer(settings, tmp_path / "server.log"):
         args = ["--address", cluster.dashboard, "--auth-token", cluster.token]
-        code = main(["submit", str(path), "--tracking-uri", settings.url, "--follow", *args])
+        plugin = ["--plugin", str(mine / "csv_source.py")]
+        code = main(["submit", str(path), *plugin, "--tracking-uri", settings.url, "--follow", *args])
         out = capsys.readouterr().out
-        assert code == 0, out
+        assert code == 0, out[-3000:]
         job_id = out.split("job ", 1)[1].split()[0]
         parent = out.split("mlflow run ", 1)[1].split()[0]
         assert len(parent) == 32
@@ -273,48 +291,15 @@ def test_submitted_sweep_logs_to_tracking_server(cluster, tmp_path, capsys):
             history = _rest(settings.url, "metrics/get-history", run_id=child["info"]["run_id"], metric_key="pm/acc")
             assert [m["step"] for m in history["metrics"]] == [0, 1, 2]
             assert all(0.0 <= m["value"] <= 1.0 for m in history["metrics"])
+            run = MlflowClient(settings.url).get_run(child["info"]["run_id"])
+            assert run.data.params["plugins"] == "['fedavgm', 'tiny_cnn', 'csv_source']"
+            assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
+                "fedavgm",
+                "tiny_cnn",
+                "csv",
+            )
         files = {f["path"] for f in _rest(settings.url, "artifacts/list", run_id=parent).get("files", [])}
         assert {"summary.parquet", "accuracy_vs_round.png", "final_accuracy.png"} <= files
-
-
-@pytest.mark.slow
-def test_a_submitted_job_takes_its_plugin_files_to_every_node(cluster, tmp_path, capsys):
-    """`raysim submit` of a config whose algorithm, model and dataset are plugin files kept outside the package (two
-    listed in the config, one given with --plugin): the files go with the job and the hosts, which only the worker
-    nodes can hold, import them there."""
-    from raysim.cli import main
-    from raysim.tracking.server import ServerSettings, TrackingServer
-    from tests.support.pages import page_files
-
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    for name, text in page_files().items():
-        (mine / name).write_text(text)
-    subprocess.run([sys.executable, "make_csv.py"], cwd=mine, check=True)
-    config = tiny_config(
-        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32, "server_momentum": 0.5},
-        model={"name": "tiny_cnn"},
-        dataset={"name": "csv", "path": str(mine / "digits.csv"), "shape": [1, 8, 8]},
-        rounds=2,
-        runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1}},
-        tracking={"experiment": "cluster-plugins"},
-    )
-    path = tmp_path / "experiment.yaml"
-    path.write_text(json.dumps({"plugins": ["mine/fedavgm.py", "mine/tiny_cnn.py"], **config}))
-    settings = ServerSettings(f"sqlite:///{tmp_path / 'server.db'}", None, "127.0.0.1", free_port())
-    with TrackingServer(settings, tmp_path / "server.log"):
-        args = ["--address", cluster.dashboard, "--auth-token", cluster.token, "--tracking-uri", settings.url]
-        code = main(["submit", str(path), "--plugin", str(mine / "csv_source.py"), *args, "--follow"])
-        out = capsys.readouterr().out
-        assert code == 0, out[-3000:]
-        run_id = re.search(r"^run ([0-9a-f]{32}): final PM ", out, re.M)[1]
-        run = MlflowClient(settings.url).get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.params["plugins"] == "['fedavgm', 'tiny_cnn', 'csv_source']"
-    assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
-        "fedavgm",
-        "tiny_cnn",
-        "csv",
-    )
 
 
 @pytest.mark.slow

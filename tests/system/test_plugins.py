@@ -28,9 +28,6 @@ from tests.support.experiments import tiny_config
 from tests.support.pages import PAGE, ROOT, page_files
 from tests.support.stores import fresh_store
 
-pytestmark = pytest.mark.xdist_group("system-plugins")
-"""One worker runs this module's tests: its installed plugin package is built once."""
-
 RUN_MARKER = "<!-- test: plugin-run -->"
 
 
