@@ -10,7 +10,8 @@ processes and signals, servers, a cluster, the browser, the docs' commands, the 
 an expensive module fixture, a cluster or a finished suite, goes as one group: `pytestmark =
 pytest.mark.xdist_group(...)`), in the order `pytest_collection_modifyitems` makes: a system test starts a process
 tree (a Ray, a server) that takes both cores, so two of them side by side each ran 40 % slower; the order interleaves
-the system tier with the other two, so that while one worker runs a system test the other runs lighter ones.
+the system tier with the other two, so that while one worker runs a system test the other runs lighter ones, the
+system modules with the most slow tests first.
 """
 
 from __future__ import annotations

@@ -207,13 +207,25 @@ def test_the_newcomer_pages_have_commands_to_run():
 
 SERVE = r"""
 docs_test_serve() {  # "$@", a server, until the link it prints answers; then SIGTERM, which raysim takes as Ctrl-C
+  local code
+  docs_test_serve_once "$@" && return 0 || code=$?
+  [ "$code" -eq 75 ] || return "$code"
+  echo "docs test: starting $* again" >&2
+  docs_test_serve_once "$@"
+}
+docs_test_serve_once() {  # 75: the server was killed by a signal before it printed anything (see SERVE's docstring)
   local log pid link="" code=0 deadline=$((SECONDS + 300))
   log=$(mktemp)
   "$@" > "$log" 2>&1 &
   pid=$!
   until link=$(sed -n 's/^open //p' "$log") && [ -n "$link" ]; do
     if ! kill -0 "$pid" 2>/dev/null || [ "$SECONDS" -gt "$deadline" ]; then
-      kill -TERM "$pid" 2>/dev/null || true; cat "$log"; echo "docs test: no link from $*" >&2; return 1
+      kill -TERM "$pid" 2>/dev/null || true
+      wait "$pid" || code=$?
+      cat "$log"
+      echo "docs test: no link from $* (exit status $code)" >&2
+      if [ "$code" -gt 128 ] && [ ! -s "$log" ]; then rm -f "$log"; return 75; fi
+      return 1
     fi
     sleep 1
   done
@@ -225,6 +237,11 @@ docs_test_serve() {  # "$@", a server, until the link it prints answers; then SI
   [ "$code" -eq 143 ] || { echo "docs test: $* exited with $code after SIGTERM" >&2; return 1; }
 }
 """
+"""The README's `raysim ui` vanished in its first seconds without printing a word in the last CI run and in two
+of six local `make test` runs, never alone: presumably a signal from outside (pid_max here is 32,768 and a test run
+starts tens of thousands of processes and threads, so a stale pid that some tool kills can be a new process's).
+A server killed by a signal before it printed anything is started once more, saying so; any other death fails
+the test with the server's exit status and output."""
 
 
 def page_script(page: str) -> str:
