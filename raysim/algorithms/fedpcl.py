@@ -105,13 +105,12 @@ class PrototypeContrast(Term):
     replaces_loss: ClassVar[bool] = True
     batched: ClassVar[bool] = False
 
-    def loss_and_grad(
+    def loss(
         self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
-    ) -> tuple[float, torch.Tensor]:
+    ) -> torch.Tensor:
         import torch
         from torch import nn
 
-        point = point.detach().requires_grad_(True)
         with model.dropout(seed):
             z = nn.functional.normalize(model.forward(point, x), dim=1)
         present = torch.tensor(np.asarray(self.present, bool))
@@ -123,8 +122,7 @@ class PrototypeContrast(Term):
             logits = logits.masked_fill(~present, float("-inf"))
             for index, weight in enumerate(np.asarray(self.weights, np.float64)):
                 total = total + float(weight) * nn.functional.cross_entropy(logits[index], y[kept])
-        (grad,) = torch.autograd.grad(total, point, allow_unused=True)
-        return total.item(), torch.zeros_like(point) if grad is None else grad
+        return total
 
 
 class FedPclSettings(SGDSettings, PretrainingSettings):

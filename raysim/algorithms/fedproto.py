@@ -69,15 +69,14 @@ class PrototypePull(Term):
     replaces_loss: ClassVar[bool] = True
     batched: ClassVar[bool] = False
 
-    def loss_and_grad(
+    def loss(
         self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
-    ) -> tuple[float, torch.Tensor]:
+    ) -> torch.Tensor:
         import torch
         from torch import nn
 
         if model.task != "classification":
             raise ValueError(f"FedProto's loss needs a classifier; model {model.name!r} is trained for {model.task}")
-        point = point.detach().requires_grad_(True)
         with model.dropout(seed):
             features, logits = model.features(point, x)
         total = nn.functional.cross_entropy(logits, y)
@@ -87,8 +86,7 @@ class PrototypePull(Term):
             kept = torch.tensor(np.asarray(self.has_target, bool))[y]
             targets = torch.where(kept[:, None], targets, features.detach())
             total = total + self.weight * nn.functional.mse_loss(features, targets)
-        (grad,) = torch.autograd.grad(total, point)
-        return total.item(), grad
+        return total
 
 
 class FedProtoSettings(SGDSettings):

@@ -59,15 +59,14 @@ class TwoHeadLoss(Term):
     replaces_loss: ClassVar[bool] = True
     batched: ClassVar[bool] = False
 
-    def loss_and_grad(
+    def loss(
         self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
-    ) -> tuple[float, torch.Tensor]:
+    ) -> torch.Tensor:
         import torch
         from torch import nn
 
         if model.task != "classification":
             raise ValueError(f"FedRoD's loss needs a classifier; model {model.name!r} is trained for {model.task}")
-        point = point.detach().requires_grad_(True)
         with model.dropout(seed):
             features, logits = model.features(point[: model.size], x)
         # A copy (torch.tensor): the arrays may be read-only views of Ray's object store, which torch must not alias.
@@ -76,8 +75,7 @@ class TwoHeadLoss(Term):
         head = model.spec_head(point[model.size :])
         corrected = logits.detach() + nn.functional.linear(features.detach(), *head)
         total = total + nn.functional.cross_entropy(corrected, y)
-        (grad,) = torch.autograd.grad(total, point)
-        return total.item(), grad
+        return total
 
 
 class FedRoDSettings(SGDSettings):

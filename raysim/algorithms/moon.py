@@ -51,16 +51,15 @@ class ModelContrast(Term):
     replaces_loss: ClassVar[bool] = True
     batched: ClassVar[bool] = False
 
-    def loss_and_grad(
+    def loss(
         self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
-    ) -> tuple[float, torch.Tensor]:
+    ) -> torch.Tensor:
         import torch
         from torch.nn import functional
 
         with torch.no_grad():
             z_global, _ = model.features(self.tensor("global_model"), x)
             z_previous, _ = model.features(self.tensor("previous"), x)
-        point = point.detach().requires_grad_(True)
         with model.dropout(seed):
             z, logits = model.features(point, x)
         similarities = torch.stack(
@@ -68,8 +67,7 @@ class ModelContrast(Term):
         )
         contrast = functional.cross_entropy(similarities / self.temperature, torch.zeros_like(y))
         total = functional.cross_entropy(logits, y) + self.mu * contrast
-        (grad,) = torch.autograd.grad(total, point)
-        return total.item(), grad
+        return total
 
 
 class MoonSettings(SGDSettings):

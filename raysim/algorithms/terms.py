@@ -5,7 +5,7 @@ Each term says how it enters one SGD step, and both trainers loop over a request
 - a smooth term adds its gradient at x to the step's gradient (`add_gradient`);
 - a non-smooth term maps the point after the step (`proximal`: its proximal operator at the step's rate);
 - a term may move the point f_i is evaluated at (`evaluated_at`: FedSLR's p with w frozen, f_i(w + p));
-- a loss term replaces f_i on the batch by a loss of its own on the model's features and logits (`loss_and_grad`:
+- a loss term replaces f_i on the batch by a loss of its own on the model's features and logits (`loss`:
   FedProto's prototype pull, FedRoD's balanced softmax, FedCP's gated heads, FedPCL's contrast, distillation).
 
 The sequential trainer (raysim.training.local) calls these on one client's vector. The vectorized trainer
@@ -98,12 +98,12 @@ class Term:
     shared: ClassVar[tuple[str, ...]] = ()
     """Fields holding one array that every row of a chunk shares."""
     replaces_loss: ClassVar[bool] = False
-    """`loss_and_grad` gives the step's loss and gradient in place of f_i's (at most one such term a request)."""
+    """`loss` gives the step's loss in place of f_i's (at most one such term a request)."""
 
     @property
     def draws(self) -> bool:
         """Whether the term draws noise of its own at every step: the step's seed (from the client's stream) then
-        reaches `loss_and_grad`, as dropout's does."""
+        reaches `loss`, as dropout's does."""
         return False
 
     def scaled(self, factor: float) -> Self:
@@ -122,8 +122,20 @@ class Term:
     def loss_and_grad(
         self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
     ) -> tuple[float, torch.Tensor]:
-        """A loss term's loss on the batch (x, y) at `point` and its gradient (a new flat tensor); `seed` seeds the
-        network's dropout and the term's own noise (None: neither)."""
+        """A loss term's loss on the batch (x, y) at `point` and its gradient (a new flat tensor; zero where the loss
+        does not depend on the point); `seed` seeds the network's dropout and the term's own noise (None: neither)."""
+        import torch
+
+        point = point.detach().requires_grad_(True)
+        total = self.loss(model, point, x, y, seed)
+        (grad,) = torch.autograd.grad(total, point, allow_unused=True)
+        return total.item(), torch.zeros_like(point) if grad is None else grad
+
+    def loss(
+        self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
+    ) -> torch.Tensor:
+        """A loss term's loss on the batch (x, y) as a differentiable function of `point` (`loss_and_grad` takes its
+        gradient); what a loss term overrides."""
         raise NotImplementedError(f"{type(self).__name__} is not a loss term")
 
     def add_gradient(self, grad: torch.Tensor, x: torch.Tensor) -> None:
@@ -393,9 +405,9 @@ class Distillation(Term):
     replaces_loss: ClassVar[bool] = True
     batched: ClassVar[bool] = False
 
-    def loss_and_grad(
+    def loss(
         self, model: FlatModel, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, seed: int | None
-    ) -> tuple[float, torch.Tensor]:
+    ) -> torch.Tensor:
         import torch
         from torch.nn import functional
 
@@ -403,7 +415,6 @@ class Distillation(Term):
             raise ValueError(f"Distillation needs a classifier; model {model.name!r} is trained for {model.task}")
         with torch.no_grad():
             taught = model.forward(_cached_tensor(self, "teacher"), x)
-        point = point.detach().requires_grad_(True)
         with model.dropout(seed):
             logits = model.forward(point, x)
         scale = self.temperature
@@ -414,8 +425,7 @@ class Distillation(Term):
             reduction="batchmean",
         )
         total = (1 - self.weight) * functional.cross_entropy(logits, y) + self.weight * scale**2 * soft
-        (grad,) = torch.autograd.grad(total, point)
-        return total.item(), grad
+        return total
 
 
 def _cached_tensor(term: Term, name: str) -> torch.Tensor:
