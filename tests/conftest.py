@@ -45,6 +45,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = order
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A grouped test fails at once when `--dist loadgroup` did not group it: xdist sends a group to one worker by
+    the `@group` its ids end with, and a pytest that drops it (9.2 with xdist 3.8, pytest-xdist #1386) spreads the
+    group's tests over both workers without a word, each building the module's cluster or suite again."""
+    grouped = getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group")
+    if grouped and "@" not in item.nodeid:
+        pytest.fail(
+            "--dist loadgroup does not group this test (no @group in its id: pytest-xdist #1386); use the pytest "
+            "that constraints.txt pins (make setup)",
+            pytrace=False,
+        )
+
+
 def heaviest_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """The system tier's modules by their count of `slow` tests, most first (file order among equals, a module's
     tests kept together): the long modules start early, so that the run does not end with one worker still in a

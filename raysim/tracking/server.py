@@ -42,6 +42,7 @@ class PortTaken(ServerError):
 
 TIMESTAMP = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\s+")  # MLflow's log lines start with one
 ERROR = re.compile(r"\b(ERROR|Error|error)\b|Errno|Exception")
+BIND_FAILED = re.compile(rf"\[Errno {errno.EADDRINUSE}\]|address already in use", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -253,9 +254,11 @@ class TrackingServer:
             lines = [" ".join(TIMESTAMP.sub("", line).split()) for line in text.splitlines() if line.strip()]
         last = next((line for line in reversed(lines) if ERROR.search(line)), lines[-1] if lines else "")
         pids = listening_pids(self.settings.port) or set()
-        taken = bool(pids - self._own(pids))
-        if taken:
+        held_by_another = bool(pids - self._own(pids))
+        if held_by_another:
             last += f" ({in_use_message(self.settings.host, self.settings.port)})"
+        # The holder may be gone by now (another UI that started and stopped meanwhile): the log still says why.
+        taken = held_by_another or any(BIND_FAILED.search(line) for line in lines)
         detail = f": {redact_text(last)[:300]}" if last else ""
         error = PortTaken if taken else ServerError
         return error(f"MLflow server on {self.settings.url} {what}{detail} (log: {self.log_path})")

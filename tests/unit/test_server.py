@@ -70,3 +70,32 @@ def test_one_reading_of_a_sqlite_uri_serves_artifacts_sweeps_and_the_reachabilit
     if database is not None and not Path(database).parent.is_dir():
         with pytest.raises(TrackingError, match="does not exist"):
             check_reachable(uri, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("log", "taken"),
+    [
+        (
+            "ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', 5000): address already in use",
+            True,
+        ),
+        ("ModuleNotFoundError: No module named 'mlflow.server'", False),
+    ],
+)
+def test_a_server_whose_log_says_its_port_was_taken_failed_for_its_port_even_when_the_holder_is_gone(
+    tmp_path, log, taken
+):
+    """MLflow exits with code 0 when another process binds its port first; that process may have stopped by the
+    time the failure is read (a UI started and stopped beside this one), and the log alone must still say that a
+    chosen port should move on rather than fail."""
+    from raysim.tracking.server import PortTaken, ServerError, TrackingServer
+
+    path = tmp_path / "server.log"
+    path.write_text(
+        f"2026/12/06 09:00:40 INFO mlflow.store.db.utils: Creating initial MLflow database tables...\n{log}\n"
+    )
+    server = TrackingServer(ServerSettings("sqlite:///x.db", None, "127.0.0.1", 1), log_path=path)
+    failure = server.failure("exited with code 0")
+    assert isinstance(failure, PortTaken) is taken and isinstance(failure, ServerError)
+    assert str(failure).startswith("MLflow server on http://127.0.0.1:1 exited with code 0: ")
+    assert log.split(":")[-1].strip() in str(failure)
