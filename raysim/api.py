@@ -57,7 +57,8 @@ class Result:
     summary: dict[str, float]
     """Final and best-round means over the benign training clients (`final/pm/acc`, `best/gm/acc`, ...)."""
     global_model: dict[str, torch.Tensor]
-    """The final global model's parameters by name (a state dict of the config's model without its buffers)."""
+    """The final global model's parameters and running statistics by name (a state dict of the config's model
+    without BatchNorm's batch counters)."""
     personalized_models: dict[int, dict[str, torch.Tensor]]
     """Each training client's final personalized model (the PM its scores are of), by client id; empty for an
     algorithm whose clients deploy the global model (FedAvg, FedProx) or when `run(..., personalized=False)`."""

@@ -20,7 +20,7 @@ from raysim.data.dataset import Task
 from raysim.models.composed import GatedHeads
 from raysim.models.gated import GatedHeadsNetwork
 from raysim.models.spec import ParamSpec
-from raysim.models.zoo import as_shape, build_module, initial_parameters
+from raysim.models.zoo import as_shape, build_module, carried_buffers, initial_parameters
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,13 @@ class FlatModel:
         """(weight, bias) names of a Flatten/Linear/ReLU stack, which `forward` runs without functional_call."""
         self.stochastic = any(isinstance(layer, nn.Dropout) and layer.p > 0 for layer in self.module.modules())
         """The network has dropout: off (eval mode) except in `loss_and_grad` given a `dropout_seed`."""
+        self.normalizations = [
+            layer
+            for layer in self.module.modules()
+            if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.track_running_stats
+        ]
+        """The layers with running statistics (BatchNorm): on their batches' statistics only while training."""
+        self._recording: torch.Tensor | None = None
         self.module.eval()
         self._composed: dict[GatedHeads, GatedHeadsModel] = {}
 
@@ -63,6 +70,11 @@ class FlatModel:
         """A stack of Flatten, Linear and ReLU layers (mlr, mlp, linear): batched matrix products train many clients
         at once faster than one at a time, even on a CPU."""
         return self.layers is not None
+
+    @property
+    def has_statistics(self) -> bool:
+        """The vector carries running statistics (a network with BatchNorm)."""
+        return bool(self.spec.statistics)
 
     def initial_parameters(self, seed: int) -> np.ndarray:
         return initial_parameters(self.module, seed).numpy()
@@ -96,8 +108,54 @@ class FlatModel:
         return hidden
 
     def _through_module(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The module's own forward with its parameters taken from `flat` (hooks on its layers fire)."""
-        return functional_call(self.module, self.spec.unflatten(flat), (x,))
+        """The module's own forward with its parameters (and running statistics) taken from `flat` (hooks on its
+        layers fire). Within `batch_statistics`, the pass that is differentiated records the running statistics its
+        batch updates."""
+        tensors = self.spec.unflatten(flat)
+        if not self.spec.statistics:
+            return functional_call(self.module, tensors, (x,))
+        # No gradient flows into running statistics; while training they are copies, which the layers update.
+        into = self._recording if len(x) > 1 else None  # one sample has no batch statistics: it is scored as is
+        running = {name: tensors[name].detach() for name in self.spec.statistics}
+        if into is not None:
+            running = {name: value.clone() for name, value in running.items()}
+        with self._normalizing(by_batch=into is not None):
+            outputs = functional_call(self.module, {**tensors, **running}, (x,))
+        if into is not None and flat.requires_grad:
+            for name, value in running.items():
+                into[self.spec.slice(name)] = value.reshape(-1)
+        return outputs
+
+    @contextmanager
+    def batch_statistics(self, into: torch.Tensor | None) -> Iterator[None]:
+        """Training mode for the normalization layers within the block: each normalizes by its batch's statistics,
+        and the running statistics that the differentiated pass updates (momentum 0.1, as torch's BatchNorm) are
+        written into `into`'s statistics coordinates (raysim.models.spec.ParamSpec.statistics). A batch of one
+        sample, which has no batch statistics (torch refuses it), is normalized by the running ones and leaves them
+        as they are. Without the block, or for a model without running statistics, the network is the function
+        evaluation scores."""
+        if into is None or not self.spec.statistics:
+            yield
+            return
+        self._recording = into
+        try:
+            yield
+        finally:
+            self._recording = None
+
+    @contextmanager
+    def _normalizing(self, by_batch: bool) -> Iterator[None]:
+        """The normalization layers in training mode (batch statistics) for the block when `by_batch`."""
+        if not by_batch:
+            yield
+            return
+        for layer in self.normalizations:
+            layer.train()
+        try:
+            yield
+        finally:
+            for layer in self.normalizations:
+                layer.eval()
 
     def features(self, flat: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(penultimate features, logits): the features are the input of the network's last linear layer
@@ -219,17 +277,29 @@ def gated_network(network: nn.Module, heads: GatedHeads) -> GatedHeadsNetwork:
 
 
 def param_spec(module: nn.Module, model: str = "") -> ParamSpec:
-    """The layout of a module's parameters in the flat vector, in `named_parameters` order; `model`: its registered
-    name (personalization presets look up the model's table by it, raysim.models.spec.personalization)."""
+    """The layout of a module's parameters in the flat vector, in `named_parameters` order, then its running
+    statistics (raysim.models.zoo.carried_buffers); `model`: its registered name (personalization presets look up the
+    model's table by it, raysim.models.spec.personalization)."""
     names, shapes, offsets, offset = [], [], [], 0
-    for name, param in module.named_parameters():
+    statistics = carried_buffers(module)
+    for name, tensor in [*module.named_parameters(), *statistics]:
         names.append(name)
-        shapes.append(tuple(param.shape))
+        shapes.append(tuple(tensor.shape))
         offsets.append(offset)
-        offset += param.numel()
+        offset += tensor.numel()
     prefix, head = last_linear(module)
     head_names = tuple(f"{prefix}.{part}" for part in ("weight", "bias") if getattr(head, part) is not None)
-    return ParamSpec(tuple(names), tuple(shapes), tuple(offsets), model, head_names)
+    norms = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+    normalization = tuple(name for name, layer in module.named_modules() if isinstance(layer, norms))
+    return ParamSpec(
+        tuple(names),
+        tuple(shapes),
+        tuple(offsets),
+        model,
+        head_names,
+        tuple(name for name, _ in statistics),
+        normalization,
+    )
 
 
 def last_linear(module: nn.Module) -> tuple[str, nn.Linear]:

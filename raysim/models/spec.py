@@ -84,11 +84,32 @@ class ParamSpec:
     """The parameters of the network's head, its last linear layer: its weight [outputs, features], then its bias if
     it has one. The head's input is the network's features z = f(x) (raysim.models.flat.FlatModel.features), its
     output the logits; everything before it is the body (feature extractor). () when unknown (a hand-made layout)."""
+    statistics: tuple[str, ...] = ()
+    """The running statistics among `names` (BatchNorm's running mean and variance: the module's floating-point
+    buffers), laid out after every parameter. They are part of a client's vector, so they are kept, sent, averaged
+    and checkpointed wherever the vector is, and personal where their layer is; no gradient moves them: training
+    writes the statistics of its batches into them (raysim.models.flat.FlatModel.batch_statistics)."""
 
     @property
     def size(self) -> int:
         last = self.shapes[-1] if self.shapes else ()
         return (self.offsets[-1] + int(np.prod(last))) if self.offsets else 0
+
+    normalization: tuple[str, ...] = ()
+    """The module prefixes of the normalization layers (BatchNorm, GroupNorm, LayerNorm, InstanceNorm): what the
+    `normalization` split preset keeps personal (FedBN)."""
+
+    @property
+    def parameter_count(self) -> int:
+        """The number of trainable values: the vector's size less its running statistics."""
+        return self.size - sum(int(np.prod(self.shapes[self.names.index(name)])) for name in self.statistics)
+
+    def statistics_mask(self) -> np.ndarray:
+        """Boolean, vector-sized: True on the running statistics' coordinates."""
+        mask = np.zeros(self.size, dtype=bool)
+        for name in self.statistics:
+            mask[self.slice(name)] = True
+        return mask
 
     def slice(self, name: str) -> slice:
         index = self.names.index(name)

@@ -12,7 +12,7 @@ each factory imports torch when it builds. Every model here is a deterministic f
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from raysim.examples import ExampleContext, Fragment
@@ -53,6 +53,23 @@ def mlp(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     )
 
 
+@MODELS.register("mlp_bn")
+def mlp_bn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """784-128-64-10 with BatchNorm1d before each ReLU (109,770 parameters; FedBN's and FL-bench's BN variant)."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(math.prod(input_shape), 128),
+        nn.BatchNorm1d(128),
+        nn.ReLU(),
+        nn.Linear(128, 64),
+        nn.BatchNorm1d(64),
+        nn.ReLU(),
+        nn.Linear(64, outputs),
+    )
+
+
 @MODELS.register("cnn", personalization={"output": ("7", "9")})  # fc1, fc2 (fedapm.md 2; code layer_num=4)
 def cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """The CIFAR-10 CNN: conv3x3(16)-pool-conv3x3(32)-pool-FC128-FC (268,650 parameters on 3x32x32)."""
@@ -64,6 +81,28 @@ def cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * (height // 4) * (width // 4), 128),
+        nn.ReLU(),
+        nn.Linear(128, outputs),
+    )
+
+
+@MODELS.register("cnn_bn", personalization={"output": ("9", "11")})  # fc1, fc2
+def cnn_bn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """The CIFAR-10 CNN with BatchNorm2d after each convolution (268,746 parameters on 3x32x32; FedBN's variant)."""
+    from torch import nn
+
+    channels, height, width = _image_input("cnn_bn", input_shape)
+    return nn.Sequential(
+        nn.Conv2d(channels, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
@@ -147,12 +186,28 @@ def resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     7x7 stem and a last layer with bias, as their code builds it."""
     from torch import nn
 
+    return _resnet18("resnet18_gn", input_shape, outputs, lambda channels: nn.GroupNorm(2, channels))
+
+
+@MODELS.register("resnet18_bn")
+def resnet18_bn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """resnet18_gn with torchvision's own BatchNorm2d (its running statistics carried after the parameters)."""
+    from torch import nn
+
+    return _resnet18("resnet18_bn", input_shape, outputs, nn.BatchNorm2d)
+
+
+def _resnet18(
+    name: str, input_shape: tuple[int, ...], outputs: int, norm_layer: Callable[[int], nn.Module]
+) -> nn.Module:
+    from torch import nn
+
     from raysim.torchvision_compat import import_torchvision
 
     if len(input_shape) != 3:
-        raise ValueError(f"model.name=resnet18_gn needs image input (channels, height, width), got {input_shape}")
+        raise ValueError(f"model.name={name} needs image input (channels, height, width), got {input_shape}")
     torchvision = import_torchvision()
-    net = torchvision.models.resnet18(num_classes=outputs, norm_layer=lambda channels: nn.GroupNorm(2, channels))
+    net = torchvision.models.resnet18(num_classes=outputs, norm_layer=norm_layer)
     channels, height, width = input_shape
     if max(height, width) <= 32:
         net.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
@@ -183,6 +238,24 @@ def resnet32x4(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 
     channels, _, _ = _image_input("resnet32x4", input_shape)
     return CifarResNet(blocks=5, channels=channels, outputs=outputs)
+
+
+@MODELS.register("resnet8x4_bn")
+def resnet8x4_bn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """CRD's CIFAR ResNet8x4 as the authors built it, with BatchNorm (AugFL's client model in their code)."""
+    from raysim.models.cifar_resnet import CifarResNet
+
+    channels, _, _ = _image_input("resnet8x4_bn", input_shape)
+    return CifarResNet(blocks=1, channels=channels, outputs=outputs, norm="batch")
+
+
+@MODELS.register("resnet32x4_bn")
+def resnet32x4_bn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """CRD's CIFAR ResNet32x4 as the authors built it, with BatchNorm (AugFL's teacher in their code)."""
+    from raysim.models.cifar_resnet import CifarResNet
+
+    channels, _, _ = _image_input("resnet32x4_bn", input_shape)
+    return CifarResNet(blocks=5, channels=channels, outputs=outputs, norm="batch")
 
 
 def _crisismmd_example(context: ExampleContext) -> Fragment:
@@ -262,8 +335,15 @@ def reset_parameters(module: nn.Module) -> None:
             reset()
 
 
+def carried_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The buffers a model's vector carries after its parameters: the floating-point ones (BatchNorm's running mean
+    and variance); its integer batch counter is not (BatchNorm with a momentum never reads it)."""
+    return [(name, buffer) for name, buffer in module.named_buffers() if buffer.is_floating_point()]
+
+
 def initial_parameters(module: nn.Module, seed: int) -> torch.Tensor:
-    """Re-initialize `module` from `seed` and return its parameters as one flat float32 vector."""
+    """Re-initialize `module` from `seed` and return its parameters, then its running statistics (carried_buffers),
+    as one flat float32 vector."""
     import torch
 
     generator_state = torch.random.get_rng_state()
@@ -272,4 +352,5 @@ def initial_parameters(module: nn.Module, seed: int) -> torch.Tensor:
         reset_parameters(module)
     finally:
         torch.random.set_rng_state(generator_state)
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).to(torch.float32)
+    tensors = [*module.parameters(), *(buffer for _, buffer in carried_buffers(module))]
+    return torch.cat([tensor.detach().reshape(-1) for tensor in tensors]).to(torch.float32)

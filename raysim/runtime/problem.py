@@ -86,8 +86,8 @@ def prepare(config: ExperimentConfig) -> Problem:
         model = spec.build()
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    if config.model.init == "zeros":
-        init = np.zeros(model.spec.size, np.float32)
+    if config.model.init == "zeros":  # the parameters; running statistics (BatchNorm) start as built
+        init = np.where(model.spec.statistics_mask(), model.initial_parameters(0), 0.0).astype(np.float32)
     else:
         init_seed = config.seed if config.model.init == "authors" else torch_seed(config.seed, Stream.MODEL_INIT)
         init = model.initial_parameters(init_seed)

@@ -24,8 +24,8 @@ CLIENT_MODELS = "client_models.npz"
 
 def global_module(spec: ModelSpec, params: np.ndarray) -> torch.nn.Module:
     """The run's network (`model.name`) holding the flat vector `params`, in eval mode: the function the hosts
-    scored as the GM, on inputs normalized as the hosts give them (raysim.api.Result.test_data). Buffers (none in
-    most of the zoo) keep their built values, as in the hosts' scoring: the flat vector holds parameters only."""
+    scored as the GM, on inputs normalized as the hosts give them (raysim.api.Result.test_data), its running
+    statistics (BatchNorm's; none in most of the zoo) from the vector too."""
     import torch
 
     network = spec.build()

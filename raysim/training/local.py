@@ -256,6 +256,8 @@ class LocalTrainer:
         loss_term = next((term for term in terms if term.replaces_loss), None)
         noisy = self.model.stochastic or request.draws
         velocity = torch.zeros_like(x) if request.momentum else None
+        statistics = self._statistics_written(mask)
+        running = x.clone() if statistics is not None else None
         losses: list[float] = []
         for batch in training_batches(request, data.train, generator):
             xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
@@ -263,10 +265,11 @@ class LocalTrainer:
             point = x
             for term in terms:
                 point = term.evaluated_at(point)
-            if loss_term is None:
-                loss, grad = self.model.loss_and_grad(point, xb, yb, seed)
-            else:
-                loss, grad = loss_term.loss_and_grad(self.model, point, xb, yb, seed)
+            with self.model.batch_statistics(running):
+                if loss_term is None:
+                    loss, grad = self.model.loss_and_grad(point, xb, yb, seed)
+                else:
+                    loss, grad = loss_term.loss_and_grad(self.model, point, xb, yb, seed)
             losses.append(loss)
             if request.weight_decay:
                 grad.add_(x, alpha=request.weight_decay)
@@ -282,9 +285,19 @@ class LocalTrainer:
                 mapped = term.proximal(x, request.lr, self.model)
                 if mapped is not x:  # a frozen coordinate stays where the step left it
                     x = mapped if mask is None else torch.where(mask, mapped, x)
+            if statistics is not None and running is not None:
+                x = torch.where(statistics, running, x)
         return SGDResult(
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )
+
+    def _statistics_written(self, trained: torch.Tensor | None) -> torch.Tensor | None:
+        """The coordinates a training step sets to its batch's running statistics rather than moves by a gradient
+        (those of a layer that trains: a frozen layer's statistics stay as they are), or None when there are none."""
+        if not self.model.has_statistics:
+            return None
+        statistics = torch.from_numpy(self.model.spec.statistics_mask())
+        return statistics if trained is None else statistics & trained
 
     def train_model(
         self,
@@ -298,6 +311,8 @@ class LocalTrainer:
         `epochs` fresh shuffles; `on_step(epoch, loss)` after every step (a progress bar)."""
         x = torch.from_numpy(np.array(request.start, dtype=np.float32))
         velocity = torch.zeros_like(x)
+        statistics = self._statistics_written(None)
+        running = x.clone() if statistics is not None else None
         losses: list[float] = []
         one_pass = LocalSGD(request.start, 1, request.lr, request.batch_size)
         for epoch in range(request.epochs):
@@ -305,10 +320,13 @@ class LocalTrainer:
             for batch in training_batches(one_pass, data.train, generator):
                 xb, yb = (torch.from_numpy(a) for a in data.batch(batch, generator, training=True))
                 dropout_seed = int(generator.integers(2**62)) if self.model.stochastic else None
-                loss, grad = self.model.loss_and_grad(x, xb, yb, dropout_seed)
+                with self.model.batch_statistics(running):
+                    loss, grad = self.model.loss_and_grad(x, xb, yb, dropout_seed)
                 grad.add_(x, alpha=request.weight_decay)
                 velocity.mul_(request.momentum).add_(grad)
                 x.sub_(velocity, alpha=lr)
+                if statistics is not None and running is not None:
+                    x = torch.where(statistics, running, x)
                 losses.append(loss)
                 if on_step is not None:
                     on_step(epoch, loss)

@@ -101,6 +101,8 @@ class VectorizedTrainer:
             f"model {model.name!r} has dropout, whose masks each client draws from its own stream (FedAPM's "
             "multimodal models, which have it, also ran slower stacked: docs/performance.md)"
             if model.stochastic
+            else f"model {model.name!r} has running statistics (BatchNorm), which each client's own batches update"
+            if model.has_statistics
             else self._probe()
         )
         """Why this model cannot be trained vectorized (every request then runs on LocalTrainer), or None."""

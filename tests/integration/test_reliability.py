@@ -16,6 +16,7 @@ from raysim.runtime.driver import DivergenceError, resume_experiment, run_experi
 from tests.support.cluster import free_port
 from tests.support.experiments import IN_PROCESS
 from tests.support.reliability import ROUNDS, baseline_run, reliability_config, steps_logged
+from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.xdist_group("integration-reliability")
 """One worker runs this module's tests: its uninterrupted baseline run is made once."""
@@ -50,6 +51,29 @@ def test_resumed_run_equals_uninterrupted_run(baseline, mlflow_uri, tmp_path):
     assert sorted(steps_logged(mlflow_uri, run_id, "pm/acc")) == list(range(ROUNDS + 1))
     assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "FINISHED"
     assert (tmp_path / "ckpt" / run_id / "round-000004" / "manifest.json").exists()
+
+
+def test_a_batchnorm_run_resumes_with_its_running_statistics_exactly(tmp_path):
+    """The running statistics are in every client's and the global vector, so the checkpoint holds them: FLAME
+    (personal models, duals) with mlp_bn, interrupted after round 3 and resumed, ends as the uninterrupted run."""
+    runs = {}
+    for name in ("whole", "resumed"):
+        data = reliability_config(fresh_store(tmp_path / name / "m.db"), tmp_path / name, IN_PROCESS)
+        data["model"] = {"name": "mlp_bn"}
+        runs[name] = validate_config(data)
+    whole = run_experiment(runs["whole"], show_progress=False)
+
+    def die(round_index, simulation):
+        if round_index == 2:
+            raise KeyboardInterrupt("driver killed")
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(runs["resumed"], show_progress=False, inspect=die)
+    uri = runs["resumed"].tracking.uri
+    client = MlflowClient(uri)
+    run_id = client.search_runs([client.get_experiment_by_name("tests").experiment_id])[0].info.run_id
+    resumed = resume_experiment(run_id, uri, show_progress=False)
+    assert resumed.summary == whole.summary and repr(resumed.final) == repr(whole.final)
 
 
 def test_nonfinite_upload_stops_the_run_and_marks_it_failed(mlflow_uri, tmp_path):

@@ -83,3 +83,24 @@ def test_a_run_saves_its_final_models_for_a_reader(mlflow_uri, monkeypatch):
     over_the_cap = _artifacts(mlflow_uri, _run(mlflow_uri, "all", max_mb=1e-6).run_id)  # a cap of 1 byte
     assert "global_model" in over_the_cap and "client_models.npz" not in over_the_cap
     assert not {"global_model", "client_models.npz"} & _artifacts(mlflow_uri, _run(mlflow_uri, "none").run_id)
+
+
+def test_a_batchnorm_models_saved_global_model_holds_its_running_statistics(mlflow_uri, monkeypatch):
+    """The running statistics are part of the final global model (FedAvg averages them with the parameters): the
+    saved network holds them as its buffers, in eval mode, and scores each client's test split as the hosts did."""
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", mlflow_uri)
+    result = _run(
+        mlflow_uri, "global", algorithm={"name": "fedavg", "lr": 0.05, "batch_size": 8}, model={"name": "mlp_bn"}
+    )
+    network = mlflow.pytorch.load_model(f"runs:/{result.run_id}/global_model")
+    assert not network.training
+    buffers = dict(network.named_buffers())
+    statistics = [name for name in result.global_model if name.endswith(("running_mean", "running_var"))]
+    assert statistics and all(torch.equal(buffers[name], result.global_model[name]) for name in statistics)
+    assert not torch.equal(result.global_model[statistics[0]], torch.zeros_like(result.global_model[statistics[0]]))
+    clients = pd.read_parquet(
+        mlflow.artifacts.download_artifacts(run_id=result.run_id, artifact_path="clients.parquet")
+    ).set_index("client_id")
+    for client_id in range(result.config.clients.count):
+        x, y = result.test_data(client_id)
+        assert _accuracy(network, x, y) == pytest.approx(clients.loc[client_id, "gm_test_acc"], abs=1e-12)

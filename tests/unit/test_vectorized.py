@@ -157,16 +157,29 @@ def test_other_models_run_through_vmap(caplog):
     assert caplog.records == []  # perceptrons are batched matrix products, fast on a CPU
 
 
+class _SignFlip(nn.Module):
+    """A network whose control flow depends on its data, which vmap refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flatten, self.linear = nn.Flatten(), nn.Linear(24, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.linear(self.flatten(x))
+        return hidden if hidden.sum() > 0 else -hidden
+
+
 def test_model_that_cannot_be_vmapped_falls_back_to_one_client_at_a_time():
-    """BatchNorm updates its running statistics in place, which vmap refuses: the trainer says why and
-    gives LocalTrainer's results exactly."""
+    """A model on which one vectorized step fails (the trainer tries one first): the trainer says why and gives
+    LocalTrainer's results exactly. (A BatchNorm model falls back by rule: tests/unit/test_batch_norm.py.)"""
     model = FlatModel("mlr", INPUT, CLASSES)
-    model.module = nn.Sequential(nn.Flatten(), nn.Linear(24, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 5))
+    model.module = _SignFlip()
     model.spec = param_spec(model.module)
-    clients = client_data([30, 18], seed=10)  # no one-sample batch, which BatchNorm refuses in training
+    model.layers = None
+    clients = client_data([30, 18], seed=10)
     requests = _requests(model, 2, seed=11)
     trainer = VectorizedTrainer(model)
-    assert trainer.mode == "sequential" and "running_mean" in trainer.unavailable
+    assert trainer.mode == "sequential" and "cannot be trained vectorized" in trainer.unavailable
     expected = [LocalTrainer(model).sgd(*job) for job in _jobs(requests, clients, 0)]
     for want, got in zip(expected, trainer.sgd(_jobs(requests, clients, 0)), strict=True):
         assert np.array_equal(got.params, want.params) and got.mean_loss == want.mean_loss

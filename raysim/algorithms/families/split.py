@@ -16,7 +16,9 @@ from raysim.algorithms.settings import AlgorithmSettings
 from raysim.errors import ConfigError
 from raysim.models.spec import ParamSpec, personalization
 
-SplitPreset = Literal["output", "input", "split_input", "split_input_code", "first_layer", "last_layer"]
+SplitPreset = Literal[
+    "output", "input", "split_input", "split_input_code", "first_layer", "last_layer", "normalization"
+]
 
 
 class SplitSettings(AlgorithmSettings):
@@ -31,7 +33,8 @@ class SplitSettings(AlgorithmSettings):
         description="the personal modules: a strategy of fedapm.md 2 from the model's table (input, output, "
         "split_input, split_input_code: the authors' code's both encoders), or for a model without a table "
         "`output` = the layers after the last convolution (the last layer without convolutions); any model: "
-        "first_layer, last_layer",
+        "first_layer, last_layer; a model with normalization layers: normalization (their parameters and running "
+        "statistics, FedBN)",
     )
 
 
@@ -47,9 +50,11 @@ def _layers(params: ParamSpec) -> list[str]:
 
 def allowed_presets(params: ParamSpec) -> tuple[str, ...]:
     """The presets that mean something for this model: its table's strategies (or `output` by the generic rule
-    when it has none), and the positional first_layer and last_layer."""
+    when it has none), the positional first_layer and last_layer, and normalization for a model that has such
+    layers."""
     table = personalization(params.model)
-    return (*(table if table else ("output",)), "first_layer", "last_layer")
+    normalization = ("normalization",) if params.normalization else ()
+    return (*(table if table else ("output",)), "first_layer", "last_layer", *normalization)
 
 
 def preset_names(preset: str, params: ParamSpec) -> list[str]:
@@ -71,6 +76,8 @@ def preset_names(preset: str, params: ParamSpec) -> list[str]:
                 )
             names += matched
         return names
+    if preset == "normalization":
+        return [n for n in params.names if n.rsplit(".", 1)[0] in params.normalization]
     layers = _layers(params)
     if preset == "first_layer":
         chosen = layers[:1]
