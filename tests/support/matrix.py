@@ -198,11 +198,14 @@ def model_sections(model: str, context: ExampleContext) -> Fragment:
 
 def takes(cell: Cell, model: str) -> bool:
     """Whether the cell's algorithm and scheme examples leave the sections the model's example sets alone, so that
-    the model can run in it (the file scheme replays the base dataset's partition: none of its own)."""
+    the model can run in it (the file scheme replays the base dataset's partition: none of its own), and the
+    algorithm names no model of its own."""
+    algorithm, scheme = fragments(cell, PLANNING)
+    if "model" in algorithm:  # an algorithm that names its model (FedBN: a BatchNorm one) runs that one
+        return False
     own = model_sections(model, PLANNING)
     if not own:
         return True
-    algorithm, scheme = fragments(cell, PLANNING)
     return cell.scheme != "file" and not (own.keys() & (algorithm.keys() | scheme.keys()) - {"algorithm"})
 
 
@@ -261,7 +264,8 @@ def experiment(cell: Cell, context: ExampleContext, uri: str, actors: str = "in_
         kind, rule = cell.threat
         tree["attack"] = {"kind": kind, "fraction": ATTACK_FRACTION}
         tree["aggregation"] = {"rule": rule}
-    tree["model"] = {**tree["model"], "name": cell.model}
+    if "model" not in own:  # else the algorithm's own model (`takes` gave it no other)
+        tree["model"] = {**tree["model"], "name": cell.model}
     tree.update(copy.deepcopy(model_sections(cell.model, context)))
     tree["algorithm"] = {**tree["algorithm"], **light_training(tree["algorithm"])}
     return tree

@@ -17,6 +17,12 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from raysim.algorithms.families.consensus import DeltaUpload, RunningMeanState, running_mean, start_running_mean
+from raysim.algorithms.families.server_optimizers import (
+    ServerOptimizerSettings,
+    ServerOptimizerState,
+    server_optimizer_step,
+    start_server_optimizer,
+)
 from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
 from raysim.algorithms.interface import (
     Algorithm,
@@ -82,11 +88,22 @@ class AveragingSettings(SGDSettings, SplitSettings):
         "path: FedAvg is then local training, FedProx pulls towards the client's previous model, the PM is scored)",
     )
 
+    server_optimizer: ServerOptimizerSettings = Field(
+        default_factory=ServerOptimizerSettings,
+        description="the server's step from the round's mean: none (the mean), momentum (FedAvgM), adagrad, adam, "
+        "yogi (FedOpt, Reddi et al. 2021), with its lr, beta1, beta2 and tau",
+    )
+
     @model_validator(mode="after")
     def _check_shared_start(self) -> AveragingSettings:
         if self.shared_start == "local" and not self.shared_only:
             raise ValueError(
                 "algorithm.shared_start='local' is the authors' code's shared-only path: set algorithm.shared_only=true"
+            )
+        if self.shared_only and self.server_optimizer.kind != "none":
+            raise ValueError(
+                "algorithm.server_optimizer applies to the mean of the selected clients; algorithm.shared_only keeps "
+                "the mean of all clients' latest shared parts: set server_optimizer.kind=none or shared_only=false"
             )
         return self
 
@@ -108,6 +125,8 @@ class AveragingServerState:
     w: Vector
     running: RunningMeanState | None = None
     """`shared_only`: the mean over all m clients of their latest shared parts (w's shared part), and their sum."""
+    optimizer: ServerOptimizerState | None = None
+    """The server optimizer's moments (`server_optimizer`), None for the plain mean."""
 
 
 ClientState = AveragingClientState | SharedOnlyClientState
@@ -132,7 +151,8 @@ class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, 
 
     def init_server(self, init_params: Vector, num_clients: int) -> AveragingServerState:
         if not self.settings.shared_only:
-            return AveragingServerState(init_params.copy())
+            optimizer = start_server_optimizer(self.settings.server_optimizer, init_params)
+            return AveragingServerState(init_params.copy(), optimizer=optimizer)
         return AveragingServerState(init_params.copy(), start_running_mean(init_params[self.shared], num_clients))
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> ClientState:
@@ -185,12 +205,24 @@ class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, 
 
     def server_step(self, server: AveragingServerState, total: WeightedUpload | DeltaUpload, num_selected: int):
         if server.running is None:
-            w, metrics = weighted_average(total, server.w)  # w = sum_i n_i theta_i / sum_i n_i (or uniform)
-            return AveragingServerState(w), metrics
+            return self.averaged(server, total)
         running, metrics = running_mean(server.running, total)  # u = (1/m) sum_i u_i over ALL m (fedapm.md 1.5)
         w = server.w.copy()
         w[self.shared] = running.w
         return AveragingServerState(w, running), metrics
+
+    def averaged(
+        self, server: AveragingServerState, total: WeightedUpload | DeltaUpload
+    ) -> tuple[AveragingServerState, dict]:
+        """The server state after this round's weighted mean, w = sum_i a_i theta_i / sum_i a_i (a_i = n_i or 1),
+        taken through the server optimizer (families/server_optimizers.py; `none`: the mean itself)."""
+        mean, metrics = weighted_average(total, server.w)
+        optimizer = self.settings.server_optimizer
+        statistics = self.params.statistics_mask() if self.params.statistics else None
+        w, moments = server_optimizer_step(optimizer, server.optimizer, server.w, mean, statistics)
+        if moments is not None:
+            metrics = server_metrics(w, server.w)
+        return AveragingServerState(w, optimizer=moments), metrics
 
     def message_coordinates(self, params: Vector) -> Vector:
         return params[self.shared] if self.settings.shared_only else params
