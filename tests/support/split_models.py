@@ -46,3 +46,17 @@ def check_round(algorithm: dict, selected: list[int], model: str = "mlp") -> tup
             else:
                 assert got.tobytes() == was.tobytes(), f"unselected client {client} changed its {field.name}"
     return sim, expected
+
+
+def step_results(sim: InProcess, client: int, broadcast) -> tuple[object, list]:
+    """Client `client`'s step from its current state on `broadcast`, run with the host's own executor (the same
+    draws as a round): its update and the result of each of its requests, in order."""
+    results: list = []
+    execute = sim.host.steps.client_executor(client, 1)
+
+    def run(request):
+        results.append(execute(request))
+        return results[-1]
+
+    update = run_client_step(sim.host.algorithm, sim.host.info[client], sim.states[client], broadcast, run)
+    return update, results
