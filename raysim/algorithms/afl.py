@@ -4,7 +4,8 @@ Sivek and Suresh, "Agnostic Federated Learning", ICML 2019, arXiv:1902.00146, Al
 The objective is min_w max_{lambda in the simplex} sum_k lambda_k F_k(w). The server keeps w and the mixture
 weights lambda (uniform at start); each round a selected client k computes its training loss F_k(w) and full-batch
 gradient grad F_k(w) at the received model (one gradient, the algorithm's stochastic gradient at full batch) and
-uploads lambda_k grad F_k(w) and its loss, and the server takes the projected gradient steps of Algorithm 1,
+uploads its share of the model's step, -gamma_w lambda_k grad F_k(w) (at the round's rate, so that `lr_decay`
+decays it as every local rate), and its loss; the server takes the projected gradient steps of Algorithm 1,
 
     w      <- w - gamma_w (m / |S|) sum_{k in S} lambda_k grad F_k(w)              (descent on w)
     lambda <- Proj_simplex(lambda + gamma_lambda (m / |S|) sum_{k in S} F_k(w) e_k)   (ascent on lambda)
@@ -35,10 +36,10 @@ from raysim.algorithms.interface import (
     server_metrics,
 )
 from raysim.algorithms.requests import FullGradient, Vector, gradient
-from raysim.algorithms.settings import AlgorithmSettings
+from raysim.algorithms.settings import LrSchedule
 
 
-class AflSettings(AlgorithmSettings):
+class AflSettings(LrSchedule):
     name: Literal["afl"] = "afl"
     lr: float = Field(0.1, gt=0, description="gamma_w: the step on the model")
     lambda_lr: float = Field(0.01, gt=0, description="gamma_lambda: the step on the mixture weights")
@@ -53,8 +54,8 @@ class AflBroadcast:
 
 @dataclass
 class AflUpload(Upload):
-    weighted_gradient: Vector
-    """lambda_k grad F_k(w)."""
+    step: Vector
+    """-gamma_w lambda_k grad F_k(w)."""
     losses: Vector
     """F_k(w) at position k, zero elsewhere."""
 
@@ -100,13 +101,13 @@ class Afl(Algorithm[AflSettings, AflClientState, AflServerState, AflBroadcast, A
         at_w = yield from gradient(FullGradient(received.w, "train"))
         losses = np.zeros(len(received.mixture))
         losses[client.id] = at_w.loss
-        weighted = received.mixture[client.id] * np.asarray(at_w.grad, np.float64)
+        weighted = -self.settings.lr * received.mixture[client.id] * np.asarray(at_w.grad, np.float64)
         metrics = {"train_loss": float(at_w.loss), "mixture_weight": float(received.mixture[client.id])}
         return ClientUpdate(state, AflUpload(weighted, losses), metrics)
 
     def server_step(self, server: AflServerState, total: AflUpload, num_selected: int):
         s, scale = self.settings, len(server.mixture) / num_selected
-        w = (server.w - s.lr * scale * total.weighted_gradient).astype(np.float32)
+        w = (server.w + scale * total.step).astype(np.float32)
         mixture = project_to_simplex(server.mixture + s.lambda_lr * scale * total.losses)
         metrics = {**server_metrics(w, server.w), "mixture_max": float(mixture.max())}
         return AflServerState(w, mixture), metrics
@@ -116,7 +117,7 @@ class Afl(Algorithm[AflSettings, AflClientState, AflServerState, AflBroadcast, A
 
     def uplink_bytes(self, upload: AflUpload) -> int:
         """The gradient and the client's one loss (the vector form only serves the exact sum)."""
-        return payload_bytes(upload.weighted_gradient) + 4
+        return payload_bytes(upload.step) + 4
 
     def downlink_bytes(self, broadcast: AflBroadcast) -> int:
         """The model and the client's own mixture weight."""

@@ -231,17 +231,20 @@ class ServerContext:
 
 
 class Algorithm(ABC, Generic[P, C, S, B, U]):
-    """One federated algorithm. Subclasses set `name` and `Settings` and implement the steps."""
+    """One federated algorithm. Subclasses set `name` and `Settings` and implement the six abstract methods of the
+    round; the other hooks, grouped below by what they are for, have defaults that most methods keep."""
 
     name: ClassVar[str]
     Settings: ClassVar[type[AlgorithmSettings]]
     Upload: ClassVar[type[Upload]]
     stacks: ClassVar[bool] = False
+    """`client_step` also runs on a ClientChunk whose state is stacked (ClientChunk; raysim.execution.drivers):
+    a vectorized host then updates a chunk of clients in a few array operations instead of one client at a time."""
     scales_loss: ClassVar[bool] = False
     """Its client step weights every local loss by `SGDSettings.loss_scale` (`SGDSettings.scaled`); the config
     refuses loss_scale 1/m for the others (FedAPM, FLAME and FedADMM weight their loss by alpha_i instead)."""
-    """`client_step` also runs on a ClientChunk whose state is stacked (ClientChunk; raysim.execution.drivers):
-    a vectorized host then updates a chunk of clients in a few array operations instead of one client at a time."""
+
+    # Construction.
 
     def __init__(self, settings: P, params: ParamSpec):
         self.settings = settings
@@ -257,6 +260,8 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         at_round = copy.copy(self)
         at_round.settings = settings
         return at_round
+
+    # The round: state, what is sent, the two steps and the global model (the abstract methods).
 
     @abstractmethod
     def init_server(self, init_params: Vector, num_clients: int) -> S:
@@ -278,6 +283,12 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def server_step(self, server: S, total: U, num_selected: int) -> tuple[S, dict[str, float]]:
         """The server update from the sum of the selected clients' uploads."""
 
+    @abstractmethod
+    def global_model(self, server: S) -> Vector:
+        """The global model (GM) evaluated on every client."""
+
+    # A server that reads each client's message (robust aggregation's rules need them one by one).
+
     @classmethod
     def reads_messages(cls, settings: P) -> bool:
         """Whether, with these settings, the server step needs each selected client's own message by client id
@@ -292,15 +303,7 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         message it sent (Algorithm.message). Default: `server_step`."""
         return self.server_step(server, total, num_selected)
 
-    @abstractmethod
-    def global_model(self, server: S) -> Vector:
-        """The global model (GM) evaluated on every client."""
-
-    def model_tables(self, global_params: Vector) -> dict[str, dict[str, list]]:
-        """Tables describing the final global model, by name, each as columns (name -> equally long lists): the run
-        logs each as the artifacts `<name>.parquet` and `<name>.json` (an MLflow table) when it ends (FedSLR:
-        `spectra`, the singular values of every matrixized layer of the GKR). Default: none."""
-        return {}
+    # Evaluation: the models each client is scored with.
 
     def personalized_model(self, state: C) -> Vector | None:
         """The client's personalized model (PM); None means the client deploys the global model."""
@@ -321,11 +324,31 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         global model and `evaluation_context`."""
         raise NotImplementedError(f"algorithm {self.name!r} has no personalized network")
 
+    def extra_models(self, state: C, global_params: Vector, context: Any = None) -> dict[str, Vector]:
+        """Further per-client models to score at evaluation, by name (FedSLR: `personal`, p_i alone), given the
+        global model and `evaluation_context`; each is summarized as `<name>/acc`, `<name>/loss`, ... like PM and
+        GM. Default: none."""
+        return {}
+
+    def evaluation_context(self, server: S) -> Any:
+        """What the clients' models at evaluation need of the server state besides the global model (FedProto: the
+        global prototypes, for nearest-prototype inference); the runtime sends it to every host with the global
+        model and it reaches `extra_models`. Default: None."""
+        return None
+
     def adapt(self, client: ClientInfo, global_params: Vector) -> AdaptStep | None:
         """How a held-out client (`clients.heldout`: it never trains) gets its model from the current global
         one at evaluation, as a generator of requests like `client_step` (AugFL: one gradient step on its
         support set, augfl.md 2.3); None: it deploys the global model."""
         return None
+
+    def model_tables(self, global_params: Vector) -> dict[str, dict[str, list]]:
+        """Tables describing the final global model, by name, each as columns (name -> equally long lists): the run
+        logs each as the artifacts `<name>.parquet` and `<name>.json` (an MLflow table) when it ends (FedSLR:
+        `spectra`, the singular values of every matrixized layer of the GKR). Default: none."""
+        return {}
+
+    # Data only the server holds (a pretrained model, a transfer set).
 
     def server_data(self, context: ServerContext) -> ServerDataStep | None:
         """The data only the coordinator holds (e.g. a pretrained model and its transfer set), prepared once in
@@ -337,17 +360,7 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def setup_server(self, data: Any) -> None:
         """Take the server data that `server_data` returned (called once, on the coordinator only)."""
 
-    def evaluation_context(self, server: S) -> Any:
-        """What the clients' models at evaluation need of the server state besides the global model (FedProto: the
-        global prototypes, for nearest-prototype inference); the runtime sends it to every host with the global
-        model and it reaches `extra_models`. Default: None."""
-        return None
-
-    def extra_models(self, state: C, global_params: Vector, context: Any = None) -> dict[str, Vector]:
-        """Further per-client models to score at evaluation, by name (FedSLR: `personal`, p_i alone), given the
-        global model and `evaluation_context`; each is summarized as `<name>/acc`, `<name>/loss`, ... like PM and
-        GM. Default: none."""
-        return {}
+    # Communication and threats: bytes on the wire, and the message attacks and robust rules act on.
 
     def uplink_bytes(self, upload: U) -> int:
         """Bytes one client sends for `upload`: its vectors and numbers as float32 (override for compression)."""
@@ -356,6 +369,25 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def downlink_bytes(self, broadcast: B) -> int:
         """Bytes each selected client receives for `broadcast`, as float32 (override for factorized models)."""
         return payload_bytes(broadcast)
+
+    def message(self, update: ClientUpdate) -> Vector:
+        """The message an update sends (asked for only by attacks and robust aggregation): the upload's message
+        field over its weight. The one way to supply it otherwise: an algorithm whose upload is a change of its
+        message (Upload.delta) overrides this, computing the message from the new state."""
+        upload = update.upload
+        if upload.message_field is None or upload.delta:
+            raise NotImplementedError(
+                f"algorithm {self.name!r}: set Upload.message_field, and override Algorithm.message for a delta upload"
+            )
+        weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
+        return np.asarray(getattr(upload, upload.message_field), dtype=np.float64) / weight
+
+    def message_coordinates(self, params: Vector) -> Vector:
+        """The part of a full parameter vector that messages carry (all of it, unless the algorithm shares
+        only part of the model); the coordinator uses it for the initial messages and the clipping centre."""
+        return params
+
+    # The configuration matrix and the authors' batches.
 
     @classmethod
     def example(cls, context: ExampleContext) -> Fragment:
@@ -369,23 +401,6 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         order this algorithm's requests make them (`clients.batches: authors` replays them); None (default): no
         such code, or settings whose draws differ from it."""
         return None
-
-    def message_coordinates(self, params: Vector) -> Vector:
-        """The part of a full parameter vector that messages carry (all of it, unless the algorithm shares
-        only part of the model); the coordinator uses it for the initial messages and the clipping centre."""
-        return params
-
-    def message(self, update: ClientUpdate) -> Vector:
-        """The message an update sends (asked for only by attacks and robust aggregation): the upload's message
-        field over its weight. The one way to supply it otherwise: an algorithm whose upload is a change of its
-        message (Upload.delta) overrides this, computing the message from the new state."""
-        upload = update.upload
-        if upload.message_field is None or upload.delta:
-            raise NotImplementedError(
-                f"algorithm {self.name!r}: set Upload.message_field, and override Algorithm.message for a delta upload"
-            )
-        weight = getattr(upload, upload.weight_field) if upload.weight_field else 1.0
-        return np.asarray(getattr(upload, upload.message_field), dtype=np.float64) / weight
 
 
 def previous_message(algorithm: Algorithm, update: ClientUpdate) -> Vector | None:

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 
+from raysim.algorithms import ALGORITHMS as RAYSIM_ALGORITHMS
 from raysim.config import validate_config
 from raysim.runtime.problem import sample_clients
 from tests.support.experiments import tiny_config
@@ -14,15 +15,24 @@ from tests.support.experiments import tiny_config
 SGD = {"lr": 0.05, "batch_size": 32}
 
 
-NO_LOCAL_TRAINING = ("kd_only",)
-"""Algorithms without local SGD settings."""
+def sgd_settings(name: str) -> dict[str, float]:
+    """SGD's small settings, those of them the algorithm's settings have (AFL has a rate and no batches, KD only
+    neither)."""
+    fields = RAYSIM_ALGORITHMS.get(name).Settings.model_fields
+    return {key: value for key, value in SGD.items() if key in fields}
+
+
+def model_for(name: str) -> str:
+    """The model a tiny run of the algorithm takes: its own (FedBN: a BatchNorm one), a model of several layers for a
+    split method, else MLR."""
+    return MODELS.get(name, "mlp" if name in SPLIT else "mlr")
 
 
 def algorithm_config(name: str, **sections):
     return validate_config(
         tiny_config(
-            algorithm={"name": name, **({} if name in NO_LOCAL_TRAINING else SGD), **ALGORITHMS[name]},
-            model={"name": "mlp" if name in SPLIT else "mlr"},
+            algorithm={"name": name, **sgd_settings(name), **ALGORITHMS[name]},
+            model={"name": model_for(name)},
             clients={"count": 5, "per_round": 2},
             rounds=3,
             **({"partition": PARTITIONS[name]} if name in PARTITIONS else {}),
@@ -55,8 +65,11 @@ class StateWatch:
         self.rounds.append(round_index)
 
 
-SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg", "fedproto", "fedrod", "fedcp")
+SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg", "fedproto", "fedrod", "fedcp", "fedper", "fedbabu")
 """Algorithms that need a model of several layers (a personal and a shared part, a body and a head)."""
+
+MODELS = {"fedbn": "mlp_bn"}
+"""Algorithms that need a model of their own."""
 
 
 ALGORITHMS = {
@@ -85,7 +98,23 @@ ALGORITHMS = {
     "fedcp": {},
     "kd_only": {"teacher_epochs": 1, "transfer": {"negatives": 32}},
     "fedpcl": {"teacher_epochs": 1},
+    "moon": {"mu": 1.0},
+    "fedavgm": {},
+    "fedopt": {"server_optimizer": {"kind": "yogi", "lr": 0.01}},
+    "fedper": {},
+    "fedbabu": {"finetune_epochs": 1},
+    "fedbn": {},
+    "qffl": {"q": 1.0},
+    "term": {"tilt": 0.5},
+    "afl": {"lambda_lr": 0.05},
+    "fedntd": {},
+    "fedlc": {},
 }
+"""Each algorithm's settings for a tiny run (tests/unit/test_algorithms.py checks that every registered one has an
+entry or is in ELSEWHERE)."""
+
+ELSEWHERE = {"flame", "fedavg", "fedslr", "augfl"}
+"""Algorithms whose tiny runs live in their own test modules (their settings there: test_flame.py, ...)."""
 
 
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}

@@ -4,6 +4,7 @@ step recomputed from its state before the round."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -48,15 +49,23 @@ def check_round(algorithm: dict, selected: list[int], model: str = "mlp") -> tup
     return sim, expected
 
 
-def step_results(sim: InProcess, client: int, broadcast) -> tuple[object, list]:
+class RecordedStep(NamedTuple):
+    update: Any
+    requests: list
+    results: list
+
+
+def step_results(sim: InProcess, client: int, broadcast) -> RecordedStep:
     """Client `client`'s step from its current state on `broadcast`, run with the host's own executor (the same
-    draws as a round): its update and the result of each of its requests, in order."""
+    draws as a round): its update, and its requests and their results, in order."""
+    requests: list = []
     results: list = []
     execute = sim.host.steps.client_executor(client, 1)
 
     def run(request):
+        requests.append(request)
         results.append(execute(request))
         return results[-1]
 
     update = run_client_step(sim.host.algorithm, sim.host.info[client], sim.states[client], broadcast, run)
-    return update, results
+    return RecordedStep(update, requests, results)

@@ -33,7 +33,7 @@ def test_plugins_are_imported_before_the_config_is_validated_as_with_plugin(tmp_
     (tmp_path / "fedavgm.py").write_text(page_files()["fedavgm.py"])
     script = (
         "import raysim.api, tests.support.experiments as c\n"
-        "tree = c.tiny_config(algorithm={'name': 'fedavgm', 'lr': 0.05, 'batch_size': 32, 'server_momentum': 0.5})\n"
+        "tree = c.tiny_config(algorithm={'name': 'my_fedavgm', 'lr': 0.05, 'batch_size': 32, 'server_momentum': 0.5})\n"
         "config = raysim.api.experiment_config(tree, ['rounds=1'], plugins=['fedavgm.py'])\n"
         "print(config.algorithm.name, config.algorithm.server_momentum, config.plugins)\n"
         "try:\n    raysim.api.experiment_config(tree, plugins=['nowhere.py'])\n"
@@ -45,6 +45,6 @@ def test_plugins_are_imported_before_the_config_is_validated_as_with_plugin(tmp_
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == [
-        f"fedavgm 0.5 ['{tmp_path / 'fedavgm.py'}']",
+        f"my_fedavgm 0.5 ['{tmp_path / 'fedavgm.py'}']",
         f"PluginError plugin {tmp_path / 'nowhere.py'}: no such file",
     ]

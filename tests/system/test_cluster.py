@@ -233,7 +233,7 @@ def test_a_submitted_sweep_of_plugin_files_runs_on_every_node_and_logs_to_the_tr
         (mine / name).write_text(text)
     subprocess.run([sys.executable, "make_csv.py"], cwd=mine, check=True)
     base = tiny_config(
-        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32},
+        algorithm={"name": "my_fedavgm", "lr": 0.05, "batch_size": 32},
         model={"name": "tiny_cnn"},
         dataset={"name": "csv", "path": str(mine / "digits.csv"), "shape": [1, 8, 8]},
         rounds=2,
@@ -294,7 +294,7 @@ def test_a_submitted_sweep_of_plugin_files_runs_on_every_node_and_logs_to_the_tr
             run = MlflowClient(settings.url).get_run(child["info"]["run_id"])
             assert run.data.params["plugins"] == "['fedavgm', 'tiny_cnn', 'csv_source']"
             assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
-                "fedavgm",
+                "my_fedavgm",
                 "tiny_cnn",
                 "csv",
             )

@@ -127,7 +127,7 @@ def test_the_pages_commands_run_each_plugin_through_raysim_run(page, block):
 def _all_three(tmp_path: Path, config: Path) -> dict:
     """A config naming the three plugins' entries (FedAvgM, tiny_cnn, the CSV source), written to `config`."""
     tree = tiny_config(
-        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32, "server_momentum": 0.5},
+        algorithm={"name": "my_fedavgm", "lr": 0.05, "batch_size": 32, "server_momentum": 0.5},
         model={"name": "tiny_cnn"},
         dataset={"name": "csv", "path": str(tmp_path / "digits.csv"), "shape": [1, 8, 8]},
         rounds=2,
@@ -143,7 +143,7 @@ def _finished_run(tmp_path: Path):
     (run,) = client.search_runs([client.get_experiment_by_name("plugins").experiment_id])
     assert run.info.status == "FINISHED"
     assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
-        "fedavgm",
+        "my_fedavgm",
         "tiny_cnn",
         "csv",
     )
@@ -190,7 +190,7 @@ def test_an_installed_package_with_an_entry_point_runs(tmp_path):
     assert list(site.glob("raysim_example_plugins-0.1.dist-info/entry_points.txt"))
     env = environment(tmp_path, PYTHONPATH=str(site))
     listed = raysim("algorithms", cwd=tmp_path, env=env)
-    assert listed.returncode == 0 and "fedavgm" in listed.stdout, listed.stderr
+    assert listed.returncode == 0 and "my_fedavgm" in listed.stdout, listed.stderr
     subprocess.run([sys.executable, str(write_page(tmp_path / "page") / "make_csv.py")], cwd=tmp_path, check=True)
     config = tmp_path / "experiment.yaml"
     _all_three(tmp_path, config)
@@ -207,7 +207,7 @@ def test_a_sweeps_trials_import_the_plugins_and_its_resume_command_names_them(tm
     (without it the sweep file could not be read)."""
     write_page(tmp_path / "page")
     base = tiny_config(
-        algorithm={"name": "fedavgm", "lr": 0.05, "batch_size": 32},
+        algorithm={"name": "my_fedavgm", "lr": 0.05, "batch_size": 32},
         rounds=1,
         clients={"count": 3},
         tracking={"experiment": "plugin-sweep"},
@@ -224,7 +224,7 @@ def test_a_sweeps_trials_import_the_plugins_and_its_resume_command_names_them(tm
     nested = f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     trials = {r.data.params["algorithm.lr"]: r for r in client.search_runs([experiment], nested)}
     assert {lr: r.info.status for lr, r in trials.items()} == {"0.05": "FINISHED", "1e+30": "FAILED"}, done.stderr
-    assert trials["0.05"].data.tags["algorithm"] == "fedavgm"
+    assert trials["0.05"].data.tags["algorithm"] == "my_fedavgm"
     command = f"raysim run sweep.yaml --plugin page/fedavgm.py --resume {parent.info.run_id}"
     assert done.stderr.splitlines()[-1] == f"rerun the failed ones (finished ones are kept) with `{command}`"
 
@@ -284,7 +284,7 @@ def test_a_misspelled_plugin_name_gets_a_did_you_mean(tmp_path):
     config = files / "experiment.yaml"
     config.write_text(yaml.safe_dump({"plugins": list(PLUGIN_FILES), **tiny_config()}))
     for key, wrong, right in (
-        ("algorithm.name", "fedavgmm", "fedavgm"),
+        ("algorithm.name", "my_fedavgmm", "my_fedavgm"),
         ("model.name", "tiny_cn", "tiny_cnn"),
         ("dataset.name", "cvs", "csv"),
     ):
@@ -303,10 +303,11 @@ def test_a_plugin_imported_after_the_config_module_joins_the_registries(tmp_path
         "from raysim.plugins import load\n"
         f"load({str(tmp_path / 'fedavgm.py')!r})\n"
         "from tests.support.experiments import tiny_config\n"
-        "config = raysim.config.validate_config(tiny_config(algorithm={'name': 'fedavgm', 'server_momentum': 0.3}))\n"
+        "algorithm = {'name': 'my_fedavgm', 'server_momentum': 0.3}\n"
+        "config = raysim.config.validate_config(tiny_config(algorithm=algorithm))\n"
         "print(type(config.algorithm).__name__, config.algorithm.server_momentum)\n"
         "print(config.model_dump()['algorithm']['server_momentum'])\n"
-        "print('### `algorithm.name: fedavgm`' in raysim.reference.config_reference())\n"
+        "print('### `algorithm.name: my_fedavgm`' in raysim.reference.config_reference())\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -324,7 +325,7 @@ def test_a_suites_plugins_reach_every_child_and_a_job_ships_files_as_modules(tmp
                 "name": "with-plugins",
                 "plugins": ["mine/fedavgm.py"],
                 "base": tiny_config(),
-                "runs": [{"name": "momentum", "set": {"algorithm": {"name": "fedavgm", "server_momentum": 0.5}}}],
+                "runs": [{"name": "momentum", "set": {"algorithm": {"name": "my_fedavgm", "server_momentum": 0.5}}}],
             }
         )
     )

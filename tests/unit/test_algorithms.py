@@ -9,8 +9,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tests.support.algorithms import ALGORITHMS, StateWatch, algorithm_config
+from raysim.algorithms import ALGORITHMS as REGISTERED
+from tests.support.algorithms import ALGORITHMS, ELSEWHERE, StateWatch, algorithm_config
 from tests.support.inprocess import InProcess
+
+
+def test_every_registered_algorithm_has_tiny_settings_here_or_is_tested_elsewhere():
+    assert set(REGISTERED.names()) == set(ALGORITHMS) | ELSEWHERE
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))

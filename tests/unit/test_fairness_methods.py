@@ -43,7 +43,7 @@ def test_a_term_round_is_the_tilted_mean_of_the_local_models(tilt):
     w = sim.coordinator.broadcast()
     models, weights = [], []
     for client in range(4):
-        _, (trained, at_w) = step_results(sim, client, w)
+        (trained, at_w) = step_results(sim, client, w).results
         models.append(np.asarray(trained.params, np.float64))
         weights.append(math.exp(tilt * at_w.loss))
     want = np.average(models, axis=0, weights=weights)
@@ -57,7 +57,7 @@ def test_an_afl_round_is_algorithm_1_written_out():
     received = sim.coordinator.broadcast()
     gradients, losses = [], []
     for client in range(4):
-        _, (at_w,) = step_results(sim, client, received)
+        (at_w,) = step_results(sim, client, received).results
         gradients.append(received.mixture[client] * np.asarray(at_w.grad, np.float64))
         losses.append(at_w.loss)
     sim.round(0)
@@ -73,8 +73,8 @@ def test_afl_scales_a_partial_rounds_sums_by_m_over_the_selected():
     sim = _afl(rounds=1, per_round=2)
     received = sim.coordinator.broadcast()
     sim.round(1, [0, 3])
-    _, (at_0,) = step_results(sim, 0, received)
-    _, (at_3,) = step_results(sim, 3, received)
+    (at_0,) = step_results(sim, 0, received).results
+    (at_3,) = step_results(sim, 3, received).results
     mixture = received.mixture
     direction = mixture[0] * np.asarray(at_0.grad, np.float64) + mixture[3] * np.asarray(at_3.grad, np.float64)
     np.testing.assert_allclose(sim.coordinator.global_model(), received.w - 0.2 * 2 * direction, atol=1e-6)

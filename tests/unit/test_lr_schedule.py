@@ -14,7 +14,7 @@ from raysim.algorithms import ALGORITHMS
 from raysim.algorithms.settings import LrSchedule
 from raysim.config import validate_config
 from tests.support.algorithms import ALGORITHMS as SETTINGS
-from tests.support.algorithms import PARTITIONS, SPLIT
+from tests.support.algorithms import PARTITIONS, model_for, sgd_settings
 from tests.support.experiments import tiny_config
 from tests.support.inprocess import InProcess
 
@@ -25,11 +25,12 @@ T, DECAY, LR = 3, 0.5, 0.05
 
 
 def _config(name: str, executor: str, **rates: float):
-    algorithm = {"name": name, "batch_size": 32, **SETTINGS.get(name, EXTRA.get(name, {})), **rates}
+    batches = {key: value for key, value in sgd_settings(name).items() if key != "lr"}
+    algorithm = {"name": name, **batches, **SETTINGS.get(name, EXTRA.get(name, {})), **rates}
     return validate_config(
         tiny_config(
             algorithm=algorithm,
-            model={"name": "mlp" if name in SPLIT else "mlr"},
+            model={"name": model_for(name)},
             clients={"count": 5, "per_round": 2},
             runtime={"num_hosts": 1, "client_training": executor},
             **({"partition": PARTITIONS[name]} if name in PARTITIONS else {}),

@@ -25,7 +25,7 @@ def test_a_round_is_algorithm_2_written_out(q):
     algorithm, w = sim.host.algorithm, sim.coordinator.broadcast()
     lipschitz, steps, hs = 1 / algorithm.settings.lr, [], []
     for client in range(4):
-        _, (trained, at_w) = step_results(sim, client, w)
+        (trained, at_w) = step_results(sim, client, w).results
         local, loss = np.asarray(trained.params, np.float64), at_w.loss
         change = lipschitz * (w.astype(np.float64) - local)
         steps.append(loss**q * change)
