@@ -11,6 +11,7 @@ or MLflow work with one ConfigError line naming the key (`REFUSALS`)."""
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import combinations, product
@@ -198,15 +199,47 @@ def model_sections(model: str, context: ExampleContext) -> Fragment:
 
 def takes(cell: Cell, model: str) -> bool:
     """Whether the cell's algorithm and scheme examples leave the sections the model's example sets alone, so that
-    the model can run in it (the file scheme replays the base dataset's partition: none of its own), and the
-    algorithm names no model of its own."""
+    the model can run in it (the file scheme replays the base dataset's partition: none of its own), the algorithm
+    names no model of its own and takes this one's layout (`fits`)."""
     algorithm, scheme = fragments(cell, PLANNING)
     if "model" in algorithm:  # an algorithm that names its model (FedBN: a BatchNorm one) runs that one
         return False
     own = model_sections(model, PLANNING)
     if not own:
-        return True
+        return fits(cell.algorithm, model)
     return cell.scheme != "file" and not (own.keys() & (algorithm.keys() | scheme.keys()) - {"algorithm"})
+
+
+@functools.cache
+def fits(algorithm: str, model: str) -> bool:
+    """Whether the algorithm, at its example's settings, takes the model's layout on the few-shot cells' images: a
+    split method refuses a model of one layer (everything or nothing would be personal). Only such a model is tried
+    (building some algorithms costs in the model's size: Lp-Proj's projection)."""
+    from raysim.algorithms import build_algorithm
+    from raysim.errors import ConfigError
+
+    layout = _layout(model)
+    if len({name.rsplit(".", 1)[0] for name in layout.names}) > 1:
+        return True
+    entry = REGISTRIES.algorithms[algorithm]
+    try:
+        build_algorithm(entry.Settings.model_validate(entry.example(PLANNING)["algorithm"]), layout)
+    except ConfigError:
+        return False
+    return True
+
+
+@functools.cache
+def _layout(model: str) -> Any:
+    """The model's parameter layout on Fashion-MNIST's images (the few-shot cells' dataset), built on torch's meta
+    device: shapes without values, in no time whatever the model's size."""
+    import torch
+
+    from raysim.models.flat import param_spec
+    from raysim.models.zoo import build_module
+
+    with torch.device("meta"):
+        return param_spec(build_module(model, (1, 28, 28), 10), model)
 
 
 def with_every_model(cells: list[Cell]) -> list[Cell]:
