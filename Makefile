@@ -12,9 +12,14 @@ run: setup
 check: setup lint
 	$(BIN)/pytest -q -n 2 tests/unit
 
-# Everything (what CI runs: .ci/run): lint, format, types and the three tiers, the slowest tier first.
-test: setup lint
-	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder
+# Everything (what CI runs: .ci/run): the three tiers, with lint, format and types checked meanwhile (their output
+# after the tests'; either failing fails the target).
+test: setup
+	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder; tests=$$?; \
+	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
+	if [ $$linted -ne 0 ]; then echo "make test: lint, format or types failed (above)"; fi; \
+	exit $$(( tests || linted ))
 
 # One tier alone (tests/<tier>: docs/development.md says what belongs where).
 test-unit test-integration test-system: test-%: setup

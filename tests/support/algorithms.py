@@ -109,6 +109,7 @@ ALGORITHMS = {
     "afl": {"lambda_lr": 0.05},
     "fedntd": {},
     "fedlc": {},
+    "cfl": {"warmup": 1, "eps1": 10.0, "eps2": 0.0},
 }
 """Each algorithm's settings for a tiny run (tests/unit/test_algorithms.py checks that every registered one has an
 entry or is in ELSEWHERE)."""
