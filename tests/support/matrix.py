@@ -219,7 +219,7 @@ def fits(algorithm: str, model: str) -> bool:
     from raysim.errors import ConfigError
 
     layout = _layout(model)
-    if len({name.rsplit(".", 1)[0] for name in layout.names}) > 1:
+    if layout is None or len({name.rsplit(".", 1)[0] for name in layout.names}) > 1:
         return True
     entry = REGISTRIES.algorithms[algorithm]
     try:
@@ -232,14 +232,18 @@ def fits(algorithm: str, model: str) -> bool:
 @functools.cache
 def _layout(model: str) -> Any:
     """The model's parameter layout on Fashion-MNIST's images (the few-shot cells' dataset), built on torch's meta
-    device: shapes without values, in no time whatever the model's size."""
+    device: shapes without values, in no time whatever the model's size. None when it cannot be built so (a plugin's
+    model may need other input): its cell then shows what happens."""
     import torch
 
     from raysim.models.flat import param_spec
     from raysim.models.zoo import build_module
 
-    with torch.device("meta"):
-        return param_spec(build_module(model, (1, 28, 28), 10), model)
+    try:
+        with torch.device("meta"):
+            return param_spec(build_module(model, (1, 28, 28), 10), model)
+    except Exception:  # the planner only prefers cells; running the cell reports the model's own error
+        return None
 
 
 def with_every_model(cells: list[Cell]) -> list[Cell]:
