@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pickle
 import secrets
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 
 import ray
 from ray import cloudpickle
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from raysim.config import ExperimentConfig
 from raysim.errors import RaysimError
@@ -279,7 +280,7 @@ class InProcess:
 
     def __init__(self, cls: type, arguments: tuple, threads: int = 1):
         self.threads = threads
-        with threadpool_limits(threads):
+        with blas_threads(threads):
             self.instance = cls(*crossed(_values(arguments)))
 
     def __getattr__(self, name: str) -> _Method:
@@ -297,9 +298,21 @@ class _Method:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = crossed((_values(args), {k: _values((v,))[0] for k, v in kwargs.items()}))
-        with threadpool_limits(self.threads):
+        with blas_threads(self.threads):
             result = crossed(self.method(*args, **kwargs))
         return tuple(Done(part) for part in result) if self.num_returns > 1 else Done(result)
+
+
+_controllers: dict[bool, ThreadpoolController] = {}
+
+
+def blas_threads(threads: int) -> Any:
+    """threadpoolctl's limit to `threads` through a controller made once (listing the loaded libraries takes about
+    4 ms, which every in-process call paid), made again once torch has loaded its own OpenMP."""
+    torch_loaded = "torch" in sys.modules
+    if torch_loaded not in _controllers:
+        _controllers[torch_loaded] = ThreadpoolController()
+    return _controllers[torch_loaded].limit(limits=threads)
 
 
 def _values(arguments: tuple) -> tuple:
