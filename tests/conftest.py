@@ -58,15 +58,38 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
+SYSTEM_SECONDS = Path(__file__).with_name("system_durations.json")
+"""Each system test's seconds in a `make test` run (call + setup + teardown, tests under 1 s left out), measured
+with `pytest tests/system -n 2 --dist loadgroup --durations=0`; only the order of the system lane reads it, so a
+stale or missing entry costs time, never a result."""
+
+UNMEASURED_SECONDS = 2.0
+"""A system test without an entry (a new one): as the median one."""
+
+
 def heaviest_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The system tier's modules by their count of `slow` tests, most first (file order among equals, a module's
-    tests kept together): the long modules start early, so that the run does not end with one worker still in a
-    long module while the other has nothing left."""
-    slow: dict[Path, int] = {}
+    """The system tier's tests longest first (the longest-processing-time rule: the run does not end with one
+    worker in a long test while the other has nothing left), a module whose tests share one worker
+    (`xdist_group`) placed as a whole by its total; file order among equals."""
+    import json
+
+    seconds = json.loads(SYSTEM_SECONDS.read_text()) if SYSTEM_SECONDS.exists() else {}
+    own = {item: seconds.get(item.nodeid.split("@")[0], UNMEASURED_SECONDS) for item in items}
+    grouped: dict[Path, float] = {}
     for item in items:
-        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
-    position = {path: index for index, path in enumerate(slow)}
-    return sorted(items, key=lambda item: (-slow[item.path], position[item.path]))
+        if item.get_closest_marker("xdist_group"):
+            grouped[item.path] = grouped.get(item.path, 0.0) + own[item]
+    position = {item: index for index, item in enumerate(items)}
+    first = {}
+    for item in items:
+        first.setdefault(item.path, position[item])
+
+    def key(item: pytest.Item) -> tuple[float, int, int]:
+        if item.path in grouped:
+            return (-grouped[item.path], first[item.path], position[item])
+        return (-own[item], position[item], 0)
+
+    return sorted(items, key=key)
 
 
 def tier_of(item: pytest.Item) -> str:
