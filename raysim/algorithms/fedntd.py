@@ -25,7 +25,7 @@ from pydantic import Field
 from raysim.algorithms.families.averaging import Averaging, AveragingSettings
 from raysim.algorithms.interface import ALGORITHMS
 from raysim.algorithms.requests import LocalSGD, Vector
-from raysim.algorithms.terms import Term
+from raysim.algorithms.terms import Term, tempered_kl
 
 if TYPE_CHECKING:
     import torch
@@ -66,12 +66,7 @@ class NotTrueDistillation(Term):
             global_logits = model.forward(self.tensor("global_model"), x)
         with model.dropout(seed):
             logits = model.forward(point, x)
-        distilled = functional.kl_div(
-            functional.log_softmax(not_true(logits, y) / self.tau, dim=1),
-            functional.log_softmax(not_true(global_logits, y) / self.tau, dim=1),
-            log_target=True,
-            reduction="batchmean",
-        )
+        distilled = tempered_kl(not_true(logits, y), not_true(global_logits, y), self.tau)
         return functional.cross_entropy(logits, y) + self.beta * self.tau**2 * distilled
 
 

@@ -418,14 +418,22 @@ class Distillation(Term):
         with model.dropout(seed):
             logits = model.forward(point, x)
         scale = self.temperature
-        soft = functional.kl_div(
-            functional.log_softmax(logits / scale, dim=1),
-            functional.log_softmax(taught / scale, dim=1),
-            log_target=True,
-            reduction="batchmean",
-        )
+        soft = tempered_kl(logits, taught, scale)
         total = (1 - self.weight) * functional.cross_entropy(logits, y) + self.weight * scale**2 * soft
         return total
+
+
+def tempered_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(softmax(teacher / T) || softmax(student / T)), the batch mean: what a distillation term adds (scaled by
+    T^2 by the caller)."""
+    from torch.nn import functional
+
+    return functional.kl_div(
+        functional.log_softmax(student / temperature, dim=1),
+        functional.log_softmax(teacher / temperature, dim=1),
+        log_target=True,
+        reduction="batchmean",
+    )
 
 
 def _cached_tensor(term: Term, name: str) -> torch.Tensor:
