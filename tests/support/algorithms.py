@@ -65,7 +65,19 @@ class StateWatch:
         self.rounds.append(round_index)
 
 
-SPLIT = ("fedapm", "fedalt", "fedsim", "fedrep", "lg_fedavg", "fedproto", "fedrod", "fedcp", "fedper", "fedbabu")
+SPLIT = (
+    "fedapm",
+    "fedalt",
+    "fedsim",
+    "fedrep",
+    "lg_fedavg",
+    "fedproto",
+    "fedrod",
+    "fedcp",
+    "fedper",
+    "fedbabu",
+    "feddbe",
+)
 """Algorithms that need a model of several layers (a personal and a shared part, a body and a head)."""
 
 MODELS = {"fedbn": "mlp_bn"}
@@ -110,6 +122,8 @@ ALGORITHMS = {
     "fedntd": {},
     "fedlc": {},
     "cfl": {"warmup": 1, "eps1": 10.0, "eps2": 0.0},
+    "feddbe": {},
+    "fedcac": {"tau": 0.5, "beta": 2.0},
 }
 """Each algorithm's settings for a tiny run (tests/unit/test_algorithms.py checks that every registered one has an
 entry or is in ELSEWHERE)."""
