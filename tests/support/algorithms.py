@@ -77,6 +77,8 @@ SPLIT = (
     "fedper",
     "fedbabu",
     "feddbe",
+    "fedas",
+    "fedpac",
 )
 """Algorithms that need a model of several layers (a personal and a shared part, a body and a head)."""
 
@@ -124,6 +126,10 @@ ALGORITHMS = {
     "cfl": {"warmup": 1, "eps1": 10.0, "eps2": 0.0},
     "feddbe": {},
     "fedcac": {"tau": 0.5, "beta": 2.0},
+    "fedamp": {"alpha_k": 0.2},
+    "fedas": {},
+    "pfedhn": {"local_steps": 3},
+    "fedpac": {"lambda": 1.0},
 }
 """Each algorithm's settings for a tiny run (tests/unit/test_algorithms.py checks that every registered one has an
 entry or is in ELSEWHERE)."""
