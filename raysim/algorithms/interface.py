@@ -212,6 +212,9 @@ class ServerContext:
 
     partition: str
     """The partition's scheme (`partition.scheme`)."""
+    val_fraction: float
+    """The share of each client's samples the partition holds out as its validation split (`partition.val_fraction`;
+    a partition file may also list a client's validation samples itself)."""
     pools: tuple[ServerSamples, ...]
     """The pools of samples the partition keeps back from every client for the server, in the scheme's order
     (see its `server_pools`); empty for a scheme that keeps none back."""

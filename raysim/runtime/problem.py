@@ -159,6 +159,7 @@ def server_context(config: ExperimentConfig, dataset: Dataset) -> ServerContext:
     inputs = Inputs(dataset.mean, dataset.std)
     return ServerContext(
         partition=config.partition.scheme,
+        val_fraction=getattr(config.partition, "val_fraction", 0.0),
         pools=tuple(ServerSamples(inputs.rows(dataset.x, pool), dataset.y[pool]) for pool in pools),
         dataset=config.dataset.name,
         model=config.model.name,

@@ -130,6 +130,7 @@ ALGORITHMS = {
     "fedas": {},
     "pfedhn": {"local_steps": 3},
     "fedpac": {"lambda": 1.0},
+    "fedfomo": {"num_models": 2},
 }
 """Each algorithm's settings for a tiny run (tests/unit/test_algorithms.py checks that every registered one has an
 entry or is in ELSEWHERE)."""
@@ -141,8 +142,14 @@ ELSEWHERE = {"flame", "fedavg", "fedslr", "augfl"}
 META = {"scheme": "meta", "shots": 20, "reserved": 300, "server_samples": 64}
 
 
-PARTITIONS = {"fedlp": META, "kd_only": META, "fedpcl": META}
-"""Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools."""
+PARTITIONS = {
+    "fedlp": META,
+    "kd_only": META,
+    "fedpcl": META,
+    "fedfomo": {"scheme": "dirichlet", "beta": 0.5, "val_fraction": 0.2},
+}
+"""Partitions other than tiny_config's: the PM-aided methods need the meta partition's held-back pools, FedFomo a
+validation split."""
 
 
 FLAME = {"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32, "epochs": 3}
