@@ -42,16 +42,17 @@ def one_row(item: Any) -> Any:
 
 
 def unstack(stacked: Any, count: int) -> list[Any]:
-    """The `count` rows of a stacked dataclass (see `stack`): vectors become views of their row, numbers floats or
-    ints; a one-dimensional vector field of a request (one vector shared by every row) is shared by every row, and a
-    LocalSGD's terms give each row its own (Term.row)."""
+    """The `count` rows of a stacked dataclass (see `stack`): arrays become views of their row (a state's or
+    upload's [clients, C, d] field gives each client its [C, d]), numbers floats or ints; a one-dimensional vector
+    field of a request (one vector shared by every row) is shared by every row, and a LocalSGD's terms give each row
+    its own (Term.row)."""
     request = isinstance(stacked, LocalSGD | FullGradient | ClassMeans)
     columns = {}
     for f in dataclasses.fields(stacked):
         value = getattr(stacked, f.name)
         if f.name == "terms":
             columns[f.name] = [tuple(term.row(i) for term in value) for i in range(count)]
-        elif isinstance(value, np.ndarray) and value.ndim == 2:
+        elif isinstance(value, np.ndarray) and (value.ndim == 2 or (value.ndim > 2 and not request)):
             columns[f.name] = list(value)
         elif isinstance(value, np.ndarray) and value.ndim == 1 and not request:
             columns[f.name] = value.tolist()

@@ -34,20 +34,24 @@ def test_unselected_clients_keep_their_state_bit_for_bit_in_process(name, tmp_pa
 class _State:
     vector: np.ndarray
     count: int
+    table: np.ndarray | None = None
     nothing: None = None
 
 
 def test_stacked_states_round_trip():
     """`stack`/`unstack` move client states between one-per-client and a chunk's rows (Algorithm.stacks): the
-    rows come back as they went in, numbers as numbers; a chunk of one is a view."""
+    rows come back as they went in (a matrix field as the client's matrix), numbers as numbers; a chunk of one is a
+    view."""
     from raysim.execution import stack, unstack
 
-    states = [_State(np.full(3, i, np.float32), i) for i in range(4)]
+    states = [_State(np.full(3, i, np.float32), i, np.full((2, 5), i, np.float32)) for i in range(4)]
     stacked = stack(states)
     assert stacked.vector.shape == (4, 3) and stacked.count.tolist() == [0, 1, 2, 3] and stacked.nothing is None
+    assert stacked.table.shape == (4, 2, 5)
     rows = unstack(stacked, 4)
     assert [r.count for r in rows] == [0, 1, 2, 3] and all(isinstance(r.count, int) for r in rows)
     assert all(np.array_equal(r.vector, s.vector) for r, s in zip(rows, states, strict=True))
+    assert all(np.array_equal(r.table, s.table) for r, s in zip(rows, states, strict=True))
     assert np.shares_memory(stack(states[2:3]).vector, states[2].vector)
 
 
