@@ -276,9 +276,9 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from raysim.config import is_sweep_file
     from raysim.jobs import Kind, job_client, submit, wait_for_run_id
     from raysim.jobs import follow as follow_job
-    from raysim.studies.sweep import is_sweep_file
 
     kind: Kind = "sweep" if is_sweep_file(args.config) else "experiment"
     submission = submit(

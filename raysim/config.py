@@ -748,6 +748,16 @@ def top_level_keys(path: str | Path) -> set[str]:
         return set()
 
 
+def is_suite_file(path: str | Path) -> bool:
+    """Whether a YAML file is a suite (it has a top-level `runs:`) rather than one experiment."""
+    return "runs" in top_level_keys(path)
+
+
+def is_sweep_file(path: str | Path) -> bool:
+    """Whether a YAML file is a sweep (it has a top-level `grid:` or `random:`)."""
+    return bool({"grid", "random"} & top_level_keys(path))
+
+
 def load_config(
     path: str | Path, overrides: list[str] | tuple[str, ...] = (), extra_plugins: list[str] | tuple[str, ...] = ()
 ) -> ExperimentConfig:

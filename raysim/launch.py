@@ -60,10 +60,8 @@ def run_file(
     """Run an experiment, a suite (a file with `runs:`) or a sweep (`grid:` / `random:`) and print its outcome;
     `resume`: a stopped suite's or sweep's parent run to continue; `plugins`: imported before the file is validated
     (`--plugin`, besides the file's own `plugins:`)."""
-    from raysim.config import load_config
+    from raysim.config import is_suite_file, is_sweep_file, load_config
     from raysim.runtime.driver import run_experiment
-    from raysim.studies.suite import is_suite_file
-    from raysim.studies.sweep import is_sweep_file
 
     if is_suite_file(path):
         return run_suite_file(path, overrides, quiet, resume, plugins)

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from raysim.config import ExperimentConfig, flatten, validate_config
+from raysim.config import ExperimentConfig, flatten, is_suite_file, is_sweep_file, validate_config
 from raysim.errors import ConfigError
 
 
@@ -18,13 +18,14 @@ def family_children(
 ) -> list[tuple[str, ExperimentConfig]] | None:
     """(run name, validated config) of every child of a suite or sweep file, in run order; None for one
     experiment."""
-    from raysim.studies.suite import is_suite_file, load_suite
-    from raysim.studies.sweep import absolute_tracking_uri, is_sweep_file, load_sweep
-
     if is_suite_file(path):
+        from raysim.studies.suite import load_suite
+
         suite = load_suite(path, overrides, plugins)
         return [(config.tracking.run_name or name, config) for name, config in suite.experiments()]
     if is_sweep_file(path):
+        from raysim.studies.sweep import absolute_tracking_uri, load_sweep
+
         sweep = load_sweep(path, overrides, plugins)
         uri = absolute_tracking_uri(validate_config(sweep.base_tree()).tracking.uri)
         return [(trial.config.tracking.run_name or trial.label, trial.config) for trial in sweep.trials(uri)]

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
-from raysim.config import ExperimentConfig, ExperimentFamily, set_value, top_level_keys, validate_config
+from raysim.config import ExperimentConfig, ExperimentFamily, set_value, validate_config
 from raysim.data import partition_dataset
 from raysim.data.partitions import check_classes
 from raysim.errors import ConfigError, DataError, PartitionError
@@ -110,11 +110,6 @@ class SuiteResult:
             c.outcome.summary.get(metric, math.nan) for c in self.children if c.name == name and c.outcome.finished
         ]
         return sum(values) / len(values) if values else math.nan
-
-
-def is_suite_file(path: str | Path) -> bool:
-    """Whether a YAML file is a suite (it has a top-level `runs:`) rather than one experiment."""
-    return "runs" in top_level_keys(path)
 
 
 def load_suite(

@@ -34,7 +34,7 @@ import numpy as np
 import ray
 from pydantic import Field, model_validator
 
-from raysim.config import ExperimentConfig, ExperimentFamily, set_value, top_level_keys, validate_config
+from raysim.config import ExperimentConfig, ExperimentFamily, set_value, validate_config
 from raysim.errors import ConfigError, raise_pending
 from raysim.plugins import carry
 from raysim.runtime.crews import dismiss_parked
@@ -466,8 +466,3 @@ def write_setting_bars(trials: list[Trial], outcomes: list[ChildOutcome], title:
     axis.grid(alpha=0.3, axis="y")
     plots.legend_outside(figure, [axis])
     plots.save(figure, path)
-
-
-def is_sweep_file(path: str | Path) -> bool:
-    """Whether a YAML file is a sweep (it has a top-level `grid:` or `random:`)."""
-    return bool({"grid", "random"} & top_level_keys(path))

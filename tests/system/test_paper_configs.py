@@ -15,10 +15,10 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.algorithms import ALGORITHMS
-from raysim.config import apply_overrides, load_config, read_mapping, validate_config
+from raysim.config import apply_overrides, is_suite_file, is_sweep_file, load_config, read_mapping, validate_config
 from raysim.runtime.driver import run_experiment
-from raysim.studies.suite import is_suite_file, load_suite
-from raysim.studies.sweep import is_sweep_file, load_sweep
+from raysim.studies.suite import load_suite
+from raysim.studies.sweep import load_sweep
 from tests.support.experiments import run_through_cli
 from tests.support.inprocess import InProcess
 from tests.support.light import light_training

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from raysim.config import load_config
+from raysim.config import is_suite_file, is_sweep_file, load_config
 from raysim.errors import ConfigError
-from raysim.studies.suite import is_suite_file, load_suite
-from raysim.studies.sweep import is_sweep_file, load_sweep
+from raysim.studies.suite import load_suite
+from raysim.studies.sweep import load_sweep
 from tests.support.hostile_input import (
     CLI_CASES,
     CONFIGS,

@@ -8,9 +8,10 @@ import yaml
 from matplotlib.colors import to_hex
 
 from raysim.cli import main
+from raysim.config import is_suite_file
 from raysim.errors import ConfigError
 from raysim.studies.children import one_line
-from raysim.studies.suite import SuiteConfig, check_partitions, is_suite_file, load_suite, run_suite
+from raysim.studies.suite import SuiteConfig, check_partitions, load_suite, run_suite
 from tests.support.experiments import tiny_config
 
 

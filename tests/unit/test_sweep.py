@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from raysim.config import is_sweep_file
 from raysim.errors import ConfigError
-from raysim.studies.sweep import is_sweep_file, load_sweep, parse_sweep, run_sweep
+from raysim.studies.sweep import load_sweep, parse_sweep, run_sweep
 from tests.support.experiments import tiny_config
 from tests.support.studies import sweep_data
 
