@@ -4,7 +4,8 @@ Distribution for Federated Visual Classification", arXiv:1909.06335; Reddi et al
 Clients train as in FedAvg; the server keeps a momentum of the round's mean change, m_t = beta1 m_{t-1} + Delta_t
 with Delta_t = x_avg - x_t, and moves x_{t+1} = x_t + eta m_t (raysim.algorithms.families.server_optimizers).
 beta1 = 0 and eta = 1 is FedAvg. Defaults: beta1 = 0.9, eta = 1 (Hsu et al.'s best on CIFAR-10 for one local epoch,
-FL-bench's defaults)."""
+FL-bench's values). FL-bench's FedAvgM steps with Nesterov's momentum (torch's SGD with nesterov=True): that is
+`server_optimizer.nesterov: true` (benchmarks/reference: with it off, raysim's curve follows FL-bench's)."""
 
 from __future__ import annotations
 

@@ -59,6 +59,30 @@ def test_each_kind_is_algorithm_2_written_out(kind):
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
 
 
+def test_nesterov_momentum_is_torchs_sgd_with_nesterov_on_the_negative_change():
+    """`nesterov: true` is FL-bench's FedAvgM: torch's SGD(momentum, nesterov=True) stepping on -Delta_t."""
+    import torch
+
+    settings = ServerOptimizerSettings(kind="momentum", lr=0.7, beta1=0.9, nesterov=True)
+    source = np.random.default_rng(1)
+    x = source.normal(size=20).astype(np.float32)
+    means = [(x + source.normal(scale=0.5, size=20)).astype(np.float32) for _ in range(4)]
+    weights = torch.nn.Parameter(torch.tensor(x, dtype=torch.float64))
+    sgd = torch.optim.SGD([weights], lr=0.7, momentum=0.9, nesterov=True)
+    state, model = start_server_optimizer(settings, x), x
+    for mean in means:
+        model, state = server_optimizer_step(settings, state, model, mean)
+        sgd.zero_grad()
+        weights.grad = weights.detach() - torch.tensor(mean, dtype=torch.float64)
+        sgd.step()
+        np.testing.assert_allclose(model, weights.detach().numpy(), rtol=1e-5, atol=1e-5)
+        weights.data = torch.tensor(model, dtype=torch.float64)  # the same point for the next round's change
+    heavy_ball = ServerOptimizerSettings(kind="momentum", lr=0.7, beta1=0.9)
+    assert not np.allclose(
+        server_optimizer_step(heavy_ball, state, x, means[0])[0], server_optimizer_step(settings, state, x, means[0])[0]
+    )
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_round_without_change_leaves_the_model_and_the_momentum(kind):
     settings = ServerOptimizerSettings(kind=kind)

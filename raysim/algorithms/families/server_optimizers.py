@@ -5,6 +5,7 @@ With x_t the global model and x_avg this round's weighted mean of the selected c
 pseudo-gradient is Delta_t = x_avg - x_t (Reddi et al.'s Delta_t, the mean client change), and
 
     momentum (FedAvgM):  m_t = beta1 m_{t-1} + Delta_t,                               x_{t+1} = x_t + eta m_t
+                         (`nesterov`: x_{t+1} = x_t + eta (Delta_t + beta1 m_t), torch's SGD on -Delta_t, FL-bench's)
     adagrad  (FedAdagrad): m_t = beta1 m_{t-1} + (1 - beta1) Delta_t,  v_t = v_{t-1} + Delta_t^2
     adam     (FedAdam):    m_t as adagrad,  v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2
     yogi     (FedYogi):    m_t as adagrad,  v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2)
@@ -40,6 +41,9 @@ class ServerOptimizerSettings(Settings):
     beta1: float = Field(0.9, ge=0, lt=1, description="the momentum (FedAvgM) or first-moment decay")
     beta2: float = Field(0.99, ge=0, lt=1, description="the second-moment decay (adam, yogi)")
     tau: float = Field(1e-3, gt=0, description="the adaptivity: added to sqrt(v), and v starts at tau^2")
+    nesterov: bool = Field(
+        False, description="momentum: Nesterov's step, as torch's SGD(nesterov=True) and FL-bench's FedAvgM take it"
+    )
 
 
 @dataclass
@@ -82,7 +86,8 @@ def _step(
     delta = np.asarray(mean, np.float32) - np.asarray(model, np.float32)
     if settings.kind == "momentum":
         m = (settings.beta1 * state.m + delta).astype(np.float32)
-        return (model + settings.lr * m).astype(np.float32), ServerOptimizerState(m)
+        step = delta + settings.beta1 * m if settings.nesterov else m
+        return (model + settings.lr * step).astype(np.float32), ServerOptimizerState(m)
     assert state.v is not None
     m = (settings.beta1 * state.m + (1 - settings.beta1) * delta).astype(np.float32)
     square = delta * delta
