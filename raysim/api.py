@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
     from raysim.data.dataset import Dataset
     from raysim.data.scheme import ClientSplit
-    from raysim.models.composed import GatedHeads
+    from raysim.models.composed import ComposedNetwork
     from raysim.models.flat import ModelSpec
     from raysim.runtime.simulation import Simulation
     from raysim.tracking.callbacks import RunResult
@@ -65,9 +65,9 @@ class Result:
     model_spec: ModelSpec = field(repr=False)
     """The network's name, input shape and outputs (what `model` builds)."""
     splits: list[ClientSplit] = field(repr=False)
-    personalized_network: GatedHeads | None = field(default=None, repr=False)
+    personalized_network: ComposedNetwork | None = field(default=None, repr=False)
     """What the personalized models are when they are not the network (Algorithm.personalized_network: FedCP's gated
-    heads, whose tensors are named as raysim.models.gated.GatedHeadsNetwork's); None: they are the network."""
+    heads, GPFL's feature valve, whose tensors are named as raysim.models.gated's modules'); None: the network."""
     """Every client's sample indices into the dataset (train, test, validation), as the run partitioned it."""
 
     def __repr__(self) -> str:
@@ -97,9 +97,9 @@ class Result:
         spec = self.model_spec
         module = build_module(spec.name, spec.input_shape, spec.outputs)
         if client_id is not None and self.personalized_network is not None:
-            from raysim.models.flat import gated_network
+            from raysim.models.flat import composed_network
 
-            module = gated_network(module, self.personalized_network)
+            module = composed_network(module, self.personalized_network)
         unexpected = module.load_state_dict(parameters, strict=False).unexpected_keys
         assert not unexpected, unexpected  # the parameters were laid out by this same network
         return module.eval()

@@ -33,7 +33,7 @@ from raysim.algorithms.requests import (
 )
 from raysim.algorithms.settings import AlgorithmSettings
 from raysim.examples import ExampleContext, Fragment
-from raysim.models.composed import GatedHeads
+from raysim.models.composed import ComposedNetwork
 from raysim.models.spec import ParamSpec
 from raysim.registry import Registry
 
@@ -316,10 +316,11 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         """The PM scored at evaluation, given the current global model (default: `personalized_model`)."""
         return self.personalized_model(state)
 
-    def personalized_network(self) -> GatedHeads | None:
+    def personalized_network(self) -> ComposedNetwork | None:
         """What the PMs are when they are not vectors of the network's parameters: a personalized model built around
-        the network (raysim.models.composed.GatedHeads: FedCP's), whose vectors `composed_model` gives in place of
-        `evaluated_model` and the hosts score with FlatModel.composed. Default None: the PM is the network's."""
+        the network (raysim.models.composed: FedCP's GatedHeads, GPFL's FeatureValve), whose vectors `composed_model`
+        gives in place of `evaluated_model` and the hosts score with FlatModel.composed. Default None: the PM is the
+        network's."""
         return None
 
     def composed_model(self, state: C, global_params: Vector, context: Any = None) -> Vector:

@@ -1,5 +1,6 @@
 """Personalized models that are not the network itself but built around it, described without torch
-(raysim.models.gated builds them, raysim.models.flat.FlatModel.composed scores them): FedCP's gated heads."""
+(raysim.models.gated builds them, raysim.models.flat.FlatModel.composed scores them): FedCP's gated heads, GPFL's
+feature valve."""
 
 from __future__ import annotations
 
@@ -28,3 +29,22 @@ class GatedHeads:
     def policy_size(self, feature_dim: int) -> int:
         """Parameters of the policy network on features of size d: 2d x d + 2d (linear), 2d + 2d (LayerNorm)."""
         return 2 * feature_dim * feature_dim + 6 * feature_dim
+
+
+@dataclass(frozen=True)
+class FeatureValve:
+    """A classifier whose features pass, coordinate by coordinate, through an affine map and a ReLU before its head:
+    GPFL's personalized model (Zhang et al., ICCV 2023; raysim.algorithms.gpfl). With the network's features h = f(x)
+    (the input of its head, ParamSpec.head, of size d), its head (W, b) and the client's valve (a, c), each of size d:
+
+        logits = W ReLU(a * h + c) + b
+
+    Its vector: the network's own parameters (laid out as the network), then a, then c."""
+
+    def valve_size(self, feature_dim: int) -> int:
+        """Parameters of the valve on features of size d: a and c."""
+        return 2 * feature_dim
+
+
+ComposedNetwork = GatedHeads | FeatureValve
+"""The personalized models built around the network that the hosts can score (Algorithm.personalized_network)."""

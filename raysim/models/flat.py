@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import torch
@@ -17,8 +18,8 @@ from torch import nn
 from torch.func import functional_call
 
 from raysim.data.dataset import Task
-from raysim.models.composed import GatedHeads
-from raysim.models.gated import GatedHeadsNetwork
+from raysim.models.composed import ComposedNetwork, FeatureValve, GatedHeads
+from raysim.models.gated import FeatureValveNetwork, GatedHeadsNetwork
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import as_shape, build_module, carried_buffers, initial_parameters
 
@@ -59,7 +60,7 @@ class FlatModel:
         """The layers with running statistics (BatchNorm): on their batches' statistics only while training."""
         self._recording: torch.Tensor | None = None
         self.module.eval()
-        self._composed: dict[GatedHeads, GatedHeadsModel] = {}
+        self._composed: dict[ComposedNetwork, FlatModel] = {}
 
     @property
     def size(self) -> int:
@@ -180,11 +181,20 @@ class FlatModel:
         (grad,) = torch.autograd.grad(loss, point)
         return loss.item(), grad
 
-    def composed(self, network: GatedHeads) -> GatedHeadsModel:
+    @overload
+    def composed(self, network: GatedHeads) -> GatedHeadsModel: ...
+
+    @overload
+    def composed(self, network: FeatureValve) -> FeatureValveModel: ...
+
+    def composed(self, network: ComposedNetwork) -> FlatModel:
         """The model of the vectors of `network`, a personalized model built around this network (its forward what
         evaluation scores; raysim.models.gated), made once."""
         if network not in self._composed:
-            self._composed[network] = GatedHeadsModel(self, network)
+            if isinstance(network, GatedHeads):
+                self._composed[network] = GatedHeadsModel(self, network)
+            else:
+                self._composed[network] = FeatureValveModel(self, network)
         return self._composed[network]
 
     def spec_head(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -269,6 +279,27 @@ class GatedHeadsModel(FlatModel):
         """The noiseless policy of each sample, [samples, 2, d] (rows s and r), at the vector `flat`."""
         params = self.spec.unflatten(torch.tensor(flat, dtype=torch.float32))
         return functional_call(self.module, params, (torch.from_numpy(x),), {"details": True})[2].numpy()
+
+
+class FeatureValveModel(FlatModel):
+    """FeatureValve vectors around the network of `network` as a FlatModel: `forward` (what evaluation scores) the
+    logits W ReLU(a * h + c) + b; `spec` is the vector's layout (its head the network's)."""
+
+    def __init__(self, network: FlatModel, valve: FeatureValve):
+        super().__init__(network.name, network.input_shape, network.head.out_features, network.task)
+        self.network = network
+        self.module = composed_network(self.module, valve)
+        self.module.eval()
+        self.spec = param_spec(self.module, network.name)
+        self.head = last_linear(self.module)[1]
+        self.layers = None
+
+
+def composed_network(network: nn.Module, composed: ComposedNetwork) -> nn.Module:
+    """`network` inside the module of a personalized model built around it (raysim.models.gated)."""
+    if isinstance(composed, GatedHeads):
+        return gated_network(network, composed)
+    return FeatureValveNetwork(network, last_linear(network)[0], composed)
 
 
 def gated_network(network: nn.Module, heads: GatedHeads) -> GatedHeadsNetwork:

@@ -1,14 +1,14 @@
 """The torch side of GatedHeads (raysim.models.composed): FedCP's personalized model, the network with a global head
 and a conditional policy network that splits each sample's features between the two heads, as a torch module whose
 parameters are GatedHeads' vector (raysim.models.flat.GatedHeadsModel scores such vectors, FedCP's GatedHeadsLoss
-trains them)."""
+trains them); and FeatureValve's, GPFL's (raysim.algorithms.gpfl)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from raysim.models.composed import GatedHeads
+from raysim.models.composed import FeatureValve, GatedHeads
 
 
 class GatedHeadsNetwork(nn.Module):
@@ -54,3 +54,39 @@ class GatedHeadsNetwork(nn.Module):
         personal, shared = shares[:, 0], shares[:, 1]
         logits = nn.functional.linear(features * personal, head.weight, head.bias) + self.global_head(features * shared)
         return (logits, features, shares) if details else logits
+
+
+class Valve(nn.Module):
+    """The valve (a, c) of FeatureValve: identity-initialized (a = 1, c = 0)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(d))
+        self.shift = nn.Parameter(torch.zeros(d))
+
+
+class FeatureValveNetwork(nn.Module):
+    """`network` with a valve on the features its head `head_name` takes (raysim.models.flat.composed_network finds
+    it): its forward gives FeatureValve's logits W ReLU(a * h + c) + b; its parameters, in named_parameters order, are
+    FeatureValve's vector (network, then valve.scale a, then valve.shift c)."""
+
+    def __init__(self, network: nn.Module, head_name: str, valve: FeatureValve):
+        super().__init__()
+        self.head_name = head_name
+        head = network.get_submodule(head_name)
+        assert isinstance(head, nn.Linear)
+        self.network = network
+        self.valve = Valve(head.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The network's forward with its head's input h replaced by ReLU(a * h + c) (a pre-hook on the head, so the
+        head's own forward hooks see the valve's output)."""
+        head = self.network.get_submodule(self.head_name)
+        valve = self.valve
+        handle = head.register_forward_pre_hook(
+            lambda _module, inputs: (torch.relu(inputs[0] * valve.scale + valve.shift),)
+        )
+        try:
+            return self.network(x)
+        finally:
+            handle.remove()
