@@ -79,10 +79,12 @@ SPLIT = (
     "feddbe",
     "fedas",
     "fedpac",
+    "fedgen",
+    "gpfl",
 )
 """Algorithms that need a model of several layers (a personal and a shared part, a body and a head)."""
 
-MODELS = {"fedbn": "mlp_bn"}
+MODELS = {"fedbn": "mlp_bn", "pfedla": "mlp"}
 """Algorithms that need a model of their own."""
 
 
@@ -131,6 +133,11 @@ ALGORITHMS = {
     "pfedhn": {"local_steps": 3},
     "fedpac": {"lambda": 1.0},
     "fedfomo": {"num_models": 2},
+    "apple": {"local_steps": 2, "p_lr": 0.01, "decay_rounds": 2},
+    "fedgen": {"generator_steps": 5, "beta": 1.0},
+    "fedkd": {"ramp_rounds": 3, "t_start": 0.5, "t_end": 0.9},
+    "gpfl": {"lambda": 0.01, "mu": 0.1},
+    "pfedla": {"hn_lr": 0.5},
 }
 """Each algorithm's settings for a tiny run (tests/unit/test_algorithms.py checks that every registered one has an
 entry or is in ELSEWHERE)."""

@@ -77,8 +77,10 @@ SUITE_DATA = {
     ]
     for study in ("lambda", "mu", "eta_g", "phase1_epochs", "pure_personal")
 }
+SUITE_DATA["field_benchmark_cifar10.yaml"] = lambda root: [*cifar10(root), "clients.count=6", "clients.per_round=2"]
 """The fixture folders of the suites whose base is inline (not a configs/paper file), by suite file (the CIFAR-100
-and Tiny-ImageNet fixtures hold a few samples: two clients)."""
+and Tiny-ImageNet fixtures hold a few samples: two clients; the field benchmark's CIFAR-10
+fixture six)."""
 
 
 BUILT_IN = {
