@@ -233,6 +233,23 @@ class ServerContext:
     subfolder of its own."""
 
 
+@dataclass(frozen=True)
+class FeatureData:
+    """What a PM scored from features (Algorithm.feature_outputs) is computed from, all at the current global model:
+    the host computes it with FlatModel.features and hands over numpy arrays only."""
+
+    memory_features: np.ndarray
+    """[n, d]: the features f(x) (the head's input) of the client's training samples."""
+    memory_labels: np.ndarray
+    """[n] int: their labels."""
+    features: np.ndarray
+    """[m, d]: the features of the samples scored (the client's evaluation block: test, train when scored, val)."""
+    logits: np.ndarray
+    """[m, C]: the global model's outputs on them."""
+    rng: np.random.Generator | None = None
+    """The client's draws at this evaluation."""
+
+
 class Algorithm(ABC, Generic[P, C, S, B, U]):
     """One federated algorithm. Subclasses set `name` and `Settings` and implement the six abstract methods of the
     round; the other hooks, grouped below by what they are for, have defaults that most methods keep."""
@@ -339,6 +356,15 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         global prototypes, for nearest-prototype inference); the runtime sends it to every host with the global
         model and it reaches `extra_models`. Default: None."""
         return None
+
+    scores_from_features: ClassVar[bool] = False
+    """Its PMs are scored from outputs computed from the global model's features (`feature_outputs`: kNN-Per's
+    mixture with a kNN model over the client's training features), not from a parameter vector."""
+
+    def feature_outputs(self, client: ClientInfo, state: C, data: FeatureData, context: Any = None) -> np.ndarray:
+        """The PM's outputs [m, C] on the scored samples (scored as logits: softmax cross-entropy, argmax), from
+        `data` and `evaluation_context` (only asked of an algorithm that `scores_from_features`)."""
+        raise NotImplementedError(f"algorithm {self.name!r} scores no PM from features")
 
     def adapt(self, client: ClientInfo, global_params: Vector) -> AdaptStep | None:
         """How a held-out client (`clients.heldout`: it never trains) gets its model from the current global

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+import torch
 
-from raysim.evaluation.batched import Scorer
+from raysim.evaluation.batched import SampleScores, Scorer
 from raysim.evaluation.classification import SingleLabelAuc, classification_scores_many
 from raysim.evaluation.records import ModelScores
 from raysim.models.flat import FlatModel
@@ -97,6 +98,22 @@ class ClientScorer:
             samples = scorer.sample_scores_each(params, groups, keep_outputs=classifier)
         else:
             samples = scorer.sample_scores_many(params, groups, keep_outputs=classifier)
+        return self._summaries(scorer, samples, data)
+
+    def output_scores(self, outputs: list[np.ndarray], data: EvaluationData) -> list[ModelScores]:
+        """The scores on each client's splits of outputs computed elsewhere (Algorithm.feature_outputs: one
+        [samples, C] array per client, its block's samples in order), as `scores` scores a network's outputs."""
+        scorer = Scorer(self.model)
+        logits = torch.from_numpy(np.concatenate(outputs).astype(np.float32))
+        targets = torch.from_numpy(np.concatenate(data.y))
+        samples = SampleScores.empty(len(targets), self.model.head.out_features)
+        losses = self.model.sample_losses(logits, targets).double().numpy()
+        samples.fill(0, losses, (logits.argmax(dim=1) == targets).long().numpy(), logits.numpy())
+        return self._summaries(scorer, samples, data)
+
+    def _summaries(self, scorer: Scorer, samples: SampleScores, data: EvaluationData) -> list[ModelScores]:
+        """Each client's ModelScores from its samples' scores (in the clients' blocks' order)."""
+        classifier, groups = self.model.task == "classification", data.y
         scores = scorer.group_scores(samples, data.parts.reshape(-1), self.loss_sum_batch, classifier)
         tests, trains, vals = scores[0::3], scores[1::3], scores[2::3]
         f1_auc = [(float("nan"), float("nan"))] * len(groups)

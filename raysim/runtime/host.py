@@ -18,11 +18,12 @@ import pyarrow as pa
 import torch
 
 from raysim.algorithms import ClientInfo, build_algorithm
+from raysim.algorithms.interface import FeatureData
 from raysim.algorithms.requests import Vector
 from raysim.data.partitions import ClientSplit
-from raysim.evaluation.clients import ClientScorer, evaluation_data
+from raysim.evaluation.clients import SPLITS, ClientScorer, EvaluationData, evaluation_data
 from raysim.evaluation.columns import ClientRecords, evaluation_batch
-from raysim.evaluation.records import ClientEvaluation
+from raysim.evaluation.records import ClientEvaluation, ModelScores
 from raysim.execution.drivers import drive
 from raysim.execution.stacking import own_arrays, unstack
 from raysim.runtime import checkpoint
@@ -30,7 +31,7 @@ from raysim.runtime.crews import Renewable
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.steps import ClientSteps, keep_freed_memory
-from raysim.seeding import Stream, use_kernels
+from raysim.seeding import Stream, rng, use_kernels
 from raysim.training.local import ClientData
 
 EVALUATION_CLIENTS = 64
@@ -137,9 +138,12 @@ class ClientHost(Renewable):
             splits = evaluation_data(self.data, chunk, with_train, self.seed, self.evaluations)
             gms = scorer.scores(global_params, splits)
             states = {c: self.states[c] for c in chunk}  # each read once (a spilled state comes from disk)
-            pms = personal.own_scores(
-                {c: self._personal_model(c, states[c], global_params, context) for c in chunk}, chunk, splits
-            )
+            if self.algorithm.scores_from_features:  # PMs whose outputs the algorithm computes from features
+                pms = self._feature_scores(scorer, chunk, states, splits, global_params, context)
+            else:
+                pms = personal.own_scores(
+                    {c: self._personal_model(c, states[c], global_params, context) for c in chunk}, chunk, splits
+                )
             models = {c: self.algorithm.extra_models(states[c], global_params, context) for c in chunk}
             names = sorted({name for extra in models.values() for name in extra})
             extras = {name: scorer.own_scores({c: models[c].get(name) for c in chunk}, chunk, splits) for name in names}
@@ -147,6 +151,43 @@ class ClientHost(Renewable):
                 extra = {name: extras[name][client_id] for name in names if client_id in extras[name]}
                 evaluations.append(ClientEvaluation(client_id, pms.get(client_id, gm), gm, extra))
         return evaluation_batch(evaluations)
+
+    def _feature_scores(
+        self,
+        scorer: ClientScorer,
+        chunk: list[int],
+        states: dict[int, Any],
+        splits: EvaluationData,
+        global_params: Vector,
+        context: Any,
+    ) -> dict[int, ModelScores]:
+        """The scores of the PMs of an algorithm that `scores_from_features` (Algorithm.feature_outputs): the global
+        model's features of each client's training split (drawn as the evaluation draws it) and its features and
+        logits on the client's evaluation block, handed to the algorithm as numpy arrays."""
+        point = torch.tensor(np.asarray(global_params), dtype=torch.float32)  # a copy: the vector may be read-only
+        outputs = []
+        for position, client_id in enumerate(chunk):
+            data = self.data[client_id]
+            draws = rng(self.seed, Stream.DATA_NOISE, client_id, self.evaluations, SPLITS.index("train"))
+            memory_x, memory_y = data.arrays("train", draws if data.redrawn else None)
+            memory, _ = self._features(point, memory_x)
+            features, logits = self._features(point, splits.x[position])
+            draws = rng(self.seed, Stream.ADAPTATION, client_id, self.evaluations)
+            feature_data = FeatureData(memory, memory_y, features, logits, draws)
+            info = self.info[client_id]
+            outputs.append(self.algorithm.feature_outputs(info, states[client_id], feature_data, context))
+        return dict(zip(chunk, scorer.output_scores(outputs, splits), strict=True))
+
+    @torch.no_grad()
+    def _features(self, point: torch.Tensor, x: np.ndarray, rows: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+        """(features [n, d], logits [n, C]) of the network at `point` on `x`, `rows` samples a pass."""
+        width, classes = self.model.spec.feature_dim, self.model.head.out_features
+        features, logits = np.zeros((len(x), width), np.float32), np.zeros((len(x), classes), np.float32)
+        for begin in range(0, len(x), rows):
+            block = slice(begin, begin + rows)
+            z, g = self.model.features(point, torch.from_numpy(np.array(x[block], np.float32)))
+            features[block], logits[block] = z.reshape(len(z), -1).numpy(), g.numpy()
+        return features, logits
 
     def personalized_models(self, global_params: Vector, context: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """(client ids, float32 rows [clients x parameters]) of this host's clients in id order: the model each was

@@ -138,6 +138,7 @@ ALGORITHMS = {
     "fedkd": {"ramp_rounds": 3, "t_start": 0.5, "t_end": 0.9},
     "gpfl": {"lambda": 0.01, "mu": 0.1},
     "pfedla": {"hn_lr": 0.5},
+    "knnper": {"k": 3},
 }
 """Each algorithm's settings for a tiny run (tests/unit/test_algorithms.py checks that every registered one has an
 entry or is in ELSEWHERE)."""
