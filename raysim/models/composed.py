@@ -1,6 +1,6 @@
 """Personalized models that are not the network itself but built around it, described without torch
 (raysim.models.gated builds them, raysim.models.flat.FlatModel.composed scores them): FedCP's gated heads, GPFL's
-feature valve."""
+feature valve, FedEM's mixture of components."""
 
 from __future__ import annotations
 
@@ -46,5 +46,21 @@ class FeatureValve:
         return 2 * feature_dim
 
 
-ComposedNetwork = GatedHeads | FeatureValve
+@dataclass(frozen=True)
+class ComponentMixture:
+    """A classifier that mixes the predictions of M copies of the network: FedEM's personalized model (Marfoq et al.,
+    NeurIPS 2021; raysim.algorithms.fedem). With the copies' parameters theta_1, ..., theta_M and the client's mixture
+    weights pi (M values, nonnegative, summing to 1):
+
+        outputs = log sum_m pi_m softmax(f(x; theta_m))
+
+    the log of the mixture's class probabilities, so that their cross-entropy is the mixture's negative
+    log-likelihood and their argmax its prediction. Its vector: pi, then theta_1, ..., theta_M, each laid out as the
+    network."""
+
+    components: int
+    """M: the copies of the network."""
+
+
+ComposedNetwork = GatedHeads | FeatureValve | ComponentMixture
 """The personalized models built around the network that the hosts can score (Algorithm.personalized_network)."""

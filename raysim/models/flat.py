@@ -18,8 +18,8 @@ from torch import nn
 from torch.func import functional_call
 
 from raysim.data.dataset import Task
-from raysim.models.composed import ComposedNetwork, FeatureValve, GatedHeads
-from raysim.models.gated import FeatureValveNetwork, GatedHeadsNetwork
+from raysim.models.composed import ComponentMixture, ComposedNetwork, FeatureValve, GatedHeads
+from raysim.models.gated import FeatureValveNetwork, GatedHeadsNetwork, MixtureNetwork
 from raysim.models.spec import ParamSpec
 from raysim.models.zoo import as_shape, build_module, carried_buffers, initial_parameters
 
@@ -187,14 +187,19 @@ class FlatModel:
     @overload
     def composed(self, network: FeatureValve) -> FeatureValveModel: ...
 
+    @overload
+    def composed(self, network: ComponentMixture) -> ComponentMixtureModel: ...
+
     def composed(self, network: ComposedNetwork) -> FlatModel:
         """The model of the vectors of `network`, a personalized model built around this network (its forward what
         evaluation scores; raysim.models.gated), made once."""
         if network not in self._composed:
             if isinstance(network, GatedHeads):
                 self._composed[network] = GatedHeadsModel(self, network)
-            else:
+            elif isinstance(network, FeatureValve):
                 self._composed[network] = FeatureValveModel(self, network)
+            else:
+                self._composed[network] = ComponentMixtureModel(self, network)
         return self._composed[network]
 
     def spec_head(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -295,10 +300,30 @@ class FeatureValveModel(FlatModel):
         self.layers = None
 
 
+class ComponentMixtureModel(FlatModel):
+    """ComponentMixture vectors around the network of `network` as a FlatModel: `forward` (what evaluation scores)
+    the log of the mixture's class probabilities; `spec` is the vector's layout (its head the last copy's)."""
+
+    def __init__(self, network: FlatModel, mixture: ComponentMixture):
+        super().__init__(network.name, network.input_shape, network.head.out_features, network.task)
+        if self.task != "classification":
+            raise ValueError(
+                f"a mixture of components needs a classifier; model {self.name!r} is trained for {self.task}"
+            )
+        self.network = network
+        self.module = composed_network(self.module, mixture)
+        self.module.eval()
+        self.spec = param_spec(self.module, network.name)
+        self.head = last_linear(self.module)[1]
+        self.layers = None
+
+
 def composed_network(network: nn.Module, composed: ComposedNetwork) -> nn.Module:
     """`network` inside the module of a personalized model built around it (raysim.models.gated)."""
     if isinstance(composed, GatedHeads):
         return gated_network(network, composed)
+    if isinstance(composed, ComponentMixture):
+        return MixtureNetwork(network, composed)
     return FeatureValveNetwork(network, last_linear(network)[0], composed)
 
 

@@ -1,14 +1,17 @@
 """The torch side of GatedHeads (raysim.models.composed): FedCP's personalized model, the network with a global head
 and a conditional policy network that splits each sample's features between the two heads, as a torch module whose
 parameters are GatedHeads' vector (raysim.models.flat.GatedHeadsModel scores such vectors, FedCP's GatedHeadsLoss
-trains them); and FeatureValve's, GPFL's (raysim.algorithms.gpfl)."""
+trains them); FeatureValve's, GPFL's (raysim.algorithms.gpfl); and ComponentMixture's, FedEM's
+(raysim.algorithms.fedem)."""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
 
-from raysim.models.composed import FeatureValve, GatedHeads
+from raysim.models.composed import ComponentMixture, FeatureValve, GatedHeads
 
 
 class GatedHeadsNetwork(nn.Module):
@@ -90,3 +93,20 @@ class FeatureValveNetwork(nn.Module):
             return self.network(x)
         finally:
             handle.remove()
+
+
+class MixtureNetwork(nn.Module):
+    """`mixture.components` copies of `network` and their mixture weights pi (a parameter, uniform at first): its
+    forward gives ComponentMixture's outputs log sum_m pi_m softmax(f(x; theta_m)); its parameters, in
+    named_parameters order, are ComponentMixture's vector (weights, then each of components.0, components.1, ...)."""
+
+    def __init__(self, network: nn.Module, mixture: ComponentMixture):
+        super().__init__()
+        self.weights = nn.Parameter(torch.full((mixture.components,), 1.0 / mixture.components))
+        self.components = nn.ModuleList(copy.deepcopy(network) for _ in range(mixture.components))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The log of the mixture's class probabilities, from each copy's log-softmax (a weight of 0: a term of 0)."""
+        outputs = torch.stack([component(x) for component in self.components])
+        log_weights = self.weights.clamp_min(0).log().reshape(-1, *[1] * (outputs.dim() - 1))
+        return torch.logsumexp(torch.log_softmax(outputs, dim=2) + log_weights, dim=0)

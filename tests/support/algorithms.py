@@ -139,6 +139,7 @@ ALGORITHMS = {
     "gpfl": {"lambda": 0.01, "mu": 0.1},
     "pfedla": {"hn_lr": 0.5},
     "knnper": {"k": 3},
+    "fedem": {"components": 2},
 }
 """Each algorithm's settings for a tiny run (tests/unit/test_algorithms.py checks that every registered one has an
 entry or is in ELSEWHERE)."""
