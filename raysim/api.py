@@ -97,9 +97,9 @@ class Result:
         spec = self.model_spec
         module = build_module(spec.name, spec.input_shape, spec.outputs)
         if client_id is not None and self.personalized_network is not None:
-            from raysim.models.flat import composed_network
+            from raysim.models.flat import composed_module
 
-            module = composed_network(module, self.personalized_network)
+            module = composed_module(module, self.personalized_network)
         unexpected = module.load_state_dict(parameters, strict=False).unexpected_keys
         assert not unexpected, unexpected  # the parameters were laid out by this same network
         return module.eval()

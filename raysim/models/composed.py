@@ -1,14 +1,33 @@
-"""Personalized models that are not the network itself but built around it, described without torch
-(raysim.models.gated builds them, raysim.models.flat.FlatModel.composed scores them): FedCP's gated heads, GPFL's
-feature valve, FedEM's mixture of components."""
+"""Personalized models that are not the network itself but built around it, described without torch: FedCP's gated
+heads, GPFL's feature valve, FedEM's mixture of components. Each description is a `ComposedNetwork`; raysim.models.flat
+builds these three's torch modules (raysim.models.gated), and a method that needs another kind describes it in its own
+file, its `module` building the torch module around the network; raysim.models.flat.FlatModel.composed scores any."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class ComposedNetwork:
+    """A personalized model built around the network: hashable (a frozen dataclass), its vector the parameters of
+    `module(network)` in named_parameters order."""
+
+    classifier_only: ClassVar[bool] = False
+    """Whether it needs a network trained for classification."""
+
+    def module(self, network: nn.Module) -> nn.Module:
+        """The torch module around `network` whose forward evaluation scores (torch imported inside, not at the top
+        of a method's module): what a description defined outside raysim.models gives (the built-in three's modules
+        are raysim.models.gated's)."""
+        raise NotImplementedError(f"{type(self).__name__}.module: the torch module around the network")
 
 
 @dataclass(frozen=True)
-class GatedHeads:
+class GatedHeads(ComposedNetwork):
     """A classifier whose features are split, sample by sample, between two heads by a conditional policy network:
     FedCP's personalized model (Zhang et al., KDD 2023; raysim.algorithms.fedcp). With the network's features
     h = f(x) (the input of its head, ParamSpec.head, of size d), its head (W_p, b_p: the personalized head), a second
@@ -26,13 +45,15 @@ class GatedHeads:
     tau: float = 1.0
     """The softmax temperature of the policy (1 in the authors' code)."""
 
+    classifier_only: ClassVar[bool] = True
+
     def policy_size(self, feature_dim: int) -> int:
         """Parameters of the policy network on features of size d: 2d x d + 2d (linear), 2d + 2d (LayerNorm)."""
         return 2 * feature_dim * feature_dim + 6 * feature_dim
 
 
 @dataclass(frozen=True)
-class FeatureValve:
+class FeatureValve(ComposedNetwork):
     """A classifier whose features pass, coordinate by coordinate, through an affine map and a ReLU before its head:
     GPFL's personalized model (Zhang et al., ICCV 2023; raysim.algorithms.gpfl). With the network's features h = f(x)
     (the input of its head, ParamSpec.head, of size d), its head (W, b) and the client's valve (a, c), each of size d:
@@ -47,7 +68,7 @@ class FeatureValve:
 
 
 @dataclass(frozen=True)
-class ComponentMixture:
+class ComponentMixture(ComposedNetwork):
     """A classifier that mixes the predictions of M copies of the network: FedEM's personalized model (Marfoq et al.,
     NeurIPS 2021; raysim.algorithms.fedem). With the copies' parameters theta_1, ..., theta_M and the client's mixture
     weights pi (M values, nonnegative, summing to 1):
@@ -61,6 +82,4 @@ class ComponentMixture:
     components: int
     """M: the copies of the network."""
 
-
-ComposedNetwork = GatedHeads | FeatureValve | ComponentMixture
-"""The personalized models built around the network that the hosts can score (Algorithm.personalized_network)."""
+    classifier_only: ClassVar[bool] = True

@@ -185,21 +185,16 @@ class FlatModel:
     def composed(self, network: GatedHeads) -> GatedHeadsModel: ...
 
     @overload
-    def composed(self, network: FeatureValve) -> FeatureValveModel: ...
-
-    @overload
-    def composed(self, network: ComponentMixture) -> ComponentMixtureModel: ...
+    def composed(self, network: ComposedNetwork) -> FlatModel: ...
 
     def composed(self, network: ComposedNetwork) -> FlatModel:
         """The model of the vectors of `network`, a personalized model built around this network (its forward what
-        evaluation scores; raysim.models.gated), made once."""
+        evaluation scores; `composed_module`), made once."""
         if network not in self._composed:
             if isinstance(network, GatedHeads):
                 self._composed[network] = GatedHeadsModel(self, network)
-            elif isinstance(network, FeatureValve):
-                self._composed[network] = FeatureValveModel(self, network)
             else:
-                self._composed[network] = ComponentMixtureModel(self, network)
+                self._composed[network] = ComposedModel(self, network)
         return self._composed[network]
 
     def spec_head(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -262,22 +257,33 @@ class FlatModel:
         return torch.cat(parts).numpy() if parts else np.zeros((0, 0), np.float32)
 
 
-class GatedHeadsModel(FlatModel):
-    """GatedHeads vectors around the network of `network` as a FlatModel: `forward` (what evaluation scores) the
-    noiseless policy's logits, `gated_loss_and_grad` a GatedHeadsLoss step; `spec` is the vector's layout (its head
-    the global head)."""
+class ComposedModel(FlatModel):
+    """The vectors of a ComposedNetwork around the network of `network` as a FlatModel: `forward` what evaluation
+    scores; `spec` the vector's layout (its head the module's last linear layer)."""
 
-    def __init__(self, network: FlatModel, heads: GatedHeads):
+    def __init__(self, network: FlatModel, composed: ComposedNetwork):
         super().__init__(network.name, network.input_shape, network.head.out_features, network.task)
-        if self.task != "classification":
-            raise ValueError(f"gated heads need a classifier; model {self.name!r} is trained for {self.task}")
+        if composed.classifier_only and self.task != "classification":
+            name = type(composed).__name__
+            raise ValueError(f"{name} needs a classifier; model {self.name!r} is trained for {self.task}")
         self.network = network
-        self.heads = heads
-        self.module = gated_network(self.module, heads)
+        self.composition = composed
+        self.module = composed_module(self.module, composed)
         self.module.eval()
         self.spec = param_spec(self.module, network.name)
-        self.head = self.module.global_head
+        self.head = last_linear(self.module)[1]
         self.layers = None
+
+
+class GatedHeadsModel(ComposedModel):
+    """GatedHeads vectors as a ComposedModel whose `spec` head is the global head, with `shares` (the policy's
+    split of each sample's features) beside what FedCP's GatedHeadsLoss trains."""
+
+    def __init__(self, network: FlatModel, heads: GatedHeads):
+        super().__init__(network, heads)
+        self.heads = heads
+        assert isinstance(self.module, GatedHeadsNetwork)
+        self.head = self.module.global_head
 
     @torch.no_grad()
     def shares(self, flat: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -286,50 +292,17 @@ class GatedHeadsModel(FlatModel):
         return functional_call(self.module, params, (torch.from_numpy(x),), {"details": True})[2].numpy()
 
 
-class FeatureValveModel(FlatModel):
-    """FeatureValve vectors around the network of `network` as a FlatModel: `forward` (what evaluation scores) the
-    logits W ReLU(a * h + c) + b; `spec` is the vector's layout (its head the network's)."""
-
-    def __init__(self, network: FlatModel, valve: FeatureValve):
-        super().__init__(network.name, network.input_shape, network.head.out_features, network.task)
-        self.network = network
-        self.module = composed_network(self.module, valve)
-        self.module.eval()
-        self.spec = param_spec(self.module, network.name)
-        self.head = last_linear(self.module)[1]
-        self.layers = None
-
-
-class ComponentMixtureModel(FlatModel):
-    """ComponentMixture vectors around the network of `network` as a FlatModel: `forward` (what evaluation scores)
-    the log of the mixture's class probabilities; `spec` is the vector's layout (its head the last copy's)."""
-
-    def __init__(self, network: FlatModel, mixture: ComponentMixture):
-        super().__init__(network.name, network.input_shape, network.head.out_features, network.task)
-        if self.task != "classification":
-            raise ValueError(
-                f"a mixture of components needs a classifier; model {self.name!r} is trained for {self.task}"
-            )
-        self.network = network
-        self.module = composed_network(self.module, mixture)
-        self.module.eval()
-        self.spec = param_spec(self.module, network.name)
-        self.head = last_linear(self.module)[1]
-        self.layers = None
-
-
-def composed_network(network: nn.Module, composed: ComposedNetwork) -> nn.Module:
-    """`network` inside the module of a personalized model built around it (raysim.models.gated)."""
+def composed_module(network: nn.Module, composed: ComposedNetwork) -> nn.Module:
+    """`network` inside the torch module of a personalized model built around it: raysim.models.gated's for the
+    built-in descriptions, the description's own `module` for any other."""
+    head = last_linear(network)[0]
     if isinstance(composed, GatedHeads):
-        return gated_network(network, composed)
+        return GatedHeadsNetwork(network, head, composed)
+    if isinstance(composed, FeatureValve):
+        return FeatureValveNetwork(network, head, composed)
     if isinstance(composed, ComponentMixture):
         return MixtureNetwork(network, composed)
-    return FeatureValveNetwork(network, last_linear(network)[0], composed)
-
-
-def gated_network(network: nn.Module, heads: GatedHeads) -> GatedHeadsNetwork:
-    """`network` inside GatedHeads' module (raysim.models.gated), split at its last linear layer."""
-    return GatedHeadsNetwork(network, last_linear(network)[0], heads)
+    return composed.module(network)
 
 
 def param_spec(module: nn.Module, model: str = "") -> ParamSpec:

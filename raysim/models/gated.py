@@ -16,7 +16,7 @@ from raysim.models.composed import ComponentMixture, FeatureValve, GatedHeads
 
 class GatedHeadsNetwork(nn.Module):
     """`network` with a policy network and a global head on the features its head `head_name` (its last linear layer,
-    raysim.models.flat.gated_network finds it) takes: its forward gives GatedHeads' logits; its parameters, in
+    raysim.models.flat.composed_module finds it) takes: its forward gives GatedHeads' logits; its parameters, in
     named_parameters order, are GatedHeads' vector (policy, then network, then global_head)."""
 
     def __init__(self, network: nn.Module, head_name: str, heads: GatedHeads):
@@ -69,7 +69,7 @@ class Valve(nn.Module):
 
 
 class FeatureValveNetwork(nn.Module):
-    """`network` with a valve on the features its head `head_name` takes (raysim.models.flat.composed_network finds
+    """`network` with a valve on the features its head `head_name` takes (raysim.models.flat.composed_module finds
     it): its forward gives FeatureValve's logits W ReLU(a * h + c) + b; its parameters, in named_parameters order, are
     FeatureValve's vector (network, then valve.scale a, then valve.shift c)."""
 

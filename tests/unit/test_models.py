@@ -271,3 +271,38 @@ def test_every_model_splits_into_body_and_head(name):
     assert features.shape == (3, spec.feature_dim)
     torch.testing.assert_close(logits, head)
     torch.testing.assert_close(logits, model.forward(flat, x))
+
+
+def test_a_composed_network_described_outside_the_models_package_is_scored_through_its_own_module():
+    """A method's own kind of personalized model (raysim.models.composed.ComposedNetwork) is one class in its file:
+    its `module` builds the torch module around the network, and FlatModel.composed lays out and scores its vectors."""
+    from dataclasses import dataclass
+
+    import torch
+    from torch import nn
+
+    from raysim.models.composed import ComposedNetwork
+    from raysim.models.flat import FlatModel
+
+    class ScaledLogits(nn.Module):
+        def __init__(self, network: nn.Module):
+            super().__init__()
+            self.network = network
+            self.scale = nn.Parameter(torch.ones(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.scale * self.network(x)
+
+    @dataclass(frozen=True)
+    class Scaled(ComposedNetwork):
+        def module(self, network: nn.Module) -> nn.Module:
+            return ScaledLogits(network)
+
+    base = FlatModel("mlp", (6,), 3)
+    composed = base.composed(Scaled())
+    assert composed.size == base.size + 1 and base.composed(Scaled()) is composed
+    params = base.initial_parameters(0)
+    x = torch.randn(4, 6)
+    for scale in (1.0, 2.5):
+        vector = torch.cat([torch.tensor([scale]), torch.from_numpy(params)])  # its own parameter first
+        torch.testing.assert_close(composed.forward(vector, x), scale * base.forward(torch.from_numpy(params), x))
