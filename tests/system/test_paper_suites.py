@@ -35,6 +35,8 @@ CHILDREN = {
     **{f"fedapm_table4_{d}.yaml": 35 for d in ("cifar10", "crisismmd", "kuhar", "cremad")},  # 7 methods x 5 seeds
     # FedSLR Table 1's 12 rows in 11 runs (FedSLR's run gives GKR and mixed) and the GPGD/LPGD ablations, one seed
     **{f"fedslr_table1_{d}_{s}.yaml": 13 for d in ("cifar10", "cifar100", "tiny_imagenet") for s in ("iid", "noniid")},
+    # issue 47's field benchmark: 51 methods x 2 splits x 3 seeds (benchmarks/field_benchmark.py)
+    **{f"field_benchmark_{d}.yaml": 306 for d in ("fmnist", "cifar10")},
     # FedSLR's sensitivity studies (fedslr.md 8): Tables 3-7, one seed
     **{
         f"fedslr_sensitivity_{study}_cifar100.yaml": n
