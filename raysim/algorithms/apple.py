@@ -57,10 +57,10 @@ from pydantic import Field
 
 from raysim.algorithms.interface import (
     ALGORITHMS,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    ServerReadsEachMessage,
     Upload,
     server_metrics,
 )
@@ -165,16 +165,12 @@ def personalized(p: Vector, models: np.ndarray) -> Vector:
 
 
 @ALGORITHMS.register()
-class Apple(Algorithm[AppleSettings, AppleClientState, AppleServerState, AppleBroadcast, AppleUpload]):
+class Apple(ServerReadsEachMessage[AppleSettings, AppleClientState, AppleServerState, AppleBroadcast, AppleUpload]):
     """Personalized models that are learned combinations of every client's core model."""
 
     name = "apple"
     Settings = AppleSettings
     Upload = AppleUpload
-
-    @classmethod
-    def reads_messages(cls, settings: AppleSettings) -> bool:
-        return True
 
     def init_server(self, init_params: Vector, num_clients: int) -> AppleServerState:
         models = np.tile(np.asarray(init_params, np.float32), (num_clients, 1))
@@ -228,9 +224,6 @@ class Apple(Algorithm[AppleSettings, AppleClientState, AppleServerState, AppleBr
         """[theta_i, alpha_i]: the core model and the weight the server reads by client."""
         upload = update.upload
         return np.concatenate([np.asarray(upload.core, np.float64), [upload.weight]])
-
-    def server_step(self, server: AppleServerState, total: AppleUpload, num_selected: int):
-        raise NotImplementedError("APPLE's server reads each client's core model (server_step_by_client)")
 
     def server_step_by_client(
         self, server: AppleServerState, total: AppleUpload, num_selected: int, messages: Mapping[int, Vector]

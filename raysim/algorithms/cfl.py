@@ -32,10 +32,10 @@ from pydantic import Field
 
 from raysim.algorithms.interface import (
     ALGORITHMS,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    ServerReadsEachMessage,
     Upload,
     payload_bytes,
     server_metrics,
@@ -81,16 +81,12 @@ class CflServerState:
 
 
 @ALGORITHMS.register()
-class Cfl(Algorithm[CflSettings, CflClientState, CflServerState, CflBroadcast, CflUpload]):
+class Cfl(ServerReadsEachMessage[CflSettings, CflClientState, CflServerState, CflBroadcast, CflUpload]):
     """A model per cluster of clients; a cluster whose clients' updates disagree splits in two."""
 
     name = "cfl"
     Settings = CflSettings
     Upload = CflUpload
-
-    @classmethod
-    def reads_messages(cls, settings: CflSettings) -> bool:
-        return True
 
     def init_server(self, init_params: Vector, num_clients: int) -> CflServerState:
         return CflServerState(init_params[None].copy(), np.zeros(num_clients, np.int64))
@@ -115,9 +111,6 @@ class Cfl(Algorithm[CflSettings, CflClientState, CflServerState, CflBroadcast, C
     def message(self, update: ClientUpdate) -> Vector:
         """The client's update dtheta_i, which the server reads by client."""
         return update.upload.update
-
-    def server_step(self, server: CflServerState, total: CflUpload, num_selected: int):
-        raise NotImplementedError("CFL's server reads each client's update (server_step_by_client)")
 
     def server_step_by_client(
         self, server: CflServerState, total: CflUpload, num_selected: int, messages: Mapping[int, Vector]

@@ -43,10 +43,10 @@ from pydantic import Field
 
 from raysim.algorithms.interface import (
     ALGORITHMS,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    ServerReadsEachMessage,
     Upload,
     payload_bytes,
     server_metrics,
@@ -137,16 +137,14 @@ def attention(models: np.ndarray, peers: np.ndarray, settings: FedAmpSettings) -
 
 
 @ALGORITHMS.register()
-class FedAmp(Algorithm[FedAmpSettings, FedAmpClientState, FedAmpServerState, FedAmpBroadcast, FedAmpUpload]):
+class FedAmp(
+    ServerReadsEachMessage[FedAmpSettings, FedAmpClientState, FedAmpServerState, FedAmpBroadcast, FedAmpUpload]
+):
     """Personalized models that pull on each other in proportion to their similarity, through cloud models."""
 
     name = "fedamp"
     Settings = FedAmpSettings
     Upload = FedAmpUpload
-
-    @classmethod
-    def reads_messages(cls, settings: FedAmpSettings) -> bool:
-        return True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedAmpServerState:
         models = np.tile(np.asarray(init_params, np.float32), (num_clients, 1))
@@ -175,9 +173,6 @@ class FedAmp(Algorithm[FedAmpSettings, FedAmpClientState, FedAmpServerState, Fed
     def message(self, update: ClientUpdate) -> Vector:
         """The client's new w_i, which the server reads by client."""
         return update.upload.model
-
-    def server_step(self, server: FedAmpServerState, total: FedAmpUpload, num_selected: int):
-        raise NotImplementedError("FedAMP's server reads each client's model (server_step_by_client)")
 
     def server_step_by_client(
         self, server: FedAmpServerState, total: FedAmpUpload, num_selected: int, messages: Mapping[int, Vector]

@@ -53,10 +53,10 @@ from pydantic import Field
 from raysim.algorithms.families.averaging import upload_weight
 from raysim.algorithms.interface import (
     ALGORITHMS,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    ServerReadsEachMessage,
     Upload,
     server_metrics,
 )
@@ -129,16 +129,14 @@ class FedCacServerState:
 
 
 @ALGORITHMS.register()
-class FedCac(Algorithm[FedCacSettings, FedCacClientState, FedCacServerState, FedCacBroadcast, FedCacUpload]):
+class FedCac(
+    ServerReadsEachMessage[FedCacSettings, FedCacClientState, FedCacServerState, FedCacBroadcast, FedCacUpload]
+):
     """Critical parameters averaged among collaborators with overlapping critical sets, the others among all."""
 
     name = "fedcac"
     Settings = FedCacSettings
     Upload = FedCacUpload
-
-    @classmethod
-    def reads_messages(cls, settings: FedCacSettings) -> bool:
-        return True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedCacServerState:
         size = init_params.size
@@ -173,9 +171,6 @@ class FedCac(Algorithm[FedCacSettings, FedCacClientState, FedCacServerState, Fed
     def message(self, update: ClientUpdate) -> Vector:
         """[theta_i, M_i]: the model and the mask the server reads by client."""
         return np.concatenate([update.state.theta, update.upload.critical]).astype(np.float32)
-
-    def server_step(self, server: FedCacServerState, total: FedCacUpload, num_selected: int):
-        raise NotImplementedError("FedCAC's server reads each client's model and mask (server_step_by_client)")
 
     def server_step_by_client(
         self, server: FedCacServerState, total: FedCacUpload, num_selected: int, messages: Mapping[int, Vector]

@@ -46,11 +46,11 @@ from pydantic import Field
 from raysim.algorithms.interface import (
     ALGORITHMS,
     NOT_SENT,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
     ServerContext,
+    ServerReadsEachMessage,
     Upload,
     payload_bytes,
     server_metrics,
@@ -142,16 +142,14 @@ class FedFomoServerState:
 
 
 @ALGORITHMS.register()
-class FedFomo(Algorithm[FedFomoSettings, FedFomoClientState, FedFomoServerState, FedFomoBroadcast, FedFomoUpload]):
+class FedFomo(
+    ServerReadsEachMessage[FedFomoSettings, FedFomoClientState, FedFomoServerState, FedFomoBroadcast, FedFomoUpload]
+):
     """Personalized models updated by first-order weighted combinations of other clients' models (eqs. 4-6)."""
 
     name = "fedfomo"
     Settings = FedFomoSettings
     Upload = FedFomoUpload
-
-    @classmethod
-    def reads_messages(cls, settings: FedFomoSettings) -> bool:
-        return True
 
     @classmethod
     def example(cls, context: ExampleContext) -> Fragment:
@@ -250,9 +248,6 @@ class FedFomo(Algorithm[FedFomoSettings, FedFomoClientState, FedFomoServerState,
         """[theta_i, the weights row (m), n_i], which the server reads by client."""
         upload = update.upload
         return np.concatenate([upload.model, upload.weights, [upload.samples]])
-
-    def server_step(self, server: FedFomoServerState, total: FedFomoUpload, num_selected: int):
-        raise NotImplementedError("FedFomo's server reads each client's message (server_step_by_client)")
 
     def server_step_by_client(
         self, server: FedFomoServerState, total: FedFomoUpload, num_selected: int, messages: Mapping[int, Vector]

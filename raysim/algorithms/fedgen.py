@@ -60,10 +60,10 @@ from pydantic import Field
 from raysim.algorithms.interface import (
     ALGORITHMS,
     NOT_SENT,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    ServerReadsEachMessage,
     Upload,
     server_metrics,
 )
@@ -391,7 +391,9 @@ class FedGenServerState:
 
 
 @ALGORITHMS.register()
-class FedGen(Algorithm[FedGenSettings, FedGenClientState, FedGenServerState, FedGenBroadcast, FedGenUpload]):
+class FedGen(
+    ServerReadsEachMessage[FedGenSettings, FedGenClientState, FedGenServerState, FedGenBroadcast, FedGenUpload]
+):
     """FedAvg, plus a server-side generator of features that the clients' heads learn to classify (eq. 6)."""
 
     name = "fedgen"
@@ -403,10 +405,6 @@ class FedGen(Algorithm[FedGenSettings, FedGenClientState, FedGenServerState, Fed
         self.head = params.head_mask()
         s = settings
         self.layout = Generator(s.noise_dim, params.head_outputs, s.hidden_dim, params.feature_dim, s.batch_norm)
-
-    @classmethod
-    def reads_messages(cls, settings: FedGenSettings) -> bool:
-        return True
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedGenServerState:
         seed = zlib.crc32(np.ascontiguousarray(init_params).tobytes())
@@ -467,9 +465,6 @@ class FedGen(Algorithm[FedGenSettings, FedGenClientState, FedGenServerState, Fed
     def message(self, update: ClientUpdate) -> Vector:
         """The trained head and the label counts, which the server reads by client."""
         return np.concatenate([update.upload.head, update.upload.counts])
-
-    def server_step(self, server: FedGenServerState, total: FedGenUpload, num_selected: int):
-        raise NotImplementedError("FedGen's server reads each client's head and label counts (server_step_by_client)")
 
     def server_step_by_client(
         self, server: FedGenServerState, total: FedGenUpload, num_selected: int, messages: Mapping[int, Vector]

@@ -66,10 +66,10 @@ from pydantic import Field
 
 from raysim.algorithms.interface import (
     ALGORITHMS,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    ServerReadsEachMessage,
     Upload,
     server_metrics,
 )
@@ -284,7 +284,9 @@ class FedPacUpload(Upload):
 
 
 @ALGORITHMS.register()
-class FedPac(Algorithm[FedPacSettings, FedPacClientState, FedPacServerState, FedPacBroadcast, FedPacUpload]):
+class FedPac(
+    ServerReadsEachMessage[FedPacSettings, FedPacClientState, FedPacServerState, FedPacBroadcast, FedPacUpload]
+):
     """A body averaged and aligned to global prototypes; heads combined per client by a quadratic program."""
 
     name = "fedpac"
@@ -296,10 +298,6 @@ class FedPac(Algorithm[FedPacSettings, FedPacClientState, FedPacServerState, Fed
         self.head = params.head_mask()
         self.body = ~self.head
         self.classes, self.feature_dim = params.head_outputs, params.feature_dim
-
-    @classmethod
-    def reads_messages(cls, settings: FedPacSettings) -> bool:
-        return True
 
     def assemble(self, head: Vector, body: Vector) -> Vector:
         full = np.empty(self.params.size, np.float32)
@@ -385,9 +383,6 @@ class FedPac(Algorithm[FedPacSettings, FedPacClientState, FedPacServerState, Fed
         """The head, h_i, V_i / n_i and n_i, which the server reads by client."""
         upload = update.upload
         return np.concatenate([upload.head, upload.stats, [upload.weight]])
-
-    def server_step(self, server: FedPacServerState, total: FedPacUpload, num_selected: int):
-        raise NotImplementedError("FedPAC's server reads each client's head and statistics (server_step_by_client)")
 
     def server_step_by_client(
         self, server: FedPacServerState, total: FedPacUpload, num_selected: int, messages: Mapping[int, Vector]

@@ -433,6 +433,18 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
         return None
 
 
+class ServerReadsEachMessage(Algorithm[P, C, S, B, U]):
+    """An algorithm whose server always reads each selected client's message (`server_step_by_client`: CFL's
+    clusters, FedAMP's attention, the hypernetworks of pFedHN and pFedLA, ...), never the sum of uploads alone."""
+
+    @classmethod
+    def reads_messages(cls, settings: P) -> bool:
+        return True
+
+    def server_step(self, server: S, total: U, num_selected: int) -> tuple[S, dict[str, float]]:
+        raise NotImplementedError(f"{self.name}'s server reads each client's message (server_step_by_client)")
+
+
 def previous_message(algorithm: Algorithm, update: ClientUpdate) -> Vector | None:
     """For a delta upload, the message the server held for this client before the update (its new message minus
     the change it uploads); None otherwise."""

@@ -56,10 +56,10 @@ from pydantic import Field, model_validator
 
 from raysim.algorithms.interface import (
     ALGORITHMS,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    ServerReadsEachMessage,
     Upload,
     payload_bytes,
     server_metrics,
@@ -217,17 +217,15 @@ class PfedhnServerState:
 
 
 @ALGORITHMS.register()
-class Pfedhn(Algorithm[PfedhnSettings, PfedhnClientState, PfedhnServerState, PfedhnBroadcast, PfedhnUpload]):
+class Pfedhn(
+    ServerReadsEachMessage[PfedhnSettings, PfedhnClientState, PfedhnServerState, PfedhnBroadcast, PfedhnUpload]
+):
     """A hypernetwork on the server generates every client's model from its embedding; the clients' local updates
     train it through the chain rule."""
 
     name = "pfedhn"
     Settings = PfedhnSettings
     Upload = PfedhnUpload
-
-    @classmethod
-    def reads_messages(cls, settings: PfedhnSettings) -> bool:
-        return True
 
     def network(self, num_clients: int) -> Hypernetwork:
         s = self.settings
@@ -265,9 +263,6 @@ class Pfedhn(Algorithm[PfedhnSettings, PfedhnClientState, PfedhnServerState, Pfe
     def message(self, update: ClientUpdate) -> Vector:
         """The client's dtheta_i, which the server reads by client."""
         return update.upload.update
-
-    def server_step(self, server: PfedhnServerState, total: PfedhnUpload, num_selected: int):
-        raise NotImplementedError("pFedHN's server reads each client's update (server_step_by_client)")
 
     def server_step_by_client(
         self, server: PfedhnServerState, total: PfedhnUpload, num_selected: int, messages: Mapping[int, Vector]

@@ -56,10 +56,10 @@ from pydantic import Field
 
 from raysim.algorithms.interface import (
     ALGORITHMS,
-    Algorithm,
     ClientInfo,
     ClientStep,
     ClientUpdate,
+    ServerReadsEachMessage,
     Upload,
     payload_bytes,
     server_metrics,
@@ -222,7 +222,9 @@ class PfedlaServerState:
 
 
 @ALGORITHMS.register()
-class Pfedla(Algorithm[PfedlaSettings, PfedlaClientState, PfedlaServerState, PfedlaBroadcast, PfedlaUpload]):
+class Pfedla(
+    ServerReadsEachMessage[PfedlaSettings, PfedlaClientState, PfedlaServerState, PfedlaBroadcast, PfedlaUpload]
+):
     """Per-client hypernetworks on the server learn layer-wise weights with which every client's model is
     aggregated from all clients' latest models."""
 
@@ -235,10 +237,6 @@ class Pfedla(Algorithm[PfedlaSettings, PfedlaClientState, PfedlaServerState, Pfe
         self.slices = layer_slices(params, settings.layers)
         self.trained = ~params.statistics_mask()
         """The coordinates the gradient reaches (all but the running statistics)."""
-
-    @classmethod
-    def reads_messages(cls, settings: PfedlaSettings) -> bool:
-        return True
 
     def network(self, num_clients: int) -> LayerHypernetwork:
         s = self.settings
@@ -289,9 +287,6 @@ class Pfedla(Algorithm[PfedlaSettings, PfedlaClientState, PfedlaServerState, Pfe
     def message(self, update: ClientUpdate) -> Vector:
         """The client's dtheta_i, which the server reads by client."""
         return update.upload.update
-
-    def server_step(self, server: PfedlaServerState, total: PfedlaUpload, num_selected: int):
-        raise NotImplementedError("pFedLA's server reads each client's update (server_step_by_client)")
 
     def server_step_by_client(
         self, server: PfedlaServerState, total: PfedlaUpload, num_selected: int, messages: Mapping[int, Vector]
