@@ -35,8 +35,12 @@ def view_state(parent_run_id: str) -> dict[str, object]:
 
 
 def view_path(experiment_id: str, parent_run_id: str) -> str:
-    """The comparison view's path in the UI, after the server's URL."""
-    return f"/#/experiments/{experiment_id}/runs?viewStateShareKey={parent_run_id}&compareRunsMode=CHART"
+    """The comparison view's path in the UI, after the server's URL (in MLflow's model-training view: MLflow 3
+    opens its GenAI view, with Traces, Judges and Prompts, unless told)."""
+    return (
+        f"/#/experiments/{experiment_id}/runs?viewStateShareKey={parent_run_id}"
+        "&workflowType=machine_learning&compareRunsMode=CHART"
+    )
 
 
 def share_children_view(writer: MlflowWriter) -> None:

@@ -292,7 +292,10 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     try:
         link = next(line.split(" ", 1)[1].strip() for line in process.stdout if line.startswith("open "))
         server = f"http://127.0.0.1:{port}"
-        assert link == f"{server}/#/experiments/{experiment}/runs?viewStateShareKey={parent}&compareRunsMode=CHART"
+        assert link == (
+            f"{server}/#/experiments/{experiment}/runs?viewStateShareKey={parent}"
+            "&workflowType=machine_learning&compareRunsMode=CHART"
+        )
         deadline = time.monotonic() + 120
         while not _healthy(port) and time.monotonic() < deadline:
             time.sleep(1)
@@ -300,6 +303,7 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
         _chromium(f"--screenshot={shots['compared']}", link, width=1900)
         text = _page_text(link, width=1900)
         assert all(f"Group: {name}" in text for name in settings), text
+        assert "Model training" in text and not {"Judges", "Prompts"} & set(text)  # not MLflow's GenAI view
         sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
         assert sections == ["gm", "hm", "pm"], sections  # the headline curves, not the parent's means
         table = _page_text(link.replace("&compareRunsMode=CHART", ""))
