@@ -93,13 +93,25 @@ def mean_client_metrics(records: pa.Table | pa.RecordBatch) -> dict[str, float]:
 
 
 def benign_summary(
-    evaluations: pa.Table | pa.RecordBatch, malicious: frozenset[int], heldout: frozenset[int] = frozenset()
+    evaluations: pa.Table | pa.RecordBatch,
+    malicious: frozenset[int],
+    heldout: frozenset[int] = frozenset(),
+    test_sizes: dict[int, int] | None = None,
 ) -> dict[str, float]:
     """Across-client summaries over the benign training clients (attackers are not scored, as in the specs'
-    robustness settings), and over the held-out clients (`clients.heldout`) as `heldout/...`."""
+    robustness settings), and over the held-out clients (`clients.heldout`) as `heldout/...`; with the clients'
+    `test_sizes` also `heldout/{pm,gm}/acc_weighted`, their accuracy weighted by test (query) samples, as the AugFL
+    authors' target_test2 reports it (augfl.md 2.3)."""
     ids = evaluations.column("client_id").to_numpy()
     held = np.isin(ids, list(heldout))
     summary = summarize(evaluations.filter(pa.array(~(held | np.isin(ids, list(malicious))))))
     if held.any():
-        summary |= {f"heldout/{k}": v for k, v in summarize(evaluations.filter(pa.array(held))).items()}
+        target = evaluations.filter(pa.array(held))
+        summary |= {f"heldout/{k}": v for k, v in summarize(target).items()}
+        if test_sizes is not None:
+            sizes = np.array([test_sizes[int(i)] for i in target.column("client_id").to_numpy()], np.float64)
+            for model in ("pm", "gm"):
+                acc = model_columns(target, model)["test_acc"]
+                if sizes.sum() > 0 and np.isfinite(acc).all():
+                    summary[f"heldout/{model}/acc_weighted"] = float(sizes @ acc / sizes.sum())
     return summary

@@ -45,7 +45,7 @@ class FlatModel:
         self.task = task
         self.input_shape = as_shape(input_shape)
         self.module = build_module(name, input_shape, outputs)
-        self.spec = param_spec(self.module, name)
+        self.spec = param_spec(self.module, name, self.input_shape)
         self.head = last_linear(self.module)[1]
         """The last linear layer: its input is the features (`features`), its outputs the logits (ParamSpec.head)."""
         self.layers = perceptron_layers(self.module, self.input_shape)
@@ -305,10 +305,10 @@ def composed_module(network: nn.Module, composed: ComposedNetwork) -> nn.Module:
     return composed.module(network)
 
 
-def param_spec(module: nn.Module, model: str = "") -> ParamSpec:
+def param_spec(module: nn.Module, model: str = "", input_shape: tuple[int, ...] = ()) -> ParamSpec:
     """The layout of a module's parameters in the flat vector, in `named_parameters` order, then its running
     statistics (raysim.models.zoo.carried_buffers); `model`: its registered name (personalization presets look up the
-    model's table by it, raysim.models.spec.personalization)."""
+    model's table by it, raysim.models.spec.personalization); `input_shape`: the sample shape it was built for."""
     names, shapes, offsets, offset = [], [], [], 0
     statistics = carried_buffers(module)
     for name, tensor in [*module.named_parameters(), *statistics]:
@@ -328,6 +328,7 @@ def param_spec(module: nn.Module, model: str = "") -> ParamSpec:
         head_names,
         tuple(name for name, _ in statistics),
         normalization,
+        input_shape,
     )
 
 

@@ -98,6 +98,9 @@ class ParamSpec:
     normalization: tuple[str, ...] = ()
     """The module prefixes of the normalization layers (BatchNorm, GroupNorm, LayerNorm, InstanceNorm): what the
     `normalization` split preset keeps personal (FedBN)."""
+    input_shape: tuple[int, ...] = ()
+    """A sample's shape, which the network was built for (raysim.models.zoo.build_module builds it again: AugFL's
+    clients draw their own initial models, raysim.algorithms.augfl); () when unknown (a hand-made layout)."""
 
     @property
     def parameter_count(self) -> int:

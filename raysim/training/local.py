@@ -25,6 +25,7 @@ from raysim.algorithms.requests import (
     TrainModel,
     draws_randomness,
 )
+from raysim.data.augment import crop_flip
 from raysim.jit import kernel
 from raysim.models.flat import FlatModel
 from raysim.training.authors_batches import ReplayedBatches
@@ -139,21 +140,6 @@ def _normalize_rows(x, indices, mean, std, out, positions):
             for e in range(size):
                 value = np.float32(x[source, c, e]) / np.float32(255.0)
                 out[target, c * size + e] = (value - mean[c]) / std[c]
-
-
-def crop_flip(rows: np.ndarray, corners: np.ndarray, flips: np.ndarray, padding: int) -> np.ndarray:
-    """Each image (n, C, H, W) zero-padded by `padding`, cropped back to H x W at its corner, flipped where asked."""
-    n, channels, height, width = rows.shape
-    padded = np.pad(rows, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-    top = corners[:, :1] + np.arange(height)
-    left = corners[:, 1:] + np.arange(width)
-    left = np.where(flips[:, None], left[:, ::-1], left)
-    return padded[
-        np.arange(n)[:, None, None, None],
-        np.arange(channels)[None, :, None, None],
-        top[:, None, :, None],
-        left[:, None, None, :],
-    ]
 
 
 @dataclass(frozen=True)

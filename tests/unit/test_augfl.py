@@ -143,6 +143,27 @@ def test_meta_partition_gives_two_class_few_shot_clients_disjoint_from_the_reser
         assert abs(len(split.train) - len(split.test)) <= 1  # support / query 50/50
 
 
+def test_all_splits_weighting_is_the_authors_w_i():
+    """The authors' w_i = (|D_i^s| + |D_i^q|) / sum_j (|D_j^s| + |D_j^q|) over the training clients (ServerMain's
+    set_clients; `clients.weighting: all_splits`), where `samples` counts the support (train) split alone."""
+    from raysim.runtime.problem import prepare
+
+    partition = {"scheme": "meta", "shots": 10, "reserved": 500, "server_samples": 300}
+    weights = {}
+    for weighting in ("samples", "all_splits"):
+        clients = {"count": 20, "heldout": 0.25, "weighting": weighting}
+        problem = prepare(validate_config(tiny_config(partition=partition, clients=clients)))
+        weights[weighting] = np.array([info.weight for info, _ in problem.clients])
+        splits = [split for _, split in problem.clients]
+    sizes = np.array([len(s.train) + len(s.test) for s in splits])
+    assert sizes.sum() == sum(s.num_samples for s in splits)  # the meta partition has no val split: D^s and D^q
+    np.testing.assert_allclose(weights["all_splits"][:15], sizes[:15] / sizes[:15].sum(), rtol=1e-12)
+    assert not weights["all_splits"][15:].any() and weights["all_splits"].sum() == pytest.approx(1.0)
+    train = np.array([len(s.train) for s in splits[:15]])
+    np.testing.assert_allclose(weights["samples"][:15], train / train.sum(), rtol=1e-12)
+    assert not np.allclose(weights["samples"], weights["all_splits"])  # odd sizes split unevenly: they differ
+
+
 def test_pretrained_teacher_fits_the_reserved_pool_and_is_cached(tmp_path, monkeypatch):
     from raysim.data.meta_partition import reserved_indices
     from raysim.launch import pretrain
@@ -184,7 +205,8 @@ def test_heldout_clients_never_train_and_are_scored_one_step_from_the_current_gl
         sim.round(round_index)
     for c in (8, 9):  # untouched: the same values (client_states gives copies)
         for field in dataclasses.fields(initial[c]):
-            assert np.array_equal(getattr(sim.states[c], field.name), getattr(initial[c], field.name)), (c, field)
+            now, then = getattr(sim.states[c], field.name), getattr(initial[c], field.name)
+            assert np.array_equal(now, then, equal_nan=True), (c, field)
         assert sim.states[c].participations == 0
     theta = sim.coordinator.global_model()
     table = sim.host.evaluate(theta)

@@ -30,9 +30,11 @@ LARGER = {
     "resnet18_gn": "resnet18_gn",
     "resnet8x4": "resnet32x4",
     "resnet32x4": "resnet32x4",
+    "resnet8x4_bn": "resnet32x4_bn",
+    "resnet32x4_bn": "resnet32x4_bn",
 }
 """The default architecture of the teacher for each client model: the next larger network of the zoo, and the
-paper's pair (a ResNet32x4 distilled into a ResNet8x4, augfl.md 4.2)."""
+paper's pair (a ResNet32x4 distilled into a ResNet8x4, augfl.md 4.2; with BatchNorm, as the authors built them)."""
 
 
 def teacher_architecture(settings: TransferStepSettings, model: str, input_shape: tuple[int, ...]) -> str:
