@@ -2,6 +2,10 @@
 
     python benchmarks/fedslr_latency.py [--device cpu|cuda] [--threads N] [--batch 20] [--repeats R]
                                         [--rank-fractions 1 0.5 0.25 0.1] [--p-density 0.1] [--classes 10]
+    python benchmarks/fedslr_latency.py --run RUN_ID [--tracking-uri URI] [--input-shape 3 32 32] [--device ...]
+
+With --run, the GKR timed is a finished FedSLR run's final global model (its `global_model` artifact) at the ranks
+its server logged last (raysim.studies.latency): Table 9 measured on a trained GKR. Without it:
 
 ResNet-18-GN on CIFAR-shaped input (3 x 32 x 32). For each rank fraction f, every conv and linear layer of the
 initial weights is cut to its top r = ceil(f min(d1, d2)) singular values (the GKR at a larger lambda keeps fewer:
@@ -72,8 +76,28 @@ def main() -> None:
     parser.add_argument("--rank-fractions", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1])
     parser.add_argument("--p-density", type=float, default=0.1, help="share of nonzeros of the sparse part p")
     parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--run", help="time this finished run's trained GKR instead of synthetic rank fractions")
+    parser.add_argument("--tracking-uri", help="the run's store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--input-shape", type=int, nargs="+", default=[3, 32, 32], help="a sample's shape (--run)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.run:
+        from raysim.studies.latency import gkr_latency, load_trained_gkr
+        from raysim.tracking.mlflow_writer import resolve_tracking_uri
+
+        gkr = load_trained_gkr(resolve_tracking_uri(args.tracking_uri), args.run)
+        found = gkr_latency(gkr, tuple(args.input_shape), args.batch, args.repeats, args.device)
+        print(
+            f"run {args.run}: batch {args.batch}, device={args.device}, threads={args.threads}, "
+            f"median of {args.repeats}"
+        )
+        print("| GKR params (M) | factored layers | dense ms/batch | factorized ms/batch | ratio | max |diff| |")
+        print("|---|---|---|---|---|---|")
+        print(
+            f"| {found.params / 1e6:.3f} | {found.factored_layers} | {found.dense_ms:.2f} | "
+            f"{found.factorized_ms:.2f} | {found.factorized_ms / found.dense_ms:.2f} | {found.max_diff:.1e} |"
+        )
+        return
     model = FlatModel("resnet18_gn", (3, 32, 32), args.classes)
     generator = np.random.default_rng(0)
     batches = [torch.from_numpy(generator.normal(size=(args.batch, 3, 32, 32)).astype(np.float32)) for _ in range(4)]

@@ -15,6 +15,9 @@ layer-wise (SVT of linear and matrixized conv weights; biases and norm parameter
 SVD's thresholded factors U sqrt(S), sqrt(S) V^T are the downlink (fedslr.md 2.4): `downlink_bytes`
 counts min(dense, factored) per layer. Phase I, the dual update and the server's mean before the prox are FedDyn's
 (alpha = 1/eta_g), written once in raysim.algorithms.feddyn; with lambda = mu = 0 FedSLR's w_t is FedDyn's theta.
+With `phase_timing: true` each phase's wall time (fedslr.md 10 item 19: the authors' code prints Phase I's) is
+`update/phase1_seconds` and `update/phase2_seconds`: from the step's request to its result (in a vectorized chunk,
+the chunk's training).
 Evaluation scores GM = w, PM = the mixed model w + p_i and `personal` = p_i alone (`extra_models`); the
 parameter counts of fedslr.md 6.5 are `server/global_params` and the per-client `update/mixed_params`.
 
@@ -36,6 +39,7 @@ eta_g <= 1/(2L) and Phase I is solved exactly.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -68,7 +72,9 @@ class FedSlrSettings(DynamicSolverSettings):
     mu: float = Field(1e-3, ge=0, description="mu: L1 (sparsity) penalty of the personal component")
     eta_g: float = Field(10.0, gt=0, description="eta_g: proximal step; SVT threshold is lambda * eta_g")
     p_init: Literal["zero", "init"] = Field(
-        "zero", description="p_i^0: zeros (paper silent) or a copy of the initial matrix weights (authors' code)"
+        "zero",
+        description="p_i^0: zeros (paper silent) or a copy of the initial weights and biases of every conv and "
+        "linear layer, normalization parameters zero (authors' code: MaskedConv/MaskedLinear p and p_bias)",
     )
     p_weight_decay: float = Field(0.0, ge=0, description="extra L2 on p in Phase II (1e-3 in the authors' code)")
     l1_scope: Literal["all", "matrices"] = Field(
@@ -86,6 +92,12 @@ class FedSlrSettings(DynamicSolverSettings):
         False,
         description="two more full passes per client, for Phase II's gradient mapping (Thm 3) and the potential "
         "(Def. 1) (docs/algorithms.md, ADMM convergence)",
+    )
+    phase_timing: bool = Field(
+        False,
+        description="log each selected client's Phase I and Phase II wall time (update/phase1_seconds, "
+        "update/phase2_seconds; fedslr.md 10 item 19); off by default, since timings differ run to run and the "
+        "metrics would no longer repeat bit for bit",
     )
     server_duals: Literal["running_mean", "per_client"] = Field(
         "running_mean",
@@ -145,6 +157,17 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
         super().__init__(settings, params)
         self.low_rank = LowRankProx(params, settings.svd_device)
 
+    def _layer_coordinates(self) -> np.ndarray:
+        """Boolean mask of the entries of the conv and linear layers: their matrix (>= 2-D) weights and the bias
+        beside each (`X.bias` next to a matrix `X.weight`); normalization layers' 1-D weights and biases are out."""
+        mask = self._matrix_coordinates()
+        shapes = dict(zip(self.params.names, self.params.shapes, strict=True))
+        for name in self.params.names:
+            module, _, part = name.rpartition(".")
+            if part == "bias" and len(shapes.get(f"{module}.weight", ())) >= 2:
+                mask[self.params.slice(name)] = True
+        return mask
+
     def _matrix_coordinates(self) -> np.ndarray:
         """Boolean mask of the entries that belong to matrix (>= 2-D) parameters."""
         mask = np.zeros(self.params.size, dtype=bool)
@@ -165,9 +188,9 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedSlrClientState:
         p = np.zeros_like(init_params)
-        if self.settings.p_init == "init":
-            matrices = self._matrix_coordinates()
-            p[matrices] = init_params[matrices]
+        if self.settings.p_init == "init":  # the authors' p = copy(w), p_bias = copy(bias); GroupNorm's p = 0
+            layers = self._layer_coordinates()
+            p[layers] = init_params[layers]
         return FedSlrClientState(np.zeros_like(init_params), p, None)
 
     def broadcast(self, server: FedSlrServerState) -> LowRankBroadcast:
@@ -177,7 +200,9 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
         s = self.settings
         w_t = broadcast.model.params(self.params)
         lr = s.lr  # eta_l * decay^t: the runtime steps round t with its settings (LrSchedule.at_round)
+        started = time.perf_counter()
         result = yield from train(dynamic_request(s, w_t, state.gamma, s.eta_g, lr))  # (4), FedDyn's client step
+        phase1_seconds = time.perf_counter() - started
         w_i = result.params
         gamma = dual_update(state.gamma, w_t, w_i, s.eta_g)  # (5)
         metrics = {
@@ -186,13 +211,18 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
             "dual_change": float(np.linalg.norm(gamma - state.gamma)),
             "dual_norm": float(np.linalg.norm(gamma)),
         }
+        if s.phase_timing:
+            metrics["phase1_seconds"] = phase1_seconds
         p = state.p
         l1 = s.mu if s.l1_scope == "all" else s.mu * self._matrix_coordinates().astype(np.float32)
         if s.phase2_epochs:
             phase2 = dataclasses.replace(
                 s.local_sgd(p, s.phase2_epochs, terms=(Offset(w_t), L1(l1))), lr=lr, weight_decay=s.p_weight_decay
             )
+            started = time.perf_counter()
             second = yield from train(phase2)  # (7)
+            if s.phase_timing:
+                metrics["phase2_seconds"] = time.perf_counter() - started
             p = second.params
             metrics["phase2_loss"] = second.mean_loss
         if s.diagnostics:  # Thm 3's gradient mapping of (7) at the new p_i, Phase II's stationarity residual

@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 import raysim.data.authors_draw as authors_draw
-from raysim.data.scheme import PARTITIONS, ClientSplit, SchemeSettings
+from raysim.data.scheme import PARTITIONS, ClientSplit, SchemeSettings, matched_test, test_and_train_pools
 from raysim.errors import PartitionError
 from raysim.examples import ExampleContext, Fragment
 from raysim.seeding import Stream, rng
@@ -40,10 +40,10 @@ class _FlameScheme(SchemeSettings):
     def _check_authors_draw(self):
         if self.draw != "authors":
             return self
-        if self.test_split == "global":
+        if self.test_split != "client":
             raise ValueError(
-                "partition.test_split=global: partition.draw=authors replays the authors' per-client 80/20 split; "
-                "use test_split client or draw raysim"
+                f"partition.test_split={self.test_split}: partition.draw=authors replays the authors' per-client 80/20 "
+                "split; use test_split client or draw raysim"
             )
         if self.val_fraction:
             raise ValueError(
@@ -68,9 +68,9 @@ class _FlameScheme(SchemeSettings):
         """The authors' dealing of this scheme (authors_draw), from their legacy generator."""
         return authors_draw.iid(len(labels), num_clients, state)
 
-    def splits(self, labels, num_clients, seed, groups):
+    def splits(self, labels, num_clients, seed, groups, test_start=None):
         if self.draw != "authors":
-            return super().splits(labels, num_clients, seed, groups)
+            return super().splits(labels, num_clients, seed, groups, test_start)
         parts = self.authors_assign(np.asarray(labels), num_clients, np.random.RandomState(seed), groups)
         pairs = authors_draw.split(parts, 1.0 - self.test_fraction, seed)
         return self.with_noise([split_or_refuse(c, train, test) for c, (train, test) in enumerate(pairs)], num_clients)
@@ -92,7 +92,7 @@ class DirichletSettings(_FlameScheme):
 
     scheme: Literal["dirichlet"] = "dirichlet"
     by_label: ClassVar[bool] = True
-    beta: float = Field(0.5, gt=0.0)
+    beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration: small is skewed, large near IID")
     min_samples: int = Field(2, ge=2, description="redraw until every client holds at least this many")
     overlap: bool = Field(
         False, description="draw each client's class-k share independently from all of class k (authors' code)"
@@ -129,7 +129,7 @@ class QualitySettings(_FlameScheme):
     of N // m consecutive samples of the pooled dataset, the same for every seed."""
 
     scheme: Literal["quality"] = "quality"
-    sigma: float = Field(0.1, ge=0.0)
+    sigma: float = Field(0.1, ge=0.0, description="noise level: client i of m gets s_i = sigma * i / m")
     noise_scale: Literal["variance", "std"] = Field(
         "variance", description="sigma*i/m is the noise variance (paper) or its std (authors' code)"
     )
@@ -159,7 +159,7 @@ class QuantitySettings(_FlameScheme):
     `overlap` (authors' code): client i draws max(min_samples, int(p_i N)) samples from the whole dataset."""
 
     scheme: Literal["quantity"] = "quantity"
-    beta: float = Field(0.5, gt=0.0)
+    beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration of the clients' shares: small is skewed")
     min_samples: int = Field(100, ge=2, description="samples every client holds at least (100 in the authors' code)")
     overlap: bool = Field(False, description="draw each client's samples independently (authors' code)")
 
@@ -213,9 +213,9 @@ class HybridSettings(_FlameScheme):
 
     scheme: Literal["hybrid"] = "hybrid"
     by_label: ClassVar[bool] = True
-    q: int = Field(2, ge=1)
-    beta: float = Field(0.5, gt=0.0)
-    min_samples: int = Field(100, ge=2)
+    q: int = Field(2, ge=1, description="shards (hence at most q classes) per client of the label-skew half")
+    beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration of the quantity-skew half's shares")
+    min_samples: int = Field(100, ge=2, description="samples every quantity-skew client holds at least")
     overlap: bool = Field(False, description="both halves draw from the whole dataset (authors' code)")
 
     def assign(self, labels, num_clients, generator, groups):
@@ -232,9 +232,9 @@ class MixedSettings(SchemeSettings):
 
     scheme: Literal["mixed"] = "mixed"
     by_label: ClassVar[bool] = True
-    iid_fraction: float = Field(0.5, ge=0.0, le=1.0)
-    beta: float = Field(0.5, gt=0.0)
-    min_samples: int = Field(2, ge=2)
+    iid_fraction: float = Field(0.5, ge=0.0, le=1.0, description="share dealt IID (1: IID, 0: pure label skew)")
+    beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration of the label-skewed rest")
+    min_samples: int = Field(2, ge=2, description="redraw until every client holds at least this many")
 
     def assign(self, labels, num_clients, generator, groups):
         return mixed(labels, num_clients, self, generator)
@@ -244,7 +244,9 @@ class MixedSettings(SchemeSettings):
 class LabelPriorSettings(SchemeSettings):
     """FedSLR's split (fedslr.md 6.1): per-client class prior ~ Dir(alpha 1_C), balanced sizes N/M, samples dealt
     one at a time to a random non-full client with the class drawn from its prior; a `test_samples` test set
-    per client with its training label proportions, drawn from a held-out pool that no client trains on.
+    per client with its training label proportions, drawn from a held-out pool that no client trains on, or with
+    `test_pool: official` from the dataset's own test set while the clients share its training set (the paper's
+    500 CIFAR samples a client).
 
     Paper default: no sample repeats (an exhausted class is dropped from the client's prior, renormalized).
     `refill: true` is the authors' code: an exhausted class pool is refilled, so samples can repeat."""
@@ -253,15 +255,15 @@ class LabelPriorSettings(SchemeSettings):
     by_label: ClassVar[bool] = True
     alpha: float = Field(0.1, gt=0.0, description="concentration of each client's class prior Dir(alpha 1_C)")
     refill: bool = Field(False, description="refill an exhausted class pool, samples may repeat (authors' code)")
-    test_samples: int = Field(100, ge=1, description="per client: floor(label share * test_samples) per label")
     test_fraction: float = Field(
         0.2, gt=0.0, lt=1.0, description="share of the dataset held out as the test pool that no client trains on"
     )
 
     global_test: ClassVar[bool] = False
+    own_test_pool: ClassVar[bool] = True
 
-    def splits(self, labels, num_clients, seed, groups):  # draws its own per-client test sets
-        return label_prior(labels, num_clients, self, rng(seed, Stream.PARTITION))
+    def splits(self, labels, num_clients, seed, groups, test_start=None):  # draws its own per-client test sets
+        return label_prior(labels, num_clients, self, rng(seed, Stream.PARTITION), test_start)
 
 
 def iid(labels: np.ndarray, num_clients: int, generator: np.random.Generator) -> list[np.ndarray]:
@@ -468,12 +470,22 @@ def _deal_by_prior(
 
 
 def label_prior(
-    labels: np.ndarray, num_clients: int, settings: LabelPriorSettings, generator: np.random.Generator
+    labels: np.ndarray,
+    num_clients: int,
+    settings: LabelPriorSettings,
+    generator: np.random.Generator,
+    test_start: int | None = None,
 ) -> list[ClientSplit]:
     """FedSLR's split (see LabelPriorSettings); returns every client's train / test / val indices."""
-    order = generator.permutation(len(labels))
-    held = round(settings.test_fraction * len(labels))
-    test_pool, train_pool = order[:held], order[held:]
+    labels = np.asarray(labels)
+    if settings.test_pool == "official":
+        test_pool, official = test_and_train_pools(settings, len(labels), num_clients, 0, test_start)
+        train_pool = generator.permutation(official)  # shuffled, as the class pools are drawn from its end
+        held = len(test_pool)
+    else:
+        order = generator.permutation(len(labels))
+        held = round(settings.test_fraction * len(labels))
+        test_pool, train_pool = order[:held], order[held:]
     if held == 0 or len(train_pool) < num_clients:
         raise PartitionError(
             f"partition.test_fraction={settings.test_fraction} holds out {held} of {len(labels)} samples, leaving "
@@ -481,26 +493,9 @@ def label_prior(
             "training part hold one sample per client"
         )
     parts = _deal_by_prior(labels, train_pool, num_clients, settings, generator)
-    by_class = {int(k): test_pool[labels[test_pool] == k] for k in np.unique(labels)}
     splits = []
     for client, drawn in enumerate(parts):
-        present, counts = np.unique(labels[drawn], return_counts=True)
-        wanted = counts * settings.test_samples // len(drawn)  # floor(share * test_samples), exactly
-        if wanted.sum() == 0:
-            raise PartitionError(
-                f"partition.test_samples={settings.test_samples} gives client {client} no test sample (its "
-                f"largest label share is {counts.max() / len(drawn):.3f}); raise partition.test_samples"
-            )
-        test = []
-        for k, count in zip(present.tolist(), wanted.tolist(), strict=True):
-            available = by_class[k]
-            if count > len(available):
-                raise PartitionError(
-                    f"partition.test_samples={settings.test_samples}: client {client} needs {count} test samples "
-                    f"of class {k} but the held-out pool (partition.test_fraction={settings.test_fraction}) has "
-                    f"{len(available)}; lower partition.test_samples or raise partition.test_fraction"
-                )
-            test.append(generator.choice(available, count, replace=False))
+        test = matched_test(settings, labels, drawn, test_pool, generator, client)
         shuffled = generator.permutation(drawn)
         n_val = max(1, round(settings.val_fraction * len(shuffled))) if settings.val_fraction > 0 else 0
         if len(shuffled) - n_val < 1:
@@ -509,7 +504,7 @@ def label_prior(
                 f"{settings.val_fraction}"
             )
         val, train = np.split(shuffled, [n_val])
-        splits.append(ClientSplit(client, np.sort(train), np.sort(np.concatenate(test)), np.sort(val)))
+        splits.append(ClientSplit(client, np.sort(train), test, np.sort(val)))
     return splits
 
 
@@ -533,11 +528,13 @@ def partition_dataset(
     settings: SchemeSettings,
     seed: int,
     groups: np.ndarray | None = None,
+    test_start: int | None = None,
 ) -> list[ClientSplit]:
     """Assign samples to `num_clients` clients and split each client's samples into train/test/val (the scheme's
     `splits`), after the checks every scheme shares.
 
-    `groups` holds a natural id per sample (writer, speaker), needed only by the `natural` scheme."""
+    `groups` holds a natural id per sample (writer, speaker), needed only by the `natural` scheme; `test_start`
+    where the dataset's official test set begins (Dataset.test_start), needed only by `test_pool: official`."""
     if num_clients < 1:
         raise PartitionError(f"clients.count={num_clients}: must be at least 1")
     if num_clients * 2 > len(labels):
@@ -550,6 +547,8 @@ def partition_dataset(
             f"partition.scheme={settings.scheme} splits by class label; this dataset has no integer labels "
             "(use iid, quality or quantity)"
         )
+    if settings.test_pool == "official":  # only then the extra argument: a plugin's `splits` may not take it
+        return settings.splits(labels, num_clients, seed, groups, test_start)
     return settings.splits(labels, num_clients, seed, groups)
 
 

@@ -265,6 +265,34 @@ def test_p_init_and_l1_scope_switches():
     assert np.array_equal(l1.weight, np.r_[np.full(44, 0.5), np.zeros(4)])
 
 
+def test_p_init_copies_every_conv_and_linear_weight_and_bias_and_zeroes_normalization():
+    """The authors' MaskedConv/MaskedLinear start p = copy(w) and p_bias = copy(bias); MaskedGroupNorm starts both
+    of its p at zero (fedslr.md 2.5). On the real CNN (convs and linears with biases) and on ResNet-18-GN's layout
+    (convs without bias, GroupNorm weight and bias, a bias-free last layer)."""
+    from raysim.models.spec import ParamSpec
+
+    info = ClientInfo(0, 10, 0.5, 2)
+    for model in (FlatModel("cnn", (1, 28, 28), 10), FlatModel("resnet18_gn", (3, 32, 32), 10)):
+        spec = model.spec
+        layers = {  # decided by the torch modules themselves, not by the parameters' shapes
+            f"{name}.{part}"
+            for name, module in model.module.named_modules()
+            if isinstance(module, torch.nn.Conv2d | torch.nn.Linear)
+            for part in ("weight", "bias")
+            if getattr(module, part) is not None
+        }
+        w0 = np.random.default_rng(3).normal(size=spec.size).astype(np.float32)
+        p = FedSlr(FedSlrSettings(p_init="init"), spec).init_client(info, w0).p
+        for name in spec.names:
+            np.testing.assert_array_equal(p[spec.slice(name)], w0[spec.slice(name)] if name in layers else 0.0, name)
+        biases = {name for name in layers if name.endswith(".bias")}
+        assert bool(biases) == (spec.model == "cnn")  # the CNN's layers carry biases, ResNet-18-GN's none
+    hand = ParamSpec(("c.weight", "c.bias", "n.weight", "n.bias"), ((2, 3), (2,), (2,), (2,)), (0, 6, 8, 10))
+    w0 = np.arange(1, 13, dtype=np.float32)
+    p = FedSlr(FedSlrSettings(p_init="init"), hand).init_client(info, w0).p
+    np.testing.assert_array_equal(p, np.r_[w0[:8], np.zeros(4)])  # no `normalization` recorded: 1-D weight decides
+
+
 def _fedslr_host_after_one_round(algorithm: dict):
     config = validate_config(tiny_config(algorithm=algorithm))
     problem = prepare(config)
