@@ -4,10 +4,25 @@ FLAME's problem (9) with lambda -> inf forces theta_i = w_i and reduces to (19),
 s.t. theta_i = w. Implemented directly (not as FLAME with a huge lambda, whose theta-step would be stiff):
 
     theta_i <- H epochs of SGD on alpha_i f_i(theta) + <pi_i, theta - w> + rho/2 ||theta - w||^2
-    pi_i    <- pi_i + rho (theta_i - w)
+    pi_i    <- pi_i + rho (theta_i - w),       g = alpha_i (grad f_i(w) + mu_wd w)
     u_i     =  theta_i + pi_i / rho,        w = (1/m) sum over all m clients of their latest u_i
 
 The SGD objective is divided by alpha_i (same minimizer; FLAME's theta-step drops alpha_i the same way).
+
+`reading: zhou_li` is FedADMM as Zhou & Li define it ("Federated Learning via Inexact ADMM", TPAMI 2023, the
+Table 4 baseline of FedAPM, fedapm.md 4.3): between two communications a selected client runs k0 =
+`local_iterations` ADMM iterations against the received w, each an inexact (linearized) theta-step and a dual step,
+
+    theta_i <- w - (alpha_i (grad f_i(w) + mu_wd w) + pi_i) / (h_i + rho)
+             = argmin <g, theta> + h_i/2 ||theta - w||^2 + <pi_i, theta - w> + rho/2 ||theta - w||^2
+    pi_i    <- pi_i + rho (theta_i - w),       g = alpha_i (grad f_i(w) + mu_wd w)
+
+with the full-batch gradient at w taken once per round (their code's gW) and h_i = `curvature` (their r_i, an
+estimate of alpha_i L_i). With w fixed the duals close in geometrically: pi_i^{(k)} + g = (h_i/(h_i + rho))^k
+(pi_i^{(0)} + g), g = alpha_i grad f_i(w). The upload and server are the same (w = mean over all m of
+theta_i + pi_i / rho, Zhou & Li's sum_i (sigma_i x_i + pi_i) / sum_i sigma_i with one sigma_i = rho). Their MATLAB
+code refines each theta-step up to 3 times under a step-size stop rule; raysim takes the one linearized step of
+their algorithm.
 
 Every step reports the primal residual ||theta_i - w||, the dual change and norm ||pi_i||; with `diagnostics: true`
 one more full pass gives f_i(theta_i) and its gradient, for the theta-step's stationarity residual and the client's
@@ -20,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raysim.algorithms.families.consensus import (
     DeltaUpload,
@@ -50,6 +65,27 @@ class FedAdmmSettings(SGDSettings):
         description="one more full pass per client for the theta-step's stationarity residual, the augmented "
         "Lagrangian and ||sum_i pi_i|| (docs/algorithms.md, ADMM convergence)",
     )
+    reading: Literal["flame", "zhou_li"] = Field(
+        "flame",
+        description="flame: one theta-step of E epochs of SGD on the augmented Lagrangian and one dual step per "
+        "round (FLAME's (19), flame.md 2.2); zhou_li: Zhou & Li's inexact ADMM (TPAMI 2023, FedAPM's Table 4): "
+        "local_iterations linearized theta-steps from w, each with its dual step, one full-batch gradient a round",
+    )
+    local_iterations: int = Field(
+        1, ge=1, description="k0: ADMM iterations a selected client runs between communications (reading zhou_li)"
+    )
+    curvature: float = Field(
+        1.0, gt=0, description="h_i: proximal weight of the linearized theta-step, ~alpha_i L_i (reading zhou_li)"
+    )
+
+    @model_validator(mode="after")
+    def _check_reading(self) -> FedAdmmSettings:
+        if self.reading == "flame" and self.local_iterations != 1:
+            raise ValueError(
+                f"algorithm.local_iterations={self.local_iterations}: only reading zhou_li runs several ADMM "
+                "iterations a round; set reading: zhou_li or local_iterations: 1"
+            )
+        return self
 
 
 @dataclass
@@ -82,16 +118,21 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
     def client_step(self, client: ClientInfo, state: FedAdmmClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
         w = broadcast
-        start = w if s.start == "global" else state.theta
-        result = yield from train(
-            s.local_sgd(start, terms=(Prox(w, s.rho / client.weight), Linear(state.pi / client.weight)))
-        )
-        theta = result.params
-        pi = state.pi if s.freeze_dual else (state.pi + s.rho * (theta - w)).astype(np.float32)
+        if s.reading == "zhou_li":
+            at_w = yield from gradient(FullGradient(w, "train"))
+            theta, pi = self.inexact_iterations(client.weight, at_w.grad, state.pi, w)
+            loss: Number = at_w.loss
+        else:
+            start = w if s.start == "global" else state.theta
+            result = yield from train(
+                s.local_sgd(start, terms=(Prox(w, s.rho / client.weight), Linear(state.pi / client.weight)))
+            )
+            theta, loss = result.params, result.mean_loss
+            pi = state.pi if s.freeze_dual else (state.pi + s.rho * (theta - w)).astype(np.float32)
         new = FedAdmmClientState(theta.astype(np.float32), pi, state.reported_smooth)
         u = new.message(s.rho)
         metrics = {
-            "train_loss": result.mean_loss,
+            "train_loss": loss,
             "primal_residual": float(np.linalg.norm(new.theta - w)),
             "dual_change": float(np.linalg.norm(new.pi - state.pi)),
             "dual_norm": float(np.linalg.norm(new.pi)),
@@ -117,6 +158,20 @@ class FedAdmm(Algorithm[FedAdmmSettings, FedAdmmClientState, RunningMeanState, V
             step_squared=squared_change(new.theta, state.theta),
         )
         return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics)
+
+    def inexact_iterations(self, alpha: float, grad: Vector, pi: Vector, w: Vector) -> tuple[Vector, Vector]:
+        """Zhou & Li's k0 local iterations at a fixed w: the linearized theta-step from w on the gradient g =
+        alpha_i (grad f_i(w) + mu_wd w), then the dual step; theta_i of the last and the new pi_i (float32)."""
+        s = self.settings
+        w64 = np.asarray(w, np.float64)
+        g = alpha * (np.asarray(grad, np.float64) + s.weight_decay * w64)
+        dual = np.asarray(pi, np.float64)
+        theta = w64
+        for _ in range(s.local_iterations):
+            theta = w64 - (g + dual) / (s.curvature + s.rho)
+            if not s.freeze_dual:
+                dual = dual + s.rho * (theta - w64)
+        return theta.astype(np.float32), dual.astype(np.float32)
 
     def message(self, update: ClientUpdate) -> Vector:
         """u_i = theta_i + pi_i / rho of the new state."""

@@ -16,19 +16,33 @@ with `diagnostics: true` one more full pass gives f_i(v_i, u_i) and its gradient
 ||alpha_i grad_u f_i(v_i, u_i) + pi_i^t + rho (u_i - u)|| and the client's term of the augmented Lagrangian (4)
 (raysim.algorithms.families.consensus).
 
+**Theory mode** (`stop_rule: tolerance`, fedapm.md 1.2 and 3.2): a selected client tightens its tolerance
+xi_i^{t+1} = mu_i xi_i^t (10) and repeats the u-step's E epochs from where they ended until Definition 2 holds,
+
+    ||alpha_i (grad_u f_i(v_i^{t+1}, u_i^{t+1}) + mu_wd u_i^{t+1}) + pi_i^t + rho (u_i^{t+1} - u^t)||^2 <= xi_i^{t+1},
+
+checked after each pass on a full-batch gradient (at most `max_passes` passes; the experiments' fixed E epochs are
+`stop_rule: epochs`). The analysis takes the v-step (9) exact; here it runs to the same tolerance on its residual
+||alpha_i (grad_v f_i + mu_wd v_i) + sigma_i (v_i - v_i^t)||^2. With `diagnostics: true` the server also keeps
+sum_i xi_i, sum_i u_i and sum_i ||u_i||^2 over ALL m clients (beside the message, not sent), and logs the Lyapunov
+function (17) L~ = L + sum_i 29 / (rho (1 - mu_i)) xi_i and the primal residual of all m clients,
+sqrt(sum_i ||u_i - u||^2).
+
 The GM is the shared part u with the common initial personal part (no v_i is ever sent), i.e. what a
 new client would start from; PM is (v_i, u_i).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raysim.algorithms.families.consensus import (
+    AdmmDiagnosticUpload,
     DeltaUpload,
     RunningMeanState,
     admm_server_step,
@@ -37,10 +51,10 @@ from raysim.algorithms.families.consensus import (
     start_running_mean,
 )
 from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
-from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, ClientStep, ClientUpdate
-from raysim.algorithms.requests import FullGradient, Number, Vector, gradient, train
+from raysim.algorithms.interface import ALGORITHMS, NOT_SENT, Algorithm, ClientInfo, ClientStep, ClientUpdate
+from raysim.algorithms.requests import FullGradient, Number, Request, Result, SGDResult, Vector, gradient, train
 from raysim.algorithms.settings import SGDSettings
-from raysim.algorithms.terms import Linear, Prox
+from raysim.algorithms.terms import Linear, Prox, Term
 from raysim.models.spec import ParamSpec
 
 
@@ -72,10 +86,35 @@ class FedApmSettings(SGDSettings, SplitSettings):
         description="one more full pass per client for Definition 2's residual, the augmented Lagrangian (4) and "
         "||sum_i pi_i|| (docs/algorithms.md, ADMM convergence)",
     )
+    stop_rule: Literal["epochs", "tolerance"] = Field(
+        "epochs",
+        description="u-step length: E epochs (the experiments, fedapm.md 4.2) or the theory's xi_i-approximate "
+        "solve (Definition 2): E-epoch passes until the residual's square is at most xi_i^{t+1} = mu_i xi_i^t (10)",
+    )
+    tolerance: float = Field(1.0, gt=0, description="xi_i^0: every client's initial tolerance (stop_rule tolerance)")
+    tolerance_decay: float = Field(
+        0.5, gt=0, lt=1, description="mu_i in (0, 1): a selected client's xi_i shrinks by it each round (10)"
+    )
+    max_passes: int = Field(
+        20, ge=1, description="stop_rule tolerance: at most this many E-epoch passes of the u-step per round"
+    )
+
+    @model_validator(mode="after")
+    def _check_theory_mode(self) -> FedApmSettings:
+        if self.stop_rule == "tolerance" and self.reset_personal:
+            raise ValueError(
+                "algorithm.stop_rule=tolerance: Definition 2 is the u-step's residual over the shared part; "
+                "reset_personal=true syncs the whole model (use stop_rule epochs or reset_personal false)"
+            )
+        return self
+
+    def lyapunov_weight(self) -> float:
+        """29 / (rho (1 - mu_i)): the weight of sum_i xi_i in the Lyapunov function (17)."""
+        return 29.0 / (self.rho * (1.0 - self.tolerance_decay))
 
     def effective_lr(self, num_clients: int, weighting: str) -> str:
         """lr * alpha_i: the step on f_i (alpha_i = 1/m matches the others' loss_scale 1/m)."""
-        if self.alpha is None and weighting == "samples":
+        if self.alpha is None and weighting != "uniform":
             return f"{self.lr:.6g}*n_i/n"
         return f"{self.lr * (1.0 / num_clients if self.alpha is None else self.alpha):.6g}"
 
@@ -88,6 +127,33 @@ class FedApmClientState:
     """Dual pi_i, shared-part sized."""
     reported_smooth: Number = np.nan
     """With `diagnostics: true`: g_i at the client's last report, NaN before (raysim.algorithms.families.consensus)."""
+    xi: Number = np.nan
+    """xi_i^t, the tolerance of Definition 2 (stop_rule tolerance; NaN: xi_i^0 = `tolerance`, not yet selected)."""
+
+
+@dataclass
+class FedApmDiagnosticUpload(AdmmDiagnosticUpload):
+    """FedAPM's diagnostic upload: also the changes of u_i, ||u_i||^2 and xi_i (not sent), which keep the server's
+    sums over all m clients behind the Lyapunov function (17) and the primal residual of all clients."""
+
+    shared_change: Vector = field(metadata=NOT_SENT)
+    """u_i^{t+1} - u_i^t."""
+    shared_square_change: Number = field(metadata=NOT_SENT)
+    """||u_i^{t+1}||^2 - ||u_i^t||^2."""
+    tolerance_change: Number = field(metadata=NOT_SENT)
+    """xi_i^{t+1} - xi_i^t (0 with stop_rule epochs: xi_i = 0 there, exact solves as far as (17) knows)."""
+
+
+@dataclass
+class TheoryTotals:
+    """With `diagnostics: true`, sums over ALL m clients (stale ones included), moved by the uploads' changes."""
+
+    shared_sum: np.ndarray
+    """float64: sum_i u_i."""
+    shared_square_sum: float
+    """sum_i ||u_i||^2."""
+    tolerance_sum: float
+    """sum_i xi_i^t."""
 
 
 @dataclass
@@ -96,6 +162,8 @@ class FedApmServerState:
     """u, the mean over all m clients of their latest z_i (8), and their sum."""
     template: Vector
     """Initial full model: the personal part of the GM."""
+    totals: TheoryTotals | None = None
+    """With `diagnostics: true`: the sums behind `lyapunov` and `primal_residual` (raysim.algorithms.fedapm)."""
 
     @property
     def u(self) -> Vector:
@@ -117,7 +185,19 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         """The coordinates of u, pi_i and z_i: the shared part (paper), or the whole model (`reset_personal`)."""
 
     def init_server(self, init_params: Vector, num_clients: int) -> FedApmServerState:
-        return FedApmServerState(start_running_mean(init_params[self.synced], num_clients), init_params.copy())
+        totals = None
+        if self.settings.diagnostics:
+            u0 = init_params[self.synced].astype(np.float64)
+            xi0 = self.settings.tolerance if self.settings.stop_rule == "tolerance" else 0.0
+            totals = TheoryTotals(num_clients * u0, num_clients * float(u0 @ u0), num_clients * xi0)
+        shared = start_running_mean(init_params[self.synced], num_clients)
+        return FedApmServerState(shared, init_params.copy(), totals)
+
+    def tolerance_of(self, state: FedApmClientState) -> float:
+        """xi_i^t: the state's, or xi_i^0 before the client's first round; 0 with stop_rule epochs."""
+        if self.settings.stop_rule != "tolerance":
+            return 0.0
+        return self.settings.tolerance if np.isnan(state.xi) else float(state.xi)
 
     def init_client(self, client: ClientInfo, init_params: Vector) -> FedApmClientState:
         return FedApmClientState(init_params.copy(), np.zeros(int(self.synced.sum()), np.float32))
@@ -138,7 +218,21 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         start = anchor.copy()
         if s.v_anchor == "broadcast":
             start[self.shared] = u
-        v_phase = yield from train(sgd.local_sgd(start, terms=(Prox(anchor, s.sigma / alpha),), mask=self.personal))
+        theory = s.stop_rule == "tolerance"
+        xi = s.tolerance_decay * self.tolerance_of(state) if theory else 0.0  # (10)
+        v_terms = (Prox(anchor, s.sigma / alpha),)
+        v_phase = yield from train(sgd.local_sgd(start, terms=v_terms, mask=self.personal))
+        stop: dict[str, float] = {}
+        if theory:  # the analysis solves (9) exactly: here to the same tolerance, on its own residual
+
+            def v_residual(x: np.ndarray, grad: np.ndarray) -> np.ndarray:
+                mask = self.personal
+                return alpha * grad[mask] + s.sigma * (x[mask] - anchor[mask])
+
+            v_phase, passes, _ = yield from self._solve_to_tolerance(
+                v_phase, sgd, v_terms, self.personal, v_residual, xi
+            )
+            stop["v_stop_passes"] = passes
         start = v_phase.params.copy()
         if s.u_start == "broadcast":
             start[self.shared] = u
@@ -148,9 +242,18 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         center[self.shared] = u
         linear = np.zeros_like(start)
         linear[self.synced] = state.pi / alpha
-        u_phase = yield from train(
-            sgd.local_sgd(start, terms=(Prox(center, s.rho / alpha), Linear(linear)), mask=self.shared)
-        )
+        u_terms = (Prox(center, s.rho / alpha), Linear(linear))
+        u_phase = yield from train(sgd.local_sgd(start, terms=u_terms, mask=self.shared))
+        if theory:  # Definition 2
+
+            def u_residual(x: np.ndarray, grad: np.ndarray) -> np.ndarray:
+                mask = self.shared
+                return alpha * grad[mask] + state.pi + s.rho * (x[mask] - u)
+
+            u_phase, passes, square = yield from self._solve_to_tolerance(
+                u_phase, sgd, u_terms, self.shared, u_residual, xi
+            )
+            stop |= {"tolerance": xi, "stop_residual": square, "stop_passes": passes}
         params = u_phase.params.astype(np.float32)
         u_i = params[self.shared]
         change = params[self.synced] - broadcast
@@ -166,7 +269,10 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
             "dual_change": float(np.linalg.norm(pi - state.pi)),
             "primal_residual": float(np.linalg.norm(change)),
             "dual_norm": float(np.linalg.norm(pi)),
+            **stop,
         }
+        if theory:
+            new = replace(new, xi=xi)
         if not s.diagnostics:
             return ClientUpdate(new, DeltaUpload(z - z_old), metrics)
         at_params = yield from gradient(FullGradient(params, "train"))
@@ -187,7 +293,36 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
             rho=s.rho,
             step_squared=squared_change(params, state.params),  # Sigma_p's ||dv_i||^2 + ||du_i||^2
         )
+        before = state.params[self.synced].astype(np.float64)
+        upload = FedApmDiagnosticUpload(
+            **{f.name: getattr(upload, f.name) for f in fields(upload)},
+            shared_change=synced.astype(np.float64) - before,
+            shared_square_change=float(synced.astype(np.float64) @ synced) - float(before @ before),
+            tolerance_change=xi - self.tolerance_of(state),
+        )
         return ClientUpdate(replace(new, reported_smooth=smooth), upload, metrics)
+
+    def _solve_to_tolerance(
+        self,
+        phase: SGDResult,
+        sgd: FedApmSettings,
+        terms: tuple[Term, ...],
+        mask: np.ndarray,
+        residual: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        xi: float,
+    ) -> Generator[Request, Result, tuple[SGDResult, float, float]]:
+        """The theory's stop rule for one sub-problem: after `phase` (its first E-epoch pass), further passes from
+        where the last ended until ||residual(x, grad f_i(x) + mu_wd x)||^2 <= xi (one full-batch gradient after
+        each pass), at most `max_passes` passes in all; the last pass's result, the passes and the last square."""
+        passes = 1
+        while True:
+            at = yield from gradient(FullGradient(phase.params, "train"))
+            x = np.asarray(phase.params, np.float64)
+            square = float(np.sum(residual(x, np.asarray(at.grad, np.float64) + sgd.weight_decay * x) ** 2))
+            if square <= xi or passes >= self.settings.max_passes:
+                return phase, float(passes), square
+            phase = yield from train(sgd.local_sgd(phase.params, terms=terms, mask=mask))
+            passes += 1
 
     def message(self, update: ClientUpdate) -> Vector:
         """z_i of the new state (the message whose change the client uploads)."""
@@ -199,7 +334,21 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
 
     def server_step(self, server: FedApmServerState, total: DeltaUpload, num_selected: int):
         shared, metrics = admm_server_step(server.shared, total, num_selected, self.settings.rho)  # (8)
-        return FedApmServerState(shared, server.template), metrics
+        totals = server.totals
+        if isinstance(total, FedApmDiagnosticUpload) and totals is not None:
+            totals = TheoryTotals(
+                totals.shared_sum + total.shared_change,
+                totals.shared_square_sum + float(total.shared_square_change),
+                totals.tolerance_sum + float(total.tolerance_change),
+            )
+            u = shared.w.astype(np.float64)
+            m = shared.num_clients
+            # sum_i ||u_i - u||^2 = sum_i ||u_i||^2 - 2 <sum_i u_i, u> + m ||u||^2, over all m clients
+            square = totals.shared_square_sum - 2 * float(totals.shared_sum @ u) + m * float(u @ u)
+            metrics["primal_residual"] = float(np.sqrt(max(square, 0.0)))
+            if "lagrangian" in metrics:
+                metrics["lyapunov"] = metrics["lagrangian"] + self.settings.lyapunov_weight() * totals.tolerance_sum
+        return FedApmServerState(shared, server.template, totals), metrics
 
     def message_coordinates(self, params: Vector) -> Vector:
         return params[self.synced]

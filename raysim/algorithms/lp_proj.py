@@ -16,8 +16,20 @@ keeps theta_i in R^d and w_i, pi_i in R^{d_sub}; a selected client runs
 with c = w_i (the paper) or the received w (the authors' code resets w_i := w each round), as FLAME's
 `prox_center`. (186) and (187) give pi_i = lambda alpha_i (P theta_i - w_i) after every update, FLAME's Lemma 3
 with P theta_i for theta_i (logged as `lemma3_error`). This is the authors' 'FLAME-lp-proj-2' framework flag:
-FLAME with the Lp-Proj-2 regularizer is this algorithm, so it is one module rather than a FLAME setting. (Their
-'lp-proj-2' flag is Lin et al.'s own pFedMe-like solver: a gradient step on w_i instead of (186)-(187).)
+FLAME with the Lp-Proj-2 regularizer is this algorithm, so it is one module rather than a FLAME setting.
+
+`solver: lin` is Lp-Proj as Lin et al. solve it (FedAPM's Table 4 baseline, fedapm.md 4.3): pFedMe's bi-level
+scheme on the envelope F_i(w) = min_theta f_i(theta) + lambda/2 ||w - P theta||^2, whose gradient is
+lambda (w - P theta_i(w)). A selected client starts from w_i := w and runs R = `local_rounds` times
+
+    theta_i <- H epochs of SGD on f_i(theta) + lambda/2 ||P theta - w_i||^2 (from its persistent theta_i)
+    w_i     <- w_i - eta lambda (w_i - P theta_i)                   a gradient step on F_i, eta = `w_lr`
+
+and sends w_i (no dual: pi_i stays 0, the message is w_i); the server averages the latest w_i of all m clients,
+as the FLAME authors' server for their 'lp-proj-2' flag and pFedMe's `aggregation: all` (Lin et al.'s server
+averages the selected ones, the same under full participation). On quadratics f_i = h_i/2 ||theta - a_i||^2,
+F_i(w) = 1/2 (w - P a_i)^T (I/lambda + P P^T/h_i)^{-1} (w - P a_i), and both solvers reach the minimizer of
+sum_i F_i (tests/unit/test_lp_proj.py).
 
 The global model lives in R^{d_sub}: "compressed into a lower-dimensional [vector], rendering it no longer useful"
 (flame.md 2.5), so Lp-Proj has no usable GM. What is logged as the GM is its minimum-norm lift P^+ w =
@@ -38,6 +50,7 @@ from raysim.algorithms.families.consensus import (
     DeltaUpload,
     RunningMeanState,
     admm_update,
+    row_norms,
     running_mean,
     start_running_mean,
 )
@@ -58,6 +71,13 @@ class LpProjSettings(SGDSettings):
     prox_center: Literal["local", "global"] = Field(
         "local", description="theta-step centre: w_i (paper, Alg. 2) or the received w (authors' code), as FLAME's"
     )
+    solver: Literal["admm", "lin"] = Field(
+        "admm",
+        description="admm: FLAME's ADMM-based Lp-Proj-2 (Algorithm 2, eqs. 185-188); lin: Lin et al.'s pFedMe-like "
+        "solver (NeurIPS 2022): local_rounds of a theta-step and a gradient step on w_i, the mean of the w_i",
+    )
+    local_rounds: int = Field(1, ge=1, description="R: theta-step then w_i-step pairs per round (solver lin)")
+    w_lr: float = Field(0.1, gt=0, description="eta: step of w_i <- w_i - eta lambda (w_i - P theta_i) (solver lin)")
 
 
 def gaussian_projection(d_sub: int, d: int, seed: int) -> np.ndarray:
@@ -109,6 +129,8 @@ class LpProj(Algorithm[LpProjSettings, LpProjClientState, RunningMeanState, Vect
 
     def client_step(self, client: ClientInfo | ClientChunk, state: LpProjClientState, broadcast: Vector) -> ClientStep:
         s = self.settings
+        if s.solver == "lin":
+            return (yield from self._lin_step(client, state, broadcast))
         lam_alpha = np.atleast_1d(s.lam * np.asarray(client.weight)).astype(np.float32)  # one per row
         w_i, pi = client.writable(state.w, state.pi)
         center = w_i if s.prox_center == "local" else broadcast
@@ -131,6 +153,23 @@ class LpProj(Algorithm[LpProjSettings, LpProjClientState, RunningMeanState, Vect
         }
         new = LpProjClientState(theta, w_i, pi)
         return ClientUpdate(new, DeltaUpload(delta_u.reshape(np.shape(w_i))), metrics)
+
+    def _lin_step(self, client: ClientInfo | ClientChunk, state: LpProjClientState, broadcast: Vector) -> ClientStep:
+        """Lin et al.'s local rounds (see the module docstring): from w_i = w, R pairs of a theta-step and a gradient
+        step on F_i; the message is w_i (pi_i = 0)."""
+        s = self.settings
+        w_i = np.broadcast_to(np.asarray(broadcast, np.float32), np.shape(state.w)).copy()
+        theta, losses = state.theta, list[np.ndarray]()
+        for _ in range(s.local_rounds):
+            request = s.local_sgd(theta, terms=(ProjectedProx(self.projection, w_i, s.lam),))
+            result = yield from train(request)
+            theta = np.asarray(result.params, np.float32)
+            losses.append(np.asarray(result.mean_loss, np.float64))
+            w_i = (w_i - s.w_lr * s.lam * (w_i - self.project(theta))).astype(np.float32)
+        old = state.w + state.pi / np.float32(s.rho)
+        metrics = {"train_loss": np.mean(losses, axis=0), "primal_residual": row_norms(w_i - broadcast)}
+        new = LpProjClientState(theta, w_i, np.zeros_like(state.pi))
+        return ClientUpdate(new, DeltaUpload((w_i - old).astype(np.float32)), metrics)
 
     def message(self, update: ClientUpdate) -> Vector:
         """u_i = w_i + pi_i / rho of the new state, in R^{d_sub}."""

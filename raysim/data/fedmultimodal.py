@@ -20,8 +20,11 @@ It writes DIR/crisismmd.npz (default DIR: $RAYSIM_DATA/crisismmd), which holds n
 position of the sample's client file among the sorted file names, the order the authors' `get_client_ids` sorts,
 so `partition.id_offsets` [0, 19, 39, 59] groups KU-HAR's participants as their code does), `group_names`, `part`
 (0: a client's sample, 1: the authors' test.pkl, 2: their dev.pkl) and per modality `<name>_steps` (all samples'
-steps, concatenated) with `<name>_lengths`. The loader packs the samples (raysim.data.modalities) with the longest
-length the data have; a modality is a sequence (with a length column) where the authors' model masks it.
+steps, concatenated) with `<name>_lengths`. The loader puts test.pkl's samples last (`Dataset.test_start`, the
+official test set of `partition.test_pool: official`), leaves dev.pkl out, and numbers CrisisMMD's groups by their
+file names (client i holds `{i}.pkl`), so that `partition.scheme: natural` with 20 clients deals the authors'
+client files one per client, as their loader does. The loader packs the samples (raysim.data.modalities) with the
+longest length the data have; a modality is a sequence (with a length column) where the authors' model masks it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import argparse
 import io
 import pickle
 import sys
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -38,6 +43,7 @@ import numpy as np
 
 from raysim.data.dataset import DATASETS, Dataset, RootSettings, open_npz
 from raysim.data.download import default_root
+from raysim.data.footprint import GROUP_BYTES, LABEL_BYTES, Footprint, member_bytes, npz_members
 from raysim.data.modalities import Modalities, Modality
 from raysim.errors import DataError
 
@@ -56,6 +62,9 @@ class Source:
     sequences: frozenset[str]
     """The modalities the authors' model masks by length (the others must have one length throughout)."""
     about: str
+    numbered: bool = False
+    """Client files are named by client number, and client i loads `{i}.pkl` (CrisisMMD: the authors' loader
+    matches int(client_id) == user_id): the loaded group id is that number, not the file's sorted position."""
 
 
 SOURCES = {
@@ -68,6 +77,7 @@ SOURCES = {
         ),
         frozenset({"text"}),
         "CrisisMMD humanitarian task: MobileNetV2 image + MobileBERT token features, 8 classes",
+        numbered=True,
     ),
     "kuhar": Source(
         "kuhar",
@@ -139,8 +149,12 @@ def _samples(file: Path) -> tuple[list[Any], np.ndarray, list[np.ndarray]]:
             array = array[None, :]
         if array.ndim != 2 or len(array) == 0 or not np.isfinite(array).all():
             raise DataError(f"{file}: sample {position}: features must be finite [steps, features], got {array.shape}")
+        try:
+            label = int(item[-2])
+        except (TypeError, ValueError):  # a text label ('fear'): int() raised, a traceback
+            raise DataError(f"{file}: sample {position}: the label must be a class number, got {item[-2]!r}") from None
         keys.append(item[0])
-        labels.append(int(item[-2]))
+        labels.append(label)
         features.append(array)
     return keys, np.asarray(labels, np.int64), features
 
@@ -173,6 +187,8 @@ def convert(name: str, source_dir: Path, out_dir: Path) -> Path:
         groups.append(np.full(len(y), group_of.get(file.stem, -1), np.int64))
         parts.append(np.full(len(y), PARTS.get(file.stem, 0), np.int8))
     y = np.concatenate(labels)
+    if len(y) == 0:
+        raise DataError(f"{first}: the .pkl files hold no samples (the authors' {first_name} features of {name})")
     if y.min() < 0 or y.max() >= source.classes:
         raise DataError(f"{source_dir}: labels must lie in 0..{source.classes - 1}, got {y.min()}..{y.max()}")
     arrays: dict[str, np.ndarray] = {
@@ -208,9 +224,18 @@ def load_converted(name: str, file: Path) -> Dataset:
         try:
             y = archive["y"].astype(np.int64)
             groups = archive["groups"].astype(np.int64)
+            part = archive["part"].astype(np.int64) if "part" in archive.files else np.zeros(len(y), np.int64)
+            names = [str(n) for n in archive["group_names"]] if "group_names" in archive.files else []
+            if y.ndim != 1 or len(y) == 0:
+                raise DataError(f"{where}: no samples (y has shape {y.shape}); convert the authors' files again")
             values, lengths, parts = {}, {}, []
             for modality, _ in source.folders:
                 steps, length = archive[f"{modality}_steps"], archive[f"{modality}_lengths"].astype(np.int64)
+                if steps.ndim != 2 or length.ndim != 1:
+                    raise DataError(
+                        f"{where}: {modality}_steps must be 2-D [steps, features] and {modality}_lengths 1-D, got "
+                        f"{steps.shape} and {length.shape}"
+                    )
                 if len(length) != len(y) or length.sum() != len(steps) or length.min() < 1:
                     raise DataError(f"{where}: {modality}_lengths do not match {modality}_steps and y")
                 longest = int(length.max())
@@ -226,11 +251,47 @@ def load_converted(name: str, file: Path) -> Dataset:
                 parts.append(Modality(modality, (longest, steps.shape[1]), sequence=sequence))
         except KeyError as error:
             raise DataError(f"{where}: missing array {error}; convert the authors' files again") from None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:  # a damaged member
+            raise DataError(f"{where}: an unreadable array ({error}); convert the authors' files again") from None
     if len(groups) != len(y) or (len(y) and (y.min() < 0 or y.max() >= source.classes)):
         raise DataError(f"{where}: groups and labels (0..{source.classes - 1}) must have one entry per sample")
     modalities = Modalities(parts)
     x = modalities.pack(values, lengths)
-    return Dataset(name, x, y, source.classes, groups=groups, modalities=modalities)
+    if source.numbered and names and all(n.isdigit() for n in names):
+        groups = np.where(groups >= 0, np.array([int(n) for n in names], np.int64)[np.maximum(groups, 0)], groups)
+    order, test_start = official_order(part)
+    return Dataset(
+        name, x[order], y[order], source.classes, groups=groups[order], modalities=modalities, test_start=test_start
+    )
+
+
+def converted_footprint(name: str, file: Path) -> Footprint | None:
+    """The packed rows of a converted archive from its array headers and its lengths (n integers, the only arrays
+    read): x float32 (n, width), y and groups; at the peak the stored steps, the padded modalities, the packed rows
+    and their copy in the official order. None when the archive is not there or not readable."""
+    members = npz_members(file)
+    if "y" not in members:
+        return None
+    samples, width, steps = members["y"][0][0], 0, 0
+    try:
+        with np.load(file, allow_pickle=False) as archive:
+            for modality, _ in SOURCES[name].folders:
+                shape, dtype = members[f"{modality}_steps"]
+                longest = int(archive[f"{modality}_lengths"].max())
+                width += longest * shape[1] + int(modality in SOURCES[name].sequences)
+                steps += member_bytes(shape, dtype)
+    except (KeyError, OSError, ValueError, IndexError, EOFError, zipfile.BadZipFile, zlib.error):
+        return None  # load says what is wrong with it
+    nbytes = samples * (4 * width + LABEL_BYTES + GROUP_BYTES)
+    return Footprint(samples, nbytes, steps + 3 * nbytes)
+
+
+def official_order(part: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """The loaded samples: the clients' files' (part 0), then the authors' test.pkl (part 1) from `test_start` on,
+    the official test set that `partition.test_pool: official` scores every client on (their CrisisMMD loader's
+    test_loader); their dev.pkl (part 2) is left out, as their training code never reads it. None: no test.pkl."""
+    clients, test = np.flatnonzero(part == 0), np.flatnonzero(part == PARTS["test"])
+    return np.concatenate([clients, test]), (len(clients) if len(test) else None)
 
 
 class _ConvertedSettings(RootSettings):
@@ -242,6 +303,9 @@ class _ConvertedSettings(RootSettings):
         """dataset.root/<name>.npz, by default $RAYSIM_DATA/<name>/<name>.npz."""
         root = Path(self.root).expanduser() if self.root else default_root() / self.name
         return root / f"{self.name}.npz"
+
+    def footprint(self) -> Footprint | None:
+        return converted_footprint(self.name, self.file())
 
     def load(self, seed: int) -> Dataset:
         file = self.file()

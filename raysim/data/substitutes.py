@@ -8,7 +8,9 @@ with the paper's. What they keep of the real sets is their structure:
   suffices);
 - natural ids (`groups`: synthetic participants or speakers) with their own shift of every feature (feature skew,
   for the `natural` partition);
-- variable-length sequences where the real ones vary (tweet tokens, audio frames), zero beyond each length.
+- variable-length sequences where the real ones vary (tweet tokens, audio frames), zero beyond each length;
+- CrisisMMD's split as the authors' files hold it: an official test set kept last (`Dataset.test_start`, their
+  test.pkl) and the training samples' groups their client files, dealt as their partition script deals them.
 """
 
 from __future__ import annotations
@@ -21,8 +23,13 @@ import numpy as np
 from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, DatasetSettings
+from raysim.data.footprint import GROUP_BYTES, LABEL_BYTES, Footprint
 from raysim.data.modalities import Modalities, Modality
 from raysim.errors import DataError
+
+FILE_ATTEMPTS = 1000
+"""Deals of the client files drawn before giving up on one that leaves every file a sample (the authors redraw
+without end; a deal of 34 samples into 20 files succeeds about one time in 40)."""
 
 BASIC_MOTIONS = ("BasicMotions/BasicMotions_TRAIN.ts", "BasicMotions/BasicMotions_TEST.ts")
 """sktime's bundled BasicMotions (under sktime/datasets/data/): 80 real smartwatch recordings, 4 activities, 3-axis
@@ -52,6 +59,13 @@ def _lengths(generator: np.random.Generator, count: int, shortest: int, longest:
     return generator.integers(shortest, longest + 1, size=count)
 
 
+def _rows(modalities: Modalities, samples: int, peak_factor: float) -> Footprint:
+    """A substitute's memory: packed float32 rows, int64 labels and groups; loading draws every modality unpacked
+    and packs them (about 3 copies of x at the peak: `peak_factor`, measured)."""
+    row = 4 * modalities[0] + LABEL_BYTES + GROUP_BYTES
+    return Footprint.rows(samples, row, peak_factor, "dataset.samples")
+
+
 def _labels_and_groups(
     generator: np.random.Generator, samples: int, classes: int, num_groups: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -74,24 +88,106 @@ class CrisisMMDSyntheticSettings(DatasetSettings):
     text_dim: int = Field(512, ge=1, description="token feature size (MobileBERT: 512)")
     image_signal: float = Field(0.3, ge=0, description="spread of the classes' image means (informativeness)")
     text_signal: float = Field(0.15, ge=0, description="spread of the classes' token means (informativeness)")
-    sources: int = Field(40, ge=1, description="synthetic natural ids (groups), each with its own feature shift")
-    group_shift: float = Field(0.2, ge=0, description="spread of a group's feature shift")
+    sources: int = Field(
+        40,
+        ge=1,
+        description="synthetic sources (as the disasters the tweets come from), each with its own feature shift; "
+        "spread over the client files",
+    )
+    group_shift: float = Field(0.2, ge=0, description="spread of a source's feature shift")
+    client_files: int = Field(
+        20,
+        ge=1,
+        description="the authors' client files (fedapm.md 4.1: one per client, 20): the training samples' groups, "
+        "dealt by Dirichlet(file_beta) label skew as their partition script deals CrisisMMD's train split, so that "
+        "`partition.scheme: natural` with as many clients gives each one file",
+    )
+    file_beta: float = Field(1.0, gt=0, description="the Dirichlet concentration of that deal (the authors' alpha 1.0)")
+    test_ratio: float = Field(
+        0.1644,
+        ge=0,
+        description="official test samples per training sample, kept last (Dataset.test_start, for "
+        "`partition.test_pool: official`): the authors' test.pkl holds CrisisMMD's 2,237 humanitarian test pairs "
+        "against the 13,608 of the train split in their client files; 0: no official test set, every sample a "
+        "client file's",
+    )
     about: ClassVar[str] = "CrisisMMD-shaped synthetic image + text features (offline substitute)"
     seeded: ClassVar[bool] = True
 
-    def load(self, seed: int) -> Dataset:
-        generator = np.random.default_rng([seed, 0xC815])
-        labels, groups = _labels_and_groups(generator, self.samples, self.classes, self.sources)
-        modalities = Modalities(
+    def modalities(self) -> Modalities:
+        return Modalities(
             [Modality("image", (1, self.image_dim)), Modality("text", (self.tokens, self.text_dim), sequence=True)]
         )
-        image = _class_features(generator, labels, groups, (1, self.image_dim), self.image_signal, self.group_shift)
+
+    def footprint(self) -> Footprint:
+        return _rows(self.modalities(), self.samples, 3.0)
+
+    def load(self, seed: int) -> Dataset:
+        """The samples, the last `held_out` of them the official test set (group -1, as the converted test.pkl),
+        the others grouped by client file (`client_files`). The split and the deal come from their own stream; the
+        sources are spread over the samples (shuffled) only when a test set is kept, so that it is a uniform draw."""
+        generator = np.random.default_rng([seed, 0xC815])
+        deal = np.random.default_rng([seed, 0xC815, 1])
+        labels, sources = _labels_and_groups(generator, self.samples, self.classes, self.sources)
+        test = self.held_out()
+        train = self.samples - test
+        if train < self.client_files:
+            raise DataError(
+                f"dataset.samples={self.samples}: {train} training samples (after the test_ratio={self.test_ratio} "
+                f"test set) cannot fill dataset.client_files={self.client_files}; raise samples or lower client_files"
+            )
+        if test:
+            sources = deal.permutation(sources)
+        modalities = self.modalities()
+        image = _class_features(generator, labels, sources, (1, self.image_dim), self.image_signal, self.group_shift)
         text = _class_features(
-            generator, labels, groups, (self.tokens, self.text_dim), self.text_signal, self.group_shift
+            generator, labels, sources, (self.tokens, self.text_dim), self.text_signal, self.group_shift
         )
         lengths = _lengths(generator, self.samples, min(4, self.tokens), self.tokens)
         x = modalities.pack({"image": image, "text": text}, {"text": lengths})
-        return Dataset(self.name, x, labels.astype(np.int64), self.classes, groups=groups, modalities=modalities)
+        groups = np.full(self.samples, -1, np.int64)
+        groups[:train] = deal_client_files(labels[:train], self.client_files, self.file_beta, deal)
+        return Dataset(
+            self.name,
+            x,
+            labels.astype(np.int64),
+            self.classes,
+            groups=groups,
+            modalities=modalities,
+            test_start=train if test else None,
+        )
+
+    def held_out(self) -> int:
+        """The size of the official test set: round(samples * r / (1 + r)) for test_ratio r, so that test / train
+        is r."""
+        return round(self.samples * self.test_ratio / (1 + self.test_ratio))
+
+
+def deal_client_files(
+    labels: np.ndarray, files: int, beta: float, generator: np.random.Generator, min_size: int = 1
+) -> np.ndarray:
+    """The client file (0..files-1) of each sample, dealt as the FedAPM authors' partition script deals CrisisMMD's
+    train split into alpha10/{i}.pkl (FedMultimodal's Dirichlet partition, fedapm.md 4.1): class by class, shares
+    p ~ Dir(beta 1_files), zeroed for the files already holding n / files samples or more and renormalized, cut the
+    class's shuffled samples at floor(cumsum(p) * size); the whole deal is drawn again until every file holds
+    `min_size` (theirs: 1 for CrisisMMD)."""
+    n = len(labels)
+    for _attempt in range(FILE_ATTEMPTS):
+        file_of = np.empty(n, np.int64)
+        sizes = np.zeros(files, np.int64)
+        for k in np.unique(labels):
+            members = generator.permutation(np.flatnonzero(labels == k))
+            shares = generator.dirichlet(np.full(files, beta)) * (sizes < n / files)
+            cuts = (np.cumsum(shares / shares.sum()) * len(members)).astype(int)[:-1]
+            for file, chunk in enumerate(np.split(members, cuts)):
+                file_of[chunk] = file
+                sizes[file] += len(chunk)
+        if sizes.min() >= min_size:
+            return file_of
+    raise DataError(
+        f"dataset.client_files={files}: {FILE_ATTEMPTS} Dirichlet deals of {n} training samples all left a file "
+        f"with fewer than {min_size}; raise dataset.samples or dataset.file_beta, or lower client_files"
+    )
 
 
 @DATASETS.register()
@@ -101,10 +197,10 @@ class CremaDSyntheticSettings(DatasetSettings):
 
     name: Literal["cremad_synthetic"] = "cremad_synthetic"
     samples: int = Field(2000, ge=16, description="samples (Crema-D's 4 emotions: 4,798; a padded sample is 223 KB)")
-    classes: int = Field(4, ge=2)
+    classes: int = Field(4, ge=2, description="emotions (Crema-D's 4 in the authors' features)")
     frames: int = Field(600, ge=8, description="longest clip, in MFCC frames (600 in the authors' features)")
     mfcc: int = Field(80, ge=1, description="MFCCs per frame")
-    video_frames: int = Field(6, ge=1)
+    video_frames: int = Field(6, ge=1, description="video frames per clip, each a feature vector of video_dim")
     video_dim: int = Field(1280, ge=1, description="frame feature size (MobileNetV2: 1280)")
     audio_signal: float = Field(0.3, ge=0, description="spread of the classes' MFCC means (informativeness)")
     video_signal: float = Field(0.1, ge=0, description="spread of the classes' frame-feature means")
@@ -113,15 +209,21 @@ class CremaDSyntheticSettings(DatasetSettings):
     about: ClassVar[str] = "Crema-D-shaped synthetic audio + video features (offline substitute)"
     seeded: ClassVar[bool] = True
 
-    def load(self, seed: int) -> Dataset:
-        generator = np.random.default_rng([seed, 0xC3E7])
-        labels, groups = _labels_and_groups(generator, self.samples, self.classes, self.speakers)
-        modalities = Modalities(
+    def modalities(self) -> Modalities:
+        return Modalities(
             [
                 Modality("audio", (self.frames, self.mfcc), sequence=True),
                 Modality("video", (self.video_frames, self.video_dim)),
             ]
         )
+
+    def footprint(self) -> Footprint:
+        return _rows(self.modalities(), self.samples, 3.0)
+
+    def load(self, seed: int) -> Dataset:
+        generator = np.random.default_rng([seed, 0xC3E7])
+        labels, groups = _labels_and_groups(generator, self.samples, self.classes, self.speakers)
+        modalities = self.modalities()
         audio = _class_features(
             generator, labels, groups, (self.frames, self.mfcc), self.audio_signal, self.group_shift
         )
@@ -151,6 +253,11 @@ class KUHARSyntheticSettings(DatasetSettings):
     )
     about: ClassVar[str] = "KU-HAR-shaped synthetic accelerometer + gyroscope windows (offline substitute)"
     seeded: ClassVar[bool] = True
+
+    def footprint(self) -> Footprint:
+        """The windows are drawn in float64, several arrays of them at once (about 6 copies of x at the peak)."""
+        modalities = Modalities([Modality("acc", (self.window, 3)), Modality("gyro", (self.window, 3))])
+        return _rows(modalities, self.samples, 6.0)
 
     def load(self, seed: int) -> Dataset:
         """Each activity has its own frequency, and per axis and sensor an amplitude and phase; a participant

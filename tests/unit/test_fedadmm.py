@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from raysim.algorithms.fedadmm import FedAdmmSettings
 from raysim.config import validate_config
 from tests.support.convex import orthogonal_regression
 from tests.support.experiments import tiny_config
@@ -79,3 +81,42 @@ def test_fedadmm_with_frozen_dual_and_vanishing_rho_is_fedavg():
     assert np.linalg.norm(avg.server.w - avg.problem.init_params) > 0.1
     np.testing.assert_allclose(admm.server.w, avg.server.w, atol=1e-5)
     assert all(not s.pi.any() for s in admm.states.values())
+
+
+def test_zhou_li_iterations_close_the_dual_geometrically_at_a_fixed_w():
+    """reading zhou_li (Zhou & Li, TPAMI 2023): one full-batch gradient g = alpha_i grad f_i(w) at the received w,
+    then k0 linearized theta-steps theta = w - (g + pi)/(h + rho), each followed by pi <- pi + rho (theta - w), so
+    pi^(k) + g = (h / (h + rho))^k (pi^(0) + g) and theta^(k) = w - (g + pi^(k-1)) / (h + rho) (closed forms of the
+    linear recursion); on f_i = 1/(2N) ||X_i theta - y_i||^2, grad f_i(w) = b_i (w - theta_hat_i)."""
+    h, rho, k0 = 0.7, 0.4, 5
+    algorithm = {"name": "fedadmm", "reading": "zhou_li", "rho": rho, "curvature": h, "local_iterations": k0}
+    sim, theta_hat = _run_regression(algorithm, 0)
+    for round_index in range(2):
+        w = sim.server.w.astype(np.float64)
+        before = {i: s.pi.astype(np.float64) for i, s in sim.states.items()}
+        sim.round(round_index, [0, 1, 2])
+        ratio = h / (h + rho)
+        for i, state in sim.states.items():
+            g = B[i] / 3 * (w - theta_hat[i])
+            np.testing.assert_allclose(state.pi, -g + ratio**k0 * (before[i] + g), atol=1e-5)
+            previous = -g + ratio ** (k0 - 1) * (before[i] + g)
+            np.testing.assert_allclose(state.theta, w - (g + previous) / (h + rho), atol=1e-5)
+    assert np.abs(sim.states[0].pi).max() > 1e-2
+
+
+def test_zhou_li_reaches_the_consensus_optimum():
+    """Zhou & Li's inexact ADMM solves problem (19) too: w -> w* = sum_i b_i theta_hat_i / sum_i b_i, the KKT point
+    with pi_i = -alpha_i grad f_i(w*) (h = 1 >= alpha_i L_i = b_i/3, k0 = 3)."""
+    algorithm = {"name": "fedadmm", "reading": "zhou_li", "rho": 0.5, "curvature": 1.0, "local_iterations": 3}
+    sim, theta_hat = _run_regression(algorithm, 0)
+    for round_index in range(150):
+        sim.round(round_index, [0, 1, 2])
+    w_star = _consensus_optimum(theta_hat)
+    np.testing.assert_allclose(sim.server.w, w_star, atol=1e-4)
+    for i, state in sim.states.items():
+        np.testing.assert_allclose(state.pi, -B[i] / 3 * (w_star - theta_hat[i]), atol=1e-4)
+
+
+def test_several_local_iterations_need_the_zhou_li_reading():
+    with pytest.raises(ValueError, match="algorithm.local_iterations=3: only reading zhou_li"):
+        FedAdmmSettings(local_iterations=3)

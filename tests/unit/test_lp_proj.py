@@ -156,3 +156,65 @@ def test_sequential_and_vectorized_executors_agree():
     assert_close_runs(
         run_executor(algorithm, "sequential", **sections), run_executor(algorithm, "vectorized", **sections)
     )
+
+
+def _envelope_gradient(p: np.ndarray, lam: float, b_i: float, a_i: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """grad F_i(w) for F_i(w) = min_theta b_i/2 ||theta - a_i||^2 + lambda/2 ||w - P theta||^2, the infimal
+    convolution of two quadratics: F_i(w) = 1/2 (w - P a_i)^T K_i (w - P a_i), K_i = (I/lambda + P P^T/b_i)^{-1}."""
+    k = np.linalg.inv(np.eye(len(p)) / lam + p @ p.T / b_i)
+    return k @ (w - p @ a_i)
+
+
+def test_lin_et_al_local_rounds_are_gradient_steps_on_the_envelope():
+    """`solver: lin` (Lin et al.): with the theta-step solved exactly (full batch, 150 epochs from theta^0), each
+    w_i-step w_i - eta lambda (w_i - P theta_i) is a gradient step on F_i, whose gradient is the closed form above;
+    after R = 2 local rounds from w^0 = 0 the server's w is the mean of the three w_i, pi_i stays 0, and the message
+    is w_i."""
+    lam, eta, d_sub = 1.0, 0.3, 2
+    settings = {"name": "lp_proj", "solver": "lin", "lambda": lam, "w_lr": eta, "local_rounds": 2, "d_sub": d_sub}
+    sim, theta_hat = _sim({**settings, "lr": 0.2, "batch_size": N, "epochs": 150})
+    p = sim.host.algorithm.projection.astype(np.float64)
+    w = sim.server.w.astype(np.float64)
+    expected = []
+    for b_i, a_i in zip(B, theta_hat, strict=True):
+        w_i = w.copy()
+        for _ in range(2):
+            w_i = w_i - eta * _envelope_gradient(p, lam, b_i, a_i, w_i)
+        expected.append(w_i)
+    sim.round(0, [0, 1, 2])
+    np.testing.assert_allclose(sim.server.w, np.mean(expected, axis=0), atol=1e-5)
+    for i, state in sim.states.items():
+        np.testing.assert_allclose(state.w, expected[i], atol=1e-5)
+        assert not state.pi.any()
+    assert np.linalg.norm(sim.server.w - w) > 0.05
+
+
+def test_lin_et_al_and_admm_reach_the_same_minimizer_of_the_envelopes():
+    """Both solvers minimize sum_i F_i (alpha_i = 1/m). With one local round (R = 1) Lin et al.'s server step is
+    w - eta mean_i grad F_i(w), whose fixed point is the zero of sum_i grad F_i, solved here in closed form from the
+    envelope gradients, sum_i K_i (w - P a_i) = 0; it is the ADMM reading's fixed point
+    (test_converges_to_the_closed_form_fixed_point). (R > 1 local steps drift from it, as FedAvg's do.)"""
+    lam, d_sub = 1.0, 2
+    sim, theta_hat = _sim(
+        {
+            "name": "lp_proj",
+            "solver": "lin",
+            "lambda": lam,
+            "w_lr": 1.0,
+            "local_rounds": 1,
+            "d_sub": d_sub,
+            "lr": 0.2,
+            "batch_size": N,
+            "epochs": 40,
+        }
+    )
+    for round_index in range(60):
+        sim.round(round_index, [0, 1, 2])
+    p = sim.host.algorithm.projection.astype(np.float64)
+    ks = [np.linalg.inv(np.eye(d_sub) / lam + p @ p.T / b_i) for b_i in B]
+    w_star = np.linalg.solve(sum(ks), sum(k @ p @ a for k, a in zip(ks, theta_hat, strict=True)))
+    np.testing.assert_allclose(sim.server.w, w_star, atol=1e-4)
+    inverses = [np.linalg.inv(b_i * np.eye(D) + lam * p.T @ p) for b_i in B]  # the ADMM reading's fixed point
+    system = np.eye(d_sub) - lam / 3 * sum(p @ m @ p.T for m in inverses)
+    pulled = sum(p @ m @ (b_i * t) for m, b_i, t in zip(inverses, B, theta_hat, strict=True))
+    np.testing.assert_allclose(np.linalg.solve(system, pulled / 3), w_star, atol=1e-10)

@@ -142,17 +142,54 @@ def test_crisismmd_features_convert_and_load_as_packed_rows(tmp_path):
     modalities = dataset.modalities
     assert modalities.names == ("image", "text") and modalities.part("image").shape == (1, 12)
     assert modalities.part("text").sequence and modalities.part("text").shape[1] == 5
-    # files in sorted order: 0, 1, dev, test; the shared files are in no client's group (-1)
-    assert dataset.num_classes == 8 and dataset.y.tolist() == [0, 1, 2, 3, 4, 1, 5, 6, 7]
-    assert dataset.groups.tolist() == [0, 0, 0, 1, 1, -1, -1, -1, -1]
+    # the clients' files (0, 1), then the authors' test.pkl from test_start on, dev.pkl left out (never read)
+    assert dataset.num_classes == 8 and dataset.y.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert dataset.groups.tolist() == [0, 0, 0, 1, 1, -1, -1, -1] and dataset.test_start == 5
     values, lengths = modalities.unpack(dataset.x)
-    for row, stem, item in [(3, "1", 0), (4, "1", 1), (8, "test", 2)]:
+    for row, stem, item in [(3, "1", 0), (4, "1", 1), (7, "test", 2)]:
         original = read_pickle(authors / SOURCES["crisismmd"].folders[1][1] / f"{stem}.pkl")[item][3]
         assert lengths["text"][row] == len(original)
         np.testing.assert_array_equal(values["text"][row, : len(original)], original)
         assert not values["text"][row, len(original) :].any()
     image = read_pickle(authors / SOURCES["crisismmd"].folders[0][1] / "0.pkl")[2][3]
     np.testing.assert_array_equal(values["image"][2], image[0])
+
+
+def test_crisismmd_as_the_authors_split_it_one_client_file_each_scored_on_their_test_file(tmp_path):
+    """The authors' CrisisMMD loader (NieFeiteng/FedAPM get_multimodal.py): client i trains on all of `{i}.pkl`
+    and every client is scored on `test.pkl`; `dev.pkl` is never read. Eleven client files, so that the sorted names
+    (0, 1, 10, 2, ...) differ from the numbers: `natural` over the loaded groups with 11 clients and
+    `test_split: global` with `test_pool: official` gives client i exactly file i's samples (keys `{i}/...`) for
+    training and test.pkl's, exactly, for testing."""
+    authors = tmp_path / "output"
+    files = {str(i): [i % 8, (i + 3) % 8, (i + 5) % 8] for i in range(11)} | {"test": [0, 1, 2, 3], "dev": [4, 5]}
+    write_authors_files(authors, "crisismmd", files)
+    convert("crisismmd", authors, tmp_path / "data")
+    dataset = load_dataset("crisismmd", root=tmp_path / "data")
+    image = SOURCES["crisismmd"].folders[0][1]
+    rows = {
+        stem: [read_pickle(authors / image / f"{stem}.pkl")[k][3][0] for k in range(len(labels))]
+        for stem, labels in files.items()
+    }
+    values, _ = dataset.modalities.unpack(dataset.x)
+
+    def stems_of(indices: np.ndarray) -> list[str]:
+        found = []
+        for index in indices:
+            (stem,) = [
+                s for s, images in rows.items() if any(np.array_equal(values["image"][index], a) for a in images)
+            ]
+            found.append(stem)
+        return found
+
+    settings = NaturalSettings(test_split="global", test_pool="official")
+    splits = partition_dataset(dataset.y, 11, settings, 0, dataset.groups, dataset.test_start)
+    for client, split in enumerate(splits):
+        assert sorted(stems_of(split.train)) == [str(client)] * 3 and len(split.val) == 0
+        assert sorted(stems_of(split.test)) == ["test"] * 4
+        assert dataset.y[split.test].tolist() == files["test"]
+    dealt = np.concatenate([s.train for s in splits])
+    assert sorted(dealt.tolist()) == list(range(dataset.test_start)) and "dev" not in stems_of(range(len(dataset.y)))
 
 
 def test_kuhar_participants_group_as_the_authors_code_deals_them(tmp_path):
