@@ -41,12 +41,16 @@ class RobustSettings(Settings):
         None, ge=0, description="f assumed by Multi-Krum; default floor(attack.fraction * n) (authors' code)"
     )
     krum_selected: int | None = Field(
-        None, ge=1, description="Multi-Krum: how many lowest-score messages are averaged; default n - f"
+        None,
+        ge=1,
+        description="Multi-Krum: how many lowest-score messages are averaged; default n - f (blanchard) or 5 (code: "
+        "the FLAME authors' helper averages torch.topk(scores, 5)), at most n",
     )
     krum_variant: Literal["blanchard", "code"] = Field(
         "blanchard",
-        description="score: squared distances to the n-f-2 nearest (Blanchard et al.) or the authors' code's "
-        "sum of the n-f-1 smallest plain distances counting the zero self-distance (flame.md 2.6)",
+        description="score: squared distances to the n-f-2 nearest (Blanchard et al.) or the FLAME authors' helper "
+        "(utils.average_weights, aggr 'mkrum'): the sum of the n-f-1 smallest plain distances counting the zero "
+        "self-distance, the 5 lowest averaged (flame.md 2.6)",
     )
     trim_fraction: float = Field(0.1, ge=0.0, lt=0.5, description="trimmed mean: share cut at EACH end per coordinate")
     clip_norm: float | None = Field(
@@ -58,17 +62,28 @@ class RobustSettings(Settings):
         return self.rule != "mean"
 
 
-def multi_krum(messages: np.ndarray, byzantine: int, selected: int | None = None, variant: str = "blanchard"):
-    """Average of the `selected` messages with the lowest Krum scores; returns (aggregate, chosen rows)."""
+def multi_krum(
+    messages: np.ndarray, byzantine: int, selected: int | None = None, variant: str = "blanchard"
+) -> tuple[Vector, np.ndarray]:
+    """Average of the `selected` messages with the lowest Krum scores; returns (aggregate, chosen rows).
+
+    `blanchard` (Blanchard et al., 2017): score_i = sum of the squared distances to the n - f - 2 nearest others,
+    n - f averaged by default. `code` (the FLAME authors' helper, flame.md 2.6): score_i = sum of the n - f - 1
+    smallest plain distances in row i, the zero self-distance among them (so the n - f - 2 nearest others,
+    unsquared), 5 averaged by default. Ties go to the lower row.
+    """
     n = len(messages)
-    distances = np.sqrt(np.maximum(_squared_distances(messages), 0.0))
+    squared = np.maximum(_squared_distances(messages), 0.0)
+    np.fill_diagonal(squared, 0.0)  # exactly zero, as the helper's norm(u_i - u_i)
     if variant == "blanchard":
         neighbours = max(1, n - byzantine - 2)
-        others = np.sort(distances**2 + np.diag(np.full(n, np.inf)), axis=1)[:, : min(neighbours, n - 1)]
+        others = np.sort(squared + np.diag(np.full(n, np.inf)), axis=1)[:, : min(neighbours, n - 1)]
+        default = n - byzantine
     else:
-        others = np.sort(distances, axis=1)[:, : max(1, n - byzantine - 1)]
+        others = np.sort(np.sqrt(squared), axis=1)[:, : max(1, n - byzantine - 1)]
+        default = 5
     scores = others.sum(axis=1)
-    keep = max(1, min(n, n - byzantine if selected is None else selected))
+    keep = max(1, min(n, default if selected is None else selected))
     chosen = np.sort(np.argsort(scores, kind="stable")[:keep])
     return messages[chosen].mean(axis=0), chosen
 

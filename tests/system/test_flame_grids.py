@@ -21,6 +21,14 @@ from tests.support.paths import ROOT
 
 SUITES = ROOT / "configs" / "paper" / "suites"
 FLAME_SUITES = sorted(SUITES.glob("flame_*.yaml"))
+DATASETS = ("mnist", "fmnist", "mmnist", "cifar10", "femnist")
+"""Table III's datasets, as the suites' file names spell them."""
+ROBUSTNESS_ELSEWHERE = sorted(
+    set(SUITES.glob("flame_robustness_*.yaml")) - set(SUITES.glob("flame_robustness_fmnist*"))
+)
+"""The robustness grids on the other datasets (issue 48): Fashion-MNIST's settings (methods, attacks, fractions)
+with another dataset and model, which the Table III suites train on that data; one setting of each trains a round
+(`test_one_attacked_setting_of_each_robustness_suite_on_other_data_trains_one_round`), the others are dealt."""
 TABLE3_PARTITIONS = {"q2", "q3", "q4", "q5", "q6", "dir_label", "quality", "dir_quantity", "hybrid"}
 ATTACKS = {"same_value", "sign_flip", "gaussian", "label_poisoning"}
 APPENDIX_ATTACKS = {"q2": ATTACKS, "dir_label": ATTACKS - {"gaussian"}, "quality": ATTACKS, "dir_quantity": ATTACKS}
@@ -54,6 +62,23 @@ def test_the_flame_suites_hold_the_papers_grids():
         settings = _settings(SUITES / f"flame_robustness_fmnist_{partition}.yaml")
         assert {s[1] for s in settings if len(s) == 3} == attacks
         assert {s[0] for s in settings} == {"flame", "pfedme", "ditto", "multi_krum"}
+        for data in ("mnist", "mmnist", "cifar10"):  # every Table III dataset: the same grid
+            assert _settings(SUITES / f"flame_robustness_{data}_{partition}.yaml") == settings
+    hybrid = _settings(SUITES / "flame_robustness_fmnist.yaml")
+    assert {s[1:] for s in hybrid if len(s) == 3} == {(a, f) for a in ATTACKS for f in ("0.2", "0.5", "0.8")}
+    for data in ("mnist", "mmnist", "cifar10", "femnist"):
+        assert _settings(SUITES / f"flame_robustness_{data}.yaml") == hybrid
+    for path in ROBUSTNESS_ELSEWHERE:  # Fashion-MNIST's grid but for the data and the model of the dataset's Table III
+        table3 = load_suite(SUITES / f"flame_table3_{_dataset(path)}.yaml").experiments()[0][1]
+        (_, config), fmnist = load_suite(path).experiments()[0], load_suite(SUITES / "flame_robustness_fmnist.yaml")
+        assert (config.dataset, config.model) == (table3.dataset, table3.model), path.name
+        assert config.algorithm == fmnist.experiments()[0][1].algorithm and config.clients.count == 50, path.name
+
+
+def _dataset(path: Path) -> str:
+    """The Table III dataset a FLAME suite's file name names."""
+    (data,) = set(path.stem.split("_")) & set(DATASETS)
+    return data
 
 
 def _grid_data(path: Path, tmp_path: Path, fmnist_tenth: Path, input_shape: tuple[int, ...] = (1,)) -> list[str]:
@@ -61,7 +86,7 @@ def _grid_data(path: Path, tmp_path: Path, fmnist_tenth: Path, input_shape: tupl
     FEMNIST (five writers: two clients), or a .npz of labels at a tenth of the others' class sizes (CLASS_SIZES)
     with samples of `input_shape` (random pixels of 0 or 1, the scale of normalized images: the dealing depends on
     the labels only)."""
-    data = path.stem.rsplit("_", 1)[1]
+    data = _dataset(path)
     root = tmp_path / "data"
     if data in CLASS_SIZES:
         labels = np.repeat(np.arange(len(CLASS_SIZES[data])), [size // 10 for size in CLASS_SIZES[data]])
@@ -88,26 +113,52 @@ JPEGs as 64x64 RGB)."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", FLAME_SUITES, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", sorted(set(FLAME_SUITES) - set(ROBUSTNESS_ELSEWHERE)), ids=lambda path: path.name)
 def test_every_setting_of_a_flame_suite_trains_one_round(path, tmp_path, fmnist_tenth):
     """Each distinct setting (method, partition, attack, hyperparameters) at the suite's first seed: its data dealt,
     one round trained through the real client host and coordinator in this process (tests/support/inprocess.py; Ray and
     MLflow run each suite's first setting and each method in tests/system/test_paper_configs.py), by three clients, an
     attacker among them in an attacked setting, with light local work (tests/support/light.py)."""
     suite = load_suite(path)
-    data = path.stem.rsplit("_", 1)[1]
-    overrides = _grid_data(path, tmp_path, fmnist_tenth, INPUT_SHAPES.get(data, (1,)))
+    overrides = _grid_data(path, tmp_path, fmnist_tenth, INPUT_SHAPES.get(_dataset(path), (1,)))
     children = [(name, c) for name, c in load_suite(path, overrides).experiments() if c.seed == suite.seeds[0]]
     assert [name for name, _ in children] == [run.name for run in suite.runs]
     for name, child in children:
-        tree = child.model_dump(mode="json", by_alias=True)
-        tree["algorithm"] = {**tree["algorithm"], **light_training(tree["algorithm"])}
-        run = InProcess(validate_config(tree))
-        honest = sorted(set(range(run.problem.num_training)) - run.problem.malicious)
-        selected = sorted({*honest[:2], *sorted(run.problem.malicious)[:1]})
-        assert (child.attack.kind == "none") == (not run.problem.malicious), name
-        before = np.array(run.coordinator.global_model(), copy=True)
-        metrics = run.round(0, selected)
-        after = run.coordinator.global_model()
-        assert metrics and all(np.isfinite(v) for v in metrics.values() if isinstance(v, float)), name
-        assert np.isfinite(after).all() and not np.array_equal(before, after), f"{name}: no finite step of w"
+        _train_one_round(name, child)
+
+
+def _train_one_round(name: str, child) -> None:
+    """One round of a suite's child by three clients, an attacker among them in an attacked setting, with light
+    local work: finite metrics and a finite step of the global model."""
+    tree = child.model_dump(mode="json", by_alias=True)
+    tree["algorithm"] = {**tree["algorithm"], **light_training(tree["algorithm"])}
+    run = InProcess(validate_config(tree))
+    honest = sorted(set(range(run.problem.num_training)) - run.problem.malicious)
+    selected = sorted({*honest[:2], *sorted(run.problem.malicious)[:1]})
+    assert (child.attack.kind == "none") == (not run.problem.malicious), name
+    before = np.array(run.coordinator.global_model(), copy=True)
+    metrics = run.round(0, selected)
+    after = run.coordinator.global_model()
+    assert metrics and all(np.isfinite(v) for v in metrics.values() if isinstance(v, float)), name
+    assert np.isfinite(after).all() and not np.array_equal(before, after), f"{name}: no finite step of w"
+
+
+ONE_SETTING = {"": "multi_krum/label_poisoning/0.5", "q2": "flame/sign_flip/0.2", "quality": "ditto/gaussian/0.8"}
+ONE_SETTING |= {"dir_label": "pfedme/same_value/0.5", "dir_quantity": "flame/label_poisoning/0.8"}
+"""The one setting of each robustness suite on other data that trains, by its partition ("" the hybrid main grid):
+together every method and every attack on the models of MNIST, Medical MNIST and CIFAR-10 (FEMNIST's one suite:
+Multi-Krum under label poisoning)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ROBUSTNESS_ELSEWHERE, ids=lambda path: path.name)
+def test_one_attacked_setting_of_each_robustness_suite_on_other_data_trains_one_round(path, tmp_path, fmnist_tenth):
+    """The setting ONE_SETTING names, at the suite's first seed, on the dataset's stand-in (CLASS_SIZES' labels with
+    samples of its input shape; FEMNIST in TFF's layout) with the dataset's model: one round through the real client
+    host and coordinator in this process."""
+    suite = load_suite(path)
+    partition = path.stem.removeprefix(f"flame_robustness_{_dataset(path)}").removeprefix("_")
+    overrides = _grid_data(path, tmp_path, fmnist_tenth, INPUT_SHAPES.get(_dataset(path), (1,)))
+    (child,) = [c for n, c in load_suite(path, overrides).experiments() if n == ONE_SETTING[partition] and c.seed == 1]
+    assert child.seed == suite.seeds[0] and child.attack.kind != "none"
+    _train_one_round(ONE_SETTING[partition], child)

@@ -24,11 +24,65 @@ def _cluster_with_outlier(n: int = 10, d: int = 30, seed: int = 0) -> np.ndarray
 @pytest.mark.parametrize("variant", ["blanchard", "code"])
 def test_multi_krum_rejects_a_planted_outlier(variant):
     messages = _cluster_with_outlier()
-    aggregate_, chosen = multi_krum(messages, byzantine=1, variant=variant)
+    aggregate_, chosen = multi_krum(messages, byzantine=1, selected=9, variant=variant)
     assert 3 not in chosen and len(chosen) == 9
     np.testing.assert_allclose(aggregate_, np.delete(messages, 3, axis=0).mean(axis=0))
-    _, five = multi_krum(messages, byzantine=1, selected=5, variant=variant)
-    assert len(five) == 5 and 3 not in five
+    _, default = multi_krum(messages, byzantine=1, variant=variant)
+    assert len(default) == {"blanchard": 9, "code": 5}[variant] and 3 not in default  # n - f, or the helper's 5
+
+
+def authors_helper(messages: np.ndarray, fraction: float) -> tuple[np.ndarray, set[int]]:
+    """The FLAME authors' Multi-Krum helper (zsk66/FLAME src/utils.py average_weights, aggr 'mkrum'; flame.md 2.6),
+    replayed step by step in torch: f = int(n * fraction); a symmetric matrix of float32 L2 distances filled pair by
+    pair; score_i = the sum of the first n - f - 1 entries of row i sorted, its zero self-distance among them; the
+    mean of the 5 rows torch.topk(scores, 5, largest=False) picks."""
+    import torch
+
+    rows = [torch.tensor(m, dtype=torch.float32) for m in messages]
+    n = len(rows)
+    f = int(n * fraction)
+    dists = torch.zeros(n, n)
+    for i in range(n):
+        for j in range(i, n):
+            dists[i][j] = torch.norm(rows[i] - rows[j], p=2)
+            dists[j][i] = dists[i][j]
+    scores = torch.zeros(n)
+    for i in range(n):
+        d, _ = dists[i].sort()
+        scores[i] = d[: n - f - 1].sum()
+    picked = torch.topk(scores, 5, largest=False).indices.tolist()
+    return torch.stack([rows[i] for i in picked]).mean(dim=0).numpy(), set(picked)
+
+
+HAND_MADE = np.array([[4, -3], [2, -6], [3, 2], [-6, -1], [5, 5], [-2, 5], [5, 0], [-5, -2]], dtype=np.float64)
+"""Eight 2-D messages, f = 1, whose ranking by plain distances (the helper) and by squared ones (Blanchard) differ."""
+
+
+def test_the_code_variant_is_the_authors_helper_where_blanchards_chooses_otherwise():
+    expected, picked = authors_helper(HAND_MADE, fraction=1 / 8)
+    aggregate_, chosen = multi_krum(HAND_MADE, byzantine=1, variant="code")
+    assert set(chosen.tolist()) == picked == {0, 2, 4, 6, 7}
+    np.testing.assert_allclose(aggregate_, expected, rtol=1e-6)
+    _, blanchard = multi_krum(HAND_MADE, byzantine=1, selected=5)  # same count: the scores alone differ
+    assert set(blanchard.tolist()) == {0, 1, 2, 5, 6} != picked
+    assert len(multi_krum(HAND_MADE, byzantine=1)[1]) == 7  # Blanchard's default n - f
+    settings = RobustSettings(rule="multi_krum", krum_variant="code")
+    np.testing.assert_allclose(aggregate(settings, HAND_MADE, 1, np.zeros(2)), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.2, 0.5, 0.8])
+def test_the_code_variant_replays_the_helper_on_a_robustness_round(fraction):
+    """50 messages as in FLAME's robustness runs: benign models around one point, the attackers' Gaussian vectors
+    (std 1, the code's GA) and same-value vectors; the helper's f = int(50 * fraction)."""
+    generator = np.random.default_rng(7)
+    messages = generator.normal(0.3, 0.05, size=(50, 400))
+    attackers = generator.choice(50, int(50 * fraction), replace=False)
+    for k, client in enumerate(attackers):
+        messages[client] = generator.normal(size=400) if k % 2 else np.full(400, generator.normal(0.0, 0.01))
+    expected, picked = authors_helper(messages, fraction)
+    aggregate_, chosen = multi_krum(messages, byzantine=int(50 * fraction), variant="code")
+    assert set(chosen.tolist()) == picked and len(picked) == 5
+    np.testing.assert_allclose(aggregate_, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_median_and_trimmed_mean_ignore_a_planted_outlier():
