@@ -9,12 +9,19 @@ database URI, a raw `/`) is hidden whole. For an HTTP server, `connect_uri` move
 user info into MLflow's own variables (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD; a token is
 MLFLOW_TRACKING_TOKEN) and returns the URI without it; a database URI keeps its password, which
 SQLAlchemy needs, and is only ever shown redacted.
+
+Those variables stay in the process that writes to MLflow, the driver: the processes of a local Ray it starts
+(GCS server, raylet, and through the raylet every worker: hosts, coordinator, a sweep's trials) are started
+`without_credentials` (raysim.runtime.session). A sweep's trial, which writes its own run from a Ray worker, is
+lent the driver's credentials for the time it runs (`held`, `lent`), and gives them back after.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 REDACTED = "***"
@@ -67,3 +74,35 @@ def connect_uri(uri: str) -> str:
     else:
         os.environ["MLFLOW_TRACKING_TOKEN"] = unquote(user)
     return bare
+
+
+VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+"""Where MLflow reads a tracking server's credentials from (connect_uri moves a URI's user info there)."""
+
+
+def without_credentials(environment: Mapping[str, str]) -> dict[str, str]:
+    """`environment` for a process that must not hold the tracking credentials: without VARIABLES, and with a
+    MLFLOW_TRACKING_URI that has user info redacted."""
+    kept = {key: value for key, value in environment.items() if key not in VARIABLES}
+    if has_credentials(kept.get("MLFLOW_TRACKING_URI")):
+        kept["MLFLOW_TRACKING_URI"] = redact_text(kept["MLFLOW_TRACKING_URI"])
+    return kept
+
+
+def held() -> dict[str, str]:
+    """The tracking credentials this process holds in its environment (VARIABLES that are set)."""
+    return {key: os.environ[key] for key in VARIABLES if key in os.environ}
+
+
+@contextmanager
+def lent(credentials: Mapping[str, str]) -> Iterator[None]:
+    """Inside: this process's environment holds `credentials` (and whatever connect_uri moves there); afterwards
+    VARIABLES are as they were, so that a Ray worker that wrote one trial's run keeps none of them."""
+    before = held()
+    os.environ.update(credentials)
+    try:
+        yield
+    finally:
+        for key in VARIABLES:
+            os.environ.pop(key, None)
+        os.environ.update(before)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from pathlib import Path
+from typing import Literal, NoReturn
 
 
 class RaysimError(Exception):
@@ -27,6 +30,35 @@ class PartitionError(RaysimError):
 
 class CheckpointError(RaysimError):
     """A checkpoint is missing, incomplete or unreadable; the message names the path."""
+
+
+class OutputError(RaysimError):
+    """A file or folder a command was told to write cannot be written there; the message names the option."""
+
+
+def check_output(path: str | Path, key: str, kind: Literal["file", "folder"]) -> Path:
+    """Refuse, in one line starting with `key` (the option or field that named it), a place a command is to write
+    before its work starts (a teacher trained for hours, then a traceback at the rename): a folder where a file goes,
+    a file where a folder goes, a path below a regular file, a place that cannot be written (read-only, not
+    permitted). Nothing is left behind: no folder is created, and the probe file written into the nearest existing
+    folder is removed at once. Returns the path, `~` expanded."""
+    path = Path(path).expanduser()
+    if kind == "file" and path.is_dir():
+        raise OutputError(f"{key} {path}: a folder; give the file to write")
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise OutputError(f"{key} {path}: a file, not a folder")
+    existing = path if kind == "folder" and path.is_dir() else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"{key} {path}: {existing} is a file, not a folder")
+    try:
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".raysim-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise OutputError(f"{key} {path}: cannot be written in {existing} ({error.strerror})") from None
+    return path
 
 
 class Interrupted(KeyboardInterrupt):

@@ -11,7 +11,13 @@ A file is imported as the module named after it (`fedavgm.py` -> `fedavgm`), so 
 reference. Ray's workers import the same plugins before they unpickle anything of the run (`carry`); `raysim
 submit` ships plugin files with the job, where they are modules by that name (raysim.jobs).
 
-A plugin that cannot be imported is one PluginError line naming it and its exception, before any Ray work.
+A plugin's import is one guarded step: whatever ends it but success (an exception, `sys.exit`, a
+KeyboardInterrupt the plugin raises) is one PluginError line naming the plugin and what ended it, before any Ray
+work.
+
+A checkpoint runs no code it names: resuming one imports no plugin its saved config lists, only those the user
+gives (`raysim resume --plugin`) or that this process imported already (a resumed study's file names them);
+`for_checkpoint` refuses, in one line naming it, a plugin the checkpoint needs that was not given.
 """
 
 from __future__ import annotations
@@ -87,7 +93,10 @@ def load(spec: str) -> ModuleType:
 
 
 def _failure(error: BaseException) -> str:
-    """An exception as one line: its type and its message's first line."""
+    """What ended a plugin's import, as one line: the exception's type and its message's first line; `sys.exit`
+    says so with its code (a plugin must not end the command, least of all with exit 0)."""
+    if isinstance(error, SystemExit):
+        return f"it called sys.exit({error.code!r}) while being imported"
     message = str(error).strip().splitlines()
     return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
 
@@ -95,7 +104,8 @@ def _failure(error: BaseException) -> str:
 def _load_module(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
-    except Exception as error:  # noqa: BLE001 - whatever a plugin raises is reported as one line
+    except BaseException as error:  # noqa: BLE001 - sys.exit and KeyboardInterrupt in a plugin are its failures too
+        sys.modules.pop(name, None)
         raise PluginError(f"plugin {name}: {_failure(error)}") from None
 
 
@@ -123,11 +133,9 @@ def _load_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException as error:
+    except BaseException as error:  # noqa: BLE001 - sys.exit and KeyboardInterrupt in a plugin are its failures too
         del sys.modules[name]
-        if isinstance(error, Exception):
-            raise PluginError(f"plugin {path}: {_failure(error)}") from None
-        raise
+        raise PluginError(f"plugin {path}: {_failure(error)}") from None
     return module
 
 
@@ -140,12 +148,35 @@ def load_installed() -> list[str]:
         for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
                 entry.load()
-            except Exception as error:  # noqa: BLE001 - whatever a plugin raises is reported as one line
+            except BaseException as error:  # noqa: BLE001 - whatever ends a plugin's import is reported as one line
                 raise PluginError(
                     f"plugin {entry.name} (entry point {entry.value} of {ENTRY_POINT_GROUP}): {_failure(error)}"
                 ) from None
             _installed[entry.name] = entry.module
     return list(_installed)
+
+
+def for_checkpoint(specs: object, where: str) -> list[str]:
+    """The plugins a checkpoint's saved config lists (`specs`), each matched by module name to one imported in this
+    process (given with `--plugin`, named by the study being resumed, or an installed entry point), as that import's
+    spec: resuming imports nothing the checkpoint names. A PluginError starting with `where` names the first one
+    that was not given."""
+    available = {module_name(spec): spec for spec in loaded()}
+    load_installed()  # what any registry lookup imports: the user installed them
+    installed = set(_installed.values())
+    matched = []
+    for spec in resolve(specs, None, f"{where}: plugins"):
+        name = module_name(spec)
+        if name in available:
+            matched.append(available[name])
+        elif name in installed:
+            matched.append(name)
+        else:
+            raise PluginError(
+                f"{where}: the checkpoint needs plugin {spec}, which was not given; a resume imports only the "
+                f"plugins named on its command line: add --plugin {spec} if you trust that file"
+            )
+    return list(dict.fromkeys(matched))
 
 
 def is_plugin_module(name: str) -> bool:
@@ -180,3 +211,25 @@ class _Carried:
 def _arrive(specs: list[str], payload: bytes) -> Any:
     load_all(specs)
     return pickle.loads(payload)
+
+
+def import_in_worker(specs: list[str]) -> str | None:
+    """Run in a Ray worker (raysim.runtime.session.check_plugins_in_workers): import `specs` there; the PluginError's
+    line if one cannot be imported, returned rather than raised, since Ray prints an exception raised in a worker
+    with its traceback on the driver's console."""
+    try:
+        load_all(specs)
+    except PluginError as error:
+        return str(error)
+    return None
+
+
+def failed_in_worker(error: BaseException) -> str | None:
+    """The PluginError line of a Ray error whose actor or task could not import a plugin in its worker (`_arrive`
+    raised it while Ray read the arguments), else None. Ray hands the driver such an error as text (its message
+    holds the worker's traceback), so the line is found by the error's qualified name."""
+    if not type(error).__module__.startswith("ray."):
+        return None
+    prefix = f"{PluginError.__module__}.{PluginError.__qualname__}: "
+    lines = [line[len(prefix) :] for line in str(error).splitlines() if line.startswith(prefix)]
+    return lines[-1] if lines else None

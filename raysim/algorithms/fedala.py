@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field
@@ -47,6 +47,7 @@ from raysim.algorithms.interface import ALGORITHMS, Algorithm, ClientInfo, Clien
 from raysim.algorithms.requests import FullGradient, Request, Result, Vector, gradient, train
 from raysim.algorithms.settings import SGDSettings
 from raysim.jit import distances
+from raysim.models.parts import TensorCount
 from raysim.models.spec import ParamSpec
 
 
@@ -56,7 +57,7 @@ class FedAlaSettings(SGDSettings):
     rand_percent: float = Field(
         80.0, gt=0, le=100, description="s: the share (%) of the training split the weights learn on each round"
     )
-    layer_idx: int = Field(
+    layer_idx: Annotated[int, TensorCount()] = Field(
         2,
         ge=0,
         description="p: the number of top parameter tensors ALA mixes (the authors' 2: the last layer's weight and "

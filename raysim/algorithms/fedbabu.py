@@ -27,7 +27,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.families.averaging import WeightedUpload, upload_weight, weighted_average
-from raysim.algorithms.families.split import SplitPreset, SplitSettings, personal_mask
+from raysim.algorithms.families.split import Preset, SplitSettings, personal_mask
 from raysim.algorithms.interface import (
     ALGORITHMS,
     AdaptStep,
@@ -45,7 +45,7 @@ from raysim.models.spec import ParamSpec
 
 class FedBabuSettings(SGDSettings, SplitSettings):
     name: Literal["fedbabu"] = "fedbabu"
-    preset: SplitPreset = Field("last_layer", description="the frozen head: last_layer (the classifier) or a preset")
+    preset: Preset = Field("last_layer", description="the frozen head: last_layer (the classifier) or a preset")
     finetune_epochs: int = Field(
         5, ge=0, description="tau_f: epochs of fine-tuning the whole model for the PM (the paper's 5); 0: the GM"
     )

@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.families.shared_part import SharedPartAlgorithm, SharedPartSettings
-from raysim.algorithms.families.split import SplitPreset, SplitSettings, personal_mask
+from raysim.algorithms.families.split import Preset, SplitSettings, personal_mask
 from raysim.algorithms.interface import ALGORITHMS
 from raysim.algorithms.requests import Number, Request, Result, SGDResult, Vector, train
 from raysim.models.spec import ParamSpec
@@ -33,7 +33,7 @@ from raysim.models.spec import ParamSpec
 
 class FedPerSettings(SharedPartSettings, SplitSettings):
     name: Literal["fedper"] = "fedper"
-    preset: SplitPreset = Field(
+    preset: Preset = Field(
         "last_layer", description="the personalization layers: last_layer (the classifier), output, or another preset"
     )
     aggregation: Literal["uniform", "samples"] = Field(

@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.families.shared_part import SharedPartAlgorithm, SharedPartSettings
-from raysim.algorithms.families.split import SplitPreset, SplitSettings, personal_mask
+from raysim.algorithms.families.split import Preset, SplitSettings, personal_mask
 from raysim.algorithms.interface import (
     ALGORITHMS,
 )
@@ -40,7 +40,7 @@ from raysim.models.spec import ParamSpec
 
 class FedRepSettings(SharedPartSettings, SplitSettings):
     name: Literal["fedrep"] = "fedrep"
-    preset: SplitPreset = Field(
+    preset: Preset = Field(
         "last_layer",
         description="the personal head (fedapm.md 2 presets); last_layer: the final linear layer (fedslr.md 6.4)",
     )

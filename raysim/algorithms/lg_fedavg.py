@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.algorithms.families.shared_part import SharedPartAlgorithm, SharedPartSettings
-from raysim.algorithms.families.split import SplitPreset, allowed_presets, preset_names
+from raysim.algorithms.families.split import Patterns, Preset, allowed_presets, preset_names
 from raysim.algorithms.interface import ALGORITHMS
 from raysim.algorithms.requests import Number, Request, Result, SGDResult, Vector, train
 from raysim.errors import ConfigError
@@ -40,10 +40,10 @@ from raysim.models.spec import ParamSpec
 
 class LgFedAvgSettings(SharedPartSettings):
     name: Literal["lg_fedavg"] = "lg_fedavg"
-    global_layers: tuple[str, ...] | None = Field(
+    global_layers: Patterns = Field(
         None, description="fnmatch patterns over parameter names of the shared (global) layers; overrides global_preset"
     )
-    global_preset: SplitPreset = Field(
+    global_preset: Preset = Field(
         "output",
         description="the shared (global) modules by a preset of fedapm.md 2: output = the layers after the last "
         "convolution (the linear layers; a model without convolutions: its last layer); the rest is personal",

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
 from raysim.data.download import extract, fetch, resolve_root
+from raysim.data.footprint import Footprint, image_rows
 from raysim.errors import DataError
 
 CIFAR10_MEAN, CIFAR10_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
@@ -112,7 +113,8 @@ def _load(
     y = np.concatenate([labels for _, labels in parts])
     if y.min() < 0 or y.max() >= num_classes:
         raise DataError(f"{directory}: labels span {y.min()}..{y.max()}, outside 0..{num_classes - 1}")
-    return Dataset(request.name, x, y, num_classes, mean=mean, std=std)
+    test_start = len(y) - len(parts[-1][1])  # the last file is the test batch
+    return Dataset(request.name, x, y, num_classes, mean=mean, std=std, test_start=test_start)
 
 
 @DATASETS.register()
@@ -128,6 +130,9 @@ class Cifar10Settings(DownloadSettings):
         "(FedSLR's per-dataset normalization, fedslr.md 6.1)",
     )
 
+    def footprint(self) -> Footprint:
+        return image_rows(60_000, (3, 32, 32))
+
     def load(self, seed: int) -> Dataset:
         return cifar10(self)
 
@@ -139,6 +144,9 @@ class Cifar100Settings(DownloadSettings):
     layout: ClassVar[str] = "cifar-100-python/"
     get: ClassVar[str] = "`dataset.download: true` online (cs.toronto.edu, md5-checked)"
     markers: ClassVar[tuple[str, ...]] = ("cifar-100-python/train",)
+
+    def footprint(self) -> Footprint:
+        return image_rows(60_000, (3, 32, 32))
 
     def load(self, seed: int) -> Dataset:
         return cifar100(self)

@@ -9,13 +9,15 @@ store once; host actors read them zero-copy and only ever receive index arrays f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
+from raysim.data.footprint import Footprint, file_footprint
 from raysim.data.modalities import Modalities
 from raysim.errors import DataError
 from raysim.registry import Registry
@@ -45,6 +47,10 @@ class Dataset:
     std: tuple[float, ...] | None = None
     modalities: Modalities | None = None
     """The named inputs packed in each row of `x` (None: `x` holds one input of shape x.shape[1:])."""
+    test_start: int | None = None
+    """Where the publisher's test set begins: samples [0, test_start) are its training set, [test_start, n) its test
+    set, pooled in that order (CIFAR's test batch, Tiny-ImageNet's val folder); None: the source records no split.
+    `partition.test_pool: official` reads it."""
 
     def __post_init__(self) -> None:
         """Normalized on the fly means uint8 images (n, C, H, W) with one mean and std per channel: anything else
@@ -83,13 +89,25 @@ class Dataset:
     def __len__(self) -> int:
         return len(self.y)
 
+    def standardized_per_pixel(self) -> Dataset:
+        """Each input coordinate (pixel and channel) standardized over the pooled samples, (x - mean) / (std + 0.001)
+        on the stored values (0-255 for uint8 images), as AugFL's authors' code normalizes (`norm` in their
+        DataDivision.py); in place of the per-channel normalization on the fly."""
+        if self.modalities is not None:
+            raise DataError(f"dataset {self.name}: standardize=pixel standardizes single inputs, not multimodal rows")
+        x = self.x.astype(np.float32)
+        mean, std = x.mean(axis=0), x.std(axis=0)
+        return replace(self, x=(x - mean) / (std + np.float32(0.001)), mean=None, std=None)
+
 
 def open_npz(file: Path, where: str, expected: str) -> np.lib.npyio.NpzFile:
     """An .npz archive opened without pickle; anything else is one DataError starting with `where` and saying
     what was `expected`."""
     try:
         archive = np.load(file, allow_pickle=False)
-    except (OSError, ValueError) as error:
+    except EOFError:  # numpy's answer to an empty file
+        raise DataError(f"{where}: an empty file, not {expected}") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as error:  # BadZipFile: a truncated archive
         raise DataError(f"{where}: not a readable .npz archive ({error})") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise DataError(f"{where}: a single .npy array, not {expected}")
@@ -111,6 +129,11 @@ class DatasetSettings(Settings):
     crop_probability: float = Field(
         0.5, ge=0, le=1, description="crop_flip: share of samples cropped (0.5 as FedSLR; 1: always)"
     )
+    standardize: Literal["channel", "pixel"] = Field(
+        "channel",
+        description="how inputs are standardized: per channel with the source's mean and std (channel), or each "
+        "pixel over the pooled samples, (x - mean) / (std + 0.001), as AugFL's authors' code (pixel)",
+    )
 
     about: ClassVar[str] = ""
     """One line on what the data are (default: the class docstring's first line)."""
@@ -129,8 +152,20 @@ class DatasetSettings(Settings):
         return cls.about or (cls.__doc__ or "").strip().split("\n")[0]
 
     def load(self, seed: int) -> Dataset:
-        """The whole dataset these settings name (`seed` draws the generated ones)."""
+        """The whole dataset these settings name (`seed` draws the generated ones); a source implements it."""
         raise NotImplementedError(f"dataset.name={self.name} implements no load")
+
+    def loaded(self, seed: int) -> Dataset:
+        """What a run trains on: the source's `load`, standardized as `standardize` says."""
+        dataset = self.load(seed)
+        return dataset.standardized_per_pixel() if self.standardize == "pixel" else dataset
+
+    def footprint(self) -> Footprint | None:
+        """What `load` will take in memory, estimated without loading anything (raysim.data.footprint), so that a
+        run that cannot fit is refused before it fills the machine (raysim.runtime.memory). A source overrides it;
+        by default, the size of the file a `path` setting names, if any (a first guess: a text file is larger than
+        its numbers, a compressed one smaller), else None: unknown, and only the clients' states are checked."""
+        return file_footprint(getattr(self, "path", None))
 
 
 class RootSettings(DatasetSettings):

@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
+from raysim.data.footprint import Footprint, image_rows
 from raysim.data.idx import MNIST_MEAN, MNIST_STD, find_idx, read_train_test
 from raysim.errors import DataError
 
@@ -50,6 +51,13 @@ def candidate_dirs(root: str | Path | None) -> list[Path]:
 def load_fashion_mnist(root: str | Path | None = None, download: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Return (images uint8 [70000, 28, 28], labels int64 [70000])."""
     places = candidate_dirs(root)
+    if root:  # the folder named is read or refused; the places after it stand in only when it holds none of the files
+        given = Path(root).expanduser()
+        if not given.is_dir():
+            raise DataError(f"dataset.root: {given}: no such folder (Fashion-MNIST's four IDX files)")
+        for directory in (given, given / "FashionMNIST" / "raw"):
+            if any(find_idx([directory], stem) is not None for stem in FILES.values()):
+                return read_train_test("Fashion-MNIST", tuple(FILES.values()), [directory], directory)
     for directory in places:
         found = _read_dir(directory)
         if found is not None:
@@ -87,6 +95,9 @@ class FashionMnistSettings(DownloadSettings):
     layout: ClassVar[str] = "the four IDX files, or FashionMNIST/raw/"
     get: ClassVar[str] = "`make setup` (Debian package dataset-fashion-mnist), or torchvision's download"
     markers: ClassVar[tuple[str, ...]] = ("train-images-idx3-ubyte*", "FashionMNIST/raw/train-images-idx3-ubyte*")
+
+    def footprint(self) -> Footprint:
+        return image_rows(70_000, (1, 28, 28))
 
     def load(self, seed: int) -> Dataset:
         images, labels = load_fashion_mnist(self.root, download=self.download)

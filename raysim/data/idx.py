@@ -18,6 +18,7 @@ from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
 from raysim.data.download import extract, fetch, resolve_root
+from raysim.data.footprint import Footprint, image_rows
 from raysim.errors import DataError
 
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.int16, 0x0C: np.int32, 0x0D: np.float32}
@@ -40,6 +41,8 @@ EMNIST_ARCHIVE: tuple[str, str] = (
 
 EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
 EMNIST_CLASSES = dict(zip(get_args(EmnistSplit), (62, 47, 47, 26, 10, 10), strict=True))
+EMNIST_SAMPLES = dict(zip(get_args(EmnistSplit), (814_255, 814_255, 131_600, 145_600, 280_000, 70_000), strict=True))
+"""Train + test images of each split (Cohen et al., 2017, Table II)."""
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -120,6 +123,9 @@ class MnistSettings(DownloadSettings):
     get: ClassVar[str] = "`dataset.download: true` online (torchvision's mirror, md5-checked)"
     markers: ClassVar[tuple[str, ...]] = ("MNIST/raw/train-images-idx3-ubyte*",)  # bare IDX files could be FMNIST's
 
+    def footprint(self) -> Footprint:
+        return image_rows(70_000, (1, 28, 28))
+
     def load(self, seed: int) -> Dataset:
         return mnist(self)
 
@@ -132,6 +138,9 @@ class EmnistSettings(DownloadSettings):
     layout: ClassVar[str] = "EMNIST/raw/emnist-<split>-*-ubyte(.gz)"
     get: ClassVar[str] = "`dataset.download: true` online (NIST's gzip.zip, md5-checked)"
     markers: ClassVar[tuple[str, ...]] = ("EMNIST/raw/emnist-*", "emnist-*")
+
+    def footprint(self) -> Footprint:
+        return image_rows(EMNIST_SAMPLES[self.split], (1, 28, 28), 3.0)  # and the transposed copy
 
     def load(self, seed: int) -> Dataset:
         return emnist(self)

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, DownloadSettings, RootSettings
 from raysim.data.download import extract, fetch, resolve_root
+from raysim.data.footprint import LABEL_BYTES, Footprint, image_rows
 from raysim.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -114,6 +115,14 @@ def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
+def _text(file: Path) -> str:
+    """A Tiny-ImageNet list file's text; one DataError line naming it when it is not UTF-8 (a damaged file)."""
+    try:
+        return file.read_text()
+    except UnicodeDecodeError as error:
+        raise DataError(f"dataset.root: {file}: not UTF-8 text (at byte {error.start})") from None
+
+
 def _class_images(root: Path, classes: list[str]) -> list[list[Path]]:
     """Each class folder's image files (recursively, sorted, hidden entries skipped). Links to folders are
     followed; refused with one line: a link back to a folder above it (the dataset root itself included: a loop,
@@ -139,7 +148,11 @@ def _class_images(root: Path, classes: list[str]) -> list[list[Path]]:
                 path = folder / entry.name
                 if entry.name.startswith("."):
                     continue
-                if entry.is_dir():
+                try:
+                    is_folder = entry.is_dir()
+                except OSError as error:  # ELOOP: links that lead to each other (is_dir swallows only ENOENT)
+                    raise DataError(f"dataset.root: {path}: cannot be followed ({error.strerror})") from None
+                if is_folder:
                     pending.append(path)
                 elif entry.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
                     file = os.path.realpath(path)
@@ -168,6 +181,9 @@ class ImageFolderSettings(RootSettings):
     get: ClassVar[str] = "your own files; Medical MNIST: kaggle.com/datasets/andrewmvd/medical-mnist"
     markers: ClassVar[tuple[str, ...]] = ("*/*.png", "*/*.jpg", "*/*.jpeg", "*/*.JPEG")
 
+    def footprint(self) -> Footprint | None:
+        return image_folder_footprint(self)
+
     def load(self, seed: int) -> Dataset:
         return image_folder(self)
 
@@ -180,6 +196,11 @@ class TinyImagenetSettings(DownloadSettings):
     layout: ClassVar[str] = "tiny-imagenet-200/ (train/<wnid>/images, val/val_annotations.txt, wnids.txt)"
     get: ClassVar[str] = "`dataset.download: true` online (cs231n.stanford.edu)"
     markers: ClassVar[tuple[str, ...]] = ("tiny-imagenet-200/wnids.txt",)
+
+    def footprint(self) -> Footprint:
+        """100,000 training and 10,000 labelled validation images, decoded into one preallocated array."""
+        size = self.size or 64
+        return image_rows(110_000, (3, size, size), peak_factor=1.1)
 
     def load(self, seed: int) -> Dataset:
         return tiny_imagenet(self)
@@ -220,6 +241,35 @@ def image_folder(request: ImageFolderSettings) -> Dataset:
     return Dataset(root.name, x, np.asarray(labels, dtype=np.int64), len(classes), mean=mean, std=std)
 
 
+def image_folder_footprint(request: ImageFolderSettings) -> Footprint | None:
+    """The image files under the class folders counted (not opened) and the first one's header read: one uint8
+    array of them all at `dataset.size` (else the first image's size) in `dataset.channels` (else the first image's),
+    plus at the peak the float64 chunk that `channel_stats` measures and a path per image. None without a root."""
+    from PIL import Image
+
+    root = Path(request.root).expanduser() if request.root else None
+    if root is None or not root.is_dir():
+        return None
+    files = [
+        Path(folder) / name
+        for folder, _, names in os.walk(root)
+        if Path(folder) != root
+        for name in names
+        if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES
+    ]
+    if not files:
+        return None
+    try:
+        with Image.open(files[0]) as first:
+            width, height, grey = first.size[0], first.size[1], first.mode in GRAY_MODES
+    except OSError:
+        return None  # load says what is wrong with it
+    channels = request.channels or (1 if grey else 3)
+    pixels = channels * (request.size or height) * (request.size or width)
+    nbytes = len(files) * (pixels + LABEL_BYTES)
+    return Footprint(len(files), nbytes, nbytes + min(len(files), _STATS_CHUNK) * pixels * 16 + len(files) * 200)
+
+
 def _tiny_imagenet_dir(request: TinyImagenetSettings) -> Path:
     """The `tiny-imagenet-200` folder: `dataset.root` itself or its child, downloaded there if allowed."""
     root = resolve_root(request.root)
@@ -241,7 +291,7 @@ def _tiny_imagenet_dir(request: TinyImagenetSettings) -> Path:
 
 def _tiny_imagenet_files(base: Path) -> tuple[list[str], list[Path], list[int]]:
     """(sorted wnids, image paths, labels) of train + val."""
-    wnids = sorted({line.strip() for line in (base / "wnids.txt").read_text().splitlines() if line.strip()})
+    wnids = sorted({line.strip() for line in _text(base / "wnids.txt").splitlines() if line.strip()})
     index = {wnid: label for label, wnid in enumerate(wnids)}
     paths: list[Path] = []
     labels: list[int] = []
@@ -255,7 +305,7 @@ def _tiny_imagenet_files(base: Path) -> tuple[list[str], list[Path], list[int]]:
     annotations = base / "val" / "val_annotations.txt"
     if not annotations.is_file():
         raise DataError(f"dataset.root: {annotations}: no such file (Tiny-ImageNet's validation labels)")
-    for number, line in enumerate(annotations.read_text().splitlines(), start=1):
+    for number, line in enumerate(_text(annotations).splitlines(), start=1):
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -273,6 +323,7 @@ def tiny_imagenet(request: TinyImagenetSettings) -> Dataset:
     base = _tiny_imagenet_dir(request)
     wnids, paths, labels = _tiny_imagenet_files(base)
     x = read_images(paths, request.size, mode="RGB")
+    validation = base / "val" / "images"
     return Dataset(
         "tiny_imagenet",
         x,
@@ -280,4 +331,5 @@ def tiny_imagenet(request: TinyImagenetSettings) -> Dataset:
         len(wnids),
         mean=TINY_IMAGENET_MEAN,
         std=TINY_IMAGENET_STD,
+        test_start=sum(path.parent != validation for path in paths),  # train first, then the labelled val images
     )

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, DownloadSettings, open_npz
 from raysim.data.download import default_root, fetch
+from raysim.data.footprint import LABEL_BYTES, Footprint, member_bytes, npz_members
 from raysim.errors import DataError
 
 RECORD = "https://zenodo.org/records/10519652/files"
@@ -134,6 +135,21 @@ class MedmnistSettings(DownloadSettings):
     layout: ClassVar[str] = "<subset>.npz or <subset>_<size>.npz as MedMNIST publishes them"
     get: ClassVar[str] = "`dataset.download: true` online (zenodo), or medmnist.com"
     markers: ClassVar[tuple[str, ...]] = ("*mnist*.npz",)
+
+    def footprint(self) -> Footprint | None:
+        """From the file's array headers: its images and labels, read, pooled and laid out channels first (about
+        2 copies at the peak: the members and their concatenation); None before the file is downloaded."""
+        subset, size = (self.subset or "").lower(), self.size or 28
+        if subset not in CLASSES or size not in SIZES:
+            return None  # load refuses it
+        folder = Path(self.root).expanduser() if self.root else default_root() / "medmnist"
+        members = npz_members(folder / file_name(subset, size))
+        images = [members[f"{split}_images"] for split in SPLITS if f"{split}_images" in members]
+        if not images:
+            return None
+        samples = sum(shape[0] for shape, _ in images)
+        nbytes = sum(member_bytes(*image) for image in images) + samples * LABEL_BYTES
+        return Footprint(samples, nbytes, 2 * nbytes)
 
     def load(self, seed: int) -> Dataset:
         return medmnist(self)

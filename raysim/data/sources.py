@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import Field, ValidationError
 
 from raysim.data.dataset import DATASETS, Dataset, DatasetSettings, open_npz
+from raysim.data.footprint import GROUP_BYTES, LABEL_BYTES, Footprint, file_footprint
 from raysim.errors import ConfigError, DataError
 
 
@@ -120,6 +121,9 @@ class DigitsSettings(DatasetSettings):
     about: ClassVar[str] = "scikit-learn's 1,797 8x8 digits"
     layout: ClassVar[str] = "inside scikit-learn"
 
+    def footprint(self) -> Footprint:
+        return Footprint.rows(1797, 64 * 4 + LABEL_BYTES, 4.0)  # float64 images, then float32
+
     def load(self, seed: int) -> Dataset:
         return digits()
 
@@ -129,6 +133,9 @@ class SyntheticClassificationSettings(DatasetSettings):
     name: Literal["synthetic_classification"] = "synthetic_classification"
     about: ClassVar[str] = "Gaussian class clusters (tests)"
     seeded: ClassVar[bool] = True
+
+    def footprint(self) -> Footprint:
+        return Footprint.rows(2000, 20 * 4 + LABEL_BYTES, 4.0)  # drawn in float64, then float32
 
     def load(self, seed: int) -> Dataset:
         return synthetic_classification(seed=seed)
@@ -140,6 +147,9 @@ class SyntheticRegressionSettings(DatasetSettings):
     about: ClassVar[str] = "linear regression (convex checks)"
     seeded: ClassVar[bool] = True
 
+    def footprint(self) -> Footprint:
+        return Footprint.rows(1000, 5 * 4 + LABEL_BYTES, 4.0)
+
     def load(self, seed: int) -> Dataset:
         return synthetic_regression(seed=seed)
 
@@ -149,6 +159,9 @@ class SyntheticWritersSettings(DatasetSettings):
     name: Literal["synthetic_writers"] = "synthetic_writers"
     about: ClassVar[str] = "FEMNIST-like groups (tests)"
     seeded: ClassVar[bool] = True
+
+    def footprint(self) -> Footprint:
+        return Footprint.rows(300 * 40, 20 * 4 + LABEL_BYTES + GROUP_BYTES, 6.0)  # 300 writers of 20-60 samples
 
     def load(self, seed: int) -> Dataset:
         return synthetic_writers(seed=seed)
@@ -162,6 +175,9 @@ class NpzSettings(DatasetSettings):
     about: ClassVar[str] = "x, y and optional groups in one .npz (`dataset.path`)"
     layout: ClassVar[str] = "one .npz file"
     get: ClassVar[str] = "your own"
+
+    def footprint(self) -> Footprint | None:
+        return file_footprint(self.path if self.path is not None else self.root)
 
     def load(self, seed: int) -> Dataset:
         return npz_dataset(self.path if self.path is not None else self.root)
@@ -180,4 +196,4 @@ def load_dataset(name: str, seed: int = 0, **options: object) -> Dataset:
         got = "" if first["type"] == "missing" else f" (got {first['input']!r})"
         message = first["msg"].replace("Input should be", "must be")
         raise ConfigError(f"dataset.{'.'.join(map(str, first['loc']))}: {message}{got}") from None
-    return settings.load(seed)
+    return settings.loaded(seed)

@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,11 +98,13 @@ def read_weights(path: str | Path, key: str) -> tuple[np.ndarray, WeightsHeader]
     where = f"{key}: {path}"
     if not path.is_file():
         raise ConfigError(f"{where}: no such file (write one with `raysim pretrain CONFIG --out {path}`)")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"{where}: an empty file, not a raysim weights file; write one with `raysim pretrain`")
     try:
         with np.load(path, allow_pickle=False) as stored:
             params = np.asarray(stored["params"])
             header = WeightsHeader.from_json(str(stored["header"]))
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ConfigError(f"{where}: not a raysim weights file ({reason}); write one with `raysim pretrain`") from None
     if header.format != FORMAT or header.format_version != FORMAT_VERSION:

@@ -302,16 +302,31 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
         handle.write(json.dumps({"format": FORMAT, **manifest}, indent=1).encode())
 
 
+MANIFEST_KEYS = ("run_id", "round", "tracking_uri", "config", "history", "uplink_total", "downlink_total")
+"""What a resumed run reads from a manifest (raysim.runtime.rounds writes them all)."""
+
+
 def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """A checkpoint's manifest; one CheckpointError line naming it when it is missing, not UTF-8, not JSON, not a
+    mapping (`[]`), of another format or without a key a resumed run reads (`config`)."""
     path = Path(directory) / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_bytes().decode())
     except OSError as error:
         raise CheckpointError(f"{path}: no checkpoint manifest ({error.strerror})") from None
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path}: corrupt checkpoint manifest (not UTF-8 text at byte {error.start})") from None
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: corrupt checkpoint manifest ({error})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}: corrupt checkpoint manifest (a JSON {type(manifest).__name__}, not a mapping)")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {manifest.get('format')!r}, expected {FORMAT}")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise CheckpointError(f"{path}: corrupt checkpoint manifest (no {', '.join(missing)})")
+    if not isinstance(manifest["config"], str):
+        raise CheckpointError(f"{path}: corrupt checkpoint manifest (its config is not YAML text)")
     return manifest
 
 

@@ -23,17 +23,22 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
 from raysim.config import ExperimentConfig, RuntimeSettings
-from raysim.errors import Interrupted, RayLost, raise_from_handler, sigterm_interrupts
+from raysim.credentials import without_credentials
+from raysim.errors import Interrupted, RayLost, RaysimError, raise_from_handler, sigterm_interrupts
+from raysim.plugins import PluginError, import_in_worker, loaded
 
 WATCH_EVERY_S = 0.5
 VITAL = {"gcs_server": "GCS server", "raylet": "raylet"}
 """The daemons (executable name: what the message calls it) without which a local Ray is gone."""
+MONITOR = os.path.join("autoscaler", "_private", "monitor.py"), os.path.join("autoscaler", "v2", "monitor.py")
+"""The autoscaler monitor's script (Ray 2.x, either autoscaler), one of the first items of its command line."""
 LOST_SIGNAL = signal.SIGUSR1
 """What the watch thread sends the main thread when a vital daemon died: it wakes a sleeping system call and
 is seen inside Ray's blocking calls, which check for signals."""
@@ -74,7 +79,8 @@ class LocalDaemons:
     @contextmanager
     def own_sessions(self) -> Iterator[None]:
         """Inside: every process Ray starts through its one process launcher (`ray._private.services.
-        ConsolePopen`, Ray 2.x) gets a session of its own (setsid) and is remembered. Should a Ray version lack
+        ConsolePopen`, Ray 2.x) gets a session of its own (setsid), an environment without the tracking
+        credentials (raysim.credentials: its workers inherit the raylet's) and is remembered. Should a Ray version lack
         the launcher, its daemons stay in the driver's process group (the watch still ends a run that loses
         them)."""
         from ray._private import services
@@ -88,6 +94,7 @@ class LocalDaemons:
         class OwnSessionPopen(original):
             def __init__(self, *args, **kwargs) -> None:
                 kwargs["start_new_session"] = True
+                kwargs["env"] = without_credentials(kwargs.get("env") or os.environ)
                 super().__init__(*args, **kwargs)
                 daemons.started.append(self)
 
@@ -107,6 +114,16 @@ class LocalDaemons:
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
             return f"its {name} (pid {process.pid}) {how}"
         return None
+
+    def end_monitor(self) -> None:
+        """Kill the autoscaler monitor before Ray's shutdown: a local Ray never autoscales, and the monitor, sent
+        SIGTERM after the GCS server is gone (Ray's shutdown order), spends its full second of grace trying to
+        report its own death to that GCS server, on every run's way out."""
+        for process in self.started:
+            if isinstance(process.args, list) and any(str(a).endswith(MONITOR) for a in process.args[:4]):
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                process.wait()
 
     def end_leftovers(self) -> None:
         """Kill what is left in the daemons' sessions once a Ray that lost a vital daemon is shut down: the
@@ -151,6 +168,12 @@ _local: LocalDaemons | None = None
 """The daemons of the local Ray this process started (None when it joined a running Ray or a cluster)."""
 
 
+def started_here() -> bool:
+    """Whether the Ray in use is a local one this process started (its workers are this machine's, started
+    without the tracking credentials), rather than a running Ray or a cluster joined."""
+    return _local is not None
+
+
 def ray_usable() -> bool:
     """False once the local Ray this process started has lost its GCS server or raylet: Ray calls that need
     them (ending actors, removing a placement group) would wait until Ray ends the process."""
@@ -164,9 +187,43 @@ SLOW_START = "timed out during startup"
 their port files after the raylet's fixed wait for them (ray-project/ray#65983), and the raylet exited."""
 
 
+class RayStartError(RaysimError):
+    """A local Ray did not start; the message says why and where Ray's logs are."""
+
+
+SHORT_TMPDIR = "AF_UNIX path length"
+"""What Ray says when its session folder is too deep for a Unix socket's path (107 bytes): a long $TMPDIR, as
+cluster schedulers set."""
+
+
+def ray_logs() -> str:
+    """Where the local Ray this process tried to start keeps its logs: the newest session folder named after this
+    process (`session_<date>_<pid>`) under Ray's temp folder ($RAY_TMPDIR, else $TMPDIR, else /tmp, then `ray`),
+    or, when no try got that far, the temp folder itself."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    temp = Path(get_default_ray_temp_dir())
+    try:
+        sessions = sorted(temp.glob(f"session_*_{os.getpid()}"), key=lambda folder: folder.stat().st_mtime)
+    except OSError:
+        sessions = []
+    return str(sessions[-1] / "logs") if sessions else f"none written (Ray's temp folder: {temp})"
+
+
+def _start_failure(error: Exception, attempt: int) -> RayStartError:
+    """The one line a local Ray that did not start ends the command with: what Ray said (its first line), after
+    how many tries, where its logs are."""
+    said = str(error).strip().splitlines()
+    tries = f" in {attempt} tries" if attempt > 1 else ""
+    hint = " (set RAY_TMPDIR to a shorter folder)" if SHORT_TMPDIR in str(error) else ""
+    what = f"{type(error).__name__}: {said[0]}" if said else type(error).__name__
+    return RayStartError(f"the local Ray did not start{tries}: {what}{hint}; Ray's logs: {ray_logs()}")
+
+
 def _start_local(runtime: RuntimeSettings, local: dict[str, float]) -> LocalDaemons:
     """Start a local Ray of `local`'s CPUs, its daemons in sessions of their own; start it again, up to
-    START_ATTEMPTS times, when it did not come up in time (SLOW_START), after ending what the failed try started."""
+    START_ATTEMPTS times, when it did not come up in time (SLOW_START), after ending what the failed try started.
+    A start that fails for good is one RayStartError line (`_start_failure`), not Ray's traceback."""
     global _local
     _token_auth_explicitly()
     for attempt in range(1, START_ATTEMPTS + 1):
@@ -186,14 +243,48 @@ def _start_local(runtime: RuntimeSettings, local: dict[str, float]) -> LocalDaem
             ray.shutdown()
             daemons.end_leftovers()
             _local = None
-            if not (isinstance(error, Exception) and SLOW_START in str(error)) or attempt == START_ATTEMPTS:
-                raise
+            if not isinstance(error, Exception):
+                raise  # a signal (SystemExit from ray.init's own SIGTERM handler, Ctrl-C): ray_session's to report
+            if SLOW_START not in str(error) or attempt == START_ATTEMPTS:
+                raise _start_failure(error, attempt) from None
             logging.getLogger(__name__).warning(
                 "the local Ray did not start in time (try %d of %d; a loaded machine?): starting it again",
                 attempt,
                 START_ATTEMPTS,
             )
     raise AssertionError("unreachable: the last try returns or raises")
+
+
+PLUGIN_CHECK_S = 120.0
+"""How long `check_plugins_in_workers` waits for the nodes' answers before it lets the run go on unchecked."""
+
+
+def check_plugins_in_workers() -> None:
+    """Import this process's plugins (raysim.plugins.loaded) in a Ray worker on every live node, before anything of
+    the run starts: a plugin that imports in the driver but not in Ray's workers (a module that only the driver's
+    environment has, a file missing on a node) failed every actor's creation and printed some 130 lines of Ray's
+    tracebacks. Now one PluginError line names the plugin, what ended its import and the node. The worker returns
+    the failure instead of raising it, so Ray prints nothing. Nodes that have not answered within PLUGIN_CHECK_S
+    are not waited for (their actors' failure is still one line: raysim.plugins.failed_in_worker)."""
+    specs = loaded()
+    if not specs:
+        return
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    check = ray.remote(num_cpus=0, max_retries=0)(import_in_worker)
+    nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+    answers = {
+        check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(specs): address
+        for node, address in nodes.items()
+    }
+    ready, _ = ray.wait(list(answers), num_returns=len(answers), timeout=PLUGIN_CHECK_S) if answers else ([], [])
+    for answer in ready:
+        try:
+            failure = ray.get(answer)
+        except ray.exceptions.RayError:  # the check itself did not run there (a node lost meanwhile): not its subject
+            continue
+        if failure is not None:
+            raise PluginError(f"{failure} (in a Ray worker on node {answers[answer]}; it imports in the driver)")
 
 
 @contextmanager
@@ -220,12 +311,16 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
             raise Interrupted("", signal.SIGTERM) from None
         with sigterm_interrupts():  # in place of ray.init's SIGTERM handler
             if daemons is None:
+                check_plugins_in_workers()
                 yield
             else:
                 with daemons.watched():
+                    check_plugins_in_workers()
                     yield
     finally:
         lost = daemons if daemons is not None and daemons.gone() is not None else None
+        if daemons is not None:
+            daemons.end_monitor()
         ray.shutdown()
         if lost is not None:
             lost.end_leftovers()

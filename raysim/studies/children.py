@@ -183,12 +183,15 @@ class ParentRun:
         """The children have run: leave each failed one its FAILED run (`record_failures`), log how many finished
         and failed and each setting's headline means (`setting_means`; `settings`: each child's setting), and tag
         the parent with the failed ones (a resumed study whose children all finish has no such tag:
-        MlflowWriter.reopen removes it)."""
+        MlflowWriter.reopen removes it). They are logged at the study's attempt: step 0 when it first ends, one
+        step more each time it is resumed, so that each metric has one value at a step (the last is the study as
+        it stands)."""
         self.doing = "while writing its summary"
         record_failures(self.writer, self.writer.run_id or "", children, self.command)
         failed = [config.tracking.run_name or "" for config, outcome in children if not outcome.finished]
         counts = {"children/finished": len(children) - len(failed), "children/failed": len(failed)}
-        self.writer.log_metrics(0, counts | setting_means(children, settings))
+        attempt = self.writer.last_step("children/finished") + 1
+        self.writer.log_metrics(attempt, counts | setting_means(children, settings))
         if failed:
             self.writer.set_tags({ERROR_TAG: f"{len(failed)} of {len(children)} children failed: {listed(failed)}"})
 

@@ -35,10 +35,11 @@ import ray
 from pydantic import Field, model_validator
 
 from raysim.config import ExperimentConfig, ExperimentFamily, set_value, validate_config
+from raysim.credentials import held, lent
 from raysim.errors import ConfigError, raise_pending
 from raysim.plugins import carry
 from raysim.runtime.crews import dismiss_parked
-from raysim.runtime.session import ray_session
+from raysim.runtime.session import ray_session, started_here
 from raysim.settings import Settings
 from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_line, run_child
 from raysim.studies.resume import ResumePlan, plan_resume, reopen_parent
@@ -122,13 +123,13 @@ class SweepConfig(ExperimentFamily):
 
     def trials(self, tracking_uri: str) -> list[Trial]:
         """Every trial (setting x seed), validated; all log to `tracking_uri`."""
-        from raysim.tracking.plots import setting_colors
+        from raysim.tracking.plots import group_colors
 
         base = self.base_tree()
         trials: list[Trial] = []
         seeds: list[int | None] = [*self.seeds] if self.seeds else [None]
         settings = self.settings()
-        colors = setting_colors(str(index) for index in range(len(settings)))
+        colors = group_colors(setting_label(setting) or "base" for setting in settings)
         for setting_index, setting in enumerate(settings):
             label = setting_label(setting) or "base"
             for seed in seeds:
@@ -136,7 +137,7 @@ class SweepConfig(ExperimentFamily):
                 tracking = tree.setdefault("tracking", {})
                 if not isinstance(tracking, dict):
                     raise ConfigError("sweep.base: tracking must be a section")
-                tracking.setdefault("color", colors[str(setting_index)])
+                tracking.setdefault("color", colors[label])
                 tracking.setdefault("group", label)
                 for key, value in setting.items():
                     set_value(tree, key, value)
@@ -203,13 +204,21 @@ def absolute_tracking_uri(configured: str | None) -> str:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run_trial(config: ExperimentConfig, parent: str, continue_run: str | None, command: str | None) -> ChildOutcome:
+def _run_trial(
+    config: ExperimentConfig,
+    parent: str,
+    continue_run: str | None,
+    command: str | None,
+    credentials: dict[str, str] | None,
+) -> ChildOutcome:
     """One trial on the cluster (raysim.studies.children.run_child): errors are returned. `command`: the sweep's,
-    the trial's MLflow source (its own process is a Ray worker). The actors a trial keeps (runtime.reuse_actors)
-    are ended with it: kept in the idle worker process, they held their CPUs for ever, and the driver's next run
-    waited for them."""
+    the trial's MLflow source (its own process is a Ray worker). `credentials`: the tracking credentials the
+    trial's run is written with, lent to this worker while it runs (raysim.credentials.lent; a local Ray's
+    workers hold none of their own). The actors a trial keeps (runtime.reuse_actors) are ended with it: kept in
+    the idle worker process, they held their CPUs for ever, and the driver's next run waited for them."""
     try:
-        outcome = run_child(config, parent, continue_run, command=command)
+        with lent(credentials or {}):
+            outcome = run_child(config, parent, continue_run, command=command)
     finally:
         dismiss_parked()
     outcome.node = ray.get_runtime_context().get_node_id()
@@ -302,12 +311,13 @@ def _schedule(
     outcomes = {t.index: plan.kept[name[t.index]] for t in trials if name[t.index] in plan.kept}
     queue = [t for t in trials if t.index not in outcomes]
     pending: dict[ray.ObjectRef, Trial] = {}
+    lending = held() if started_here() else None  # a cluster's workers have their nodes' own (docs/cluster.md)
     try:
         while queue or pending:
             while queue and len(pending) < limit:
                 trial = queue.pop(0)
                 continued = plan.continued.get(name[trial.index])
-                pending[_run_trial.remote(carry(trial.config), parent, continued, parent_run.command)] = trial
+                pending[_run_trial.remote(carry(trial.config), parent, continued, parent_run.command, lending)] = trial
             parent_run.doing = f"with {len(outcomes)} of {len(trials)} trials done"
             in_flight = {name[t.index]: t.config.rounds for t in pending.values()}
             done = _wait_for_one(list(pending), functools.partial(progress.look, in_flight) if progress else None)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from raysim.credentials import connect_uri, redact
 from raysim.errors import CheckpointError
-from raysim.tracking.mlflow_writer import resolve_tracking_uri
+from raysim.tracking.mlflow_writer import resolve_tracking_uri, sqlite_file
 
 DRIVER_TAG = "raysim.driver"
 """Run tag: `host:pid` of the driver process that writes the run."""
@@ -38,7 +38,11 @@ def resumable_runs(tracking_uri: str | None = None) -> list[ResumableRun]:
     killed with SIGKILL cannot mark its run: it stays RUNNING, and `driver` says whether its process is gone."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(connect_uri(resolve_tracking_uri(tracking_uri)))
+    uri = resolve_tracking_uri(tracking_uri)
+    database = sqlite_file(uri)
+    if database is not None and not database.is_file():  # no store, no run: MLflow would create an empty one
+        return []
+    client = MlflowClient(connect_uri(uri))
     experiments = {e.experiment_id: e.name for e in client.search_experiments()}
     found = []
     for run in client.search_runs(list(experiments), "attributes.status != 'FINISHED'", max_results=1000):
@@ -80,6 +84,9 @@ def run_checkpoints(run_id: str, tracking_uri: str | None = None) -> Path:
     from mlflow.tracking import MlflowClient
 
     uri = resolve_tracking_uri(tracking_uri)
+    database = sqlite_file(uri)
+    if database is not None and not database.is_file():  # MLflow would create an empty store to look in
+        raise CheckpointError(f"{run_id}: neither a checkpoint folder nor a run id ({redact(uri)}: no such store)")
     try:
         tags = MlflowClient(connect_uri(uri)).get_run(run_id).data.tags
     except MlflowException:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import pytest
 
 from tests.support.cli import raysim, run_cli, write_config
@@ -58,10 +62,28 @@ def test_a_failed_rounds_late_sibling_errors_are_got_so_ray_prints_no_unhandled_
     results (`get_all`): a sibling failing a little later was dropped unread, and Ray printed its traceback as an
     "Unhandled error" on a suite's console. The control (a plain `ray.get` of the list) shows the test sees such a
     line."""
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, "-c", SIBLINGS_SCRIPT], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("Unhandled error") == 1 and "ValueError: left-unretrieved" in done.stderr, done.stderr
     assert "ValueError: retrieved" not in done.stderr, done.stderr
+
+
+MONITOR_SCRIPT = """
+from raysim.config import validate_config
+from raysim.runtime import session
+
+config = validate_config({"algorithm": {"name": "fedavg"}, "model": {"name": "mlp"}, "clients": {"count": 2}})
+with session.ray_session(config):
+    daemons = session._local
+(monitor,) = [p for p in daemons.started if any(str(a).endswith(session.MONITOR) for a in p.args[:4])]
+print("monitor", monitor.returncode)
+"""
+
+
+@pytest.mark.slow
+def test_a_local_rays_autoscaler_monitor_is_killed_before_the_shutdown_waits_a_second_for_it(tmp_path):
+    """Ray's shutdown SIGTERMs its autoscaler monitor after the GCS server, and the monitor then spends a full
+    second of grace reporting its death to the gone GCS server: raysim kills it first (SIGKILL: -9)."""
+    done = subprocess.run([sys.executable, "-c", MONITOR_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == f"monitor {-signal.SIGKILL}"

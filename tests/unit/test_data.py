@@ -55,12 +55,20 @@ def test_truncated_idx_file_is_named(tmp_path):
 def test_missing_dataset_error_names_every_place(tmp_path, monkeypatch):
     monkeypatch.setattr(fm, "DEBIAN_DIR", tmp_path / "debian")
     monkeypatch.setattr(fm, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.delenv("RAYSIM_DATA", raising=False)
+    monkeypatch.setenv("RAYSIM_DATA", str(tmp_path / "data"))
     with pytest.raises(DataError) as error:
-        fm.load_fashion_mnist(tmp_path / "root", download=False)
-    for place in ("root", "debian", "cache"):
+        fm.load_fashion_mnist(None, download=False)
+    for place in ("data", "debian", "cache"):
         assert str(tmp_path / place) in str(error.value)
     assert "apt-get install dataset-fashion-mnist" in str(error.value)
+
+
+def test_a_dataset_root_that_is_no_folder_is_refused_not_replaced_by_another_copy(tmp_path):
+    """A `dataset.root` given is read or refused: a copy found in the default places does not stand in for it."""
+    (tmp_path / "a-file").write_text("x")
+    for root in (tmp_path / "missing", tmp_path / "a-file"):
+        with pytest.raises(DataError, match=rf"^dataset.root: {root}: no such folder"):
+            fm.load_fashion_mnist(root, download=False)
 
 
 def test_fashion_mnist_is_the_full_70000():
@@ -205,6 +213,6 @@ def test_config_takes_the_new_sources():
     with pytest.raises(
         ConfigError,
         match=r"^dataset.path: unknown key \(allowed: name, augment, crop_padding, "
-        r"crop_probability\)$",
+        r"crop_probability, standardize\)$",
     ):
         validate_config(tiny_config(dataset={"name": "digits", "path": "/data/mine.npz"}))  # each source its keys

@@ -3,10 +3,12 @@ above the class count) is one `error:` line, exit 2, before any Ray or MLflow wo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from raysim.config import is_suite_file, is_sweep_file, load_config
 from raysim.errors import ConfigError
@@ -16,9 +18,14 @@ from tests.support.hostile_input import (
     CLI_CASES,
     CONFIGS,
     DEEP,
+    argument_cases,
+    check_one_error_line,
     check_refused,
     cli_case,
+    file_arguments,
+    file_settings,
     quickstart_with,
+    setting_cases,
     write_hostile,
 )
 
@@ -219,3 +226,163 @@ def test_a_yaml_comment_in_a_set_value_is_refused(tmp_path, assignment):
     message = _refusal(write_hostile(tmp_path / "ok.yaml", quickstart_with()), (assignment,))
     path, raw = assignment.split("=", 1)
     assert message.startswith(f"--set {path}: '#") and f"dropped from the value {raw!r}" in message, message
+
+
+@pytest.fixture
+def nothing_starts(tmp_path, monkeypatch):
+    """Ray and the MLflow writer fail the test if touched (subprocesses already do, tests/unit/conftest.py)."""
+    import ray
+
+    from raysim.tracking.mlflow_writer import MlflowWriter
+
+    def touched(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("Ray or MLflow was started")
+
+    monkeypatch.setattr(ray, "init", touched)
+    monkeypatch.setattr(MlflowWriter, "__init__", touched)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def _refused_in_one_line(
+    variant: str, argv: list[str], path: Path, names: tuple[str, ...], folder: Path, capsys
+) -> str:
+    from raysim.cli import main
+
+    code = main(argv)
+    out = capsys.readouterr()
+    try:
+        line = check_one_error_line(code, out.out, out.err, path, names)
+    except AssertionError as error:
+        raise AssertionError(f"{variant} ({' '.join(argv)}): {error}") from None
+    assert not (folder / "mlflow.db").exists() and not (folder / "mlruns").exists(), variant
+    return line
+
+
+@pytest.mark.parametrize("argument", file_arguments(), ids=lambda argument: argument.name)
+def test_every_file_argument_of_every_command_refuses_hostile_files_in_one_line(
+    tmp_path, nothing_starts, capsys, argument
+):
+    """Generated from the parser: each command's arguments that name a file or folder, given an empty, truncated,
+    not-UTF-8 file, a folder for a file, a file for a folder, a path below a file, one that does not exist, and
+    for an output a place that cannot be written: exit non-zero, one `error:` line naming the file or the option,
+    no traceback, nothing started."""
+    for variant, argv, path in argument_cases(argument, tmp_path / "cases"):
+        names = (argument.option,) if argument.option else ()
+        _refused_in_one_line(variant, argv, path, names, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("setting", file_settings(), ids=lambda setting: setting.name)
+def test_every_file_setting_refuses_hostile_files_in_one_line(tmp_path, nothing_starts, capsys, fmnist_tenth, setting):
+    """Generated from the config models: every setting of every registered choice that names a file or folder
+    (`dataset.root` of each source, `algorithm.teacher_weights`, `partition.path`, `tracking.checkpoint_dir`, ...),
+    set by a real `raysim run` to the same hostile places; a dataset's folder also holding its layout's files
+    (the source's markers) empty or cut off."""
+    for variant, tree, path in setting_cases(setting, tmp_path / "cases", fmnist_tenth):
+        config = tmp_path / f"{variant}.yaml"
+        config.write_text(yaml.safe_dump(tree, sort_keys=False))
+        _refused_in_one_line(variant, ["run", str(config), "--quiet"], path, (setting.key,), tmp_path, capsys)
+
+
+def test_the_walk_finds_the_paths_the_issue_names():
+    """The generated lists hold what issue 51 names, so a rule that stopped matching would be seen."""
+    arguments = {(a.command, a.option or a.dest, a.writes, a.folder) for a in file_arguments()}
+    assert {("pretrain", "--out", True, False), ("figure", "--out", True, True)} <= arguments
+    assert {("run", "config", False, False), ("resume", "target", False, True)} <= arguments
+    settings = {(s.key, s.choice, s.writes) for s in file_settings()}
+    assert {("algorithm.teacher_weights", "augfl", False), ("dataset.root", "crisismmd", False)} <= settings
+    assert {("tracking.checkpoint_dir", None, True), ("partition.path", "file", False)} <= settings
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"[]", "a JSON list, not a mapping"),
+        (b'{"format": "caf\xe9"}', "not UTF-8 text at byte 15"),
+        (b'{"format": %s, "run_id": "r"}', "no round, tracking_uri, config"),
+    ],
+    ids=["list", "not-utf8", "no-config"],
+)
+def test_a_damaged_checkpoint_manifest_is_one_line_naming_it(tmp_path, content, expected):
+    from raysim.errors import CheckpointError
+    from raysim.runtime import checkpoint
+
+    folder = tmp_path / "round-000001"
+    folder.mkdir()
+    (folder / checkpoint.MANIFEST).write_bytes(content.replace(b"%s", json.dumps(checkpoint.FORMAT).encode()))
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.read_manifest(folder)
+    message = str(raised.value)
+    assert message.startswith(str(folder / checkpoint.MANIFEST)) and expected in message and "\n" not in message
+
+
+def _archive(path: Path, **arrays: Any) -> Path:
+    import numpy as np
+
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("case", ["zero-samples", "1-d-features"])
+def test_a_multimodal_archive_without_samples_or_with_1d_features_is_one_line(tmp_path, case):
+    import numpy as np
+
+    from raysim.data.fedmultimodal import SOURCES, load_converted
+    from raysim.errors import DataError
+
+    name = "kuhar"
+    count = 0 if case == "zero-samples" else 2
+    arrays = {"y": np.zeros(count, np.int64), "groups": np.zeros(count, np.int64)}
+    for modality, _ in SOURCES[name].folders:
+        steps = np.zeros(count) if case == "1-d-features" else np.zeros((count, 3), np.float32)
+        arrays |= {f"{modality}_steps": steps, f"{modality}_lengths": np.ones(count, np.int64)}
+    file = _archive(tmp_path / f"{name}.npz", **arrays)
+    with pytest.raises(DataError) as raised:
+        load_converted(name, file)
+    assert str(raised.value).startswith(f"dataset.root: {file}: ")
+    assert ("no samples" if case == "zero-samples" else "must be 2-D") in str(raised.value)
+
+
+@pytest.mark.parametrize("case", ["text-label", "no-samples"])
+def test_the_converter_refuses_a_text_label_and_empty_inputs_in_one_line(tmp_path, capsys, case):
+    """`python -m raysim.data.fedmultimodal convert`: both were a traceback (int('fear'); min() of nothing)."""
+    import pickle
+
+    from raysim.data import fedmultimodal
+
+    source = fedmultimodal.SOURCES["cremad"]
+    samples = [["key", "path", "fear", [[0.5, 0.5]]]] if case == "text-label" else []
+    for _, folder in source.folders:
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "1.pkl").write_bytes(pickle.dumps(samples))
+    code = fedmultimodal.main(["convert", "cremad", str(tmp_path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and err[0].startswith("error: ") and str(tmp_path) in err[0], err
+    assert ("'fear'" if case == "text-label" else "hold no samples") in err[0]
+    assert not (tmp_path / "out" / "cremad.npz").exists()
+
+
+def test_an_image_folder_with_a_file_link_loop_is_one_line_naming_the_link(tmp_path):
+    """Two links that lead to each other: `DirEntry.is_dir` raised ELOOP (it swallows only ENOENT)."""
+    from raysim.data.image_folder import _class_images
+    from raysim.errors import DataError
+
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.png").symlink_to("b.png")
+    (tmp_path / "cat" / "b.png").symlink_to("a.png")
+    with pytest.raises(DataError, match=r"dataset.root: .*/cat/[ab]\.png: cannot be followed \(Too many levels"):
+        _class_images(tmp_path, ["cat"])
+
+
+def test_an_empty_or_truncated_weights_file_is_one_line_naming_the_field(tmp_path):
+    import numpy as np
+
+    from raysim.models.weights import read_weights
+
+    whole = _archive(tmp_path / "whole.npz", params=np.zeros(4096, np.float32), header=np.array("{}")).read_bytes()
+    for name, data in (("empty", b""), ("truncated", whole[: len(whole) // 2])):
+        path = tmp_path / f"{name}.npz"
+        path.write_bytes(data)
+        with pytest.raises(ConfigError, match=rf"^algorithm.teacher_weights: {path}: (an empty file|not a raysim)"):
+            read_weights(path, "algorithm.teacher_weights")

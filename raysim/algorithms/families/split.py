@@ -6,7 +6,8 @@ FedAlt, FedSim, and FedAvg/FedProx's deviation of the shared part).
 from __future__ import annotations
 
 import fnmatch
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
 from pydantic import Field
@@ -14,6 +15,8 @@ from pydantic import Field
 from raysim.algorithms.requests import Number, Vector
 from raysim.algorithms.settings import AlgorithmSettings
 from raysim.errors import ConfigError
+from raysim.jit import segment_distances
+from raysim.models.parts import ModelPart, ParameterPatterns
 from raysim.models.spec import ParamSpec, personalization
 
 SplitPreset = Literal[
@@ -21,14 +24,34 @@ SplitPreset = Literal[
 ]
 
 
+@dataclass(frozen=True)
+class PresetOfModel(ModelPart):
+    """A split preset the model defines (`allowed_presets`), checked before Ray starts (raysim.models.parts)."""
+
+    def problem(self, value: Any, params: ParamSpec) -> str | None:
+        if value in allowed_presets(params):
+            return None
+        model = f"model {params.model!r}" if params.model else "this model"
+        return f"not defined for {model}; allowed: {', '.join(allowed_presets(params))}"
+
+    def outside(self, params: ParamSpec) -> Any:
+        return next(preset for preset in get_args(SplitPreset) if preset not in allowed_presets(params))
+
+
+Preset = Annotated[SplitPreset, PresetOfModel()]
+"""A setting naming a split preset: one the run's model defines."""
+Patterns = Annotated[tuple[str, ...] | None, ParameterPatterns()]
+"""A setting of fnmatch patterns over parameter names: each matches one of the run's model's."""
+
+
 class SplitSettings(AlgorithmSettings):
     """Which parameters are personal; shared by FedAPM and its baselines (the shared part is what they sync, and
     the tensors the deviation is taken over)."""
 
-    personal: tuple[str, ...] | None = Field(
+    personal: Patterns = Field(
         None, description="fnmatch patterns over parameter names (e.g. ['7.*', '9.*']); overrides `preset`"
     )
-    preset: SplitPreset = Field(
+    preset: Preset = Field(
         "output",
         description="the personal modules: a strategy of fedapm.md 2 from the model's table (input, output, "
         "split_input, split_input_code: the authors' code's both encoders), or for a model without a table "
@@ -109,21 +132,18 @@ def personal_mask(settings: SplitSettings, params: ParamSpec, allow_empty: bool 
     return mask
 
 
-def deviation(params: ParamSpec, shared: np.ndarray, local: Vector, reference: Vector) -> tuple[Number, Number]:
+def deviation(
+    params: ParamSpec, shared: np.ndarray, local: Vector, reference: Vector, whole: bool = False
+) -> tuple[Number, Number]:
     """||u_i - u|| over the shared tensors (`local`, `reference`: shared-part vectors, or a chunk's [k, n_shared]
     rows): the sum of per-tensor Frobenius norms (the paper's curves, fedapm.md 1.5) and the global L2 norm; numbers
-    for one client's vectors, [k] arrays for rows."""
-    position = np.cumsum(shared) - shared  # a shared coordinate's index within the shared part
-    per_tensor: Number = 0.0
-    squares: Number = 0.0
-    for name in params.names:  # one tensor at a time: a chunk's rows are never copied whole
+    for one client's vectors, [k] arrays for rows. `whole`: `local` and `reference` are whole-model vectors, read at
+    the shared tensors where they lie (no copy of a chunk's shared part: it cost more than the norms)."""
+    position = None if whole else np.cumsum(shared) - shared  # a shared coordinate's index within the shared part
+    starts, stops = [], []
+    for name in params.names:
         where = params.slice(name)
         if shared[where].all():
-            start = int(position[where.start])
-            stop = start + where.stop - where.start
-            norm = np.linalg.norm(np.asarray(local[..., start:stop], np.float64) - reference[start:stop], axis=-1)
-            per_tensor, squares = per_tensor + norm, squares + norm**2
-    l2 = np.sqrt(squares)
-    if np.ndim(local) == 1:
-        return float(per_tensor), float(l2)
-    return per_tensor, l2
+            starts.append(where.start if position is None else int(position[where.start]))
+            stops.append(starts[-1] + where.stop - where.start)
+    return segment_distances(local, reference, np.array(starts, np.int64), np.array(stops, np.int64))  # one pass
