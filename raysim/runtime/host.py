@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,8 +190,11 @@ class ClientHost(Renewable):
             features[block], logits[block] = z.reshape(len(z), -1).numpy(), g.numpy()
         return features, logits
 
-    def personalized_models(self, global_params: Vector, context: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """(client ids, float32 rows [clients x parameters]) of this host's clients in id order: the model each was
+    def personalized_models(
+        self, global_params: Vector, context: Any = None, client_ids: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(client ids, float32 rows [clients x parameters]) of this host's clients in id order (`client_ids`: those
+        of them, in their order; the driver asks a block at a time): the model each was
         scored with at the last evaluation (`evaluate`, given its `global_params` and `context`), for the run's saved
         models (tracking.save_models = all). A client without a PM (FedAvg's, or a held-out one that is not adapted)
         gets the global model it is scored with; a held-out client is adapted as at the last evaluation (the same
@@ -199,7 +203,7 @@ class ClientHost(Renewable):
         network = self.algorithm.personalized_network()
         width = len(global_params) if network is None else self.model.composed(network).size
         ids, rows = [], []
-        for client_id in self.client_ids:
+        for client_id in self.client_ids if client_ids is None else client_ids:
             model = self._personal_model(client_id, self.states[client_id], global_params, context)
             row = np.asarray(global_params if model is None else model, dtype=np.float32).reshape(-1)
             if row.size == width:

@@ -10,6 +10,7 @@ settings reach them `carry`-ed: each actor imports the run's plugins before it u
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ class Simulation:
         self.broadcast_model: Any = None
         """The global model as the last round started (before its server step)."""
         self.host_clients = host_clients
+        self.model_size = problem.init_params.size
+        """Parameters of the model (the size of a client's saved model but for a personalized network's)."""
         self.actors: Actors = start_actors(config, problem, host_clients)
 
     @property
@@ -150,20 +153,29 @@ class Simulation:
             global_params = self.broadcast_model
         return global_params, self.coordinator.evaluation_context.remote()
 
-    def personalized_models(self) -> tuple[np.ndarray, np.ndarray]:
-        """(client ids, float32 rows) of every client in id order: the model the last evaluation scored it with
-        (ClientHost.personalized_models). They all pass through the driver: clients x parameters x 4 bytes, filled
-        into one array host by host."""
+    def personalized_models(self, block_bytes: int = 32 * 2**20) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(client ids, float32 rows) blocks of every client in id order, about `block_bytes` each: the model the
+        last evaluation scored each client with (ClientHost.personalized_models), asked of the hosts a block of ids
+        at a time, so that the driver and the object store hold one block, never clients x parameters x 4 bytes."""
         global_params, context = self._scored_global()
-        refs = [host.personalized_models.remote(global_params, context) for host in self.hosts]
-        parts = self.actors.get(refs)
-        ids = np.sort(np.concatenate([host_ids for host_ids, _ in parts]))
-        width = parts[0][1].shape[1] if parts else 0
-        params = np.empty((len(ids), width), dtype=np.float32)
-        for index, (host_ids, rows) in enumerate(parts):
-            params[np.searchsorted(ids, host_ids)] = rows
-            parts[index] = (host_ids, rows[:0])  # the host's rows are in `params`: drop them
-        return ids, params
+        owner = {client: index for index, owned in enumerate(self.host_clients) for client in owned}
+        ordered = sorted(owner)
+        step = max(1, block_bytes // max(1, 4 * self.model_size))
+        for begin in range(0, len(ordered), step):
+            asked: dict[int, list[int]] = {}
+            for client in ordered[begin : begin + step]:
+                asked.setdefault(owner[client], []).append(client)
+            parts = self.actors.get(
+                [
+                    self.hosts[index].personalized_models.remote(global_params, context, ids)
+                    for index, ids in asked.items()
+                ]
+            )
+            ids = np.concatenate([host_ids for host_ids, _ in parts])
+            order = np.argsort(ids, kind="stable")
+            block = ids[order], np.concatenate([rows for _, rows in parts])[order]
+            del parts  # the hosts' replies (views of the object store) go before the block is written
+            yield block
 
     def client_states(self) -> dict[int, object]:
         parts = self.actors.get([host.client_states.remote() for host in self.hosts])

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +72,27 @@ def save_global_model(spec: ModelSpec, params: np.ndarray, path: Path) -> None:
         flavor.setLevel(level)
 
 
-def save_client_models(client_ids: np.ndarray, params: np.ndarray, path: Path) -> None:
-    """Write the clients' models as CLIENT_MODELS says, uncompressed (float32 parameters barely compress)."""
-    np.savez(path, client_id=np.asarray(client_ids, dtype=np.int64), params=np.asarray(params, dtype=np.float32))
+def save_client_models(blocks: Iterable[tuple[np.ndarray, np.ndarray]], path: Path) -> None:
+    """Write the clients' models as CLIENT_MODELS says, uncompressed (float32 parameters barely compress), from
+    (client ids, rows) blocks in id order, one block in memory at a time: the rows go to a scratch file beside `path`
+    first (the archive's header needs their count), then into the archive. The file is the one `np.savez` writes.
+    Gathered whole, 1,000 MLP clients' models took 1.7 GB more at the run's end than its rounds (issue 49)."""
+    scratch = path.with_name(path.name + ".rows")
+    ids, width = [], 0
+    try:
+        with scratch.open("wb") as rows_file:
+            for block_ids, rows in blocks:
+                rows = np.ascontiguousarray(rows, dtype=np.float32)
+                ids.append(np.asarray(block_ids, dtype=np.int64))
+                width = rows.shape[1]
+                rows_file.write(rows.data)
+        client_id = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False}
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            with archive.open("client_id.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, client_id)
+            with archive.open("params.npy", "w", force_zip64=True) as member, scratch.open("rb") as rows_file:
+                np.lib.format.write_array_header_1_0(member, {**header, "shape": (len(client_id), width)})
+                shutil.copyfileobj(rows_file, member, 2**24)
+    finally:
+        scratch.unlink(missing_ok=True)

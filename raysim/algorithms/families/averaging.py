@@ -180,10 +180,8 @@ class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, 
         start = self.start(state, broadcast)
         result = yield from train(self.settings.scaled(self.local_request(start), client.num_clients))
         params = np.asarray(result.params, np.float32)
-        whole = self.shared.all()  # then no copy of the shared part
         # The deviation is from the server's model even where the client starts from its own (the authors' measure)
-        local, received = (params, broadcast) if whole else (params[..., self.shared], broadcast[self.shared])
-        per_tensor, l2 = deviation(self.params, self.shared, local, received)
+        per_tensor, l2 = deviation(self.params, self.shared, params, broadcast, whole=True)
         metrics = {
             "train_loss": result.mean_loss,
             "update_norm": distances(params, start),

@@ -1,0 +1,87 @@
+"""The one-pass norms of issue 49's regression fix, against numpy's float64 norms they replace: ||pi_i|| (FLAME's
+dual_norm, raysim.jit.norms), the deviation over the shared tensors (sum of per-tensor Frobenius norms and their L2,
+fedapm.md 1.5; raysim.jit.segment_distances) read in place from whole-model rows, and the clients' saved models
+written a block at a time into the archive np.savez writes."""
+
+from __future__ import annotations
+
+import zipfile
+
+import numpy as np
+import pytest
+
+from raysim.algorithms.families.consensus import row_norms
+from raysim.algorithms.families.split import deviation
+from raysim.jit import norms, segment_distances
+from raysim.models.spec import ParamSpec
+from raysim.tracking.models import save_client_models
+
+SPEC = ParamSpec(("0.weight", "0.bias", "2.weight", "2.bias"), ((6, 5), (6,), (3, 6), (3,)), (0, 30, 36, 54))
+"""A two-layer perceptron's layout: 57 parameters in four tensors."""
+
+
+def _rows(order: str = "C", dtype: type = np.float32, k: int = 5, n: int = 57) -> np.ndarray:
+    values = np.random.default_rng(3).normal(size=(k, n)) * np.logspace(-3, 3, n)  # entries of many magnitudes
+    return np.asarray(values, dtype=dtype, order=order)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_norms_are_numpys_float64_norms(order, dtype):
+    a = _rows(order, dtype)
+    expected = np.linalg.norm(a.astype(np.float64), axis=-1)
+    np.testing.assert_allclose(norms(a), expected, rtol=1e-13)
+    np.testing.assert_allclose(row_norms(a), expected, rtol=1e-13)
+    assert isinstance(norms(a[2]), float) and norms(a[2]) == pytest.approx(expected[2], rel=1e-13)
+    assert norms(np.zeros((0, 4))).shape == (0,)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_segment_distances_are_the_segments_norms_and_their_l2(order):
+    a, b = _rows(order), _rows()[0]
+    starts, stops = np.array([0, 36, 54]), np.array([30, 54, 57])  # the weights and the last bias; 0.bias left out
+    parts = [np.linalg.norm(a[:, s:e].astype(np.float64) - b[s:e], axis=-1) for s, e in zip(starts, stops, strict=True)]
+    sums, l2 = segment_distances(a, b, starts, stops)
+    np.testing.assert_allclose(sums, np.sum(parts, axis=0), rtol=1e-13)
+    np.testing.assert_allclose(l2, np.sqrt(np.sum(np.square(parts), axis=0)), rtol=1e-13)
+    one = segment_distances(a[1], b, starts, stops)
+    assert one == pytest.approx((sums[1], l2[1]), rel=1e-13) and all(isinstance(x, float) for x in one)
+    assert segment_distances(a, b, np.zeros(0, np.int64), np.zeros(0, np.int64))[0].tolist() == [0.0] * len(a)
+
+
+def test_the_deviation_read_from_whole_rows_is_the_one_of_the_shared_parts():
+    """`whole`: rows of the whole model give what their shared-part copies give, over the fully shared tensors only
+    (a tensor the split cuts through counts in neither), as the definition's per-tensor Frobenius norms."""
+    shared = np.ones(SPEC.size, bool)
+    shared[SPEC.slice("2.weight")] = False  # the head's weight personal
+    shared[SPEC.slice("0.bias")][:2] = False  # a tensor partly personal: not a shared tensor
+    local, reference = _rows(), _rows(k=1)[0] * 0.5
+    copies = deviation(SPEC, shared, local[:, shared], reference[shared])
+    whole = deviation(SPEC, shared, local, reference, whole=True)
+    tensors = [name for name in SPEC.names if shared[SPEC.slice(name)].all()]
+    assert tensors == ["0.weight", "2.bias"]
+    norm = [
+        np.linalg.norm(local[:, SPEC.slice(t)].astype(np.float64) - reference[SPEC.slice(t)], axis=-1) for t in tensors
+    ]
+    for found in (copies, whole):
+        np.testing.assert_allclose(found[0], norm[0] + norm[1], rtol=1e-13)
+        np.testing.assert_allclose(found[1], np.hypot(norm[0], norm[1]), rtol=1e-13)
+    assert deviation(SPEC, shared, local[0], reference, whole=True) == pytest.approx((whole[0][0], whole[1][0]))
+
+
+def test_client_models_written_in_blocks_are_the_archive_np_savez_writes(tmp_path):
+    params = _rows(k=7)
+    ids = np.array([0, 2, 3, 5, 8, 9, 11])
+    blocks = [(ids[:3], params[:3]), (ids[3:4], params[3:4]), (ids[4:], np.asfortranarray(params[4:]))]
+    save_client_models(iter(blocks), tmp_path / "blocks.npz")
+    np.savez(tmp_path / "whole.npz", client_id=ids.astype(np.int64), params=params)
+    with zipfile.ZipFile(tmp_path / "blocks.npz") as ours, zipfile.ZipFile(tmp_path / "whole.npz") as numpys:
+        assert ours.namelist() == numpys.namelist() == ["client_id.npy", "params.npy"]
+        assert all(ours.read(name) == numpys.read(name) for name in ours.namelist())  # byte for byte
+    with np.load(tmp_path / "blocks.npz") as saved:
+        assert saved["client_id"].dtype == np.int64 and np.array_equal(saved["params"], params)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["blocks.npz", "whole.npz"]  # no scratch file left
+
+    save_client_models(iter([]), tmp_path / "none.npz")
+    with np.load(tmp_path / "none.npz") as saved:
+        assert saved["client_id"].shape == (0,) and saved["params"].shape == (0, 0)
