@@ -52,13 +52,15 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Headless Chromium for the UI screenshots test and pdflatex with booktabs for the LaTeX table test (Debian's
-# packages, about 140 MB for TeX without recommends; as root with apt-get, like Fashion-MNIST).
+# packages, about 140 MB for TeX without recommends; as root with apt-get, like Fashion-MNIST). APT waits up to 10
+# minutes for another apt process's lock (unattended upgrades on a fresh cloud machine) instead of failing.
+APT := apt-get -o DPkg::Lock::Timeout=600
 tools:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
-	  && apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } \
+	  && $(APT) update -qq >/dev/null 2>&1 && $(APT) install -y -qq chromium >/dev/null 2>&1; } \
 	  || echo "note: tests/test_ui.py needs headless Chromium (Debian: apt-get install chromium)"
 	@command -v pdflatex >/dev/null 2>&1 || { [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
-	  && apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends texlive-latex-base \
+	  && $(APT) update -qq >/dev/null 2>&1 && $(APT) install -y -qq --no-install-recommends texlive-latex-base \
 	  texlive-latex-recommended >/dev/null 2>&1; } \
 	  || echo "note: tests/test_table.py needs pdflatex and booktabs (Debian: texlive-latex-recommended)"
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Result", "SuiteResult", "run", "run_suite"]
+__all__ = ["Result", "RunFailed", "SuiteResult", "run", "run_suite"]
 
 if TYPE_CHECKING:
-    from raysim.api import Result, SuiteResult, run, run_suite
+    from raysim.api import Result, RunFailed, SuiteResult, run, run_suite
 
 
 def __getattr__(name: str) -> Any:

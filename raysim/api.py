@@ -162,12 +162,59 @@ def run(
     Bad input raises the ConfigError (or another RaysimError) whose one line `raysim run` prints; Ray is started
     for the run (and stopped after it) unless this process has joined one already (`ray.init`).
     """
+    from raysim.errors import RaysimError
     from raysim.runtime.driver import run_experiment
 
     chosen = experiment_config(config, overrides, plugins, tracking_uri)
     final = _FinalModels(chosen.rounds, personalized)
-    outcome = run_experiment(chosen, show_progress=progress, inspect=final)
+    try:
+        outcome = run_experiment(chosen, show_progress=progress, inspect=final)
+    except (RaysimError, KeyboardInterrupt):
+        raise  # already one line (a bad input, a diverged run, Ctrl-C)
+    except Exception as error:  # noqa: BLE001 - a failure while the run ran: one line, the rest in a file
+        raise RunFailed.of(error) from None
     return _result(chosen, outcome, final)
+
+
+class RunFailed(RuntimeError):
+    """A run that failed while it ran (not for its input): one short line (the run id, what failed and where, the
+    file that holds the full report, Ray's included) instead of Ray's report of the remote traceback, 60 lines a
+    failure; the original exception is `cause`."""
+
+    def __init__(self, message: str, run_id: str | None, log: Path, cause: BaseException):
+        super().__init__(message)
+        self.run_id, self.log, self.cause = run_id, log, cause
+
+    @classmethod
+    def of(cls, error: BaseException) -> RunFailed:
+        """The RunFailed of `error` as `run_experiment` raised it (the run's id attached by the driver), its full
+        report written to a file in the temporary folder."""
+        import re
+        import tempfile
+        import traceback
+
+        from raysim.credentials import redact_text
+
+        run_id: str | None = getattr(error, "raysim_run_id", None)
+        report = re.sub(r"\x1b\[[0-9;]*m", "", "".join(traceback.format_exception(error)))  # Ray colours its header
+        folder = Path(tempfile.gettempdir()) / "raysim-errors"
+        folder.mkdir(exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=f"run-{run_id or 'unstarted'}-", suffix=".log", dir=folder)
+        with open(handle, "w") as log:
+            log.write(redact_text(report))
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        what = lines[-1] if lines else type(error).__name__
+        if not what.startswith(type(error).__name__) and not type(error).__module__.startswith("ray."):
+            what = f"{type(error).__name__}: {what}"
+        # the innermost frame of the report: a Ray actor's own (its traceback is in the error's text), else this one's
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', report)
+        where = f"{Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]}" if frames else "the driver"
+        actors = re.findall(r"ray::([\w.]+)\(", report)
+        if actors:  # the actor call it failed in: ray::Coordinator.aggregate()
+            where += f", called as {actors[-1]}"
+        run = f"run {run_id}" if run_id else "the run (before its MLflow run was made)"
+        message = f"{run} failed: {redact_text(what)[:300]} (in {where}); full report: {name}"
+        return cls(message, run_id, Path(name), error)
 
 
 def experiment_config(
@@ -262,7 +309,9 @@ def _result(config: ExperimentConfig, outcome: RunResult, final: _FinalModels) -
     if final.global_params is None:
         raise RuntimeError(f"run {outcome.run_id}: the final models were not fetched after its last round")
     dataset = _dataset(config)
-    splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
+    splits = partition_dataset(
+        dataset.y, config.clients.count, config.partition, config.seed, dataset.groups, dataset.test_start
+    )
     spec = ModelSpec(config.model.name, dataset.input_shape, dataset.output_dim, dataset.task)
     params = spec.build().spec
     algorithm = build_algorithm(config.algorithm, params)
@@ -323,5 +372,5 @@ def _dataset(config: ExperimentConfig) -> Dataset:
     """The config's dataset, loaded once for consecutive calls about the same dataset and seed (`_last_dataset`)."""
     key = f"{config.seed}:{config.dataset.model_dump_json()}"
     if not _last_dataset or _last_dataset[0][0] != key:
-        _last_dataset[:] = [(key, config.dataset.load(config.seed))]
+        _last_dataset[:] = [(key, config.dataset.loaded(config.seed))]
     return _last_dataset[0][1]

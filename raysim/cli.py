@@ -64,13 +64,15 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from raysim.errors import ConfigError
+    from raysim.errors import ConfigError, check_output
     from raysim.studies.table import DEFAULT_BEST_BY, make_table
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
     if args.best_by is not None and args.at != "best":
         raise ConfigError("--best-by needs --at best (with --at final every value is the last round's)")
     best_by = args.best_by or DEFAULT_BEST_BY
+    if args.out:
+        check_output(args.out, "--out", "file")
     table = make_table(
         resolve_tracking_uri(args.tracking_uri),
         args.target,
@@ -91,10 +93,23 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _figure(args: argparse.Namespace) -> int:
-    from raysim.studies.figure import write_figure
+    from raysim.errors import check_output
+    from raysim.studies.figure import FigureLook, paper_layout, parse_pairs, write_figure
     from raysim.tracking.mlflow_writer import resolve_tracking_uri
 
-    paths = write_figure(resolve_tracking_uri(args.tracking_uri), args.target, Path(args.out), args.metrics, args.band)
+    folder = check_output(args.out, "--out", "folder")
+    if args.gain_over is not None:
+        from raysim.studies.gains import write_gains_figure
+
+        columns = args.columns or ["pm_test_acc"]
+        uri = resolve_tracking_uri(args.tracking_uri)
+        paths = write_gains_figure(uri, args.target, args.gain_over, folder, columns, args.reference_column)
+        print("wrote " + ", ".join(map(str, paths)))
+        return 0
+    paper = paper_layout(args.width, args.column, args.font_size, args.ncols)
+    colors, labels = parse_pairs(args.color, "--color"), parse_pairs(args.label, "--label")
+    look = FigureLook(paper, colors, labels, args.title)
+    paths = write_figure(resolve_tracking_uri(args.tracking_uri), args.target, folder, args.metrics, args.band, look)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 
@@ -102,8 +117,10 @@ def _figure(args: argparse.Namespace) -> int:
 def _partition(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.data.partition_file import is_disjoint
+    from raysim.errors import check_output
     from raysim.runtime.problem import save_partition
 
+    check_output(args.out, "--out", "file")
     splits, malicious = save_partition(load_config(args.config, args.set, args.plugin), Path(args.out))
     train, test = [len(s.train) for s in splits], [len(s.test) for s in splits]
     kind = "disjoint" if is_disjoint(splits) else "overlapping"
@@ -119,10 +136,11 @@ def _resume(args: argparse.Namespace) -> int:
     from raysim.runtime.driver import resume_experiment
 
     if args.target is None:
+        _load_plugins(args)  # a --plugin that cannot be imported is refused here too, not ignored
         return _resumable(args.tracking_uri)
     from raysim.launch import print_run
 
-    print_run(resume_experiment(args.target, args.tracking_uri, show_progress=not args.quiet))
+    print_run(resume_experiment(args.target, args.tracking_uri, show_progress=not args.quiet, plugins=args.plugin))
     return 0
 
 
@@ -144,9 +162,12 @@ def _resumable(tracking_uri: str | None) -> int:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from raysim.config import load_config
+    from raysim.errors import check_output
     from raysim.launch import pretrain
     from raysim.models.weights import read_weights
 
+    if args.out is not None:  # refused before the hours of training, not at the rename after them
+        check_output(args.out, "--out", "file")
     path = pretrain(load_config(args.config, args.set, args.plugin), args.out, show_progress=not args.quiet)
     _, header = read_weights(path, "--out")
     recipe = header.recipe
@@ -174,6 +195,8 @@ def _ui(args: argparse.Namespace) -> int:
     )
 
     host, port = args.host, args.port
+    if args.plugin and not args.config:  # with a config they are imported with it, below
+        _load_plugins(args)
     _warn(exposure_warning(host))
     if port is None:
         port = next_free_port(host, UI_PORT)
@@ -255,14 +278,21 @@ def _datasets(args: argparse.Namespace) -> int:
     from raysim.data import DATASETS
     from raysim.data.catalog import default_root, found_at
     from raysim.data.fashion_mnist import CACHE_DIR, DEBIAN_DIR
+    from raysim.errors import DataError
+    from raysim.registry import defined_by
 
     _load_plugins(args)
+    if args.root and not Path(args.root).expanduser().is_dir():
+        raise DataError(f"--root {args.root}: no such folder")
     roots = [Path(args.root).expanduser()] if args.root else []
     roots += [default_root(), CACHE_DIR, DEBIAN_DIR]
     print(f"looked in: {', '.join(str(r) for r in roots)}")
     for name, source in DATASETS.items():
         found = found_at(source, roots)
-        where = "built in" if found == Path("-") else (f"found in {found}" if found else "missing")
+        where = f"found in {found}" if found else "missing"
+        if found == Path("-"):  # nothing to find: raysim's ship with a package (digits), a plugin's make their data
+            origin = getattr(defined_by(source), "__module__", "") or ""
+            where = "built in" if origin.startswith("raysim.") else f"needs no files (plugin {origin})"
         print(f"{name:14s} {where}: {source.summary()}")
         if found is None:
             print(f"{'':14s}   reads {source.layout}; get it: {source.get}")
@@ -272,7 +302,7 @@ def _datasets(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from raysim.launch import run_sweep_file
 
-    return run_sweep_file(args.sweep, args.set, args.quiet, args.resume, args.plugin)
+    return run_sweep_file(args.sweep, [*args.set, *_tracking_overrides(args)], args.quiet, args.resume, args.plugin)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -355,8 +385,10 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from raysim.errors import check_output
     from raysim.studies.bench import WAYS, report, run_bench
 
+    check_output(args.json, "--json", "file")
     _load_plugins(args)
     ways = tuple(args.ways or WAYS)
     results = run_bench(
@@ -530,6 +562,45 @@ def parser() -> argparse.ArgumentParser:
         default="std",
         help="the band around the mean: +/- sample std over seeds, or their min to max",
     )
+    figure.add_argument(
+        "--gain-over",
+        metavar="REFERENCE",
+        help="instead of curves, violins of each client's accuracy gain over REFERENCE (a run id, or the name of one "
+        "of the suite's runs, e.g. fedavg) from the two runs' per-client tables (FedSLR's Fig. 3), as gains.{png,pdf,"
+        "svg}; TARGET is then a run or a suite's parent (each of its runs but the reference)",
+    )
+    figure.add_argument(
+        "--columns",
+        nargs="+",
+        default=None,
+        help="with --gain-over: the per-client columns compared (default: pm_test_acc)",
+    )
+    figure.add_argument(
+        "--reference-column",
+        default="gm_test_acc",
+        help="with --gain-over: the reference's per-client column (default: gm_test_acc, FedAvg's one model)",
+    )
+    figure.add_argument(
+        "--column",
+        choices=["single", "double"],
+        help="for a paper: the figure exactly one column (3.5 in) or the page (7.16 in) wide, its text 8 pt, the "
+        "legend below the panels, no title",
+    )
+    figure.add_argument("--width", type=float, help="for a paper: the figure's width in inches (instead of --column)")
+    figure.add_argument("--font-size", type=float, help="for a paper: every text's size in points (default: 8)")
+    figure.add_argument(
+        "--ncols", type=int, help="for a paper: panels per row, the others in further rows (default: all in one row)"
+    )
+    figure.add_argument(
+        "--color",
+        action="append",
+        metavar="SETTING=COLOUR",
+        help="a setting's colour (#rrggbb or a matplotlib name), repeatable; default: its colour in MLflow's charts",
+    )
+    figure.add_argument(
+        "--label", action="append", metavar="SETTING=TEXT", help="a setting's legend label, repeatable (fedavg=FedAvg)"
+    )
+    figure.add_argument("--title", help="the figure's title ('' for none; default: the study and its seeds on screen)")
     figure.add_argument("--out", default=".", help="folder for curves.{png,pdf,svg} (default: the current one)")
     figure.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     figure.set_defaults(handler=_figure)
@@ -551,6 +622,14 @@ def parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("--tracking-uri", help="where to look the run id up (default: $MLFLOW_TRACKING_URI or sqlite)")
     resume.add_argument("--quiet", action="store_true", help="no progress bar")
+    resume.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import this module or .py file first (repeatable): a checkpoint whose config lists plugins is resumed "
+        "only with each of them given here, since resuming imports nothing the checkpoint names",
+    )
     resume.set_defaults(handler=_resume)
     pretrain = commands.add_parser(
         "pretrain",
@@ -645,6 +724,8 @@ def parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="run a sweep (grid / random draws x seeds) as concurrent trials")
     sweep.add_argument("sweep", help="path of the sweep YAML")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override the base")
+    sweep.add_argument("--tracking-uri", help="MLflow tracking URI of the parent and every trial (sets tracking.uri)")
+    sweep.add_argument("--experiment", help="MLflow experiment name (sets tracking.experiment)")
     sweep.add_argument("--quiet", action="store_true", help="no per-trial lines")
     sweep.add_argument("--resume", metavar="PARENT_RUN", help="continue this stopped sweep's parent run")
     _plugin_option(sweep)

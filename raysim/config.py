@@ -66,8 +66,11 @@ class ClientsSettings(_Section):
         "joins independently with probability s/m, the draw repeated while nobody joins, so |S^t| varies around s "
         "(FedSLR's authors' code, fedslr.md 2.7)",
     )
-    weighting: Literal["uniform", "samples"] = Field(
-        "uniform", description="alpha_i = 1/m (all FLAME experiments) or n_i/n, over the training clients"
+    weighting: Literal["uniform", "samples", "all_splits"] = Field(
+        "uniform",
+        description="alpha_i = 1/m (all FLAME experiments) or n_i/n, over the training clients, n_i counting the "
+        "client's train split (samples) or all its splits, train, val and test (all_splits: AugFL's authors' code, "
+        "w_i = (|D_i^s| + |D_i^q|) / sum_j, augfl.md 1.2)",
     )
     heldout: float = Field(
         0.0,
@@ -131,8 +134,8 @@ class RuntimeSettings(_Section):
     )
     host_cpus: float = Field(1.0, gt=0, description="CPUs reserved per host actor (fractions allowed)")
     host_gpus: float = Field(0.0, ge=0, description="GPUs per host actor (fractions allowed)")
-    coordinator_cpus: float = Field(0.0, ge=0)
-    coordinator_gpus: float = Field(0.0, ge=0)
+    coordinator_cpus: float = Field(0.0, ge=0, description="CPUs reserved for the coordinator actor (0: shares them)")
+    coordinator_gpus: float = Field(0.0, ge=0, description="GPUs for the coordinator actor (its server step)")
     placement: Literal["pack", "spread"] = Field(
         "pack", description="host actors in one placement group: packed onto few nodes or spread over nodes"
     )
@@ -190,6 +193,14 @@ class RuntimeSettings(_Section):
         description="folder for spilled client state, a path on each host's node (one subfolder per host, "
         "removed when the run ends); default: the system temp folder",
     )
+    memory_limit_mb: float | None = Field(
+        None,
+        gt=0,
+        description="memory (MiB) the run's data, partition and client state may take on this machine, estimated "
+        "before anything is loaded (raysim.runtime.memory): a run past it is refused in one line naming the setting "
+        "to lower (None: what the machine has available, /proc/meminfo's MemAvailable or, when lower, its cgroup's "
+        "memory.max less its usage)",
+    )
     client_training: Annotated[str, OneOf(EXECUTORS, also=("auto",))] = Field(
         "auto",
         description="the executor that runs a host's selected clients' requests (raysim.executors, a plugin's too): "
@@ -218,7 +229,7 @@ class RuntimeSettings(_Section):
 
 class TrackingSettings(_Section):
     uri: str | None = Field(None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite)")
-    experiment: str = "raysim"
+    experiment: str = Field("raysim", description="the MLflow experiment the run is logged in (made if new)")
     run_name: str | None = Field(
         None, description="the MLflow run's name (default: algorithm-dataset-partition-seed, e.g. flame-fmnist-q2-s1)"
     )
@@ -347,8 +358,10 @@ class ExperimentConfig(Settings):
     partition: PartitionChoice = QLabelSettings()
     model: ModelSettings = ModelSettings()
     clients: ClientsSettings = ClientsSettings()
-    rounds: int = Field(100, ge=1)
-    seed: int = Field(1, ge=0)
+    rounds: int = Field(100, ge=1, description="communication rounds T, each evaluated as tracking.eval_every says")
+    seed: int = Field(
+        1, ge=0, description="the seed of everything drawn: the partition, the model's start, each client's stream"
+    )
     runtime: RuntimeSettings = RuntimeSettings()
     tracking: TrackingSettings = TrackingSettings()
     attack: AttackSettings = AttackSettings()
@@ -734,7 +747,9 @@ def read_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
         raise ConfigError(
             f"{path}: {what} is not UTF-8 text (byte 0x{raw[error.start]:02x} at position {error.start})"
         ) from None
-    data = _parse_yaml(text, str(path)) or {}
+    data = _parse_yaml(text, str(path))
+    if data is None:  # an empty file (or comments only) validated as every default, and named no field
+        raise ConfigError(f"{path}: the {what} file is empty (no settings)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level of a {what} must be a mapping")
     return data

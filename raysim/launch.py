@@ -161,7 +161,7 @@ def pretrain(
     from raysim.tracking.progress import TrainingBar
 
     if dataset is None:
-        dataset = config.dataset.load(config.seed)
+        dataset = config.dataset.loaded(config.seed)
     context = server_context(config, dataset)
     bar = TrainingBar(Console(stderr=True)) if show_progress else None
     use_kernels(config.runtime.deterministic)

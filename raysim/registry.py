@@ -129,7 +129,8 @@ class Registry(Generic[T]):
             return f"missing {allowed}"
         hint = difflib.get_close_matches(name, names, n=1) if isinstance(name, str) else []
         suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-        return f"unknown {self.kind} {name!r}{suggestion} {allowed}"
+        plugin = f"; if {name!r} is a plugin's, load it (--plugin FILE.py or MODULE, or the config's plugins:)"
+        return f"unknown {self.kind} {name!r}{suggestion} {allowed}{'' if hint else plugin}"
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._all())

@@ -139,7 +139,7 @@ class Upload:
     field over the selected clients (exactly, in any order) and hands the server step that sum.
 
     Byzantine attacks and robust aggregation act on the *message* the paper says a client uploads
-    (FLAME u_i, FedAvg the local model; flame.md 4.2). A subclass names the field that carries it:
+    (FLAME u_i, FedAvg the local model; FLAME's Sec. VI attacks). A subclass names the field that carries it:
     with `weight_field` (or none, weight 1) the field is weight * message (averaging servers); with
     `delta = True` it is message - previous message (running-sum servers whose global model is the
     mean of the m clients' latest messages, as FLAME's (14)).

@@ -58,7 +58,7 @@ class SGDSettings(LrSchedule):
 
     epochs: int = Field(1, ge=1, description="H: local passes over the client's training split per round")
     lr: float = Field(0.01, gt=0, description="eta: local learning rate (at round 0 with lr_decay)")
-    batch_size: int = Field(100, ge=1)
+    batch_size: int = Field(100, ge=1, description="samples of each mini-batch of local SGD")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (0.5 in the FLAME authors' code)")
     weight_decay: float = Field(0.0, ge=0, description="extra L2 term mu*theta (0.01 in the FLAME authors' code)")
     random_epochs: bool = Field(

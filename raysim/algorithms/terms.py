@@ -262,7 +262,8 @@ class _StackedLinear(StackedTerm):
 @dataclass(frozen=True, eq=False)
 class ProjectedProx(Term):
     """(weight/2) ||projection x - center||^2 with one matrix P [d_sub, n] for every row of a chunk: Lp-Proj-2's
-    lambda/2 ||P theta - w_i||^2 (flame.md 2.5), whose gradient weight P^T (P x - center) enters every step."""
+    lambda/2 ||P theta - w_i||^2 (FLAME, Appendix C, Algorithm 2), whose gradient weight P^T (P x - center) enters
+    every step."""
 
     projection: np.ndarray
     center: np.ndarray
@@ -309,7 +310,7 @@ class _StackedProjectedProx(StackedTerm):
 @dataclass(frozen=True, eq=False)
 class L1(Term):
     """weight ||x||_1, by proximal SGD: soft-thresholding at lr * weight after every step, only where the request
-    moves coordinates (LocalSGD.mask); `weight` a number or one per coordinate (FedSLR's sparse p_i, fedslr.md (7))."""
+    moves coordinates (LocalSGD.mask); `weight` a number or one per coordinate (FedSLR's sparse p_i, its eq. (7))."""
 
     weight: float | np.ndarray
     rows: ClassVar[tuple[str, ...]] = ("weight",)
@@ -348,7 +349,7 @@ class _StackedL1(StackedTerm):
 class Nuclear(Term):
     """weight sum_l ||W_l||_* over the matrix (>= 2-D) parameters W_l, matrixized as raysim.algorithms.prox.matrixize:
     singular value thresholding of each at lr * weight after every step, the per-step proximal operator of FedSLR's
-    LPGD ablation (fedslr.md A.2 eq. 18). An SVD per layer and step: one client at a time. Not with a mask."""
+    LPGD ablation (FedSLR, Appendix A.2, eq. (18)). An SVD per layer and step: one client at a time. Not with a mask."""
 
     weight: float
     batched: ClassVar[bool] = False
@@ -366,7 +367,7 @@ class Nuclear(Term):
 
 @dataclass(frozen=True, eq=False)
 class Offset(Term):
-    """f_i evaluated at offset + x (FedSLR's Phase II trains p with w_t frozen, fedslr.md eq. 7)."""
+    """f_i evaluated at offset + x (FedSLR's Phase II trains p with w_t frozen, its eq. (7))."""
 
     offset: np.ndarray
     rows: ClassVar[tuple[str, ...]] = ("offset",)

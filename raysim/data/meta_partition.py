@@ -26,7 +26,7 @@ class MetaSettings(SchemeSettings):
     global_test: ClassVar[bool] = False
     test_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="query share of each client (50/50 in the paper)")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of the support part held out as validation")
-    classes_per_client: int = Field(2, ge=1)
+    classes_per_client: int = Field(2, ge=1, description="classes each client draws at random (2 in the paper)")
     shots: int = Field(20, ge=2, description="M: each client holds D_i ~ U(M, 2M) samples")
     reserved: int = Field(10_000, ge=0, description="samples held by no client for pretraining the teacher model")
     server_samples: int = Field(

@@ -21,7 +21,8 @@ from rich.console import Console
 
 from raysim.config import ExperimentConfig
 from raysim.credentials import connect_uri, redact_text
-from raysim.errors import Interrupted, RayLost, RaysimError, as_raised
+from raysim.errors import CheckpointError, Interrupted, RayLost, RaysimError, as_raised, check_output
+from raysim.plugins import PluginError, failed_in_worker
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import UploadRangeError
 from raysim.runtime.problem import Problem, assign_to_hosts, host_layout, prepare
@@ -70,6 +71,8 @@ def run_experiment(
     local = None if in_process else new_local_ray(config.runtime)
     if local is not None:
         host_layout(config.runtime, problem.clients, local, local)
+    if config.runtime.spill_dir is not None and (in_process or local is not None):  # the hosts run on this node
+        check_output(config.runtime.spill_dir, "runtime.spill_dir", "folder")
     manifest = checkpoint.read_manifest(resume) if resume is not None else None
     uri = tracking_uri or (manifest["tracking_uri"] if manifest else resolve_tracking_uri(config.tracking.uri))
     # The store opens in the background while Ray starts (a new sqlite store takes about 1.5 s to create).
@@ -121,15 +124,21 @@ def run_experiment(
     except KeyboardInterrupt as interrupt:
         raise _interrupted(interrupt, config, writer, result, rounds) from None
     except BaseException as error:
+        plugin_failure = failed_in_worker(error)  # a plugin that imports here but not in an actor's worker
         if result.run_id is not None:
             writer.set_tags(
                 {
                     "raysim.error": redact_text(
-                        str(error).strip().splitlines()[-1] if str(error) else type(error).__name__
+                        plugin_failure or (str(error).strip().splitlines()[-1] if str(error) else type(error).__name__)
                     )
                 }
             )
         writer.finish("FAILED", timeout)
+        with contextlib.suppress(AttributeError):  # for the Python API's one line (raysim.api.RunFailed)
+            error.raysim_run_id = result.run_id  # type: ignore[attr-defined]  # any exception's own attribute
+        if plugin_failure is not None:
+            where = "in a Ray worker; it imports in the driver"
+            raise PluginError(f"run {result.run_id} failed: {plugin_failure} ({where})") from None
         raise
     writer.finish("FINISHED", timeout)
     return result
@@ -219,16 +228,31 @@ def _interrupted(
     )
 
 
-def resume_experiment(target: str, tracking_uri: str | None = None, show_progress: bool = True, inspect=None):
+def resume_experiment(
+    target: str,
+    tracking_uri: str | None = None,
+    show_progress: bool = True,
+    inspect=None,
+    plugins: list[str] | tuple[str, ...] = (),
+):
     """Continue a run from its last complete checkpoint: `target` is a checkpoint folder (a run's or one
     round's) or an MLflow run id whose `raysim.checkpoint` tag names one. `tracking_uri` is where to look the
     run id up and, if given, where the run is logged (a checkpoint stores its URI with credentials redacted:
-    give them in MLflow's variables, or here)."""
+    give them in MLflow's variables, or here). `plugins` (`--plugin`, relative to the current directory) are
+    imported first; the plugins the checkpoint's config lists are not: each must be among them or imported in
+    this process already, else one PluginError names it before anything runs (raysim.plugins.for_checkpoint)."""
+    import raysim.plugins as plugin_files
+    from raysim.config import validate_config
+
+    plugin_files.load_all(plugin_files.resolve(list(plugins), None, "--plugin"))
     path = Path(target)
     if not path.exists():
         path = run_checkpoints(target, tracking_uri)
     directory = checkpoint.latest_checkpoint(path)
-    from raysim.config import validate_config
-
-    config = validate_config(yaml.safe_load(checkpoint.read_manifest(directory)["config"]))
+    manifest = directory / checkpoint.MANIFEST
+    tree = yaml.safe_load(str(checkpoint.read_manifest(directory).get("config", "")))
+    if not isinstance(tree, dict):
+        raise CheckpointError(f"{manifest}: its config is not a mapping of sections")
+    tree["plugins"] = plugin_files.for_checkpoint(tree.get("plugins"), str(manifest))
+    config = validate_config(tree)
     return run_experiment(config, show_progress, inspect, resume=directory, tracking_uri=tracking_uri)

@@ -24,7 +24,9 @@ from raysim.data.partitions import authors_attackers, check_classes
 from raysim.errors import ConfigError
 from raysim.execution.drivers import drive
 from raysim.models.flat import FlatModel, ModelSpec
+from raysim.models.parts import check_parts
 from raysim.models.spec import ParamSpec
+from raysim.runtime.memory import check_client_state, check_data
 from raysim.runtime.placement import check_capacity, default_num_hosts
 from raysim.seeding import Stream, rng, torch_seed, use_kernels
 from raysim.threats.attacks import AttackPlan, attack_plan
@@ -77,10 +79,14 @@ class Problem:
 
 
 def prepare(config: ExperimentConfig) -> Problem:
-    """Load and partition the data and draw the initial model; raises RaysimError on bad input."""
-    dataset = config.dataset.load(config.seed)
+    """Load and partition the data and draw the initial model; raises RaysimError on bad input, and refuses a run
+    whose data, partition and client state will not fit in memory before loading anything (raysim.runtime.memory)."""
+    budget = check_data(config)
+    dataset = config.dataset.loaded(config.seed)
     check_classes(config.partition, dataset.y)
-    splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
+    splits = partition_dataset(
+        dataset.y, config.clients.count, config.partition, config.seed, dataset.groups, dataset.test_start
+    )
     spec = ModelSpec(config.model.name, dataset.input_shape, dataset.output_dim, dataset.task)
     try:
         model = spec.build()
@@ -105,16 +111,25 @@ def prepare(config: ExperimentConfig) -> Problem:
         dataset.modalities.length_columns if dataset.modalities is not None else (),
     )
     m = config.clients.training_count
-    total_train = sum(len(s.train) for s in splits[:m])
+
+    def size(split: ClientSplit) -> int:
+        """n_i of `clients.weighting`: the train split's samples, or all the client's (all_splits)."""
+        return split.num_samples if config.clients.weighting == "all_splits" else len(split.train)
+
+    total = sum(size(s) for s in splits[:m])
 
     def weight(split: ClientSplit) -> float:
         """alpha_i over the training clients; held-out clients never enter a server sum."""
         if split.client_id >= m:
             return 0.0
-        return 1.0 / m if config.clients.weighting == "uniform" else len(split.train) / total_train
+        return 1.0 / m if config.clients.weighting == "uniform" else size(split) / total
 
     clients = [(ClientInfo(s.client_id, len(s.train), weight(s), m), s) for s in splits]
+    check_parts(config.algorithm, model.spec)  # layer counts, parameter patterns, presets: against this model
     algorithm = build_algorithm(config.algorithm, model.spec)
+    data_bytes = sum(a.nbytes for a in (dataset.x, dataset.y, dataset.groups) if a is not None)
+    one_state = algorithm.init_client(clients[0][0], init)
+    check_client_state(config, budget, data_bytes, len(dataset.y), one_state, len(clients))
     context = server_context(config, dataset)
     step = algorithm.server_data(context)  # the coordinator's private data, prepared here before any Ray work
     server_data = None
@@ -260,9 +275,12 @@ def sample_clients(
 def save_partition(config: ExperimentConfig, out: Path) -> tuple[list[ClientSplit], frozenset[int]]:
     """`raysim partition`: the config's partition (and attacker set) written as a Parquet file that
     `partition: {scheme: file, path: OUT}` replays exactly; returns the clients and the attackers."""
-    dataset = config.dataset.load(config.seed)
+    check_data(config)
+    dataset = config.dataset.loaded(config.seed)
     check_classes(config.partition, dataset.y)
-    splits = partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
+    splits = partition_dataset(
+        dataset.y, config.clients.count, config.partition, config.seed, dataset.groups, dataset.test_start
+    )
     attack = attack_of(config, dataset)
     malicious = attack.malicious if attack is not None else frozenset()
     description = {

@@ -59,6 +59,8 @@ class Rounds:
         self.config, self.writer, self.result = config, writer, result
         self.callbacks, self.inspect = list(callbacks), inspect
         self.malicious, self.heldout = problem.malicious, problem.heldout
+        self.test_sizes = {info.id: len(split.test) for info, split in problem.clients if info.id in self.heldout}
+        """The held-out clients' test (query) samples: their accuracy weighted by them (benign_summary)."""
         self.params = problem.params
         """The model's layout, for the algorithm's tables of the final global model (Algorithm.model_tables)."""
         self.resume = resume
@@ -140,7 +142,7 @@ class Rounds:
                 self._log(step, result.history[step])
         else:
             evaluations = simulation.evaluate()
-            result.history[0] = benign_summary(evaluations, self.malicious, self.heldout)
+            result.history[0] = benign_summary(evaluations, self.malicious, self.heldout, self.test_sizes)
             self._log(0, result.history[0])
             round_index = 0
             if self.folder is not None:
@@ -168,7 +170,11 @@ class Rounds:
                 callback.on_round(step, metrics)
             round_index += 1
         result.final = client_evaluations(evaluations) if evaluations is not None else []
-        finals = benign_summary(evaluations, self.malicious, self.heldout) if evaluations is not None else {}
+        finals = (
+            benign_summary(evaluations, self.malicious, self.heldout, self.test_sizes)
+            if evaluations is not None
+            else {}
+        )
         evaluated_rounds = [r for r in result.history if "pm/acc" in result.history[r]]
         best = {
             f"best/{k}": max(result.history[r][k] for r in evaluated_rounds) for k in ("pm/acc", "gm/acc", "hm/acc")
@@ -187,8 +193,8 @@ class Rounds:
         for callback in self.callbacks:
             callback.on_end(result)
         if global_params is not None and saved != "none":
-            clients = simulation.personalized_models() if saved == "all" and self._client_models_fit() else (None, None)
-            models = FinalModels(np.asarray(global_params, dtype=np.float32), *clients)
+            clients = simulation.personalized_models if saved == "all" and self._client_models_fit() else None
+            models = FinalModels(np.asarray(global_params, dtype=np.float32), clients)
             for callback in self.callbacks:
                 callback.on_models(models)
 
@@ -217,7 +223,7 @@ class Rounds:
         if step % self.config.tracking.eval_every == 0 or step == self.config.rounds:
             evaluated = time.perf_counter()
             evaluations = simulation.evaluate()
-            metrics |= benign_summary(evaluations, self.malicious, self.heldout)
+            metrics |= benign_summary(evaluations, self.malicious, self.heldout, self.test_sizes)
             metrics["time/evaluation"] = time.perf_counter() - evaluated
         metrics["time/round"] = time.perf_counter() - start
         self.result.history[step] = metrics

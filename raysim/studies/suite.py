@@ -59,14 +59,14 @@ class SuiteConfig(ExperimentFamily):
 
     def experiments(self) -> list[tuple[str, ExperimentConfig]]:
         """(run name, validated config) for every run and seed, in order; each run's seeds share a colour
-        (`tracking.color`, unless the run or the base sets one: plots.setting_colors) and a group (`tracking.group`,
-        the run's name)."""
-        from raysim.tracking.plots import setting_colors
+        (`tracking.color`, unless the run or the base sets one: MLflow's colour of its group, plots.group_colors)
+        and a group (`tracking.group`, the run's name)."""
+        from raysim.tracking.plots import group_colors
 
         base = self.base_tree()
         children = []
         seeds: list[int | None] = [*self.seeds] if self.seeds else [None]
-        colors = setting_colors(run.name for run in self.runs)
+        colors = group_colors(run.name for run in self.runs)
         for run in self.runs:
             for seed in seeds:
                 tree = copy.deepcopy(base)
@@ -139,9 +139,11 @@ def check_partitions(experiments: list[tuple[str, ExperimentConfig]]) -> None:
                 if key in done:
                     continue
                 if dataset is None:
-                    dataset = config.dataset.load(config.seed)
+                    dataset = config.dataset.loaded(config.seed)
                 check_classes(config.partition, dataset.y)
-                partition_dataset(dataset.y, config.clients.count, config.partition, config.seed, dataset.groups)
+                partition_dataset(
+                    dataset.y, config.clients.count, config.partition, config.seed, dataset.groups, dataset.test_start
+                )
             except (ConfigError, DataError, PartitionError) as error:
                 raise type(error)(f"{where}: {error}") from None
             done.add(key)

@@ -525,6 +525,8 @@ class RunHistory:
     seed: int
     run_id: str
     histories: dict[str, list[tuple[int, float]]]
+    color: str | None = None
+    """Its colour in MLflow's charts (the `mlflow.runColor` tag, `tracking.color`), the one `raysim figure` draws."""
 
 
 @dataclass(frozen=True)
@@ -537,6 +539,10 @@ class StudyRuns:
     """The unfinished runs, as `name (STATUS)`."""
 
 
+READ_TIMEOUT_S = 10.0
+"""How long `raysim table` and `raysim figure` wait for a tracking server to answer before refusing it."""
+
+
 def read_runs(tracking_uri: str, target: str, metrics: Sequence[str]) -> StudyRuns:
     """The finished runs of a suite's or sweep's parent run id, or of an experiment name (its top-level runs, one
     setting per configuration but the seed), with the histories of `metrics`; a metric no run logged is refused in
@@ -545,7 +551,12 @@ def read_runs(tracking_uri: str, target: str, metrics: Sequence[str]) -> StudyRu
     from mlflow.tracking import MlflowClient
 
     from raysim.credentials import connect_uri, redact
+    from raysim.tracking.mlflow_writer import TrackingError, check_reachable, sqlite_file
 
+    check_reachable(connect_uri(tracking_uri), READ_TIMEOUT_S)  # `ftp://` was MLflow's traceback
+    database = sqlite_file(tracking_uri)
+    if database is not None and not database.is_file():  # MLflow would create an empty store to find nothing in
+        raise TrackingError(f"--tracking-uri {redact(tracking_uri)}: no such database file {database}")
     client = MlflowClient(connect_uri(tracking_uri))
     try:
         parent = client.get_run(target)
@@ -597,6 +608,7 @@ def read_runs(tracking_uri: str, target: str, metrics: Sequence[str]) -> StudyRu
                 metric: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)]
                 for metric in dict.fromkeys(metrics)
             },
+            run.data.tags.get("mlflow.runColor"),
         )
         for run in finished
     ]

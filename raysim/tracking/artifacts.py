@@ -54,6 +54,9 @@ class RunArtifacts(RoundCallback):
     def __init__(self, config: ExperimentConfig, problem: PreparedProblem, writer: MlflowWriter, resumed: bool = False):
         self.config, self.problem, self.writer = config, problem, writer
         self._failure: BaseException | None = None
+        self._final_step = 0
+        self._final_metrics: dict[str, float] = {}
+        """The last step's metrics (on_end): the global model's metrics in MLflow."""
         self._partition = threading.Thread(target=self._write_partition, name="partition-artifacts", daemon=True)
         if not resumed:
             self._partition.start()
@@ -85,6 +88,9 @@ class RunArtifacts(RoundCallback):
 
     def on_end(self, result: RunResult) -> None:
         self._wait()  # one writer of figures at a time
+        if result.history:
+            self._final_step = max(result.history)
+            self._final_metrics = result.history[self._final_step]
         sizes = {
             info.id: {
                 "num_train": info.num_train,
@@ -112,19 +118,16 @@ class RunArtifacts(RoundCallback):
                 self.writer.log_table(folder / f"{name}.json")
 
     def on_models(self, models: FinalModels) -> None:
-        """GLOBAL_MODEL, and with tracking.save_models = all CLIENT_MODELS (raysim.tracking.models). Both are written
-        whole into a folder before anything is queued (a run that fails or is stopped before then saves neither), and
-        the model's MLmodel file is queued last: a driver killed while they upload leaves no folder load_model takes
-        for a model."""
+        """GLOBAL_MODEL as a LoggedModel of the run (MlflowWriter.log_model: the runs table's Models column, with the
+        run's params and final metrics), and with tracking.save_models = all CLIENT_MODELS as an artifact
+        (raysim.tracking.models). Both are written whole into a folder before anything is queued (a run that fails or
+        is stopped before then saves neither)."""
         with tempfile.TemporaryDirectory() as directory:
             folder = Path(directory)
-            model = folder / GLOBAL_MODEL
-            save_global_model(self.problem.model_spec, models.global_params, model)
-            if models.client_ids is not None and models.client_params is not None:
-                save_client_models(models.client_ids, models.client_params, folder / CLIENT_MODELS)
-            files = sorted(path for path in model.rglob("*") if path.is_file() and path.name != "MLmodel")
-            for path in [*files, model / "MLmodel"]:
-                self.writer.log_artifact(path, path.parent.relative_to(folder).as_posix())
+            save_global_model(self.problem.model_spec, models.global_params, folder / GLOBAL_MODEL)
+            if models.client_models is not None:
+                save_client_models(models.client_models(), folder / CLIENT_MODELS)
+            self.writer.log_model(folder / GLOBAL_MODEL, GLOBAL_MODEL, self._final_step, self._final_metrics)
             if (folder / CLIENT_MODELS).exists():
                 self.writer.log_artifact(folder / CLIENT_MODELS)
 

@@ -7,6 +7,7 @@ exactly one process, the driver, writes, with one `log_batch` per round.
 from __future__ import annotations
 
 import base64
+import fcntl
 import functools
 import json
 import logging
@@ -22,11 +23,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from raysim.credentials import connect_uri, redact, redact_text
@@ -62,6 +63,29 @@ def local_artifact_location(uri: str, experiment: str) -> str | None:
     if database is None:
         return None
     return (database.resolve().parent / "mlartifacts" / re.sub(r"[^\w.-]+", "_", experiment)).as_uri()
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Inside: no other process is inside for the same local sqlite store. MLflow creates a new sqlite store's tables
+    and then migrates them with no lock of its own (its tracking store's constructor), so a second `raysim run`
+    started a second after the first found half the tables and failed ("table spans already exists"), and two that
+    both found no experiment both created it. An exclusive `flock` on the database's folder, held while the store is
+    opened and the experiment looked up or made: nothing is left beside the database, any spelling of its path
+    finds the same folder, and the lock goes with a process that dies holding it. Any other store: no lock."""
+    database = sqlite_file(uri)
+    try:
+        folder = os.open(database.resolve().parent, os.O_RDONLY | os.O_DIRECTORY) if database else None
+    except OSError:  # a folder that cannot be opened: check_reachable has named a missing one already
+        folder = None
+    if folder is None:
+        yield
+        return
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)  # releases the lock
 
 
 class TrackingError(RaysimError):
@@ -199,28 +223,31 @@ class MlflowWriter:
         self.retry_max_s = retry_max_s
         self.failures = 0
         """Failed requests so far (each was retried)."""
-        self._tables: list[dict[str, str]] = []
-        """The table artifacts logged so far (log_table)."""
         self._queue: queue.Queue = queue.Queue()
+        self._logged: dict[tuple[str, int], Metric] = {}
+        """The last metric point logged for each (key, step): a LoggedModel's metrics repeat them exactly (same
+        timestamp), so that the run's history, which MLflow also writes them to, keeps one point per step."""
         self._files = tempfile.TemporaryDirectory(prefix="raysim-artifacts-")
         self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
         self._thread.start()
 
     def _open(self, uri: str, experiment: str) -> None:
-        """Open the store and the experiment (made if new, tagged as model training)."""
+        """Open the store and the experiment (made if new, tagged as model training), one process at a time per
+        local sqlite store (`store_lock`)."""
         try:
-            client = MlflowClient(uri)
-            found = client.get_experiment_by_name(experiment)
-            if found is None:
-                location = local_artifact_location(uri, experiment)
-                self._experiment_id = client.create_experiment(experiment, location, tags=EXPERIMENT_KIND)
-            else:
-                self._experiment_id = found.experiment_id
-                if not EXPERIMENT_KIND.items() <= found.tags.items():  # made by another tool, or an older raysim
-                    for key, value in EXPERIMENT_KIND.items():
-                        client.set_experiment_tag(self._experiment_id, key, value)
+            with store_lock(uri):
+                client = MlflowClient(uri)
+                found = client.get_experiment_by_name(experiment)
+                if found is None:
+                    location = local_artifact_location(uri, experiment)
+                    self._experiment_id = client.create_experiment(experiment, location, tags=EXPERIMENT_KIND)
+                else:
+                    self._experiment_id = found.experiment_id
+                    if not EXPERIMENT_KIND.items() <= found.tags.items():  # made by another tool, or an older raysim
+                        for key, value in EXPERIMENT_KIND.items():
+                            client.set_experiment_tag(self._experiment_id, key, value)
             self._client = client
-        except MlflowException as error:
+        except Exception as error:  # MLflow's errors, and SQLAlchemy's (a sqlite file that is not a database)
             message = redact(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
             self._open_error = TrackingError(f"tracking.uri {self.shown_uri}: {message}")
 
@@ -285,6 +312,7 @@ class MlflowWriter:
         """Queue one step's metrics (non-finite values are skipped) in as few requests as allowed."""
         stamp = int(time.time() * 1000)
         items = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if math.isfinite(v)]
+        self._logged.update(((item.key, step), item) for item in items)
         for start in range(0, len(items), MAX_METRICS):
             self._queue.put(("metrics", items[start : start + MAX_METRICS]))
 
@@ -302,11 +330,20 @@ class MlflowWriter:
         self._queue.put(("artifact", (copy, artifact_path)))
 
     def log_table(self, path: Path) -> None:
-        """Queue a JSON table (raysim.tracking.reports.write_table_json) as an artifact the MLflow UI shows as a
-        table (MLflow lists a run's tables in its `mlflow.loggedArtifacts` tag)."""
-        self.log_artifact(path)
-        self._tables.append({"path": Path(path).name, "type": "table"})
-        self.set_tags({"mlflow.loggedArtifacts": json.dumps(self._tables)})
+        """Queue a JSON table (raysim.tracking.reports.write_table_json, pandas' `split` layout) as a table of the
+        run: `mlflow.log_table`, which the UI's Artifacts tab and `mlflow.load_table` read."""
+        data = json.loads(Path(path).read_text())
+        self._queue.put(("table", {"data": data, "file": Path(path).name}))
+
+    def log_model(self, folder: Path, name: str, step: int, metrics: Mapping[str, float]) -> None:
+        """Queue the MLflow model in `folder` (an MLmodel file and its data: mlflow.pytorch.save_model) as a
+        LoggedModel `name` of the run, READY once its files are uploaded (MLmodel last), with the run's params and
+        `metrics` at `step` (the run's final ones): the Models column of the runs table, `search_logged_models`,
+        and `mlflow.pytorch.load_model("runs:/RUN_ID/NAME")` find it. (What `mlflow.pytorch.log_model` does, through
+        this writer's client: the fluent function reads the process's global tracking URI.)"""
+        copy = Path(tempfile.mkdtemp(dir=self._files.name)) / name
+        shutil.copytree(folder, copy)
+        self._queue.put(("model", {"folder": copy, "name": name, "step": step, "metrics": dict(metrics)}))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued has reached the server; False if `timeout` ran out first."""
@@ -353,6 +390,49 @@ class MlflowWriter:
                     delay = min(delay * 2, self.retry_max_s)
             self._queue.task_done()
 
+    def _log_table(self, run_id: str, task: dict) -> None:
+        """`MlflowClient.log_table` appends to a table file already there: a retry whose file landed before the
+        request failed logs no rows again (only what the failed request may have left undone, the run's list of
+        tables)."""
+        import pandas as pd
+
+        data = task["data"]
+        rows = [] if task.get("tried") and self._has_artifact(run_id, task["file"]) else data["data"]
+        task["tried"] = True
+        self.client.log_table(run_id, pd.DataFrame(rows, columns=data["columns"]), task["file"])
+
+    def _has_artifact(self, run_id: str, path: str) -> bool:
+        return any(found.path == path for found in self.client.list_artifacts(run_id))
+
+    def _log_model(self, run_id: str, task: dict) -> None:
+        """One LoggedModel from `task` (log_model's); a retry goes on with the model created before it failed."""
+        from mlflow.entities import LoggedModelOutput
+
+        client = self.client
+        if "model_id" not in task:
+            params = {key: value[:6000] for key, value in client.get_run(run_id).data.params.items()}
+            model = client.create_logged_model(self.experiment_id, task["name"], run_id, params=params)
+            task["model_id"] = model.model_id
+        model_id = task["model_id"]
+        client.log_outputs(run_id, [LoggedModelOutput(model_id, task["step"])])
+        stamp = int(time.time() * 1000)
+        items = []
+        for key, value in task["metrics"].items():
+            if math.isfinite(value):
+                logged = self._logged.get((key, task["step"]))
+                same = logged is not None and logged.value == float(value)  # the run's own point, repeated
+                at = logged.timestamp if same and logged is not None else stamp
+                items.append(Metric(key, float(value), at, task["step"], run_id=run_id, model_id=model_id))
+        for start in range(0, len(items), MAX_METRICS):
+            client.log_batch(run_id, metrics=items[start : start + MAX_METRICS])
+        folder: Path = task["folder"]
+        with tempfile.TemporaryDirectory(dir=self._files.name) as last:  # MLmodel last: no half model loads
+            shutil.move(folder / "MLmodel", Path(last) / "MLmodel")
+            client.log_model_artifacts(model_id, str(folder))
+            shutil.copyfile(Path(last) / "MLmodel", folder / "MLmodel")
+            client.log_model_artifacts(model_id, last)
+        client.finalize_logged_model(model_id, "READY")
+
     def _landed(self, items: list[Metric]) -> bool:
         """Whether a metric batch whose request failed was stored anyway (a batch is one transaction)."""
         first = items[0]
@@ -369,5 +449,9 @@ class MlflowWriter:
             self.client.log_batch(run_id, tags=payload)
         elif kind == "artifact":
             self.client.log_artifact(run_id, str(payload[0]), payload[1])
+        elif kind == "table":
+            self._log_table(run_id, payload)
+        elif kind == "model":
+            self._log_model(run_id, payload)
         else:
             self.client.set_terminated(run_id, payload)

@@ -24,7 +24,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.layout_engine import ConstrainedLayoutEngine  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogFormatter, MaxNLocator  # noqa: E402
+from matplotlib.typing import RcKeyType  # noqa: E402
 
 LINE_STYLES = ("-", "--", ":", "-.")
 """Cycled over the series of a panel: solid first, then dashed, dotted, dash-dotted drawn over it."""
@@ -48,6 +50,60 @@ def setting_colors(settings: Iterable[str]) -> dict[str, str]:
     distinct = list(dict.fromkeys(settings))
     palette = COLORS if len(distinct) <= len(COLORS) else MANY_COLORS
     return {setting: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, setting in enumerate(distinct)}
+
+
+MLFLOW_COLORS = (
+    "#a6630c",
+    "#c83243",
+    "#b45091",
+    "#8a63bf",
+    "#434a93",
+    "#137dae",
+    "#04867d",
+    "#308613",
+    "#facb66",
+    "#1f272d",
+    "#445461",
+    "#5f7281",
+    "#8396a5",
+    "#93320b",
+    "#be501e",
+    "#de7921",
+    "#f2be88",
+    "#115026",
+    "#277c43",
+    "#3ba65e",
+    "#8ddda8",
+    "#9e102c",
+    "#c82d4c",
+    "#e65b77",
+    "#f792a6",
+    "#0e538b",
+    "#2272b4",
+    "#4299e0",
+    "#8acaff",
+)
+"""The palette MLflow 3's UI colours runs and groups from (its `RUNS_COLOR_PALETTE`, MLflow 3.17)."""
+
+
+def mlflow_group_color(group: str, tag: str = "raysim.group") -> str:
+    """The colour MLflow's UI gives the group of runs whose tag `tag` is `group` when the runs page is grouped by
+    that tag (raysim's comparison view): a checksum of the group's id `tag.<tag>.<group>` over its UTF-16 code units
+    picks one of MLFLOW_COLORS (the UI's `getStableColorForRun`). A group's colour can only be changed in the
+    browser (kept in its local storage), so a study colours its settings with it: the comparison view's charts,
+    the runs' own `mlflow.runColor` and raysim's figures then draw a setting alike."""
+    units = f"tag.{tag}.{group}".encode("utf-16-le")
+    first = second = 0
+    for index in range(0, len(units), 2):
+        first = (first + int.from_bytes(units[index : index + 2], "little")) % 255
+        second = (second + first) % 255
+    return MLFLOW_COLORS[(first | second << 8) % len(MLFLOW_COLORS)]
+
+
+def group_colors(groups: Iterable[str]) -> dict[str, str]:
+    """MLflow's colour (`mlflow_group_color`) of each distinct group of a study, the default `tracking.color` of its
+    runs. Two groups may share one (29 colours): `line_styles` then draws them apart in raysim's figures."""
+    return {group: mlflow_group_color(group) for group in dict.fromkeys(groups)}
 
 
 @dataclass(frozen=True)
@@ -98,22 +154,70 @@ def figure(
     return fig, list(axes[0])
 
 
-def round_curves(panels: Sequence[Panel], title: str = "", panel_width: float = 5.0) -> Figure:
+@dataclass(frozen=True)
+class PaperLayout:
+    """A figure for a paper's page (`raysim figure --column single`): its exact width in inches (the PDF's page is
+    that wide, so nothing is scaled down when it is placed in a column), every text at `font_size` points, the panels
+    in a grid of `ncols` columns, the legend below them, thinner lines, no title unless given."""
+
+    width: float
+    font_size: float = 8.0
+    ncols: int | None = None
+    """Panels per row; None: all in one row."""
+    aspect: float = 0.75
+    """A panel's height over its width."""
+
+    def grid(self, panels: int) -> tuple[int, int]:
+        """(rows, columns) of the panels."""
+        columns = min(self.ncols or panels, panels)
+        return math.ceil(panels / columns), columns
+
+    def rc(self) -> dict[RcKeyType, Any]:
+        """Matplotlib's settings for every text of the figure at `font_size`."""
+        keys: tuple[RcKeyType, ...] = (
+            "font.size",
+            "axes.titlesize",
+            "axes.labelsize",
+            "xtick.labelsize",
+            "ytick.labelsize",
+            "legend.fontsize",
+            "figure.titlesize",
+        )
+        return dict.fromkeys(keys, self.font_size)
+
+
+PAPER_LINE_SCALE = 0.5
+"""A paper layout's lines: half LINE_WIDTHS (2.6 points is a screen figure's width, heavy in a 3.5-inch column)."""
+
+
+def round_curves(
+    panels: Sequence[Panel], title: str = "", panel_width: float = 5.0, paper: PaperLayout | None = None
+) -> Figure:
     """Metric curves against the round, one line per series, one panel per metric, one legend for all panels; each
-    linear panel's y range zoomed to its trained rounds (`zoom`)."""
-    fig, axes = figure(len(panels), figsize=(panel_width * len(panels) + 2.0, 4.2))
+    linear panel's y range zoomed to its trained rounds (`zoom`). `paper`: laid out for a page (PaperLayout); the
+    figure's axes are then only the panels' (a grid's unused cells removed)."""
+    with plt.rc_context({} if paper is None else paper.rc()):  # every text made inside takes the paper's size
+        return _round_curves(panels, title, panel_width, paper)
+
+
+def _round_curves(panels: Sequence[Panel], title: str, panel_width: float, paper: PaperLayout | None) -> Figure:
+    if paper is None:
+        fig, axes = figure(len(panels), figsize=(panel_width * len(panels) + 2.0, 4.2))
+    else:
+        fig, axes = _paper_grid(paper, len(panels))
     for axis, panel in zip(axes, panels, strict=True):
         styles = line_styles(panel.series)
+        scale = 1.0 if paper is None else PAPER_LINE_SCALE
         for series, style in zip(panel.series, styles, strict=True):
             rounds = sorted(series.values)
             axis.plot(
                 rounds,
                 [series.values[r] for r in rounds],
                 linestyle=style,
-                linewidth=LINE_WIDTHS.get(style, 1.5),
+                linewidth=LINE_WIDTHS.get(style, 1.5) * scale,
                 color=series.color,
                 marker="o" if len(rounds) <= 12 else None,
-                markersize=3,
+                markersize=3 * scale if paper else 3,
                 label=series.label,
             )
         axis.set(title=panel.title, xlabel="round", ylabel=panel.ylabel, yscale=panel.yscale)
@@ -126,10 +230,46 @@ def round_curves(panels: Sequence[Panel], title: str = "", panel_width: float = 
             start = _zoom_start(panel)
             later = [v for series in panel.series for r, v in series.values.items() if r >= start]
             zoom(axis, later or [v for series in panel.series for v in series.values.values()], panel.bounds)
-    legend_outside(fig, axes)
+    if paper is None:
+        legend_outside(fig, axes)
+    else:
+        legend_below(fig, axes, paper.font_size)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=None if paper is None else paper.font_size)
     return fig
+
+
+def _paper_grid(paper: PaperLayout, panels: int) -> tuple[Figure, list[Axes]]:
+    """The panels' axes in a grid `paper.width` wide, with room below for the legend; a grid's unused cells removed."""
+    rows, columns = paper.grid(panels)
+    height = rows * paper.width / columns * paper.aspect + 0.3 + paper.font_size / 72 * 3
+    layout = ConstrainedLayoutEngine(w_pad=0.02, h_pad=0.02)  # inches: a column has none to spare
+    fig, grid = plt.subplots(rows, columns, figsize=(paper.width, height), layout=layout, squeeze=False)
+    cells = list(grid.flat)
+    for unused in cells[panels:]:
+        unused.remove()
+    return fig, cells[:panels]
+
+
+def legend_below(fig: Figure, axes: Sequence[Axes], fontsize: float) -> None:
+    """One legend under the panels, as wide as the figure (a column is too narrow for one beside them)."""
+    entries: dict[str, Any] = {}
+    for axis in axes:
+        handles, labels = axis.get_legend_handles_labels()
+        for handle, label in zip(handles, labels, strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        columns = min(len(entries), max(1, round(fig.get_figwidth() / 1.2)))
+        fig.legend(
+            entries.values(),
+            entries.keys(),
+            loc="outside lower center",
+            fontsize=fontsize,
+            ncols=columns,
+            frameon=False,
+            handlelength=2.0,
+            columnspacing=1.0,
+        )
 
 
 def _zoom_start(panel: Panel) -> int:
@@ -173,11 +313,19 @@ def figure_files(name: str | Path, formats: Sequence[str] = FORMATS) -> list[str
     return [str(path.with_suffix(f".{form}")) for form in formats]
 
 
-def save(fig: Figure, path: str | Path, formats: Sequence[str] = FORMATS) -> None:
+PAPER_DPI = 300
+"""A paper layout's PNG resolution (the PDF and SVG are vector)."""
+
+
+def save(fig: Figure, path: str | Path, formats: Sequence[str] = FORMATS, exact_size: bool = False) -> None:
     """Write the figure as `figure_files(path, formats)` and free it. It is laid out and measured (tight bounding
     box) once, and each format drawn with that layout and box: 25-30 % faster for a run's three files than
-    savefig's own tight box, which lays out and draws the figure twice for each file."""
-    if formats:
+    savefig's own tight box, which lays out and draws the figure twice for each file. `exact_size`: the page is
+    the figure's own size (a PaperLayout's width), not the box around what it draws, the PNG at PAPER_DPI."""
+    if exact_size:
+        for file in figure_files(path, formats):
+            fig.savefig(file, dpi=PAPER_DPI)
+    elif formats:
         fig.canvas.draw()
         fig.set_layout_engine("none")
         renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]

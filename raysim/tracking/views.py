@@ -20,14 +20,16 @@ HEADLINE_METRICS = ("pm/acc", "gm/acc", "hm/acc")
 
 
 def view_state(parent_run_id: str) -> dict[str, object]:
-    """The runs page's state: the parent's children in start order, every one shown (not the first ten), the
-    headline accuracies as columns, grouped by setting with the mean over seeds, charts of the headline curves."""
+    """The runs page's state: the parent's children, every one shown (not the first ten), their global models
+    (LoggedModels) and headline accuracies as columns, grouped by setting with the mean over seeds (the setting of
+    the best mean PM accuracy first), charts of the headline curves. Ordered by their start time instead, the UI
+    would also load the parent of the runs found, and show it in a group of its own ("Additional runs")."""
     return {
         "searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
-        "orderByKey": "attributes.start_time",
-        "orderByAsc": True,
+        "orderByKey": f"metrics.`{HEADLINE_METRICS[0]}`",
+        "orderByAsc": False,
         "runsHiddenMode": "SHOW_ALL",
-        "selectedColumns": [f"metrics.`{key}`" for key in HEADLINE_METRICS],
+        "selectedColumns": ["attributes.`Models`", *(f"metrics.`{key}`" for key in HEADLINE_METRICS)],
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": GROUP_TAG}]},
         "useGroupedValuesInCharts": True,
         "chartsSearchFilter": "^(pm|gm|hm)/acc$",

@@ -147,3 +147,46 @@ def test_run_suite_returns_every_child_s_summary_and_history(store, tmp_path):
             result.history.loc[(row.run, 7), "pm/acc"].to_dict() == logged == {0: logged[0], 1: logged[1], 2: logged[2]}
         )
         assert result.runs.set_index("run").loc[row.run, "final/pm/acc"] == logged[2]
+
+
+BROKEN = """
+from typing import Literal
+
+from raysim.algorithms import ALGORITHMS
+from raysim.algorithms.fedavg import FedAvg, FedAvgSettings
+
+
+class BrokenSettings(FedAvgSettings):
+    name: Literal["broken_server"] = "broken_server"
+
+
+@ALGORITHMS.register()
+class BrokenServer(FedAvg):
+    name = "broken_server"
+    Settings = BrokenSettings
+
+    def server_step(self, server, total, num_selected):
+        raise ZeroDivisionError("the server's step divided by zero")
+"""
+
+
+def test_a_run_that_fails_while_it_runs_is_one_short_exception_naming_its_run_and_full_report(store, tmp_path):
+    """A plugin's bug in round 1: raysim.run raises RunFailed, one line naming the run (marked FAILED), what failed
+    and where, and the file that holds the whole traceback; nothing of the chain is printed with it."""
+    plugin = tmp_path / "broken.py"
+    plugin.write_text(BROKEN)
+    tree = tiny_config(algorithm={"name": "broken_server", "lr": 0.05}, rounds=2, runtime=IN_PROCESS)
+    with pytest.raises(raysim.RunFailed) as caught:
+        raysim.run(tree, plugins=[str(plugin)], progress=False, tracking_uri=store)
+    failure = caught.value
+    message = str(failure)
+    line = BROKEN.splitlines().index('        raise ZeroDivisionError("the server\'s step divided by zero")') + 1
+    assert "\n" not in message and len(message) < 400, message
+    assert message.startswith(f"run {failure.run_id} failed: ZeroDivisionError: the server's step divided by zero")
+    assert f"(in broken.py:{line} in server_step); full report: {failure.log}" in message
+    assert failure.__cause__ is None and failure.__suppress_context__  # `raise ... from None`: no chain printed
+    assert isinstance(failure.cause, ZeroDivisionError)
+    report = failure.log.read_text()
+    assert report.startswith("Traceback") and f'broken.py", line {line}, in server_step' in report
+    run = MlflowClient(store).get_run(failure.run_id)
+    assert run.info.status == "FAILED" and run.data.tags["raysim.error"] == "the server's step divided by zero"

@@ -35,7 +35,11 @@ def _run(store: str, save_models: str, max_mb: float = 1024.0, **sections) -> ra
 
 
 def _artifacts(store: str, run_id: str) -> set[str]:
-    return {artifact.path for artifact in MlflowClient(store).list_artifacts(run_id)}
+    """The run's artifacts and the names of its READY logged models (the global model is one)."""
+    client = MlflowClient(store)
+    models = client.search_logged_models([client.get_run(run_id).info.experiment_id])
+    ready = {model.name for model in models if model.source_run_id == run_id and model.status == "READY"}
+    return {artifact.path for artifact in client.list_artifacts(run_id)} | ready
 
 
 def test_a_run_saves_its_final_models_for_a_reader(mlflow_uri, monkeypatch):
@@ -48,7 +52,30 @@ def test_a_run_saves_its_final_models_for_a_reader(mlflow_uri, monkeypatch):
     result = _run(mlflow_uri, "all")
     assert {"global_model", "client_models.npz", "clients.parquet"} <= _artifacts(mlflow_uri, result.run_id)
 
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(result.run_id)
+    (model,) = client.search_logged_models([run.info.experiment_id], filter_string="name = 'global_model'")
+    assert model.source_run_id == result.run_id and model.status == "READY"  # the Models column's LoggedModel
+    assert [output.model_id for output in run.outputs.model_outputs] == [model.model_id]
+    assert model.params == run.data.params
+    final = result.history.index.max()  # the run's last round: its metrics are the model's
+    logged = result.history.loc[final].dropna().to_dict()
+    assert {m.key: (m.step, m.value) for m in model.metrics} == {key: (final, value) for key, value in logged.items()}
+    for key in logged:  # MLflow writes a model's metrics to its run too: the run's history keeps one point a step
+        steps = [point.step for point in client.get_metric_history(result.run_id, key)]
+        assert len(steps) == len(set(steps)), (key, steps)
+    assert "global_model" not in {artifact.path for artifact in client.list_artifacts(result.run_id)}  # the model's
+    assert {"MLmodel", "data"} <= {artifact.path for artifact in client.list_logged_model_artifacts(model.model_id)}
+    table = client.load_table(
+        run.info.experiment_id, "clients.json", run_ids=[result.run_id]
+    )  # mlflow.log_table's per-client table
+    expected = pd.read_parquet(
+        mlflow.artifacts.download_artifacts(run_id=result.run_id, artifact_path="clients.parquet")
+    )
+    pd.testing.assert_frame_equal(table, expected, check_dtype=False)
+
     network = mlflow.pytorch.load_model(f"runs:/{result.run_id}/global_model")
+    assert network is not None and mlflow.pytorch.load_model(f"models:/{model.model_id}") is not None
     loaded = dict(network.named_parameters())
     assert loaded.keys() == result.global_model.keys()
     assert all(torch.equal(loaded[name].detach(), tensor) for name, tensor in result.global_model.items())

@@ -196,3 +196,59 @@ def test_fedapms_aggregation_of_a_real_suite_reproduces_its_childrens_curves(fin
         assert dict((row[0], row[2]) for row in lowest.rows)[setting]["gm/loss"].values == tuple(minima)
         firsts = [int(np.flatnonzero(curve <= threshold)[0]) if (curve <= threshold).any() else None for curve in loss]
         assert highest.reach[setting][f"rounds to {target}"].rounds == tuple(firsts)
+
+
+def _pdf_font_sizes(path) -> set[float]:
+    """Every font size (`/F1 8 Tf`) the PDF's page draws text at, read from its compressed content streams."""
+    import re
+    import zlib
+
+    data = path.read_bytes()
+    sizes = set()
+    for stream in re.finditer(rb"stream\r?\n(.*?)\r?\nendstream", data, re.S):
+        try:
+            content = zlib.decompress(stream.group(1))
+        except zlib.error:
+            continue
+        sizes |= {float(size) for size in re.findall(rb"/F\d+ ([\d.]+) Tf", content)}
+    return sizes
+
+
+@pytest.mark.slow
+def test_raysim_figure_for_a_paper_is_a_column_wide_with_every_text_at_least_7_pt(finished_suite, tmp_path, capsys):
+    """`--column single`: the PDF's page is 3.5 in (252 pt) wide, every text (tick labels included) at 8 pt; a grid
+    of panels by `--ncols`, PM alone by `--metrics`; each setting in its MLflow colour (`mlflow.runColor`) unless
+    `--color` names another, labelled as `--label` says; a bad option is one line naming it."""
+    import re
+
+    from raysim.studies.figure import FigureLook, paper_layout
+
+    uri, parent = finished_suite
+    children = _children(uri, parent)
+    logged = {setting: runs[0].data.tags["mlflow.runColor"] for setting, runs in children.items()}
+    command = ["figure", parent, "--tracking-uri", uri, "--column", "single", "--out", str(tmp_path)]
+    assert main([*command, "--label", "flame=FLAME", "--color", "fedavg=#000000"]) == 0
+    page = re.search(rb"/MediaBox \[ *0 0 ([\d.]+) ([\d.]+) *\]", (tmp_path / "curves.pdf").read_bytes())
+    assert page is not None and float(page.group(1)) == pytest.approx(3.5 * 72)
+    sizes = _pdf_font_sizes(tmp_path / "curves.pdf")
+    assert sizes == {8.0}, sizes  # the tick labels as every other text: none below 7 pt
+    figure = curves_figure(uri, parent, None, look=FigureLook(paper_layout(column="single"), {"fedavg": "#000000"}))
+    assert [axis.get_position().width < 0.5 for axis in figure.axes] == [True, True, True]  # one row of three
+    assert {line.get_label(): line.get_color() for line in figure.axes[0].get_lines()} == {
+        "flame": logged["flame"],
+        "fedavg": "#000000",
+    }
+    grid = curves_figure(uri, parent, None, look=FigureLook(paper_layout(column="double", ncols=2)))
+    rows = sorted({round(axis.get_position().y0, 3) for axis in grid.axes})
+    assert len(grid.axes) == 3 and len(rows) == 2 and grid.get_figwidth() == pytest.approx(7.16)
+    alone = curves_figure(uri, parent, ["pm/acc"], look=FigureLook(paper_layout(width=3.3), labels={"flame": "FLAME"}))
+    assert [line.get_label() for line in alone.axes[0].get_lines()] == ["FLAME", "fedavg"] and not alone._suptitle
+    capsys.readouterr()
+    for bad, said in [
+        (["--color", "nope=#000000"], "error: --color 'nope': not a setting of the study; its settings: flame, fedavg"),
+        (["--color", "flame=notacolour"], "error: --color 'flame=notacolour': 'notacolour' is not a colour"),
+        (["--font-size", "3"], "error: --font-size 3: points between 5 and 24"),
+        (["--width", "3"], "error: --width and --column: give one"),
+    ]:
+        assert main([*command, *bad]) == 2
+        assert capsys.readouterr().err.startswith(said)

@@ -56,7 +56,7 @@ FEDSLR_TABLE1 = {"cifar10": cifar10, "cifar100": cifar100_few_classes, "tiny_ima
 
 
 LABEL_PRIOR_FIXTURE = ["partition.test_samples=4", "partition.test_fraction=0.5"]
-"""FedSLR's label-prior split on the fixtures: 100 test samples per client need more than they hold."""
+"""FedSLR's label-matched test sets on the fixtures: 100 test samples per client need more than they hold."""
 
 
 SUITE_DATA = {
@@ -64,7 +64,8 @@ SUITE_DATA = {
         *FEDSLR_TABLE1[data](root),
         *SMALL_RESNET_RUN,
         *([] if data == "cifar10" else ["clients.count=2"]),
-        *(LABEL_PRIOR_FIXTURE if split == "noniid" else []),
+        *LABEL_PRIOR_FIXTURE,  # both columns draw label-matched test sets from the fixture's small test batch
+        *(["partition.test_samples=10"] if split == "iid" else []),  # IID shares of 0.1-0.3: floor(0.2 * 4) = 0
     ]
     for data in FEDSLR_TABLE1
     for split in ("iid", "noniid")
@@ -78,6 +79,13 @@ SUITE_DATA = {
     for study in ("lambda", "mu", "eta_g", "phase1_epochs", "pure_personal")
 }
 SUITE_DATA["field_benchmark_cifar10.yaml"] = lambda root: [*cifar10(root), "clients.count=6", "clients.per_round=2"]
+FEDAPM_RESNET_RUN = ["clients.count=2", "model.name=cnn"]
+"""FedAPM's Table 4 ResNet-18 columns on the CIFAR-100 and Tiny-ImageNet fixtures: two clients, the CIFAR CNN (every
+method of theirs ran a round on ResNet-18-GN once, at 3-70 s each on two cores: too slow for each run of the tests)."""
+SUITE_DATA |= {
+    f"fedapm_table4_{data}.yaml": lambda root, data=data: [*FEDSLR_TABLE1[data](root), *FEDAPM_RESNET_RUN]
+    for data in ("cifar100", "tiny_imagenet")
+}
 """The fixture folders of the suites whose base is inline (not a configs/paper file), by suite file (the CIFAR-100
 and Tiny-ImageNet fixtures hold a few samples: two clients; the field benchmark's CIFAR-10
 fixture six)."""
@@ -196,6 +204,16 @@ SUITE_DATA |= {
 }
 TABLE2_SUITES = sorted((PAPER / "suites").glob("augfl_*_table2.yaml"))
 """AugFL's Table II, one suite per dataset row: every setting runs (`test_every_setting_of_augfls_table2_...`)."""
+AUGFL_STUDIES = sorted((PAPER / "suites").glob("augfl_*_fig*.yaml"))
+"""AugFL's figure studies (augfl.md 6), one suite per figure and dataset: each one's first setting trains a round in
+process (tests/system/test_paper_suites.py), on its Table II row's fixture."""
+STUDY_DATA = {path.name: path.stem.removeprefix("augfl_").rsplit("_", 1)[0] for path in AUGFL_STUDIES}
+"""Each study's dataset, as its Table II row's file names it."""
+SUITE_DATA |= {
+    name: lambda root, data=data: [*TABLE2[data](root), *FEW_SHOT_FIXTURE]
+    for name, data in STUDY_DATA.items()
+    if data != "fmnist"
+}
 
 
 def _femnist_tff(root: Path) -> list[str]:
@@ -212,6 +230,12 @@ SUITE_DATA |= {
         for name, fixture in (("mnist", _mnist), ("cifar10", cifar10), ("mmnist", _medical_mnist))
     },
     "flame_table3_femnist.yaml": _femnist_tff,
+    **{
+        f"flame_robustness_{name}{partition}.yaml": fixture
+        for name, fixture in (("mnist", _mnist), ("cifar10", cifar10), ("mmnist", _medical_mnist))
+        for partition in ("", "_q2", "_dir_label", "_quality", "_dir_quantity")
+    },
+    "flame_robustness_femnist.yaml": _femnist_tff,
 }
-"""FLAME's Table III and sensitivity suites on the datasets that are not installed
+"""FLAME's Table III, robustness and sensitivity suites on the datasets that are not installed
 (tests/system/test_flame_grids.py)."""

@@ -35,7 +35,7 @@ SET_UP = ("make run", "make test")  # the README's two commands: what the test s
 ELSEWHERE = {"<!-- test: cluster-recipe": "system/test_cluster.py", "<!-- test: plugin-run": "system/test_plugins.py"}
 """Markers on the line before a block that another test runs (a local cluster; the plugin files a page shows, saved
 beside its commands): the marker -> that test's file, which names the marker."""
-MOST_NOT_RUN = 3
+MOST_NOT_RUN = 4
 FILE_MARKER = "<!-- file: "
 """On the line before a ```python block that is a file a page shows (docs/extending.md: tests/system/test_plugins.py
 saves and runs them), not code to run in the page's notebook."""

@@ -23,7 +23,16 @@ from tests.support.experiments import run_through_cli
 from tests.support.inprocess import InProcess
 from tests.support.light import light_training
 from tests.support.logged import check_logged
-from tests.support.paper_data import BUILT_IN, DATA, FEW_SHOT_FIXTURE, OTHER_LOADERS, PAPER, SUITE_DATA, TABLE2_SUITES
+from tests.support.paper_data import (
+    AUGFL_STUDIES,
+    BUILT_IN,
+    DATA,
+    FEW_SHOT_FIXTURE,
+    OTHER_LOADERS,
+    PAPER,
+    SUITE_DATA,
+    TABLE2_SUITES,
+)
 from tests.support.paths import ROOT
 
 
@@ -168,21 +177,34 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     check_logged(MlflowClient(mlflow_uri), result.run_id, config.model_dump(mode="json", by_alias=True))
 
 
-FLAME_VARIANTS = {*(PAPER / "suites").glob("flame_sensitivity_*"), *(PAPER / "suites").glob("flame_robustness_*_*")}
-"""FLAME's sensitivity suites and the robustness suites of the appendix's other partitions: their first settings are
+FLAME_VARIANTS = {
+    *(PAPER / "suites").glob("flame_sensitivity_*"),
+    *(PAPER / "suites").glob("flame_robustness_*"),
+} - {PAPER / "suites" / "flame_robustness_fmnist.yaml"}
+"""FLAME's sensitivity suites and the robustness suites but Fashion-MNIST's hybrid-skew grid: their first settings are
 FLAME on a dataset and scheme that a Table III suite's or flame_robustness_fmnist's first setting already trains (CI
-time); every child of theirs is validated and partitioned, and every setting trains a round in process
-(tests/system/test_flame_grids.py)."""
+time); every child of theirs is validated and partitioned, and every setting (one per robustness suite on other data
+than Fashion-MNIST's) trains a round in process (tests/system/test_flame_grids.py)."""
 FEDSLR_SENSITIVITY = set((PAPER / "suites").glob("fedslr_sensitivity_*"))
 """FedSLR's sensitivity suites: every setting of theirs trains a round in process
 (tests/system/test_paper_suites.py)."""
 FLAME_TABLE3_ELSEWHERE = {PAPER / "suites" / f"flame_table3_{name}.yaml" for name in ("mnist", "cifar10", "mmnist")}
 """FLAME's Table III suites whose first setting is its paper config's run on the same data and model
 (configs/paper/flame_*.yaml, test_paper_config_runs_from_a_folder_in_the_standard_layout)."""
-LEFT_OUT = {*TABLE2_SUITES, *FLAME_VARIANTS, *FEDSLR_SENSITIVITY, *FLAME_TABLE3_ELSEWHERE}
+FEDAPM_STUDIES = {path for study in ("rho", "fraction", "lr") for path in (PAPER / "suites").glob(f"fedapm_{study}_*")}
+"""FedAPM's figure studies: FedAPM on its Table 3 settings with one value changed; the first setting of each trains a
+round in process (tests/system/test_paper_suites.py)."""
+LEFT_OUT = {
+    *TABLE2_SUITES,
+    *AUGFL_STUDIES,
+    *FLAME_VARIANTS,
+    *FEDSLR_SENSITIVITY,
+    *FLAME_TABLE3_ELSEWHERE,
+    *FEDAPM_STUDIES,
+}
 FIRST_SETTINGS = [kept for paths in distinct_experiments() if (kept := [p for p in paths if p not in LEFT_OUT])]
-"""The groups of `distinct_experiments` but AugFL's Table II suites, whose settings train a round below, and
-FLAME_VARIANTS."""
+"""The groups of `distinct_experiments` but AugFL's Table II suites, whose settings train a round below, its figure
+studies (a setting of each trains a round in tests/system/test_paper_suites.py) and FLAME_VARIANTS."""
 
 
 @pytest.mark.slow
@@ -200,7 +222,7 @@ def suite_methods() -> dict[str, tuple[Path, int]]:
     suite would be hundreds of runs, so each method runs one round once in a paper suite's setting (AugFL's Table II
     suites train every setting in-process, below)."""
     found: dict[str, tuple[Path, int]] = {}
-    for path in sorted(set((PAPER / "suites").glob("*.yaml")) - set(TABLE2_SUITES)):
+    for path in sorted(set((PAPER / "suites").glob("*.yaml")) - set(TABLE2_SUITES) - set(AUGFL_STUDIES)):
         for index, (_name, config) in enumerate(load_suite(path).experiments()):
             found.setdefault(config.algorithm.name, (path, index))
     return {algorithm: (path, index) for algorithm, (path, index) in found.items() if index}

@@ -251,19 +251,25 @@ def _page_text(url: str, width: int = 1600) -> list[str]:
 @pytest.mark.slow
 def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_curves(tmp_path):
     """A user runs a suite and starts the MLflow UI with the command its first lines print. The comparison view shows
-    every child (not the first ten), grouped by setting with its mean accuracies as columns, and charts each
-    setting's mean PM/GM/HM curves; the parent run's description links to it. The experiment's runs table opens in
+    every child (not the first ten) and no group of the parent run ("Additional runs"), grouped by setting (best
+    mean PM accuracy first) with each child's global model (a LoggedModel) and its mean accuracies as columns, each
+    group in the colour its children carry and `raysim figure` draws, and charts each setting's mean PM/GM/HM
+    curves; the parent run's description links to it. The experiment's runs table opens in
     MLflow's model-training view; a run's metric charts start with the PM/GM/HM sections (accuracy first), the
     summaries beside their curves, the secondary sections after. `--compare` on a run that is no study's parent is
     one error line."""
     import yaml
 
+    from raysim.studies.figure import curves_figure
+    from raysim.tracking.plots import mlflow_group_color
     from raysim.tracking.server import runs_page
     from tests.support.cli import raysim
     from tests.support.experiments import tiny_config
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    base = tiny_config(rounds=2, clients={"count": 3}, tracking={"uri": uri, "experiment": "compared"})
+    base = tiny_config(
+        rounds=2, clients={"count": 3}, tracking={"uri": uri, "experiment": "compared", "save_models": "global"}
+    )
     settings = ["fedavg", "fedprox", "ditto"]
     runs = [{"name": name, "set": {"algorithm": {"name": name, "lr": 0.05}}} for name in settings]
     suite = tmp_path / "suite.yaml"
@@ -277,6 +283,14 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     experiment = client.get_run(parent).info.experiment_id
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
     assert sorted(r.data.tags["raysim.group"] for r in children) == sorted(settings * 2)
+    colors = {name: mlflow_group_color(name) for name in settings}  # MLflow's grouped charts colour each setting so
+    assert all(r.data.tags["mlflow.runColor"] == colors[r.data.tags["raysim.group"]] for r in children)
+    figure = curves_figure(uri, parent)  # `raysim figure` draws each setting in that colour too
+    assert all({line.get_label(): line.get_color() for line in axis.get_lines()} == colors for axis in figure.axes)
+    models = client.search_logged_models([experiment])  # each child's global model, a LoggedModel of the child
+    assert sorted(m.source_run_id for m in models if m.name == "global_model") == sorted(
+        r.info.run_id for r in children
+    )
 
     refused = raysim("ui", "--tracking-uri", uri, "--compare", children[0].info.run_id, cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().endswith("is not the parent run of a suite or sweep")
@@ -299,15 +313,22 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
         deadline = time.monotonic() + 120
         while not _healthy(port) and time.monotonic() < deadline:
             time.sleep(1)
-        shots = {name: tmp_path / f"{name}.png" for name in ("compared", "runs", "run")}
+        shots = {name: tmp_path / f"{name}.png" for name in ("compared", "table", "runs", "run")}
         _chromium(f"--screenshot={shots['compared']}", link, width=1900)
         text = _page_text(link, width=1900)
         assert all(f"Group: {name}" in text for name in settings), text
+        assert "Additional runs" not in text and "Sort: pm/acc" in text  # no group of the parent run beside them
+        page = _chromium("--dump-dom", link, width=1900).stdout
+        dots = [f"rgb{tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))}" for color in colors.values()]
+        assert all(dot in page for dot in dots), dots  # each group's colour swatch
         assert "Model training" in text and not {"Judges", "Prompts"} & set(text)  # not MLflow's GenAI view
         sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
         assert sections == ["gm", "hm", "pm"], sections  # the headline curves, not the parent's means
-        table = _page_text(link.replace("&compareRunsMode=CHART", ""))
+        table_link = link.replace("&compareRunsMode=CHART", "")
+        table = _page_text(table_link, width=1900)
         assert {"pm/acc", "gm/acc", "hm/acc"} <= set(table) and all(r.info.run_name in table for r in children)
+        assert table.count("global_model") == len(children), table  # the Models column: each child's LoggedModel
+        _chromium(f"--screenshot={shots['table']}", table_link, width=1900)
         description = _chromium("--dump-dom", f"{server}/#/experiments/{experiment}/runs/{parent}").stdout
         assert f'href="{link.removeprefix(server).replace("&", "&amp;")}"' in description
 

@@ -65,3 +65,58 @@ def test_switching_a_scheme_or_algorithm_with_set_drops_the_old_settings(tmp_pat
     unknown = r"^dataset\.channels: unknown key \(allowed: name, .*, root, download, normalization\)$"
     with pytest.raises(ConfigError, match=unknown):
         load_config(mmnist, ["dataset.name=cifar10", "dataset.channels=1"])
+
+
+POINTS = '''
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from raysim.data import DATASETS, Dataset, DatasetSettings
+
+
+@DATASETS.register()
+class PointsSettings(DatasetSettings):
+    """Points a plugin makes itself: no files to find."""
+
+    name: Literal["my_points"] = "my_points"
+    layout: ClassVar[str] = "made in memory"
+    get: ClassVar[str] = "nothing to get"
+
+    def load(self, seed: int) -> Dataset:
+        raise NotImplementedError
+'''
+
+
+def test_raysim_datasets_lists_a_plugins_source_without_files_as_a_plugins_not_as_built_in(tmp_path, capsys):
+    """`raysim datasets --plugin FILE`: raysim's sources that need no files (scikit-learn's digits) are "built in", a
+    plugin's is "needs no files" with the module it comes from."""
+    from raysim.cli import main
+
+    plugin = tmp_path / "my_points.py"
+    plugin.write_text(POINTS)
+    assert main(["datasets", "--plugin", str(plugin)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line and line[0] != " "}
+    assert "built in:" in lines["digits"]
+    assert "needs no files (plugin my_points):" in lines["my_points"] and "built in" not in lines["my_points"]
+
+
+def test_raysim_sweep_takes_the_tracking_uri_and_experiment_as_raysim_run_does(tmp_path):
+    """`raysim sweep SWEEP --tracking-uri URI --experiment NAME`: the sweep's base (its parent run's store and
+    experiment) and every trial log there, as with `--set tracking.uri=... --set tracking.experiment=...`."""
+    from raysim.cli import _tracking_overrides, parser
+    from raysim.config import validate_config
+    from raysim.studies.sweep import load_sweep
+    from tests.support.experiments import tiny_config
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": tiny_config(), "grid": {"algorithm.rho": [0.1, 0.2]}}))
+    uri = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    args = parser().parse_args(["sweep", str(path), "--tracking-uri", uri, "--experiment", "tryout"])
+    overrides = [*args.set, *_tracking_overrides(args)]
+    assert overrides == [f"tracking.uri={uri}", "tracking.experiment=tryout"]
+    sweep = load_sweep(path, overrides)
+    base = validate_config(sweep.base_tree())
+    assert (base.tracking.uri, base.tracking.experiment) == (uri, "tryout")
+    trials = sweep.trials(uri)
+    assert len(trials) == 2 and all(t.config.tracking.experiment == "tryout" for t in trials)

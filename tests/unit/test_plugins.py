@@ -55,3 +55,7 @@ def test_a_registry_refuses_a_clash_and_names_both_entries():
     assert registry.names() == ("spinner",) and "spinner" in registry
     assert registry.unknown("spiner") == "unknown widget 'spiner'; did you mean 'spinner'? (allowed: spinner)"
     assert registry.unknown(None) == "missing (allowed: spinner)"
+    assert registry.unknown("my_gadget") == (  # no close name: maybe a plugin's that was not loaded
+        "unknown widget 'my_gadget' (allowed: spinner); if 'my_gadget' is a plugin's, load it (--plugin FILE.py or "
+        "MODULE, or the config's plugins:)"
+    )

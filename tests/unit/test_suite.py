@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from matplotlib.colors import to_hex
 
 from raysim.cli import main
 from raysim.config import is_suite_file
 from raysim.errors import ConfigError
 from raysim.studies.children import one_line
 from raysim.studies.suite import SuiteConfig, check_partitions, load_suite, run_suite
+from raysim.tracking.plots import MLFLOW_COLORS, mlflow_group_color
 from tests.support.experiments import tiny_config
 
 
@@ -38,15 +38,21 @@ def test_runs_and_seeds_expand_with_overrides_applied():
     ]
     assert children[0][1].algorithm.rho == 0.5 and children[0][1].algorithm.lam == 1.0
     assert children[2][1].algorithm.name == "fedavg" and children[2][1].clients.count == 6
-    colors = [c.tracking.color for _, c in children]  # a run's seeds alike, the runs apart: plots.setting_colors
-    assert colors[0] == colors[1] != colors[2] == colors[3] and colors[0] == to_hex("C0") and colors[2] == to_hex("C1")
+    colors = [c.tracking.color for _, c in children]  # a run's seeds alike: MLflow's colour of its group
+    assert colors[0] == colors[1] == mlflow_group_color("flame-rho") and colors[2] == colors[3] == mlflow_group_color(
+        "avg"
+    )
 
 
-def test_run_colors_a_run_sets_itself_win_and_more_than_ten_runs_stay_apart():
+def test_run_colors_a_run_sets_itself_win_and_the_others_are_mlflows_colours_of_their_groups():
+    """The colour MLflow's comparison view draws a group in, as read off its page (tests/system/test_ui.py): a
+    checksum of `tag.raysim.group.<name>` over MLflow's 29 colours; a run that sets its own keeps it."""
+    assert [mlflow_group_color(name) for name in ("fedavg", "fedprox", "ditto")] == ["#a6630c", "#115026", "#be501e"]
     runs = [{"name": f"r{i}"} for i in range(12)] + [{"name": "mine", "set": {"tracking.color": "#123456"}}]
     children = SuiteConfig.model_validate(_suite(runs=runs)).experiments()
     colors = {name: config.tracking.color for name, config in children}
-    assert colors["mine"] == "#123456" and len({colors[f"r{i}"] for i in range(12)}) == 12
+    assert colors["mine"] == "#123456" and all(colors[f"r{i}"] == mlflow_group_color(f"r{i}") for i in range(12))
+    assert set(colors.values()) - {"#123456"} <= set(MLFLOW_COLORS)
     with pytest.raises(ConfigError, match=r"suite run 'x': tracking.color: .*\^#\[0-9a-fA-F\]\{6\}\$"):
         SuiteConfig.model_validate(_suite(runs=[{"name": "x", "set": {"tracking.color": "red"}}])).experiments()
 

@@ -48,5 +48,5 @@ class DynamicSolverSettings(SGDSettings):
 
     epochs: int = Field(2, ge=1, description="local epochs (2 in FedSLR's comparison, fedslr.md 6.3)")
     lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
-    batch_size: int = Field(20, ge=1)
+    batch_size: int = Field(20, ge=1, description="samples of each mini-batch of local SGD (20 in FedSLR's setup)")
     lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")

@@ -24,7 +24,7 @@ class PartialSettings(SGDSettings, SplitSettings):
     """FedAlt's settings, which FedSim extends."""
 
     epochs: int = Field(3, ge=1, description="E: local epochs of each phase; 3 in the FedAPM paper")
-    lr: float = Field(0.1, gt=0)
+    lr: float = Field(0.1, gt=0, description="local learning rate of both parts' SGD (at round 0 with lr_decay)")
     aggregation: Literal["uniform", "samples"] = Field("uniform", description="weights of the shared-part average")
     average_over: Literal["selected", "all"] = Field(
         "selected",
