@@ -1,4 +1,5 @@
-"""Ditto's GM in FLAME's Table III setting against the authors' code: the suite's `ditto/q<q>` run (flame.md 2.4, 11).
+"""Ditto's GM in FLAME's Table III setting against the authors' code: the suite's `ditto/q<q>` run (FLAME's
+Ditto baseline).
 
     python benchmarks/ditto_global_copy.py [--q 2] [--seed 1] [--rounds 100] [--at 0,1,10,20,50,100]
         [--set clients.batches=raysim] [--set algorithm.global_steps=epoch]

@@ -1,4 +1,4 @@
-"""Inference latency of FedSLR's global model, dense against factorized (Table 9, fedslr.md B.3.5), side by side.
+"""Inference latency of FedSLR's global model, dense against factorized (FedSLR, App. B.3.5, Table 9), side by side.
 
     python benchmarks/fedslr_latency.py [--device cpu|cuda] [--threads N] [--batch 20] [--repeats R]
                                         [--rank-fractions 1 0.5 0.25 0.1] [--p-density 0.1] [--classes 10]
@@ -11,7 +11,7 @@ ResNet-18-GN on CIFAR-shaped input (3 x 32 x 32). For each rank fraction f, ever
 initial weights is cut to its top r = ceil(f min(d1, d2)) singular values (the GKR at a larger lambda keeps fewer:
 an n x n layer at rank f n costs 2 f n^2 numbers, so Table 3's 5.54M of 11.17M at lambda = 1e-4 is about
 f = 0.25); a layer whose factors U sqrt(S), sqrt(S) V^T are smaller than its dense matrix is factored, as the
-downlink (fedslr.md 2.4). The rows time, on the same batches, alternating:
+downlink (FedSLR, Alg. 1 line 3). The rows time, on the same batches, alternating:
 
 - `dense`: the network with the low-rank weights multiplied out (what the dense model costs at any rank);
 - `factorized`: the factored layers as two convolutions (1 x kw then kh x 1) or two linear maps (Table 9's GKR);

@@ -1,4 +1,4 @@
-"""Seconds per round of FedSLR's server proximal step (layer-wise SVT, fedslr.md 2.3) for ResNet-18-GN.
+"""Seconds per round of FedSLR's server proximal step (layer-wise SVT, FedSLR, eq. (6)) for ResNet-18-GN.
 
     python benchmarks/fedslr_svd.py [--device cpu|cuda] [--threads N] [--repeats R]
 

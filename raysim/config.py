@@ -64,20 +64,20 @@ class ClientsSettings(_Section):
         "uniform",
         description="uniform: exactly s of the m training clients, without replacement (the papers); bernoulli: each "
         "joins independently with probability s/m, the draw repeated while nobody joins, so |S^t| varies around s "
-        "(FedSLR's authors' code, fedslr.md 2.7)",
+        "(FedSLR's authors' code, for their Alg. 2, App. A.4)",
     )
     weighting: Literal["uniform", "samples", "all_splits"] = Field(
         "uniform",
         description="alpha_i = 1/m (all FLAME experiments) or n_i/n, over the training clients, n_i counting the "
         "client's train split (samples) or all its splits, train, val and test (all_splits: AugFL's authors' code, "
-        "w_i = (|D_i^s| + |D_i^q|) / sum_j, augfl.md 1.2)",
+        "w_i = (|D_i^s| + |D_i^q|) / sum_j, AugFL, eqs. (2)-(3))",
     )
     heldout: float = Field(
         0.0,
         ge=0,
         lt=1,
         description="share of clients (the last ids) that never train and are only evaluated, after the "
-        "algorithm's fast adaptation (AugFL's target clients: 0.2, augfl.md 2.3)",
+        "algorithm's fast adaptation (AugFL's target clients: 0.2, AugFL, Sec. VI)",
     )
 
     batches: Literal["raysim", "authors"] = Field(
@@ -149,7 +149,7 @@ class RuntimeSettings(_Section):
     deterministic: Kernels = Field(
         "cudnn",
         description="torch kernels in every process that trains (hosts, coordinator, the driver's server-data "
-        "training): cudnn: deterministic cuDNN convolutions, no benchmarking (flame.md 9.16, the FLAME authors' "
+        "training): cudnn: deterministic cuDNN convolutions, no benchmarking (the FLAME authors' "
         "code); all: also torch.use_deterministic_algorithms (an op without a deterministic kernel then fails, "
         "naming itself); fast: cuDNN benchmarks and picks its fastest kernels, so GPU runs may differ in the last "
         "bits. On a CPU the cuDNN choice changes nothing",
@@ -265,7 +265,7 @@ class TrackingSettings(_Section):
         "mean",
         description="unit of the scored training loss (*/train_loss): the mean over the training split, or the "
         "FedAPM authors' unit, the sum over its batches of loss_sum_batch samples of the batch-mean loss "
-        "(fedapm.md 4.4: set loss_sum_batch to their batch size, 50 on CIFAR-10)",
+        "(set loss_sum_batch to their batch size, 50 on CIFAR-10)",
     )
     system_metrics: bool = Field(
         True,
@@ -326,7 +326,7 @@ class TrackingSettings(_Section):
 
 
 class NetworkSettings(_Section):
-    """A simulated network that turns each round's bytes into a communication time (fedslr.md 6.5: a stand-in for
+    """A simulated network that turns each round's bytes into a communication time (a stand-in for
     the WLAN wall time of FedSLR's Fig. 5); off until `bandwidth_mbps` is set."""
 
     bandwidth_mbps: float | None = Field(

@@ -49,7 +49,7 @@ Kernels = Literal["fast", "cudnn", "all"]
 
 
 def use_kernels(kernels: Kernels) -> None:
-    """Set this process's torch kernel choice (flame.md 9.16; the FLAME authors' setup_seed sets
+    """Set this process's torch kernel choice (the FLAME authors' setup_seed sets
     torch.backends.cudnn.deterministic = True): `cudnn` deterministic cuDNN convolutions, no benchmarking; `all`
     also torch.use_deterministic_algorithms (an op without a deterministic kernel raises, naming itself; cuBLAS
     gets the fixed workspace it then needs); `fast` lets cuDNN benchmark and pick its fastest, nondeterministic

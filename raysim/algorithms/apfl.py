@@ -1,5 +1,5 @@
 """APFL: Adaptive Personalized Federated Learning (Deng, Kamani, Mahdavi, 2020, arXiv:2003.13461). A baseline of
-FedSLR's Table 1 (spec/fedslr.md 6.4: mixing parameter 0.5, 10.21).
+FedSLR's Table 1 (FedSLR, App. B.2: mixing parameter 0.5).
 
 Client i keeps a local model v_i and a mixing weight alpha_i; its personalized model is the mixture
 v_bar_i = alpha_i v_i + (1 - alpha_i) w. A selected client starts its copy of the global model from the received w
@@ -16,8 +16,8 @@ and sends w; the server averages the copies as FedAvg (by training-set size, or 
 PM is the GM; with alpha = 1, v_i is plain local training.
 
 Evaluated PM: alpha_i v_i + (1 - alpha_i) w with w the current global model (the paper's personalized model, v_bar
-with the server's w). Communication: the model each way (w only). FedSLR's "APFL 22.35M (2 models)" (fedslr.md
-6.5) counts parameters a client holds (v_i and w), not traffic.
+with the server's w). Communication: the model each way (w only). FedSLR's "APFL 22.35M (2 models)" (FedSLR,
+Table 2) counts parameters a client holds (v_i and w), not traffic.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from raysim.jit import distances
 
 class ApflSettings(LocalStepsSettings):
     name: Literal["apfl"] = "apfl"
-    alpha: float = Field(0.5, ge=0, le=1, description="the mixing weight alpha_i at the start (fedslr.md 6.4: 0.5)")
+    alpha: float = Field(0.5, ge=0, le=1, description="the mixing weight alpha_i at the start (FedSLR, App. B.2: 0.5)")
     adaptive_alpha: bool = Field(False, description="update alpha_i by its gradient each step (eq. 10)")
     alpha_lr: float | None = Field(None, gt=0, description="eta_alpha of the adaptive update (default: lr)")
     lr: float = Field(0.01, gt=0, description="eta: the learning rate of w and v_i")

@@ -1,10 +1,10 @@
-"""Ditto: a FedAvg-trained global model plus personal models pulled towards it (flame.md 2.4).
+"""Ditto: a FedAvg-trained global model plus personal models pulled towards it (FLAME's Ditto baseline).
 
 A selected client trains (a) its persistent personal model v_i by SGD on f_i(v) + lambda/2 ||v - w||^2 with w the
 received global model; and (b) its copy of the global model by local SGD on f_i and uploads it, the server
 averaging the selected copies (uniformly, alpha_i = 1/m).
 
-The FLAME authors' code (zsk66/FLAME update.py; flame.md 2.4, 11) differs in two ways, each a switch: it never
+The FLAME authors' code (zsk66/FLAME update.py) differs in two ways, each a switch: it never
 resyncs the global copy to the received w (`global_resync: false`), and it moves the copy at the global learning
 rate by plain cross-entropy steps (no weight decay, no prox term), each on one batch `random.choice` picks among
 a fresh shuffle's batches (the smaller last one included), H such steps after each of the H local epochs of the

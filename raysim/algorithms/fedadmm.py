@@ -1,4 +1,4 @@
-"""FedADMM: consensus ADMM over the full model, theta_i = w, solved inexactly by local SGD (flame.md 2.2).
+"""FedADMM: consensus ADMM over the full model, theta_i = w, solved inexactly by local SGD (FLAME, eq. (19)).
 
 FLAME's problem (9) with lambda -> inf forces theta_i = w_i and reduces to (19), min sum_i alpha_i f_i(theta_i)
 s.t. theta_i = w. Implemented directly (not as FLAME with a huge lambda, whose theta-step would be stiff):
@@ -10,7 +10,7 @@ s.t. theta_i = w. Implemented directly (not as FLAME with a huge lambda, whose t
 The SGD objective is divided by alpha_i (same minimizer; FLAME's theta-step drops alpha_i the same way).
 
 `reading: zhou_li` is FedADMM as Zhou & Li define it ("Federated Learning via Inexact ADMM", TPAMI 2023, the
-Table 4 baseline of FedAPM, fedapm.md 4.3): between two communications a selected client runs k0 =
+Table 4 baseline of FedAPM, App. B.5.3): between two communications a selected client runs k0 =
 `local_iterations` ADMM iterations against the received w, each an inexact (linearized) theta-step and a dual step,
 
     theta_i <- w - (alpha_i (grad f_i(w) + mu_wd w) + pi_i) / (h_i + rho)
@@ -58,7 +58,7 @@ class FedAdmmSettings(SGDSettings):
         "global", description="local SGD starts from the received w (inexact ADMM) or warm from theta_i"
     )
     freeze_dual: bool = Field(
-        False, description="keep pi_i = 0 (FedProx-like penalty method; with rho -> 0 it is FedAvg, flame.md 2.3)"
+        False, description="keep pi_i = 0 (FedProx-like penalty method; with rho -> 0 it is FedAvg, FLAME, Sec. IV-E)"
     )
     diagnostics: bool = Field(
         False,
@@ -68,7 +68,7 @@ class FedAdmmSettings(SGDSettings):
     reading: Literal["flame", "zhou_li"] = Field(
         "flame",
         description="flame: one theta-step of E epochs of SGD on the augmented Lagrangian and one dual step per "
-        "round (FLAME's (19), flame.md 2.2); zhou_li: Zhou & Li's inexact ADMM (TPAMI 2023, FedAPM's Table 4): "
+        "round (FLAME's eq. (19)); zhou_li: Zhou & Li's inexact ADMM (TPAMI 2023, FedAPM's Table 4): "
         "local_iterations linearized theta-steps from w, each with its dual step, one full-batch gradient a round",
     )
     local_iterations: int = Field(

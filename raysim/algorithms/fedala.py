@@ -1,6 +1,7 @@
 """FedALA: FedAvg whose clients start each round from an adaptive local aggregation (ALA) of the received global
 model and their own previous model (Zhang, Hua, Wang, Song, Xue, Ma, Guan: "FedALA: Adaptive Local Aggregation for
-Personalized Federated Learning", AAAI 2023, arXiv:2212.01197), a baseline of FedAPM's Table 4 (fedapm.md 4.3, 5.2).
+Personalized Federated Learning", AAAI 2023, arXiv:2212.01197), a baseline of FedAPM's Table 4 (FedAPM, App. B.5.3,
+Table 4).
 
 Client i keeps its local model theta_i (after its last local training) and element-wise weights W_i in [0, 1] over
 the top `layer_idx` parameter tensors (the higher layers). Selected with the global model w, it initializes
@@ -12,7 +13,7 @@ learning W_i first by gradient steps on the local loss at that theta, clipped to
     W_i <- clip(W_i - eta grad_theta L(theta) (.) (w - theta_i), 0, 1)
 
 then runs ordinary local SGD from theta (`epochs`, `lr`, ...) and uploads the result, which the server averages
-weighted by training-set size (FedAvg, flame.md 2.3). As the authors' code (TsingZ0/FedALA, system/utils/ALA.py):
+weighted by training-set size (FedAvg, FLAME, Sec. IV-E). As the authors' code (TsingZ0/FedALA, system/utils/ALA.py):
 W_i starts at 1; the weights learn on a random `rand_percent`% of the training split drawn once per round, in
 mini-batches of `batch_size` taken in one order (the last incomplete one dropped), one W step per batch; the
 loss of an epoch's last batch is recorded; at the first ALA of a client (its second participation: at its first
@@ -26,8 +27,8 @@ theta = w, and no weight epochs run) does.
 Two departures from their code, both for raysim's protocol: ALA runs on the selected clients only (their server
 re-initializes every client every round; with full participation, as their experiments, the same), and the
 subset is a uniformly random one rather than a contiguous slice at a random offset of the stored order. The
-personalized model scored is the client's own model after its last local training (FedAPM's protocol, fedapm.md
-4.4). Per round a client receives and sends the whole model, as FedAvg.
+personalized model scored is the client's own model after its last local training (FedAPM's protocol, the
+authors' code). Per round a client receives and sends the whole model, as FedAvg.
 
 It does not stack (no ClientChunk step): the start phase's number of weight epochs is each client's own (until its
 losses settle), and each weight step depends on the last.

@@ -1,4 +1,4 @@
-"""FedAPM: ADMM with partial model personalization; only the shared part is synchronized (fedapm.md 1).
+"""FedAPM: ADMM with partial model personalization; only the shared part is synchronized (FedAPM, Alg. 1).
 
 The model splits by parameter name into a personal part v_i (never leaves the client) and a shared part,
 of which client i keeps its copy u_i and a dual pi_i. A selected client runs (Algorithm 1, eqs. 9-13)
@@ -16,7 +16,7 @@ with `diagnostics: true` one more full pass gives f_i(v_i, u_i) and its gradient
 ||alpha_i grad_u f_i(v_i, u_i) + pi_i^t + rho (u_i - u)|| and the client's term of the augmented Lagrangian (4)
 (raysim.algorithms.families.consensus).
 
-**Theory mode** (`stop_rule: tolerance`, fedapm.md 1.2 and 3.2): a selected client tightens its tolerance
+**Theory mode** (`stop_rule: tolerance`, FedAPM, eq. (15), Def. 2; Lemma 1): a selected client tightens its tolerance
 xi_i^{t+1} = mu_i xi_i^t (10) and repeats the u-step's E epochs from where they ended until Definition 2 holds,
 
     ||alpha_i (grad_u f_i(v_i^{t+1}, u_i^{t+1}) + mu_wd u_i^{t+1}) + pi_i^t + rho (u_i^{t+1} - u^t)||^2 <= xi_i^{t+1},
@@ -78,8 +78,8 @@ class FedApmSettings(SGDSettings, SplitSettings):
     )
     reset_personal: bool = Field(
         False,
-        description="the authors' CIFAR-10 code (fedapm.md 2, caveat): duals and z_i cover the whole model, the "
-        "server averages all of it, and a selected client's personal part starts each round from the aggregate's",
+        description="the authors' CIFAR-10 code (unlike FedAPM's Sec. 3.4 split): duals and z_i cover the whole model, "
+        "the server averages all of it, and a selected client's personal part starts each round from the aggregate's",
     )
     diagnostics: bool = Field(
         False,
@@ -88,7 +88,7 @@ class FedApmSettings(SGDSettings, SplitSettings):
     )
     stop_rule: Literal["epochs", "tolerance"] = Field(
         "epochs",
-        description="u-step length: E epochs (the experiments, fedapm.md 4.2) or the theory's xi_i-approximate "
+        description="u-step length: E epochs (the experiments, FedAPM, App. B.3) or the theory's xi_i-approximate "
         "solve (Definition 2): E-epoch passes until the residual's square is at most xi_i^{t+1} = mu_i xi_i^t (10)",
     )
     tolerance: float = Field(1.0, gt=0, description="xi_i^0: every client's initial tolerance (stop_rule tolerance)")

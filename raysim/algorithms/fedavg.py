@@ -1,10 +1,10 @@
-"""Averaging: clients run local SGD from the global model; the server averages the results (flame.md 2.3).
+"""Averaging: clients run local SGD from the global model; the server averages the results (FLAME, Sec. IV-E).
 
-Every client logs the deviation ||theta_i - w|| over the shared tensors of FedAPM's split (`personal` / `preset`,
-fedapm.md 4.4 footnote 3: for the non-personalized methods the "shared components" are the same tensors), so that
+Every client logs the deviation ||theta_i - w|| over the shared tensors of FedAPM's split (`personal` / `preset`;
+FedAPM's footnote 3: for the non-personalized methods the "shared components" are the same tensors), so that
 Table 3's methods compare on one measure; a model the preset cannot split (one layer) counts whole.
 
-`shared_only` is the FedAPM authors' code (fedapm.md 1.5): a client trains only the shared part (the personal part
+`shared_only` is the FedAPM authors' code: a client trains only the shared part (the personal part
 stays at the common initial model, as the broadcast carries it), and the server averages the latest shared parts of
 ALL m clients, stale ones included (u = (1/m) sum_i u_i, the running mean FedAPM's server keeps), unweighted.
 `shared_start: local` adds their unimodal path (the MLP/CNN rows): `load_remaining_layers` loads only the head from

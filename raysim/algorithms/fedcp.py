@@ -1,7 +1,7 @@
 """FedCP: each sample's features split between a global and a personalized head by a conditional policy network
 (Zhang, Hua, Wang, Song, Xue, Ma, Guan: "FedCP: Separating Feature Information for Personalized Federated Learning
-via Conditional Policy", KDD 2023, arXiv:2307.01217), a baseline of AugFL's Table II (augfl.md 4.4, 5) and FedAPM's
-Table 4 (fedapm.md 4.3, 5.2).
+via Conditional Policy", KDD 2023, arXiv:2307.01217), a baseline of AugFL's Table II (AugFL, Sec. VI; Table II) and
+FedAPM's Table 4 (FedAPM, App. B.5.3, Table 4).
 
 The network is split at its head (ParamSpec.head, the last linear layer): a feature extractor f (the body), and on
 its features h = f(x) (size d) two heads, the global head g (W_g, b_g) and the client's personalized head p_i

@@ -1,7 +1,7 @@
 """FedDyn: federated learning with dynamic regularization (Acar, Zhao, Matas, Mattina, Whatmough, Saligrama,
 "Federated Learning Based on Dynamic Regularization", ICLR 2021, arXiv:2111.04263).
 
-FedSLR's Table 1 global baseline with penalty alpha = 0.1 (fedslr.md 6.4). A selected client k, given the server
+FedSLR's Table 1 global baseline with penalty alpha = 0.1 (FedSLR, App. B.2). A selected client k, given the server
 model theta^{t-1}, solves (inexactly, by local SGD from theta^{t-1}) and updates its gradient state (Alg. 1):
 
     theta_k^t = argmin_theta L_k(theta) - <grad L_k(theta_k^{t-1}), theta> + alpha/2 ||theta - theta^{t-1}||^2  (line 6)
@@ -12,11 +12,11 @@ and the server, over the selected set P_t of the m clients,
     h^t = h^{t-1} - alpha (1/m) sum_{P_t} (theta_k^t - theta^{t-1}),
     theta^t = (1/|P_t|) sum_{P_t} theta_k^t - h^t / alpha                                          (lines 9-10)
 
-This is FedSLR's Phase I and dual update with alpha = 1/eta_g (gamma_k = grad L_k(theta_k), fedslr.md 2.1, 2.2)
+This is FedSLR's Phase I and dual update with alpha = 1/eta_g (gamma_k = grad L_k(theta_k), FedSLR, eq. (4); eq. (5))
 and its server before the nuclear prox with h = the mean of all m duals (Alg. 3's partial-participation form,
-fedslr.md 2.8): the functions below are that one implementation, and raysim.algorithms.fedslr uses them. The local
-rate decays as FedSLR's, eta_l 0.998^t (fedslr.md 6.3). At a fixed point (every theta_k = theta) the gradient states sum
-to zero, so on convex L_k the server model is the minimizer of sum_k L_k (the paper's Section 3).
+FedSLR, Alg. 3, App. A.5): the functions below are that one implementation, and raysim.algorithms.fedslr uses them. The
+local rate decays as FedSLR's, eta_l 0.998^t (FedSLR, App. B). At a fixed point (every theta_k = theta) the gradient
+states sum to zero, so on convex L_k the server model is the minimizer of sum_k L_k (the paper's Section 3).
 
 As alpha -> 0 the client step is FedAvg's local SGD (the linear and proximal terms vanish), but the global model is
 not FedAvg's: h^t / alpha = -(1/m) sum over rounds of sum_{P_t} (theta_k - theta) does not depend on alpha, so the
@@ -114,7 +114,7 @@ class FedDyn(Algorithm[FedDynSettings, FedDynClientState, FedDynServerState, Vec
         return FedDynServerState(w, h, server.num_clients), metrics
 
     def downlink_bytes(self, broadcast: Vector) -> int:
-        """The model plus the round t (the clients' rate decay, fedslr.md 6.3), as float32, as FedSLR counts it."""
+        """The model plus the round t (the clients' rate decay, FedSLR, App. B), as float32, as FedSLR counts it."""
         return 4 * (broadcast.size + 1)
 
     def global_model(self, server: FedDynServerState) -> Vector:

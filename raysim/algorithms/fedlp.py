@@ -1,11 +1,11 @@
-"""FedLP as AugFL compares against it (augfl.md 4.4, 6 Fig. 5, 7.1 item 9): FedAvg whose global model starts
+"""FedLP as AugFL compares against it (AugFL, Sec. VI, Fig. 5): FedAvg whose global model starts
 from the pretrained model (PM) instead of a random initialization.
 
 AugFL (Yue et al., 2025, arXiv:2503.02154) lists it among the PM-aided baselines as "FedLP [46]: initialize client
 models with the PM", which requires the PM to have the clients' architecture (their Fig. 5 setup uses a pretrained
-ResNet8x4 as the client model); the digest states nothing else of it, and the source of [46] was not at hand, so
-this is the method as AugFL states it: w^0 = theta_p, then FedAvg rounds (flame.md 2.3; `AveragingSettings` all apply),
-the GM deployed on every client, held-out ones included (as AugFL's FedAvg column).
+ResNet8x4 as the client model); the paper states nothing else of it, and the source of [46] was not at hand, so
+this is the method as AugFL states it: w^0 = theta_p, then FedAvg rounds (FLAME, Sec. IV-E; `AveragingSettings` all
+apply), the GM deployed on every client, held-out ones included (as AugFL's FedAvg column).
 
 theta_p comes from AugFL's pretrained-model machinery (raysim.algorithms.augfl.teacher): the weights file
 `teacher_weights` (`raysim pretrain`), or a model of the clients' architecture pretrained on the first pool the `meta`

@@ -1,6 +1,6 @@
 """FedPCL: frozen pretrained encoders, a projection learned by prototype-wise contrastive learning, and only class
 prototypes exchanged (Tan, Long, Ma, Liu, Zhou, Jiang, "Federated Learning from Pre-Trained Models: A Contrastive
-Learning Approach", NeurIPS 2022, arXiv:2209.10083); a PM-aided baseline of AugFL's Table II (augfl.md 4.4, 5).
+Learning Approach", NeurIPS 2022, arXiv:2209.10083); a PM-aided baseline of AugFL's Table II (AugFL, Sec. VI; Table II).
 The paper's text was not reachable from here (its abstract and the authors' code yuetan031/FedPCL were), so the
 update below is named by its parts (local and global prototypes, the global- and local-prototype contrastive terms)
 and by the authors' functions, not by equation numbers.

@@ -1,7 +1,7 @@
 """FedProto: clients share class prototypes, not models (Tan et al., AAAI 2022, arXiv:2105.00243).
 
 Tan, Long, Liu, Zhou, Lu, Jiang, Zhang, "FedProto: Federated Prototype Learning across Heterogeneous Clients"; a
-baseline of AugFL's Table II (augfl.md 4.4, 5).
+baseline of AugFL's Table II (AugFL, Sec. VI; Table II).
 
 Every client keeps its own model (body f_i, the network up to its head, and head g_i; ParamSpec.head) and never
 sends it. A selected client

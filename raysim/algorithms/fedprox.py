@@ -1,8 +1,8 @@
-"""FedProx: FedAvg whose local objective adds mu/2 ||theta - w||^2 towards the received model (flame.md 2.3).
+"""FedProx: FedAvg whose local objective adds mu/2 ||theta - w||^2 towards the received model (FLAME, Sec. IV-E).
 
-FedAPM's experiments grid-search mu (their code hard-codes 0.1, fedapm.md 1.5); FLAME's reading of FedADMM
+FedAPM's experiments grid-search mu (their code hard-codes 0.1); FLAME's reading of FedADMM
 with pi = 0 is the same step with mu = rho / alpha_i. The server is FedAvg's (weighted mean of the
-selected clients' models), or with `shared_only` the authors' code's (fedapm.md 1.5): the shared part trained with the
+selected clients' models), or with `shared_only` the authors' code's: the shared part trained with the
 prox term 0.1 (w - w^start) on it, the mean over all m clients' latest shared parts; with `shared_start: local`
 w^start is the client's own previous model (their unimodal path).
 """

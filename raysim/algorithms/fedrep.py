@@ -1,6 +1,6 @@
 """FedRep: a shared body, a personal head per client, trained head first (Collins et al., ICML 2021).
 
-Collins, Hassani, Mokhtari, Shakkottai, arXiv:2102.07078; FedSLR's baseline (fedslr.md 6.4: conv layers shared, the
+Collins, Hassani, Mokhtari, Shakkottai, arXiv:2102.07078; FedSLR's baseline (FedSLR, App. B.2: conv layers shared, the
 last linear layer personal).
 
 A selected client i, given the global body phi, runs (Algorithm 1 of Collins et al.)
@@ -10,7 +10,7 @@ A selected client i, given the global body phi, runs (Algorithm 1 of Collins et 
 
 and uploads phi_i only; the server averages the selected clients' bodies, phi <- (1/|S|) sum_{i in S} phi_i
 (`aggregation: samples` weights them by n_i instead). The head never leaves the client: its uplink and downlink
-are the body alone (fedslr.md 6.5: FedRep counts only its shared part). The GM is the global body with the common
+are the body alone (FedSLR, Table 2: FedRep counts only its shared part). The GM is the global body with the common
 initial head; each client's PM is the latest global body with its own head.
 
 `phases: joint` is FedRep as the FedSLR authors' code runs it (huangtiansheng/fedslr utils_methods.py, train_FedRep):
@@ -42,7 +42,8 @@ class FedRepSettings(SharedPartSettings, SplitSettings):
     name: Literal["fedrep"] = "fedrep"
     preset: Preset = Field(
         "last_layer",
-        description="the personal head (fedapm.md 2 presets); last_layer: the final linear layer (fedslr.md 6.4)",
+        description="the personal head (FedAPM's presets, Sec. 3.4); last_layer: the final linear layer "
+        "(FedSLR, App. B.2)",
     )
     epochs: int = Field(1, ge=1, description="tau_phi: epochs on the body, head frozen (1 in Collins et al.)")
     head_epochs: int = Field(10, ge=0, description="tau_h: epochs on the head, body frozen (10 in Collins et al.)")

@@ -1,7 +1,7 @@
 """FedRoD: a class-balanced generic model with a personal head on top (Chen and Chao, ICLR 2022, arXiv:2107.00778).
 
 "On Bridging Generic and Personalized Federated Learning for Image Classification"; a baseline of FedAPM's Table 4
-(fedapm.md 4.3, 5.2).
+(FedAPM, App. B.5.3, Table 4).
 
 The model is split at its head (ParamSpec.head, the last linear layer): a shared body f and generic head g_G, both
 averaged by the server as FedAvg averages a model, and a personal head g_P per client that never leaves it. A

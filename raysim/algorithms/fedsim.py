@@ -1,4 +1,4 @@
-"""FedSim: partial personalization with simultaneous updates of both parts (fedapm.md 4.3).
+"""FedSim: partial personalization with simultaneous updates of both parts (FedAPM, Secs. 4.4 and 6.1).
 
 Pillutla et al.'s Jacobi baseline: like FedAlt (shared part reset to the received u, shared part uploaded and
 averaged), but every mini-batch step updates the personal and the shared part together. It takes FedAlt's

@@ -1,4 +1,4 @@
-"""FedSLR: low-rank global knowledge + sparse personal components, nuclear-norm prox on the server (fedslr.md 2).
+"""FedSLR: low-rank global knowledge + sparse personal components, nuclear-norm prox on the server (FedSLR, Alg. 1).
 
 A selected client i, given the global knowledge representation (GKR) w_t and round t, runs
 
@@ -7,19 +7,19 @@ A selected client i, given the global knowledge representation (GKR) w_t and rou
     Phase II  p_i     <- proximal SGD on f_i(w_t + p) + mu ||p||_1, warm-started from its last p  (7)
 
 at local rate eta_l * decay^t, and uploads only w_i. The server mirrors the duals as their mean over all
-M clients (Alg. 3 in its partial-participation form, fedslr.md 2.8; gamma is never sent) and sets
+M clients (Alg. 3 in its partial-participation form, FedSLR, Alg. 3, App. A.5; gamma is never sent) and sets
 
     w_{t+1} = Prox_{lambda eta_g ||.||_*}( mean_{S_t} w_i - eta_g mean_M gamma_i )               (6), Alg. 2
 
 layer-wise (SVT of linear and matrixized conv weights; biases and norm parameters pass unchanged). The
-SVD's thresholded factors U sqrt(S), sqrt(S) V^T are the downlink (fedslr.md 2.4): `downlink_bytes`
+SVD's thresholded factors U sqrt(S), sqrt(S) V^T are the downlink (FedSLR, Alg. 1 line 3): `downlink_bytes`
 counts min(dense, factored) per layer. Phase I, the dual update and the server's mean before the prox are FedDyn's
 (alpha = 1/eta_g), written once in raysim.algorithms.feddyn; with lambda = mu = 0 FedSLR's w_t is FedDyn's theta.
-With `phase_timing: true` each phase's wall time (fedslr.md 10 item 19: the authors' code prints Phase I's) is
+With `phase_timing: true` each phase's wall time (the authors' code prints Phase I's) is
 `update/phase1_seconds` and `update/phase2_seconds`: from the step's request to its result (in a vectorized chunk,
 the chunk's training).
 Evaluation scores GM = w, PM = the mixed model w + p_i and `personal` = p_i alone (`extra_models`); the
-parameter counts of fedslr.md 6.5 are `server/global_params` and the per-client `update/mixed_params`.
+parameter counts of FedSLR, Table 2 are `server/global_params` and the per-client `update/mixed_params`.
 
 Convergence (docs/algorithms.md, ADMM convergence): every step reports the primal residual ||w_i - w_t||, the dual
 change and norm ||gamma_i||, the server ||sum_i gamma_i|| (M times its mirrored mean: free); with `diagnostics: true`
@@ -96,21 +96,21 @@ class FedSlrSettings(DynamicSolverSettings):
     phase_timing: bool = Field(
         False,
         description="log each selected client's Phase I and Phase II wall time (update/phase1_seconds, "
-        "update/phase2_seconds; fedslr.md 10 item 19); off by default, since timings differ run to run and the "
-        "metrics would no longer repeat bit for bit",
+        "update/phase2_seconds; the authors' code prints Phase I's); off by default, since timings differ run to run "
+        "and the metrics would no longer repeat bit for bit",
     )
     server_duals: Literal["running_mean", "per_client"] = Field(
         "running_mean",
         description="how the server mirrors the duals: their running mean over all M clients (Alg. 3, one model-sized "
         "vector) or every client's gamma_i (Alg. 1/2, M of them; the hosts then send each client's w_i by id); "
-        "the same global iterates (fedslr.md 2.8)",
+        "the same global iterates (FedSLR, Alg. 3, App. A.5)",
     )
 
 
 @dataclass
 class FedSlrClientState:
     gamma: Vector
-    """gamma_i, the client's dual (tends to grad f_i(w_i), fedslr.md eq. 25)."""
+    """gamma_i, the client's dual (tends to grad f_i(w_i), FedSLR, eq. (25))."""
     p: Vector
     """p_i, the sparse personal component."""
     w: Vector | None
@@ -122,7 +122,7 @@ class FedSlrServerState:
     w: Vector
     """The GKR, = model.params: exactly what the clients rebuild from the downlink."""
     model: FactoredModel
-    """The GKR as sent: low-rank layers as the factors of the server's SVD (fedslr.md 2.4)."""
+    """The GKR as sent: low-rank layers as the factors of the server's SVD (FedSLR, Alg. 1 line 3)."""
     gamma_mean: np.ndarray
     """float64 mean over all M clients of their mirrored gamma_i."""
     gammas: np.ndarray | None
@@ -231,7 +231,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
             prox = np.sign(step) * np.maximum(np.abs(step) - lr * np.asarray(l1, np.float64), 0.0)
             metrics["stationarity"] = float(np.linalg.norm(p - prox)) / lr
         nonzeros = float(np.count_nonzero(p))
-        mixed = self.global_parameter_count(broadcast.ranks) + nonzeros  # fedslr.md 6.5: GKR + nnz(p_i)
+        mixed = self.global_parameter_count(broadcast.ranks) + nonzeros  # FedSLR, Table 2: GKR + nnz(p_i)
         metrics |= {"p_nonzeros": nonzeros, "p_density": nonzeros / p.size, "mixed_params": mixed, "lr": lr}
         metrics |= self.layer_sparsity(p)
         received = w_t.copy() if s.eval_pairing == "received" else None
@@ -251,7 +251,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
         return settings.server_duals == "per_client"
 
     def layer_sparsity(self, p: Vector) -> dict[str, float]:
-        """`p_sparsity/<layer>`: the share of zero entries of p_i in each matrix layer (fedslr.md 10 item 15), for
+        """`p_sparsity/<layer>`: the share of zero entries of p_i in each matrix layer (FedSLR, Table 4), for
         models of at most MAX_LAYER_SPARSITY_METRICS matrix layers (beyond, `p_density` alone)."""
         layers = [name for name, shape in zip(self.params.names, self.params.shapes, strict=True) if len(shape) >= 2]
         if len(layers) > MAX_LAYER_SPARSITY_METRICS:
@@ -264,7 +264,7 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
 
     def server_step(self, server: FedSlrServerState, total: LowRankUpload, num_selected: int):
         """Alg. 3 in its partial-participation form: only the selected clients' gamma_i changed, by
-        (w_t - w_i)/eta_g each, so the mean over all M moves by their sum / M (fedslr.md 2.8; FedDyn's h)."""
+        (w_t - w_i)/eta_g each, so the mean over all M moves by their sum / M (FedSLR, Alg. 3, App. A.5; FedDyn's h)."""
         s = self.settings
         if server.gammas is not None:
             raise ValueError("FedSLR with server_duals = per_client steps through server_step_by_client")
@@ -314,11 +314,11 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
         return float((float(total.loss) + coupling) / m + self.settings.lam * nuclear_norm)
 
     def global_parameter_count(self, ranks: dict[str, int]) -> int:
-        """#params of the GKR (fedslr.md 6.5): see LowRankProx.parameter_count."""
+        """#params of the GKR (FedSLR, Table 2): see LowRankProx.parameter_count."""
         return self.low_rank.parameter_count(ranks)
 
     def downlink_bytes(self, broadcast: LowRankBroadcast) -> int:
-        """What is sent: the GKR's dense layers and factors (fedslr.md 2.4), plus the round t (the clients' rate
+        """What is sent: the GKR's dense layers and factors (FedSLR, Alg. 1 line 3), plus the round t (the clients' rate
         decay), as float32."""
         return 4 * (broadcast.model.size + 1)
 
@@ -336,5 +336,5 @@ class FedSlr(Algorithm[FedSlrSettings, FedSlrClientState, FedSlrServerState, Low
     def extra_models(
         self, state: FedSlrClientState, global_params: Vector, context: object = None
     ) -> dict[str, Vector]:
-        """`personal`: p_i alone, the pure personal component (fedslr.md B.3.3 reports its accuracy)."""
+        """`personal`: p_i alone, the pure personal component (FedSLR, App. B.3.3, Table 7 reports its accuracy)."""
         return {"personal": state.p}

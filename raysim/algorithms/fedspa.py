@@ -1,8 +1,8 @@
 """FedSpa: a personalized sparse mask per client, found by dynamic sparse training (Huang et al., 2022).
 
 Huang, Liu, Shen, He, Lin, Tao, "Achieving Personalized Federated Learning with Sparse Local Models",
-arXiv:2201.11380; FedSLR's baseline (fedslr.md 6.4), counted with 50% masks: half the dense model each way
-(fedslr.md 6.5 and 10.17).
+arXiv:2201.11380; FedSLR's baseline (FedSLR, App. B.2), counted with 50% masks: half the dense model each way
+(FedSLR, Table 2).
 
 Each client k keeps a binary mask m_k over the model; its sparse local model is w ⊙ m_k. A selected client, given
 the dense global model w_t and round t, runs (Huang et al., Algorithm 1)

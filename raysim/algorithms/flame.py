@@ -1,4 +1,4 @@
-"""FLAME: personalized FL with the Moreau envelope, solved by inexact multi-block ADMM (flame.md 1).
+"""FLAME: personalized FL with the Moreau envelope, solved by inexact multi-block ADMM (FLAME, Sec. IV, Alg. 1).
 
 Client i keeps theta_i (personalized model), w_i (local model) and pi_i (dual). A selected client runs
 

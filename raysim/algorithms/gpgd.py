@@ -1,6 +1,5 @@
 """GPGD: global proximal gradient descent, FedSLR's ablation with the nuclear prox only at the server (Huang, Shen,
-Sun, Lin, Tao, "Fusion of Global and Local Knowledge for Personalized Federated Learning", TMLR 2023, Appendix A.2;
-fedslr.md section 4 "A.2").
+Sun, Lin, Tao, "Fusion of Global and Local Knowledge for Personalized Federated Learning", TMLR 2023, Appendix A.2).
 
 Clients run FedAvg's local SGD from the received low-rank model w_t, with no dual variable and no proximal term
 
@@ -11,10 +10,10 @@ and the server takes the nuclear-norm prox of their uniform mean over the select
     w_{t+1} = Prox_{lambda eta_g sum_l ||.||_*}( (1/|S_t|) sum_{S_t} w_{i,t,K} )                   (eq. 21)
 
 layer-wise as FedSLR's server (raysim.algorithms.fedslr.LowRankProx; biases and 1-D parameters pass unchanged).
-It is FedSLR's Phase I with gamma = 0 and no 1/(2 eta_g) term (fedslr.md A.2 note): the threshold is FedSLR's
+It is FedSLR's Phase I with gamma = 0 and no 1/(2 eta_g) term (FedSLR, App. A.2): the threshold is FedSLR's
 lambda eta_g, so that only the client step differs, and the downlink is the same factored model (its costs "match
 FedSLR's", A.2). Client drift makes sum_k grad f_i(w_{i,t,k}) differ from grad f_i(w_t), so it is not proximal
-gradient descent on (P1) and has no convergence guarantee. The local rate decays as FedSLR's (fedslr.md 6.3). With
+gradient descent on (P1) and has no convergence guarantee. The local rate decays as FedSLR's (FedSLR, App. B). With
 lambda = 0 it is FedAvg with uniform aggregation. The step stacks; there is no personal model (GM only).
 """
 
@@ -62,7 +61,7 @@ class GpgdServerState:
     w: Vector
     """The low-rank global model, = model.params."""
     model: FactoredModel
-    """w as sent: low-rank layers as the factors of the server's SVD (fedslr.md 2.4)."""
+    """w as sent: low-rank layers as the factors of the server's SVD (FedSLR, Alg. 1 line 3)."""
     ranks: dict[str, int]
 
 
@@ -106,8 +105,8 @@ class Gpgd(Algorithm[GpgdSettings, GpgdClientState, GpgdServerState, LowRankBroa
         return GpgdServerState(prox.params, prox.model, prox.ranks), metrics
 
     def downlink_bytes(self, broadcast: LowRankBroadcast) -> int:
-        """The factored model's dense layers and factors (fedslr.md 2.4), plus the round t (the clients' rate decay),
-        as float32 (FedSLR's)."""
+        """The factored model's dense layers and factors (FedSLR, Alg. 1 line 3), plus the round t (the clients' rate
+        decay), as float32 (FedSLR's)."""
         return 4 * (broadcast.model.size + 1)
 
     def global_model(self, server: GpgdServerState) -> Vector:

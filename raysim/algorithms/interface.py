@@ -123,7 +123,7 @@ def per_row(value: Number) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CodeDraws:
-    """A client's mini-batch draws per round in the FLAME authors' code (zsk66/FLAME update.py, flame.md 11):
+    """A client's mini-batch draws per round in the FLAME authors' code (zsk66/FLAME update.py):
     passes over its training split (a local epoch, or the `list(trainloader)` of a Ditto copy step) and
     `random.choice` picks among a pass's batches (raysim.training.authors_batches)."""
 
@@ -369,7 +369,7 @@ class Algorithm(ABC, Generic[P, C, S, B, U]):
     def adapt(self, client: ClientInfo, global_params: Vector) -> AdaptStep | None:
         """How a held-out client (`clients.heldout`: it never trains) gets its model from the current global
         one at evaluation, as a generator of requests like `client_step` (AugFL: one gradient step on its
-        support set, augfl.md 2.3); None: it deploys the global model."""
+        support set, AugFL, Sec. VI); None: it deploys the global model."""
         return None
 
     def model_tables(self, global_params: Vector) -> dict[str, dict[str, list]]:

@@ -1,7 +1,7 @@
 """LG-FedAvg: personal lower layers (local representation), shared top layers (Liang et al., 2020).
 
 Liang et al., "Think Locally, Act Globally: Federated Learning with Local and Global Representations",
-arXiv:2001.01523; FedSLR's baseline (fedslr.md 6.4: conv layers personal, the linear layers shared).
+arXiv:2001.01523; FedSLR's baseline (FedSLR, App. B.2: conv layers personal, the linear layers shared).
 
 The split is FedRep's turned round: the lower layers (the local representation l_i) stay on the client, the top
 layers (the global model g) are federated. A selected client trains both together on its own data, from its own
@@ -11,7 +11,7 @@ l_i and the received g (Liang et al., Algorithm 1, local update of (l_i, g)),
 
 and uploads g_i only; the server averages g <- (1/|S|) sum_{i in S} g_i (`aggregation: samples`: weighted by n_i).
 This is also how the FedSLR authors' code runs it (huangtiansheng/fedslr utils_methods.py, train_LGFedAvg: uniform
-mean over the selected clients). Up- and downlink are the global layers alone (fedslr.md 6.5); the local layers
+mean over the selected clients). Up- and downlink are the global layers alone (FedSLR, Table 2); the local layers
 never leave the client. The GM is g with the common initial local layers; each client's PM is its l_i with the
 latest g. Liang et al. start the local layers from a FedAvg-trained model; here every client starts from the common
 initial model, as FedSLR's code does.
@@ -45,7 +45,7 @@ class LgFedAvgSettings(SharedPartSettings):
     )
     global_preset: Preset = Field(
         "output",
-        description="the shared (global) modules by a preset of fedapm.md 2: output = the layers after the last "
+        description="the shared (global) modules by a preset of FedAPM, Sec. 3.4: output = the layers after the last "
         "convolution (the linear layers; a model without convolutions: its last layer); the rest is personal",
     )
 

@@ -1,11 +1,11 @@
 """ADMM-based Lp-Proj-2: FLAME's ADMM (Algorithm 1) on the Lp-Proj objective with p = 2 (Appendix C of the FLAME
-paper, Algorithm 2, eqs. (182)-(188); spec/flame.md 2.5). Lp-Proj is Lin et al., "Personalized Federated Learning
+paper, Algorithm 2, eqs. (182)-(188)). Lp-Proj is Lin et al., "Personalized Federated Learning
 towards Communication Efficiency, Robustness and Fairness", NeurIPS 2022:
 
     min_w sum_i alpha_i F_i(w),  F_i(w) = min_theta f_i(theta) + lambda/2 ||w - P theta||^2          (182), p = 2
 
 with P in R^{d_sub x d} drawn once and fixed: N(0, 1) entries, L2-normalized rows, d_sub = 10 (the authors' code,
-flame.md 2.5), drawn here from `projection_seed` so that every host and the coordinator hold the same P. Client i
+FLAME, App. C), drawn here from `projection_seed` so that every host and the coordinator hold the same P. Client i
 keeps theta_i in R^d and w_i, pi_i in R^{d_sub}; a selected client runs
 
     theta_i <- H epochs of SGD, step theta - eta (grad f_i(theta) + lambda P^T (P theta - c))   (185), Alg. 2
@@ -18,7 +18,7 @@ with c = w_i (the paper) or the received w (the authors' code resets w_i := w ea
 with P theta_i for theta_i (logged as `lemma3_error`). This is the authors' 'FLAME-lp-proj-2' framework flag:
 FLAME with the Lp-Proj-2 regularizer is this algorithm, so it is one module rather than a FLAME setting.
 
-`solver: lin` is Lp-Proj as Lin et al. solve it (FedAPM's Table 4 baseline, fedapm.md 4.3): pFedMe's bi-level
+`solver: lin` is Lp-Proj as Lin et al. solve it (FedAPM's Table 4 baseline, FedAPM, App. B.5.3): pFedMe's bi-level
 scheme on the envelope F_i(w) = min_theta f_i(theta) + lambda/2 ||w - P theta||^2, whose gradient is
 lambda (w - P theta_i(w)). A selected client starts from w_i := w and runs R = `local_rounds` times
 
@@ -32,7 +32,7 @@ F_i(w) = 1/2 (w - P a_i)^T (I/lambda + P P^T/h_i)^{-1} (w - P a_i), and both sol
 sum_i F_i (tests/unit/test_lp_proj.py).
 
 The global model lives in R^{d_sub}: "compressed into a lower-dimensional [vector], rendering it no longer useful"
-(flame.md 2.5), so Lp-Proj has no usable GM. What is logged as the GM is its minimum-norm lift P^+ w =
+(FLAME, App. C), so Lp-Proj has no usable GM. What is logged as the GM is its minimum-norm lift P^+ w =
 P^T (P P^T)^{-1} w, the smallest model whose projection is w: it scores about as an untrained model, which is the
 paper's point. Messages (and robust aggregation) are in R^{d_sub}: `message_coordinates` projects. A client sends
 u_i's change and receives w, d_sub numbers each way.
@@ -183,7 +183,7 @@ class LpProj(Algorithm[LpProjSettings, LpProjClientState, RunningMeanState, Vect
         return running_mean(server, total)  # (188): the mean over ALL m clients
 
     def global_model(self, server: RunningMeanState) -> Vector:
-        """No usable GM lives in R^d (flame.md 2.5): the minimum-norm lift P^+ w is what is scored."""
+        """No usable GM lives in R^d (FLAME, App. C): the minimum-norm lift P^+ w is what is scored."""
         return self.lift(server.w)
 
     def personalized_model(self, state: LpProjClientState) -> Vector:

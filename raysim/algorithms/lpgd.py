@@ -1,6 +1,6 @@
 """LPGD: local proximal gradient descent, FedSLR's ablation with the nuclear prox inside every local step (Huang,
 Shen, Sun, Lin, Tao, "Fusion of Global and Local Knowledge for Personalized Federated Learning", TMLR 2023,
-Appendix A.2; fedslr.md section 4 "A.2").
+Appendix A.2).
 
 A selected client runs proximal SGD from the received model w_t,
 
@@ -13,7 +13,7 @@ parameters unthresholded, as FedSLR's server prox), and the server averages the 
 
 The local models are low-rank, their mean in general is not (A.2's drawback): the downlink is the dense model, and
 the uplink is counted dense too, as sent here (A.2 notes a low-rank local model could be sent factored; the
-`local_rank_fraction` metric says how much that would save). The local rate decays as FedSLR's (fedslr.md 6.3).
+`local_rank_fraction` metric says how much that would save). The local rate decays as FedSLR's (FedSLR, App. B).
 With lambda = 0 it is FedAvg with uniform aggregation. The step is written over a chunk (it stacks), but the
 vectorized trainer runs its requests one client at a time: an SVD per layer and step has no lockstep form.
 """
@@ -93,7 +93,7 @@ class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, Vector, Wei
 
     def rank_fraction(self, models: np.ndarray) -> float | np.ndarray:
         """sum_l rank(W_l) / sum_l min(d1, d2) of a model (or of each row of a chunk's models), as FedSLR's server
-        logs for its GKR (fedslr.md 6.5)."""
+        logs for its GKR (FedSLR, Table 2)."""
         import torch
 
         from raysim.algorithms.prox import matrixize
@@ -116,7 +116,7 @@ class Lpgd(Algorithm[LpgdSettings, LpgdClientState, LpgdServerState, Vector, Wei
         return LpgdServerState(w), metrics
 
     def downlink_bytes(self, broadcast: Vector) -> int:
-        """The model plus the round t (the clients' rate decay, fedslr.md 6.3), as float32, as FedSLR counts it."""
+        """The model plus the round t (the clients' rate decay, FedSLR, App. B), as float32, as FedSLR counts it."""
         return 4 * (broadcast.size + 1)
 
     def global_model(self, server: LpgdServerState) -> Vector:

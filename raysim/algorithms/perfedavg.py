@@ -1,7 +1,7 @@
 """Per-FedAvg: FedAvg on the MAML objective F_i(w) = f_i(w - alpha grad f_i(w)) (Fallah, Mokhtari, Ozdaglar,
 "Personalized Federated Learning with Theoretical Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS
-2020, arXiv:2002.07948). A baseline of FedSLR's Table 1 (spec/fedslr.md 6.4: alpha = 0.01, beta = 0.001) and of
-AugFL's Table II (spec/augfl.md 4.4, 5, 7.1 item 9: with the same one-step adaptation at test).
+2020, arXiv:2002.07948). A baseline of FedSLR's Table 1 (FedSLR, App. B.2: alpha = 0.01, beta = 0.001) and of
+AugFL's Table II (AugFL, Sec. VI; Table II: with the same one-step adaptation at test).
 
 A selected client starts from the received w and runs `local_steps` steps (default: about `epochs` passes over its
 training split, FL-bench's count, `batch_steps`), each on fresh independent batches D, D', D'' (BatchGradients):
@@ -16,7 +16,7 @@ and sends w back; the server averages them as FedAvg (by training-set size, or u
 step is an SGD step of lr beta, FedAvg's. beta is the setting `lr` (the local learning rate, as every method's).
 
 The personalized model is one step of gradient descent with lr alpha from the global model on the client's whole
-training split (the adaptation the MAML objective prepares, AugFL's protocol for Per-FedAvg, augfl.md 2.3): a
+training split (the adaptation the MAML objective prepares, AugFL's protocol for Per-FedAvg, AugFL, Sec. VI): a
 held-out client adapts the current global model at each evaluation (`adapt`); a training client keeps the
 adaptation of the global model it last received (computed at the start of its step), so its PM lags the logged GM
 by the rounds since it last trained. Communication: the model both ways, as FedAvg.
@@ -62,8 +62,8 @@ from raysim.jit import distances
 
 class PerFedAvgSettings(LocalStepsSettings):
     name: Literal["perfedavg"] = "perfedavg"
-    alpha: float = Field(0.01, ge=0, description="alpha: the adaptation step size (fedslr.md 6.4: 0.01)")
-    lr: float = Field(0.001, gt=0, description="beta: the meta (local) learning rate (fedslr.md 6.4: 0.001)")
+    alpha: float = Field(0.01, ge=0, description="alpha: the adaptation step size (FedSLR, App. B.2: 0.01)")
+    lr: float = Field(0.001, gt=0, description="beta: the meta (local) learning rate (FedSLR, App. B.2: 0.001)")
     hessian: Literal["first_order", "finite_difference"] = Field(
         "first_order",
         description="Per-FedAvg (FO), or (HF): the Hessian-vector product by finite differences on a third batch",

@@ -1,4 +1,4 @@
-"""pFedMe: the Moreau-envelope problem (6) by a penalty method, FLAME's Lagrangian with pi_i = 0 (flame.md 2.1).
+"""pFedMe: the Moreau-envelope problem (6) by a penalty method, FLAME's Lagrangian with pi_i = 0 (FLAME, Sec. IV-E).
 
 Each round a selected client resets its local model w_i to the received w; per local epoch its persistent
 personalized model theta_i takes SGD steps on f_i(theta) + lambda/2 ||theta - w_i||^2 and then w_i takes a

@@ -1,11 +1,11 @@
-"""Proximal operators and layer matrixization for the coordinator's proximal steps (fedslr.md 1.2, 3).
+"""Proximal operators and layer matrixization for the coordinator's proximal steps (FedSLR, eq. (2); App. A.1).
 
-- `soft_threshold`: the prox of a*||.||_1 (fedslr.md eq. 16/17), coordinate-wise.
+- `soft_threshold`: the prox of a*||.||_1 (FedSLR, eqs. (16)/(17)), coordinate-wise.
 - `matrixize` / `dematrixize`: a parameter tensor as the matrix whose nuclear norm is penalized: linear
-  [o, i] as is, conv [o, i, kh, kw] -> (o*kh) x (i*kw) ("scheme 2", fedslr.md 1.2; a 1-D conv [o, i, k] as
+  [o, i] as is, conv [o, i, kh, kw] -> (o*kh) x (i*kw) ("scheme 2", FedSLR, eq. (2); a 1-D conv [o, i, k] as
   [o, i, k, 1]), and back, exactly.
 - `svt`: the prox of a*||.||_* (singular value thresholding, eq. 15), returning the thresholded SVD so
-  the same factorization serves the low-rank downlink (fedslr.md 2.4).
+  the same factorization serves the low-rank downlink (FedSLR, Alg. 1 line 3).
 - `layerwise_svt`: SVT of every >= 2-D tensor of a flat parameter vector; 1-D tensors pass unchanged.
 
 torch is imported where a function needs it: importing this module (every algorithm's process does) costs none.
@@ -92,7 +92,7 @@ class ThresholdedSVD:
 
 
 def svt(matrix: torch.Tensor, threshold: float) -> ThresholdedSVD:
-    """Prox_{threshold ||.||_*}(X) = U diag(max(d - threshold, 0)) V^T (fedslr.md eq. 15), computed in float64."""
+    """Prox_{threshold ||.||_*}(X) = U diag(max(d - threshold, 0)) V^T (FedSLR, eq. (15)), computed in float64."""
     import torch
 
     u, d, vh = torch.linalg.svd(matrix.to(torch.float64), full_matrices=False)
@@ -102,7 +102,8 @@ def svt(matrix: torch.Tensor, threshold: float) -> ThresholdedSVD:
 
 
 def factored_size(shape: tuple[int, ...], rank: int) -> int:
-    """Numbers sent for a tensor at `rank`: min(dense, r (d1 + d2)) for matrices, dense for 1-D (fedslr.md 2.4)."""
+    """Numbers sent for a tensor at `rank`: min(dense, r (d1 + d2)) for matrices, dense for 1-D
+    (FedSLR, Alg. 1 line 3)."""
     dense = int(np.prod(shape))
     if len(shape) < 2:
         return dense
@@ -112,7 +113,7 @@ def factored_size(shape: tuple[int, ...], rank: int) -> int:
 
 @dataclass(frozen=True, eq=False)
 class FactoredModel:
-    """A flat parameter vector in the form it is sent (fedslr.md 2.4): every matrix layer whose factors
+    """A flat parameter vector in the form it is sent (FedSLR, Alg. 1 line 3): every matrix layer whose factors
     U sqrt(S) (d1 x r) and sqrt(S) V^T (r x d2) are smaller than the dense matrix travels as those factors,
     everything else dense. Sender and receiver both take the parameters from `params`, so the model the
     clients rebuild is exactly the server's."""

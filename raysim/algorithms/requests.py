@@ -57,11 +57,11 @@ class LocalSGD:
     terms: tuple[Term, ...] = ()
     """The local objective's terms beyond f_i, in the order their gradients are added and their maps applied."""
     mask: np.ndarray | None = None
-    """Boolean, parameter-sized: only these coordinates move (partial personalization phases, fedapm.md 1.5)."""
+    """Boolean, parameter-sized: only these coordinates move (partial personalization phases, the authors' code)."""
     random_batches: int | None = None
     """If given, instead of `epochs` passes: this many steps, each on one batch picked uniformly among the batches of
     a fresh shuffle of the split (the smaller last batch included), as `random.choice(list(trainloader))` does in
-    the FLAME authors' code for Ditto's global copy (flame.md 11); momentum carries over between the steps."""
+    the FLAME authors' code for Ditto's global copy; momentum carries over between the steps."""
     random_epochs: bool = False
     """If set, `epochs` is a maximum: the executor first draws the passes uniformly from 1..epochs with the request's
     generator (raysim.training.local.drawn_epochs), then the batches (SGDSettings.random_epochs)."""
@@ -120,7 +120,7 @@ class SGDResult:
 @dataclass(frozen=True, eq=False)
 class FullGradient:
     """Request: the loss f_i and its full-batch gradient at `point` over one split of the client's data
-    (AugFL's closed-form client step needs exact gradients on its support and query sets, augfl.md 1.6)."""
+    (AugFL's closed-form client step needs exact gradients on its support and query sets, AugFL, eqs. (7)-(13))."""
 
     point: Vector
     split: str = "train"

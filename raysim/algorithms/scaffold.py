@@ -1,7 +1,7 @@
 """SCAFFOLD: local SGD corrected by control variates against client drift (Karimireddy, Kale, Mohri, Reddi,
 Stich, Suresh, "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020, arXiv:1910.06378).
 
-FedSLR's Table 1 global baseline with the Option II control-variate update (fedslr.md 6.4, 10.21). The server holds
+FedSLR's Table 1 global baseline with the Option II control-variate update (FedSLR, App. B.2). The server holds
 the global model x and the server control variate c, every client its control variate c_i (zeros at first). A
 selected client, given (x, c), runs Algorithm 1 of the paper:
 
@@ -16,7 +16,7 @@ and the server, over the selected set S of the N clients,
 The correction is LocalSGD's `linear` term c - c_i (its gradient adds to g_i at every step); K is the number of
 steps the local training took (SGDResult.steps, epochs x batches). A client uploads its model y_i (weight 1) rather
 than y_i - x, the same mean and a message that attacks and robust aggregation read as FedAvg's; and Delta c_i. Both
-directions carry two model-sized vectors (fedslr.md 6.5: "SCAFFOLD doubles this"). With zero control variates
+directions carry two model-sized vectors (FedSLR, Table 2: "SCAFFOLD doubles this"). With zero control variates
 (round 0) and eta_g = 1 a round is FedAvg's with uniform aggregation. The step stacks (per_row, as FedAvg's). Option II
 reads (x - y_i) / (K eta_l) as the mean corrected gradient of plain SGD: with momentum it is not (keep momentum 0).
 """

@@ -35,7 +35,7 @@ class AlgorithmSettings(Settings):
 
 class LrSchedule(AlgorithmSettings):
     """A local learning rate `lr` that decays every round: eta_t = lr * lr_decay^t at round t (0-based), FedSLR's
-    0.998^t (fedslr.md 6.3) for any method. The runtime hands each round's client steps the settings of that round
+    0.998^t (FedSLR, App. B) for any method. The runtime hands each round's client steps the settings of that round
     (`at_round`), so a step reads its round's rates as `settings.lr` wherever it uses them (SGD requests, its own
     loops, control variates)."""
 
@@ -65,12 +65,12 @@ class SGDSettings(LrSchedule):
         False,
         description="each local training draws its passes uniformly from 1..epochs (per client and round, from the "
         "client's seeded stream) instead of always `epochs`: the FLAME authors' --fixed 0, E = random.randint(1, "
-        "local_ep) (flame.md 9.7); an algorithm training several times a round draws for each",
+        "local_ep) (the FLAME authors' code); an algorithm training several times a round draws for each",
     )
     loss_scale: Literal["1", "1/m"] = Field(
         "1",
         description="weight of the loss and its weight_decay term in the local objective: 1, or 1/m (m training "
-        "clients) as the FedAPM authors' code divides every gradient, g = (1/m)(grad f_i + mu w) (fedapm.md 1.5); "
+        "clients) as the FedAPM authors' code divides every gradient, g = (1/m)(grad f_i + mu w); "
         "proximal, dual and linear terms stay unscaled. Step-matches a method with FedAPM at alpha_i = 1/m",
     )
 

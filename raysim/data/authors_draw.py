@@ -1,4 +1,4 @@
-"""`partition.draw: authors`: the FLAME authors' dealing, replayed call for call (flame.md 6.3 and 11).
+"""`partition.draw: authors`: the FLAME authors' dealing, replayed call for call (zsk66/FLAME sampling.py).
 
 Their `sampling.py` draws partitions from numpy's legacy global generator right after `np.random.seed(seed)`
 (and before anything else draws from it), and their `update.py` splits each client's indices 80/20 with

@@ -1,10 +1,10 @@
 """CIFAR-10 and CIFAR-100 from the publisher's python-pickle batches, in torchvision's layout.
 
 Images are returned as uint8 (n, 3, 32, 32), train batches then test batch pooled, as FLAME and FedAPM pool
-CIFAR-10 (flame.md 6.1, fedapm.md 4.1); the partitions make the splits. Normalization constants:
-- CIFAR-10: mean 0.5 / std 0.5 per channel, as the FLAME and FedAPM code normalize it (flame.md 6.1,
-  fedapm.md 4.1); `normalization: dataset` takes its training set's own per-channel statistics instead, FedSLR's
-  "per-dataset mean/std" (fedslr.md 6.1, which gives no values).
+CIFAR-10 (FLAME, Table II; FedAPM, Table 2, App. B.1); the partitions make the splits. Normalization constants:
+- CIFAR-10: mean 0.5 / std 0.5 per channel, as the FLAME and FedAPM code normalize it (FLAME, Table II;
+  FedAPM, Table 2, App. B.1); `normalization: dataset` takes its training set's own per-channel statistics instead,
+  FedSLR's "per-dataset mean/std" (FedSLR, App. B.1, which gives no values).
 - CIFAR-100 (used by FedSLR only): the usual per-channel statistics of its training set.
 
 The batches are pickles, so they are read with an unpickler that can only build dicts, lists, bytes, str,
@@ -127,7 +127,7 @@ class Cifar10Settings(DownloadSettings):
     normalization: Literal["half", "dataset"] = Field(
         "half",
         description="per-channel mean/std: 0.5/0.5 (FLAME's and FedAPM's code) or the training set's own statistics "
-        "(FedSLR's per-dataset normalization, fedslr.md 6.1)",
+        "(FedSLR's per-dataset normalization, FedSLR, App. B.1)",
     )
 
     def footprint(self) -> Footprint:

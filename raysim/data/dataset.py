@@ -123,7 +123,7 @@ class DatasetSettings(Settings):
     augment: Literal["none", "crop_flip"] = Field(
         "none",
         description="training-time augmentation of images: crop_flip = random crop after zero padding and "
-        "horizontal flip (FedSLR on CIFAR and Tiny-ImageNet, fedslr.md 6.1), drawn from each client's seeded stream",
+        "horizontal flip (FedSLR on CIFAR and Tiny-ImageNet, FedSLR, App. B.1), drawn from each client's seeded stream",
     )
     crop_padding: int = Field(4, ge=0, description="crop_flip: zero padding before the crop (Tiny-ImageNet: 8)")
     crop_probability: float = Field(

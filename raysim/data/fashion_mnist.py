@@ -86,9 +86,9 @@ def load_fashion_mnist(root: str | Path | None = None, download: bool = True) ->
 
 @DATASETS.register()
 class FashionMnistSettings(DownloadSettings):
-    """The 70,000 Fashion-MNIST images (official train + test, as FLAME uses them, flame.md 6.1), stored as uint8
+    """The 70,000 Fashion-MNIST images (official train + test, as FLAME uses them, FLAME, Table II), stored as uint8
     (55 MB in the object store instead of 220) and normalized as they are read with MNIST's constants, as in the
-    FLAME authors' code (flame.md 11): the same float32 bits as normalizing the whole array up front."""
+    FLAME authors' code: the same float32 bits as normalizing the whole array up front."""
 
     name: Literal["fashion_mnist"] = "fashion_mnist"
     about: ClassVar[str] = "70,000 28x28 grey images, 10 classes (FLAME)"

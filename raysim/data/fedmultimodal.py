@@ -1,6 +1,6 @@
 """The real CrisisMMD, KU-HAR and Crema-D features as FedMultimodal-style pipelines write them (FedAPM's
-`data/generate_data` scripts, fedapm.md 4.1), converted once into a safe archive that `dataset.name` crisismmd,
-kuhar or cremad loads.
+`data/generate_data` scripts, FedAPM, Table 2, App. B.1), converted once into a safe archive that `dataset.name`
+crisismmd, kuhar or cremad loads.
 
 The authors' feature scripts pickle, per client, a list of samples `[key, path, label, features]` (the label is
 the item before last, the features the last), one file per modality, paired by position:

@@ -1,7 +1,7 @@
 """MNIST and EMNIST from their IDX files, in torchvision's layout or directly in `dataset.root`.
 
 Images are returned as uint8 (n, 1, 28, 28) with MNIST's normalization constants (0.1307, 0.3081), which
-FLAME uses for the whole MNIST family (flame.md 6.1); the trainers normalize batches on the fly. The official
+FLAME uses for the whole MNIST family (FLAME, Table II); the trainers normalize batches on the fly. The official
 train and test files are pooled (train first), as FLAME pools them: the partitions make the splits.
 """
 

@@ -29,7 +29,7 @@ GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
 
 MEDICAL_MNIST_CLASSES = frozenset({"AbdomenCT", "BreastMRI", "CXR", "ChestCT", "Hand", "HeadCT"})
 MEDICAL_MNIST_MEAN_STD = 0.3
-"""The FLAME authors' Normalize(0.3, 0.3) for Kaggle's Medical MNIST (flame.md 6.1)."""
+"""The FLAME authors' Normalize(0.3, 0.3) for Kaggle's Medical MNIST (FLAME, Table II)."""
 
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
@@ -214,7 +214,7 @@ def image_folder(request: ImageFolderSettings) -> Dataset:
     colour, else grayscale (L). Without
     `dataset.size` all images must have one size; with it, each is resized (bilinear) to size x size.
     Normalization constants: the FLAME authors' 0.3/0.3 when the classes are exactly Kaggle's Medical MNIST
-    ones (AbdomenCT, BreastMRI, CXR, ChestCT, Hand, HeadCT: 58,954 grayscale 64x64 JPEGs; flame.md 6.1 infers
+    ones (AbdomenCT, BreastMRI, CXR, ChestCT, Hand, HeadCT: 58,954 grayscale 64x64 JPEGs; FLAME's Table II implies
     the 64x64 input from the CNN's 3136-wide flatten, and the authors' ImageFolder loads them as 3-channel
     RGB: `dataset.channels: 3`, which gives CNN1 Table II's 206,678 parameters), else each channel's mean and std
     measured on the loaded images."""

@@ -1,4 +1,4 @@
-"""AugFL's data layout (augfl.md 4.1): few-shot clients of 2 classes each, D_i ~ U(M, 2M), and held-back pools
+"""AugFL's data layout (AugFL, Sec. VI): few-shot clients of 2 classes each, D_i ~ U(M, 2M), and held-back pools
 that no client holds (the pretrained model's training data and the server's transfer set, which must stay
 disjoint from client data); `MetaSettings.server_pools` hands them to the runtime.
 
@@ -86,6 +86,6 @@ def reserved_indices(num_samples: int, settings: MetaSettings, seed: int) -> np.
 
 def server_indices(num_samples: int, settings: MetaSettings, seed: int) -> np.ndarray:
     """The server's knowledge-transfer set D_s: the next `server_samples` held-back samples, disjoint from the
-    pretraining pool and from every client (augfl.md 7.1 item 7)."""
+    pretraining pool and from every client (AugFL, Sec. VI, which the authors' code does not enforce)."""
     held = reserved_pool(num_samples, settings.reserved + settings.server_samples, rng(seed, Stream.PARTITION))
     return np.sort(held[settings.reserved :])

@@ -2,10 +2,10 @@
 
 Every scheme returns one index array per client and is a pure function of (labels, settings, seed):
 same seed, same partition. Each client's indices are then shuffled and split per client, as in
-FLAME's experiments (flame.md 6.1: 80/20 per client, so test data follow the client's distribution).
+FLAME's experiments (the authors' code: 80/20 per client, so test data follow the client's distribution).
 
-The schemes are FLAME's six (flame.md 6.3) plus IID, a mixed IID/Dirichlet split and FedSLR's per-client
-label prior with its own per-client test sets (fedslr.md 6.1). The paper's
+The schemes are FLAME's six (FLAME, Sec. VI-A) plus IID, a mixed IID/Dirichlet split and FedSLR's per-client
+label prior with its own per-client test sets (FedSLR, App. B.1). The paper's
 versions are disjoint (every sample goes to at most one client); where the authors' code draws each
 client's samples independently from the whole dataset (Dirichlet label skew, quantity skew, hybrid),
 `overlap: true` reproduces that instead. All checks run here, in the driver, before any Ray work.
@@ -88,7 +88,7 @@ class IIDSettings(_FlameScheme):
 
 @PARTITIONS.register()
 class DirichletSettings(_FlameScheme):
-    """Distribution-based label skew (flame.md 6.3 scheme 2): per class k, p_k ~ Dir(beta)."""
+    """Distribution-based label skew (FLAME, Sec. VI-A): per class k, p_k ~ Dir(beta)."""
 
     scheme: Literal["dirichlet"] = "dirichlet"
     by_label: ClassVar[bool] = True
@@ -107,7 +107,7 @@ class DirichletSettings(_FlameScheme):
 
 @PARTITIONS.register()
 class QLabelSettings(_FlameScheme):
-    """Quantity-based label imbalance, "#label = q" (flame.md 6.3 scheme 1)."""
+    """Quantity-based label imbalance, "#label = q" (FLAME, Sec. VI-A)."""
 
     scheme: Literal["q_label"] = "q_label"
     by_label: ClassVar[bool] = True
@@ -122,10 +122,10 @@ class QLabelSettings(_FlameScheme):
 
 @PARTITIONS.register()
 class QualitySettings(_FlameScheme):
-    """Noise-based quality skew "Gau(sigma)" (flame.md 6.3 scheme 3): equal blocks, client i's features get
+    """Noise-based quality skew "Gau(sigma)" (FLAME, Sec. VI-A): equal blocks, client i's features get
     N(0, s_i) noise at every access, with s_i = sigma * i / m as the variance (paper) or the std (authors' code).
 
-    The blocks are shuffled IID shares (paper) or, `layout: contiguous` (authors' code, flame.md 11), the i-th run
+    The blocks are shuffled IID shares (paper) or, `layout: contiguous` (the authors' code), the i-th run
     of N // m consecutive samples of the pooled dataset, the same for every seed."""
 
     scheme: Literal["quality"] = "quality"
@@ -153,7 +153,7 @@ class QualitySettings(_FlameScheme):
 
 @PARTITIONS.register()
 class QuantitySettings(_FlameScheme):
-    """Quantity skew "Dir(beta)" (flame.md 6.3 scheme 4): p ~ Dir(beta) over clients, client i gets a p_i share.
+    """Quantity skew "Dir(beta)" (FLAME, Sec. VI-A): p ~ Dir(beta) over clients, client i gets a p_i share.
 
     Disjoint (paper): every client first gets `min_samples`, the rest is cut in Dir(beta) proportions.
     `overlap` (authors' code): client i draws max(min_samples, int(p_i N)) samples from the whole dataset."""
@@ -172,11 +172,11 @@ class QuantitySettings(_FlameScheme):
 
 @PARTITIONS.register()
 class NaturalSettings(_FlameScheme):
-    """Feature skew by a natural id (flame.md 6.3 scheme 5: FEMNIST writers): the dataset's group ids, sorted,
+    """Feature skew by a natural id (FLAME, Sec. VI-A, FEMNIST writers): the dataset's group ids, sorted,
     are dealt contiguously, (number of groups) // m per client; leftover groups are not used, as in the code.
 
-    `id_offsets` deals them as FedAPM's KU-HAR code does instead (fedapm.md 4.1): client i holds the ids at sorted
-    positions i + o for each offset o, [0, 19, 39, 59] there. Such clients may share an id (there client 0 and
+    `id_offsets` deals them as FedAPM's KU-HAR code does instead (FedAPM, Table 2, App. B.1): client i holds the ids at
+    sorted positions i + o for each offset o, [0, 19, 39, 59] there. Such clients may share an id (there client 0 and
     client 19 both hold position 19), as in that code."""
 
     scheme: Literal["natural"] = "natural"
@@ -206,7 +206,7 @@ class NaturalSettings(_FlameScheme):
 
 @PARTITIONS.register()
 class HybridSettings(_FlameScheme):
-    """Hybrid skew (flame.md 6.3 scheme 6): ceil(m/2) clients get q-label shards, floor(m/2) quantity skew.
+    """Hybrid skew (FLAME, Sec. VI-A): ceil(m/2) clients get q-label shards, floor(m/2) quantity skew.
 
     Disjoint (paper): the samples are first split at random between the two groups in proportion to their
     client counts. `overlap` (authors' code): both groups draw from the whole dataset independently."""
@@ -242,7 +242,7 @@ class MixedSettings(SchemeSettings):
 
 @PARTITIONS.register()
 class LabelPriorSettings(SchemeSettings):
-    """FedSLR's split (fedslr.md 6.1): per-client class prior ~ Dir(alpha 1_C), balanced sizes N/M, samples dealt
+    """FedSLR's split (FedSLR, App. B.1): per-client class prior ~ Dir(alpha 1_C), balanced sizes N/M, samples dealt
     one at a time to a random non-full client with the class drawn from its prior; a `test_samples` test set
     per client with its training label proportions, drawn from a held-out pool that no client trains on, or with
     `test_pool: official` from the dataset's own test set while the clients share its training set (the paper's
@@ -323,7 +323,7 @@ def q_label(
 ) -> list[np.ndarray]:
     """Cut every class into ceil(q*m/C) shards, shuffle all shards, deal q to each client.
 
-    As in the FLAME authors' code (flame.md 6.3): shards never span two classes, so a client holds at most
+    As in the FLAME authors' code: shards never span two classes, so a client holds at most
     q distinct labels (fewer if it draws two shards of one class); shards are disjoint across clients.
     """
     pool = np.arange(len(labels)) if pool is None else pool
@@ -367,7 +367,7 @@ def quantity(
 
 
 def natural(groups: np.ndarray | None, num_clients: int, offsets: list[int] | None = None) -> list[np.ndarray]:
-    """Contiguous runs of (number of groups) // m sorted group ids per client (flame.md 6.3 scheme 5), or with
+    """Contiguous runs of (number of groups) // m sorted group ids per client (FLAME, Sec. VI-A), or with
     `offsets` the sorted ids at positions i + o for client i (see NaturalSettings)."""
     if groups is None:
         raise PartitionError("partition.scheme=natural needs a dataset with a group id column (e.g. writer ids)")

@@ -3,13 +3,13 @@ registry the config chooses it from (PARTITIONS). The built-in schemes (raysim.d
 partition_file) register here exactly as a plugin's do.
 
 A scheme implements `assign` (the sample indices of each client); each client's samples are then shuffled and
-split into train / test (/ validation) here, per client, from the scheme's fractions (flame.md 6.1: 80/20 per
-client, so test data follow the client's distribution). A scheme that makes its splits itself overrides `splits`.
+split into train / test (/ validation) here, per client, from the scheme's fractions (the FLAME authors' code: 80/20
+per client, so test data follow the client's distribution). A scheme that makes its splits itself overrides `splits`.
 
 `test_split: global` instead holds out one shared test split of the whole dataset before `assign` deals the rest,
-and scores every client on it (FedAPM's CrisisMMD code, fedapm.md 4.1 and 7.2 item 7); `test_split: matched` holds
+and scores every client on it (FedAPM's CrisisMMD code; FedAPM, Table 2, App. B.1); `test_split: matched` holds
 the same pool out and draws each client's own test set from it with the client's training label shares (FedSLR,
-fedslr.md 6.1). `test_pool: official` makes that pool the dataset's own test set (CIFAR's test batch), so that the
+FedSLR, App. B.1). `test_pool: official` makes that pool the dataset's own test set (CIFAR's test batch), so that the
 scheme deals the official training set alone.
 """
 
@@ -59,13 +59,13 @@ class SchemeSettings(Settings):
         description="client: each client's own test_fraction of its samples; global: a test pool held out before "
         "the dealing, one test split every client is scored on (FedAPM's CrisisMMD); matched: each client's own "
         "test_samples drawn from that pool with its training label shares, floor(share * test_samples) per label "
-        "(FedSLR, fedslr.md 6.1)",
+        "(FedSLR, App. B.1)",
     )
     test_pool: Literal["held_out", "official"] = Field(
         "held_out",
         description="the test pool of test_split global or matched (and of label_prior): held_out = a test_fraction "
         "of the pooled dataset; official = the dataset's own test set (CIFAR's test batch, Tiny-ImageNet's val "
-        "folder), the scheme then dealing its official training set alone (fedslr.md 6.1: 500 samples a client)",
+        "folder), the scheme then dealing its official training set alone (FedSLR, App. B.1: 500 samples a client)",
     )
     test_samples: int = Field(
         100,
@@ -205,7 +205,7 @@ def matched_test(
     generator: np.random.Generator,
     client: int,
 ) -> np.ndarray:
-    """A client's test set matched to its training labels (fedslr.md 6.1, the authors' code): floor(share *
+    """A client's test set matched to its training labels (FedSLR, App. B.1, the authors' code): floor(share *
     test_samples) samples of each label it trains on, drawn without replacement from that label's part of
     `test_pool` (other clients may draw the same ones)."""
     if not np.issubdtype(labels.dtype, np.integer):

@@ -39,7 +39,7 @@ def synthetic_classification(
 
 
 def synthetic_regression(num_samples: int = 1000, num_features: int = 5, noise: float = 0.1, seed: int = 0) -> Dataset:
-    """y = x . theta + noise, the linear-regression task of FLAME's convex analysis (flame.md 1.6)."""
+    """y = x . theta + noise, the linear-regression task of FLAME's convex analysis (FLAME, App. B-A)."""
     generator = np.random.default_rng(seed)
     theta = generator.normal(size=num_features)
     x = generator.normal(size=(num_samples, num_features))

@@ -1,5 +1,6 @@
-"""Offline substitutes for FedAPM's multimodal benchmarks (fedapm.md 7.3): generated features of the exact shapes the
-authors' models read (fedapm.md 4.1), so that the same models and algorithms run on a machine with no download.
+"""Offline substitutes for FedAPM's multimodal benchmarks: generated features of the exact shapes the
+authors' models read (FedAPM, Table 2, App. B.1), so that the same models and algorithms run on a machine with no
+download.
 
 They are substitutes, not the data sets: every name ends in `_synthetic`, and no number measured on them compares
 with the paper's. What they keep of the real sets is their structure:
@@ -76,7 +77,7 @@ def _labels_and_groups(
 
 @DATASETS.register()
 class CrisisMMDSyntheticSettings(DatasetSettings):
-    """CrisisMMD-shaped substitute: image [1,1280] + tweet tokens [<=32,512], 8 classes (fedapm.md 7.3)."""
+    """CrisisMMD-shaped substitute: image [1,1280] + tweet tokens [<=32,512], 8 classes."""
 
     name: Literal["crisismmd_synthetic"] = "crisismmd_synthetic"
     samples: int = Field(
@@ -98,7 +99,7 @@ class CrisisMMDSyntheticSettings(DatasetSettings):
     client_files: int = Field(
         20,
         ge=1,
-        description="the authors' client files (fedapm.md 4.1: one per client, 20): the training samples' groups, "
+        description="the authors' client files (FedAPM, App. B.1: one per client, 20): the training samples' groups, "
         "dealt by Dirichlet(file_beta) label skew as their partition script deals CrisisMMD's train split, so that "
         "`partition.scheme: natural` with as many clients gives each one file",
     )
@@ -167,9 +168,9 @@ def deal_client_files(
     labels: np.ndarray, files: int, beta: float, generator: np.random.Generator, min_size: int = 1
 ) -> np.ndarray:
     """The client file (0..files-1) of each sample, dealt as the FedAPM authors' partition script deals CrisisMMD's
-    train split into alpha10/{i}.pkl (FedMultimodal's Dirichlet partition, fedapm.md 4.1): class by class, shares
-    p ~ Dir(beta 1_files), zeroed for the files already holding n / files samples or more and renormalized, cut the
-    class's shuffled samples at floor(cumsum(p) * size); the whole deal is drawn again until every file holds
+    train split into alpha10/{i}.pkl (FedMultimodal's Dirichlet partition, FedAPM, Table 2, App. B.1): class by class,
+    shares p ~ Dir(beta 1_files), zeroed for the files already holding n / files samples or more and renormalized, cut
+    the class's shuffled samples at floor(cumsum(p) * size); the whole deal is drawn again until every file holds
     `min_size` (theirs: 1 for CrisisMMD)."""
     n = len(labels)
     for _attempt in range(FILE_ATTEMPTS):
@@ -192,8 +193,7 @@ def deal_client_files(
 
 @DATASETS.register()
 class CremaDSyntheticSettings(DatasetSettings):
-    """Crema-D-shaped substitute: MFCC frames [<=600,80] + video frame features [6,1280], 4 emotions, 72 speakers
-    (fedapm.md 7.3)."""
+    """Crema-D-shaped substitute: MFCC frames [<=600,80] + video frame features [6,1280], 4 emotions, 72 speakers."""
 
     name: Literal["cremad_synthetic"] = "cremad_synthetic"
     samples: int = Field(2000, ge=16, description="samples (Crema-D's 4 emotions: 4,798; a padded sample is 223 KB)")
@@ -238,7 +238,7 @@ class CremaDSyntheticSettings(DatasetSettings):
 @DATASETS.register()
 class KUHARSyntheticSettings(DatasetSettings):
     """KU-HAR-shaped substitute: accelerometer [256,3] + gyroscope [256,3], 8 activities, synthetic participants
-    (the IMU generator of fedapm.md 7.3), optionally on top of sktime's real BasicMotions recordings."""
+    (a generated IMU signal), optionally on top of sktime's real BasicMotions recordings."""
 
     name: Literal["kuhar_synthetic"] = "kuhar_synthetic"
     samples: int = Field(4000, ge=16, description="windows (KU-HAR: 10,300)")

@@ -1,5 +1,5 @@
 """Federated EMNIST from TensorFlow Federated's HDF5 files (`dataset.name: femnist`, `dataset.format: tff_h5`): the
-set FLAME's paper uses (flame.md 6.1), read without TensorFlow.
+set FLAME's paper uses (FLAME, Table II), read without TensorFlow.
 
 TFF builds it from LEAF's preprocessing of NIST SD19, one client per writer, every writer's samples split between the
 two files. `tff.simulation.datasets.emnist.load_data` downloads and unpacks them (into ~/.keras/datasets by default):
@@ -72,7 +72,7 @@ def _read(file: Path, pixels: dict[str, list[np.ndarray]], labels: dict[str, lis
 def read_tff_emnist(root: Path, split: Literal["all", "digits"]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x uint8 (n, 1, 28, 28), y int64 and groups int64 (the writer's index among the sorted writer ids), writer by
     writer, each writer's train samples before its test samples (the two files pooled: FLAME splits every client's
-    samples 80/20 itself, flame.md 6.1)."""
+    samples 80/20 itself, in the authors' code)."""
     names = FILES[split]
     missing = [name for name in names if not (root / name).is_file()]
     if missing:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 TrainLossUnit = Literal["mean", "batch_sum"]
 """The scored training loss: the mean over the split, or the sum over its batches of loss_sum_batch samples of the
-batch-mean loss (the FedAPM authors' `inference`, fedapm.md 4.4; tracking.train_loss_unit)."""
+batch-mean loss (the FedAPM authors' `inference`; tracking.train_loss_unit)."""
 
 SPLITS = ("train", "test", "val")
 """A client's splits, in the order whose position keys a split's access-time draws at an evaluation."""

@@ -101,7 +101,7 @@ def benign_summary(
     """Across-client summaries over the benign training clients (attackers are not scored, as in the specs'
     robustness settings), and over the held-out clients (`clients.heldout`) as `heldout/...`; with the clients'
     `test_sizes` also `heldout/{pm,gm}/acc_weighted`, their accuracy weighted by test (query) samples, as the AugFL
-    authors' target_test2 reports it (augfl.md 2.3)."""
+    authors' target_test2 reports it (AugFL, Sec. VI)."""
     ids = evaluations.column("client_id").to_numpy()
     held = np.isin(ids, list(heldout))
     summary = summarize(evaluations.filter(pa.array(~(held | np.isin(ids, list(malicious))))))

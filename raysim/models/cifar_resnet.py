@@ -1,4 +1,4 @@
-"""CRD's CIFAR-style ResNets (ResNet8x4, ResNet32x4: AugFL's client model and teacher, augfl.md 4.2).
+"""CRD's CIFAR-style ResNets (ResNet8x4, ResNet32x4: AugFL's client model and teacher, AugFL, Sec. VI).
 
 The architecture of the CRD repository's `models/resnet.py` (RepDistiller): a 3x3 stem of 32 channels, three stages
 of 64/128/256 channels (strides 1, 2, 2) of `blocks` basic blocks each (a 1x1 projection on the first block of a
@@ -27,7 +27,7 @@ Norm = Literal["group", "batch"]
 """GroupNorm(GROUPS) or BatchNorm2d after each convolution."""
 
 GROUPS = 2
-"""GroupNorm's groups, as FedSLR's ResNet-18-GN (fedslr.md 6.2)."""
+"""GroupNorm's groups, as FedSLR's ResNet-18-GN (FedSLR, Sec. 6.1)."""
 
 WIDTHS = (32, 64, 128, 256)
 """CRD's `num_filters` for the x4 networks: the stem's channels, then each stage's."""

@@ -1,11 +1,11 @@
 """A network with its matrix layers factorized at low rank, plus an optional sparse part: the inference form of
-FedSLR's GKR w (Table 9, fedslr.md B.3.5) and of its mixed model w + p_i.
+FedSLR's GKR w (Table 9, FedSLR, App. B.3.5, Table 9) and of its mixed model w + p_i.
 
-A layer whose matrixized weight (fedslr.md 1.2) is W = U V^T (U: d1 x r, V^T: r x d2) runs as
+A layer whose matrixized weight (FedSLR, eq. (2)) is W = U V^T (U: d1 x r, V^T: r x d2) runs as
 
-- conv [o, i, kh, kw], W of (o kh) x (i kw): two convolutions (the authors' code, fedslr.md B.3.5), a (1 x kw)
-  one from i to r channels (stride (1, s), padding (0, p)) with weights V^T.reshape(r, i, 1, kw), then a (kh x 1)
-  one from r to o channels (stride (s, 1), padding (p, 0)) with U.reshape(o, kh, r).transpose to [o, r, kh, 1];
+- conv [o, i, kh, kw], W of (o kh) x (i kw): two convolutions (the authors' code; FedSLR, App. B.3.5),
+  a (1 x kw) one from i to r channels (stride (1, s), padding (0, p)) with weights V^T.reshape(r, i, 1, kw), then a
+  (kh x 1) one from r to o channels (stride (s, 1), padding (p, 0)) with U.reshape(o, kh, r).transpose to [o, r, kh, 1];
 - linear [o, i]: x -> (x V) U^T;
 
 and, with a sparse part P (the layer's entries of p_i), adds P's output computed from P's nonzeros only: a

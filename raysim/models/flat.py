@@ -160,7 +160,7 @@ class FlatModel:
 
     def features(self, flat: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(penultimate features, logits): the features are the input of the network's last linear layer
-        (what knowledge distillation compares, augfl.md 2.1)."""
+        (what knowledge distillation compares, AugFL, Sec. V)."""
         captured: list[torch.Tensor] = []
         handle = self.head.register_forward_hook(lambda _module, inputs, _output: captured.append(inputs[0]))
         try:  # through the module itself (not forward's direct path), so that the hook sees the head's input

@@ -1,4 +1,4 @@
-"""The multimodal networks of FedAPM's experiments (fedapm.md 2) and their building blocks, for any model to use.
+"""The multimodal networks of FedAPM's experiments (FedAPM, App. B.2) and their building blocks, for any model to use.
 
 A multimodal model receives packed rows (n, width) (raysim.data.modalities) and unpacks them into its named inputs
 (`unpack`). The blocks are those of the authors' code (FedMultimodal's): a three-layer Conv1d encoder, GRUs that
@@ -7,7 +7,7 @@ steps with the padding masked. Dropout is 0.1 as in the code; raysim.models.flat
 stream during training and turns it off for evaluation, so results stay a function of the seed.
 
 The parameter order is the code's: the tensors that the code's `layer_num` counts as personal come first
-(ImageTextClassifier 8, HARClassifier 12, MMActionClassifier 14; fedapm.md 2).
+(ImageTextClassifier 8, HARClassifier 12, MMActionClassifier 14; FedAPM, App. B.2).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from raysim.data.modalities import Modalities
 
 DROPOUT = 0.1
-"""The dropout of the authors' multimodal models (fedapm.md 4.2)."""
+"""The dropout of the authors' multimodal models (their code; the paper states none)."""
 
 Unpacked = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 """Each modality's values [n, *shape] and each sequence's lengths [n] (int64, at least 1)."""
@@ -75,7 +75,7 @@ def run_gru(rnn: nn.GRU, x: torch.Tensor, lengths: torch.Tensor | None) -> torch
 
 class Conv1dEncoder(nn.Module):
     """Conv1d(features -> f -> 2f -> 4f, kernel 5, padding 2), each followed by ReLU, MaxPool(2) and dropout, over
-    a sequence [n, T, features] -> [n, T // 8, 4f] (fedapm.md 2: HAR and Crema-D)."""
+    a sequence [n, T, features] -> [n, T // 8, 4f] (FedAPM, App. B.2: HAR and Crema-D)."""
 
     def __init__(self, features: int, filters: int = 32, dropout: float = DROPOUT):
         super().__init__()
@@ -100,7 +100,7 @@ class Conv1dEncoder(nn.Module):
 class FuseBaseSelfAttention(nn.Module):
     """Attention pooling over the concatenated time steps of the modalities: Linear(d_hid -> 512)-Tanh-dropout-
     Linear(512 -> d_head) scores, softmax over the real steps (padding masked), d_head weighted sums of the steps
-    -> a d_head * d_hid vector (the authors' FuseBaseSelfAttention, fedapm.md 2)."""
+    -> a d_head * d_hid vector (the authors' FuseBaseSelfAttention, FedAPM, App. B.2)."""
 
     def __init__(self, d_hid: int, d_head: int, dropout: float = DROPOUT):
         super().__init__()
@@ -121,7 +121,7 @@ def classifier(features: int, classes: int, hidden: int = 64, dropout: float = D
 
 
 class ImageTextClassifier(nn.Module):
-    """CrisisMMD (fedapm.md 2): an image feature vector and a token sequence. Code sizes: img_proj Linear(image ->
+    """CrisisMMD (FedAPM, App. B.2): an image feature vector and a token sequence. Code sizes: img_proj Linear(image ->
     128)-ReLU-dropout-Linear(128 -> 128), GRU(text -> 128), attention d_hid 128, d_head 6, head 768-64-classes
     (545,870 parameters on [1,1280] + [32,512], 8 classes). Paper sizes (`paper`): img_proj Linear(image -> 64)-ReLU-
     dropout, GRU hidden 64, attention d_hid 64, d_head 4."""
@@ -155,7 +155,7 @@ class ImageTextClassifier(nn.Module):
 
 
 class HARClassifier(nn.Module):
-    """KU-HAR (fedapm.md 2): accelerometer and gyroscope sequences, each through its own Conv1d encoder (3 -> 32 ->
+    """KU-HAR (FedAPM, App. B.2): accelerometer and gyroscope sequences, each through its own Conv1d encoder (3 -> 32 ->
     64 -> 128) and GRU(128 -> 128), attention d_hid 128, d_head 6, head 768-64-classes (420,814 parameters on two
     [256,3] inputs, 8 classes). The paper's sizes are the code's."""
 
@@ -181,7 +181,7 @@ class HARClassifier(nn.Module):
 
 
 class MMActionClassifier(nn.Module):
-    """Crema-D (fedapm.md 2): MFCC frames through a Conv1d encoder (80 -> 32 -> 64 -> 128) and GRU(128 -> 128),
+    """Crema-D (FedAPM, App. B.2): MFCC frames through a Conv1d encoder (80 -> 32 -> 64 -> 128) and GRU(128 -> 128),
     video frame features through GRU(1280 -> 128), attention d_hid 128, d_head 6, head 768-64-classes (823,338
     parameters on [600,80] + [6,1280], 4 classes). The paper's sizes are the code's."""
 

@@ -27,7 +27,8 @@ class ModelEntry:
     """The factory; its docstring's first line describes the model (`raysim models`)."""
     personalization: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Strategy (`algorithm.preset`: input, output, split_input, split_input_code) -> the module name prefixes whose
-    parameters are personal (fedapm.md 2); a model without one gets `output` by the generic rule."""
+    parameters are personal (FedAPM, Sec. 3.4); a model without one gets `output` by the generic
+    rule."""
     example: Callable[[Any], dict[str, Any]] | None = None
     """(raysim.examples.ExampleContext) -> the config sections it cannot run without (a multimodal model's dataset),
     for the configuration matrix; None: it runs on any dataset."""
@@ -66,8 +67,8 @@ class ModelSettings(Settings):
         "raysim",
         description="initial parameters from raysim's model-init stream, or as the FLAME authors' code draws them "
         "(torch.manual_seed(seed), then the layers built in order: their seed N gives their initial model), or all "
-        "zero, as the linear-regression analysis of FLAME's appendix starts (w_i^0 = pi_i^0 = w^0 = 0, flame.md "
-        "1.5, 9.5; a ReLU network's hidden units then get no gradient)",
+        "zero, as the linear-regression analysis of FLAME's appendix starts (w_i^0 = pi_i^0 = w^0 = 0, "
+        "FLAME, App. B-A; a ReLU network's hidden units then get no gradient)",
     )
 
 
@@ -160,7 +161,7 @@ class ParamSpec:
 
 
 def personalization(model: str) -> dict[str, tuple[str, ...]]:
-    """The personalization strategies a registered model declares (fedapm.md 2): strategy (`algorithm.preset`) ->
+    """The personalization strategies a registered model declares (FedAPM, Sec. 3.4): strategy (`algorithm.preset`) ->
     the module prefixes whose parameters are personal, from its factory's `personalization` attribute (as
     `example` in raysim.examples); {} for a model that declares none or an unknown name."""
     if not model or model not in MODELS:

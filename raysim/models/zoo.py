@@ -1,8 +1,9 @@
-"""The networks of the papers' experiments (flame.md 6.2, fedslr.md 6.2), registered by name (`model.name`) as any
+"""The networks of the papers' experiments (FLAME, Table II; FedSLR, Sec. 6.1), registered by name (`model.name`) as any
 plugin's model is: a factory (input shape, outputs) -> torch.nn.Module whose docstring's first line describes it.
 
 A factory may carry attributes: `example` (the config sections it needs, raysim.examples.model_example) and
-`personalization` (strategy -> personal module names, fedapm.md 2; raysim.models.spec.personalization).
+`personalization` (strategy -> personal module names, FedAPM, Sec. 3.4;
+raysim.models.spec.personalization).
 
 Importing this module does not import torch (the coordinator process registers the names without loading it);
 each factory imports torch when it builds. Every model here is a deterministic function of its parameters
@@ -70,7 +71,7 @@ def mlp_bn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     )
 
 
-@MODELS.register("cnn", personalization={"output": ("7", "9")})  # fc1, fc2 (fedapm.md 2; code layer_num=4)
+@MODELS.register("cnn", personalization={"output": ("7", "9")})  # fc1, fc2 (FedAPM, Sec. 3.4; code layer_num=4)
 def cnn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """The CIFAR-10 CNN: conv3x3(16)-pool-conv3x3(32)-pool-FC128-FC (268,650 parameters on 3x32x32)."""
     from torch import nn
@@ -113,7 +114,7 @@ def cnn_bn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 
 
 def _cnn1(name: str, input_shape: tuple[int, ...], outputs: int, dropout: float) -> nn.Module:
-    """CNN1 of the FLAME authors' code (flame.md 6.2), with Dropout(`dropout`) after the flatten when positive."""
+    """CNN1 of the FLAME authors' code (FLAME, Table II), with Dropout(`dropout`) after the flatten when positive."""
     from torch import nn
 
     channels, height, width = _image_input(name, input_shape, smallest=10)
@@ -171,7 +172,7 @@ def cnn_femnist(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 
 @MODELS.register("linear")
 def linear(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    """A bias-free linear model for regression (the convex analysis of flame.md 1.6)."""
+    """A bias-free linear model for regression (the convex analysis of FLAME, App. B-A)."""
     from torch import nn
 
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), outputs, bias=False))
@@ -179,7 +180,7 @@ def linear(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 
 @MODELS.register("resnet18_gn")
 def resnet18_gn(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    """torchvision's ResNet-18 with GroupNorm(2) for BatchNorm (FedSLR's model, fedslr.md 6.2).
+    """torchvision's ResNet-18 with GroupNorm(2) for BatchNorm (FedSLR's model, FedSLR, Sec. 6.1).
 
     Inputs of at most 32 px get the CIFAR model of the authors' code: a 3x3 stem conv with stride 1, no max-pool and
     a last linear layer without bias (11,173,952 parameters for 10 classes); larger ones (Tiny-ImageNet) torchvision's
@@ -222,7 +223,7 @@ def _resnet18(
 def resnet8x4(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """CRD's CIFAR ResNet8x4 with GroupNorm(2) for BatchNorm (AugFL's client model: 1,233,540 parameters, 100 classes).
 
-    One basic block per stage of 64/128/256 channels (raysim.models.cifar_resnet; augfl.md 4.2)."""
+    One basic block per stage of 64/128/256 channels (raysim.models.cifar_resnet; AugFL, Sec. VI)."""
     from raysim.models.cifar_resnet import CifarResNet
 
     channels, _, _ = _image_input("resnet8x4", input_shape)
@@ -233,7 +234,7 @@ def resnet8x4(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 def resnet32x4(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
     """CRD's CIFAR ResNet32x4 with GroupNorm(2) for BatchNorm (AugFL's teacher: 7,433,860 parameters, 100 classes).
 
-    Five basic blocks per stage of 64/128/256 channels (raysim.models.cifar_resnet; augfl.md 4.2)."""
+    Five basic blocks per stage of 64/128/256 channels (raysim.models.cifar_resnet; AugFL, Sec. VI)."""
     from raysim.models.cifar_resnet import CifarResNet
 
     channels, _, _ = _image_input("resnet32x4", input_shape)
@@ -264,7 +265,7 @@ def _crisismmd_example(context: ExampleContext) -> Fragment:
 
 
 IMAGE_TEXT_PERSONALIZATION = {"input": ("img_proj", "text_rnn"), "output": ("classifier",)}
-"""Input personalization: the image projection and the text GRU (fedapm.md 2; the code's layer_num=8)."""
+"""Input personalization: the image projection and the text GRU (FedAPM, Sec. 3.4; the code's layer_num=8)."""
 
 
 @MODELS.register("image_text_classifier", personalization=IMAGE_TEXT_PERSONALIZATION, example=_crisismmd_example)
@@ -303,7 +304,7 @@ def har_classifier(input_shape: tuple[int, ...], outputs: int) -> nn.Module:
 @MODELS.register(
     "mm_action_classifier",
     personalization={
-        "input": ("audio_conv", "audio_rnn", "video_rnn"),  # fedapm.md 2; the code's layer_num=14
+        "input": ("audio_conv", "audio_rnn", "video_rnn"),  # FedAPM, Sec. 3.4; the code's layer_num=14
         "output": ("classifier",),
     },
     example=lambda context: {"dataset": {"name": "cremad_synthetic", "samples": 1000, "frames": 96}},

@@ -205,7 +205,7 @@ def _round_seconds(ends: list[float]) -> float:
 
 
 def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cpu") -> tuple[list[float], np.ndarray]:
-    """FLAME (flame.md eqs. 11-14) as a researcher would write it without raysim's runtime (torch training, the
+    """FLAME (eqs. (11)-(14)) as a researcher would write it without raysim's runtime (torch training, the
     paper's closed forms (12)-(13) from raysim.algorithms.flame); returns the end time of every round and the final
     global model. Uses one torch thread, like each raysim host, and `device`."""
     torch.set_num_threads(1)

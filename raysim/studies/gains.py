@@ -1,6 +1,6 @@
 """`raysim figure RUN --gain-over REFERENCE`: each client's accuracy gain over a reference run (FedAvg), as violins:
-FedSLR's Fig. 3 (fedslr.md B.3.1, per-client relative accuracy against FedAvg on CIFAR-100), the paper's one view
-of how the gain spreads over the clients.
+FedSLR's Fig. 3 (FedSLR, App. B.3.1, Fig. 3, per-client relative accuracy against FedAvg on CIFAR-100), the paper's one
+view of how the gain spreads over the clients.
 
 The gains are differences of two runs' per-client tables (their `clients.parquet` artifacts, raysim.tracking.reports):
 for every benign training client, a column of the run (default `pm_test_acc`, the personalized model) less the

@@ -1,4 +1,4 @@
-"""Table 9's inference latency measured on a trained GKR (fedslr.md B.3.5): a finished FedSLR (or GPGD) run's final
+"""Table 9's inference latency measured on a trained GKR (FedSLR, App. B.3.5): a finished FedSLR (or GPGD) run's final
 global model, loaded from its `global_model` artifact, factorized at the ranks the run logged last
 (`server/rank/<layer>`), and timed dense against factorized (raysim.models.factorized) on the same batches.
 
@@ -37,7 +37,7 @@ class TrainedGkr:
     params: np.ndarray
     ranks: dict[str, int]
     global_params: float | None
-    """The run's last `server/global_params` (fedslr.md 6.5's #params), when logged."""
+    """The run's last `server/global_params` (FedSLR, Table 2's #params), when logged."""
 
 
 def load_trained_gkr(tracking_uri: str, run_id: str) -> TrainedGkr:
@@ -77,7 +77,7 @@ def factors_at_ranks(
 ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """`params` with every matrix layer cut to its top ranks[layer] singular values (the GKR after SVT is that
     already, up to float32 rounding), and the factors U sqrt(S), sqrt(S) V^T of the layers that are smaller factored
-    (the downlink's rule, fedslr.md 2.4)."""
+    (the downlink's rule, FedSLR, Alg. 1 line 3)."""
     import torch
 
     flat = np.array(params, dtype=np.float32)
@@ -97,7 +97,7 @@ def factors_at_ranks(
 
 
 def parameter_count(spec: ParamSpec, ranks: dict[str, int]) -> int:
-    """#params of the GKR at `ranks` (fedslr.md 6.5): min(d1 d2, r (d1 + d2)) per matrix, the 1-D ones whole."""
+    """#params of the GKR at `ranks` (FedSLR, Table 2): min(d1 d2, r (d1 + d2)) per matrix, the 1-D ones whole."""
     return sum(
         factored_size(shape, ranks[name]) if len(shape) >= 2 and name in ranks else int(np.prod(shape))
         for name, shape in zip(spec.names, spec.shapes, strict=True)

@@ -4,8 +4,8 @@ population std FedAPM's code takes with `np.std`) of one value per seed: at the 
 round (with the rounds: the round where one metric, `best_by`, default pm/acc, peaks, every metric taken at that
 round, as a paper reports a model at its best accuracy; a metric's own best would take the variances at round 0,
 before any training), or each metric's own max (or min) over the trained rounds, as FedAPM's authors aggregate
-(spec fedapm.md 4.4). Optional columns give the rounds each seed needs to reach a target, e.g. `pm/train_loss<=0.5`
-(FedAPM's "communication rounds", spec 4.4 and 7.2 item 8).
+(their code). Optional columns give the rounds each seed needs to reach a target, e.g. `pm/train_loss<=0.5`
+(FedAPM's "communication rounds", Sec. 6.1).
 
 The numbers are read back from MLflow, the same metric histories the UI plots, so a table can be made for any
 finished suite or sweep (`raysim table PARENT_RUN`) and is also logged on the parent run when it finishes
@@ -59,7 +59,7 @@ TARGET = re.compile(
 @dataclass(frozen=True)
 class Target:
     """A level a metric's curve must reach, `pm/train_loss<=0.5`: the rounds to reach it are FedAPM's
-    communication efficiency (spec fedapm.md 4.4, "rounds needed to reach a given training loss")."""
+    communication efficiency (FedAPM, Sec. 6.1, "rounds needed to reach a given training loss")."""
 
     metric: str
     comparison: str

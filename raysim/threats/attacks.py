@@ -1,4 +1,4 @@
-"""Malicious clients (flame.md 4.2): Byzantine messages and label poisoning.
+"""Malicious clients (FLAME, Sec. VI): Byzantine messages and label poisoning.
 
 A fraction of the clients, drawn once per run from the seed, is malicious. Byzantine attackers run the
 honest client step and then replace the message the paper says they upload (FLAME u_i, FedAvg the
@@ -150,7 +150,7 @@ class AttackSettings(Settings):
         return PAPER_STD if self.noise == "paper" else ATTACKS.get(self.kind).code_std
 
     def num_malicious(self, num_clients: int) -> int:
-        """floor(fraction * m) (flame.md 4.2; the 1e-9 keeps e.g. 0.29 * 100 at 29 where Python's int() of the
+        """floor(fraction * m) (FLAME, Sec. VI; the 1e-9 keeps e.g. 0.29 * 100 at 29 where Python's int() of the
         float product gives 28), at least 1 with `count: code` (the authors' code attacks even at fraction 0)."""
         if self.kind == "none":
             return 0
@@ -191,7 +191,7 @@ class AttackPlan:
 
 
 def malicious_clients(settings: AttackSettings, num_clients: int, seed: int) -> frozenset[int]:
-    """The malicious set, drawn once per run, uniformly without replacement (flame.md 4.2)."""
+    """The malicious set, drawn once per run, uniformly without replacement (FLAME, Sec. VI)."""
     count = settings.num_malicious(num_clients)
     chosen = rng(seed, Stream.ATTACK).choice(num_clients, count, replace=False)
     return frozenset(int(c) for c in chosen)

@@ -50,7 +50,7 @@ class RobustSettings(Settings):
         "blanchard",
         description="score: squared distances to the n-f-2 nearest (Blanchard et al.) or the FLAME authors' helper "
         "(utils.average_weights, aggr 'mkrum'): the sum of the n-f-1 smallest plain distances counting the zero "
-        "self-distance, the 5 lowest averaged (flame.md 2.6)",
+        "self-distance, the 5 lowest averaged (the authors' code)",
     )
     trim_fraction: float = Field(0.1, ge=0.0, lt=0.5, description="trimmed mean: share cut at EACH end per coordinate")
     clip_norm: float | None = Field(
@@ -68,7 +68,7 @@ def multi_krum(
     """Average of the `selected` messages with the lowest Krum scores; returns (aggregate, chosen rows).
 
     `blanchard` (Blanchard et al., 2017): score_i = sum of the squared distances to the n - f - 2 nearest others,
-    n - f averaged by default. `code` (the FLAME authors' helper, flame.md 2.6): score_i = sum of the n - f - 1
+    n - f averaged by default. `code` (the FLAME authors' helper): score_i = sum of the n - f - 1
     smallest plain distances in row i, the zero self-distance among them (so the n - f - 2 nearest others,
     unsquared), 5 averaged by default. Ties go to the lower row.
     """

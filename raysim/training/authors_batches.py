@@ -1,4 +1,4 @@
-"""Mini-batches drawn as the FLAME authors' code draws them (`clients.batches: authors`, flame.md 11).
+"""Mini-batches drawn as the FLAME authors' code draws them (`clients.batches: authors`).
 
 Their code (zsk66/FLAME) shuffles every pass over a client's split with a torch DataLoader: creating the pass's
 iterator draws a base seed from torch's global generator, and its RandomSampler then draws the seed of the pass's

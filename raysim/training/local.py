@@ -73,9 +73,9 @@ class Inputs:
     std: tuple[float, ...] | None = None
     augment: Augment = "none"
     padding: int = 4
-    """crop_flip: zeros added on each side before cropping (4 on CIFAR, 8 on Tiny-ImageNet, fedslr.md 6.1)."""
+    """crop_flip: zeros added on each side before cropping (4 on CIFAR, 8 on Tiny-ImageNet, FedSLR, App. B.1)."""
     crop_probability: float = 0.5
-    """crop_flip: the share of samples that are cropped (0.5 in FedSLR's setting, fedslr.md 6.1; 1: always, as
+    """crop_flip: the share of samples that are cropped (0.5 in FedSLR's setting, FedSLR, App. B.1; 1: always, as
     torchvision's RandomCrop); the others keep the centred, uncropped image."""
     lengths: tuple[int, ...] = ()
     """Columns of packed multimodal rows that hold sequence lengths (raysim.data.modalities): feature noise

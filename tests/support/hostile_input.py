@@ -283,6 +283,9 @@ def setting_tree(setting: FileSetting, value: Path, partition_file: Path, data_r
     from raysim.examples import ExampleContext
 
     tree = quickstart_with(**{"dataset.root": str(data_root)})
+    # the hosts on this node whatever the process: a Ray this test process already runs (an earlier tier's) would make
+    # the run join it, where settings about this node's files (runtime.spill_dir) are checked only once connected
+    tree.setdefault("runtime", {})["actors"] = "in_process"
     context = ExampleContext(tree, partition_file)
     if setting.section == "algorithm" and setting.choice:
         tree.update(ALGORITHMS.get(setting.choice).example(context))

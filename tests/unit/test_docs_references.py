@@ -1,6 +1,7 @@
 """The pages cite only what a reader of the repository has: every file or folder of the repository a page names
 (`raysim/...`, `configs/...`, a `*.md` page) is shipped, and the papers are cited as papers (their sections,
-equations, tables and figures), never through notes that are not part of the repository."""
+equations, tables and figures), never through notes that are not part of the repository; so do the code's
+docstrings, comments and setting descriptions, the configs and the generated configuration reference."""
 
 from __future__ import annotations
 
@@ -63,6 +64,40 @@ def test_a_page_cites_the_papers_not_notes_that_are_not_shipped(page):
     assert not cited, f"{page.name} cites notes the repository does not ship: {cited}; cite the paper instead"
 
 
+SHIPPED_TREES = ("raysim", "configs", "jobs", "benchmarks")
+"""The folders whose docstrings, comments and setting descriptions a reader meets (API reference, `--help`, configs)."""
+TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".md", ".json", ".toml", ".sh", ".txt", ".cfg"}
+
+
+def _notes_cited(text: str) -> list[str]:
+    return sorted({match.group(0) for match in UNSHIPPED_NOTES.finditer(text)})
+
+
+def test_the_code_and_configs_cite_the_papers_not_notes_that_are_not_shipped():
+    """No docstring, comment or config comment under raysim/, configs/, jobs/ or benchmarks/ cites a digest: the
+    paper's own section, equation, table or algorithm, or the authors' code, instead."""
+    files = [
+        path
+        for tree in SHIPPED_TREES
+        for path in sorted((ROOT / tree).rglob("*"))
+        if path.is_file() and path.suffix in TEXT_SUFFIXES and "__pycache__" not in path.parts
+    ]
+    assert len([path for path in files if path.suffix == ".py"]) > 100  # the walk found the package
+    cited = {str(path.relative_to(ROOT)): found for path in files if (found := _notes_cited(path.read_text()))}
+    assert not cited, f"files citing notes the repository does not ship: {cited}; cite the paper instead"
+
+
+def test_the_configuration_reference_cites_the_papers_not_notes_that_are_not_shipped():
+    """The generated configuration reference (raysim.reference, the page docs/hooks.py builds from the settings'
+    descriptions) cites no digest either."""
+    from raysim.reference import config_reference
+
+    text = config_reference()
+    assert "| `rounds`" in text  # the reference was built, with its rows
+    cited = _notes_cited(text)
+    assert not cited, f"the configuration reference cites notes the repository does not ship: {cited}"
+
+
 def test_the_checks_catch_an_unshipped_name():
     """The two checks fail on what they are for (a missing config, a digest) and pass a placeholder and a glob."""
     page = ROOT / "docs" / "usage.md"
@@ -71,6 +106,7 @@ def test_the_checks_catch_an_unshipped_name():
     assert _shipped("configs/X.yaml", page) and _shipped("configs/paper/suites/flame_table3_{fmnist,mnist}.yaml", page)
     assert _shipped("docs/*.md", page) and _shipped("reference.md", page)
     assert UNSHIPPED_NOTES.search("(fedslr.md 6.3)")
+    assert _notes_cited("(spec/augfl.md 2.3; FLAME, Sec. VI-A; the authors' code)") == ["augfl.md"]
 
 
 def _section(page: Path, title: str) -> str:

@@ -1,4 +1,5 @@
-"""AugFL (augfl.md): federated meta-learning by inexact ADMM whose server is regularized by a pretrained teacher.
+"""AugFL (Yue et al., 2025): federated meta-learning by inexact ADMM whose server is regularized by a pretrained
+teacher.
 
 `algorithm`: the client and server steps (registered as `augfl`); `settings`: its settings; `teacher`: the
 teacher's architecture, pretraining and cache (`raysim pretrain`); `crd`: the contrastive knowledge transfer from

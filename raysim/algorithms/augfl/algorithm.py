@@ -1,4 +1,4 @@
-"""AugFL: inexact-ADMM federated meta-learning with a server-side pretrained-model regularizer (augfl.md 1.6).
+"""AugFL: inexact-ADMM federated meta-learning with a server-side pretrained-model regularizer (AugFL, eqs. (7)-(13)).
 
 Client i, given the meta-model theta^t, with full-batch gradients on its support set (`support_split`)
 and query set (`query_split`):
@@ -10,29 +10,30 @@ and query set (`query_split`):
     y_i     = y_i + rho (theta_i - theta)                                                 (12)
 
 with delta = 1/(10k + 100) at the client's k-th participation (k = 1, 2, ...). The server keeps the sum
-over ALL clients of y_i + rho theta_i (unselected clients count with their last values, augfl.md 1.8(f))
-and sets theta^{t+1} = (sum_i (y_i + rho theta_i) - lambda grad R_h(theta^t, theta_p)) / (m rho)   (13).
+over ALL clients of y_i + rho theta_i (unselected clients count with their last values: an
+extension, AugFL's analysis and experiments have full participation) and sets theta^{t+1} = (sum_i (y_i + rho theta_i) -
+lambda grad R_h(theta^t, theta_p)) / (m rho)   (13).
 
 R_h is `regularizer`: `crd` (the paper: contrastive representation distillation from a larger
 pretrained model, the teacher, `transfer.mode` paper or the authors' code; raysim.algorithms.augfl.crd), `l2` =
 ||theta - theta_p||^2 (the theory's same-architecture case) or `none` (AugFL without the pretrained model).
 
 The teacher theta_p and the transfer set D_s come from the two pools the `meta` partition keeps back from every
-client (augfl.md 4.1): `server_data` reads theta_p from the weights file `teacher_weights` that `raysim pretrain`
+client (AugFL, Sec. VI): `server_data` reads theta_p from the weights file `teacher_weights` that `raysim pretrain`
 wrote (checksum, model and classes verified), or trains it on the first pool by asking the runtime for a `TrainModel`
 request (the authors' recipe of `teacher_*`; raysim.algorithms.augfl.teacher) unless it is cached, and returns it
 with D_s, the second pool, as `AugFlServerData`; the
 runtime hands that to `setup_server` on the coordinator only, never to a client host.
 
 Held-out target clients (`clients.heldout`, 0.2 in the paper) are scored after `adapt`: one step from the
-current theta on their support set (augfl.md 2.3).
+current theta on their support set (AugFL, Sec. VI).
 
 `start: own` is the authors' round 0: nothing is broadcast, and client i runs eqs. 7-12 from its own initialization
 theta_i^init (drawn as the run draws theta^0, seeded by theta^0 and the client id) in place of theta^0; the server
 still counts theta^0 for a client it has not heard from. `server_augment: crop_flip` crops and flips D_s afresh every
 round (the authors' CRD loaders); client data are never augmented by it.
 
-`diagnostics: true` (augfl.md 3, 7.2): each client evaluates its part of the augmented Lagrangian (5),
+`diagnostics: true` (AugFL, the convergence analysis): each client evaluates its part of the augmented Lagrangian (5),
 w_i L_i(phi_i(theta_i), D^q) with phi_i(theta_i) = theta_i - alpha grad L_i(theta_i, D^s) (two more full gradients),
 and sends it, the change of q_i = <y_i, theta_i> + rho/2 ||theta_i||^2 and w_i d_i beside its upload (not counted as
 traffic). The server keeps G = sum_i w_i L_i(phi_i(theta_i), D^q) and Q = sum_i q_i over ALL clients (their latest
@@ -87,8 +88,8 @@ PADDING = 4
 
 @dataclass(frozen=True, eq=False)
 class AugFlServerData:
-    """What only AugFL's coordinator holds: the teacher theta_p for R_h (eq. 13) and the transfer set D_s (augfl.md
-    2.1)."""
+    """What only AugFL's coordinator holds: the teacher theta_p for R_h (eq. 13) and the transfer set D_s (AugFL,
+    Sec. V)."""
 
     pretrained: Vector
     """theta_p, the flat parameters of the teacher."""
@@ -111,7 +112,7 @@ class AugFlServerData:
 @dataclass
 class AugFlClientState:
     y: Vector
-    """y_i, the dual (= -w_i times the meta-gradient estimate after the first participation, augfl.md 1.8(a))."""
+    """y_i, the dual (= -w_i times the meta-gradient estimate after the first participation, AugFL, eq. (83))."""
     theta: Vector
     """theta_i, the last local meta-model (theta^0, what the server counts, before the first participation)."""
     phi: Vector

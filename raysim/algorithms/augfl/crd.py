@@ -1,4 +1,4 @@
-"""Knowledge transfer from a pretrained model (the teacher) to AugFL's meta-model on the server (augfl.md 2).
+"""Knowledge transfer from a pretrained model (the teacher) to AugFL's meta-model on the server (AugFL, Sec. V).
 
 Contrastive representation distillation (CRD, Tian et al.): the meta-model's penultimate features s =
 g^theta(x) and the teacher's c = g^{theta_p}(x) on the server's transfer set D_s are mapped by heads f^s, f^c
@@ -10,12 +10,12 @@ Pn = 1/|D_s|,
 
     loss = -[log P_pos / (P_pos + K Pn) + sum_neg log K Pn / (P_neg + K Pn)] / batch     (per side, summed)
 
-is R_h (augfl.md 2.1; Z is fixed from the first batch, as in the CRD code). Two ways to get the
+is R_h (AugFL, Sec. V; Z is fixed from the first batch, as in the CRD code). Two ways to get the
 lambda * grad R_h that AugFL's server step (eq. 13) needs, `mode`:
 
 - `paper`: grad_theta R_h at theta^t itself: one pass over D_s in mini-batches with theta fixed, the heads
   taking SGD steps (the critic's min over h); the theta-gradients are averaged.
-- `code` (augfl.md 2.2, the authors' `CRD.train` and `train_distill`): one SGD epoch (lr 0.002, momentum 0.9,
+- `code` (the authors' `CRD.train` and `train_distill`): one SGD epoch (lr 0.002, momentum 0.9,
   weight decay 5e-4) over D_s on ce_weight * CE + crd_weight * CRD; the average of the per-batch gradients of a
   student copy started at theta^t. Their loop zeroes the student's gradient before `optimizer.step()`, so the copy
   moves by weight decay and momentum alone (`student_step: weight_decay`; `gradient` steps it along its gradient,

@@ -1,5 +1,5 @@
-"""KD only: AugFL's ablation without federated learning (Yue et al., 2025, arXiv:2503.02154; augfl.md 4.4, 6
-Fig. 7, 7.1 item 9: "server distillation, no FL, R_h alone").
+"""KD only: AugFL's ablation without federated learning (Yue et al., 2025, arXiv:2503.02154; Sec. VI,
+Fig. 7: "server distillation, no FL, R_h alone").
 
 The server moves the model by AugFL's knowledge-transfer step alone: eq. 13 with every client as if it never
 trained (y_i = 0, theta_i = theta^t, so sum_i (y_i + rho theta_i) = m rho theta^t),

@@ -15,7 +15,7 @@ from raysim.settings import Settings
 
 
 class TransferSettings(Settings):
-    """`algorithm.transfer`: how the teacher's knowledge reaches the meta-model (augfl.md 2, 8.5)."""
+    """`algorithm.transfer`: how the teacher's knowledge reaches the meta-model (AugFL, Sec. V)."""
 
     mode: Literal["paper", "code"] = Field(
         "paper", description="grad of the CRD bound at theta^t (paper) or the code's epoch-averaged CE + CRD gradient"

@@ -1,6 +1,6 @@
 """AugFL's teacher: the pretrained model theta_p, its architecture, and its pretraining on the first pool that the
-`meta` partition keeps back from every client (augfl.md 4.1) with the authors' recipe (augfl.md 2.2;
-`PretrainingSettings`), written as a versioned weights file (raysim.models.weights): by `raysim pretrain CONFIG
+`meta` partition keeps back from every client (AugFL, Sec. VI) with the authors' recipe
+(`PretrainingSettings`), written as a versioned weights file (raysim.models.weights): by `raysim pretrain CONFIG
 --out FILE` (`pretraining`), for runs to load with `algorithm.teacher_weights: FILE`, or by a run without that
 field on first use, cached under $RAYSIM_CACHE/teacher/ (default ~/.cache/raysim/teacher/), one file per dataset,
 architecture, seed, pool sizes and recipe. Either way the run verifies the file's checksum, model and classes."""
@@ -34,7 +34,7 @@ LARGER = {
     "resnet32x4_bn": "resnet32x4_bn",
 }
 """The default architecture of the teacher for each client model: the next larger network of the zoo, and the
-paper's pair (a ResNet32x4 distilled into a ResNet8x4, augfl.md 4.2; with BatchNorm, as the authors built them)."""
+paper's pair (a ResNet32x4 distilled into a ResNet8x4, AugFL, Sec. VI; with BatchNorm, as the authors built them)."""
 
 
 def teacher_architecture(settings: TransferStepSettings, model: str, input_shape: tuple[int, ...]) -> str:

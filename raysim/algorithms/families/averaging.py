@@ -1,7 +1,7 @@
 """The averaging family: a server that takes the weighted mean of what this round's clients upload.
 
-Weighted-average servers (`weight_field` set: FedAvg flame.md 2.3, FedProx, Ditto flame.md 2.4, FedAlt and
-FedSim fedapm.md 4.3). The global model is the weighted mean of this round's selected clients' messages:
+Weighted-average servers (`weight_field` set: FedAvg (FLAME, Sec. IV-E), FedProx, Ditto, FedAlt and
+FedSim (FedAPM, Sec. 6.1)). The global model is the weighted mean of this round's selected clients' messages:
 
     w = sum_{i in S} a_i x_i / sum_{i in S} a_i
 
@@ -133,7 +133,7 @@ ClientState = AveragingClientState | SharedOnlyClientState
 
 
 class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, Vector, WeightedUpload | DeltaUpload]):
-    """FedAvg's client and server steps (flame.md 2.3), with the FedAPM authors' shared-only path: the base of the
+    """FedAvg's client and server steps (FLAME, Sec. IV-E), with the FedAPM authors' shared-only path: the base of the
     methods that change only the local objective (FedProx) or the server's mean (FedALA, FedLP); a subclass
     registers itself with its `name` and `Settings`."""
 
@@ -204,7 +204,7 @@ class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, 
     def server_step(self, server: AveragingServerState, total: WeightedUpload | DeltaUpload, num_selected: int):
         if server.running is None:
             return self.averaged(server, total)
-        running, metrics = running_mean(server.running, total)  # u = (1/m) sum_i u_i over ALL m (fedapm.md 1.5)
+        running, metrics = running_mean(server.running, total)  # u = (1/m) sum_i u_i over ALL m (the authors' code)
         w = server.w.copy()
         w[self.shared] = running.w
         return AveragingServerState(w, running), metrics

@@ -10,8 +10,8 @@ fields, so the server's mean and the robust rule that replaces it agree on what 
 Running-mean servers (`Upload.delta = True`: FLAME, FedADMM, FedAPM, pFedMe with `aggregation: all`).
 The global model is the unweighted mean of the latest messages of ALL m clients, stale ones included:
 
-    w = (1/m) sum_{i=1..m} u_i        flame.md eq. (14) (u_i = w_i + pi_i/rho; FedADMM flame.md 2.2,
-                                      FedAPM fedapm.md eq. (8) with z_i, pFedMe flame.md 2.1 with w_i)
+    w = (1/m) sum_{i=1..m} u_i        FLAME, eq. (14) (u_i = w_i + pi_i/rho; FedADMM: FLAME, eq. (19),
+                                      FedAPM: eq. (8) with z_i, pFedMe: FLAME, Sec. IV-E with w_i)
 
 A selected client uploads the change u_i^new - u_i^old (`DeltaUpload`), so the summed upload moves a float64
 running sum S = sum_i u_i held by the server (`RunningMeanState`); the model is S / m (divided, not multiplied by
@@ -21,7 +21,7 @@ the coordinator's robust aggregation starts from the same sum.
 ## Diagnostics
 
 Convergence diagnostics of the consensus-ADMM methods with a running-mean server (FLAME, FedADMM, FedAPM), opt-in
-by their setting `diagnostics: true` (flame.md 1.6, 5 and 9 item 14; fedapm.md 3.2; docs/algorithms.md "ADMM
+by their setting `diagnostics: true` (FLAME, Lemma 3; Sec. V; FedAPM, Lemma 1; docs/algorithms.md "ADMM
 convergence").
 
 The methods minimize an augmented Lagrangian of the form
@@ -29,7 +29,7 @@ The methods minimize an augmented Lagrangian of the form
     L(P, w) = sum_i [ g_i + c_i(w) ],   c_i(w) = <pi_i, x_i - w> + rho/2 ||x_i - w||^2,
 
 with x_i = w_i, g_i = alpha_i (f_i(theta_i) + lambda/2 ||theta_i - w_i||^2) for FLAME (10); x_i = theta_i,
-g_i = alpha_i f_i(theta_i) for FedADMM (flame.md 2.2); x_i = u_i, g_i = alpha_i f_i(v_i, u_i) for FedAPM (4).
+g_i = alpha_i f_i(theta_i) for FedADMM (FLAME, eq. (19)); x_i = u_i, g_i = alpha_i f_i(v_i, u_i) for FedAPM (4).
 The server keeps L over ALL m clients as two running totals (`AdmmTotals`), so it is logged under partial
 participation too (an unselected client's g_i and c_i do not change while w stays; only w moves them):
 
@@ -47,8 +47,8 @@ each selected client adds the change of its pi_i, starting from pi_i^0 = 0.
 
 `server/successive_change` is the sum of squared successive differences the descent lemmas bound: FLAME's
 Delta Gamma^{t+1} = sum_i (||w^{t+1} - w^t||^2 + ||w_i^{t+1} - w_i^t||^2 + ||theta_i^{t+1} - theta_i^t||^2)
-(Lemma 1, flame.md 5), FedAPM's Sigma_p^{t+1} = sum_i (||dv_i||^2 + ||du_i||^2 + ||du||^2) (Lemma 1, fedapm.md 3.2),
-FedADMM's sum_i (||dw||^2 + ||dtheta_i||^2): each client reports its own variables' part, the server adds
+(Lemma 1, FLAME, Sec. V), FedAPM's Sigma_p^{t+1} = sum_i (||dv_i||^2 + ||du_i||^2 + ||du||^2) (Lemma 1, FedAPM, Lemma
+1), FedADMM's sum_i (||dw||^2 + ||dtheta_i||^2): each client reports its own variables' part, the server adds
 m ||w^{t+1} - w^t||^2 (an unselected client's variables do not move).
 
 These fields ride in the upload beside the message change (`AdmmDiagnosticUpload`) for the runtime to sum; they

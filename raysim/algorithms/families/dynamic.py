@@ -1,5 +1,5 @@
 """The dynamic-regularization family: FedDyn's local objective f_i(theta) - <gamma_i, theta> + alpha/2 ||theta - w||^2
-and its dual update (Acar et al. 2021), the local solver FedSLR's Phase I takes (fedslr.md 2.2) and the PGD
+and its dual update (Acar et al. 2021), the local solver FedSLR's Phase I takes (FedSLR, eq. (5)) and the PGD
 ablations with it.
 """
 
@@ -43,10 +43,10 @@ def dual_corrected_mean(summed: np.ndarray, count: float, gamma_mean: np.ndarray
 
 
 class DynamicSolverSettings(SGDSettings):
-    """FedSLR's local solver (fedslr.md 6.3), the defaults of FedSLR, FedDyn, GPGD and LPGD: 2 local epochs at batch
+    """FedSLR's local solver (FedSLR, App. B), the defaults of FedSLR, FedDyn, GPGD and LPGD: 2 local epochs at batch
     20 and eta_l = 0.1, decayed by 0.998 every round (LrSchedule: a client step of round t reads eta_l^(t) as lr)."""
 
-    epochs: int = Field(2, ge=1, description="local epochs (2 in FedSLR's comparison, fedslr.md 6.3)")
+    epochs: int = Field(2, ge=1, description="local epochs (2 in FedSLR's comparison, FedSLR, App. B)")
     lr: float = Field(0.1, gt=0, description="eta_l: local learning rate at round 0")
     batch_size: int = Field(20, ge=1, description="samples of each mini-batch of local SGD (20 in FedSLR's setup)")
-    lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (fedslr.md 6.3)")
+    lr_decay: float = Field(0.998, gt=0, le=1, description="eta_l^(t) = lr * lr_decay^t (FedSLR, App. B)")

@@ -1,5 +1,5 @@
 """The low-rank family: a global model kept low-rank (plus sparse) by a proximal step on the server, singular value
-thresholding of each weight matrix (fedslr.md 2.3), with the broadcast and upload it takes; FedSLR and its
+thresholding of each weight matrix (FedSLR, eq. (6)), with the broadcast and upload it takes; FedSLR and its
 ablations (GPGD, LPGD).
 """
 
@@ -44,9 +44,9 @@ class LowRankUpload(Upload):
 
 @dataclass(frozen=True)
 class LowRankProx:
-    """FedSLR's server prox (eq. 6, Alg. 2; fedslr.md 2.3, 2.4, 6.5): layer-wise SVT of the aggregate, whose factors
-    are the next downlink, and what it logs (ranks, parameter count, SVD time). GPGD's server is the same prox of a
-    plain mean (fedslr.md A.2 eq. 21)."""
+    """FedSLR's server prox (FedSLR, eq. (6), Alg. 2; Alg. 1 line 3; Table 2): layer-wise SVT of the aggregate, whose
+    factors are the next downlink, and what it logs (ranks, parameter count, SVD time). GPGD's server is the same
+    prox of a plain mean (FedSLR, App. A.2, eq. (21))."""
 
     params: ParamSpec
     svd_device: str
@@ -57,7 +57,7 @@ class LowRankProx:
         return {name: min(matrix_shape(shape)) for name, shape in layers if len(shape) > 1}
 
     def parameter_count(self, ranks: dict[str, int]) -> int:
-        """#params of a low-rank model (fedslr.md 6.5): min(d1 d2, r (d1 + d2)) per matrix plus the 1-D ones."""
+        """#params of a low-rank model (FedSLR, Table 2): min(d1 d2, r (d1 + d2)) per matrix plus the 1-D ones."""
         layers = zip(self.params.names, self.params.shapes, strict=True)
         return sum(factored_size(shape, ranks.get(name, 0)) for name, shape in layers)
 
@@ -87,8 +87,9 @@ class LowRankProx:
         return prox, metrics
 
     def spectra_table(self, global_params: Vector) -> dict[str, dict[str, list]]:
-        """`spectra`: every singular value of every matrixized layer of the global model (fedslr.md 10 item 14),
-        computed afresh from the flat vector, as rows (layer, index, singular_value), largest first per layer."""
+        """`spectra`: every singular value of every matrixized layer of the global model (beyond the
+        paper's per-layer ranks), computed afresh from the flat vector, as rows (layer, index, singular_value),
+        largest first per layer."""
         columns: dict[str, list] = {"layer": [], "index": [], "singular_value": []}
         for name, values in layer_spectra(global_params, self.params).items():
             columns["layer"] += [name] * len(values)

@@ -1,4 +1,4 @@
-"""Partial personalization as Pillutla et al. (2022) run it, the base of FedAlt and FedSim (fedapm.md 4.3): a
+"""Partial personalization as Pillutla et al. (2022) run it, the base of FedAlt and FedSim (FedAPM, Sec. 4.4): a
 selected client resets its shared part to the received u, trains locally (the subclass says how), uploads the
 shared part, and the server averages the shared parts (the selected clients', or all m clients' latest)."""
 
@@ -29,11 +29,11 @@ class PartialSettings(SGDSettings, SplitSettings):
     average_over: Literal["selected", "all"] = Field(
         "selected",
         description="clients in the server's mean: this round's selected ones (Pillutla et al.), or all m with the "
-        "latest shared part of each, stale ones included (the FedAPM authors' code, fedapm.md 1.5; uniform weights)",
+        "latest shared part of each, stale ones included (the FedAPM authors' code; uniform weights)",
     )
     order: Literal["personal_first", "shared_first"] = Field(
         "personal_first",
-        description="local phases: personal part then shared part (Gauss-Seidel, fedapm.md 4.3), or the received "
+        description="local phases: personal part then shared part (Gauss-Seidel, FedAPM, Sec. 4.4), or the received "
         "shared part first (the FedAPM authors' unimodal path, with the body personal and the head shared)",
     )
 

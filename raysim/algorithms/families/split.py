@@ -1,5 +1,5 @@
 """The split-model family (partial personalization): a model split into a shared part the server aggregates and a
-personal part each client keeps, chosen by a layer preset or by name patterns (fedapm.md 4.4; FedRep, LG-FedAvg,
+personal part each client keeps, chosen by a layer preset or by name patterns (FedAPM, Sec. 6.1; FedRep, LG-FedAvg,
 FedAlt, FedSim, and FedAvg/FedProx's deviation of the shared part).
 """
 
@@ -53,7 +53,7 @@ class SplitSettings(AlgorithmSettings):
     )
     preset: Preset = Field(
         "output",
-        description="the personal modules: a strategy of fedapm.md 2 from the model's table (input, output, "
+        description="the personal modules: a strategy of FedAPM, Sec. 3.4 from the model's table (input, output, "
         "split_input, split_input_code: the authors' code's both encoders), or for a model without a table "
         "`output` = the layers after the last convolution (the last layer without convolutions); any model: "
         "first_layer, last_layer; a model with normalization layers: normalization (their parameters and running "
@@ -136,9 +136,10 @@ def deviation(
     params: ParamSpec, shared: np.ndarray, local: Vector, reference: Vector, whole: bool = False
 ) -> tuple[Number, Number]:
     """||u_i - u|| over the shared tensors (`local`, `reference`: shared-part vectors, or a chunk's [k, n_shared]
-    rows): the sum of per-tensor Frobenius norms (the paper's curves, fedapm.md 1.5) and the global L2 norm; numbers
-    for one client's vectors, [k] arrays for rows. `whole`: `local` and `reference` are whole-model vectors, read at
-    the shared tensors where they lie (no copy of a chunk's shared part: it cost more than the norms)."""
+    rows): the sum of per-tensor Frobenius norms (the paper's curves, as the authors' code computes them) and the global
+    L2 norm; numbers for one client's vectors, [k] arrays for rows. `whole`: `local` and `reference` are whole-model
+    vectors, read at the shared tensors where they lie (no copy of a chunk's shared part: it cost more than the
+    norms)."""
     position = None if whole else np.cumsum(shared) - shared  # a shared coordinate's index within the shared part
     starts, stops = [], []
     for name in params.names:

@@ -1,5 +1,5 @@
 """The teacher family: a model pretrained on the server's own held-back samples, or read from a weights file, verified
-either way (augfl.md 3.1): AugFL's teacher and the encoders of the PM-aided baselines (FedLP, FedPCL).
+either way (AugFL, Secs. V-VI): AugFL's teacher and the encoders of the PM-aided baselines (FedLP, FedPCL).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class PretrainingSettings(Settings):
     """The pretrained model theta_p (`algorithm.teacher_*`): a weights file that `raysim pretrain` wrote
     (`teacher_weights`, verified on load), or pretrained on the first pool the `meta` partition keeps back with the
     recipe below and cached (raysim.algorithms.augfl.teacher); shared by AugFL and the PM-aided baselines. The
-    recipe's defaults are the authors' (train_teacher_model.py, augfl.md 2.2: SGD, rate 0.05, momentum 0.9, weight
+    recipe's defaults are the authors' (train_teacher_model.py: SGD, rate 0.05, momentum 0.9, weight
     decay 5e-4, batch 64, 240 epochs, the rate x0.1 at epochs 150, 180 and 210); shorten it with `teacher_epochs`."""
 
     model_config = ConfigDict(populate_by_name=True)
@@ -111,7 +111,7 @@ def pretrained_cache_path(folder: Path, context: ServerContext, architecture: st
 def pretrain(
     settings: PretrainingSettings, context: ServerContext, architecture: str, out: Path | None = None
 ) -> Generator[TrainModel, SGDResult, Path]:
-    """Train the teacher on the first held-back pool (augfl.md 4.1) with the recipe of `settings` and write it as a
+    """Train the teacher on the first held-back pool (AugFL, Sec. VI) with the recipe of `settings` and write it as a
     weights file to `out`; without `out`, to the cache (`pretrained_cache_path`), where a file already there is
     reused. The training is one `TrainModel` request (from an initialization of its own), yielded only when a file
     is to be written; returns the file's path."""
