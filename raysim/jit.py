@@ -13,6 +13,7 @@ Kernels take 2-D rows (clients x entries); `rows` views one client's vector as a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -36,8 +37,9 @@ def add_square(total, value):
 
 
 def rows(vector: np.ndarray) -> np.ndarray:
-    """A client's vector [n] as one row [1, n], a chunk's rows [k, n] as they are (a view, no copy)."""
-    return vector.reshape(-1, vector.shape[-1])
+    """A client's vector [n] as one row [1, n], a chunk's rows [k, n] as they are (a view, no copy); the count of rows
+    is named, not -1: numpy cannot infer it for zero-width rows (n = 0)."""
+    return vector.reshape(math.prod(vector.shape[:-1]), vector.shape[-1])
 
 
 @kernel

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import ray
 import torch
 
 from raysim.algorithms import ClientInfo, build_algorithm
@@ -200,17 +201,51 @@ class ClientHost(Renewable):
         gets the global model it is scored with; a held-out client is adapted as at the last evaluation (the same
         stream). With a personalized network (FedCP) the rows are its vectors, and a client scored with the global
         model then (a held-out one) is left out: its model is the global one. Read one state at a time."""
-        network = self.algorithm.personalized_network()
-        width = len(global_params) if network is None else self.model.composed(network).size
         ids, rows = [], []
+        for client_id, row in self._personalized_rows(global_params, context, client_ids):
+            ids.append(client_id)
+            rows.append(row)
+        params = np.stack(rows) if rows else np.zeros((0, self._model_width(global_params)), np.float32)
+        return np.asarray(ids, dtype=np.int64), params
+
+    def write_personalized_models(
+        self, global_params: Vector, context: Any, path: str
+    ) -> tuple[np.ndarray, int] | None:
+        """`personalized_models` of all this host's clients written to the file `path` (raw float32 rows, C order,
+        one row at a time) instead of returned: a host on the driver's node hands the rows over through the disk, as
+        Ray's object store would count a returned block's shared pages in both this host's and the driver's RSS
+        (issue 49). Returns (client ids in the rows' order, row width), or None when `path`'s folder is not
+        there (another file system: the driver asks for blocks instead)."""
+        target = Path(path)
+        if not target.parent.is_dir():
+            return None
+        ids = []
+        with target.open("wb") as rows_file:
+            for client_id, row in self._personalized_rows(global_params, context, None):
+                ids.append(client_id)
+                rows_file.write(row.data)
+        return np.asarray(ids, dtype=np.int64), self._model_width(global_params)
+
+    def node_id(self) -> str | None:
+        """The Ray node this host runs on; None outside Ray (an in-process host runs in the driver)."""
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+    def _model_width(self, global_params: Vector) -> int:
+        """Parameters of a client's saved model: the global model's, or the personalized network's (FedCP)."""
+        network = self.algorithm.personalized_network()
+        return len(global_params) if network is None else self.model.composed(network).size
+
+    def _personalized_rows(
+        self, global_params: Vector, context: Any, client_ids: Sequence[int] | None
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """(client id, float32 row) of each of `client_ids` (default: all, in id order) that has a saved model
+        (`personalized_models`), one state read at a time."""
+        width = self._model_width(global_params)
         for client_id in self.client_ids if client_ids is None else client_ids:
             model = self._personal_model(client_id, self.states[client_id], global_params, context)
-            row = np.asarray(global_params if model is None else model, dtype=np.float32).reshape(-1)
+            row = np.ascontiguousarray(global_params if model is None else model, dtype=np.float32).reshape(-1)
             if row.size == width:
-                ids.append(client_id)
-                rows.append(row)
-        params = np.stack(rows) if rows else np.zeros((0, width), np.float32)
-        return np.asarray(ids, dtype=np.int64), params
+                yield client_id, row
 
     def _personal_model(self, client_id: int, state: Any, global_params: Vector, context: Any) -> Vector | None:
         """The PM a client deploys now (None: the global model); a vector of the algorithm's personalized network

@@ -9,6 +9,9 @@ settings reach them `carry`-ed: each actor imports the run's plugins before it u
 
 from __future__ import annotations
 
+import io
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,28 +156,82 @@ class Simulation:
             global_params = self.broadcast_model
         return global_params, self.coordinator.evaluation_context.remote()
 
-    def personalized_models(self, block_bytes: int = 32 * 2**20) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def personalized_models(
+        self, block_bytes: int = 32 * 2**20, node: str | None = None, scratch: Path | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(client ids, float32 rows) blocks of every client in id order, about `block_bytes` each: the model the
-        last evaluation scored each client with (ClientHost.personalized_models), asked of the hosts a block of ids
-        at a time, so that the driver and the object store hold one block, never clients x parameters x 4 bytes."""
+        last evaluation scored each client with (ClientHost.personalized_models); the driver holds one block, never
+        clients x parameters x 4 bytes. A host on the driver's `node` (default: this process's Ray node; None
+        without Ray, as an in-process host reports) writes all its rows to a file in a scratch folder (made under
+        `scratch`, default the system's temporary folder; removed at the end) that the driver reads the blocks from:
+        through Ray's object store each block's shared pages counted in both the host's and the driver's RSS, 0.5 GB
+        of a FLAME run's peak (issue 49). A host on another node (or that cannot see the folder) is asked a block of
+        ids at a time."""
         global_params, context = self._scored_global()
+        here = _node_id() if node is None else node
+        nodes = self.actors.get([host.node_id.remote() for host in self.hosts])
+        folder = Path(tempfile.mkdtemp(prefix="raysim-models-", dir=scratch))
+        try:
+            local = [index for index, host_node in enumerate(nodes) if host_node == here]
+            written = self.actors.get(
+                [
+                    self.hosts[index].write_personalized_models.remote(
+                        global_params, context, str(folder / f"host-{index}.rows")
+                    )
+                    for index in local
+                ]
+            )
+            parts = {index: part for index, part in zip(local, written, strict=True) if part is not None}
+            files = {index: (folder / f"host-{index}.rows").open("rb") for index in parts}
+            try:
+                yield from self._model_blocks(block_bytes, global_params, context, parts, files)
+            finally:
+                for rows_file in files.values():
+                    rows_file.close()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _model_blocks(
+        self,
+        block_bytes: int,
+        global_params: Any,
+        context: Any,
+        parts: dict[int, tuple[np.ndarray, int]],
+        files: dict[int, io.BufferedReader],
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The blocks of `personalized_models`: the rows of the hosts in `parts` ((client ids, row width) of the
+        rows each wrote to its file in `files`) read from the files, the other hosts' asked for."""
         owner = {client: index for index, owned in enumerate(self.host_clients) for client in owned}
+        place = {
+            int(client): (index, position) for index, (ids, _) in parts.items() for position, client in enumerate(ids)
+        }
+        widths = {index: width for index, (_, width) in parts.items()}
         ordered = sorted(owner)
         step = max(1, block_bytes // max(1, 4 * self.model_size))
         for begin in range(0, len(ordered), step):
             asked: dict[int, list[int]] = {}
+            read: list[int] = []
             for client in ordered[begin : begin + step]:
-                asked.setdefault(owner[client], []).append(client)
-            parts = self.actors.get(
+                if owner[client] in parts:
+                    if client in place:  # a client without a saved row (FedCP's held-out) is not in its host's file
+                        read.append(client)
+                else:
+                    asked.setdefault(owner[client], []).append(client)
+            replies = self.actors.get(
                 [
                     self.hosts[index].personalized_models.remote(global_params, context, ids)
                     for index, ids in asked.items()
                 ]
             )
-            ids = np.concatenate([host_ids for host_ids, _ in parts])
+            parts_read = [_read_rows(files, widths, [place[client] for client in read], read)] if read else []
+            if not replies:  # read in id order
+                width = next(iter(widths.values()), self.model_size)
+                yield parts_read[0] if read else (np.zeros(0, np.int64), np.zeros((0, width), np.float32))
+                continue
+            ids = np.concatenate([host_ids for host_ids, _ in replies + parts_read])
             order = np.argsort(ids, kind="stable")
-            block = ids[order], np.concatenate([rows for _, rows in parts])[order]
-            del parts  # the hosts' replies (views of the object store) go before the block is written
+            block = ids[order], np.concatenate([rows for _, rows in replies + parts_read])[order]
+            del replies, parts_read  # the hosts' replies (views of the object store) go before the block is written
             yield block
 
     def client_states(self) -> dict[int, object]:
@@ -236,3 +293,23 @@ class Simulation:
     def close(self, wait_s: float = 10.0, finished: bool = False) -> None:
         """End the actors, or with runtime.reuse_actors and a `finished` run keep them for the next run."""
         self.actors.close(wait_s, finished)
+
+
+def _node_id() -> str | None:
+    """This process's Ray node (None without Ray: in-process hosts only)."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
+def _read_rows(
+    files: dict[int, io.BufferedReader], widths: dict[int, int], places: list[tuple[int, int]], ids: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, their rows): row `position` of host `index`'s file for each (index, position) of `places`, read into
+    one block (plain reads: a mapped file's pages would count in the driver's RSS)."""
+    width = widths[places[0][0]]
+    rows = np.empty((len(places), width), np.float32)
+    for row, (index, position) in zip(rows, places, strict=True):
+        rows_file = files[index]
+        rows_file.seek(position * width * 4)
+        if rows_file.readinto(row.data.cast("B")) != width * 4:
+            raise OSError(f"{rows_file.name}: row {position} cut short")
+    return np.asarray(ids, dtype=np.int64), rows

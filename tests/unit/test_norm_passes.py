@@ -12,7 +12,7 @@ import pytest
 
 from raysim.algorithms.families.consensus import row_norms
 from raysim.algorithms.families.split import deviation
-from raysim.jit import norms, segment_distances
+from raysim.jit import distances, norms, rows, segment_distances
 from raysim.models.spec import ParamSpec
 from raysim.tracking.models import save_client_models
 
@@ -34,6 +34,18 @@ def test_row_norms_are_numpys_float64_norms(order, dtype):
     np.testing.assert_allclose(row_norms(a), expected, rtol=1e-13)
     assert isinstance(norms(a[2]), float) and norms(a[2]) == pytest.approx(expected[2], rel=1e-13)
     assert norms(np.zeros((0, 4))).shape == (0,)
+
+
+def test_zero_width_rows_are_rows_and_their_norms_zero():
+    """`rows` names the row count: numpy cannot infer -1 in reshape(-1, 0), so a model (or a segment) of no
+    parameters failed before any pass; a vector [0] is one row [1, 0], rows [k, 0] stay k rows, both views."""
+    one, many = np.zeros(0, np.float32), np.zeros((3, 0), np.float32)
+    assert rows(one).shape == (1, 0) and rows(many).shape == (3, 0) and rows(np.zeros((0, 0))).shape == (0, 0)
+    assert rows(one).base is one and rows(many).base is many
+    vector = _rows()[0]
+    assert rows(vector).shape == (1, 57) and np.shares_memory(rows(vector), vector)
+    assert norms(one) == 0.0 and norms(many).tolist() == [0.0] * 3
+    assert distances(one, one) == 0.0 and distances(many, one).tolist() == [0.0] * 3
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
