@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ import torch
 from raysim.algorithms.prox import dematrixize, factored_size, matrix_shape, matrixize
 from raysim.models.factorized import factorized_network
 from raysim.models.flat import FlatModel
+from raysim.studies.latency import timed
 
 
 def truncated(model: FlatModel, fraction: float) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
@@ -54,17 +54,6 @@ def truncated(model: FlatModel, fraction: float) -> tuple[np.ndarray, dict[str, 
         if factored_size(shape, rank) < int(np.prod(shape)):
             factors[name] = (left.float().numpy(), right.float().numpy())
     return flat, factors
-
-
-def timed(network: torch.nn.Module, batch: torch.Tensor, device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.no_grad():
-        network(batch)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - start)
 
 
 def main() -> None:

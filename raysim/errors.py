@@ -47,18 +47,32 @@ def check_output(path: str | Path, key: str, kind: Literal["file", "folder"]) ->
         raise OutputError(f"{key} {path}: a folder; give the file to write")
     if kind == "folder" and path.exists() and not path.is_dir():
         raise OutputError(f"{key} {path}: a file, not a folder")
-    existing = path if kind == "folder" and path.is_dir() else path.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(path if kind == "folder" and path.is_dir() else path.parent)
     if not existing.is_dir():
         raise OutputError(f"{key} {path}: {existing} is a file, not a folder")
+    reason = unwritable(existing)
+    if reason is not None:
+        raise OutputError(f"{key} {path}: cannot be written in {existing} ({reason})")
+    return path
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` if it exists, else its nearest existing parent (what a write below it would land in)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why a file cannot be created in the existing `folder` (the OS's words), or None when it can; the probe file
+    is removed at once."""
     try:
-        handle, probe = tempfile.mkstemp(dir=existing, prefix=".raysim-probe-")
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".raysim-probe-")
         os.close(handle)
         os.unlink(probe)
     except OSError as error:
-        raise OutputError(f"{key} {path}: cannot be written in {existing} ({error.strerror})") from None
-    return path
+        return error.strerror
+    return None
 
 
 class Interrupted(KeyboardInterrupt):

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 
-from raysim.errors import CheckpointError
+from raysim.errors import CheckpointError, nearest_existing, unwritable
 from raysim.plugins import is_plugin_module
 
 MANIFEST = "manifest.json"
@@ -248,17 +247,12 @@ def check_writable(folder: Path, key: str = "tracking.checkpoint_dir") -> None:
     """Refuse, in one line naming `key`, a checkpoint folder that cannot be written: below a regular file,
     read-only, not permitted. Nothing is left behind: the folder is not created here, and the probe file written
     into it (or into its nearest existing parent) is removed at once."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(folder)
     if not existing.is_dir():
         raise CheckpointError(f"{key}={folder}: {existing} is a file, not a folder")
-    try:
-        handle, probe = tempfile.mkstemp(dir=existing, prefix=".raysim-probe-")
-        os.close(handle)
-        os.unlink(probe)
-    except OSError as error:
-        raise CheckpointError(f"{key}={folder}: checkpoints cannot be written there ({error.strerror})") from None
+    reason = unwritable(existing)
+    if reason is not None:
+        raise CheckpointError(f"{key}={folder}: checkpoints cannot be written there ({reason})")
 
 
 def _sync(folder: Path) -> None:

@@ -115,7 +115,8 @@ class Latency:
     """max |logits(dense) - logits(factorized)| on the first batch: the factorized network computes the dense one."""
 
 
-def _timed(network: torch.nn.Module, batch: torch.Tensor, device: str) -> float:
+def timed(network: torch.nn.Module, batch: torch.Tensor, device: str) -> float:
+    """Milliseconds of one forward pass of `batch` (without gradients; on CUDA, between two synchronizations)."""
     import torch
 
     if device == "cuda":
@@ -148,11 +149,11 @@ def gkr_latency(
     with torch.no_grad():
         diff = float((ways["dense"](batches[0]) - ways["factorized"](batches[0])).abs().max())
     for network in ways.values():  # warm-up
-        _timed(network, batches[0], device)
+        timed(network, batches[0], device)
     times: dict[str, list[float]] = {name: [] for name in ways}
     for repeat in range(repeats):
         for name, network in ways.items():
-            times[name].append(_timed(network, batches[repeat % len(batches)], device))
+            times[name].append(timed(network, batches[repeat % len(batches)], device))
     ranks = {name: gkr.ranks[name] for name in gkr.ranks if name in gkr.spec.names}
     return Latency(
         statistics.median(times["dense"]),
