@@ -65,6 +65,7 @@ from raysim.algorithms.interface import (
 from raysim.algorithms.requests import Vector, train
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Term
+from raysim.errors import ConfigError
 from raysim.models.composed import GatedHeads
 from raysim.models.spec import ParamSpec
 
@@ -206,6 +207,12 @@ class FedCP(Algorithm[FedCPSettings, FedCPClientState, FedCPServerState, Vector,
 
     def __init__(self, settings: FedCPSettings, params: ParamSpec):
         super().__init__(settings, params)
+        if params.statistics:
+            raise ConfigError(
+                f"model.name: {params.model!r} has running statistics (BatchNorm), which FedCP cannot train "
+                "(it trains its policy network and heads around the network as one composed vector); choose a model "
+                "without BatchNorm"
+            )
         self.heads = GatedHeads(tau=settings.tau)
         self.network_head = params.head_mask()
         d, policy, size = params.feature_dim, self.heads.policy_size(params.feature_dim), params.size

@@ -66,6 +66,7 @@ from raysim.algorithms.interface import (
 from raysim.algorithms.requests import LocalSGD, Vector, train
 from raysim.algorithms.settings import SGDSettings
 from raysim.algorithms.terms import Term
+from raysim.errors import ConfigError
 from raysim.models.composed import ComponentMixture
 from raysim.models.spec import ParamSpec
 
@@ -215,9 +216,10 @@ class FedEM(Algorithm[FedEMSettings, FedEMClientState, FedEMServerState, Vector,
     def __init__(self, settings: FedEMSettings, params: ParamSpec):
         super().__init__(settings, params)
         if params.statistics:
-            raise ValueError(
-                "FedEM trains its M components and mixture weights as vectors of other sizes than the network's, "
-                f"whose running statistics (BatchNorm) the trainer cannot write; model {params.model!r} has them"
+            raise ConfigError(
+                f"model.name: {params.model!r} has running statistics (BatchNorm), which FedEM cannot train "
+                "(it trains its M components and mixture weights as vectors of other sizes than the network's); choose"
+                " a model without BatchNorm"
             )
         self.mixture = ComponentMixture(settings.components)
 

@@ -100,6 +100,12 @@ class Term:
     replaces_loss: ClassVar[bool] = False
     """`loss` gives the step's loss in place of f_i's (at most one such term a request)."""
 
+    def model_window(self, model: FlatModel) -> slice:
+        """Where the model's own parameters sit in the vector a loss term trains: a term that trains the model with
+        parts of its own (a personal head after it, a policy network before it) says so, so that the trainer
+        finds the model's running statistics (BatchNorm) in the vector."""
+        return slice(0, model.size)
+
     @property
     def draws(self) -> bool:
         """Whether the term draws noise of its own at every step: the step's seed (from the client's stream) then

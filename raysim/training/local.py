@@ -242,7 +242,8 @@ class LocalTrainer:
         loss_term = next((term for term in terms if term.replaces_loss), None)
         noisy = self.model.stochastic or request.draws
         velocity = torch.zeros_like(x) if request.momentum else None
-        statistics = self._statistics_written(mask)
+        window = slice(0, self.model.size) if loss_term is None else loss_term.model_window(self.model)
+        statistics = self._statistics_written(mask, window, len(x))
         running = x.clone() if statistics is not None else None
         losses: list[float] = []
         for batch in training_batches(request, data.train, generator):
@@ -251,7 +252,7 @@ class LocalTrainer:
             point = x
             for term in terms:
                 point = term.evaluated_at(point)
-            with self.model.batch_statistics(running):
+            with self.model.batch_statistics(None if running is None else running[window]):
                 if loss_term is None:
                     loss, grad = self.model.loss_and_grad(point, xb, yb, seed)
                 else:
@@ -277,12 +278,19 @@ class LocalTrainer:
             params=x.numpy(), mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses)
         )
 
-    def _statistics_written(self, trained: torch.Tensor | None) -> torch.Tensor | None:
+    def _statistics_written(
+        self, trained: torch.Tensor | None, window: slice | None = None, length: int | None = None
+    ) -> torch.Tensor | None:
         """The coordinates a training step sets to its batch's running statistics rather than moves by a gradient
-        (those of a layer that trains: a frozen layer's statistics stay as they are), or None when there are none."""
+        (those of a layer that trains: a frozen layer's statistics stay as they are), or None when there are none;
+        in a vector of `length` whose `window` holds the model (a loss term's vector: Term.model_window)."""
         if not self.model.has_statistics:
             return None
         statistics = torch.from_numpy(self.model.spec.statistics_mask())
+        if window is not None and length is not None and length != len(statistics):
+            placed = torch.zeros(length, dtype=torch.bool)
+            placed[window] = statistics
+            statistics = placed
         return statistics if trained is None else statistics & trained
 
     def train_model(

@@ -28,11 +28,13 @@ def model_for(name: str) -> str:
     return MODELS.get(name, "mlp" if name in SPLIT else "mlr")
 
 
-def algorithm_config(name: str, **sections):
+def algorithm_config(name: str, model: str | None = None, settings: dict | None = None, **sections):
+    """A tiny run of the algorithm: 5 clients, 2 a round, 3 rounds, on `model` (default: `model_for`), with
+    `settings` over its tiny ones."""
     return validate_config(
         tiny_config(
-            algorithm={"name": name, **sgd_settings(name), **ALGORITHMS[name]},
-            model={"name": model_for(name)},
+            algorithm={"name": name, **sgd_settings(name), **ALGORITHMS[name], **(settings or {})},
+            model={"name": model or model_for(name)},
             clients={"count": 5, "per_round": 2},
             rounds=3,
             **({"partition": PARTITIONS[name]} if name in PARTITIONS else {}),

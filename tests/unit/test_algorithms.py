@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from raysim.algorithms import ALGORITHMS as REGISTERED
+from raysim.errors import ConfigError
 from tests.support.algorithms import ALGORITHMS, ELSEWHERE, StateWatch, algorithm_config
 from tests.support.inprocess import InProcess
 
@@ -28,6 +29,33 @@ def test_unselected_clients_keep_their_state_bit_for_bit_in_process(name, tmp_pa
         sim.round(round_index)
         watch.check(round_index, sim.states)
     assert watch.rounds == [0, 1, 2]
+
+
+REFUSES_STATISTICS = {"fedem", "fedcp"}
+"""Algorithms that train vectors of other sizes than the network's and refuse a model with running statistics, with
+an error that says so."""
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_algorithm_trains_a_batchnorm_model(name, tmp_path, monkeypatch):
+    """A round of each algorithm on a model with running statistics (mlp_bn): the statistics sit where the
+    algorithm's trained vector holds the model (FedRoD's vector holds a personal head after the model: a shape error
+    before Term.model_window), and every client state stays finite; FedEM and FedCP refuse such a model."""
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path))
+    fields = REGISTERED.get(name).Settings.model_fields
+    teacher = {"teacher_model": "mlp"} if "teacher_model" in fields else {}  # mlp_bn has no default teacher
+    config = algorithm_config(name, model="mlp_bn", settings=teacher)
+    if name in REFUSES_STATISTICS:
+        with pytest.raises(ConfigError, match="model.name: .*running statistics"):
+            InProcess(config)
+        return
+    sim = InProcess(config)
+    sim.round(0)
+    for state in sim.states.values():
+        for field in dataclasses.fields(state) if dataclasses.is_dataclass(state) else ():
+            value = getattr(state, field.name)
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                assert np.isfinite(value).all(), f"{name}: {field.name} not finite"
 
 
 @dataclasses.dataclass
