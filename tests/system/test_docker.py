@@ -1,7 +1,8 @@
-"""docker/: what can be checked without a Docker engine (none runs on these machines).
+"""docker/: what can be checked without a Docker engine (`make test-images`, tests/system/check_images.py, builds
+and runs the images where one is).
 
-The compose file parses (with `docker compose config` where that CLI plugin exists, else as YAML with
-the services, health checks and volumes the README promises); the images pin the versions that
+The compose files parse (with `docker compose config` and Debian's docker-compose 1.29 where installed, else as YAML
+with the services, health checks and volumes the README promises); the images pin the versions that
 constraints.txt pins; the files the images copy and the job entrypoints exist.
 """
 
@@ -36,8 +37,9 @@ def compose() -> dict:
 def test_ray_images_pin_the_constraints_versions(name):
     text = (DOCKER / name).read_text()
     pins = constraints()
-    base = re.search(r"^FROM rayproject/ray:([\d.]+)-py(\d)(\d+)-", text, re.MULTILINE)
-    assert base, f"{name}: no pinned rayproject/ray base image"
+    base = re.search(r"^ARG BASE_IMAGE=rayproject/ray:([\d.]+)-py(\d)(\d+)-", text, re.MULTILINE)
+    assert base, f"{name}: no pinned rayproject/ray default base image"
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.MULTILINE), f"{name}: the base is the BASE_IMAGE argument"
     assert base.group(1) == pins["ray"]
     pinned = dict(re.findall(r'"([a-z\[\]]+)==([\d.]+)"', text))
     assert pinned["torch"] == pins["torch"]
@@ -54,13 +56,13 @@ def test_python_of_the_images_is_one_the_project_supports():
     major, minor = re.search(r"py(\d)(\d+)-", (DOCKER / "Dockerfile").read_text()).groups()
     floor = re.search(r'requires-python = ">=(\d+)\.(\d+)"', (ROOT / "pyproject.toml").read_text()).groups()
     assert (int(major), int(minor)) >= (int(floor[0]), int(floor[1]))
-    assert f"FROM python:{major}.{minor}" in (DOCKER / "Dockerfile.mlflow").read_text()
+    assert f"ARG BASE_IMAGE=python:{major}.{minor}" in (DOCKER / "Dockerfile.mlflow").read_text()
 
 
 def test_mlflow_image_pins_the_constraints_mlflow():
-    pinned = dict(re.findall(r'"([a-z0-9-]+)==([\d.]+)"', (DOCKER / "Dockerfile.mlflow").read_text()))
+    pinned = dict(re.findall(r'"([a-z0-9\[\]-]+)==([\d.]+)"', (DOCKER / "Dockerfile.mlflow").read_text()))
     assert pinned["mlflow"] == constraints()["mlflow"]
-    assert "psycopg2-binary" in pinned
+    assert pinned["psycopg[binary]"] == constraints()["psycopg"], "the driver SQLAlchemy 2.1 takes for postgresql://"
 
 
 def test_compose_has_head_workers_mlflow_on_postgres_with_health_checks():
@@ -91,21 +93,41 @@ def test_job_entrypoints_exist():
         assert f'entrypoint("{kind}")' in text
 
 
-def _compose_cli() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    return subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+def _compose_clis() -> list[list[str]]:
+    """Compose v2 (the docker CLI's plugin) and Debian's docker-compose 1.29, whichever are installed."""
+    found = []
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        found.append(["docker", "compose"])
+    if shutil.which("docker-compose"):
+        found.append(["docker-compose"])
+    return found
 
 
-@pytest.mark.skipif(not _compose_cli(), reason="the docker CLI here has no compose plugin")
-def test_docker_compose_config_accepts_the_file():
-    result = subprocess.run(
-        ["docker", "compose", "-f", str(DOCKER / "compose.yaml"), "config", "--quiet"],
-        capture_output=True,
-        text=True,
-        env={"RAY_AUTH_TOKEN": "x", "PATH": "/usr/bin:/bin:/usr/local/bin"},
-    )
-    assert result.returncode == 0, result.stderr
+@pytest.mark.skipif(not _compose_clis(), reason="neither Compose v2 nor docker-compose is installed here")
+@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "compose.offline.yaml"]])
+def test_docker_compose_config_accepts_the_file(files):
+    for cli in _compose_clis():
+        result = subprocess.run(
+            [*cli, "-p", "raysim", *(word for name in files for word in ("-f", str(DOCKER / name))), "config", "-q"],
+            capture_output=True,
+            text=True,
+            env={"RAY_AUTH_TOKEN": "x", "PATH": "/usr/bin:/bin:/usr/local/bin"},
+        )
+        assert result.returncode == 0, (cli, result.stderr)
+
+
+def test_compose_works_with_compose_1_29_and_the_offline_file_only_swaps_bases():
+    """docker-compose 1.29 (Debian's) refuses a top-level `name:`; the offline file changes the builds' bases and
+    PostgreSQL's image, nothing else."""
+    assert "name" not in compose()
+    offline = yaml.safe_load((DOCKER / "compose.offline.yaml").read_text())["services"]
+    assert set(offline) <= set(compose()["services"])
+    for name, service in offline.items():
+        assert set(service) <= {"build", "image"}, name
+        assert service["build"]["args"]["BASE_IMAGE"] == "raysim-base:bookworm", name
+        if "dockerfile" in service["build"]:
+            assert (DOCKER / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+    assert offline["postgres"]["build"]["dockerfile"] == "docker/Dockerfile.postgres"
 
 
 def test_dockerignore_keeps_stores_out_and_what_the_images_copy_in():

@@ -273,7 +273,7 @@ def test_the_rayjob_shuts_its_cluster_down_and_retries_its_submitter():
 
 def test_same_image_and_ray_as_docker():
     node = COMPOSE["x-raysim-node"]
-    ray = re.search(r"^FROM rayproject/ray:([\d.]+)-", DOCKERFILE, re.M).group(1)
+    ray = re.search(r"^ARG BASE_IMAGE=rayproject/ray:([\d.]+)-", DOCKERFILE, re.M).group(1)
     for where, spec in cluster_specs():
         assert spec["rayVersion"] == ray, where
         for container in ray_containers(spec):
