@@ -402,6 +402,9 @@ def _bench(args: argparse.Namespace) -> int:
         args.chunk,
         args.eval,
         args.set,
+        args.participation,
+        args.state,
+        args.samples_per_client,
     )
     report(results, args.json)
     return 0
@@ -698,6 +701,21 @@ def parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--eval", action="store_true", help="evaluate every client after every round and time it apart from training"
+    )
+    bench.add_argument(
+        "--participation", type=float, default=1.0, help="fraction of the clients a round (clients.fraction)"
+    )
+    bench.add_argument(
+        "--state",
+        choices=["hosts", "memory", "disk"],
+        default="hosts",
+        help="where client state lives (runtime.state_store); the reference loop keeps it in files unless hosts",
+    )
+    bench.add_argument(
+        "--samples-per-client",
+        type=int,
+        default=None,
+        help="images each client draws for itself (partition.samples_per_client; default 10 past 10,000 clients)",
     )
     bench.add_argument(
         "--set",

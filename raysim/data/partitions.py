@@ -78,11 +78,30 @@ class _FlameScheme(SchemeSettings):
 
 @PARTITIONS.register()
 class IIDSettings(_FlameScheme):
-    """Uniformly shuffled, equal-size (+-1) disjoint shares."""
+    """Uniformly shuffled, equal-size (+-1) disjoint shares; or with `samples_per_client` each client's own uniform
+    draw, so that more clients than samples share the data set (cross-device scale, issue 49)."""
 
     scheme: Literal["iid"] = "iid"
+    samples_per_client: int | None = Field(
+        None,
+        ge=2,
+        description="each client draws this many samples without replacement from the whole data set, independently "
+        "of the others (clients share samples: 100,000 clients on Fashion-MNIST's 70,000 images); None: disjoint "
+        "equal shares",
+    )
+
+    @model_validator(mode="after")
+    def _check_samples_per_client(self):
+        if self.samples_per_client is not None and self.draw == "authors":
+            raise ValueError(
+                f"partition.samples_per_client={self.samples_per_client}: partition.draw=authors replays the authors' "
+                "disjoint shares; leave samples_per_client out or use draw raysim"
+            )
+        return self
 
     def assign(self, labels, num_clients, generator, groups):
+        if self.samples_per_client is not None:
+            return shared_iid(len(labels), num_clients, self.samples_per_client, generator)
         return iid(labels, num_clients, generator)
 
 
@@ -268,6 +287,15 @@ class LabelPriorSettings(SchemeSettings):
 
 def iid(labels: np.ndarray, num_clients: int, generator: np.random.Generator) -> list[np.ndarray]:
     return np.array_split(generator.permutation(len(labels)), num_clients)
+
+
+def shared_iid(num_samples: int, num_clients: int, per_client: int, generator: np.random.Generator) -> list[np.ndarray]:
+    """`per_client` distinct samples for each client, drawn uniformly and independently of the other clients."""
+    if per_client > num_samples:
+        raise PartitionError(
+            f"partition.samples_per_client={per_client} exceeds the {num_samples} samples to draw from"
+        )
+    return [generator.choice(num_samples, per_client, replace=False) for _ in range(num_clients)]
 
 
 def _dirichlet_disjoint(
@@ -537,7 +565,8 @@ def partition_dataset(
     where the dataset's official test set begins (Dataset.test_start), needed only by `test_pool: official`."""
     if num_clients < 1:
         raise PartitionError(f"clients.count={num_clients}: must be at least 1")
-    if num_clients * 2 > len(labels):
+    shared = getattr(settings, "samples_per_client", None) is not None  # each client draws its own samples
+    if num_clients * 2 > len(labels) and not shared:
         raise PartitionError(
             f"clients.count={num_clients}: the dataset has {len(labels)} samples, fewer than 2 per client "
             "(each client needs at least one training and one test sample)"

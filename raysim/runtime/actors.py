@@ -15,11 +15,12 @@ runs in process runs the same on Ray (tests/integration/test_matrix_on_ray.py co
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import secrets
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from raysim.runtime.host_settings import HostSettings
 from raysim.runtime.placement import HostPlacement
 from raysim.runtime.problem import Problem
 from raysim.runtime.session import ray_usable
+from raysim.runtime.state_columns import store_folder
 
 
 class RecoveryError(RaysimError):
@@ -54,16 +56,32 @@ class Actors(ABC):
         self.config = config
         by_id = {info.id: (info, split) for info, split in problem.clients}
         x, y, init = self.put(problem.x), self.put(problem.y), self.put(problem.init_params)
-        clients = [self.put([by_id[c] for c in ids]) for ids in host_clients]
         host_settings = HostSettings.from_config(config, problem)
+        self.remove_state_folder: Callable[[], None] | None = None
+        """Removes the shared client-state folder (runtime.state_store = memory or disk) this driver made."""
+        host_arguments: list[tuple] = []
+        if config.runtime.state_store == "hosts":
+            clients = [self.put([by_id[c] for c in ids]) for ids in host_clients]
+            host_arguments = [(x, y, owned, init) for owned in clients]
+        else:  # every host may be dealt any client: one copy of every client's split, each host evaluates its own
+            folder, self.remove_state_folder = store_folder(config.runtime.state_store, config.runtime.spill_dir)
+            host_settings = dataclasses.replace(host_settings, state_folder=str(folder))
+            everyone = self.put(list(problem.clients))
+            host_arguments = [(x, y, everyone, init, ids) for ids in host_clients]
         # Every constructor argument is kept: a host or coordinator that dies is replaced by a new actor built from
         # the same references (RayActors.replace).
-        self.host_arguments = [(carry(host_settings), x, y, owned, init) for owned in clients]
+        self.host_arguments = [(carry(host_settings), *arguments) for arguments in host_arguments]
         self.coordinator_arguments = (
             carry(CoordinatorSettings.from_config(config, problem)),
             init,
             self.put(problem.server_data),
         )
+
+    def forget_state_folder(self) -> None:
+        """Remove the shared client-state folder, if this run made one (its hosts have let go of it)."""
+        if self.remove_state_folder is not None:
+            self.remove_state_folder()
+            self.remove_state_folder = None
 
     @abstractmethod
     def put(self, value: Any) -> Any:
@@ -203,15 +221,18 @@ class RayActors(Actors):
     def close(self, wait_s: float = 10.0, finished: bool = False) -> None:
         """Ending an actor skips Python's cleanup: hosts first remove their spilled state. Nothing to do once the
         local Ray is gone (its actors went with it; the calls would wait for it)."""
-        if not ray_usable():
-            return
-        if self.config.runtime.state_memory_mb is not None:
-            self.wait([host.close.remote() for host in self.hosts], wait_s)
-        crew = Crew(self.placement, self.hosts, self.coordinator)
-        if finished and self._crew_key is not None:
-            park(self._crew_key, crew)
-        else:
-            crew.dismiss()
+        try:
+            if not ray_usable():
+                return
+            if self.config.runtime.state_memory_mb is not None or self.remove_state_folder is not None:
+                self.wait([host.close.remote() for host in self.hosts], wait_s)
+            crew = Crew(self.placement, self.hosts, self.coordinator)
+            if finished and self._crew_key is not None:
+                park(self._crew_key, crew)
+            else:
+                crew.dismiss()
+        finally:
+            self.forget_state_folder()
 
 
 SIBLING_WAIT_S = 60.0
@@ -263,6 +284,7 @@ class InProcessActors(Actors):
     def close(self, wait_s: float = 10.0, finished: bool = False) -> None:
         for host in self.hosts:
             host.close.remote()
+        self.forget_state_folder()
 
 
 @dataclass(frozen=True, eq=False)

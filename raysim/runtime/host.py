@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,37 @@ from raysim.runtime import checkpoint
 from raysim.runtime.crews import Renewable
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.host_settings import HostSettings
+from raysim.runtime.state_columns import ColumnStates
 from raysim.runtime.steps import ClientSteps, keep_freed_memory
 from raysim.seeding import Stream, rng, use_kernels
 from raysim.training.local import ClientData
 
 EVALUATION_CLIENTS = 64
 """Clients whose splits the global model scores in one pass (ClientHost.evaluate); memory: their samples."""
+
+
+class ClientDataMap(Mapping[int, ClientData]):
+    """Client id -> the client's view of the data (ClientData), made when first asked for and kept: a host that may
+    be dealt any client (a shared state store) builds only the views of the clients it trains or evaluates."""
+
+    def __init__(self, make: Callable[[int], ClientData], clients: Mapping[int, Any]):
+        self.make = make
+        self.clients = clients
+        self.made: dict[int, ClientData] = {}
+
+    def __getitem__(self, client_id: int) -> ClientData:
+        data = self.made.get(client_id)
+        if data is None:
+            if client_id not in self.clients:
+                raise KeyError(client_id)
+            data = self.made[client_id] = self.make(client_id)
+        return data
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.clients)
+
+    def __len__(self) -> int:
+        return len(self.clients)
 
 
 class ClientHost(Renewable):
@@ -50,10 +76,13 @@ class ClientHost(Renewable):
         y: np.ndarray,
         clients: list[tuple[ClientInfo, ClientSplit]],
         init_params: Vector,
+        owned: list[int] | None = None,
     ):
         """`x`, `y`: the whole dataset as stored (one object-store copy shared by the hosts of a node; rows
         become model input through `settings.inputs`); `clients`: the (ClientInfo, ClientSplit) pairs this host
-        owns, all starting from `init_params`."""
+        can train, all starting from `init_params`; `owned`: those it evaluates and checkpoints (default: all).
+        With a shared state store (settings.state_folder) a host is given every client and trains those a round
+        deals it; their states are the store's, made on first use."""
         torch.set_num_threads(settings.torch_threads)
         use_kernels(settings.deterministic)
         self.settings = settings
@@ -62,16 +91,29 @@ class ClientHost(Renewable):
         self.seed = settings.seed
         self.attack = settings.attack
         self.evaluations = 0
+        self.train_seconds = 0.0
+        """Seconds the last `train` took (the round's per-host busy time)."""
         self.num_clients = clients[0][0].num_clients if clients else 0
         self.info = {info.id: info for info, _ in clients}
+        self.owned = sorted(self.info) if owned is None else sorted(owned)
         classes = settings.model.outputs
-        self.data = {info.id: self._client_data(x, y, info.id, split, classes) for info, split in clients}
-        self.steps = ClientSteps(settings, self.model, self.algorithm, self.data, self.info)
-        self.states = self.steps.states
+        splits = {info.id: split for info, split in clients}
+        self.data = ClientDataMap(lambda c: self._client_data(x, y, c, splits[c], classes), self.info)
         init_params = np.array(init_params)
         init_params.flags.writeable = False  # clients' initial states may share it: a write into one would raise
-        for info, _ in clients:  # one at a time: a budgeted store spills while they are made
-            self.states[info.id] = self.algorithm.init_client(info, init_params)
+        shared = None
+        if settings.state_folder is not None and clients:
+            first = clients[0][0]
+
+            def initial(client_id: int) -> Any:
+                return self.algorithm.init_client(self.info[client_id], init_params)
+
+            shared = ColumnStates(settings.state_folder, self.num_clients, initial(first.id), initial)
+        self.steps = ClientSteps(settings, self.model, self.algorithm, self.data, self.info, shared)
+        self.states = self.steps.states
+        if shared is None:
+            for info, _ in clients:  # one at a time: a budgeted store spills while they are made
+                self.states[info.id] = self.algorithm.init_client(info, init_params)
         keep_freed_memory()
 
     def _client_data(self, x: np.ndarray, y: np.ndarray, client_id: int, split: ClientSplit, classes: int):
@@ -89,13 +131,27 @@ class ClientHost(Renewable):
 
     @property
     def client_ids(self) -> list[int]:
-        return sorted(self.info)
+        """The clients this host evaluates and checkpoints."""
+        return self.owned
 
     def train(
         self, round_index: int, client_ids: list[int], broadcast: object
     ) -> tuple[PartialSum | None, pa.RecordBatch]:
         """Run the client step of each selected client, a chunk at a time; return the exact sum of their uploads
         and their records (ClientRecords: bytes sent and the steps' metrics as columns)."""
+        start = time.perf_counter()
+        try:
+            return self._train(round_index, client_ids, broadcast)
+        finally:
+            self.train_seconds = time.perf_counter() - start
+
+    def last_train_seconds(self) -> float:
+        """Seconds the last `train` took: the driver's per-host busy time of a round."""
+        return self.train_seconds
+
+    def _train(
+        self, round_index: int, client_ids: list[int], broadcast: object
+    ) -> tuple[PartialSum | None, pa.RecordBatch]:
         total: PartialSum | None = None
         records = ClientRecords()
         for chunk in self.steps.chunks(round_index, client_ids, broadcast):
@@ -259,29 +315,51 @@ class ClientHost(Renewable):
         execute = self.steps.client_executor(client_id, self.evaluations, Stream.ADAPTATION)
         return None if adaptation is None else drive(adaptation, execute)
 
-    def save_checkpoint(self, path: str) -> str | None:
+    def save_checkpoint(self, path: str, snapshot: str | None = None) -> str | None:
         """Write this host's clients' persistent state (states, Byzantine messages sent, evaluation count) to
         one .npz file; hosts write in parallel, nothing goes through the driver. States are streamed to the
-        file one by one (spilled ones read back one at a time). A failure to write: its one line."""
-        tree = {"states": self.states, "sent": dict(self.steps.sent), "evaluations": self.evaluations}
+        file one by one (spilled ones read back one at a time). With a shared state store the states are not in
+        it: the host asked (`snapshot`, the checkpoint's folder) writes the store's snapshot there
+        (ColumnStates.snapshot). A failure to write: its one line."""
+        shared = isinstance(self.states, ColumnStates)
+        tree = {
+            **({} if shared else {"states": self.states}),
+            "sent": dict(self.steps.sent),
+            "evaluations": self.evaluations,
+        }
+        if shared and snapshot is not None:
+            assert isinstance(self.states, ColumnStates)
+            try:
+                self.states.snapshot(snapshot)
+            except OSError as error:
+                return str(error)
         return checkpoint.write_tree(path, tree)
 
     def restore_checkpoint(self, directory: str) -> None:
         """Take this host's clients' state from a checkpoint folder (any number of hosts may have written it),
-        decoding one client's state at a time."""
+        decoding one client's state at a time; with a shared store only what the host keeps itself (the store
+        is restored once, `restore_states`)."""
         owned = set(self.client_ids)
+        shared = isinstance(self.states, ColumnStates)
         found: set[int] = set()
         for path in sorted(Path(directory).glob("host-*.npz")):
             with checkpoint.TreeFile(path) as tree:
                 parts = dict(tree.entries(tree.structure))
-                for client_id, node in tree.entries(parts["states"]):
-                    if client_id in owned:
-                        self.states[client_id] = tree.decode(node)
-                        found.add(client_id)
+                if not shared:
+                    for client_id, node in tree.entries(parts["states"]):
+                        if client_id in owned:
+                            self.states[client_id] = tree.decode(node)
+                            found.add(client_id)
                 self.steps.sent.update({c: m for c, m in tree.decode(parts["sent"]).items() if c in owned})
                 self.evaluations = tree.decode(parts["evaluations"])
-        if found != owned:
+        if not shared and found != owned:
             raise checkpoint.CheckpointError(f"{directory}: no state for clients {sorted(owned - found)[:10]}")
+
+    def restore_states(self, directory: str) -> None:
+        """Make the shared state store the checkpoint's snapshot (rows written since are forgotten); the driver
+        asks one host, once every host has restored its own part."""
+        assert isinstance(self.states, ColumnStates), "only a shared state store is restored whole"
+        self.states.restore(directory)
 
     def pid(self) -> int:
         """The actor's process id (fault-injection tests kill it)."""

@@ -63,6 +63,9 @@ class HostSettings:
     """Unit of the scored training loss (tracking.train_loss_unit)."""
     deterministic: Kernels = "cudnn"
     """torch's kernel choice in the host's process (runtime.deterministic, raysim.seeding.use_kernels)."""
+    state_folder: str | None = None
+    """runtime.state_store = memory or disk: the folder of the run's shared client-state columns
+    (raysim.runtime.state_columns; the driver makes it); None: each host keeps its own clients' state."""
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:

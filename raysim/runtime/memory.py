@@ -168,8 +168,11 @@ def joins_cluster(runtime: RuntimeSettings) -> bool:
 
 def states_in_memory(runtime: RuntimeSettings, per_client: int, num_clients: int) -> int:
     """The bytes of `num_clients` states of `per_client` each that the hosts keep in memory: all of them, or with
-    runtime.state_memory_mb each host's budget and the one state it reads (the rest spill to disk)."""
+    runtime.state_memory_mb each host's budget and the one state it reads (the rest spill to disk), or with
+    runtime.state_store = disk the chunks the hosts are training."""
     states = per_client * num_clients
+    if runtime.state_store == "disk":  # the hosts hold the chunk each trains; the page cache gives back the rest
+        return min(states, _num_hosts(runtime, num_clients) * runtime.vectorize_chunk * per_client)
     if runtime.state_memory_mb is None:
         return states
     return min(states, _num_hosts(runtime, num_clients) * (int(runtime.state_memory_mb * MB) + per_client))

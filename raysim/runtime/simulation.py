@@ -51,6 +51,13 @@ class Simulation:
         self.host_clients = host_clients
         self.model_size = problem.init_params.size
         """Parameters of the model (the size of a client's saved model but for a personalized network's)."""
+        self.shared = config.runtime.state_store != "hosts"
+        """Client state in one store every host reads and writes: a round's clients are dealt (`deal`)."""
+        self.costs = {info.id: info.num_train for info, _ in problem.clients}
+        """A client step's expected cost, in units of one sample's training (the model's cost is the same for all)."""
+        owner = {client: index for index, owned in enumerate(host_clients) for client in owned}
+        self.pinned = {client: owner[client] for client in problem.malicious if client in owner}
+        """Clients that always train on the host that owns them: an attacker keeps the messages it sent."""
         self.actors: Actors = start_actors(config, problem, host_clients)
 
     @property
@@ -75,14 +82,21 @@ class Simulation:
         )
         broadcast = self.coordinator.broadcast.remote()
         downlink = self.coordinator.broadcast_bytes.remote()
-        partials, record_refs = [], []
-        for host, owned in zip(self.hosts, self.host_clients, strict=True):
-            chosen = [c for c in owned if c in selected]
+        partials, record_refs, busy_hosts = [], [], []
+        if self.shared:
+            dealt = deal(sorted(selected), self.costs, len(self.hosts), self.pinned)
+        else:
+            dealt = [[c for c in owned if c in selected] for owned in self.host_clients]
+        self.dealt = dealt
+        """Each host's clients of the last round."""
+        for host, chosen in zip(self.hosts, dealt, strict=True):
             if chosen:
                 partial, records = host.train.options(num_returns=2).remote(round_index, chosen, broadcast)
                 partials.append(partial)
                 record_refs.append(records)
+                busy_hosts.append(host)
         records = round_records(self.actors.get(record_refs, siblings=partials))
+        busy = self.actors.get([host.last_train_seconds.remote() for host in busy_hosts])
         self.dropped = records.filter(records["dropped"])["client_id"].to_pylist()
         self._check_usable(round_index, len(selected))
         trained = time.perf_counter()
@@ -98,6 +112,8 @@ class Simulation:
             **({"round/dropped_clients": float(len(self.dropped))} if self.dropped else {}),
             **self._state_memory(),
             "time/clients": trained - start,
+            "time/hosts_busy_max": max(busy, default=0.0),
+            "time/hosts_busy_balanced": sum(busy) / len(self.hosts),
             "time/aggregation": aggregated - trained,
         }
 
@@ -113,11 +129,13 @@ class Simulation:
             )
 
     def _state_memory(self) -> dict[str, float]:
-        """The hosts' state/* counts summed (runtime.state_memory_mb set: how many client states spilled)."""
-        if self.config.runtime.state_memory_mb is None:
+        """The hosts' state/* counts summed (runtime.state_memory_mb set: how many client states spilled; a shared
+        store: clients written and its files' bytes on disk)."""
+        if self.config.runtime.state_memory_mb is None and not self.shared:
             return {}
         totals: dict[str, float] = {}
-        for counts in self.actors.get([host.state_memory.remote() for host in self.hosts]):
+        hosts = self.hosts[:1] if self.shared else self.hosts  # a shared store's counts are every host's
+        for counts in self.actors.get([host.state_memory.remote() for host in hosts]):
             for key, value in counts.items():
                 totals[key] = totals.get(key, 0.0) + value
         return totals
@@ -252,8 +270,12 @@ class Simulation:
     def save_checkpoint(self, directory: Path) -> None:
         """Every host writes its own clients' file in parallel; the coordinator writes the server state. A write
         that failed is a CheckpointError with its line."""
+        snapshot = str(directory) if self.shared else None  # host 0 writes the shared store's snapshot
         failures = self.actors.get(
-            [host.save_checkpoint.remote(str(directory / f"host-{i}.npz")) for i, host in enumerate(self.hosts)]
+            [
+                host.save_checkpoint.remote(str(directory / f"host-{i}.npz"), snapshot if i == 0 else None)
+                for i, host in enumerate(self.hosts)
+            ]
             + [self.coordinator.save_checkpoint.remote(str(directory / "coordinator.npz"))]
         )
         failed = [failure for failure in failures if failure is not None]
@@ -289,10 +311,33 @@ class Simulation:
                     f"{', '.join(pending)} not back {wait_s:g} s after dying (a replacement actor was started; "
                     "wait longer with runtime.restore_timeout_s)"
                 )
+        if self.shared:  # once every host has ended what it was doing: no host writes rows while this runs
+            self.actors.get(self.hosts[0].restore_states.remote(str(directory)))
 
     def close(self, wait_s: float = 10.0, finished: bool = False) -> None:
         """End the actors, or with runtime.reuse_actors and a `finished` run keep them for the next run."""
         self.actors.close(wait_s, finished)
+
+
+def deal(clients: list[int], costs: dict[int, int], hosts: int, pinned: dict[int, int]) -> list[list[int]]:
+    """A round's `clients` dealt to `hosts` by expected cost (longest processing time first: each client, costliest
+    first, to the host with the least cost so far; ties to the lower host, then the lower id), so that no host idles
+    while another has work; the `pinned` clients go to their host first. LPT is within 4/3 of the best makespan
+    (Graham 1969). Each host's clients in id order."""
+    loads = [0] * hosts
+    dealt: list[list[int]] = [[] for _ in range(hosts)]
+    free = []
+    for client in clients:
+        if client in pinned:
+            dealt[pinned[client]].append(client)
+            loads[pinned[client]] += costs[client]
+        else:
+            free.append(client)
+    for client in sorted(free, key=lambda c: (-costs[c], c)):
+        target = loads.index(min(loads))
+        dealt[target].append(client)
+        loads[target] += costs[client]
+    return [sorted(chosen) for chosen in dealt]
 
 
 def _node_id() -> str | None:

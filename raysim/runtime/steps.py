@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -119,10 +119,12 @@ class ClientSteps:
         settings: HostSettings,
         model: FlatModel,
         algorithm: Algorithm,
-        data: dict[int, ClientData],
+        data: Mapping[int, ClientData],
         info: dict[int, ClientInfo],
+        shared: ClientStates | None = None,
     ):
-        """`data`, `info`: the host's clients' data and ClientInfo by id."""
+        """`data`, `info`: the host's clients' data and ClientInfo by id; `shared`: the run's shared state store
+        (raysim.runtime.state_columns), else the host keeps its clients' states itself."""
         self.settings = settings
         self.algorithm = algorithm
         self.data = data
@@ -143,12 +145,16 @@ class ClientSteps:
         self.num_clients = next(iter(info.values())).num_clients if info else 0
         longest_first = sorted(info, key=lambda c: (-info[c].num_train, c))
         size = self.executor.clients_at_once
-        self.blocks = [longest_first[i : i + size] for i in range(0, len(longest_first), size)]
+        self.shared = shared is not None
+        self.blocks = [] if self.shared else [longest_first[i : i + size] for i in range(0, len(longest_first), size)]
         """The host's clients in fixed blocks of the executor's `clients_at_once` (1 for sequential), longest training
         split first; a round's chunks are the selected clients of each block, so that a block selected whole keeps
-        its clients' states as the rows of one array per field from round to round (stacked without a copy)."""
+        its clients' states as the rows of one array per field from round to round (stacked without a copy). With a
+        shared store none: a round's blocks are its selected clients, longest first (`round_blocks`)."""
         self.states: ClientStates = (
-            StateTables(self.blocks)
+            shared
+            if shared is not None
+            else StateTables(self.blocks)
             if settings.state_memory_mb is None
             else ClientStateStore(int(settings.state_memory_mb * 2**20), settings.spill_dir)
         )
@@ -161,7 +167,7 @@ class ClientSteps:
         Byzantine client that skips training runs alone, untrained, and keeps its state."""
         selected = set(client_ids)
         algorithm = self.algorithm.at_round(round_index)  # the round's settings (its learning rates)
-        for block in self.blocks:
+        for block in self.round_blocks(client_ids):
             chosen = [c for c in block if c in selected]
             for client_id in (c for c in chosen if self._idle(c)):
                 state = self.states[client_id]
@@ -178,6 +184,16 @@ class ClientSteps:
             updates = run_client_steps(algorithm, infos, states, broadcast, self._turns(round_index))
             for client_id, update in zip(chunk, updates, strict=True):
                 yield ChunkUpdate([client_id], one_row(update), self._store(client_id, update.state))
+
+    def round_blocks(self, client_ids: Sequence[int]) -> list[list[int]]:
+        """The blocks a round's chunks are taken from: the host's fixed blocks, or with a shared store the selected
+        clients themselves, longest training split first, `clients_at_once` at a time (the same chunks a host that
+        owns exactly them would make)."""
+        if not self.shared:
+            return self.blocks
+        longest_first = sorted(client_ids, key=lambda c: (-self.info[c].num_train, c))
+        size = self.executor.clients_at_once
+        return [longest_first[i : i + size] for i in range(0, len(longest_first), size)]
 
     def _store(self, client_id: int, state: Any) -> Callable[[np.ndarray], None]:
         """Commit a single client's new state, if its upload was kept."""

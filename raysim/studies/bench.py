@@ -94,6 +94,12 @@ class Measurement:
     algorithm: str = "flame"
     dataset: str = "fashion_mnist"
     """dataset.name (`--set dataset.name=...` with a model for that data, e.g. FedAPM's multimodal models)."""
+    per_round: int | None = None
+    """Clients a round (`--participation`); None: all of them."""
+    state_store: str = "hosts"
+    """runtime.state_store (`--state`); the reference loop keeps its states in memory-mapped files unless `hosts`."""
+    state_disk_mib: float | None = None
+    """Disk the clients' states took at the end (allocated blocks of the store's files; the reference's likewise)."""
 
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
@@ -195,7 +201,22 @@ def workload(
         },
     }
     apply_overrides(tree, tuple(overrides))
+    runtime: dict[str, Any] = tree["runtime"]  # type: ignore[assignment]  # the dict literal above
+    if runtime.get("state_store") == "disk" and runtime.get("spill_dir") is None:
+        runtime["spill_dir"] = str(folder)  # the measurement's folder: removed with it
     return validate_config(tree)
+
+
+def scale_overrides(clients: int, participation: float, state: str, samples_per_client: int | None) -> list[str]:
+    """The `--set`s of the cross-device rows (issue 49): `participation` of the clients a round, client state in
+    runtime.state_store = `state`, and past 10,000 clients (fewer than 7 Fashion-MNIST images each) every client
+    drawing `samples_per_client` (default 10) images of its own (partition.samples_per_client)."""
+    overrides = [f"runtime.state_store={state}"] if state != "hosts" else []
+    if participation < 1:
+        overrides.append(f"clients.fraction={participation}")
+    if samples_per_client is not None or clients > 10_000:
+        overrides.append(f"partition.samples_per_client={samples_per_client or 10}")
+    return overrides
 
 
 def _round_seconds(ends: list[float]) -> float:
@@ -204,10 +225,13 @@ def _round_seconds(ends: list[float]) -> float:
     return float(statistics.median(gaps)) if len(gaps) else float("nan")
 
 
-def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cpu") -> tuple[list[float], np.ndarray]:
+def reference_loop(
+    config: ExperimentConfig, problem: Problem, device: str = "cpu", disk: list[int] | None = None
+) -> tuple[list[float], np.ndarray]:
     """FLAME (eqs. (11)-(14)) as a researcher would write it without raysim's runtime (torch training, the
     paper's closed forms (12)-(13) from raysim.algorithms.flame); returns the end time of every round and the final
-    global model. Uses one torch thread, like each raysim host, and `device`."""
+    global model. Uses one torch thread, like each raysim host, and `device`. With partial participation or client
+    state off the hosts, `_reference_sampled` (which appends to `disk` the bytes its state files took)."""
     torch.set_num_threads(1)
     s = config.algorithm
     assert isinstance(s, FlameSettings), "run_bench runs the reference loop for FLAME only"
@@ -223,6 +247,8 @@ def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cp
     x, y = torch.from_numpy(features).to(device), torch.from_numpy(problem.y).to(device)
     w = torch.from_numpy(problem.init_params.copy()).to(device)
     m = len(problem.clients)
+    if config.clients.per_round_count() < m or config.runtime.state_store != "hosts":
+        return _reference_sampled(config, problem, module, x, y, w, device, disk)
     theta = [w.clone() for _ in range(m)]
     w_local = [w.clone() for _ in range(m)]
     pi = [torch.zeros_like(w) for _ in range(m)]
@@ -254,6 +280,84 @@ def reference_loop(config: ExperimentConfig, problem: Problem, device: str = "cp
     return ends, w.cpu().numpy()
 
 
+FLAME_ROWS = ("theta", "w_local", "pi")
+
+
+def _reference_sampled(
+    config: ExperimentConfig,
+    problem: Problem,
+    module: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w: torch.Tensor,
+    device: str,
+    disk: list[int] | None,
+) -> tuple[list[float], np.ndarray]:
+    """`reference_loop` for the cross-device rows: each round only its sampled clients (raysim.runtime.problem's
+    draw), the server's running sum of every client's latest message u_i (14) updated by the sampled clients'
+    changes, and the clients' theta, w_i, pi_i as rows of three memory-mapped [m, d] files (a client never sampled
+    has theta = w_i = w^0, pi_i = 0), as simple a way as any to keep 100,000 clients' state."""
+    from raysim.runtime.problem import sample_clients
+
+    s = config.algorithm
+    assert isinstance(s, FlameSettings), "run_bench runs the reference loop for FLAME only"
+    params = list(module.parameters())
+    m, d = len(problem.clients), w.numel()
+    initial = w.cpu().numpy()
+    folder = Path(tempfile.mkdtemp(prefix="reference-states-", dir=config.runtime.spill_dir))
+    try:
+        files = {
+            name: np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.float32, shape=(m, d))
+            for name in FLAME_ROWS
+        }
+        seen = np.zeros(m, bool)
+        running = (m * initial.astype(np.float64)).copy()
+        ends: list[float] = []
+        for round_index in range(config.rounds):
+            chosen = sample_clients(
+                config.seed, round_index, m, config.clients.per_round_count(), config.clients.sampling
+            )
+            change = np.zeros(d, np.float64)
+            for i in chosen:
+                info, split = problem.clients[i]
+                if seen[i]:
+                    rows = {name: torch.from_numpy(np.array(array[i])).to(device) for name, array in files.items()}
+                else:
+                    rows = {"theta": w.clone(), "w_local": w.clone(), "pi": torch.zeros_like(w)}
+                nn.utils.vector_to_parameters(rows["theta"], params)
+                center = [p.detach().clone() for p in _views(rows["w_local"], params)]
+                optimizer = torch.optim.SGD(params, lr=s.lr)
+                generator = rng(config.seed, Stream.CLIENT_TRAINING, i, round_index, 0)
+                order = split.train[generator.permutation(len(split.train))]
+                for start in range(0, len(order), s.batch_size):
+                    batch = torch.from_numpy(order[start : start + s.batch_size]).to(device)
+                    optimizer.zero_grad()
+                    loss = nn.functional.cross_entropy(module(x[batch]), y[batch])
+                    prox = sum(((p - c) ** 2).sum() for p, c in zip(params, center, strict=True))
+                    (loss + s.lam / 2 * prox).backward()
+                    optimizer.step()
+                theta = nn.utils.parameters_to_vector(params).detach().clone()
+                old = paper_message(rows["w_local"], rows["pi"], s.rho)
+                w_local, pi = paper_update(theta, rows["w_local"], rows["pi"], w, s.lam * info.weight, s.rho)
+                change += (paper_message(w_local, pi, s.rho) - old).double().cpu().numpy()
+                for name, value in (("theta", theta), ("w_local", w_local), ("pi", pi)):
+                    files[name][i] = value.cpu().numpy()
+                seen[i] = True
+            running += change
+            w = torch.from_numpy((running / m).astype(np.float32)).to(device)
+            del files  # let go of the mapped pages: they would stay in this process's RSS
+            files = {name: np.lib.format.open_memmap(folder / f"{name}.npy", mode="r+") for name in FLAME_ROWS}
+            if device != "cpu":
+                torch.cuda.synchronize()
+            ends.append(time.perf_counter())
+        if disk is not None:
+            disk.append(sum(os.stat(folder / f"{name}.npy").st_blocks * 512 for name in files))
+        del files
+        return ends, w.cpu().numpy()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [part.view_as(p) for part, p in zip(flat.split([p.numel() for p in like]), like, strict=True)]
 
@@ -273,12 +377,14 @@ def _measure_reference(
     clients: int, rounds: int, model: str, folder: Path, device: str, overrides: Sequence[str] = ()
 ) -> tuple[Measurement, np.ndarray]:
     config = workload(clients, rounds, model, None, folder, vectorized=False, overrides=overrides)
+    disk: list[int] = []
     with PeakMemory() as memory, GpuSampler(device != "cpu") as gpu:
         start = time.perf_counter()
         problem = prepare(config)
         ready = time.perf_counter()
-        ends, w = reference_loop(config, problem, device)
+        ends, w = reference_loop(config, problem, device, disk)
     seconds = _round_seconds(ends)
+    per_round = config.clients.per_round_count()
     measured = Measurement(
         "reference",
         clients,
@@ -286,7 +392,7 @@ def _measure_reference(
         rounds,
         1,
         seconds,
-        clients / seconds,
+        per_round / seconds,
         ready - start,
         memory.peak_mib,
         1.0,
@@ -296,6 +402,9 @@ def _measure_reference(
         *gpu.usage(*_measured_window(ends)),
         algorithm=config.algorithm.name,
         dataset=config.dataset.name,
+        per_round=per_round if per_round < clients else None,
+        state_store=config.runtime.state_store,
+        state_disk_mib=disk[0] / 2**20 if disk else None,
     )
     return measured, w
 
@@ -327,6 +436,8 @@ def _measure_raysim(config: ExperimentConfig, reference: Measurement | None, w_r
         evaluation = statistics.median(m["time/evaluation"] for m in steps)
     ratio = seconds / reference.seconds_per_round if reference is not None else None
     difference = float(np.max(np.abs(final["w"] - w_ref))) if w_ref is not None else None
+    per_round = config.clients.per_round_count()
+    disk = result.history[rounds].get("state/disk_bytes")
     return Measurement(
         WAYS[2] if vectorized else WAYS[1],
         clients,
@@ -334,7 +445,7 @@ def _measure_raysim(config: ExperimentConfig, reference: Measurement | None, w_r
         rounds,
         used_hosts[0],
         seconds,
-        clients / seconds,
+        per_round / seconds,
         ends[0] - start - result.history[1]["time/round"],  # round 1's own time: rounds differ (sampling)
         memory.peak_mib,
         ratio,
@@ -347,6 +458,9 @@ def _measure_raysim(config: ExperimentConfig, reference: Measurement | None, w_r
         None if evaluation is None else evaluation / seconds,
         config.algorithm.name,
         config.dataset.name,
+        per_round if per_round < clients else None,
+        runtime.state_store,
+        None if disk is None or runtime.state_store == "hosts" else disk / 2**20,
     )
 
 
@@ -361,19 +475,29 @@ def run_bench(
     chunk: int | None = None,
     evaluate: bool = False,
     overrides: Sequence[str] = (),
+    participation: float = 1.0,
+    state: str = "hosts",
+    samples_per_client: int | None = None,
 ) -> list[Measurement]:
     """Measure every way for every client count (see the module docstring), the raysim ways once per
     `host_gpus` share; the reference loop runs on `reference_device` (only when `ways` has it: without it no
     ratios), the vectorized way `chunk` clients at a time. `evaluate`: evaluate after every round and
-    time it apart from training; `overrides`: `--set key.path=value` on the workload."""
+    time it apart from training; `overrides`: `--set key.path=value` on the workload; `participation`, `state`,
+    `samples_per_client`: the cross-device rows' (`scale_overrides`)."""
+    if not 0 < participation <= 1:
+        raise RaysimError(f"--participation {participation}: a fraction of the clients, in (0, 1]")
     if rounds < 3:
         raise RaysimError(f"--rounds {rounds}: at least 3 are needed (the first warms up, the last evaluates)")
     if chunk is not None and chunk < 1:
         raise RaysimError(f"--chunk {chunk}: at least 1 client must train at a time")
     if reference_device != "cpu" and not torch.cuda.is_available():
         raise RaysimError(f"--reference-device {reference_device}: torch sees no CUDA device here (allowed: cpu)")
+    scaled = {
+        clients: (*scale_overrides(clients, participation, state, samples_per_client), *overrides)
+        for clients in client_counts
+    }
     for clients in client_counts:  # refuse a bad --set before anything runs
-        algorithm = workload(clients, rounds, model, hosts, Path("."), False, overrides=overrides).algorithm.name
+        algorithm = workload(clients, rounds, model, hosts, Path("."), False, overrides=scaled[clients]).algorithm.name
         if algorithm != "flame" and "reference" in ways:
             raise RaysimError(
                 f"--set algorithm.name={algorithm}: the reference loop is FLAME's; "
@@ -385,14 +509,23 @@ def run_bench(
             reference, w_ref = None, None
             if "reference" in ways:
                 reference, w_ref = _isolated(
-                    _measure_reference, clients, rounds, model, Path(folder), reference_device, tuple(overrides)
+                    _measure_reference, clients, rounds, model, Path(folder), reference_device, scaled[clients]
                 )
                 results.append(reference)
             for share in host_gpus:
                 for vectorized, way in ((False, WAYS[1]), (True, WAYS[2])):
                     if way in ways:
                         config = workload(
-                            clients, rounds, model, hosts, Path(folder), vectorized, share, chunk, evaluate, overrides
+                            clients,
+                            rounds,
+                            model,
+                            hosts,
+                            Path(folder),
+                            vectorized,
+                            share,
+                            chunk,
+                            evaluate,
+                            scaled[clients],
                         )
                         results.append(_isolated(_measure_raysim, config, reference, w_ref))
     return results
@@ -427,13 +560,18 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
         "max |w - w_ref|",
     ]
     evaluated = any(r.evaluation_seconds is not None for r in results)
+    scaled = any(r.per_round is not None or r.state_store != "hosts" for r in results)
+    if scaled:
+        columns[1:1] = ["per round", "state"]
+        columns.append("state disk MiB")
     if gpus:
-        columns[5:5] = ["GPU/host", "device"]
+        gpu_at = 7 if scaled else 5
+        columns[gpu_at:gpu_at] = ["GPU/host", "device"]
         columns += ["GPU util %", "GPU MiB"]
     if evaluated:
         columns += ["eval s", "eval / round"]
     for column in columns:
-        table.add_column(column, justify="left" if column in ("model", "way", "device") else "right")
+        table.add_column(column, justify="left" if column in ("model", "way", "device", "state") else "right")
     for r in results:
         row = [
             str(r.clients),
@@ -448,8 +586,12 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
             _optional(r.ratio_vs_reference, ".2f"),
             _optional(r.max_abs_diff_vs_reference, ".1e"),
         ]
+        if scaled:
+            row[1:1] = [_optional(r.per_round if r.per_round is not None else r.clients), r.state_store]
+            row.append(_optional(r.state_disk_mib))
         if gpus:
-            row[5:5] = [f"{r.host_gpus:g}", r.device]
+            gpu_at = 7 if scaled else 5
+            row[gpu_at:gpu_at] = [f"{r.host_gpus:g}", r.device]
             row += [_optional(r.gpu_utilisation_percent), _optional(r.gpu_memory_mib)]
         if evaluated:
             row += [_optional(r.evaluation_seconds, ".3f"), _optional(r.evaluation_vs_round, ".2f")]

@@ -119,6 +119,8 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def _takes_a_path(action: argparse.Action) -> bool:
+    if action.choices is not None:  # one of fixed words (whatever its help says of files)
+        return False
     named = re.search(r"FILE|FOLDER|DIR", str(action.metavar or ""))
     return action.type is Path or bool(named or FILE_WORDS.search(action.help or "") or FILE_DESTS.search(action.dest))
 

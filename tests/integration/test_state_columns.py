@@ -1,0 +1,108 @@
+"""Client state in one store every host reads and writes (runtime.state_store = memory or disk, issue 49): a round's
+clients are dealt to the hosts by cost, and the results are those of hosts that own their clients, bit for bit,
+whatever the number of hosts, whether the store is in memory or on disk, after a resume from its snapshot and after
+a host is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+
+from raysim.config import validate_config
+from raysim.runtime.driver import resume_experiment, run_experiment
+from raysim.runtime.problem import sample_clients
+from tests.support.experiments import tiny_config
+from tests.support.reliability import baseline_run, reliability_config
+
+pytestmark = pytest.mark.xdist_group("integration-state-columns")
+
+
+def _run(mlflow_uri: str, runtime: dict[str, Any], inspect: Any = None) -> tuple[dict, Any]:
+    config = validate_config(
+        tiny_config(
+            algorithm={"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32, "diagnostics": True},
+            clients={"count": 7, "per_round": 4},
+            runtime={"host_cpus": 0.5, "client_training": "vectorized", "vectorize_chunk": 2, **runtime},
+            tracking={"uri": mlflow_uri, "experiment": "columns"},
+            rounds=3,
+        )
+    )
+    captured: dict[str, Any] = {}
+
+    def capture(round_index, simulation):
+        captured["states"] = simulation.client_states()
+        captured["w"] = simulation.server_state().w
+
+    result = run_experiment(config, show_progress=False, inspect=inspect or capture)
+    return captured, result
+
+
+def test_shared_store_runs_equal_owned_state_runs_bit_for_bit_with_1_2_and_3_hosts(ray_local, mlflow_uri, tmp_path):
+    """Ray hosts: owned state on 1 host against the store in memory on 3 hosts and on disk on 2; the disk store's
+    folder is gone at the end and its size is logged."""
+    one, result_one = _run(mlflow_uri, {"num_hosts": 1})
+    spill = tmp_path / "spill"
+    for runtime in ({"num_hosts": 3, "state_store": "memory"}, {"num_hosts": 2, "state_store": "disk"}):
+        other, result = _run(mlflow_uri, {**runtime, "spill_dir": str(spill)})
+        np.testing.assert_array_equal(one["w"], other["w"])
+        assert sorted(other["states"]) == list(range(7))
+        for client, state in one["states"].items():
+            for name in ("theta", "w", "pi", "reported_smooth"):
+                np.testing.assert_array_equal(getattr(state, name), getattr(other["states"][client], name))
+        assert result.summary == result_one.summary
+        assert repr(result.final) == repr(result_one.final)
+        metrics = MlflowClient(mlflow_uri).get_run(result.run_id).data.metrics
+        trained = set().union(*(sample_clients(7, r, 7, 4) for r in range(3)))
+        assert metrics["state/spilled_clients"] == len(trained) and metrics["state/disk_bytes"] > 0
+        assert metrics["time/hosts_busy_max"] >= metrics["time/hosts_busy_balanced"] > 0
+    assert [p for p in spill.iterdir() if p.name.startswith("raysim-states-columns-")] == []
+
+
+def test_a_run_on_the_disk_store_resumes_from_its_snapshot_exactly(mlflow_uri, tmp_path):
+    """Interrupted after round 3 (last checkpoint round 2's: a snapshot of the store), resumed: the uninterrupted
+    run of hosts owning their clients' state."""
+    baseline = baseline_run(tmp_path / "baseline", {"actors": "in_process", "num_hosts": 2})
+    runtime = {"actors": "in_process", "num_hosts": 3, "state_store": "disk", "spill_dir": str(tmp_path / "spill")}
+    config = validate_config(reliability_config(mlflow_uri, tmp_path, runtime))
+
+    def die(round_index, simulation):
+        if round_index == 2:
+            raise KeyboardInterrupt("driver killed")
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, show_progress=False, inspect=die)
+    client = MlflowClient(mlflow_uri)
+    run_id = client.search_runs([client.get_experiment_by_name("tests").experiment_id])[0].info.run_id
+    assert sorted(p.name for p in (tmp_path / "ckpt" / run_id / "round-000002").glob("state-*.npy"))[:2] == [
+        "state-ids.npy",
+        "state-pi.npy",
+    ]
+    resumed = resume_experiment(run_id, mlflow_uri, show_progress=False)
+    assert resumed.summary == baseline.summary
+    assert repr(resumed.final) == repr(baseline.final)
+
+
+def test_a_killed_host_of_a_shared_store_run_is_replaced_and_the_run_is_unchanged(ray_local, mlflow_uri, tmp_path):
+    """Host 0 killed after round 2 (its rows of round 3 may be half written): the store goes back to round 2's
+    snapshot and the run equals the uninterrupted one of hosts owning their clients."""
+    baseline = baseline_run(tmp_path / "baseline", {"actors": "in_process", "num_hosts": 2})
+    runtime = {"num_hosts": 2, "host_cpus": 0.5, "state_store": "memory"}
+    config = validate_config(reliability_config(mlflow_uri, tmp_path, runtime))
+    killed: list[int] = []
+
+    def kill(round_index, simulation):
+        if round_index == 2 and not killed:
+            pid = ray.get(simulation.hosts[0].pid.remote())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    result = run_experiment(config, show_progress=False, inspect=kill)
+    assert killed
+    assert result.summary == baseline.summary
+    assert repr(result.final) == repr(baseline.final)

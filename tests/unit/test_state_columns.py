@@ -1,0 +1,141 @@
+"""The shared client-state store (raysim.runtime.state_columns) and the dealing of a round's clients to hosts
+(raysim.runtime.simulation.deal): states come back bit for bit through any store open on the folder, rows never
+written are the initial states, a snapshot restores exactly, the files are sparse, and LPT dealing keeps every
+host within 4/3 of the best makespan."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from raysim.execution.stacking import stack
+from raysim.runtime.simulation import deal
+from raysim.runtime.state_columns import ColumnStates, store_folder
+
+
+@dataclass
+class State:
+    theta: np.ndarray
+    count: int
+    scale: float
+    w: np.ndarray | None = None
+
+
+def initial(client: int) -> State:
+    return State(np.full(5, client, np.float32), 0, 1.0)
+
+
+def trained(client: int, seed: int = 0) -> State:
+    values = np.random.default_rng([client, seed]).standard_normal(5).astype(np.float32)
+    return State(values, client + 1, float(values[0]) / 3, values.astype(np.float64) * 2)
+
+
+def same(a: State, b: State) -> bool:
+    return (
+        type(a.count) is type(b.count)
+        and a.count == b.count
+        and type(a.scale) is type(b.scale)
+        and a.scale == b.scale
+        and np.array_equal(a.theta, b.theta)
+        and a.theta.dtype == b.theta.dtype
+        and (a.w is None) == (b.w is None)
+        and (a.w is None or (np.array_equal(a.w, b.w) and a.w.dtype == b.w.dtype))
+    )
+
+
+@pytest.fixture
+def folder(tmp_path):
+    path = tmp_path / "store"
+    path.mkdir()
+    return path
+
+
+def test_states_written_by_one_store_are_read_bit_for_bit_by_another_on_the_folder(folder):
+    """Two hosts' stores on one folder: what one writes (a field None at first, numbers of their own types) the
+    other reads, and a client never written is its initial state."""
+    one = ColumnStates(folder, 10, initial(0), initial)
+    two = ColumnStates(folder, 10, initial(0), initial)
+    assert same(two[3], initial(3)) and two[3].w is None
+    one[3] = trained(3)
+    two[7] = trained(7)
+    assert same(two[3], trained(3)) and same(one[7], trained(7))
+    assert same(one[4], initial(4))
+
+
+def test_rows_and_store_equal_stacking_the_states_and_write_only_the_kept_rows(folder):
+    store = ColumnStates(folder, 8, initial(0), initial)
+    for client in (1, 2, 5):
+        store[client] = trained(client)
+    expected = stack([trained(1), trained(2), trained(5)])
+    rows = store.rows([1, 2, 5])
+    for name in ("theta", "count", "scale", "w"):
+        np.testing.assert_array_equal(getattr(rows, name), getattr(expected, name))
+        assert getattr(rows, name).dtype == getattr(expected, name).dtype
+    mixed = store.rows([0, 1])  # a client never written: its initial state, stacked as `stack` does
+    assert mixed.w is None and np.array_equal(mixed.theta, stack([initial(0), trained(1)]).theta)
+    new = stack([trained(c, seed=1) for c in (1, 2, 5)])
+    store.store([1, 2, 5], new, np.array([True, False, True]))
+    assert same(store[1], trained(1, seed=1)) and same(store[2], trained(2)) and same(store[5], trained(5, seed=1))
+
+
+def test_a_snapshot_restores_exactly_and_forgets_rows_written_since(folder, tmp_path):
+    store = ColumnStates(folder, 6, initial(0), initial)
+    store[1], store[4] = trained(1), trained(4)
+    snapshot = tmp_path / "checkpoint"
+    snapshot.mkdir()
+    store.snapshot(snapshot)
+    store[1], store[2] = trained(1, seed=5), trained(2, seed=5)
+    store.restore(snapshot)
+    assert same(store[1], trained(1)) and same(store[4], trained(4))
+    assert same(store[2], initial(2)), "a client first written after the snapshot is back to its initial state"
+    other = tmp_path / "fresh"
+    other.mkdir()
+    fresh = ColumnStates(other, 6, initial(0), initial)  # a resumed run's new store, no column made yet
+    fresh.restore(snapshot)
+    assert all(same(fresh[c], store[c]) for c in range(6))
+
+
+def test_the_columns_take_disk_only_for_the_clients_written(folder):
+    """Sparse files: 100,000 clients of 1,000 floats each would take 400 MB; 10 written take a few pages."""
+    big = State(np.zeros(1000, np.float32), 0, 1.0)
+    store = ColumnStates(folder, 100_000, big, lambda client: big)
+    for client in range(0, 100_000, 10_000):
+        store[client] = State(np.ones(1000, np.float32), 1, 2.0)
+    stats = store.stats()
+    assert stats.spilled == 10
+    assert stats.disk_bytes < 5 * 2**20
+
+
+def test_a_state_of_another_shape_is_refused_in_one_line(folder):
+    store = ColumnStates(folder, 3, initial(0), initial)
+    store[0] = trained(0)
+    with pytest.raises(ValueError, match="'theta' has rows of shape \\(6,\\).*runtime.state_store=hosts"):
+        store[1] = State(np.zeros(6, np.float32), 0, 1.0)
+
+
+def test_the_store_folder_is_removed_by_its_maker(tmp_path):
+    folder, remove = store_folder("disk", str(tmp_path))
+    ColumnStates(folder, 4, initial(0), initial)[2] = trained(2)
+    remove()
+    assert not folder.exists()
+
+
+def test_dealing_keeps_the_busiest_host_within_lpt_bound_and_pins_attackers():
+    """LPT (Graham): makespan <= (4/3 - 1/(3 hosts)) x the best; checked against the best by brute force."""
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        clients = sorted(rng.choice(40, 7, replace=False).tolist())
+        costs = {c: int(rng.integers(10, 600)) for c in range(40)}
+        dealt = deal(clients, costs, 2, {})
+        assert sorted(itertools.chain(*dealt)) == clients
+        makespan = max(sum(costs[c] for c in host) for host in dealt)
+        best = min(
+            max(sum(costs[c] for c, h in zip(clients, hosts, strict=True) if h == k) for k in range(2))
+            for hosts in itertools.product(range(2), repeat=len(clients))
+        )
+        assert makespan <= (4 / 3 - 1 / 6) * best + 1e-9
+    assert deal([0, 1, 2, 3], {c: 10 for c in range(4)}, 2, {0: 1, 1: 1}) == [[2, 3], [0, 1]]
+    assert deal([5], {5: 1}, 3, {}) == [[5], [], []]
