@@ -8,6 +8,15 @@ RUNNING. In sessions of their own they get only the signals sent to them; the dr
 signal to its PID (marked KILLED) and then stops them. They still die with the driver if it is killed outright
 (Ray starts them with PR_SET_PDEATHSIG).
 
+A local Ray starts only what a run needs: no autoscaler monitor (a local Ray never autoscales) and no dashboard head
+(`include_dashboard=False` still started one, with its usage-statistics module only, and ray.init waited for it to
+import before it started the raylet), as many workers at first as the run has actors (Ray starts one per CPU), and
+those workers import what every actor imports (the coordinator's module: numba, the compiled passes' module, the
+algorithms; not torch, which only the hosts import) as they start, while the driver opens the MLflow run, rather
+than once each is given its actor. Kept: the GCS server, the raylet, its two agents (it cannot run without them)
+and the log monitor, which brings the workers' output (a failing actor's traceback among it) to the driver's
+console.
+
 If the GCS server or the raylet dies anyway (killed, out of memory), a watch thread raises RayLost in the main
 thread within `WATCH_EVERY_S`, so the run is marked FAILED with one line instead of hanging; `ray_usable()`
 tells the code that ends the actors to skip Ray calls that would wait for the dead GCS.
@@ -33,12 +42,20 @@ from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.credentials import without_credentials
 from raysim.errors import Interrupted, RayLost, RaysimError, raise_from_handler, sigterm_interrupts
 from raysim.plugins import PluginError, import_in_worker, loaded
+from raysim.runtime.placement import default_num_hosts
 
 WATCH_EVERY_S = 0.5
 VITAL = {"gcs_server": "GCS server", "raylet": "raylet"}
 """The daemons (executable name: what the message calls it) without which a local Ray is gone."""
 MONITOR = os.path.join("autoscaler", "_private", "monitor.py"), os.path.join("autoscaler", "v2", "monitor.py")
-"""The autoscaler monitor's script (Ray 2.x, either autoscaler), one of the first items of its command line."""
+"""The autoscaler monitor's script (Ray 2.x, either autoscaler), one of the first items of its command line: a local
+Ray that raysim starts has none (`lean_head`)."""
+PRELOAD = ("raysim.runtime.coordinator",)
+"""What a local Ray's workers import as they start (Ray's `preload_python_modules`), before they are given an actor:
+the part of a host's imports that the coordinator shares (about half of them), so that the coordinator, which
+does not import torch, does not get it."""
+PRESTART_FLAG = "--num_prestart_python_workers="
+"""The raylet's option for the workers it starts at once (Ray sets one per CPU)."""
 LOST_SIGNAL = signal.SIGUSR1
 """What the watch thread sends the main thread when a vital daemon died: it wakes a sleeping system call and
 is seen inside Ray's blocking calls, which check for signals."""
@@ -66,11 +83,38 @@ def _token_auth_explicitly() -> None:
     Config.initialize("")  # Ray's own step after setting the mode (ray._private.authentication)
 
 
+def run_actors(config: ExperimentConfig, local: dict[str, float]) -> int:
+    """The actors a run of `config` starts on a new local Ray of `local`'s CPUs and GPUs: its hosts (as
+    raysim.runtime.placement counts them, at most one a client) and the coordinator."""
+    hosts = config.runtime.num_hosts or default_num_hosts(config.runtime, local)
+    return min(hosts, config.clients.count) + 1
+
+
+@contextmanager
+def lean_head() -> Iterator[None]:
+    """Inside: a new local Ray's head starts no autoscaler monitor and no dashboard head (`ray._private.node.Node`'s
+    two steps, Ray 2.x, left out; a Ray lacking either step starts what it starts)."""
+    from ray._private import node
+
+    steps = {name: getattr(node.Node, name, None) for name in ("start_monitor", "start_api_server")}
+    for name, step in steps.items():
+        if step is not None:
+            setattr(node.Node, name, lambda self, **_: None)
+    try:
+        yield
+    finally:
+        for name, step in steps.items():
+            if step is not None:
+                setattr(node.Node, name, step)
+
+
 class LocalDaemons:
     """The processes a local Ray starts (its GCS server, raylet, log monitor...), each in a session of its own,
     and a watch on the vital ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int | None = None) -> None:
+        """`workers`: how many workers the raylet starts at once (None: Ray's choice, one per CPU)."""
+        self.workers = workers
         self.started: list[subprocess.Popen] = []
         self.lost: str | None = None
         """What happened to the local Ray, once a vital daemon is gone."""
@@ -80,9 +124,9 @@ class LocalDaemons:
     def own_sessions(self) -> Iterator[None]:
         """Inside: every process Ray starts through its one process launcher (`ray._private.services.
         ConsolePopen`, Ray 2.x) gets a session of its own (setsid), an environment without the tracking
-        credentials (raysim.credentials: its workers inherit the raylet's) and is remembered. Should a Ray version lack
-        the launcher, its daemons stay in the driver's process group (the watch still ends a run that loses
-        them)."""
+        credentials (raysim.credentials: its workers inherit the raylet's) and is remembered; the raylet starts
+        `workers` workers at once. Should a Ray version lack the launcher, its daemons stay in the driver's process
+        group (the watch still ends a run that loses them)."""
         from ray._private import services
 
         original: Any = getattr(services, "ConsolePopen", None)  # a class, looked up: a Ray may lack it
@@ -93,6 +137,8 @@ class LocalDaemons:
 
         class OwnSessionPopen(original):
             def __init__(self, *args, **kwargs) -> None:
+                if daemons.workers is not None and args and isinstance(args[0], list):
+                    args = (daemons.prestarting(args[0]), *args[1:])
                 kwargs["start_new_session"] = True
                 kwargs["env"] = without_credentials(kwargs.get("env") or os.environ)
                 super().__init__(*args, **kwargs)
@@ -103,6 +149,10 @@ class LocalDaemons:
             yield
         finally:
             services.ConsolePopen = original  # type: ignore[misc]  # restoring it
+
+    def prestarting(self, command: list[str]) -> list[str]:
+        """`command`, the raylet's with `workers` workers to start at once; any other process's as it is."""
+        return [f"{PRESTART_FLAG}{self.workers}" if str(part).startswith(PRESTART_FLAG) else part for part in command]
 
     def gone(self) -> str | None:
         """Which vital daemon has exited, as a phrase ("its raylet (pid 12) was killed by SIGKILL"), or None."""
@@ -116,8 +166,8 @@ class LocalDaemons:
         return None
 
     def end_monitor(self) -> None:
-        """Kill the autoscaler monitor before Ray's shutdown: a local Ray never autoscales, and the monitor, sent
-        SIGTERM after the GCS server is gone (Ray's shutdown order), spends its full second of grace trying to
+        """Kill the autoscaler monitor before Ray's shutdown, should a Ray have started one despite `lean_head`: sent
+        SIGTERM after the GCS server is gone (Ray's shutdown order), it spends its full second of grace trying to
         report its own death to that GCS server, on every run's way out."""
         for process in self.started:
             if isinstance(process.args, list) and any(str(a).endswith(MONITOR) for a in process.args[:4]):
@@ -220,16 +270,17 @@ def _start_failure(error: Exception, attempt: int) -> RayStartError:
     return RayStartError(f"the local Ray did not start{tries}: {what}{hint}; Ray's logs: {ray_logs()}")
 
 
-def _start_local(runtime: RuntimeSettings, local: dict[str, float]) -> LocalDaemons:
-    """Start a local Ray of `local`'s CPUs, its daemons in sessions of their own; start it again, up to
-    START_ATTEMPTS times, when it did not come up in time (SLOW_START), after ending what the failed try started.
-    A start that fails for good is one RayStartError line (`_start_failure`), not Ray's traceback."""
+def _start_local(runtime: RuntimeSettings, local: dict[str, float], workers: int | None = None) -> LocalDaemons:
+    """Start a local Ray of `local`'s CPUs with only what a run needs (module docstring), `workers` workers at
+    once, its daemons in sessions of their own; start it again, up to START_ATTEMPTS times, when it did not come up
+    in time (SLOW_START), after ending what the failed try started. A start that fails for good is one
+    RayStartError line (`_start_failure`), not Ray's traceback."""
     global _local
     _token_auth_explicitly()
     for attempt in range(1, START_ATTEMPTS + 1):
-        daemons = _local = LocalDaemons()
+        daemons = _local = LocalDaemons(workers)
         try:
-            with daemons.own_sessions():
+            with daemons.own_sessions(), lean_head():
                 ray.init(
                     address="local",
                     num_cpus=int(local["CPU"]),
@@ -237,6 +288,7 @@ def _start_local(runtime: RuntimeSettings, local: dict[str, float]) -> LocalDaem
                     object_store_memory=runtime.object_store_mb * 2**20,
                     include_dashboard=False,
                     logging_level=logging.WARNING,
+                    _system_config={"preload_python_modules": list(PRELOAD)},
                 )
             return daemons
         except BaseException as error:  # SystemExit too: ray.init's own SIGTERM handler (ray_session)
@@ -304,7 +356,7 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
             if local is None:
                 ray.init(address=address, logging_level=logging.WARNING)
             else:
-                daemons = _start_local(config.runtime, local)
+                daemons = _start_local(config.runtime, local, run_actors(config, local))
         except SystemExit as stop:  # ray.init's own SIGTERM handler, which exits on the spot, ran
             if stop.code != signal.SIGTERM:
                 raise

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 
@@ -68,22 +67,56 @@ def test_a_failed_rounds_late_sibling_errors_are_got_so_ray_prints_no_unhandled_
     assert "ValueError: retrieved" not in done.stderr, done.stderr
 
 
-MONITOR_SCRIPT = """
+LEAN_SCRIPT = """
+import sys, time
+from pathlib import Path
+import ray
 from raysim.config import validate_config
 from raysim.runtime import session
+from raysim.studies.procmem import descendants
 
-config = validate_config({"algorithm": {"name": "fedavg"}, "model": {"name": "mlp"}, "clients": {"count": 2}})
+config = validate_config(
+    {"algorithm": {"name": "fedavg"}, "model": {"name": "mlp"}, "clients": {"count": 8},
+     "runtime": {"num_cpus": 4, "num_hosts": 1}}
+)
+
+def workers(raylet):
+    titles = []
+    for pid in descendants(raylet)[1:]:
+        try:
+            titles.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        except OSError:
+            pass
+    agents = ("ray::RuntimeEnv", "ray::Dashboard")  # the raylet's agents, as /proc's comm cuts their names
+    return [title for title in titles if title.startswith("ray::") and not title.startswith(agents)]
+
 with session.ray_session(config):
-    daemons = session._local
-(monitor,) = [p for p in daemons.started if any(str(a).endswith(session.MONITOR) for a in p.args[:4])]
-print("monitor", monitor.returncode)
+    commands = [" ".join(map(str, p.args)) for p in session._local.started]
+    (raylet,) = [p.pid for p in session._local.started if str(p.args[0]).endswith("raylet")]
+    deadline = time.monotonic() + 60
+    while len(workers(raylet)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # any more would have started by now
+    print("workers", len(workers(raylet)))
+
+    @ray.remote(num_cpus=0)
+    def preloaded():
+        return [name for name in ("raysim.runtime.coordinator", "torch") if name in sys.modules]
+
+    print("preloaded", ",".join(ray.get(preloaded.remote())))
+print("monitor", sum(any(part.endswith(session.MONITOR) for part in c.split()) for c in commands))
+print("dashboard", sum("dashboard/dashboard.py" in c for c in commands))
 """
 
 
 @pytest.mark.slow
-def test_a_local_rays_autoscaler_monitor_is_killed_before_the_shutdown_waits_a_second_for_it(tmp_path):
-    """Ray's shutdown SIGTERMs its autoscaler monitor after the GCS server, and the monitor then spends a full
-    second of grace reporting its death to the gone GCS server: raysim kills it first (SIGKILL: -9)."""
-    done = subprocess.run([sys.executable, "-c", MONITOR_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+def test_a_local_ray_starts_only_what_the_run_needs(tmp_path):
+    """No autoscaler monitor (Ray's shutdown then spent a second of grace on it), no dashboard head (ray.init waited
+    for it before starting the raylet), as many workers at first as the run's actors (one host and the
+    coordinator on a 4-CPU Ray: 2, not Ray's 4), and its workers import the coordinator's module as they start, not
+    torch (the coordinator does not need it)."""
+    done = subprocess.run([sys.executable, "-c", LEAN_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-1] == f"monitor {-signal.SIGKILL}"
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert lines["preloaded"] == "raysim.runtime.coordinator", done.stdout
+    assert (lines["monitor"], lines["dashboard"], lines["workers"]) == ("0", "0", "2"), done.stdout
