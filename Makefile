@@ -3,7 +3,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run check test test-unit test-integration test-system test-matrix lint setup data tools docs lock clean
+.PHONY: run check test test-unit test-integration test-system test-matrix test-images lint setup data tools docs lock clean
 
 run: setup
 	$(BIN)/raysim run configs/quickstart.yaml
@@ -29,6 +29,13 @@ test-unit test-integration test-system: test-%: setup
 test-matrix: setup
 	$(BIN)/pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder -m matrix
 
+# The docker images built and run (tests/system/check_images.py; not in `make test`, whose collection takes test_*.py
+# only: it needs a Docker engine and root and builds for minutes): the Debian base from Debian's packages, the raysim,
+# MLflow and PostgreSQL images on it, then the quickstart in a container against compose's MLflow on PostgreSQL.
+# DOCKER=/path/to/docker picks a docker CLI that builds with BuildKit.
+test-images: setup
+	$(BIN)/pytest -p no:xdist -q -s -rs tests/system/check_images.py
+
 lint: setup
 	$(BIN)/ruff check raysim tests jobs benchmarks
 	$(BIN)/ruff format --check raysim tests jobs benchmarks
@@ -40,7 +47,7 @@ setup: $(STAMP) data tools
 # ones a run imports, once.
 $(STAMP):
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[dev,postgres]'
 	$(BIN)/python -m raysim.torchvision_compat
 	rm -f $(VENV)/.installed-* && touch $@
 
@@ -51,9 +58,11 @@ data: $(STAMP)
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Headless Chromium for the UI screenshots test and pdflatex with booktabs for the LaTeX table test (Debian's
-# packages, about 140 MB for TeX without recommends; as root with apt-get, like Fashion-MNIST). APT waits up to 10
-# minutes for another apt process's lock (unattended upgrades on a fresh cloud machine) instead of failing.
+# Headless Chromium for the UI screenshots test, pdflatex with booktabs for the LaTeX table test and PostgreSQL for
+# the MLflow-on-PostgreSQL test, which starts its own server in a temporary folder (Debian's packages without
+# recommends: about 140 MB for TeX, 170 MB for PostgreSQL with its JIT's LLVM; as root with apt-get, like
+# Fashion-MNIST). APT waits up to 10 minutes for another apt process's lock (unattended upgrades on a fresh cloud
+# machine) instead of failing.
 APT := apt-get -o DPkg::Lock::Timeout=600
 tools:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
@@ -63,10 +72,13 @@ tools:
 	  && $(APT) update -qq >/dev/null 2>&1 && $(APT) install -y -qq --no-install-recommends texlive-latex-base \
 	  texlive-latex-recommended >/dev/null 2>&1; } \
 	  || echo "note: tests/test_table.py needs pdflatex and booktabs (Debian: texlive-latex-recommended)"
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && $(APT) update -qq >/dev/null 2>&1 && $(APT) install -y -qq --no-install-recommends postgresql >/dev/null 2>&1; } \
+	  || echo "note: tests/system/test_postgres.py needs PostgreSQL (Debian: apt-get install postgresql)"
 
 # Re-resolve the full pinned dependency set after editing pyproject.toml.
 lock:
-	python3 -m venv /tmp/raysim-lock && /tmp/raysim-lock/bin/pip install -q 'torch==2.13.0' -e '.[dev]' \
+	python3 -m venv /tmp/raysim-lock && /tmp/raysim-lock/bin/pip install -q 'torch==2.13.0' -e '.[dev,postgres]' \
 	  && /tmp/raysim-lock/bin/pip freeze --exclude-editable | sed 's/+cpu//' > constraints.txt
 
 clean:

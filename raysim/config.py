@@ -193,6 +193,14 @@ class RuntimeSettings(_Section):
         description="folder for spilled client state, a path on each host's node (one subfolder per host, "
         "removed when the run ends); default: the system temp folder",
     )
+    state_store: Literal["hosts", "memory", "disk"] = Field(
+        "hosts",
+        description="where client state lives: `hosts`, each host keeps its own clients' (in memory, or spilled "
+        "past state_memory_mb); `memory` or `disk`, one store addressed by client id, a memory-mapped file per "
+        "state field in /dev/shm or in spill_dir, that every host of the node reads and writes, so a round's "
+        "clients are dealt to the hosts by their cost (training samples), longest first, and no host idles while "
+        "another has work (issue 49); same results bit for bit",
+    )
     memory_limit_mb: float | None = Field(
         None,
         gt=0,
@@ -224,12 +232,25 @@ class RuntimeSettings(_Section):
                 f"runtime.address={self.address!r}: runtime.actors=in_process runs the hosts in the driver's process "
                 "and joins no Ray cluster; leave one of them out"
             )
+        if self.state_store != "hosts" and self.state_memory_mb is not None:
+            raise ValueError(
+                f"runtime.state_memory_mb={self.state_memory_mb:g} budgets each host's own client state: it applies "
+                f"to runtime.state_store=hosts, not {self.state_store} (the page cache holds a shared store's hot rows)"
+            )
         return self
 
 
 class TrackingSettings(_Section):
     uri: str | None = Field(None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite)")
     experiment: str = Field("raysim", description="the MLflow experiment the run is logged in (made if new)")
+    artifact_root: str | None = Field(
+        None,
+        description="where to write a new experiment's artifacts: `<artifact_root>/<experiment>`, a folder "
+        "(relative to the working folder of the command that makes the experiment) or a URI (file:///..., "
+        "s3://bucket/path); an existing experiment keeps its own. Default: `mlartifacts/<experiment>` beside a "
+        "sqlite database file, a tracking server's own artifact store (http://); required for a new experiment on "
+        "another database store (postgresql://), where MLflow would use ./mlruns of whatever folder the run started in",
+    )
     run_name: str | None = Field(
         None, description="the MLflow run's name (default: algorithm-dataset-partition-seed, e.g. flame-fmnist-q2-s1)"
     )

@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import ray
@@ -32,7 +32,7 @@ from raysim.runtime.simulation import NoUsableUpload, Simulation
 from raysim.tracking.artifacts import RunArtifacts
 from raysim.tracking.callbacks import RoundCallback, RunResult
 from raysim.tracking.identity import default_run_name, log_dataset, standard_tags
-from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, resolve_tracking_uri
+from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, local_artifact_folder, resolve_tracking_uri
 from raysim.tracking.progress import ProgressBar
 from raysim.tracking.runs import DRIVER_TAG, RUN_COLOR_TAG, run_checkpoints
 from raysim.tracking.views import GROUP_TAG
@@ -50,6 +50,7 @@ def run_experiment(
     resume: Path | None = None,
     tracking_uri: str | None = None,
     command: str | None = None,
+    round_callbacks: Sequence[RoundCallback] = (),
 ) -> RunResult:
     """Run one experiment end to end and log it to MLflow.
 
@@ -58,6 +59,8 @@ def run_experiment(
     `resume` is a checkpoint folder: the same MLflow run continues from it (see `resume_experiment`), logged
     to `tracking_uri` if given, else to the URI the checkpoint names. `command`: what the user typed, for the
     run's source and description (default: this process's command line; a sweep's trial runs in a Ray worker).
+    `round_callbacks`: more round callbacks, called after the run's own (a sweep's trial reports its rounds to
+    Ray Tune through one: raysim.studies.sweep), so that the runtime knows nothing of who watches it.
 
     Everything that can be refused is checked before Ray or MLflow work: the data and partition, the hosts
     against a new local Ray's CPUs and GPUs, a checkpoint folder that cannot be written, and the tracking store's
@@ -73,11 +76,18 @@ def run_experiment(
         host_layout(config.runtime, problem.clients, local, local)
     if config.runtime.spill_dir is not None and (in_process or local is not None):  # the hosts run on this node
         check_output(config.runtime.spill_dir, "runtime.spill_dir", "folder")
+    artifact_folder = local_artifact_folder(config.tracking.artifact_root or "")
+    if config.tracking.artifact_root and artifact_folder is not None:
+        check_output(artifact_folder, "tracking.artifact_root", "folder")
     manifest = checkpoint.read_manifest(resume) if resume is not None else None
     uri = tracking_uri or (manifest["tracking_uri"] if manifest else resolve_tracking_uri(config.tracking.uri))
     # The store opens in the background while Ray starts (a new sqlite store takes about 1.5 s to create).
     writer = MlflowWriter(
-        uri, config.tracking.experiment, connect_timeout_s=config.tracking.connect_timeout_s, background=True
+        uri,
+        config.tracking.experiment,
+        connect_timeout_s=config.tracking.connect_timeout_s,
+        background=True,
+        artifact_root=config.tracking.artifact_root,
     )
     result = RunResult(None, malicious=sorted(problem.malicious))
     rounds: Rounds | None = None
@@ -100,6 +110,7 @@ def run_experiment(
                     soft_wrap=True,  # one line in a log too (a console that is not a terminal is 80 columns wide)
                 )
                 callbacks.append(ProgressBar(console, config.rounds))
+            callbacks.extend(round_callbacks)
             rounds = Rounds(config, writer, result, problem, resume, callbacks, inspect)
             simulation = Simulation(config, problem, layout)
             writer.set_tags({"raysim.hosts": str(len(simulation.hosts))})
@@ -234,13 +245,15 @@ def resume_experiment(
     show_progress: bool = True,
     inspect=None,
     plugins: list[str] | tuple[str, ...] = (),
+    round_callbacks: Sequence[RoundCallback] = (),
 ):
     """Continue a run from its last complete checkpoint: `target` is a checkpoint folder (a run's or one
     round's) or an MLflow run id whose `raysim.checkpoint` tag names one. `tracking_uri` is where to look the
     run id up and, if given, where the run is logged (a checkpoint stores its URI with credentials redacted:
     give them in MLflow's variables, or here). `plugins` (`--plugin`, relative to the current directory) are
     imported first; the plugins the checkpoint's config lists are not: each must be among them or imported in
-    this process already, else one PluginError names it before anything runs (raysim.plugins.for_checkpoint)."""
+    this process already, else one PluginError names it before anything runs (raysim.plugins.for_checkpoint).
+    `round_callbacks`: as run_experiment's."""
     import raysim.plugins as plugin_files
     from raysim.config import validate_config
 
@@ -255,4 +268,6 @@ def resume_experiment(
         raise CheckpointError(f"{manifest}: its config is not a mapping of sections")
     tree["plugins"] = plugin_files.for_checkpoint(tree.get("plugins"), str(manifest))
     config = validate_config(tree)
-    return run_experiment(config, show_progress, inspect, resume=directory, tracking_uri=tracking_uri)
+    return run_experiment(
+        config, show_progress, inspect, resume=directory, tracking_uri=tracking_uri, round_callbacks=round_callbacks
+    )

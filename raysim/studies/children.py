@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -21,7 +22,7 @@ from raysim.credentials import redact_text
 from raysim.errors import Interrupted, RayLost, RaysimError
 from raysim.runtime.driver import resume_experiment, run_experiment
 from raysim.studies.table import listed
-from raysim.tracking.callbacks import RunResult
+from raysim.tracking.callbacks import RoundCallback, RunResult
 from raysim.tracking.identity import source_tags
 from raysim.tracking.mlflow_writer import MlflowWriter
 from raysim.tracking.views import share_children_view
@@ -32,10 +33,12 @@ ERROR_TAG = "raysim.error"
 
 @dataclass
 class ChildOutcome:
-    """How one child ended: `finished` with its metrics, or `failed` with its one-line error."""
+    """How one child ended: `finished` with its metrics, `failed` with its one-line error, or `stopped` early by a
+    sweep's scheduler (Ray Tune's ASHA or median stopping: its MLflow run is FINISHED with the rounds it ran and a
+    `raysim.stopped_early` tag, and a resumed sweep keeps it as it keeps a finished one)."""
 
     status: str
-    """finished or failed"""
+    """finished, failed or stopped"""
     run_id: str | None = None
     history: dict[int, dict[str, float]] = field(default_factory=dict)
     """Metrics logged at each step (round number)."""
@@ -45,10 +48,16 @@ class ChildOutcome:
     node: str = ""
     """The Ray node it ran on (sweep trials)."""
     seconds: float = 0.0
+    stopped_at: str = ""
+    """Of a stopped child: who stopped it and when (e.g. `asha at round 2 of 8`)."""
 
     @property
     def finished(self) -> bool:
         return self.status == "finished"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
 
     @classmethod
     def of(cls, result: RunResult, seconds: float = 0.0) -> ChildOutcome:
@@ -71,16 +80,21 @@ def run_child(
     continue_run: str | None = None,
     show_progress: bool = False,
     command: str | None = None,
+    round_callbacks: Sequence[RoundCallback] = (),
 ) -> ChildOutcome:
     """Run one child nested under `parent`, or continue `continue_run` from its checkpoint (a resumed study); an
     error is returned as a failed outcome. Ctrl-C and SIGTERM (KeyboardInterrupt) are not caught: they stop the
-    study."""
+    study. `round_callbacks` watch its rounds (run_experiment's)."""
     start = time.perf_counter()
     try:
         if continue_run is not None:
-            result = resume_experiment(continue_run, config.tracking.uri, show_progress=show_progress)
+            result = resume_experiment(
+                continue_run, config.tracking.uri, show_progress=show_progress, round_callbacks=round_callbacks
+            )
         else:
-            result = run_experiment(config, show_progress=show_progress, parent=parent, command=command)
+            result = run_experiment(
+                config, show_progress=show_progress, parent=parent, command=command, round_callbacks=round_callbacks
+            )
     except Exception as error:  # noqa: BLE001 - a failed child is a result, not the end of the study
         return ChildOutcome("failed", error=one_line(error), seconds=time.perf_counter() - start)
     return ChildOutcome.of(result, time.perf_counter() - start)
@@ -90,6 +104,9 @@ def outcome_line(name: str, outcome: ChildOutcome) -> str:
     """The progress line of a child that ended."""
     if outcome.finished:
         return f"{name}: finished, final PM {outcome.summary.get('final/pm/acc', float('nan')):.4f}"
+    if outcome.status == "stopped":
+        last = outcome.summary.get("final/pm/acc", float("nan"))
+        return f"{name}: stopped early by {outcome.stopped_at}, last PM {last:.4f}"
     return f"{name}: FAILED: {outcome.error}"
 
 
@@ -121,7 +138,7 @@ def record_failures(writer: MlflowWriter, parent: str, children: Children, comma
     started (its driver has usually marked it already; a trial whose Ray task died left it RUNNING), or, for a
     child that failed before its run existed, a new one with its config as params and the study's `command` as
     its source. Sets each outcome's run id."""
-    failed = [(config, outcome) for config, outcome in children if not outcome.finished]
+    failed = [(config, outcome) for config, outcome in children if outcome.failed]
     if not failed:
         return
     runs = writer.client.search_runs(
@@ -134,7 +151,9 @@ def record_failures(writer: MlflowWriter, parent: str, children: Children, comma
         if run is not None and run.info.status == "FAILED" and ERROR_TAG in run.data.tags:
             outcome.run_id = run.info.run_id
             continue
-        child = MlflowWriter(writer.tracking_uri, config.tracking.experiment)
+        child = MlflowWriter(
+            writer.tracking_uri, config.tracking.experiment, artifact_root=config.tracking.artifact_root
+        )
         if run is None:
             tags = {"algorithm": config.algorithm.name, **source_tags(command)}
             child.start(name, config.flat(), tags, parent=parent)
@@ -148,7 +167,7 @@ def record_failures(writer: MlflowWriter, parent: str, children: Children, comma
 def failure_lines(kind: str, children: Children, resume: str) -> list[str]:
     """What a study that ran to its end prints about its failed children: how many, each one's error, and the
     command that reruns them (`resume`); no lines if none failed."""
-    failed = [(config.tracking.run_name, outcome) for config, outcome in children if not outcome.finished]
+    failed = [(config.tracking.run_name, outcome) for config, outcome in children if outcome.failed]
     if not failed:
         return []
     lines = [
@@ -188,8 +207,11 @@ class ParentRun:
         it stands)."""
         self.doing = "while writing its summary"
         record_failures(self.writer, self.writer.run_id or "", children, self.command)
-        failed = [config.tracking.run_name or "" for config, outcome in children if not outcome.finished]
-        counts = {"children/finished": len(children) - len(failed), "children/failed": len(failed)}
+        failed = [config.tracking.run_name or "" for config, outcome in children if outcome.failed]
+        stopped = sum(outcome.status == "stopped" for _, outcome in children)
+        counts = {"children/finished": len(children) - len(failed) - stopped, "children/failed": len(failed)}
+        if stopped:
+            counts["children/stopped"] = stopped
         attempt = self.writer.last_step("children/finished") + 1
         self.writer.log_metrics(attempt, counts | setting_means(children, settings))
         if failed:

@@ -3,7 +3,8 @@
 The parent run is reopened, and each child it should have is matched by its run name (a suite's `name/seedN`,
 a sweep's `sweep/tNNN setting seed=N`, unique within the parent) to what the store holds:
 
-- FINISHED: kept as it is (its metrics are read back for the parent's reports, nothing is logged again);
+- FINISHED: kept as it is (its metrics are read back for the parent's reports, nothing is logged again), a sweep's
+  trial stopped early by its scheduler included (it is FINISHED with a `raysim.stopped_early` tag);
 - failed or unfinished (FAILED, KILLED, or RUNNING after its driver was killed outright) with a checkpoint
   (`tracking.checkpoint_every` > 0) written with the setting the study now asks for: continued from it in the
   same MLflow run, as `raysim resume RUN_ID` would;
@@ -27,6 +28,9 @@ from raysim.runtime import checkpoint
 from raysim.runtime.rounds import summary_from_logged
 from raysim.studies.children import ChildOutcome
 from raysim.tracking.mlflow_writer import MlflowWriter
+
+STOPPED_TAG = "raysim.stopped_early"
+"""Run tag of a sweep's trial that its scheduler stopped early (raysim.studies.sweep): kept as a finished one."""
 
 HISTORY_METRICS = ("pm/acc", "gm/acc", "hm/acc", "heldout/pm/acc")
 """The per-round series a kept child contributes to the parent's plots."""
@@ -134,7 +138,9 @@ def kept_outcome(writer: MlflowWriter, run: Any) -> ChildOutcome:
         if key in run.data.metrics:
             for metric in client.get_metric_history(run_id, key):
                 history.setdefault(metric.step, {})[key] = metric.value
-    return ChildOutcome("finished", run_id, history, summary_from_logged(run.data.metrics))
+    stopped_at = run.data.tags.get(STOPPED_TAG, "")
+    summary = summary_from_logged(run.data.metrics)
+    return ChildOutcome("stopped" if stopped_at else "finished", run_id, history, summary, stopped_at=stopped_at)
 
 
 def discard(writer: MlflowWriter, run: Any) -> None:

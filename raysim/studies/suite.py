@@ -160,7 +160,9 @@ def run_suite(
     children = suite.experiments()
     check_partitions([(f"suite run {c.tracking.run_name!r}", c) for _, c in children])
     first = children[0][1]
-    writer = MlflowWriter(resolve_tracking_uri(first.tracking.uri), first.tracking.experiment)
+    writer = MlflowWriter(
+        resolve_tracking_uri(first.tracking.uri), first.tracking.experiment, artifact_root=first.tracking.artifact_root
+    )
     if resume is None:
         params = {"suite.runs": ",".join(r.name for r in suite.runs), "suite.seeds": suite.seeds or [first.seed]}
         tags = {"suite": suite.name, "mlflow.source.git.commit": git_commit(), **source_tags(command)}

@@ -1,7 +1,7 @@
-"""The rounds of a sweep's trials in flight, shown while they run. Trials are Ray tasks anywhere in the cluster
-and log to the tracking store; their own progress lines would reach this console only through Ray's log
-forwarding, which folds lines that differ only in numbers (every trial's "round k/T"), so the sweep reads each
-running trial's rounds from the store instead (its `time/round` history, one point per round)."""
+"""The rounds of a sweep's trials in flight, shown while they run. Trials run in Ray workers and log to the
+tracking store; their own progress lines would reach this console only through Ray's log forwarding, which folds
+lines that differ only in numbers (every trial's "round k/T"), so the sweep shows the rounds each trial reports to
+Ray Tune (raysim.studies.sweep), or reads them from the store (its `time/round` history, one point per round)."""
 
 from __future__ import annotations
 
@@ -55,13 +55,15 @@ class TrialProgress:
             if run.info.run_name in wanted
         }
 
-    def look(self, in_flight: dict[str, int], force: bool = False) -> None:
-        """Show the progress of the trials in flight (run name -> its total rounds), at most every `every_s`."""
+    def look(self, in_flight: dict[str, int], force: bool = False, counts: dict[str, int] | None = None) -> None:
+        """Show the progress of the trials in flight (run name -> its total rounds), at most every `every_s`:
+        `counts` (run name -> rounds done, as the trials report them to Ray Tune), or else read from the store."""
         now = time.monotonic()
         if not in_flight or (not force and now - self.last_look < self.every_s):
             return
         self.last_look = now
-        counts = self.rounds_done(in_flight)
+        if counts is None:
+            counts = self.rounds_done(in_flight)
         for name, total in in_flight.items():
             if name not in counts:
                 continue

@@ -62,7 +62,45 @@ def local_artifact_location(uri: str, experiment: str) -> str | None:
     database = sqlite_file(uri)
     if database is None:
         return None
-    return (database.resolve().parent / "mlartifacts" / re.sub(r"[^\w.-]+", "_", experiment)).as_uri()
+    return (database.resolve().parent / "mlartifacts" / _folder_name(experiment)).as_uri()
+
+
+def _folder_name(experiment: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", experiment)
+
+
+URI_SCHEME = re.compile(r"^[a-zA-Z][\w+.-]*:/")
+"""A URI (s3://, file:///) rather than a folder path."""
+
+
+def local_artifact_folder(artifact_root: str) -> Path | None:
+    """tracking.artifact_root's folder on this machine (a path, or a file:// URI's), or None for a remote store."""
+    if not URI_SCHEME.match(artifact_root):
+        return Path(artifact_root).expanduser()
+    parsed = urllib.parse.urlparse(artifact_root)
+    return Path(urllib.parse.unquote(parsed.path)) if parsed.scheme == "file" else None
+
+
+def experiment_artifact_location(uri: str, experiment: str, artifact_root: str | None) -> str | None:
+    """Where a new experiment keeps its artifacts: `<artifact_root>/<experiment>` with tracking.artifact_root (a
+    folder, made absolute here, or a URI as given: file:///..., s3://...), else `local_artifact_location`. A new
+    experiment on another database store (postgresql://, mysql://) needs artifact_root: MLflow would put its
+    artifacts in ./mlruns of whatever folder the command ran in, where a run or `raysim ui` started in another
+    folder, or on another machine, does not look. None: the store's default (a tracking server's own)."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES, SQLITE
+    from mlflow.utils.uri import get_uri_scheme
+
+    if artifact_root:
+        if URI_SCHEME.match(artifact_root):
+            return f"{artifact_root.rstrip('/')}/{_folder_name(experiment)}"
+        return (Path(artifact_root).expanduser().resolve() / _folder_name(experiment)).as_uri()
+    if get_uri_scheme(uri) in DATABASE_ENGINES and get_uri_scheme(uri) != SQLITE:
+        raise TrackingError(
+            f"tracking.uri {redact(uri)}: a new experiment {experiment!r} on a database store needs "
+            "tracking.artifact_root, the folder or URI (s3://...) its artifacts go to (MLflow's default is ./mlruns "
+            "of the working folder)"
+        )
+    return local_artifact_location(uri, experiment)
 
 
 @contextmanager
@@ -203,11 +241,13 @@ class MlflowWriter:
         retry_max_s: float = 10.0,
         connect_timeout_s: float = 10.0,
         background: bool = False,
+        artifact_root: str | None = None,
     ):
         """Checks at once that the store can be reached (`check_reachable`, up to `connect_timeout_s`); then opens
         it and its experiment (a new sqlite store creates its tables: about 1.5 s), with `background` in a thread
         while the caller goes on (a run starts Ray meanwhile): the first use of the store waits for it, and raises
-        the TrackingError if opening failed."""
+        the TrackingError if opening failed. `artifact_root`: tracking.artifact_root, for an experiment made new
+        (`experiment_artifact_location`)."""
         self.tracking_uri = tracking_uri
         """As given (credentials included: other processes of the run connect with it); never shown."""
         uri = connect_uri(tracking_uri)
@@ -215,7 +255,9 @@ class MlflowWriter:
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
         self._open_error: TrackingError | None = None
-        self._opening = threading.Thread(target=self._open, args=(uri, experiment), name="mlflow-open", daemon=True)
+        self._opening = threading.Thread(
+            target=self._open, args=(uri, experiment, artifact_root), name="mlflow-open", daemon=True
+        )
         self._opening.start()
         if not background:
             self._ready()
@@ -231,15 +273,15 @@ class MlflowWriter:
         self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
         self._thread.start()
 
-    def _open(self, uri: str, experiment: str) -> None:
-        """Open the store and the experiment (made if new, tagged as model training), one process at a time per
-        local sqlite store (`store_lock`)."""
+    def _open(self, uri: str, experiment: str, artifact_root: str | None) -> None:
+        """Open the store and the experiment (made if new, its artifacts where `experiment_artifact_location` says,
+        tagged as model training), one process at a time per local sqlite store (`store_lock`)."""
         try:
             with store_lock(uri):
                 client = MlflowClient(uri)
                 found = client.get_experiment_by_name(experiment)
                 if found is None:
-                    location = local_artifact_location(uri, experiment)
+                    location = experiment_artifact_location(uri, experiment, artifact_root)
                     self._experiment_id = client.create_experiment(experiment, location, tags=EXPERIMENT_KIND)
                 else:
                     self._experiment_id = found.experiment_id
@@ -247,6 +289,8 @@ class MlflowWriter:
                         for key, value in EXPERIMENT_KIND.items():
                             client.set_experiment_tag(self._experiment_id, key, value)
             self._client = client
+        except TrackingError as error:  # a new experiment without its artifact root
+            self._open_error = error
         except Exception as error:  # MLflow's errors, and SQLAlchemy's (a sqlite file that is not a database)
             message = redact(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
             self._open_error = TrackingError(f"tracking.uri {self.shown_uri}: {message}")

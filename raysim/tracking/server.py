@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
-from raysim.credentials import connect_uri, redact, redact_text
+from raysim.credentials import connect_uri, has_credentials, redact, redact_text
 from raysim.errors import RaysimError
 
 
@@ -48,7 +48,7 @@ BIND_FAILED = re.compile(rf"\[Errno {errno.EADDRINUSE}\]|address already in use"
 @dataclass(frozen=True)
 class ServerSettings:
     backend_store_uri: str = "sqlite:///mlflow.db"
-    """sqlite:///path, or postgresql://user:password@host:5432/db (needs psycopg2 on the server)"""
+    """sqlite:///path, or postgresql://user:password@host:5432/db (needs psycopg: the `postgres` extra)"""
     artifacts_destination: str | None = "./mlartifacts"
     """where the server stores artifacts (a directory, s3://..., ...); None: no artifact serving"""
     host: str = "127.0.0.1"
@@ -60,13 +60,23 @@ class ServerSettings:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_store_uri]
+        """`mlflow server` with these settings; a backend URI with a password goes in `env` instead, out of the
+        command line that `ps` shows every user of the machine."""
+        command = [sys.executable, "-m", "mlflow", "server"]
+        if not has_credentials(self.backend_store_uri):
+            command += ["--backend-store-uri", self.backend_store_uri]
         if self.artifacts_destination:
             destination = self.artifacts_destination
             if "://" not in destination:
                 destination = str(Path(destination).resolve())
             command += ["--serve-artifacts", "--artifacts-destination", destination]
         return command + ["--host", self.host, "--port", str(self.port), "--workers", str(self.workers)]
+
+    def env(self) -> dict[str, str]:
+        """The server's environment: job execution off, and a backend URI with credentials (MLflow's own variable
+        for --backend-store-uri)."""
+        secret = {"MLFLOW_BACKEND_STORE_URI": self.backend_store_uri} if has_credentials(self.backend_store_uri) else {}
+        return {**server_env(), **secret}
 
 
 def _group_alive(process: subprocess.Popen) -> bool:
@@ -205,7 +215,7 @@ class TrackingServer:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.settings.command(),
-                env=server_env(),
+                env=self.settings.env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ from raysim.runtime.driver import run_experiment
 from tests.support.experiments import tiny_config
 from tests.support.paths import ROOT
 from tests.support.stores import fresh_store
-from tests.support.studies import resumable_suite
+from tests.support.studies import resumable_suite, stop_during_the_second_child
 from tests.support.terminal import sigint_as_from_a_terminal
 
 REPO = ROOT
@@ -31,49 +30,11 @@ def _runs(client: MlflowClient, parent: str) -> dict[str, object]:
     return {r.info.run_name: r for r in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")}
 
 
-def _stop_during_the_second_child(path: Path, uri: str, folder: Path) -> str:
-    """Run the suite in its own process and SIGTERM it once the first child finished and the second has
-    checkpointed a few rounds; returns the parent run id."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    client = MlflowClient(uri)
-    client.search_experiments()  # the store's tables exist before two processes open it
-    with open(folder / "stderr", "w") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "raysim.cli", "run", str(path), "--quiet"],
-            cwd=folder,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-        try:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                time.sleep(0.2)
-                if client.get_experiment_by_name("resume") is None:
-                    continue
-                experiment = client.get_experiment_by_name("resume").experiment_id
-                parents = [r for r in client.search_runs([experiment]) if r.data.tags.get("suite") == "stopped"]
-                if not parents:
-                    continue
-                children = _runs(client, parents[0].info.run_id)
-                long = children.get("long")
-                if long is not None and len(client.get_metric_history(long.info.run_id, "pm/acc")) >= 4:
-                    assert children["first"].info.status == "FINISHED"
-                    process.send_signal(signal.SIGTERM)
-                    assert process.wait(120) == 143, (folder / "stderr").read_text()
-                    return parents[0].info.run_id
-            pytest.fail(f"the suite never reached its second child: {(folder / 'stderr').read_text()}")
-        finally:
-            if process.poll() is None:
-                process.kill()
-    raise AssertionError("unreachable")
-
-
 @pytest.mark.slow
 def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted_one(tmp_path, ray_local):
     uri = fresh_store(tmp_path / "mlflow.db")
     path = resumable_suite(tmp_path, uri)
-    parent = _stop_during_the_second_child(path, uri, tmp_path)
+    parent = stop_during_the_second_child(path, uri, tmp_path)
     client = MlflowClient(uri)
     before = _runs(client, parent)
     assert sorted(before) == ["first", "long"] and before["long"].info.status == "KILLED"

@@ -38,6 +38,49 @@ def test_a_local_sqlite_store_keeps_its_artifacts_beside_its_file(tmp_path, monk
     assert writer.client.download_artifacts(run_id, "note.txt", str(tmp_path)) == str(tmp_path / "note.txt")
 
 
+def test_a_backend_with_a_password_reaches_the_server_in_its_environment_not_its_command_line():
+    """`ps` shows every user a process's command line; MLflow reads --backend-store-uri from its own variable too."""
+    secret = ServerSettings("postgresql://u:pw@db/mlflow")
+    assert "--backend-store-uri" not in secret.command() and not [a for a in secret.command() if "pw" in a]
+    assert secret.env()["MLFLOW_BACKEND_STORE_URI"] == "postgresql://u:pw@db/mlflow"
+    plain = ServerSettings("sqlite:///x.db")
+    assert plain.command()[plain.command().index("--backend-store-uri") + 1] == "sqlite:///x.db"
+    assert (
+        "MLFLOW_BACKEND_STORE_URI" not in plain.env() and plain.env()["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    )
+
+
+@pytest.mark.parametrize(
+    ("uri", "root", "expected"),
+    [
+        ("postgresql://u:pw@db/m", "runs/art", "{cwd}/runs/art/a_b"),
+        ("postgresql://u:pw@db/m", "s3://bucket/raysim/", "s3://bucket/raysim/a_b"),
+        ("sqlite:///runs.db", "/srv/art", "/srv/art/a_b"),
+        ("sqlite:///runs.db", None, "{cwd}/mlartifacts/a_b"),
+        ("http://127.0.0.1:5000", None, None),
+        ("http://127.0.0.1:5000", "file:///srv/art", "file:///srv/art/a_b"),
+        ("postgresql://u:pw@db/m", None, "refused"),
+        ("mysql+pymysql://u@db/m", None, "refused"),
+    ],
+)
+def test_a_new_experiment_keeps_its_artifacts_under_the_named_root(uri, root, expected, tmp_path, monkeypatch):
+    """tracking.artifact_root: `<root>/<experiment>` for any store (a folder made absolute); without it, beside a
+    sqlite file, the server's own for http://, and refused for another database (MLflow's ./mlruns)."""
+    from raysim.tracking.mlflow_writer import TrackingError, experiment_artifact_location
+
+    monkeypatch.chdir(tmp_path)
+    if expected == "refused":
+        with pytest.raises(
+            TrackingError, match=r"^tracking.uri \S+://\*\*\*@db/m: a new experiment 'a b' on a database "
+        ):
+            experiment_artifact_location(uri, "a b", root)
+        return
+    located = experiment_artifact_location(uri, "a b", root)
+    if expected is not None and "://" not in expected:
+        expected = Path(expected.format(cwd=tmp_path.resolve())).as_uri()
+    assert located == expected
+
+
 @pytest.mark.parametrize(
     ("uri", "database"),
     [
