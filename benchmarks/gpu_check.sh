@@ -54,7 +54,7 @@ if [ ${#dry[@]} -gt 0 ]; then
 else
     hosts=(--host-gpus 0 0.25 0.5 1 --clients 1000 --chunk 250)
 fi
-if step preflight --device "$device" --runtime >"$out/hosts.skipped" || [ ${#dry[@]} -gt 0 ]; then
+if [ ${#dry[@]} -gt 0 ] || step preflight --device "$device" --runtime >"$out/hosts.skipped"; then # dry: always, unasked
     rm -f "$out/hosts.skipped"
     "$python" -m raysim.cli bench --model mlp --rounds 3 --ways reference vectorized \
         --reference-device cpu "${hosts[@]}" "${sets[@]}" --json "$out/hosts.json" ||

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from raysim.config import validate_config
 from raysim.runtime.driver import run_experiment
-from tests.support.logged import check_logged
+from tests.support.logged import check_logged, run_points
 from tests.support.matrix import RAY_SAMPLE, experiment
 
 
@@ -22,8 +22,9 @@ def timed(key: str) -> bool:
 
 def logged(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
     """Every metric's history but the timings, as (step, value) pairs."""
+    points = run_points(client, run_id)
     keys = [key for key in client.get_run(run_id).data.metrics if not timed(key)]
-    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in keys}
+    return {key: sorted(points.get(key, [])) for key in keys}
 
 
 @pytest.mark.matrix

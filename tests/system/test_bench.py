@@ -10,7 +10,9 @@ from tests.support.cli import raysim
 
 
 @pytest.mark.slow
-def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path):
+def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path, fmnist_tenth):
+    """On a tenth of Fashion-MNIST (`--set dataset.root`): every way passes over the same real images, a tenth as
+    many steps to compare."""
     out = tmp_path / "bench.json"
     done = raysim(
         "bench",
@@ -24,6 +26,8 @@ def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path):
         "2",
         "--chunk",
         "2",
+        "--set",
+        f"dataset.root={fmnist_tenth}",
         "--json",
         str(out),
         cwd=tmp_path,
@@ -60,9 +64,10 @@ def test_bench_rejects_too_few_rounds_and_an_empty_chunk_before_measuring(tmp_pa
 
 
 @pytest.mark.slow
-def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path):
+def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path, fmnist_tenth):
     """`--eval` evaluates after every round and reports its time beside the training round's; without the
-    reference way there are no ratios; `--set` reaches the workload (spilled client state here)."""
+    reference way there are no ratios; `--set` reaches the workload (spilled client state and a tenth of
+    Fashion-MNIST here)."""
     out = tmp_path / "bench.json"
     done = raysim(
         "bench",
@@ -81,6 +86,8 @@ def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path):
         "runtime.state_memory_mb=0.05",
         "--set",
         "runtime.actors=in_process",  # the evaluation's timing is the subject; the first test times Ray's hosts
+        "--set",
+        f"dataset.root={fmnist_tenth}",
         "--json",
         str(out),
         cwd=tmp_path,

@@ -17,7 +17,7 @@ from tests.support.experiments import tiny_config
 @pytest.mark.slow
 def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, mlflow_uri):
     config = tiny_config(tracking={"uri": mlflow_uri, "experiment": "cli", "figures": ["png", "pdf", "svg"]}, rounds=3)
-    run = run_cli(tmp_path, config, "--set", "rounds=2")
+    run = run_cli(tmp_path, config, "--set", "rounds=2", *HOSTS_IN_PROCESS)  # what reaches MLflow is the subject
     client = MlflowClient(mlflow_uri)
     assert run.info.status == "FINISHED"
     assert run.data.params["rounds"] == "2" and run.data.params["algorithm.lambda"] == "1.0"

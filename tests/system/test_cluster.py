@@ -2,11 +2,11 @@
 
 The cluster guide's recipe runs as written (read from docs/cluster.md at test time) with only its
 ports, temp folder and $HOME replaced. A head and two worker nodes (LocalCluster: token authentication with a
-fresh random token, a dedicated temp dir and ports) check placement, bit-for-bit results, a submitted sweep and
-token errors. Clusters are stopped with raysim.jobs.stop_nodes (what the recipe uses), checked against an
-independent census of their processes (a marker in their environment), never touching other Ray instances
-on the machine. Drivers that connect to a cluster run as subprocesses (a probe, or Ray Jobs), so this test
-process never joins one.
+fresh random token, a dedicated temp dir and ports) check placement, bit-for-bit results, a submitted sweep,
+token errors, two runs at once and, last (it takes a worker node away), a run that loses a worker node's raylet.
+Clusters are stopped with raysim.jobs.stop_nodes (what the recipe uses), checked against an independent census
+of their processes (a marker in their environment), never touching other Ray instances on the machine. Drivers
+that connect to a cluster run as subprocesses (a probe, or Ray Jobs), so this test process never joins one.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import pickle
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -33,6 +35,7 @@ from raysim.config import validate_config
 from raysim.jobs import stop_nodes
 from tests.support.cluster import free_port, kill_all, processes_with
 from tests.support.experiments import tiny_config
+from tests.support.logged import check_points, points
 from tests.support.paths import ROOT
 from tests.support.stores import fresh_store
 
@@ -323,6 +326,128 @@ def test_missing_or_wrong_token_is_one_error_line(cluster, tmp_path, monkeypatch
             assert ("the token from --auth-token" if token else "no $RAY_AUTH_TOKEN") in captured.err
     monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
     assert main(["jobs", "--address", cluster.dashboard]) == 0
+
+
+LOAD_ROUNDS = 12
+
+
+def load_config(uri: str, seed: int, checkpoints: Path) -> dict:
+    """A job of the tests under load: two hosts spread over the worker nodes (a host slot and half a CPU each: two
+    such jobs fill them), the coordinator anywhere, a checkpoint every round."""
+    return tiny_config(
+        clients={"count": 6, "per_round": 4},
+        rounds=LOAD_ROUNDS,
+        seed=seed,
+        runtime={"num_hosts": 2, "host_cpus": 0.5, "placement": "spread", "host_resources": {"host_slot": 1}},
+        tracking={"uri": uri, "experiment": "load", "checkpoint_every": 1, "checkpoint_dir": str(checkpoints)},
+    )
+
+
+def start_job(cluster, config: dict, folder: Path) -> subprocess.Popen:
+    """`raysim run` of `config` as a driver (a Ray job) of the cluster, its stderr into folder/stderr."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.yaml").write_text(json.dumps(config))
+    with open(folder / "stderr", "w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "raysim.cli", "run", str(folder / "run.yaml"), "--quiet"],
+            cwd=folder,
+            env=cluster.driver_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
+def only_run(uri: str) -> str:
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("load").experiment_id])
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def two_jobs(cluster, tmp_path_factory) -> dict[int, tuple[dict, str]]:
+    """Two `raysim run` of different seeds started together on the cluster, logging to one sqlite store: seed ->
+    (config, run id)."""
+    folder = tmp_path_factory.mktemp("two-jobs")
+    uri = fresh_store(folder / "mlflow.db")
+    configs = {seed: load_config(uri, seed, folder / f"ck{seed}") for seed in (7, 8)}
+    jobs = {seed: start_job(cluster, config, folder / str(seed)) for seed, config in configs.items()}
+    for seed, job in jobs.items():
+        assert job.wait(timeout=300) == 0, (folder / str(seed) / "stderr").read_text()[-3000:]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("load").experiment_id])
+    by_seed = {int(r.data.params["seed"]): r.info.run_id for r in runs}
+    assert len(runs) == 2 and sorted(by_seed) == [7, 8]
+    return {seed: (configs[seed], by_seed[seed]) for seed in configs}
+
+
+@pytest.mark.slow
+def test_two_jobs_at_once_on_one_cluster_and_store_log_only_their_own_points(two_jobs):
+    """Two runs at once on the cluster and one MLflow store (issue 51.4): both finish, each with every point once
+    and nothing of the other (a point of the other would be a second one at its step)."""
+    (config, _), _ = two_jobs.values()
+    logged = points(config["tracking"]["uri"])
+    assert set(logged) == {run_id for _, run_id in two_jobs.values()}
+    for config, run_id in two_jobs.values():
+        check_points(logged[run_id], config)
+    seven, eight = (logged[two_jobs[seed][1]]["pm/loss"] for seed in (7, 8))
+    assert seven != eight  # two different runs, not one logged twice
+    client = MlflowClient(config["tracking"]["uri"])
+    first, second = sorted((client.get_run(run_id).info for _, run_id in two_jobs.values()), key=lambda i: i.start_time)
+    assert second.start_time < first.end_time, "the two runs did not overlap: nothing ran at once"
+
+
+def cmdline(pid: int) -> bytes:
+    """A process's command line as /proc has it (empty once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def raylet_of(cluster, node: str) -> int:
+    """The pid of the raylet of the cluster's node `node` (a name of tests.support.cluster.NODES)."""
+    (pid,) = [
+        pid for pid in cluster.own_pids() if b"raylet" in cmdline(pid).split(b"\0")[0] and node.encode() in cmdline(pid)
+    ]
+    return pid
+
+
+@pytest.mark.slow
+def test_a_run_whose_worker_node_raylet_is_killed_finishes_as_an_uninterrupted_one(cluster, two_jobs, tmp_path):
+    """The last test of the module: it takes a node away. `raysim run` on the cluster, and the raylet of a worker
+    node holding one of its hosts SIGKILLed with every process under it once round 2 is checkpointed: the host is
+    made again on the other worker node from the checkpoint, and the run finishes with every point once and the
+    points of the same run uninterrupted (two_jobs' seed 7) (issue 8, issue 51.4)."""
+    from raysim.studies.procmem import descendants
+
+    assert len(cluster.nodes()) == 3
+    baseline, baseline_id = two_jobs[7]
+    uri = fresh_store(tmp_path / "mlflow.db")
+    config = load_config(uri, 7, tmp_path / "ck")
+    raylet = raylet_of(cluster, "worker_b")
+    job = start_job(cluster, config, tmp_path / "job")
+    try:
+        while max((int(m.parent.name[6:]) for m in (tmp_path / "ck").glob("*/round-*/manifest.json")), default=0) < 2:
+            assert job.poll() is None, (tmp_path / "job" / "stderr").read_text()[-3000:]
+            time.sleep(0.05)
+        node = descendants(raylet)
+        hosts = [pid for pid in node if cmdline(pid).startswith(b"ray::ClientHost")]
+        assert hosts, "no host of the run on the node: killing it tests nothing"
+        for pid in node:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert job.poll() is None, "the run ended before its node was lost: the test tested nothing"
+        assert job.wait(timeout=300) == 0, (tmp_path / "job" / "stderr").read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    run_id = only_run(uri)
+    logged = points(uri)[run_id]
+    check_points(logged, config)
+    expected = points(baseline["tracking"]["uri"])[baseline_id]
+    for key, history in expected.items():
+        if not key.startswith(("time/", "system/")):
+            assert logged[key] == history, key
 
 
 if __name__ == "__main__":

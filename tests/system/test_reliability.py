@@ -83,7 +83,7 @@ def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
     Ray's inline limit, so a restarted host is built from object-store arguments that must still be alive."""
     from raysim.config import load_config
 
-    def config(name: str):
+    def config(name: str, *more: str):
         return load_config(
             ROOT / "configs" / "quickstart.yaml",
             [
@@ -93,10 +93,12 @@ def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
                 f"tracking.checkpoint_dir={tmp_path / name}",
                 "tracking.figures=[]",
                 "tracking.save_models=none",
+                *more,
             ],
         )
 
-    baseline = run_experiment(config("baseline"), show_progress=False)
+    # the uninterrupted run in process: the results Ray's hosts give (tests/integration/test_matrix_on_ray.py)
+    baseline = run_experiment(config("baseline", "runtime.actors=in_process"), show_progress=False)
     killed: list[int] = []
 
     def kill(round_index, simulation):
@@ -224,9 +226,9 @@ def _files_holding(folder: Path, secrets: list[str], skip: set[Path]) -> list[st
     ("uri", "expected"),
     [
         (
-            "postgresql://alice:pw@127.0.0.1/mlflow",
-            "error: tracking.uri postgresql://***@127.0.0.1/mlflow: its "
-            "database driver 'psycopg' is not installed (No module named 'psycopg'); install it, or name an installed "
+            "postgresql+pg8000://alice:pw@127.0.0.1/mlflow",
+            "error: tracking.uri postgresql+pg8000://***@127.0.0.1/mlflow: its "
+            "database driver 'pg8000' is not installed (No module named 'pg8000'); install it, or name an installed "
             "one as postgresql+DRIVER://",
         ),
         (
@@ -241,12 +243,12 @@ def _files_holding(folder: Path, secrets: list[str], skip: set[Path]) -> list[st
     ids=["postgresql-without-driver", "unknown-driver", "ftp"],
 )
 def test_a_tracking_store_mlflow_cannot_open_is_refused_before_ray(tmp_path, uri, expected):
-    """A traceback (postgresql://, its driver not installed) or one line after Ray had started (ftp://): both
-    are known before anything starts."""
+    """A traceback (a database driver not installed: pg8000, where the `postgres` extra installs psycopg) or one
+    line after Ray had started (ftp://): both are known before anything starts."""
     import importlib.util
 
-    if uri.startswith("postgresql") and importlib.util.find_spec("psycopg") is not None:
-        pytest.skip("psycopg is installed here")
+    if uri.startswith("postgresql") and importlib.util.find_spec("pg8000") is not None:
+        pytest.skip("pg8000 is installed here")
     done = _cli(tmp_path, reliability_config(uri, tmp_path))
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting

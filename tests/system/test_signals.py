@@ -19,10 +19,13 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.cli import main
+from raysim.config import validate_config
 from raysim.errors import Interrupted, raise_pending, sigterm_interrupts
+from raysim.runtime.driver import run_experiment
 from raysim.studies.procmem import descendants
 from tests.support.cluster import free_port
-from tests.support.experiments import tiny_config
+from tests.support.experiments import IN_PROCESS, tiny_config
+from tests.support.logged import check_logged, points
 from tests.support.stores import fresh_store
 from tests.support.terminal import sigint_as_from_a_terminal
 
@@ -65,31 +68,45 @@ def test_ctrl_c_is_handled_like_sigterm_unless_it_is_ignored():
         signal.signal(signal.SIGINT, original)
 
 
-def _start_run(tmp_path: Path) -> tuple[subprocess.Popen, str]:
-    """`raysim run` of a long tiny experiment with a checkpoint every round, in its own process group; returns
-    once a checkpoint of round 2 or later is complete."""
-    uri = fresh_store(tmp_path / "mlflow.db")
-    data = tiny_config(
-        rounds=10_000,
+def _signals_config(tmp_path: Path, uri: str, rounds: int) -> dict:
+    """A tiny experiment on a local Ray of 2 CPUs, checkpointed every round into tmp_path/ck."""
+    return tiny_config(
+        rounds=rounds,
         runtime={"num_hosts": 2, "num_cpus": 2},
         tracking={"experiment": "signals", "uri": uri, "checkpoint_every": 1, "checkpoint_dir": str(tmp_path / "ck")},
     )
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+
+
+def _start_run(tmp_path: Path, rounds: int = 10_000) -> tuple[subprocess.Popen, str]:
+    """`raysim run` of a long tiny experiment with a checkpoint every round, in its own process group; returns
+    once a checkpoint of round 2 or later is complete."""
+    uri = fresh_store(tmp_path / "mlflow.db")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(_signals_config(tmp_path, uri, rounds)))
+    driver = _start(tmp_path, "run", str(tmp_path / "run.yaml"))
+    _wait_for_checkpoint(driver, tmp_path, 2)
+    return driver, uri
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """`raysim ARGS` in its own process group, SIGINT not ignored, its stderr into tmp_path/stderr.txt."""
     with open(tmp_path / "stderr.txt", "w") as stderr:  # a file: a pipe nobody reads would fill and block
-        driver = subprocess.Popen(
-            [RAYSIM, "run", str(tmp_path / "run.yaml")],
+        return subprocess.Popen(
+            [RAYSIM, *args],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             start_new_session=True,
             preexec_fn=sigint_as_from_a_terminal,
         )
+
+
+def _wait_for_checkpoint(driver: subprocess.Popen, tmp_path: Path, at_least: int) -> None:
+    """Until a checkpoint of round `at_least` or later is complete under tmp_path/ck."""
     deadline = time.monotonic() + 180
-    while _newest_checkpoint(tmp_path / "ck") < 2:
+    while _newest_checkpoint(tmp_path / "ck") < at_least:
         if driver.poll() is not None or time.monotonic() > deadline:
             driver.kill()
-            raise AssertionError(f"run did not reach round 2: {_stderr(tmp_path)[-2000:]}")
-        time.sleep(0.2)
-    return driver, uri
+            raise AssertionError(f"run did not reach round {at_least}: {_stderr(tmp_path)[-2000:]}")
+        time.sleep(0.05)
 
 
 def _stderr(tmp_path: Path) -> str:
@@ -124,15 +141,19 @@ def _wait_all_gone(pids: list[int]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("sig", "to_group"),
-    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, True)],
-    ids=["SIGINT-group", "SIGTERM-pid", "SIGHUP-group"],  # each signal once, each delivery (pid, group) at least once
-)
-def test_interrupted_run_is_marked_killed_with_one_line(tmp_path, sig, to_group):
+    "sig", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT-group", "SIGHUP-group"]
+)  # to the PID alone: test_a_run_stopped_by_sigint_then_sigterm_to_its_pid_resumes_to_the_same_run
+def test_interrupted_run_is_marked_killed_with_one_line(tmp_path, sig):
     """To the whole group (Ctrl-C, `kill -- -PGID`, a scheduler, a container stop, a closed terminal) the signal
     reaches the local Ray's daemons too unless they run apart: they used to die under the driver, which then hung
     61 s and exited 1 with Ray's "Failed to connect to GCS" line, leaving the run RUNNING."""
     driver, uri = _start_run(tmp_path)
+    _interrupt(driver, tmp_path, uri, sig, to_group=True)
+
+
+def _interrupt(driver: subprocess.Popen, tmp_path: Path, uri: str, sig: signal.Signals, to_group: bool) -> int:
+    """Sends `sig` to the driver's process group or its PID alone; the run must end KILLED with one line, exit
+    128 + sig, within a minute, leaving none of its processes. Returns the round the line says it stopped after."""
     started = descendants(driver.pid)  # the driver, the local Ray it started, its actors
     assert len(started) > 3
     sent = time.monotonic()
@@ -153,6 +174,49 @@ def test_interrupted_run_is_marked_killed_with_one_line(tmp_path, sig, to_group)
     assert run.data.tags["raysim.error"].startswith(f"interrupted by {sig.name}")
     assert took < 60, f"{took:.0f} s from the signal to the exit"  # Ray ends a driver 60 s after losing its GCS
     _wait_all_gone(started)
+    return int(last.split(" after round ", 1)[1].split()[0].rstrip(";:,"))
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigint_then_sigterm_to_its_pid_resumes_to_the_same_run(tmp_path):
+    """SIGINT, then SIGTERM, to the PID of `raysim run` alone (`kill -INT PID`, `kill PID`: the local Ray's daemons
+    get nothing), the second during `raysim resume`: each stops the run KILLED with one line and keeps its rounds;
+    the last `raysim resume` finishes it with every metric point logged once, the points logged before each stop
+    unchanged, and the results of an uninterrupted run (issue 51.4)."""
+    rounds = 30
+    driver, uri = _start_run(tmp_path, rounds)
+    client = MlflowClient(uri)
+    first = _interrupt(driver, tmp_path, uri, signal.SIGINT, to_group=False)
+    run_id = _run_record(uri).info.run_id
+    kept = _histories(uri, run_id)
+    assert first < rounds and [step for step, _ in kept["pm/acc"]] == list(range(first + 1))
+
+    resumed = _start(tmp_path, "resume", run_id, "--tracking-uri", uri, "--quiet")
+    _wait_for_checkpoint(resumed, tmp_path, first + 2)
+    second = _interrupt(resumed, tmp_path, uri, signal.SIGTERM, to_group=False)
+    assert first < second < rounds
+    again = _histories(uri, run_id)
+    assert {key: history[: len(kept.get(key, []))] for key, history in again.items()} == kept  # nothing lost
+
+    done = subprocess.run(
+        [RAYSIM, "resume", run_id, "--tracking-uri", uri, "--quiet"], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_logged(client, run_id, _signals_config(tmp_path, uri, rounds))
+    final = _histories(uri, run_id)
+    assert {key: history[: len(again[key])] for key, history in final.items() if key in again} == again
+
+    data = _signals_config(tmp_path / "fresh", fresh_store(tmp_path / "fresh" / "m.db"), rounds)
+    data["runtime"] = IN_PROCESS  # the same results as hosts on Ray (tests/integration/test_matrix_on_ray.py)
+    fresh = run_experiment(validate_config(data), show_progress=False)
+    uninterrupted = _histories(data["tracking"]["uri"], fresh.run_id)
+    for key in ("pm/acc", "gm/acc", "hm/acc", "pm/loss", "gm/loss", "hm/loss"):
+        assert final[key] == uninterrupted[key], key
+
+
+def _histories(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric point of the run but MLflow's system metrics: key -> (step, value) in step order."""
+    return {key: history for key, history in points(uri)[run_id].items() if not key.startswith("system/")}
 
 
 @pytest.mark.slow

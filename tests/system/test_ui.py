@@ -264,11 +264,14 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     from raysim.tracking.plots import mlflow_group_color
     from raysim.tracking.server import runs_page
     from tests.support.cli import raysim
-    from tests.support.experiments import tiny_config
+    from tests.support.experiments import IN_PROCESS, tiny_config
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     base = tiny_config(
-        rounds=2, clients={"count": 3}, tracking={"uri": uri, "experiment": "compared", "save_models": "global"}
+        rounds=2,
+        clients={"count": 3},
+        runtime=IN_PROCESS,  # what MLflow's UI shows is the subject, not Ray's hosts
+        tracking={"uri": uri, "experiment": "compared", "save_models": "global"},
     )
     settings = ["fedavg", "fedprox", "ditto"]
     runs = [{"name": name, "set": {"algorithm": {"name": name, "lr": 0.05}}} for name in settings]

@@ -21,6 +21,7 @@ from raysim.algorithms.fedem import (
     responsibilities,
 )
 from raysim.algorithms.requests import LocalSGD
+from raysim.errors import ConfigError
 from raysim.models.flat import FlatModel
 from raysim.models.spec import ParamSpec
 from tests.support.split_models import simulate, step_results
@@ -204,7 +205,7 @@ def test_m_models_go_each_way_and_attacks_are_refused():
 
 
 def test_models_with_running_statistics_are_refused():
-    with pytest.raises(ValueError, match="running statistics"):
+    with pytest.raises(ConfigError, match="model.name: .*running statistics"):
         _algorithm(FlatModel("mlp_bn", (4,), 3).spec)
 
 
