@@ -580,6 +580,14 @@ def require_optuna() -> None:
         raise ConfigError("search.algorithm=optuna needs the optuna package: pip install optuna")
 
 
+def _working_folder() -> str | None:
+    """The process's working folder, or None when it no longer exists."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
 def run_sweep(
     sweep: SweepConfig, show_progress: bool = True, resume: str | None = None, command: str | None = None
 ) -> SweepResult:
@@ -701,6 +709,12 @@ def _tune(
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
         )
+        # Tune lists its files relative to the working folder, which the driver of a submitted job can have lost
+        # (Ray removes the job's working_dir package from the head node once the tasks there that used it end, the
+        # workers' plugin check among them): Tune works in its own folder, and the driver comes back to its own if
+        # that still exists.
+        working = _working_folder()
+        os.chdir(storage)
         try:
             tuner.fit()
         except KeyboardInterrupt as interrupt:  # a signal's, which Ray's waits inside Tune's loop raise bare
@@ -708,6 +722,7 @@ def _tune(
             _mark_killed(writer, parent, watcher.kill_live())
             raise interrupted from None
         finally:
+            os.chdir(working if working is not None and os.path.isdir(working) else tempfile.gettempdir())
             shutil.rmtree(storage, ignore_errors=True)
     every = {t.index: t for t in trials}
     ended: list[tuple[Trial, str, dict[str, Any]]] = []
