@@ -257,19 +257,9 @@ def reference_loop(
         sum_u = torch.zeros_like(w, dtype=torch.float64)
         for info, split in problem.clients:
             i = info.id
-            nn.utils.vector_to_parameters(theta[i], params)
-            center = [p.detach().clone() for p in _views(w_local[i], params)]
-            optimizer = torch.optim.SGD(params, lr=s.lr)
-            generator = rng(config.seed, Stream.CLIENT_TRAINING, i, round_index, 0)
-            order = split.train[generator.permutation(len(split.train))]
-            for start in range(0, len(order), s.batch_size):
-                batch = torch.from_numpy(order[start : start + s.batch_size]).to(device)
-                optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(module(x[batch]), y[batch])
-                prox = sum(((p - c) ** 2).sum() for p, c in zip(params, center, strict=True))
-                (loss + s.lam / 2 * prox).backward()
-                optimizer.step()
-            theta[i] = nn.utils.parameters_to_vector(params).detach().clone()
+            theta[i] = _local_sgd(
+                module, params, theta[i], w_local[i], split.train, x, y, s, config.seed, i, round_index
+            )
             lam_alpha = s.lam * info.weight
             w_local[i], pi[i] = paper_update(theta[i], w_local[i], pi[i], w, lam_alpha, s.rho)  # (12), (13)
             sum_u += paper_message(w_local[i], pi[i], s.rho).double()
@@ -324,19 +314,9 @@ def _reference_sampled(
                     rows = {name: torch.from_numpy(np.array(array[i])).to(device) for name, array in files.items()}
                 else:
                     rows = {"theta": w.clone(), "w_local": w.clone(), "pi": torch.zeros_like(w)}
-                nn.utils.vector_to_parameters(rows["theta"], params)
-                center = [p.detach().clone() for p in _views(rows["w_local"], params)]
-                optimizer = torch.optim.SGD(params, lr=s.lr)
-                generator = rng(config.seed, Stream.CLIENT_TRAINING, i, round_index, 0)
-                order = split.train[generator.permutation(len(split.train))]
-                for start in range(0, len(order), s.batch_size):
-                    batch = torch.from_numpy(order[start : start + s.batch_size]).to(device)
-                    optimizer.zero_grad()
-                    loss = nn.functional.cross_entropy(module(x[batch]), y[batch])
-                    prox = sum(((p - c) ** 2).sum() for p, c in zip(params, center, strict=True))
-                    (loss + s.lam / 2 * prox).backward()
-                    optimizer.step()
-                theta = nn.utils.parameters_to_vector(params).detach().clone()
+                theta = _local_sgd(
+                    module, params, rows["theta"], rows["w_local"], split.train, x, y, s, config.seed, i, round_index
+                )
                 old = paper_message(rows["w_local"], rows["pi"], s.rho)
                 w_local, pi = paper_update(theta, rows["w_local"], rows["pi"], w, s.lam * info.weight, s.rho)
                 change += (paper_message(w_local, pi, s.rho) - old).double().cpu().numpy()
@@ -356,6 +336,36 @@ def _reference_sampled(
         return ends, w.cpu().numpy()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _local_sgd(
+    module: nn.Module,
+    params: list[torch.Tensor],
+    start: torch.Tensor,
+    center_at: torch.Tensor,
+    train: np.ndarray,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    s: Any,
+    seed: int,
+    client: int,
+    round_index: int,
+) -> torch.Tensor:
+    """One epoch of FLAME's local problem in plain torch (eq. 11: CE + lambda/2 ||theta - w_i||^2, SGD from
+    `start`), the client's batches drawn from its own stream as raysim draws them; theta after it."""
+    nn.utils.vector_to_parameters(start, params)
+    center = [p.detach().clone() for p in _views(center_at, params)]
+    optimizer = torch.optim.SGD(params, lr=s.lr)
+    generator = rng(seed, Stream.CLIENT_TRAINING, client, round_index, 0)
+    order = train[generator.permutation(len(train))]
+    for first in range(0, len(order), s.batch_size):
+        batch = torch.from_numpy(order[first : first + s.batch_size]).to(x.device)
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(module(x[batch]), y[batch])
+        prox = sum(((p - c) ** 2).sum() for p, c in zip(params, center, strict=True))
+        (loss + s.lam / 2 * prox).backward()
+        optimizer.step()
+    return nn.utils.parameters_to_vector(params).detach().clone()
 
 
 def _views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
