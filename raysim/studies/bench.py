@@ -340,7 +340,7 @@ def _reference_sampled(
 
 def _local_sgd(
     module: nn.Module,
-    params: list[torch.Tensor],
+    params: list[nn.Parameter],
     start: torch.Tensor,
     center_at: torch.Tensor,
     train: np.ndarray,
