@@ -82,7 +82,7 @@ class Simulation:
         )
         broadcast = self.coordinator.broadcast.remote()
         downlink = self.coordinator.broadcast_bytes.remote()
-        partials, record_refs, busy_hosts = [], [], []
+        partials, record_refs, busy_refs = [], [], []
         if self.shared:
             dealt = deal(sorted(selected), self.costs, len(self.hosts), self.pinned)
         else:
@@ -94,9 +94,9 @@ class Simulation:
                 partial, records = host.train.options(num_returns=2).remote(round_index, chosen, broadcast)
                 partials.append(partial)
                 record_refs.append(records)
-                busy_hosts.append(host)
-        records = round_records(self.actors.get(record_refs, siblings=partials))
-        busy = self.actors.get([host.last_train_seconds.remote() for host in busy_hosts])
+                busy_refs.append(host.last_train_seconds.remote())  # an actor runs its calls in order
+        records = round_records(self.actors.get(record_refs, siblings=[*partials, *busy_refs]))
+        busy = self.actors.get(busy_refs)
         self.dropped = records.filter(records["dropped"])["client_id"].to_pylist()
         self._check_usable(round_index, len(selected))
         trained = time.perf_counter()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from raysim.algorithms.families.consensus import row_norms
-from raysim.algorithms.families.split import deviation
+from raysim.algorithms.families.split import change_and_deviation, deviation, shared_segments
 from raysim.jit import distances, norms, rows, segment_distances
 from raysim.models.spec import ParamSpec
 from raysim.tracking.models import save_client_models
@@ -79,6 +79,57 @@ def test_the_deviation_read_from_whole_rows_is_the_one_of_the_shared_parts():
         np.testing.assert_allclose(found[0], norm[0] + norm[1], rtol=1e-13)
         np.testing.assert_allclose(found[1], np.hypot(norm[0], norm[1]), rtol=1e-13)
     assert deviation(SPEC, shared, local[0], reference, whole=True) == pytest.approx((whole[0][0], whole[1][0]))
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("reference_dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [57, 1001])
+def test_change_and_deviation_in_one_call_are_the_bits_of_the_two_passes(order, reference_dtype, n):
+    """FedAvg's update_norm and deviation from one compiled call (issue 49.0): the very bits of raysim.jit.distances
+    and of `deviation` (same sums in the same order, not merely close), for rows and for one vector, over entries of
+    many magnitudes, widths that are not a multiple of a vector register, and a split whose head is personal."""
+    spec = SPEC if n == 57 else ParamSpec(("w", "b", "head"), ((900,), (51,), (50,)), (0, 900, 951))
+    shared = np.ones(spec.size, bool)
+    shared[spec.slice(spec.names[-1])] = False
+    segments = shared_segments(spec, shared, whole=True)
+    assert segments[0].dtype == segments[1].dtype == np.int64
+    for seed in range(5):
+        generator = np.random.default_rng(seed)
+        scale = np.logspace(-4, 4, n)
+        local = np.asarray(generator.normal(size=(7, n)) * scale, np.float32, order=order)
+        reference = np.asarray(generator.normal(size=n) * scale, reference_dtype)
+        change, sums, l2 = change_and_deviation(local, reference, segments)
+        assert change.tolist() == distances(local, reference).tolist()
+        expected = deviation(spec, shared, local, reference, whole=True)
+        assert sums.tolist() == expected[0].tolist() and l2.tolist() == expected[1].tolist()
+        one = change_and_deviation(local[3], reference, segments)
+        assert one == (distances(local[3], reference), *deviation(spec, shared, local[3], reference, whole=True))
+        assert all(isinstance(x, float) for x in one)
+    empty = change_and_deviation(np.zeros((0, n), np.float32), np.zeros(n, np.float32), segments)
+    assert [x.shape for x in empty] == [(0,)] * 3
+
+
+def test_an_averaging_step_logs_the_two_passes_norms():
+    """The averaging family's client step (FedAvg) takes update_norm and deviation from the one call where it starts
+    from the broadcast: its metrics are those of `distances` and `deviation` of the rows it uploads."""
+    from raysim.algorithms import ClientInfo, build_algorithm
+    from raysim.algorithms.fedavg import FedAvgSettings
+    from raysim.algorithms.requests import LocalSGD, SGDResult
+
+    algorithm = build_algorithm(FedAvgSettings(personal=["2.*"]), SPEC)
+    client = ClientInfo(0, 10, 1.0, 5)
+    broadcast = _rows(k=1)[0]
+    trained = broadcast * 0.9 + 1.0
+    step = algorithm.client_step(client, algorithm.init_client(client, broadcast), broadcast)
+    assert isinstance(next(step), LocalSGD)
+    with pytest.raises(StopIteration) as stopped:
+        step.send(SGDResult(trained, 0.5, 1))
+    update = stopped.value.value
+    shared = np.ones(SPEC.size, bool)
+    shared[SPEC.slice("2.weight")] = shared[SPEC.slice("2.bias")] = False
+    per_tensor, l2 = deviation(SPEC, shared, trained, broadcast, whole=True)
+    assert update.metrics["update_norm"] == distances(trained, broadcast)
+    assert (update.metrics["deviation"], update.metrics["deviation_l2"]) == (per_tensor, l2)
 
 
 def test_client_models_written_in_blocks_are_the_archive_np_savez_writes(tmp_path):

@@ -23,7 +23,13 @@ from raysim.algorithms.families.server_optimizers import (
     server_optimizer_step,
     start_server_optimizer,
 )
-from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
+from raysim.algorithms.families.split import (
+    SplitSettings,
+    change_and_deviation,
+    deviation,
+    personal_mask,
+    shared_segments,
+)
 from raysim.algorithms.interface import (
     Algorithm,
     ClientChunk,
@@ -148,6 +154,8 @@ class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, 
         # explicit patterns and the shared-only training need a real split.
         personal = personal_mask(settings, params, allow_empty=settings.personal is None and not settings.shared_only)
         self.shared = ~personal if personal.any() and not personal.all() else np.ones_like(personal)
+        self.segments = shared_segments(params, self.shared, whole=True)
+        """The shared tensors' ranges in the model vector, which every client step's deviation reads."""
 
     def init_server(self, init_params: Vector, num_clients: int) -> AveragingServerState:
         if not self.settings.shared_only:
@@ -181,10 +189,14 @@ class Averaging(Algorithm[AveragingSettings, ClientState, AveragingServerState, 
         result = yield from train(self.settings.scaled(self.local_request(start), client.num_clients))
         params = np.asarray(result.params, np.float32)
         # The deviation is from the server's model even where the client starts from its own (the authors' measure)
-        per_tensor, l2 = deviation(self.params, self.shared, params, broadcast, whole=True)
+        if start is broadcast:  # both norms in one call, each row read once
+            update_norm, per_tensor, l2 = change_and_deviation(params, broadcast, self.segments)
+        else:
+            update_norm = distances(params, start)
+            per_tensor, l2 = deviation(self.params, self.shared, params, broadcast, whole=True, segments=self.segments)
         metrics = {
             "train_loss": result.mean_loss,
-            "update_norm": distances(params, start),
+            "update_norm": update_norm,
             "deviation": per_tensor,
             "deviation_l2": l2,
         }
