@@ -801,19 +801,45 @@ def _hide_credentials_from_process_table() -> None:
         setproctitle(redact_text(shlex.join(sys.argv)))
 
 
+def _exit_without_teardown(code: int) -> None:
+    """End the process with `code` as any exit does (threads joined, exit handlers run: Ray's, MLflow's, logging's;
+    output flushed) but without the interpreter's teardown of every module, which frees torch's, MLflow's and Ray's
+    objects one by one: about a second of CPU on the way out of every `raysim run`, after its run has ended (issue 49,
+    section 3). An interpreter without CPython's two steps (`threading._shutdown`, `atexit._run_exitfuncs`) returns,
+    and exits as usual."""
+    import atexit
+    import contextlib
+    import threading
+
+    join_threads = getattr(threading, "_shutdown", None)
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if join_threads is None or run_exit_handlers is None:
+        return
+    join_threads()
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed: as an exit ignores them
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Errors of input are one `error:` line (exit 2); Ctrl-C and SIGTERM one line saying what became of the
-    run (exit 128 + signal); see raysim.launch.guarded."""
+    run (exit 128 + signal); see raysim.launch.guarded. With `argv` None (the `raysim` command) the process ends
+    here once the command is done (`_exit_without_teardown`); with a list (from Python) it returns."""
     from raysim.launch import guarded
 
     if argv is None:
         _hide_credentials_from_process_table()
     args = parser().parse_args(argv)
     try:
-        return guarded(lambda: args.handler(args))
+        code = guarded(lambda: args.handler(args))
     except BrokenPipeError:  # `raysim datasets | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        code = 141
+    if argv is None:
+        _exit_without_teardown(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import logging
 import os
 import shutil
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,9 @@ def save_global_model(spec: ModelSpec, params: np.ndarray, path: Path) -> None:
     load_model gives it back without raysim for a network of torch's own layers (mlr, mlp, cnn); one of other classes
     (torchvision's resnet18_gn, raysim's multimodal networks, a plugin's) needs their modules importable where it is
     loaded, and loading a pickle runs code: load runs of a store you trust. The requirements are named, not
-    inferred: MLflow infers them by loading the model in a subprocess, about a minute."""
+    inferred: MLflow infers them by loading the model in a subprocess, about a minute. They are the installed
+    versions, so MLflow's check of them against this environment, which lists the files of every installed
+    distribution (0.6 s of CPU on every run's way out), is left out (`_unchecked_requirements`)."""
     from importlib.metadata import version
 
     import mlflow
@@ -67,9 +70,29 @@ def save_global_model(spec: ModelSpec, params: np.ndarray, path: Path) -> None:
     level = flavor.level
     flavor.setLevel(logging.ERROR)  # its warning that pickles run code when loaded, on every run's console
     try:
-        mlflow.pytorch.save_model(module, str(path), pip_requirements=requirements, serialization_format="pickle")
+        with _unchecked_requirements():
+            mlflow.pytorch.save_model(module, str(path), pip_requirements=requirements, serialization_format="pickle")
     finally:
         flavor.setLevel(level)
+
+
+@contextmanager
+def _unchecked_requirements() -> Iterator[None]:
+    """Inside: MLflow's save_model does not compare the requirements it is given with the installed packages
+    (`mlflow.utils.environment.warn_dependency_requirement_mismatches`, MLflow 2.x and 3.x; a version without it
+    checks as it does), a check that can only warn, and cannot for requirements read from the installed versions
+    (`save_global_model`)."""
+    from mlflow.utils import environment
+
+    check = getattr(environment, "warn_dependency_requirement_mismatches", None)
+    if check is None:
+        yield
+        return
+    environment.warn_dependency_requirement_mismatches = _pinned_from_this_environment
+    try:
+        yield
+    finally:
+        environment.warn_dependency_requirement_mismatches = check
 
 
 def save_client_models(blocks: Iterable[tuple[np.ndarray, np.ndarray]], path: Path) -> None:
@@ -96,3 +119,7 @@ def save_client_models(blocks: Iterable[tuple[np.ndarray, np.ndarray]], path: Pa
                 shutil.copyfileobj(rows_file, member, 2**24)
     finally:
         scratch.unlink(missing_ok=True)
+
+
+def _pinned_from_this_environment(model_requirements: list[str]) -> None:
+    """MLflow's mismatch check while `_unchecked_requirements` holds: nothing to compare."""

@@ -6,24 +6,36 @@ import subprocess
 import sys
 
 import pytest
+import yaml
+from mlflow.tracking import MlflowClient
 
-from tests.support.cli import raysim, run_cli, write_config
 from tests.support.experiments import tiny_config
+from tests.support.one_process import raysim_commands
 
 
 @pytest.mark.slow
 def test_gpu_shares_bound_the_host_count_on_a_real_ray(tmp_path, mlflow_uri):
     """A local Ray declaring one GPU (it need not exist: a host without CUDA trains on the CPU) takes two
-    hosts at 0.5 GPU each, though its CPUs would hold four; declaring none refuses the run with the key."""
+    hosts at 0.5 GPU each, though its CPUs would hold four; declaring none refuses the run with the key. Both
+    `raysim run`s in one process of their own (tests/support/one_process.py), the refused one first."""
     runtime = {"num_cpus": 2, "num_gpus": 1, "host_cpus": 0.5, "host_gpus": 0.5, "client_training": "vectorized"}
     tracking = {"uri": mlflow_uri, "experiment": "gpus"}
-    run = run_cli(tmp_path, tiny_config(runtime=runtime, tracking=tracking, rounds=2))
+    configs = {
+        "refused": tiny_config(runtime={**runtime, "num_gpus": 0}, tracking=tracking, rounds=2),
+        "declared": tiny_config(runtime=runtime, tracking=tracking, rounds=2),
+    }
+    commands = {}
+    for name, config in configs.items():
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        commands[name] = (["run", str(tmp_path / f"{name}.yaml"), "--quiet"], tmp_path)
+    done = raysim_commands(commands)
+    refused = done["refused"]
+    assert refused["code"] != 0
+    assert "runtime.host_gpus=0.5 (+ coordinator 0) needs 0.5 GPUs but the Ray cluster has 0" in refused["stderr"]
+    assert done["declared"]["code"] == 0, done["declared"]["stderr"][-3000:]
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gpus").experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["raysim.hosts"] == "2"
-
-    refused = tiny_config(runtime={**runtime, "num_gpus": 0}, tracking=tracking, rounds=2)
-    done = raysim("run", str(write_config(tmp_path, refused)), "--quiet", cwd=tmp_path)
-    assert done.returncode != 0
-    assert "runtime.host_gpus=0.5 (+ coordinator 0) needs 0.5 GPUs but the Ray cluster has 0" in done.stderr
 
 
 SIBLINGS_SCRIPT = """
@@ -36,21 +48,21 @@ class Host:
         time.sleep(delay)
         raise ValueError(name)
 
-def fail_round(name, retrieve):
+def start_round(name):
     hosts = [Host.remote(), Host.remote()]
-    refs = [host.train.remote(delay, name) for host, delay in zip(hosts, [0.0, 2.0])]
-    try:
-        get_all(refs) if retrieve else ray.get(refs)
-    except ray.exceptions.RayTaskError:
-        pass
-    time.sleep(3)  # the refs live on in the error's traceback while the late sibling fails
-    del refs
-    gc.collect()
-    time.sleep(1)
+    return hosts, [host.train.remote(delay, name) for host, delay in zip(hosts, [0.0, 2.0])]
 
 ray.init(num_cpus=1, include_dashboard=False)
-fail_round("left-unretrieved", retrieve=False)
-fail_round("retrieved", retrieve=True)
+rounds = {name: start_round(name) for name in ("left-unretrieved", "retrieved")}  # side by side: one wait
+for name, (hosts, refs) in rounds.items():
+    try:
+        get_all(refs) if name == "retrieved" else ray.get(refs)
+    except ray.exceptions.RayTaskError:
+        pass
+time.sleep(3)  # the refs live on while the late siblings fail
+del rounds, hosts, refs
+gc.collect()
+time.sleep(1)
 ray.shutdown()
 """
 
@@ -120,3 +132,31 @@ def test_a_local_ray_starts_only_what_the_run_needs(tmp_path):
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert lines["preloaded"] == "raysim.runtime.coordinator", done.stdout
     assert (lines["monitor"], lines["dashboard"], lines["workers"]) == ("0", "0", "2"), done.stdout
+
+
+WAY_IN_AND_OUT_SCRIPT = """
+import atexit, sys, threading, time
+
+from raysim.runtime import driver
+from raysim.tracking.mlflow_writer import check_reachable
+
+check_reachable("sqlite:///mlflow.db", 1.0)
+print("matplotlib" in sys.modules, flush=True)
+atexit.register(lambda: print("exit handler ran"))
+threading.Thread(target=lambda: (time.sleep(0.5), print("thread finished"))).start()
+from raysim.cli import main
+
+sys.argv = ["raysim", "run", "absent.yaml"]
+main()
+print("main returned")
+"""
+
+
+def test_the_driver_reaches_ray_without_matplotlib_and_ends_without_teardown(tmp_path):
+    """On the way to Ray the driver has not imported matplotlib (the partition figure's thread does); the `raysim`
+    command ends the process when done without the interpreter's teardown (a second of CPU) yet as any exit: its
+    threads joined, its exit handlers run, its exit code kept (2, a file that is not there)."""
+    done = subprocess.run([sys.executable, "-c", WAY_IN_AND_OUT_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["False", "thread finished", "exit handler ran"], done.stdout
+    assert done.stderr.startswith("error: ") and "absent.yaml" in done.stderr, done.stderr
