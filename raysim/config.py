@@ -255,6 +255,15 @@ class TrackingSettings(_Section):
         None, description="the MLflow run's name (default: algorithm-dataset-partition-seed, e.g. flame-fmnist-q2-s1)"
     )
     eval_every: int = Field(1, ge=1, description="evaluate every N rounds (and always after the last)")
+    eval_sample: int | None = Field(
+        None,
+        ge=1,
+        description="score this many clients at each evaluation, a sample drawn once from the seed (the same clients "
+        "every time, whatever the hosts), as a cross-device paper reports its accuracy: the summaries (pm/acc, ...) "
+        "and the final client table are the sample's (held-out clients, clients.heldout, are always scored); None "
+        "(or at least clients.count): every client. 100,000 "
+        "clients' round-0 evaluation is most of a cross-device run's start-up",
+    )
     auc_single_label: Literal["zero", "nan"] = Field(
         "zero", description="AUC of a test split with one label: 0 (FedAPM's code) or left out of the means"
     )

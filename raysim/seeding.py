@@ -26,6 +26,7 @@ class Stream(IntEnum):
     DATA_NOISE = 6
     SERVER = 7
     ADAPTATION = 8
+    EVALUATION = 9
 
 
 def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:

@@ -27,13 +27,14 @@ from raysim.data.partitions import ClientSplit
 from raysim.evaluation.clients import SPLITS, ClientScorer, EvaluationData, evaluation_data
 from raysim.evaluation.columns import ClientRecords, evaluation_batch
 from raysim.evaluation.records import ClientEvaluation, ModelScores
+from raysim.evaluation.sampling import evaluation_sample
 from raysim.execution.drivers import drive
 from raysim.execution.stacking import own_arrays, unstack
 from raysim.runtime import checkpoint
 from raysim.runtime.crews import Renewable
 from raysim.runtime.exact_sum import PartialSum, UploadRangeError, add_rows, rejection
 from raysim.runtime.host_settings import HostSettings
-from raysim.runtime.state_columns import ColumnStates
+from raysim.runtime.state_columns import ClientColumns, ColumnStates
 from raysim.runtime.steps import ClientSteps, keep_freed_memory
 from raysim.seeding import Stream, rng, use_kernels
 from raysim.training.local import ClientData
@@ -94,11 +95,16 @@ class ClientHost(Renewable):
         self.train_seconds = 0.0
         """Seconds the last `train` took (the round's per-host busy time)."""
         self.num_clients = clients[0][0].num_clients if clients else 0
-        self.info = {info.id: info for info, _ in clients}
+        infos = clients.infos() if isinstance(clients, ClientColumns) else [info for info, _ in clients]
+        self.info = {info.id: info for info in infos}
         self.owned = sorted(self.info) if owned is None else sorted(owned)
+        sample = evaluation_sample(settings.seed, self.num_clients, settings.eval_sample)
+        scored = set(sample.tolist()) if sample is not None else None
+        self.scored = [c for c in self.owned if scored is None or c in scored or c >= self.num_clients]
+        """The clients of this host an evaluation scores (tracking.eval_sample: the sample and the held-out ones)."""
         classes = settings.model.outputs
-        splits = {info.id: split for info, split in clients}
-        self.data = ClientDataMap(lambda c: self._client_data(x, y, c, splits[c], classes), self.info)
+        split = clients.split if isinstance(clients, ClientColumns) else {i.id: s for i, s in clients}.__getitem__
+        self.data = ClientDataMap(lambda c: self._client_data(x, y, c, split(c), classes), self.info)
         init_params = np.array(init_params)
         init_params.flags.writeable = False  # clients' initial states may share it: a write into one would raise
         shared = None
@@ -177,7 +183,7 @@ class ClientHost(Renewable):
 
     def evaluate(self, global_params: Vector, context: Any = None) -> pa.RecordBatch:
         """PM, GM (and the algorithm's extra models', given the server's `context`: Algorithm.evaluation_context)
-        scores of every client of this host as columns
+        scores of every client of this host (those in the run's evaluation sample, tracking.eval_sample) as columns
         (raysim.evaluation.columns.evaluation_batch), EVALUATION_CLIENTS clients at a time: the GM, shared by all,
         scores their splits in shared passes, and their own models (PMs, extra models) score each its own split in
         batched passes."""
@@ -185,7 +191,7 @@ class ClientHost(Renewable):
         every = self.settings.train_loss_every
         with_train = bool(every) and (self.evaluations - 1) % every == 0
         evaluations = []
-        ids = self.client_ids
+        ids = self.scored
         scorer = ClientScorer(
             self.model, self.settings.loss_sum_batch, self.settings.auc_single_label, self.settings.train_loss_unit
         )

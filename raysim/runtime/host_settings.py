@@ -66,6 +66,8 @@ class HostSettings:
     state_folder: str | None = None
     """runtime.state_store = memory or disk: the folder of the run's shared client-state columns
     (raysim.runtime.state_columns; the driver makes it); None: each host keeps its own clients' state."""
+    eval_sample: int | None = None
+    """Clients an evaluation scores, a seeded sample (tracking.eval_sample, raysim.evaluation.sampling); None: all."""
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, problem: Problem) -> HostSettings:
@@ -93,6 +95,7 @@ class HostSettings:
             authors_batches(config, problem),
             train_loss_unit=config.tracking.train_loss_unit,
             deterministic=runtime.deterministic,
+            eval_sample=config.tracking.eval_sample,
         )
 
 

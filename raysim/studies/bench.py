@@ -207,15 +207,23 @@ def workload(
     return validate_config(tree)
 
 
+EVAL_SAMPLE = 1000
+"""Clients an evaluation of a cross-device row scores past 10,000 clients (tracking.eval_sample)."""
+
+
 def scale_overrides(clients: int, participation: float, state: str, samples_per_client: int | None) -> list[str]:
     """The `--set`s of the cross-device rows (issue 49): `participation` of the clients a round, client state in
     runtime.state_store = `state`, and past 10,000 clients (fewer than 7 Fashion-MNIST images each) every client
-    drawing `samples_per_client` (default 10) images of its own (partition.samples_per_client)."""
+    drawing `samples_per_client` (default 10) images of its own (partition.samples_per_client) and each evaluation
+    scoring a seeded sample of EVAL_SAMPLE clients (tracking.eval_sample), as a cross-device paper reports its
+    accuracy, not all of them (`--set tracking.eval_sample=null`: all)."""
     overrides = [f"runtime.state_store={state}"] if state != "hosts" else []
     if participation < 1:
         overrides.append(f"clients.fraction={participation}")
     if samples_per_client is not None or clients > 10_000:
         overrides.append(f"partition.samples_per_client={samples_per_client or 10}")
+    if clients > 10_000:
+        overrides.append(f"tracking.eval_sample={EVAL_SAMPLE}")
     return overrides
 
 

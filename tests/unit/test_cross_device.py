@@ -52,6 +52,7 @@ def test_the_bench_scale_settings():
         "runtime.state_store=disk",
         "clients.fraction=0.01",
         "partition.samples_per_client=10",
+        "tracking.eval_sample=1000",
     ]
     assert scale_overrides(500, 1.0, "memory", 4) == ["runtime.state_store=memory", "partition.samples_per_client=4"]
 

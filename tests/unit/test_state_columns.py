@@ -139,3 +139,62 @@ def test_dealing_keeps_the_busiest_host_within_lpt_bound_and_pins_attackers():
         assert makespan <= (4 / 3 - 1 / 6) * best + 1e-9
     assert deal([0, 1, 2, 3], {c: 10 for c in range(4)}, 2, {0: 1, 1: 1}) == [[2, 3], [0, 1]]
     assert deal([5], {5: 1}, 3, {}) == [[5], [], []]
+
+
+def test_rows_written_in_any_order_read_back_bit_for_bit_in_another_store_on_the_folder(folder):
+    """Every row of a chunk lands at its client's place, whatever the order of the ids, the last of a repeated id
+    winning, and a second store on the folder (another host) reads them back bit for bit."""
+    one = ColumnStates(folder, 40, initial(0), initial)
+    ids = [17, 3, 4, 5, 6, 7, 8, 30, 2, 39, 18, 0]
+    new = stack([trained(c, seed=1) for c in ids])
+    one.store(ids, new)
+    again = trained(5, seed=2)
+    one.store([9, 5], stack([trained(9, seed=2), again]))
+    two = ColumnStates(folder, 40, initial(0), initial)
+    for client in ids:
+        assert same(two[client], again if client == 5 else trained(client, seed=1))
+    assert same(two[9], trained(9, seed=2))
+    assert all(same(two[c], initial(c)) for c in set(range(40)) - {*ids, 9})
+
+
+def test_client_columns_give_back_every_pair_as_packed_and_pickle_small(tmp_path):
+    """The (ClientInfo, ClientSplit) pairs a shared store's driver sends its hosts, packed as columns: each pair
+    read back (by position, by slice, by client id, after a pickle round trip) equals the one packed, field by field
+    and bit for bit, the index arrays read-only."""
+    import pickle
+
+    from raysim.algorithms.interface import ClientInfo
+    from raysim.data.scheme import ClientSplit
+    from raysim.runtime.state_columns import ClientColumns
+
+    draws = np.random.default_rng(3)
+    pairs = []
+    for client in (4, 0, 2, 1, 3, 5):  # not in id order; 5 is held out (id >= num_clients)
+        sizes = draws.integers(0, 6, size=3)
+        parts = [draws.integers(0, 1000, size=n) for n in sizes]
+        weight = 0.0 if client == 5 else float(draws.random()) / 7
+        pairs.append((ClientInfo(client, int(sizes[0]), weight, 5), ClientSplit(client, *parts, float(draws.random()))))
+    packed = pickle.loads(pickle.dumps(ClientColumns(pairs)))
+
+    def equal(a: tuple, b: tuple) -> bool:
+        (info_a, split_a), (info_b, split_b) = a, b
+        arrays = all(np.array_equal(getattr(split_a, p), getattr(split_b, p)) for p in ("train", "test", "val"))
+        return (
+            info_a == info_b
+            and split_a.client_id == split_b.client_id
+            and split_a.noise_std == split_b.noise_std
+            and arrays
+        )
+
+    assert len(packed) == len(pairs) and all(equal(a, b) for a, b in zip(packed, pairs, strict=True))
+    assert packed.infos() == [info for info, _ in pairs]
+    assert [type(v) for v in vars(packed.infos()[0]).values()] == [type(v) for v in vars(pairs[0][0]).values()]
+    assert all(equal(a, b) for a, b in zip(packed[1:4], pairs[1:4], strict=True)) and equal(packed[-1], pairs[-1])
+    for info, split in pairs:
+        found = packed.split(info.id)
+        assert found.noise_std == split.noise_std and np.array_equal(found.test, split.test)
+        assert not found.train.flags.writeable
+    with pytest.raises(KeyError):
+        packed.split(6)
+    with pytest.raises(IndexError):
+        packed[6]
