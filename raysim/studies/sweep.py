@@ -372,6 +372,34 @@ def _run_trial(
     return outcome
 
 
+def reuse_trainables(sweep: SweepConfig) -> bool:
+    """Whether a Tune actor that ran a trial to its end runs the next one (Tune's `reuse_actors`), with its queue
+    (`_rounds_queue`): a worker process and a queue actor started once per trial slot instead of once per trial.
+    Not under a scheduler: a trial it stops must end with its actor, which owns the trial's experiment task
+    (`_settled`); a reused actor would leave that experiment running beside the next trial."""
+    return sweep.scheduler.name == "none"
+
+
+_QUEUE: list[Any] = []
+"""The queue of this Tune actor's trials (one actor runs one trial at a time; a reused one, several in turn)."""
+
+
+def _rounds_queue(node: str) -> Any:
+    """This actor's queue for its trial's rounds, on its node, made by its first trial and emptied for each next one
+    (nothing is left in it after a trial that ended: `_trainable` reads it until the experiment's task is done)."""
+    from ray.util.queue import Queue
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not _QUEUE:
+        here = NodeAffinitySchedulingStrategy(node, soft=False)
+        _QUEUE.append(Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here}))
+    queue = _QUEUE[0]
+    left = queue.size()
+    if left:
+        queue.get_nowait_batch(left)
+    return queue
+
+
 @dataclass
 class _Setup:
     """What every trial's trainable needs, shipped once (tune.with_parameters)."""
@@ -401,13 +429,13 @@ def _trainable(spec: dict[str, Any], setup: _Setup) -> None:
     ends. The last round is reported once the run has finished (summaries logged, run FINISHED), so that a
     scheduler deciding at the last round never cuts a run short of its end; a failed run raises TrialFailed."""
     from ray import tune
-    from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     trial = setup.trial_of(spec)
     config = trial.config
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+    node_id = ray.get_runtime_context().get_node_id()
+    here = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    queue = _rounds_queue(node_id)
     continued = setup.continued.get(config.tracking.run_name or "")
     ref = _run_trial.options(scheduling_strategy=here).remote(
         carry(config), setup.parent, continued, setup.command, setup.credentials, queue
@@ -699,7 +727,7 @@ def _tune(
                 search_alg=search,
                 num_samples=samples,
                 max_concurrent_trials=limit,
-                reuse_actors=False,
+                reuse_actors=reuse_trainables(sweep),
             ),
             run_config=tune.RunConfig(
                 name=re.sub(r"[^\w.-]", "_", sweep.name),

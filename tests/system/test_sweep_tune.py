@@ -16,6 +16,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from raysim.cli import main
 from raysim.studies.procmem import descendants
 from raysim.studies.sweep import load_sweep
 from tests.support.experiments import tiny_config
@@ -50,13 +51,14 @@ def _parent_of(out: str) -> str:
 
 
 @pytest.mark.slow
-def test_the_shipped_asha_sweep_stops_its_worst_trial_and_a_resume_keeps_it(tmp_path, fmnist_tenth):
+def test_the_shipped_asha_sweep_stops_its_worst_trial_and_a_resume_keeps_it(tmp_path, fmnist_tenth, ray_local, capsys):
     """configs/sweep_asha.yaml validates with ASHA; its small version (its grid and scheduler, one seed, 4 rounds
     of the quickstart on a tenth of Fashion-MNIST, one host) runs through `raysim sweep`. ASHA's rungs are rounds 2
     and 4 (grace_period 2, reduction_factor 2, max_t = rounds): the trial at lr=0.001, last in the grid, reaches
     round 2 after the three others and is stopped there, its run FINISHED with the rounds it ran and the
     `raysim.stopped_early` tag; a trial that reaches the rung at its last round is not cut short (its last round
-    is reported once its run has finished). `raysim sweep --resume` keeps every trial and logs no point twice."""
+    is reported once its run has finished). `raysim sweep --resume` (the CLI's `main`, in this process: it runs no
+    trial) keeps every trial and logs no point twice."""
     shipped = load_sweep(SHIPPED)
     assert (shipped.scheduler.name, shipped.scheduler.grace_period, shipped.scheduler.reduction_factor) == (
         "asha",
@@ -99,8 +101,9 @@ def test_the_shipped_asha_sweep_stops_its_worst_trial_and_a_resume_keeps_it(tmp_
     metrics = client.get_run(parent).data.metrics
     assert (metrics["children/finished"], metrics["children/stopped"], metrics["children/failed"]) == (3, 1, 0)
 
-    again = _sweep(small, "--quiet", "--resume", parent).stdout
-    assert _parent_of(again) == parent
+    capsys.readouterr()
+    assert main(["sweep", str(small), "--quiet", "--resume", parent]) == 0
+    assert _parent_of(capsys.readouterr().out) == parent
     after = {run.info.run_name: run for run in _children(client, parent)}
     assert {name: run.info.run_id for name, run in after.items()} == {
         name: run.info.run_id for name, run in children.items()
