@@ -29,6 +29,8 @@ def test_the_authors_mode_reproduces_their_ordering_fedapm_fedalt_fedavg(mlflow_
         f"tracking.uri={mlflow_uri}",
         "runtime.num_hosts=1",
         "runtime.actors=in_process",
+        "tracking.figures=[]",  # read for its accuracy: no figures, no saved models (tests/support/experiments.py)
+        "tracking.save_models=none",
     ]
     suite = load_suite(SUITE, sets)
     suite = suite.model_copy(update={"seeds": [1], "runs": [run for run in suite.runs if run.name in ORDER]})

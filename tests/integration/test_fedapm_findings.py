@@ -23,12 +23,17 @@ import math
 import pytest
 
 from raysim.studies.suite import load_suite, run_suite
+from tests.support.experiments import NO_FIGURES
 from tests.support.fedapm import SUITES, TABLE3
 from tests.support.paper_data import BUILT_IN
 from tests.support.stores import fresh_store
 
 pytestmark = pytest.mark.xdist_group("integration-fedapm_findings")
 """One worker runs this module's tests: its findings fixture runs the four FedAPM runs once."""
+
+NO_ARTIFACTS = ["tracking.figures=[]", "tracking.save_models=none"]
+"""The runs here are read for their metrics: no figures, no saved models (tests/support/experiments.py NO_FIGURES;
+the shipped configs' runs in tests/system/test_paper_configs.py draw and save them)."""
 
 
 @pytest.mark.slow
@@ -46,6 +51,7 @@ def test_the_table3_suite_runs_end_to_end_on_the_substitute(dataset, tmp_path):
         "runtime.num_hosts=1",
         "runtime.actors=in_process",
         f"tracking.uri={uri}",
+        *NO_ARTIFACTS,
     ]
     suite = load_suite(SUITES / f"fedapm_table3_{dataset}.yaml", sets)
     suite = suite.model_copy(update={"seeds": suite.seeds[:1]})
@@ -100,7 +106,7 @@ def _findings_run(algorithm: dict, tracking_uri: str, fraction: float = 0.3) -> 
         "rounds": FINDINGS_ROUNDS,
         "seed": 3,
         "runtime": {"num_hosts": 1, "actors": "in_process"},
-        "tracking": {"uri": tracking_uri, "experiment": "fedapm-findings"},
+        "tracking": {"uri": tracking_uri, "experiment": "fedapm-findings", **NO_FIGURES},
     }
     return run_experiment(validate_config(config), show_progress=False).history
 

@@ -1,11 +1,11 @@
-"""The space of settings, tested (tests/support/matrix.py plans it): every cell of the pairwise cover runs end to
-end on real Fashion-MNIST (a tenth of it, in its standard IDX layout: the loader, the uint8 normalization and the
-data's structure are the real ones), 4 clients, 1 round, through the driver, the hosts and the coordinator in this
-process (runtime.actors: in_process, the code Ray's actors run, without the actors: tests/integration/
-test_matrix_on_ray.py shows a sample of cells logs the same on Ray), logging to one sqlite MLflow store, and is read
-back from the store: FINISHED, every metric finite, every documented metric key logged once at every step. A cell
-that cannot run must be refused before any MLflow work with one ConfigError line naming the key, and leave no run
-behind."""
+"""The space of settings, tested (tests/support/matrix.py plans it): every cell of the pairwise cover runs end to end
+on real Fashion-MNIST (2,000 training and 500 test images of it, in its standard IDX layout: the loader, the uint8
+normalization and the data's structure are the real ones; MATRIX_SAMPLES in tests/integration/conftest.py), 4
+clients, 1 round, through the driver, the hosts and the coordinator in this process (runtime.actors: in_process, the
+code Ray's actors run, without the actors: tests/integration/test_matrix_on_ray.py shows a sample of cells logs the
+same on Ray), logging to one sqlite MLflow store, and is read back from the store: FINISHED, every metric finite,
+every documented metric key logged once at every step. A cell that cannot run must be refused before any MLflow work
+with one ConfigError line naming the key, and leave no run behind."""
 
 from __future__ import annotations
 

@@ -44,9 +44,10 @@ def _run(mlflow_uri: str, runtime: dict[str, Any], inspect: Any = None) -> tuple
 
 
 def test_shared_store_runs_equal_owned_state_runs_bit_for_bit_with_1_2_and_3_hosts(ray_local, mlflow_uri, tmp_path):
-    """Ray hosts: owned state on 1 host against the store in memory on 3 hosts and on disk on 2; the disk store's
-    folder is gone at the end and its size is logged."""
-    one, result_one = _run(mlflow_uri, {"num_hosts": 1})
+    """Owned state on 1 host (in process: what a Ray host computes, tests/integration/test_matrix_on_ray.py) against
+    the store in memory on 3 Ray hosts and on disk on 2; the disk store's folder is gone at the end and its size is
+    logged."""
+    one, result_one = _run(mlflow_uri, {"num_hosts": 1, "actors": "in_process"})
     spill = tmp_path / "spill"
     for runtime in ({"num_hosts": 3, "state_store": "memory"}, {"num_hosts": 2, "state_store": "disk"}):
         other, result = _run(mlflow_uri, {**runtime, "spill_dir": str(spill)})

@@ -93,15 +93,22 @@ class LocalCluster:
         return command
 
     def _start(self, name: str, head: bool) -> None:
-        """`ray start` for one node; a worker node gets three tries with fresh ports: on a loaded machine a raylet
-        can time out during start-up, or a port picked free can be taken by another test's process meanwhile."""
-        for _attempt in range(1 if head else 3):
+        """`ray start` for one node, three tries with fresh ports: on a loaded machine a raylet can time out during
+        start-up (seen for the head too, under a load of 40 on 2 cores), or a port picked free can be taken by
+        another test's process meanwhile. A head's next try also moves its GCS and dashboard ports, after ending
+        what the failed one left."""
+        for attempt in range(3):
+            if head and attempt:
+                kill_all(self.own_pids, wait_s=0)
+                self.gcs_port, self.dashboard_port = free_port(), free_port()
             done = subprocess.run(self._command(name, head), env=self.env, capture_output=True, text=True, timeout=120)
             if done.returncode == 0:
                 return
         raise RuntimeError(f"ray start of node {name} failed (exit {done.returncode}): {done.stderr[-3000:]}")
 
     def start(self) -> LocalCluster:
+        """The head, then each worker node (one at a time: Ray names a node's sockets by the first free name in the
+        temp dir they share, which two nodes starting at once could both take); returns once every node is alive."""
         self._start("head", head=True)
         for name in NODES:
             if name != "head":
@@ -110,7 +117,7 @@ class LocalCluster:
         while time.monotonic() < deadline:
             if len(self.nodes()) == len(NODES):
                 return self
-            time.sleep(1)
+            time.sleep(0.2)
         raise RuntimeError(f"cluster did not reach {len(NODES)} nodes: {self.nodes()}")
 
     def nodes(self) -> list[dict]:

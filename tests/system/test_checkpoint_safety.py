@@ -115,7 +115,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_only_whole_checkpoin
         deadline = time.monotonic() + 240
         while not list(inside.glob("*/round-*/manifest.json")):  # any: only the newest two are kept
             assert shell.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
-            time.sleep(0.2)
+            time.sleep(0.05)
         with open(inside / "filler", "wb", buffering=0) as filler, pytest.raises(OSError, match="No space left"):
             while True:
                 filler.write(bytes(2**16))

@@ -225,7 +225,9 @@ def test_a_submitted_sweep_of_plugin_files_runs_on_every_node_and_logs_to_the_tr
     """`raysim submit` of a sweep whose algorithm, model and dataset are plugin files kept outside the package (two
     listed in the sweep file, one given with --plugin): the files go with the job, the hosts, which only the worker
     nodes can hold, import them there, and the trials log to an MLflow server: the parent, its children with their
-    curves, and the parent's comparison artifacts; `raysim jobs`, `logs` and `cancel` know the job."""
+    curves, and the parent's comparison artifacts; `raysim jobs`, `logs` and `cancel` know the job. One trial (a
+    grid of one value of the plugin algorithm's own setting), its two hosts spread over both worker nodes: a second
+    trial started four more Ray workers, each importing raysim and the plugins, and checked nothing more."""
     from raysim.cli import main
     from raysim.tracking.server import ServerSettings, TrackingServer
     from tests.support.pages import page_files
@@ -247,7 +249,7 @@ def test_a_submitted_sweep_of_plugin_files_runs_on_every_node_and_logs_to_the_tr
         "name": "cluster-sweep",
         "plugins": ["mine/fedavgm.py", "mine/tiny_cnn.py"],
         "base": base,
-        "grid": {"algorithm.server_momentum": [0.0, 0.5]},
+        "grid": {"algorithm.server_momentum": [0.5]},
         "seeds": [1],
     }
     path = tmp_path / "sweep.yaml"
@@ -288,7 +290,7 @@ def test_a_submitted_sweep_of_plugin_files_runs_on_every_node_and_logs_to_the_tr
         with urllib.request.urlopen(request) as response:
             runs = json.load(response)["runs"]
         children = [r for r in runs if {"key": "mlflow.parentRunId", "value": parent} in r["data"].get("tags", [])]
-        assert len(children) == 2
+        assert len(children) == 1
         assert all(r["info"]["status"] == "FINISHED" for r in children)
         for child in children:
             history = _rest(settings.url, "metrics/get-history", run_id=child["info"]["run_id"], metric_key="pm/acc")
@@ -296,6 +298,7 @@ def test_a_submitted_sweep_of_plugin_files_runs_on_every_node_and_logs_to_the_tr
             assert all(0.0 <= m["value"] <= 1.0 for m in history["metrics"])
             run = MlflowClient(settings.url).get_run(child["info"]["run_id"])
             assert run.data.params["plugins"] == "['fedavgm', 'tiny_cnn', 'csv_source']"
+            assert run.data.params["algorithm.server_momentum"] == "0.5"
             assert (run.data.tags["algorithm"], run.data.params["model.name"], run.data.tags["dataset"]) == (
                 "my_fedavgm",
                 "tiny_cnn",
@@ -328,7 +331,7 @@ def test_missing_or_wrong_token_is_one_error_line(cluster, tmp_path, monkeypatch
     assert main(["jobs", "--address", cluster.dashboard]) == 0
 
 
-LOAD_ROUNDS = 12
+LOAD_ROUNDS = 8
 
 
 def load_config(uri: str, seed: int, checkpoints: Path) -> dict:

@@ -244,9 +244,16 @@ A server killed by a signal before it printed anything is started once more, say
 the test with the server's exit status and output."""
 
 
-def page_script(page: str) -> str:
+def shared(command: Command) -> bool:
+    """Whether the command's effects are the checkout's files and MLflow store, which every page shares (a `raysim`
+    command, a process of its own), not the shell's state (`source .venv/bin/activate`, which every page runs)."""
+    return command.code.split(" ", 1)[0] == "raysim"
+
+
+def page_script(page: str, ran: dict[str, str] | None = None) -> str:
     """The page's commands as pasted, each echoed first with the seconds since the start; a server as
-    `docs_test_serve COMMAND`."""
+    `docs_test_serve COMMAND`. A shared command that an earlier page ran as it stands, in the same checkout (`ran`:
+    its code -> that page), is not run again: the same quickstart run or UI twice would test nothing new."""
     path = next(p for p in PAGES if p.name == page)
     lines = ["set -eo pipefail", SERVE]
     for block in page_commands(path):
@@ -256,6 +263,8 @@ def page_script(page: str) -> str:
                 lines.append("echo '(the set-up this test starts from)'")
             elif command.not_run or command.elsewhere:
                 lines.append(f"echo {shlex.quote(f'(not run: {command.not_run or command.elsewhere})')}")
+            elif ran and shared(command) and command.code in ran:
+                lines.append(f"echo {shlex.quote(f'(ran on {ran[command.code]}, as it stands here)')}")
             elif command.server:
                 lines.append(f"docs_test_serve {command.code}")
             else:
@@ -282,6 +291,12 @@ def checkout(tmp_path_factory) -> Path:
     return copy
 
 
+@pytest.fixture(scope="module")
+def ran() -> dict[str, str]:
+    """The shared commands (`shared`) the pages run so far in the module's checkout: code -> the page that ran it."""
+    return {}
+
+
 def fresh_login_environment() -> dict[str, str]:
     """What a fresh login has before its shell starts: no PATH (the login shell sets it), no venv."""
     return {name: os.environ[name] for name in ("HOME", "USER", "LOGNAME", "LANG") if name in os.environ}
@@ -289,10 +304,11 @@ def fresh_login_environment() -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", pages_to_run())
-def test_a_page_s_commands_run_pasted_into_a_fresh_shell(page, checkout):
+def test_a_page_s_commands_run_pasted_into_a_fresh_shell(page, checkout, ran):
     started = time.monotonic()
+    skipped = dict(ran)
     shell = subprocess.Popen(
-        ["bash", "--login", "-c", page_script(page)],
+        ["bash", "--login", "-c", page_script(page, skipped)],
         cwd=checkout,
         env=fresh_login_environment(),
         stdout=subprocess.PIPE,
@@ -310,7 +326,11 @@ def test_a_page_s_commands_run_pasted_into_a_fresh_shell(page, checkout):
     assert "Traceback" not in out + err, transcript
     starts = [line for line in err.splitlines() if re.match(r"raysim \S+ on \S+: run [0-9a-f]{32}", line)]
     assert all(re.search(r" at \S+://\S+$", line) for line in starts), starts  # whole in a log, URI included
-    assert starts or page != "README.md", transcript
+    commands = [command for block in page_commands(next(p for p in PAGES if p.name == page)) for command in block]
+    executed = [c for c in commands if to_run(c) and not (shared(c) and c.code in skipped)]
+    runs = [c for c in executed if c.code.startswith("raysim run ")]
+    assert starts or page != "README.md" or not runs, transcript  # README's run, unless a page ran it before
+    ran.update((c.code, page) for c in executed if shared(c))
     print(f"{page}: {time.monotonic() - started:.0f} s\n{out}")
 
 

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests.support.cli import HOSTS_IN_PROCESS
 from tests.support.experiments import tiny_config
 from tests.support.pages import PAGE, ROOT, page_files
 from tests.support.stores import fresh_store
@@ -153,16 +154,18 @@ def _finished_run(tmp_path: Path):
 
 @pytest.mark.slow
 def test_plugins_listed_in_a_config_run_from_another_folder(tmp_path):
-    """`plugins:` paths are relative to the config file, not to where raysim runs."""
+    """`plugins:` paths are relative to the config file, not to where raysim runs. The driver resolves and imports
+    them before anything runs, so the hosts run in its process (HOSTS_IN_PROCESS): that Ray's workers import a
+    run's plugins, whichever way they came, is the page's commands' and the installed package's test."""
     files = write_page(tmp_path / "plugins")
     assert shell(".venv/bin/python make_csv.py", files, environment(files)).returncode == 0
     (tmp_path / "digits.csv").write_text((files / "digits.csv").read_text())
     config = tmp_path / "configs" / "experiment.yaml"
     tree = _all_three(tmp_path, config)
     config.write_text(yaml.safe_dump({"plugins": [f"../plugins/{name}" for name in PLUGIN_FILES], **tree}))
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    done = raysim("run", str(config), "--quiet", cwd=elsewhere, env=environment(tmp_path))
+    elsewhere = tmp_path / "elsewhere" / "deeper"  # `../plugins` from here is no folder: resolved against the cwd
+    elsewhere.mkdir(parents=True)  # the plugins would not be found (from tmp_path / "elsewhere" they would)
+    done = raysim("run", str(config), "--quiet", *HOSTS_IN_PROCESS, cwd=elsewhere, env=environment(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     run = _finished_run(tmp_path)
     assert [Path(p).name for p in yaml.safe_load(run.data.params["plugins"])] == list(PLUGIN_FILES)

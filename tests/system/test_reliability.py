@@ -20,6 +20,8 @@ from raysim.config import validate_config
 from raysim.runtime.actors import RecoveryError
 from raysim.runtime.driver import resume_experiment, run_experiment
 from tests.support.cluster import free_port
+from tests.support.experiments import IN_PROCESS
+from tests.support.one_process import raysim_commands
 from tests.support.paths import ROOT
 from tests.support.reliability import ROUNDS, baseline_run, reliability_config, steps_logged
 from tests.support.stores import fresh_store
@@ -116,72 +118,85 @@ def test_killed_host_of_the_shipped_quickstart_is_restored(ray_local, tmp_path):
         assert sorted(steps) == list(range(0 if key == "pm/acc" else 1, 5)), (key, steps)
 
 
-def _cli(tmp_path: Path, data: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`raysim run` in a process of its own (this test process may have started Ray already)."""
-    (tmp_path / "cli.yaml").write_text(yaml.safe_dump(data))
-    raysim = str(Path(sys.executable).parent / "raysim")
-    return subprocess.run(
-        [raysim, "run", str(tmp_path / "cli.yaml"), "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=tmp_path,
-    )
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, dict]:
+    """Every `raysim run` below that is refused before Ray starts, one after the other in one process of their own
+    (tests/support/one_process.py: one import of raysim and its libraries, not seven). The silent tracking server
+    (accepts connections, never answers: the slow case) listens while they run; the refused one's port has nobody
+    listening."""
+    silent_port, refused_port = free_port(), free_port()
+    while refused_port == silent_port:
+        refused_port = free_port()
+    cases: dict[str, dict] = {}
+    for index, (runtime, _) in enumerate(HOSTS_BEYOND):
+        data = reliability_config("sqlite:///{folder}/m.db", Path("{folder}"))  # refused: no store made
+        cases[f"beyond-{index}"] = {**data, "runtime": {**runtime, "num_cpus": 2}}
+    for index, (uri, _) in enumerate(UNOPENABLE_STORES):
+        cases[f"store-{index}"] = reliability_config(uri, Path("{folder}"))
+    silent = reliability_config(f"http://127.0.0.1:{silent_port}", Path("{folder}"))
+    cases["silent"] = {**silent, "tracking": {**silent["tracking"], "connect_timeout_s": 2}}
+    cases["nobody"] = reliability_config(f"http://127.0.0.1:{refused_port}", Path("{folder}"))
+    commands = {}
+    for name, data in cases.items():
+        folder = tmp_path_factory.mktemp(name)
+        (folder / "cli.yaml").write_text(yaml.safe_dump(data).replace("{folder}", str(folder)))
+        commands[name] = (["run", str(folder / "cli.yaml"), "--quiet"], folder)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", silent_port))
+        listening.listen()
+        results = raysim_commands(commands)
+    for name, result in results.items():
+        result["folder"] = commands[name][1]
+        result["port"] = silent_port if name == "silent" else refused_port
+    return results
 
 
-@pytest.mark.parametrize(
-    ("runtime", "expected"),
-    [
-        (
-            {"host_cpus": 1000},
-            r"1 hosts \(runtime.num_hosts=default, .*\) x runtime.host_cpus=1000 .* needs 1000 "
-            r"CPUs but the Ray cluster has 2; lower runtime.host_cpus",
-        ),
-        (
-            {"num_hosts": 50},
-            r"6 hosts \(runtime.num_hosts=50, at most one per client\) x runtime.host_cpus=1 .* "
-            r"needs 6 CPUs but the Ray cluster has 2",
-        ),
-    ],
-)
-def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(tmp_path, runtime, expected):
-    data = reliability_config(f"sqlite:///{tmp_path / 'm.db'}", tmp_path)  # refused: no store made
-    data["runtime"] = {**runtime, "num_cpus": 2}
-    done = _cli(tmp_path, data)
-    assert done.returncode == 2
-    (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting
+def _refused(result: dict) -> str:
+    """The one `error:` line of a run refused before Ray (Ray would have printed its own lines on starting)."""
+    assert result["code"] == 2, result["stderr"]
+    assert not result["ray"], "a Ray was started"
+    (line,) = result["stderr"].strip().splitlines()
+    return line
+
+
+HOSTS_BEYOND = [
+    (
+        {"host_cpus": 1000},
+        r"1 hosts \(runtime.num_hosts=default, .*\) x runtime.host_cpus=1000 .* needs 1000 "
+        r"CPUs but the Ray cluster has 2; lower runtime.host_cpus",
+    ),
+    (
+        {"num_hosts": 50},
+        r"6 hosts \(runtime.num_hosts=50, at most one per client\) x runtime.host_cpus=1 .* "
+        r"needs 6 CPUs but the Ray cluster has 2",
+    ),
+]
+
+
+@pytest.mark.parametrize(("runtime", "expected"), HOSTS_BEYOND)
+def test_hosts_beyond_the_machine_are_refused_before_ray_or_mlflow(refusals, runtime, expected):
+    result = refusals[f"beyond-{HOSTS_BEYOND.index((runtime, expected))}"]
+    line = _refused(result)
     assert re.fullmatch(f"error: {expected}.*", line), line
-    assert not (tmp_path / "m.db").exists()
+    assert not (result["folder"] / "m.db").exists()
 
 
-def test_unreachable_tracking_server_fails_fast_before_ray(tmp_path):
-    port = free_port()
-    data = reliability_config(f"http://127.0.0.1:{port}", tmp_path)
-    with socket.socket() as silent:  # accepts connections, never answers: the slow case
-        silent.bind(("127.0.0.1", port))
-        silent.listen()
-        data["tracking"] = {**data["tracking"], "connect_timeout_s": 2}
-        started = time.monotonic()
-        done = _cli(tmp_path, data)
-        elapsed = time.monotonic() - started
-    assert done.returncode == 2 and elapsed < 60, (elapsed, done.stderr)
-    (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"error: tracking.uri http://127.0.0.1:{port}: MLflow server not reachable within 2 s")
-    done = _cli(tmp_path, reliability_config(f"http://127.0.0.1:{port}", tmp_path))  # nobody listens: refused at once
-    (line,) = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and "not reachable" in line and "Connection refused" in line, line
+def test_unreachable_tracking_server_fails_fast_before_ray(refusals):
+    silent, nobody = refusals["silent"], refusals["nobody"]
+    line = _refused(silent)
+    assert silent["seconds"] < 60, silent
+    assert line.startswith(
+        f"error: tracking.uri http://127.0.0.1:{silent['port']}: MLflow server not reachable within 2 s"
+    ), line
+    line = _refused(nobody)  # nobody listens: refused at once
+    assert "not reachable" in line and "Connection refused" in line, line
 
 
-def _raysim(
-    tmp_path: Path, *args: str, env: dict[str, str], watch: list[str] | None = None
-) -> subprocess.CompletedProcess:
-    """`raysim ARGS` run to its end; `watch`: gets the process's command line as the system shows it (`ps`, and
-    Ray, which records it as the job's entrypoint) once its local Ray is up."""
-    from raysim.studies.procmem import descendants
-
+def _raysim(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.Popen:
+    """`raysim ARGS` started in `tmp_path` with `env` (and none of the MLflow or Ray variables of this process)."""
     raysim = str(Path(sys.executable).parent / "raysim")
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_ADDRESS"))}
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [raysim, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -189,15 +204,24 @@ def _raysim(
         cwd=tmp_path,
         env={**environment, **env},
     )
-    if watch is not None:
-        deadline = time.monotonic() + 240
-        while (
-            process.poll() is None
-            and time.monotonic() < deadline
-            and not [pid for pid in descendants(process.pid) if _comm(pid) == "gcs_server"]
-        ):
-            time.sleep(0.1)
-        watch.append(Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+
+
+def _command_line_once_ray_is_up(process: subprocess.Popen) -> str:
+    """The process's command line as the system shows it (`ps`, and Ray, which records it as the job's
+    entrypoint) once its local Ray is up."""
+    from raysim.studies.procmem import descendants
+
+    deadline = time.monotonic() + 240
+    while (
+        process.poll() is None
+        and time.monotonic() < deadline
+        and not [pid for pid in descendants(process.pid) if _comm(pid) == "gcs_server"]
+    ):
+        time.sleep(0.05)
+    return Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def _finished(process: subprocess.Popen) -> subprocess.CompletedProcess:
     stdout, stderr = process.communicate(timeout=300)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
@@ -222,36 +246,35 @@ def _files_holding(folder: Path, secrets: list[str], skip: set[Path]) -> list[st
     ]
 
 
+UNOPENABLE_STORES = [
+    (
+        "postgresql+pg8000://alice:pw@127.0.0.1/mlflow",
+        "error: tracking.uri postgresql+pg8000://***@127.0.0.1/mlflow: its "
+        "database driver 'pg8000' is not installed (No module named 'pg8000'); install it, or name an installed "
+        "one as postgresql+DRIVER://",
+    ),
+    (
+        "mysql+nodriver://127.0.0.1/mlflow",
+        "error: tracking.uri mysql+nodriver://127.0.0.1/mlflow: not a usable database URL",
+    ),
+    (
+        "ftp://alice:pw@127.0.0.1/mlflow",
+        "error: tracking.uri ftp://***@127.0.0.1/mlflow: MLflow has no tracking store for scheme 'ftp'; allowed: ",
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    ("uri", "expected"),
-    [
-        (
-            "postgresql+pg8000://alice:pw@127.0.0.1/mlflow",
-            "error: tracking.uri postgresql+pg8000://***@127.0.0.1/mlflow: its "
-            "database driver 'pg8000' is not installed (No module named 'pg8000'); install it, or name an installed "
-            "one as postgresql+DRIVER://",
-        ),
-        (
-            "mysql+nodriver://127.0.0.1/mlflow",
-            "error: tracking.uri mysql+nodriver://127.0.0.1/mlflow: not a usable database URL",
-        ),
-        (
-            "ftp://alice:pw@127.0.0.1/mlflow",
-            "error: tracking.uri ftp://***@127.0.0.1/mlflow: MLflow has no tracking store for scheme 'ftp'; allowed: ",
-        ),
-    ],
-    ids=["postgresql-without-driver", "unknown-driver", "ftp"],
+    ("uri", "expected"), UNOPENABLE_STORES, ids=["postgresql-without-driver", "unknown-driver", "ftp"]
 )
-def test_a_tracking_store_mlflow_cannot_open_is_refused_before_ray(tmp_path, uri, expected):
+def test_a_tracking_store_mlflow_cannot_open_is_refused_before_ray(refusals, uri, expected):
     """A traceback (a database driver not installed: pg8000, where the `postgres` extra installs psycopg) or one
     line after Ray had started (ftp://): both are known before anything starts."""
     import importlib.util
 
     if uri.startswith("postgresql") and importlib.util.find_spec("pg8000") is not None:
         pytest.skip("pg8000 is installed here")
-    done = _cli(tmp_path, reliability_config(uri, tmp_path))
-    assert done.returncode == 2, done.stderr
-    (line,) = done.stderr.strip().splitlines()  # Ray would have printed its own lines on starting
+    line = _refused(refusals[f"store-{UNOPENABLE_STORES.index((uri, expected))}"])
     assert line.startswith(expected), line
 
 
@@ -260,7 +283,7 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
     """Passwords holding `@` (redacted only up to it before) in a config file, a --set, a --tracking-uri and the
     environment ($MLFLOW_TRACKING_URI, $MLFLOW_TRACKING_PASSWORD): none reaches the console, the tracking server's
     database (params, tags: the command line in `mlflow.source.name` and `mlflow.note.content`), its artifacts or
-    the checkpoints; two real runs against a real MLflow server."""
+    the checkpoints; two real runs against a real MLflow server, side by side."""
     from raysim.tracking.server import ServerSettings, TrackingServer
 
     secrets = [f"pw{i}@s3cret:{i}" for i in range(5)]
@@ -277,27 +300,32 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
             f"http://alice:{secrets[2]}@{host}",
         ]
         environment = {"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}", "MLFLOW_TRACKING_PASSWORD": secrets[4]}
-        seen: list[str] = []
-        done = _raysim(tmp_path, "run", str(config), "--quiet", *typed, env=environment, watch=seen)
-        assert done.returncode == 0, done.stderr[-2000:]
-        printed = done.stdout + done.stderr
-        assert not [secret for secret in secrets if secret.split("@")[1] in seen[0]]
-        assert f"--tracking-uri http://***@{host}" in seen[0]  # as `ps` and Ray's job table see it
+        typed_run = _raysim(tmp_path, "run", str(config), "--quiet", *typed, env=environment)
+        seen = _command_line_once_ray_is_up(typed_run)
         from_environment = {**reliability_config(None, tmp_path, checkpoint_every=1), "rounds": 2}
         del from_environment["tracking"]["uri"]
-        config.write_text(yaml.safe_dump(from_environment))
-        again = _raysim(  # the environment's URI is the subject here, not Ray: hosts in process
+        second = tmp_path / "environment.yaml"
+        second.write_text(yaml.safe_dump(from_environment))
+        client = MlflowClient(settings.url)
+        deadline = time.monotonic() + 240
+        while client.get_experiment_by_name("tests") is None:  # made by the first run: the second finds it
+            assert typed_run.poll() is None and time.monotonic() < deadline, _finished(typed_run).stderr[-2000:]
+            time.sleep(0.05)
+        environment_run = _raysim(  # the environment's URI is the subject here, not Ray: hosts in process
             tmp_path,
             "run",
-            str(config),
+            str(second),
             "--quiet",
             "--set",
             "runtime.actors=in_process",
             env={"MLFLOW_TRACKING_URI": f"http://bob:{secrets[3]}@{host}"},
         )
+        done, again = _finished(typed_run), _finished(environment_run)  # side by side
+        assert done.returncode == 0, done.stderr[-2000:]
         assert again.returncode == 0, again.stderr[-2000:]
-        printed += again.stdout + again.stderr
-        client = MlflowClient(settings.url)
+        printed = done.stdout + done.stderr + again.stdout + again.stderr
+        assert not [secret for secret in secrets if secret.split("@")[1] in seen]
+        assert f"--tracking-uri http://***@{host}" in seen  # as `ps` and Ray's job table see it
         runs = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
     assert len(runs) == 2
     assert not [secret for secret in secrets if secret in printed or secret.split("@")[1] in printed], printed
@@ -311,7 +339,7 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
     stored = [value for run in runs for value in [*run.data.params.values(), *run.data.tags.values()]]
     assert not [value for value in stored for secret in secrets if secret.split("@")[1] in value]
     assert list((tmp_path / "ckpt").glob("*/round-*/manifest.json"))
-    held = _files_holding(tmp_path, [secret.split("@")[1] for secret in secrets], skip={config})
+    held = _files_holding(tmp_path, [secret.split("@")[1] for secret in secrets], skip={config, second})
     assert not held, held
 
 
@@ -322,7 +350,8 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
     rounds = 30
     data = reliability_config(mlflow_uri, tmp_path, checkpoint_every=1) | {"rounds": rounds}
     data["runtime"] = {**data["runtime"], "num_cpus": 2}
-    reference = reliability_config(fresh_store(tmp_path / "reference.db"), tmp_path / "reference") | {"rounds": rounds}
+    reference = reliability_config(fresh_store(tmp_path / "reference.db"), tmp_path / "reference", IN_PROCESS)
+    reference["rounds"] = rounds  # in process: what Ray's hosts compute (tests/integration/test_matrix_on_ray.py)
     expected = run_experiment(validate_config(reference), show_progress=False)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     raysim = str(Path(sys.executable).parent / "raysim")

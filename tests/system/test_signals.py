@@ -77,31 +77,33 @@ def _signals_config(tmp_path: Path, uri: str, rounds: int) -> dict:
     )
 
 
-def _start_run(tmp_path: Path, rounds: int = 10_000) -> tuple[subprocess.Popen, str]:
-    """`raysim run` of a long tiny experiment with a checkpoint every round, in its own process group; returns
-    once a checkpoint of round 2 or later is complete."""
+def _start_run(tmp_path: Path, rounds: int = 10_000, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`raysim run` of a long tiny experiment with a checkpoint every round, in its own process group (in `env`,
+    else this process's environment); returns once a checkpoint of round 2 or later is complete."""
     uri = fresh_store(tmp_path / "mlflow.db")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(_signals_config(tmp_path, uri, rounds)))
-    driver = _start(tmp_path, "run", str(tmp_path / "run.yaml"))
+    driver = _start(tmp_path, "run", str(tmp_path / "run.yaml"), env=env)
     _wait_for_checkpoint(driver, tmp_path, 2)
     return driver, uri
 
 
-def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`raysim ARGS` in its own process group, SIGINT not ignored, its stderr into tmp_path/stderr.txt."""
     with open(tmp_path / "stderr.txt", "w") as stderr:  # a file: a pipe nobody reads would fill and block
         return subprocess.Popen(
             [RAYSIM, *args],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
+            env=env,
             start_new_session=True,
             preexec_fn=sigint_as_from_a_terminal,
         )
 
 
 def _wait_for_checkpoint(driver: subprocess.Popen, tmp_path: Path, at_least: int) -> None:
-    """Until a checkpoint of round `at_least` or later is complete under tmp_path/ck."""
-    deadline = time.monotonic() + 180
+    """Until a checkpoint of round `at_least` or later is complete under tmp_path/ck (a local Ray started twice, its
+    first try 30 s in vain, included)."""
+    deadline = time.monotonic() + 300
     while _newest_checkpoint(tmp_path / "ck") < at_least:
         if driver.poll() is not None or time.monotonic() > deadline:
             driver.kill()
@@ -135,7 +137,7 @@ def _run_record(uri: str):
 def _wait_all_gone(pids: list[int]) -> None:
     deadline = time.monotonic() + 30  # Ray's workers notice their raylet is gone within seconds
     while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert not _alive(pids), "processes of the run left behind"
 
 
@@ -177,16 +179,43 @@ def _interrupt(driver: subprocess.Popen, tmp_path: Path, uri: str, sig: signal.S
     return int(last.split(" after round ", 1)[1].split()[0].rstrip(";:,"))
 
 
+SLOW_AGENT = """
+import os, sys, time
+from pathlib import Path
+
+marker = Path(os.environ["RAYSIM_TEST_SLOW_AGENT"])
+if any(arg.endswith(os.path.join("dashboard", "agent.py")) for arg in sys.argv) and not marker.exists():
+    marker.write_text(str(os.getpid()))
+    time.sleep(120)
+"""
+"""A sitecustomize that holds up the first Ray dashboard agent started under it, as a loaded machine does: the
+raylet waits a fixed time for the agent's port files, exits, and ray.init says "The current node timed out during
+startup" (ray-project/ray#65983)."""
+
+
 @pytest.mark.slow
-def test_a_run_stopped_by_sigint_then_sigterm_to_its_pid_resumes_to_the_same_run(tmp_path):
+def test_a_run_stopped_by_sigint_then_sigterm_to_its_pid_resumes_to_the_same_run(tmp_path, ray_local, capsys):
     """SIGINT, then SIGTERM, to the PID of `raysim run` alone (`kill -INT PID`, `kill PID`: the local Ray's daemons
     get nothing), the second during `raysim resume`: each stops the run KILLED with one line and keeps its rounds;
-    the last `raysim resume` finishes it with every metric point logged once, the points logged before each stop
-    unchanged, and the results of an uninterrupted run (issue 51.4)."""
+    the last `raysim resume` (in this process, on the session's Ray: no signal is its subject) finishes it with
+    every metric point logged once, the points logged before each stop unchanged, and the results of an
+    uninterrupted run (issue 51.4). The first local Ray of `raysim run` has a dashboard agent 120 s late
+    (SLOW_AGENT): the run starts it again after ending what the failed try started (the late agent among it), says
+    so on the console, and goes on to the same results (what test_a_local_ray_whose_agent_starts_late_is_started_again
+    checked in a run of its own)."""
     rounds = 30
-    driver, uri = _start_run(tmp_path, rounds)
+    marker = tmp_path / "late-agent-pid"
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_AGENT)
+    path = os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))
+    late = {**os.environ, "PYTHONPATH": path, "RAYSIM_TEST_SLOW_AGENT": str(marker)}
+    driver, uri = _start_run(tmp_path, rounds, env=late)
     client = MlflowClient(uri)
     first = _interrupt(driver, tmp_path, uri, signal.SIGINT, to_group=False)
+    err = _stderr(tmp_path)
+    assert "the local Ray did not start in time (try 1 of 3" in err, err[-3000:]
+    assert marker.exists(), "the agent was not held up: the test tested nothing"
+    _wait_all_gone([int(marker.read_text())])
     run_id = _run_record(uri).info.run_id
     kept = _histories(uri, run_id)
     assert first < rounds and [step for step, _ in kept["pm/acc"]] == list(range(first + 1))
@@ -198,10 +227,9 @@ def test_a_run_stopped_by_sigint_then_sigterm_to_its_pid_resumes_to_the_same_run
     again = _histories(uri, run_id)
     assert {key: history[: len(kept.get(key, []))] for key, history in again.items()} == kept  # nothing lost
 
-    done = subprocess.run(
-        [RAYSIM, "resume", run_id, "--tracking-uri", uri, "--quiet"], capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    capsys.readouterr()
+    assert main(["resume", run_id, "--tracking-uri", uri, "--quiet"]) == 0, capsys.readouterr().err[-3000:]
+    assert _run_record(uri).info.status == "FINISHED"
     check_logged(client, run_id, _signals_config(tmp_path, uri, rounds))
     final = _histories(uri, run_id)
     assert {key: history[: len(again[key])] for key, history in final.items() if key in again} == again
@@ -298,7 +326,7 @@ def test_a_closed_terminal_ends_the_run_killed(tmp_path):
         deadline = time.monotonic() + 180
         while _newest_checkpoint(tmp_path / "ck") < 2:
             assert driver.poll() is None and time.monotonic() < deadline, shown.decode(errors="replace")[-2000:]
-            time.sleep(0.2)
+            time.sleep(0.05)
         started = descendants(driver.pid)
         closing.set()
         reader.join()
@@ -400,7 +428,7 @@ def test_sigterm_stops_the_mlflow_server_and_frees_its_port(tmp_path, command):
         deadline = time.monotonic() + 120
         while not _listening(port):
             assert process.poll() is None and time.monotonic() < deadline, _stderr(tmp_path)[-2000:]
-            time.sleep(0.3)
+            time.sleep(0.1)
         started = descendants(process.pid)
         assert len(started) > 1  # the MLflow server and its workers
         process.send_signal(signal.SIGTERM)
@@ -411,45 +439,3 @@ def test_sigterm_stops_the_mlflow_server_and_frees_its_port(tmp_path, command):
     assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
     assert not _listening(port)
     assert not _alive(started), "server processes left"
-
-
-SLOW_AGENT = """
-import os, sys, time
-from pathlib import Path
-
-marker = Path(os.environ["RAYSIM_TEST_SLOW_AGENT"])
-if any(arg.endswith(os.path.join("dashboard", "agent.py")) for arg in sys.argv) and not marker.exists():
-    marker.write_text(str(os.getpid()))
-    time.sleep(120)
-"""
-"""A sitecustomize that holds up the first Ray dashboard agent started under it, as a loaded machine does: the
-raylet waits a fixed time for the agent's port files, exits, and ray.init says "The current node timed out during
-startup" (ray-project/ray#65983)."""
-
-
-@pytest.mark.slow
-def test_a_local_ray_whose_agent_starts_late_is_started_again(tmp_path):
-    """The local Ray of a run whose first dashboard agent is 120 s late (SLOW_AGENT): the run starts it again after
-    ending what the failed try started (the late agent among it), says so on the console, and finishes."""
-    uri = fresh_store(tmp_path / "mlflow.db")
-    (tmp_path / "run.yaml").write_text(
-        yaml.safe_dump(tiny_config(rounds=1, tracking={"uri": uri, "experiment": "signals"}))
-    )
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_AGENT)
-    marker = tmp_path / "late-agent-pid"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "RAYSIM_TEST_SLOW_AGENT": str(marker)}
-    with open(tmp_path / "stderr.txt", "w") as stderr:
-        done = subprocess.run(
-            [RAYSIM, "run", str(tmp_path / "run.yaml"), "--quiet"],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            env=env,
-            timeout=600,
-        )
-    err = _stderr(tmp_path)
-    assert done.returncode == 0, err[-3000:]
-    assert "the local Ray did not start in time (try 1 of 3" in err, err[-3000:]
-    assert marker.exists(), "the agent was not held up: the test tested nothing"
-    _wait_all_gone([int(marker.read_text())])
-    assert _run_record(uri).info.status == "FINISHED"

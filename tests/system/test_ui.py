@@ -242,9 +242,14 @@ def _chromium(*args: str, width: int = 1600) -> subprocess.CompletedProcess:
     return subprocess.run([binary, *options, *args], capture_output=True, text=True, timeout=180)
 
 
-def _page_text(url: str, width: int = 1600) -> list[str]:
-    """The rendered page's visible text, one string per element."""
-    html = _chromium("--dump-dom", url, width=width).stdout
+def _render(url: str, shot: Path | None = None, width: int = 1600) -> str:
+    """The rendered page's DOM, and its screenshot in `shot` when given: one Chromium start does both (each start
+    costs seconds on a loaded machine)."""
+    return _chromium("--dump-dom", *([f"--screenshot={shot}"] if shot else []), url, width=width).stdout
+
+
+def _text(html: str) -> list[str]:
+    """A rendered page's visible text, one string per element."""
     return [part.strip() for part in re.sub(r"<[^>]+>", "\n", html).splitlines() if part.strip()]
 
 
@@ -317,32 +322,28 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
         while not _healthy(port) and time.monotonic() < deadline:
             time.sleep(1)
         shots = {name: tmp_path / f"{name}.png" for name in ("compared", "table", "runs", "run")}
-        _chromium(f"--screenshot={shots['compared']}", link, width=1900)
-        text = _page_text(link, width=1900)
+        page = _render(link, shots["compared"], width=1900)
+        text = _text(page)
         assert all(f"Group: {name}" in text for name in settings), text
         assert "Additional runs" not in text and "Sort: pm/acc" in text  # no group of the parent run beside them
-        page = _chromium("--dump-dom", link, width=1900).stdout
         dots = [f"rgb{tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))}" for color in colors.values()]
         assert all(dot in page for dot in dots), dots  # each group's colour swatch
         assert "Model training" in text and not {"Judges", "Prompts"} & set(text)  # not MLflow's GenAI view
         sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
         assert sections == ["gm", "hm", "pm"], sections  # the headline curves, not the parent's means
         table_link = link.replace("&compareRunsMode=CHART", "")
-        table = _page_text(table_link, width=1900)
+        table = _text(_render(table_link, shots["table"], width=1900))
         assert {"pm/acc", "gm/acc", "hm/acc"} <= set(table) and all(r.info.run_name in table for r in children)
         assert table.count("global_model") == len(children), table  # the Models column: each child's LoggedModel
-        _chromium(f"--screenshot={shots['table']}", table_link, width=1900)
-        description = _chromium("--dump-dom", f"{server}/#/experiments/{experiment}/runs/{parent}").stdout
+        description = _render(f"{server}/#/experiments/{experiment}/runs/{parent}")
         assert f'href="{link.removeprefix(server).replace("&", "&amp;")}"' in description
 
         runs_link = runs_page(server, uri, "compared")
         assert runs_link == f"{server}/#/experiments/{experiment}/runs?workflowType=machine_learning"
-        _chromium(f"--screenshot={shots['runs']}", runs_link)
-        table = _page_text(runs_link)
+        table = _text(_render(runs_link, shots["runs"]))
         assert "three" in table and "Model training" in table and "Runs" in table
         run_page = runs_link.replace("/runs?", f"/runs/{children[0].info.run_id}/model-metrics?")
-        _chromium(f"--screenshot={shots['run']}", run_page)
-        text = _page_text(run_page)
+        text = _text(_render(run_page, shots["run"]))
         sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
         assert sections[:3] == ["gm", "hm", "pm"], sections
         assert {"update", "traffic", "round", "time", "server"} <= set(sections[3:])
