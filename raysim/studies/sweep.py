@@ -331,17 +331,30 @@ class TrialFailed(RuntimeError):
     """A trial's experiment failed; its message is the one-line error (Tune records the trial as ERROR)."""
 
 
+ACK_WAIT_S = 600.0
+"""How long a trial's experiment under a scheduler waits for its round's go-ahead before it goes on anyway (Tune
+asks for the next result as soon as the scheduler has decided; a controller that slow is a broken one)."""
+
+
 class ReportRounds(RoundCallback):
     """A trial's round callback: each round's metrics onto the queue its Tune trainable reads. The experiment runs
     in a Ray task of its own on the trainable's node (an explicit scheduling strategy: outside the trial's
     placement group, which Tune's function trainables capture their children into), so that the runtime neither
-    knows Tune nor has its hosts placed by it."""
+    knows Tune nor has its hosts placed by it. With `acks` (a sweep with a scheduler), each round before the last
+    waits for the trainable's go-ahead, which it sends once Tune has taken the round and asked for the next: the
+    scheduler decides at a round before the experiment starts the next one, so a trial stopped at round k runs k
+    rounds whatever the speed of a round."""
 
-    def __init__(self, queue: Any):
-        self.queue = queue
+    def __init__(self, queue: Any, acks: Any = None, rounds: int = 0):
+        self.queue, self.acks, self.rounds = queue, acks, rounds
 
     def on_round(self, step: int, metrics: dict[str, float]) -> None:
         self.queue.put(("round", (step, {k: float(v) for k, v in metrics.items() if math.isfinite(v)})))
+        if self.acks is not None and step < self.rounds:
+            from ray.util.queue import Empty
+
+            with contextlib.suppress(Empty):
+                self.acks.get(timeout=ACK_WAIT_S)
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -352,15 +365,17 @@ def _run_trial(
     command: str | None,
     credentials: dict[str, str] | None,
     rounds_to: Any = None,
+    acks: Any = None,
 ) -> ChildOutcome:
     """One trial's experiment on the cluster (raysim.studies.children.run_child): errors are returned. `command`:
     the sweep's, the trial's MLflow source (its own process is a Ray worker). `credentials`: the tracking
     credentials the trial's run is written with, lent to this worker while it runs (raysim.credentials.lent; a
-    local Ray's workers hold none of their own). `rounds_to`: the queue its rounds go to (ReportRounds). The
+    local Ray's workers hold none of their own). `rounds_to`: the queue its rounds go to, `acks`: the queue of their
+    go-aheads under a scheduler (ReportRounds). The
     actors a trial keeps (runtime.reuse_actors) are ended with it: kept in the idle worker process, they held
     their CPUs for ever, and the driver's next run waited for them."""
     node = ray.get_runtime_context().get_node_id()
-    callbacks = [ReportRounds(rounds_to)] if rounds_to is not None else []
+    callbacks = [ReportRounds(rounds_to, acks, config.rounds)] if rounds_to is not None else []
     if rounds_to is not None:
         rounds_to.put(("node", node))
     try:
@@ -374,30 +389,43 @@ def _run_trial(
 
 def reuse_trainables(sweep: SweepConfig) -> bool:
     """Whether a Tune actor that ran a trial to its end runs the next one (Tune's `reuse_actors`), with its queue
-    (`_rounds_queue`): a worker process and a queue actor started once per trial slot instead of once per trial.
+    (`_rounds_queues`): a worker process and its queue actors started once per trial slot instead of once per trial.
     Not under a scheduler: a trial it stops must end with its actor, which owns the trial's experiment task
     (`_settled`); a reused actor would leave that experiment running beside the next trial."""
     return sweep.scheduler.name == "none"
 
 
-_QUEUE: list[Any] = []
-"""The queue of this Tune actor's trials (one actor runs one trial at a time; a reused one, several in turn)."""
+_QUEUES: list[Any] = []
+"""This Tune actor's two queues (one actor runs one trial at a time; a reused one, several in turn)."""
 
 
-def _rounds_queue(node: str) -> Any:
-    """This actor's queue for its trial's rounds, on its node, made by its first trial and emptied for each next one
-    (nothing is left in it after a trial that ended: `_trainable` reads it until the experiment's task is done)."""
+def _rounds_queues(node: str) -> tuple[Any, Any]:
+    """This actor's queues for its trial, on its node: the rounds (ReportRounds) and their go-aheads; made by its
+    first trial and emptied for each next one (nothing is left in them after a trial that ended: `_trainable` reads
+    the rounds until the experiment's task is done, and a go-ahead is sent only for a round the task waits on)."""
     from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if not _QUEUE:
+    if not _QUEUES:
         here = NodeAffinitySchedulingStrategy(node, soft=False)
-        _QUEUE.append(Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here}))
-    queue = _QUEUE[0]
-    left = queue.size()
-    if left:
-        queue.get_nowait_batch(left)
-    return queue
+        _QUEUES.extend(Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here}) for _ in range(2))
+    for queue in _QUEUES:
+        left = queue.size()
+        if left:
+            queue.get_nowait_batch(left)
+    return _QUEUES[0], _QUEUES[1]
+
+
+def _taken(queue: Any, wait_s: float) -> list[Any]:
+    """What is on `queue`, waiting up to `wait_s` for its first item."""
+    from ray.util.queue import Empty
+
+    try:
+        first = [queue.get(timeout=wait_s)] if wait_s > 0 else []
+    except Empty:
+        return []
+    waiting = queue.size()
+    return first + (queue.get_nowait_batch(waiting) if waiting else [])
 
 
 @dataclass
@@ -435,16 +463,16 @@ def _trainable(spec: dict[str, Any], setup: _Setup) -> None:
     config = trial.config
     node_id = ray.get_runtime_context().get_node_id()
     here = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    queue = _rounds_queue(node_id)
+    queue, acks = _rounds_queues(node_id)
+    lockstep = setup.sweep.scheduler.name != "none"
     continued = setup.continued.get(config.tracking.run_name or "")
     ref = _run_trial.options(scheduling_strategy=here).remote(
-        carry(config), setup.parent, continued, setup.command, setup.credentials, queue
+        carry(config), setup.parent, continued, setup.command, setup.credentials, queue, acks if lockstep else None
     )
     node, last = "", None
     while True:
-        done, _ = ray.wait([ref], timeout=0.2)
-        waiting = queue.size()
-        for kind, payload in queue.get_nowait_batch(waiting) if waiting else []:
+        done = bool(ray.wait([ref], timeout=0)[0])  # then what it put before it ended is all on the queue
+        for kind, payload in _taken(queue, 0.0 if done else 0.2):
             if kind == "node":
                 node = payload
                 continue
@@ -452,8 +480,10 @@ def _trainable(spec: dict[str, Any], setup: _Setup) -> None:
             report = {**metrics, "round": step, "raysim_node": node}
             if step >= config.rounds:
                 last = report
-            else:
-                tune.report(report)
+                continue
+            tune.report(report)  # returns once Tune has taken it and asks for the next result
+            if lockstep:
+                acks.put(step)
         if done:
             break
     try:
@@ -743,11 +773,12 @@ def _tune(
         # that still exists.
         working = _working_folder()
         os.chdir(storage)
+        fitted_ms = int(time.time() * 1000)
         try:
             tuner.fit()
         except KeyboardInterrupt as interrupt:  # a signal's, which Ray's waits inside Tune's loop raise bare
             interrupted = as_raised(interrupt)
-            _mark_killed(writer, parent, watcher.kill_live())
+            _mark_killed(writer, parent, watcher.kill_live(), fitted_ms)
             raise interrupted from None
         finally:
             os.chdir(working if working is not None and os.path.isdir(working) else tempfile.gettempdir())
@@ -809,15 +840,19 @@ def _record_stopped(writer: MlflowWriter, run: Any, stopped_at: str) -> Any:
     return client.get_run(run.info.run_id)
 
 
-def _mark_killed(writer: MlflowWriter, parent: str, names: list[str], wait_s: float = 3.0) -> None:
+def _mark_killed(writer: MlflowWriter, parent: str, names: list[str], since_ms: int, wait_s: float = 3.0) -> None:
     """The trials in flight when the sweep was stopped: their experiments' tasks end with their Tune actors (killed
-    by `_Watcher.kill_live`), so their runs, still RUNNING `wait_s` later, are marked KILLED from here."""
+    by `_Watcher.kill_live`), so their runs of this sweep's process (started at `since_ms` or later), `wait_s` later,
+    are marked KILLED from here: those still RUNNING, and those the dying task marked FAILED on its way out (its
+    worker ends with SystemExit when its owner dies)."""
     time.sleep(wait_s)
-    running = writer.client.search_runs(
-        [writer.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and attributes.status = 'RUNNING'"
-    )
-    for run in running:
-        if run.info.run_name in set(names):
+    children = writer.client.search_runs([writer.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    for run in children:
+        if (
+            run.info.run_name in set(names)
+            and run.info.status in ("RUNNING", "FAILED")
+            and run.info.start_time >= since_ms
+        ):
             writer.client.set_tag(run.info.run_id, "raysim.error", "interrupted: its sweep was stopped")
             writer.client.set_terminated(run.info.run_id, "KILLED")
 

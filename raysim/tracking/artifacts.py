@@ -16,6 +16,14 @@ from raysim.data.partitions import label_counts
 from raysim.tracking.callbacks import FinalModels, RoundCallback, RunResult
 from raysim.tracking.mlflow_writer import MlflowWriter
 from raysim.tracking.models import CLIENT_MODELS, GLOBAL_MODEL, save_client_models, save_global_model
+from raysim.tracking.plots import figure_files
+from raysim.tracking.reports import (
+    write_client_table,
+    write_convergence_plot,
+    write_partition_heatmap,
+    write_partition_table,
+    write_table_json,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -79,10 +87,7 @@ class RunArtifacts(RoundCallback):
             logging.getLogger(__name__).warning("partition artifacts not logged: %s", failure)
 
     def on_end(self, result: RunResult) -> None:
-        self._wait()  # one writer of figures at a time; and the partition thread's imports done before these
-        from raysim.tracking.plots import figure_files
-        from raysim.tracking.reports import write_client_table, write_convergence_plot, write_table_json
-
+        self._wait()  # one writer of figures at a time
         if result.history:
             self._final_step = max(result.history)
             self._final_metrics = result.history[self._final_step]
@@ -127,11 +132,7 @@ class RunArtifacts(RoundCallback):
                 self.writer.log_artifact(folder / CLIENT_MODELS)
 
     def write_partition(self) -> None:
-        """partition.parquet (per client and label: train/test/val counts) and partition.png (label shares). The
-        figures' modules (matplotlib) are imported here, in the thread, not on the driver's way to its first round."""
-        from raysim.tracking.plots import figure_files
-        from raysim.tracking.reports import write_partition_heatmap, write_partition_table, write_table_json
-
+        """partition.parquet (per client and label: train/test/val counts) and partition.png (label shares)."""
         if self.problem.model_spec.task != "classification":
             return
         splits = [split for _, split in self.problem.clients]

@@ -106,12 +106,13 @@ def test_readme_cluster_recipe_runs_as_written(ray_local, tmp_path):
         marker.split("=")[0]: marker.split("=")[1],
     }
     try:
-        done = subprocess.run(
-            ["bash", "-ex", str(tmp_path / "recipe.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-        )
-        out = done.stdout
-        assert done.returncode == 0, f"{out}\n{done.stderr[-5000:]}"
-        assert "Ray runtime started" in done.stderr + out
+        # Output to files, not pipes: a recipe that fails half-way leaves its MLflow server holding them open.
+        with open(tmp_path / "out.txt", "w") as stdout, open(tmp_path / "err.txt", "w") as stderr:
+            recipe = ["bash", "-ex", str(tmp_path / "recipe.sh")]
+            code = subprocess.run(recipe, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, timeout=600).returncode
+        out, err = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+        assert code == 0, f"{out}\n{err[-5000:]}"
+        assert "Ray runtime started" in err + out
         assert re.search(r"job \S+: SUCCEEDED", out), out
         run_id = re.search(r"mlflow run ([0-9a-f]{32}) at http://127.0.0.1:" + str(ports["MLflow"]), out).group(1)
         roots = re.search(r"raysim code: (.*)", out).group(1)
