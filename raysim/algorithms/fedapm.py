@@ -50,7 +50,7 @@ from raysim.algorithms.families.consensus import (
     squared_change,
     start_running_mean,
 )
-from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
+from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask, shared_segments
 from raysim.algorithms.interface import ALGORITHMS, NOT_SENT, Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import FullGradient, Number, Request, Result, SGDResult, Vector, gradient, train
 from raysim.algorithms.settings import SGDSettings
@@ -181,6 +181,8 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         super().__init__(settings, params)
         self.personal = personal_mask(settings, params)
         self.shared = ~self.personal
+        self.segments = shared_segments(params, self.shared)
+        """The shared tensors' ranges in the shared part, which every client step's deviation reads."""
         self.synced = np.ones_like(self.shared) if settings.reset_personal else self.shared
         """The coordinates of u, pi_i and z_i: the shared part (paper), or the whole model (`reset_personal`)."""
 
@@ -260,7 +262,7 @@ class FedApm(Algorithm[FedApmSettings, FedApmClientState, FedApmServerState, Vec
         pi = state.pi if s.freeze_dual else (state.pi + s.rho * change).astype(np.float32)  # (12)
         new = FedApmClientState(params, pi, state.reported_smooth)
         z, z_old = self.message_of(new), self.message_of(state)
-        per_tensor, l2 = deviation(self.params, self.shared, u_i, u)
+        per_tensor, l2 = deviation(self.params, self.shared, u_i, u, segments=self.segments)
         metrics = {
             "train_loss": u_phase.mean_loss,
             "v_train_loss": v_phase.mean_loss,

@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from raysim.algorithms.families.averaging import WeightedUpload, weighted_average
 from raysim.algorithms.families.consensus import DeltaUpload, RunningMeanState, running_mean, start_running_mean
-from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask
+from raysim.algorithms.families.split import SplitSettings, deviation, personal_mask, shared_segments
 from raysim.algorithms.interface import Algorithm, ClientInfo, ClientStep, ClientUpdate
 from raysim.algorithms.requests import Request, Result, SGDResult, Vector, train
 from raysim.algorithms.settings import SGDSettings
@@ -69,6 +69,8 @@ class PartialPersonalization(
         super().__init__(settings, params)
         self.personal = personal_mask(settings, params)
         self.shared = ~self.personal
+        self.segments = shared_segments(params, self.shared)
+        """The shared tensors' ranges in the shared part, which every client step's deviation reads."""
 
     def init_server(self, init_params: Vector, num_clients: int) -> PartialServerState:
         u = init_params[self.shared].copy()
@@ -95,7 +97,7 @@ class PartialPersonalization(
         start[self.shared] = broadcast
         result = yield from self.local_training(start, client.num_clients)
         params = result.params.astype(np.float32)
-        per_tensor, l2 = deviation(self.params, self.shared, params[self.shared], broadcast)
+        per_tensor, l2 = deviation(self.params, self.shared, params[self.shared], broadcast, segments=self.segments)
         weight = float(client.num_train) if self.settings.aggregation == "samples" else 1.0
         metrics = {"train_loss": result.mean_loss, "deviation": per_tensor, "deviation_l2": l2}
         shared = params[self.shared].astype(np.float64)
