@@ -707,9 +707,10 @@ def parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--state",
-        choices=["hosts", "memory", "disk"],
-        default="hosts",
-        help="where client state lives (runtime.state_store); the reference loop keeps it in files unless hosts",
+        choices=["auto", "hosts", "memory", "disk"],
+        default="auto",
+        help="where client state lives (runtime.state_store); the reference loop keeps it in files with memory or "
+        "disk, or with --participation below 1",
     )
     bench.add_argument(
         "--samples-per-client",

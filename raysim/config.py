@@ -185,21 +185,28 @@ class RuntimeSettings(_Section):
     state_memory_mb: float | None = Field(
         None,
         ge=0,
-        description="client state each host keeps in memory (MiB of arrays); the least recently used clients' "
-        "states beyond it spill to disk and are read back exactly (None: no limit, all in memory)",
+        description="client state each host keeps in memory (MiB of arrays); with state_store=hosts the least "
+        "recently used clients' states beyond it spill to disk and are read back exactly; with auto the shared store "
+        "goes to disk when its columns exceed it times the hosts (None: no limit)",
     )
     spill_dir: str | None = Field(
         None,
-        description="folder for spilled client state, a path on each host's node (one subfolder per host, "
-        "removed when the run ends); default: the system temp folder",
+        description="folder for client state on disk (removed when the run ends): the shared store's columns "
+        "(state_store disk, or auto, which then chooses disk here; on a cluster a folder every node shares), or "
+        "with state_store=hosts each host's spilled states, a path on each host's node; default: the system temp "
+        "folder",
     )
-    state_store: Literal["hosts", "memory", "disk"] = Field(
-        "hosts",
-        description="where client state lives: `hosts`, each host keeps its own clients' (in memory, or spilled "
-        "past state_memory_mb); `memory` or `disk`, one store addressed by client id, a memory-mapped file per "
+    state_store: Literal["auto", "hosts", "memory", "disk"] = Field(
+        "auto",
+        description="where client state lives: `memory` or `disk`, one store addressed by client id, a file per "
         "state field in /dev/shm or in spill_dir, that every host of the node reads and writes, so a round's "
         "clients are dealt to the hosts by their cost (training samples), longest first, and no host idles while "
-        "another has work (issue 49); same results bit for bit",
+        "another has work (issue 49); `hosts`, each host keeps its own clients' (in memory, or spilled past "
+        "state_memory_mb), for a cluster without a shared folder; `auto`: disk in spill_dir when it is set, else "
+        "memory when the columns fit in half of /dev/shm's free space (and state_memory_mb times the hosts, if "
+        "set), else disk in the temp folder (one line says so); on a Ray cluster of several nodes without "
+        "spill_dir, hosts (one line says why). Same results bit for bit; the run's raysim.state_store tag names "
+        "the store chosen",
     )
     memory_limit_mb: float | None = Field(
         None,
@@ -232,7 +239,7 @@ class RuntimeSettings(_Section):
                 f"runtime.address={self.address!r}: runtime.actors=in_process runs the hosts in the driver's process "
                 "and joins no Ray cluster; leave one of them out"
             )
-        if self.state_store != "hosts" and self.state_memory_mb is not None:
+        if self.state_store in ("memory", "disk") and self.state_memory_mb is not None:
             raise ValueError(
                 f"runtime.state_memory_mb={self.state_memory_mb:g} budgets each host's own client state: it applies "
                 f"to runtime.state_store=hosts, not {self.state_store} (the page cache holds a shared store's hot rows)"

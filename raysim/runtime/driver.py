@@ -25,6 +25,7 @@ from raysim.errors import CheckpointError, Interrupted, RayLost, RaysimError, as
 from raysim.plugins import PluginError, failed_in_worker
 from raysim.runtime import checkpoint
 from raysim.runtime.exact_sum import UploadRangeError
+from raysim.runtime.memory import StoreChoice, choose_store
 from raysim.runtime.problem import Problem, assign_to_hosts, host_layout, prepare
 from raysim.runtime.rounds import Rounds
 from raysim.runtime.session import new_local_ray, ray_session
@@ -36,6 +37,9 @@ from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, local_artifa
 from raysim.tracking.progress import ProgressBar
 from raysim.tracking.runs import DRIVER_TAG, RUN_COLOR_TAG, run_checkpoints
 from raysim.tracking.views import GROUP_TAG
+
+STATE_STORE_TAG = "raysim.state_store"
+"""The run's tag naming where its client state lived (runtime.state_store resolved: hosts, memory or disk)."""
 
 
 class DivergenceError(RaysimError):
@@ -99,10 +103,20 @@ def run_experiment(
             else:
                 available, cluster = ray.available_resources(), ray.cluster_resources()
                 layout = host_layout(config.runtime, problem.clients, available, cluster)
+            nodes = 1 if in_process or local is not None else _ray_nodes()
+            store = choose_store(config.runtime, problem.state_bytes * len(problem.clients), len(layout), nodes)
+            if manifest is not None and config.runtime.state_store == "auto":  # the store its checkpoint was made in
+                store = StoreChoice(yaml.safe_load(manifest["config"])["runtime"]["state_store"])
             result.run_id = _open_run(config, problem, writer, manifest, parent, command)
             callbacks: list[RoundCallback] = [RunArtifacts(config, problem, writer, resumed=resume is not None)]
+            # The run goes on with the store resolved: its checkpoints' config names it, so a resume uses the same.
+            config = config.model_copy(
+                update={"runtime": config.runtime.model_copy(update={"state_store": store.store})}
+            )
             if show_progress:
                 console = Console(stderr=True)
+                if store.note is not None:
+                    console.print(store.note, soft_wrap=True, style="yellow")
                 verb = f"resuming from {resume}" if resume else "run"
                 console.print(
                     f"[bold]raysim[/] {config.algorithm.name} on {config.dataset.name}: {verb} {result.run_id} "
@@ -113,7 +127,7 @@ def run_experiment(
             callbacks.extend(round_callbacks)
             rounds = Rounds(config, writer, result, problem, resume, callbacks, inspect)
             simulation = Simulation(config, problem, layout)
-            writer.set_tags({"raysim.hosts": str(len(simulation.hosts))})
+            writer.set_tags({"raysim.hosts": str(len(simulation.hosts)), STATE_STORE_TAG: store.store})
             monitor = _system_metrics(config, uri, result.run_id, resumed=resume is not None)
             finished = False
             try:
@@ -153,6 +167,15 @@ def run_experiment(
         raise
     writer.finish("FINISHED", timeout)
     return result
+
+
+def _ray_nodes() -> int:
+    """The alive nodes of the Ray the run joined, plus one for a Ray Client's driver (its machine is none of
+    them): past one, the hosts may run where the driver's folders are not."""
+    from ray.util.client import ray as client
+
+    alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+    return alive + (1 if client.is_connected() else 0)
 
 
 def _system_metrics(config: ExperimentConfig, uri: str, run_id: str | None, resumed: bool):

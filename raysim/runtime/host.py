@@ -114,7 +114,8 @@ class ClientHost(Renewable):
             def initial(client_id: int) -> Any:
                 return self.algorithm.init_client(self.info[client_id], init_params)
 
-            shared = ColumnStates(settings.state_folder, self.num_clients, initial(first.id), initial)
+            rows = max(self.info) + 1  # every client's, held-out ones (ids m and past) too: each host has them all
+            shared = ColumnStates(settings.state_folder, rows, initial(first.id), initial)
         self.steps = ClientSteps(settings, self.model, self.algorithm, self.data, self.info, shared)
         self.states = self.steps.states
         if shared is None:

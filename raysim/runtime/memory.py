@@ -18,6 +18,8 @@ hosts' states live on its nodes and only the data is checked.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,11 +171,12 @@ def joins_cluster(runtime: RuntimeSettings) -> bool:
 def states_in_memory(runtime: RuntimeSettings, per_client: int, num_clients: int) -> int:
     """The bytes of `num_clients` states of `per_client` each that the hosts keep in memory: all of them, or with
     runtime.state_memory_mb each host's budget and the one state it reads (the rest spill to disk), or with
-    runtime.state_store = disk the chunks the hosts are training."""
+    runtime.state_store = disk (or auto choosing it: choose_store) the chunks the hosts are training."""
     states = per_client * num_clients
-    if runtime.state_store == "disk":  # the hosts hold the chunk each trains; the page cache gives back the rest
+    store = choose_store(runtime, states, _num_hosts(runtime, num_clients)).store  # auto: as the driver resolves it
+    if store == "disk":  # the hosts hold the chunk each trains; the page cache gives back the rest
         return min(states, _num_hosts(runtime, num_clients) * runtime.vectorize_chunk * per_client)
-    if runtime.state_memory_mb is None:
+    if runtime.state_memory_mb is None or store != "hosts":
         return states
     return min(states, _num_hosts(runtime, num_clients) * (int(runtime.state_memory_mb * MB) + per_client))
 
@@ -210,3 +213,62 @@ def _gpus() -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+SHARED_MEMORY = Path("/dev/shm")
+SHM_HEADROOM = 0.5
+"""Of /dev/shm's free bytes and of the memory the run may take (runtime.memory_limit_mb, else what the machine has
+available), the share `state_store: auto` lets the columns take in memory (the rest stays for the data, Ray's object
+store, which a new local Ray also puts in /dev/shm, and the processes)."""
+
+
+@dataclass(frozen=True)
+class StoreChoice:
+    """runtime.state_store as a run resolves it: `store` (hosts, memory or disk) and, when `auto` chose otherwise
+    than the user would expect, the one console line that says why (`note`)."""
+
+    store: str
+    note: str | None = None
+
+
+def choose_store(
+    runtime: RuntimeSettings, column_bytes: int, num_hosts: int, nodes: int = 1, shm: Path = SHARED_MEMORY
+) -> StoreChoice:
+    """runtime.state_store, `auto` resolved for a run whose client states take `column_bytes` as columns, on
+    `num_hosts` hosts over `nodes` Ray nodes (1: every host on the driver's node): `memory` (/dev/shm, which is
+    memory) when the columns fit in SHM_HEADROOM of its free bytes and of the memory the run may take
+    (memory_budget) and, with runtime.state_memory_mb set, in the hosts' budgets together;
+    else `disk` (the system temp folder, one line saying so). With runtime.spill_dir set, `disk` there. Hosts on
+    other nodes than the driver's and no spill_dir: `hosts`, one line saying why (the store's folder must be one
+    path every node sees)."""
+    if runtime.state_store != "auto":
+        return StoreChoice(runtime.state_store)
+    if runtime.spill_dir is not None:
+        return StoreChoice("disk")
+    if nodes > 1:
+        return StoreChoice(
+            "hosts",
+            f"runtime.state_store=auto: the Ray cluster has {nodes} nodes and runtime.spill_dir is unset, so each host "
+            "keeps its own clients' states (hosts); set runtime.spill_dir to a folder every node shares for the "
+            "shared store",
+        )
+    limits = [(shutil.disk_usage(shm).free if shm.is_dir() else 0, f"the {{}} MiB free in {shm}")]
+    budget = memory_budget(runtime)
+    if budget is not None:
+        limits.append((budget.nbytes, f"the {{}} MiB of memory the run may take ({budget.source})"))
+    over = [(room, what) for room, what in limits if column_bytes > SHM_HEADROOM * room]
+    if runtime.state_memory_mb is not None and column_bytes > int(runtime.state_memory_mb * 2**20) * num_hosts:
+        why = f"runtime.state_memory_mb={runtime.state_memory_mb:g} on {num_hosts} hosts"
+    elif over:
+        why = "half " + over[0][1].format(_mib(over[0][0]))
+    else:
+        return StoreChoice("memory")
+    return StoreChoice(
+        "disk",
+        f"runtime.state_store=auto: the client states' columns ({_mib(column_bytes)} MiB) exceed {why}: they live "
+        f"on disk in {tempfile.gettempdir()} (runtime.state_store=disk; runtime.spill_dir names the folder)",
+    )
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.0f}"

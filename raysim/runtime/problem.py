@@ -28,6 +28,7 @@ from raysim.models.parts import check_parts
 from raysim.models.spec import ParamSpec
 from raysim.runtime.memory import check_client_state, check_data
 from raysim.runtime.placement import check_capacity, default_num_hosts
+from raysim.runtime.state_store import state_nbytes
 from raysim.seeding import Stream, rng, torch_seed, use_kernels
 from raysim.threats.attacks import AttackPlan, attack_plan
 from raysim.training.local import ClientData, Inputs, LocalTrainer
@@ -61,6 +62,8 @@ class Problem:
     """The dataset's normalization (Dataset.mean/std) and dataset.augment, for the hosts."""
     params: ParamSpec | None = None
     """The layout of the model's flat parameter vector (what the coordinator needs of the model)."""
+    state_bytes: int = 0
+    """Bytes of one client's initial state (runtime.state_store = auto sizes the shared store's columns by it)."""
 
     def __post_init__(self) -> None:
         if self.num_training is None:
@@ -140,7 +143,9 @@ def prepare(config: ExperimentConfig) -> Problem:
     if config.attack.kind == "label_poisoning" and dataset.task != "classification":
         raise ConfigError(f"attack.kind=label_poisoning needs class labels; dataset {config.dataset.name} has none")
     attack = attack_of(config, dataset)
-    return Problem(dataset.x, dataset.y, spec, clients, init, attack, server_data, m, inputs, model.spec)
+    return Problem(
+        dataset.x, dataset.y, spec, clients, init, attack, server_data, m, inputs, model.spec, state_nbytes(one_state)
+    )
 
 
 def attack_of(config: ExperimentConfig, dataset: Dataset) -> AttackPlan | None:

@@ -1,6 +1,7 @@
 """Client state in columns addressed by client id, that every host of a node reads and writes (issue 49.1).
 
-With `runtime.state_store` = `memory` or `disk` no host owns a client's state: the run's client states are one
+With `runtime.state_store` = `memory` or `disk`, or `auto` (the default) resolved to one of them
+(raysim.runtime.memory.choose_store), no host owns a client's state: the run's client states are one
 column per state field, a [clients, ...] array memory-mapped from one `.npy` file per field (rows by client id), in
 a folder the driver makes for the run (`disk`: under runtime.spill_dir or the system temp folder; `memory`: under
 /dev/shm, the node's shared memory). A host maps the files and touches only the rows of the chunk it is training

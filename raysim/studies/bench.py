@@ -96,8 +96,9 @@ class Measurement:
     """dataset.name (`--set dataset.name=...` with a model for that data, e.g. FedAPM's multimodal models)."""
     per_round: int | None = None
     """Clients a round (`--participation`); None: all of them."""
-    state_store: str = "hosts"
-    """runtime.state_store (`--state`); the reference loop keeps its states in memory-mapped files unless `hosts`."""
+    state_store: str = "auto"
+    """runtime.state_store (`--state`), as the run resolved `auto` (hosts, memory or disk); the reference loop keeps
+    its states in memory-mapped files with `memory` or `disk` named, or with partial participation."""
     state_disk_mib: float | None = None
     """Disk the clients' states took at the end (allocated blocks of the store's files; the reference's likewise)."""
 
@@ -217,7 +218,7 @@ def scale_overrides(clients: int, participation: float, state: str, samples_per_
     drawing `samples_per_client` (default 10) images of its own (partition.samples_per_client) and each evaluation
     scoring a seeded sample of EVAL_SAMPLE clients (tracking.eval_sample), as a cross-device paper reports its
     accuracy, not all of them (`--set tracking.eval_sample=null`: all)."""
-    overrides = [f"runtime.state_store={state}"] if state != "hosts" else []
+    overrides = [f"runtime.state_store={state}"]
     if participation < 1:
         overrides.append(f"clients.fraction={participation}")
     if samples_per_client is not None or clients > 10_000:
@@ -239,7 +240,8 @@ def reference_loop(
     """FLAME (eqs. (11)-(14)) as a researcher would write it without raysim's runtime (torch training, the
     paper's closed forms (12)-(13) from raysim.algorithms.flame); returns the end time of every round and the final
     global model. Uses one torch thread, like each raysim host, and `device`. With partial participation or client
-    state off the hosts, `_reference_sampled` (which appends to `disk` the bytes its state files took)."""
+    state off the hosts named (runtime.state_store memory or disk), `_reference_sampled` (which appends to `disk`
+    the bytes its state files took)."""
     torch.set_num_threads(1)
     s = config.algorithm
     assert isinstance(s, FlameSettings), "run_bench runs the reference loop for FLAME only"
@@ -255,7 +257,7 @@ def reference_loop(
     x, y = torch.from_numpy(features).to(device), torch.from_numpy(problem.y).to(device)
     w = torch.from_numpy(problem.init_params.copy()).to(device)
     m = len(problem.clients)
-    if config.clients.per_round_count() < m or config.runtime.state_store != "hosts":
+    if config.clients.per_round_count() < m or config.runtime.state_store in ("memory", "disk"):
         return _reference_sampled(config, problem, module, x, y, w, device, disk)
     theta = [w.clone() for _ in range(m)]
     w_local = [w.clone() for _ in range(m)]
@@ -434,11 +436,12 @@ def _measure_raysim(config: ExperimentConfig, reference: Measurement | None, w_r
     vectorized = runtime.client_training == "vectorized"
     ends: list[float] = []
     final: dict[str, np.ndarray] = {}
-    used_hosts = [0]
+    used_hosts, store = [0], [runtime.state_store]
 
     def inspect(round_index: int, simulation) -> None:
         ends.append(time.perf_counter())
         used_hosts[0] = len(simulation.hosts)
+        store[0] = simulation.config.runtime.state_store  # `auto` resolved
         if round_index == rounds - 1:
             final["w"] = np.asarray(simulation.global_model())  # any algorithm's, not a server state's `w`
 
@@ -477,8 +480,8 @@ def _measure_raysim(config: ExperimentConfig, reference: Measurement | None, w_r
         config.algorithm.name,
         config.dataset.name,
         per_round if per_round < clients else None,
-        runtime.state_store,
-        None if disk is None or runtime.state_store == "hosts" else disk / 2**20,
+        store[0],
+        None if disk is None or store[0] == "hosts" else disk / 2**20,
     )
 
 
@@ -494,7 +497,7 @@ def run_bench(
     evaluate: bool = False,
     overrides: Sequence[str] = (),
     participation: float = 1.0,
-    state: str = "hosts",
+    state: str = "auto",
     samples_per_client: int | None = None,
 ) -> list[Measurement]:
     """Measure every way for every client count (see the module docstring), the raysim ways once per
@@ -578,7 +581,7 @@ def report(results: list[Measurement], json_path: Path | None, console: Console 
         "max |w - w_ref|",
     ]
     evaluated = any(r.evaluation_seconds is not None for r in results)
-    scaled = any(r.per_round is not None or r.state_store != "hosts" for r in results)
+    scaled = any(r.per_round is not None or r.state_store == "disk" for r in results)
     if scaled:
         columns[1:1] = ["per round", "state"]
         columns.append("state disk MiB")

@@ -50,7 +50,8 @@ class Previous:
         if run.info.status == "FINISHED":
             return "finished"
         folder = run.data.tags.get("raysim.checkpoint")
-        if folder and Path(folder).exists() and _checkpointed_setting(Path(folder).parent) == _setting(config):
+        wanted = _setting(config)
+        if folder and Path(folder).exists() and _checkpointed_setting(Path(folder).parent, wanted) == wanted:
             return "checkpointed"
         return "restart"
 
@@ -60,13 +61,18 @@ def _setting(config: ExperimentConfig) -> dict[str, Any]:
     return {key: value for key, value in config.shown().items() if key != "tracking"}
 
 
-def _checkpointed_setting(folder: Path) -> dict[str, Any] | None:
-    """The setting a run's latest complete checkpoint under `folder` was written with; None without one."""
+def _checkpointed_setting(folder: Path, wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """The setting a run's latest complete checkpoint under `folder` was written with, as `wanted` (`_setting`)
+    names it: a checkpoint names the store that runtime.state_store=auto chose, which a continued run of `auto`
+    takes again (raysim.runtime.driver); None without a checkpoint."""
     try:
         manifest = checkpoint.read_manifest(checkpoint.latest_checkpoint(folder))
     except checkpoint.CheckpointError:
         return None
-    return {key: value for key, value in yaml.safe_load(manifest["config"]).items() if key != "tracking"}
+    setting = {key: value for key, value in yaml.safe_load(manifest["config"]).items() if key != "tracking"}
+    if wanted["runtime"]["state_store"] == "auto":
+        setting["runtime"] = {**setting["runtime"], "state_store": "auto"}
+    return setting
 
 
 @dataclass

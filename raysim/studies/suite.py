@@ -12,6 +12,7 @@ parent's artifacts come from the children that finished (raysim.studies.children
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import tempfile
@@ -178,7 +179,8 @@ def run_suite(
     with ParentRun(writer, "suite", suite.name, command) as parent_run:
         if plan.summary():
             say(plan.summary(), flush=True)
-        with ray_session(first):
+        in_process = all(config.runtime.actors == "in_process" for _, config in children)
+        with contextlib.nullcontext() if in_process else ray_session(first):  # no Ray for hosts in this process
             for index, (name, config) in enumerate(children, start=1):
                 run_name = config.tracking.run_name or name
                 outcome = plan.kept.get(run_name)

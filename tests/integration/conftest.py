@@ -14,7 +14,13 @@ from tests.support.matrix import VALIDATION, base_tree
 
 @pytest.fixture(scope="session")
 def matrix_store(tmp_path_factory) -> str:
-    return f"sqlite:///{tmp_path_factory.mktemp('matrix-mlflow') / 'mlflow.db'}"
+    """The matrix's one store, on tmpfs where the machine has one (tests/support/stores.py memory_folder: each of
+    the 700 runs' MLflow requests commits, and a commit on the disk waits for its fsyncs), copied from the
+    process's empty store (fresh_store: no schema migrations of its own)."""
+    from tests.support.stores import fresh_store, memory_folder
+
+    folder = memory_folder("matrix-mlflow") or tmp_path_factory.mktemp("matrix-mlflow")
+    return fresh_store(folder / "mlflow.db")
 
 
 MATRIX_SAMPLES = {"train": 2000, "test": 500}

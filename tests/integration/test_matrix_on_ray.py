@@ -2,9 +2,11 @@
 (tests/support/matrix.py RAY_SAMPLE) runs through Ray actors, on the session's local Ray and the actors of the cell
 before (runtime.reuse_actors), and must log exactly what the same cell logs in process (runtime.actors:
 in_process, as every cell runs in tests/integration/test_matrix.py): every metric at every step, bit for bit, but
-the timings."""
+the timings. The in-process run is the one test_matrix.py logged where this worker ran that cell already."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -35,5 +37,19 @@ def test_a_cell_on_ray_hosts_logs_what_it_logs_in_process(cell, contexts, matrix
     ray_run = run_experiment(validate_config(on_ray), show_progress=False).run_id
     check_logged(client, ray_run, on_ray)
     in_process = experiment(cell, contexts[cell.val], matrix_store, actors="in_process")
-    local_run = run_experiment(validate_config(in_process), show_progress=False).run_id
+    local_run = finished_run(client, in_process) or run_experiment(validate_config(in_process), False).run_id
     assert logged(client, ray_run) == logged(client, local_run)
+
+
+def finished_run(client: MlflowClient, config: dict[str, Any]) -> str | None:
+    """The id of a FINISHED run of `config` in the store, if the session ran it already: the same cell of
+    tests/integration/test_matrix.py, run in process on this worker's matrix store under the same name (the same
+    config, so the same run: it is not run twice)."""
+    found = client.get_experiment_by_name(config["tracking"]["experiment"])
+    if found is None:
+        return None
+    name = config["tracking"]["run_name"]
+    runs = client.search_runs(
+        [found.experiment_id], f"attributes.run_name = '{name}' and attributes.status = 'FINISHED'"
+    )
+    return runs[0].info.run_id if runs else None

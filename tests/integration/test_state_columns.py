@@ -22,13 +22,18 @@ from tests.support.reliability import baseline_run, reliability_config
 
 pytestmark = pytest.mark.xdist_group("integration-state-columns")
 
+REUSED = {"reuse_actors": True}
+"""The Ray runs keep their actors for the next run of the module with as many hosts (runtime.reuse_actors): the
+killed-host run takes the 2 hosts and coordinator of the disk store's run instead of starting 3 actors
+(tests/integration/test_crews.py shows renewed actors give a new crew's results)."""
+
 
 def _run(mlflow_uri: str, runtime: dict[str, Any], inspect: Any = None) -> tuple[dict, Any]:
     config = validate_config(
         tiny_config(
             algorithm={"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32, "diagnostics": True},
             clients={"count": 7, "per_round": 4},
-            runtime={"host_cpus": 0.5, "client_training": "vectorized", "vectorize_chunk": 2, **runtime},
+            runtime={"host_cpus": 0.5, "client_training": "vectorized", "vectorize_chunk": 2, **REUSED, **runtime},
             tracking={"uri": mlflow_uri, "experiment": "columns"},
             rounds=3,
         )
@@ -47,9 +52,9 @@ def test_shared_store_runs_equal_owned_state_runs_bit_for_bit_with_1_2_and_3_hos
     """Owned state on 1 host (in process: what a Ray host computes, tests/integration/test_matrix_on_ray.py) against
     the store in memory on 3 Ray hosts and on disk on 2; the disk store's folder is gone at the end and its size is
     logged."""
-    one, result_one = _run(mlflow_uri, {"num_hosts": 1, "actors": "in_process"})
+    one, result_one = _run(mlflow_uri, {"num_hosts": 1, "actors": "in_process", "state_store": "hosts"})
     spill = tmp_path / "spill"
-    for runtime in ({"num_hosts": 3, "state_store": "memory"}, {"num_hosts": 2, "state_store": "disk"}):
+    for runtime in ({"num_hosts": 3, "state_store": "memory"}, {"num_hosts": 2}):  # auto, spill_dir set: disk
         other, result = _run(mlflow_uri, {**runtime, "spill_dir": str(spill)})
         np.testing.assert_array_equal(one["w"], other["w"])
         assert sorted(other["states"]) == list(range(7))
@@ -59,6 +64,9 @@ def test_shared_store_runs_equal_owned_state_runs_bit_for_bit_with_1_2_and_3_hos
         assert result.summary == result_one.summary
         assert repr(result.final) == repr(result_one.final)
         metrics = MlflowClient(mlflow_uri).get_run(result.run_id).data.metrics
+        assert MlflowClient(mlflow_uri).get_run(result.run_id).data.tags["raysim.state_store"] == runtime.get(
+            "state_store", "disk"
+        )
         trained = set().union(*(sample_clients(7, r, 7, 4) for r in range(3)))
         assert metrics["state/spilled_clients"] == len(trained) and metrics["state/disk_bytes"] > 0
         assert metrics["time/hosts_busy_max"] >= metrics["time/hosts_busy_balanced"] > 0
@@ -68,7 +76,7 @@ def test_shared_store_runs_equal_owned_state_runs_bit_for_bit_with_1_2_and_3_hos
 def test_a_run_on_the_disk_store_resumes_from_its_snapshot_exactly(mlflow_uri, tmp_path):
     """Interrupted after round 3 (last checkpoint round 2's: a snapshot of the store), resumed: the uninterrupted
     run of hosts owning their clients' state."""
-    baseline = baseline_run(tmp_path / "baseline", {"actors": "in_process", "num_hosts": 2})
+    baseline = baseline_run(tmp_path / "baseline", {"actors": "in_process", "num_hosts": 2, "state_store": "hosts"})
     runtime = {"actors": "in_process", "num_hosts": 3, "state_store": "disk", "spill_dir": str(tmp_path / "spill")}
     config = validate_config(reliability_config(mlflow_uri, tmp_path, runtime))
 
@@ -92,8 +100,8 @@ def test_a_run_on_the_disk_store_resumes_from_its_snapshot_exactly(mlflow_uri, t
 def test_a_killed_host_of_a_shared_store_run_is_replaced_and_the_run_is_unchanged(ray_local, mlflow_uri, tmp_path):
     """Host 0 killed after round 2 (its rows of round 3 may be half written): the store goes back to round 2's
     snapshot and the run equals the uninterrupted one of hosts owning their clients."""
-    baseline = baseline_run(tmp_path / "baseline", {"actors": "in_process", "num_hosts": 2})
-    runtime = {"num_hosts": 2, "host_cpus": 0.5, "state_store": "memory"}
+    baseline = baseline_run(tmp_path / "baseline", {"actors": "in_process", "num_hosts": 2, "state_store": "hosts"})
+    runtime = {"num_hosts": 2, "host_cpus": 0.5, **REUSED}  # the default store: auto, in /dev/shm here
     config = validate_config(reliability_config(mlflow_uri, tmp_path, runtime))
     killed: list[int] = []
 

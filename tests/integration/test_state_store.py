@@ -18,7 +18,7 @@ def test_a_ray_run_with_a_tiny_budget_equals_the_in_memory_run(ray_local, mlflow
 
     def config(**runtime: Any):
         data = tiny_config(clients={"count": 6, "per_round": 4}, tracking={"uri": mlflow_uri})
-        data["runtime"] = {**data["runtime"], "host_cpus": 0.5, **runtime}
+        data["runtime"] = {**data["runtime"], "host_cpus": 0.5, "state_store": "hosts", **runtime}
         return validate_config(data)
 
     baseline = run_experiment(config(), show_progress=False)

@@ -113,12 +113,39 @@ class LocalCluster:
         for name in NODES:
             if name != "head":
                 self._start(name, head=False)
+        return self._all_alive()
+
+    def _all_alive(self) -> LocalCluster:
+        """Returns once as many nodes as NODES has are alive."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if len(self.nodes()) == len(NODES):
                 return self
             time.sleep(0.2)
         raise RuntimeError(f"cluster did not reach {len(NODES)} nodes: {self.nodes()}")
+
+    def raylet(self, name: str) -> int | None:
+        """The pid of the raylet of worker node `name` (of NODES; its resources name it on its command line), None once
+        it is gone."""
+        found = []
+        for pid in self.own_pids():
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"raylet" in command.split(b"\0")[0] and name.encode() in command:
+                found.append(pid)
+        assert len(found) <= 1, f"node {name}: raylets {found}"
+        return found[0] if found else None
+
+    def restore(self) -> LocalCluster:
+        """Every worker node a test took away started again (a fresh `ray start` of its name joining the head): the
+        tests that take a node away share the module's cluster instead of each starting one (a worker node's start
+        instead of a head's, two workers' and a stop). Returns once every node is alive."""
+        for name in NODES:
+            if name != "head" and self.raylet(name) is None:
+                self._start(name, head=False)
+        return self._all_alive()
 
     def nodes(self) -> list[dict]:
         request = urllib.request.Request(

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 EVALUATED = (
@@ -71,13 +72,15 @@ def expected_keys(config: Mapping[str, Any], step: int) -> set[str]:
     return keys
 
 
-def check_logged(client: MlflowClient, run_id: str, config: Mapping[str, Any]) -> None:
+def check_logged(client: MlflowClient, run_id: str, config: Mapping[str, Any]) -> Run:
     """The run FINISHED; every metric it logged is finite and logged at most once per step; every step 0..rounds
-    has the documented keys, and no metric but the system metrics is logged at another step."""
+    has the documented keys, and no metric but the system metrics is logged at another step. Returns the run (as
+    read for the check: a caller need not ask the store again)."""
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED", run.data.tags.get("raysim.error")
     logged = run_points(client, run_id)
     check_points({key: logged.get(key, []) for key in run.data.metrics}, config)
+    return run
 
 
 def run_points(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:

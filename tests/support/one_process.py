@@ -51,12 +51,16 @@ print(json.dumps(results))
 """
 
 
-def raysim_commands(commands: dict[str, tuple[list[str], Path]], timeout: float = 300) -> dict[str, dict[str, Any]]:
+def raysim_commands(
+    commands: dict[str, tuple[list[str], Path]], timeout: float = 300, env: dict[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Each named command (`raysim ARGV` in a folder, run by `raysim.cli.main` in that order) in one fresh Python
-    with none of this process's MLflow or Ray variables: its exit code, seconds, stdout and stderr (the file
-    descriptors, so what a Ray or a library prints is there too) and whether a Ray was left initialized or
-    running under the process after it."""
+    with none of this process's MLflow or Ray variables (`env`: variables to set there): its exit code, seconds,
+    stdout and stderr (the file descriptors, so what a Ray or a library prints is there too; kept as NAME.stdout and
+    NAME.stderr in the command's folder) and whether a Ray was left initialized or running under the process after
+    it."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING_", "RAY_ADDRESS"))}
+    environment.update(env or {})
     plan = {name: (argv, str(folder)) for name, (argv, folder) in commands.items()}
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, json.dumps(plan)],

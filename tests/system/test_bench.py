@@ -6,7 +6,17 @@ import json
 
 import pytest
 
+from raysim.cli import main
 from tests.support.cli import raysim
+
+
+def refused(capsys, *args: str) -> str:
+    """`raysim bench ARGS` in this process (the command line's own code, without a Python start of its own), which
+    must refuse in one `error:` line (exit 2) and measure nothing: that line."""
+    assert main(["bench", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "", out
+    return err.strip()
 
 
 @pytest.mark.slow
@@ -53,47 +63,51 @@ def test_bench_runs_three_ways_that_agree_with_the_reference(tmp_path, fmnist_te
     assert "GPU util %" not in done.stdout  # no GPU asked for: no GPU columns
 
 
-def test_bench_rejects_too_few_rounds_and_an_empty_chunk_before_measuring(tmp_path):
-    done = raysim("bench", "--clients", "2", "--rounds", "2", cwd=tmp_path)
-    assert done.returncode == 2 and done.stderr.strip() == (
+def test_bench_rejects_too_few_rounds_and_an_empty_chunk_before_measuring(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert refused(capsys, "--clients", "2", "--rounds", "2") == (
         "error: --rounds 2: at least 3 are needed (the first warms up, the last evaluates)"
     )
-    done = raysim("bench", "--clients", "2", "--chunk", "0", cwd=tmp_path)
-    assert done.returncode == 2 and done.stderr.strip() == "error: --chunk 0: at least 1 client must train at a time"
+    assert refused(capsys, "--clients", "2", "--chunk", "0") == (
+        "error: --chunk 0: at least 1 client must train at a time"
+    )
     assert not (tmp_path / "bench.json").exists()
 
 
 @pytest.mark.slow
-def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path, fmnist_tenth):
+def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path, fmnist_tenth, capsys, monkeypatch):
     """`--eval` evaluates after every round and reports its time beside the training round's; without the
     reference way there are no ratios; `--set` reaches the workload (spilled client state and a tenth of
-    Fashion-MNIST here)."""
+    Fashion-MNIST here). The command runs in this process: the first test runs it as a process of its own."""
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "bench.json"
-    done = raysim(
-        "bench",
-        "--clients",
-        "8",
-        "--rounds",
-        "3",
-        "--model",
-        "mlr",
-        "--hosts",
-        "2",
-        "--ways",
-        "sequential",
-        "--eval",
-        "--set",
-        "runtime.state_memory_mb=0.05",
-        "--set",
-        "runtime.actors=in_process",  # the evaluation's timing is the subject; the first test times Ray's hosts
-        "--set",
-        f"dataset.root={fmnist_tenth}",
-        "--json",
-        str(out),
-        cwd=tmp_path,
+    code = main(
+        [
+            "bench",
+            "--clients",
+            "8",
+            "--rounds",
+            "3",
+            "--model",
+            "mlr",
+            "--hosts",
+            "2",
+            "--ways",
+            "sequential",
+            "--eval",
+            "--set",
+            "runtime.state_memory_mb=0.05",
+            "--set",
+            "runtime.actors=in_process",  # the evaluation's timing is the subject; the first test times Ray's hosts
+            "--set",
+            f"dataset.root={fmnist_tenth}",
+            "--json",
+            str(out),
+        ]
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "eval / round" in done.stdout
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-2000:]
+    assert "eval / round" in printed.out
     (result,) = json.loads(out.read_text())["results"]
     assert result["way"] == "sequential" and result["ratio_vs_reference"] is None
     assert result["max_abs_diff_vs_reference"] is None
@@ -101,25 +115,28 @@ def test_bench_eval_times_the_evaluation_apart_without_the_reference(tmp_path, f
     assert result["evaluation_vs_round"] == pytest.approx(result["evaluation_seconds"] / result["seconds_per_round"])
 
 
-def test_bench_refuses_a_bad_set_before_measuring(tmp_path):
-    done = raysim("bench", "--clients", "2", "--set", "runtime.client_training=fast", cwd=tmp_path)
-    assert done.returncode == 2 and "runtime.client_training" in done.stderr and "vectorized" in done.stderr
+def test_bench_refuses_a_bad_set_before_measuring(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = refused(capsys, "--clients", "2", "--set", "runtime.client_training=fast")
+    assert "runtime.client_training" in line and "vectorized" in line
     assert not (tmp_path / "bench.json").exists()
 
 
-def test_bench_refuses_the_flame_reference_for_another_algorithm(tmp_path):
+def test_bench_refuses_the_flame_reference_for_another_algorithm(tmp_path, capsys, monkeypatch):
     """The reference loop is FLAME's: a ratio against it for FedAvg would compare two different algorithms."""
-    done = raysim("bench", "--clients", "2", "--set", "algorithm.name=fedavg", cwd=tmp_path)
-    assert done.returncode == 2 and done.stderr.strip() == (
+    monkeypatch.chdir(tmp_path)
+    assert refused(capsys, "--clients", "2", "--set", "algorithm.name=fedavg") == (
         "error: --set algorithm.name=fedavg: the reference loop is FLAME's; "
         "run the other ways alone (--ways sequential vectorized)"
     )
 
 
-def test_bench_refuses_the_reference_for_a_model_with_dropout(tmp_path):
-    """The reference loop trains without dropout: its w would differ from a multimodal model's for that alone."""
-    done = raysim(
-        "bench",
+def test_bench_refuses_the_reference_for_a_model_with_dropout(tmp_path, capsys, monkeypatch):
+    """The reference loop trains without dropout: its w would differ from a multimodal model's for that alone
+    (found in the reference way's own process, once the model is built)."""
+    monkeypatch.chdir(tmp_path)
+    line = refused(
+        capsys,
         "--clients",
         "2",
         "--set",
@@ -128,9 +145,8 @@ def test_bench_refuses_the_reference_for_a_model_with_dropout(tmp_path):
         "dataset.name=crisismmd_synthetic",
         "--set",
         "dataset.samples=40",
-        cwd=tmp_path,
     )
-    assert done.returncode == 2 and done.stderr.strip() == (
+    assert line == (
         "error: --set model.name=image_text_classifier: the reference loop trains without dropout, which this model "
         "has; run the other ways alone (--ways sequential vectorized)"
     )

@@ -10,15 +10,64 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.support.cli import HOSTS_IN_PROCESS, raysim, run_cli, write_config
+from tests.support.cli import HOSTS_IN_PROCESS, raysim, write_config
 from tests.support.experiments import tiny_config
+from tests.support.one_process import raysim_commands
+from tests.support.stores import fresh_store
+
+pytestmark = pytest.mark.xdist_group("system-cli")
+"""One worker runs this module's tests: the `raysim run`s they read are made once, in one process."""
+
+BAD_CONFIGS = [
+    ({"clientz": {"count": 3}}, "clientz"),
+    ({"algorithm": {"name": "flame", "rho": -0.1}}, "algorithm.rho"),
+    ({"clients": {"count": 3000}}, "clients.count"),
+    ({"algorithm": {"name": "flamingo"}}, "algorithm.name"),
+    ({"partition": {"scheme": "q_label", "q": 4}, "clients": {"count": 600}}, "partition.q"),
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """Every `raysim run` of this module, each in a folder (and a tracking store) of its own, one after the other in
+    one process of their own (tests/support/one_process.py: one import of raysim and its libraries, not nine); the
+    two that succeed run their hosts in process (HOSTS_IN_PROCESS: what reaches MLflow is their subject)."""
+    commands: dict[str, tuple[list[str], Path]] = {}
+
+    def command(name: str, config: dict, *options: str) -> None:
+        folder = tmp_path_factory.mktemp(name)
+        config = yaml.safe_load(yaml.safe_dump(config).replace("{folder}", str(folder)))
+        commands[name] = (["run", str(write_config(folder, config)), *options], folder)
+
+    store = "sqlite:///{folder}/mlflow.db"
+    for index, (change, _) in enumerate(BAD_CONFIGS):
+        command(f"bad-{index}", {**tiny_config(tracking={"uri": store, "experiment": "bad"}), **change}, "--quiet")
+    unknown = tiny_config()
+    unknown["algorithm"]["lamda"] = 3
+    command("unknown-key", unknown)
+    command("bad-set", tiny_config(), "--set", "rounds=-1")
+    tracking = {"uri": store, "experiment": "cli", "figures": ["png", "pdf", "svg"]}
+    command("run", tiny_config(tracking=tracking, rounds=3), "--set", "rounds=2", *HOSTS_IN_PROCESS, "--quiet")
+    elsewhere = [*("--tracking-uri", "sqlite:///{folder}/elsewhere.db", "--experiment", "from-cli")]
+    options = [*elsewhere, "--set", "tracking.system_metrics=false", "--set", "tracking.figures=[png]"]
+    command("from-cli", tiny_config(rounds=1), "--quiet", *options, *HOSTS_IN_PROCESS)
+    for name, (argv, folder) in commands.items():
+        argv[:] = [part.replace("{folder}", str(folder)) for part in argv]
+        if name.startswith("bad-") or name == "run":
+            fresh_store(folder / "mlflow.db")
+    results = raysim_commands(commands, timeout=600)  # nine commands, two of them whole runs
+    for name, result in results.items():
+        result["folder"] = commands[name][1]
+    return results
 
 
 @pytest.mark.slow
-def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, mlflow_uri):
-    config = tiny_config(tracking={"uri": mlflow_uri, "experiment": "cli", "figures": ["png", "pdf", "svg"]}, rounds=3)
-    run = run_cli(tmp_path, config, "--set", "rounds=2", *HOSTS_IN_PROCESS)  # what reaches MLflow is the subject
+def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(runs, tmp_path):
+    done = runs["run"]
+    assert done["code"] == 0, done["stderr"][-2000:]
+    mlflow_uri = f"sqlite:///{done['folder'] / 'mlflow.db'}"
     client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("cli").experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.params["rounds"] == "2" and run.data.params["algorithm.lambda"] == "1.0"
     assert run.data.tags["algorithm"] == "flame" and run.data.tags["partition"] == "dirichlet"
@@ -44,37 +93,25 @@ def test_run_creates_an_mlflow_run_with_metrics_params_and_artifacts(tmp_path, m
     assert resolved["rounds"] == 2 and resolved["algorithm"]["rho"] == 0.25
 
 
-@pytest.mark.parametrize(
-    ("change", "field"),
-    [
-        ({"clientz": {"count": 3}}, "clientz"),
-        ({"algorithm": {"name": "flame", "rho": -0.1}}, "algorithm.rho"),
-        ({"clients": {"count": 3000}}, "clients.count"),
-        ({"algorithm": {"name": "flamingo"}}, "algorithm.name"),
-        ({"partition": {"scheme": "q_label", "q": 4}, "clients": {"count": 600}}, "partition.q"),
-    ],
-)
-def test_bad_configs_exit_nonzero_with_one_line_naming_the_field(tmp_path, mlflow_uri, change, field):
-    config = {**tiny_config(tracking={"uri": mlflow_uri, "experiment": "bad"}), **change}
-    done = raysim("run", str(write_config(tmp_path, config)), "--quiet", cwd=tmp_path)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], done.stderr
-    client = MlflowClient(mlflow_uri)
+@pytest.mark.parametrize(("change", "field"), BAD_CONFIGS)
+def test_bad_configs_exit_nonzero_with_one_line_naming_the_field(runs, change, field):
+    done = runs[f"bad-{BAD_CONFIGS.index((change, field))}"]
+    assert done["code"] == 2
+    lines = done["stderr"].strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], done["stderr"]
+    client = MlflowClient(f"sqlite:///{done['folder'] / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("bad")
     assert experiment is None or not client.search_runs([experiment.experiment_id])  # nothing half-written
 
 
-def test_unknown_key_suggests_the_right_one(tmp_path):
-    config = tiny_config()
-    config["algorithm"]["lamda"] = 3
-    done = raysim("run", str(write_config(tmp_path, config)), cwd=tmp_path)
-    assert done.returncode == 2 and "did you mean 'lambda'" in done.stderr
+def test_unknown_key_suggests_the_right_one(runs):
+    done = runs["unknown-key"]
+    assert done["code"] == 2 and "did you mean 'lambda'" in done["stderr"]
 
 
-def test_set_override_errors_name_the_key(tmp_path):
-    done = raysim("run", str(write_config(tmp_path, tiny_config())), "--set", "rounds=-1", cwd=tmp_path)
-    assert done.returncode == 2 and "rounds" in done.stderr
+def test_set_override_errors_name_the_key(runs):
+    done = runs["bad-set"]
+    assert done["code"] == 2 and "rounds" in done["stderr"]
 
 
 def test_algorithms_lists_the_registry(tmp_path):
@@ -108,26 +145,10 @@ def test_config_prints_the_resolved_config_that_run_would_use(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_takes_the_tracking_uri_and_experiment_from_the_command_line(tmp_path):
-    uri = f"sqlite:///{tmp_path}/elsewhere.db"
-    path = write_config(tmp_path, tiny_config(rounds=1))
-    done = raysim(
-        "run",
-        str(path),
-        "--quiet",
-        "--tracking-uri",
-        uri,
-        "--experiment",
-        "from-cli",
-        "--set",
-        "tracking.system_metrics=false",
-        "--set",
-        "tracking.figures=[png]",
-        *HOSTS_IN_PROCESS,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    client = MlflowClient(uri)
+def test_run_takes_the_tracking_uri_and_experiment_from_the_command_line(runs):
+    done = runs["from-cli"]
+    assert done["code"] == 0, done["stderr"][-2000:]
+    client = MlflowClient(f"sqlite:///{done['folder'] / 'elsewhere.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("from-cli").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["tracking.experiment"] == "from-cli"
     assert not any(key.startswith("system/") for key in run.data.metrics)  # tracking.system_metrics: false

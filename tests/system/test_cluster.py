@@ -3,7 +3,8 @@
 The cluster guide's recipe runs as written (read from docs/cluster.md at test time) with only its
 ports, temp folder and $HOME replaced. A head and two worker nodes (LocalCluster: token authentication with a
 fresh random token, a dedicated temp dir and ports) check placement, bit-for-bit results, a submitted sweep,
-token errors, two runs at once and, last (it takes a worker node away), a run that loses a worker node's raylet.
+token errors, two runs at once and, last (each takes a worker node away, which LocalCluster.restore starts again
+for the next), a sweep and a run that lose a worker node's raylet.
 Clusters are stopped with raysim.jobs.stop_nodes (what the recipe uses), checked against an independent census
 of their processes (a marker in their environment), never touching other Ray instances on the machine. Drivers
 that connect to a cluster run as subprocesses (a probe, or Ray Jobs), so this test process never joins one.
@@ -25,6 +26,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +35,13 @@ from mlflow.tracking import MlflowClient
 
 from raysim.config import validate_config
 from raysim.jobs import stop_nodes
+from raysim.studies.procmem import descendants
 from tests.support.cluster import free_port, kill_all, processes_with
 from tests.support.experiments import tiny_config
 from tests.support.logged import check_points, points
 from tests.support.paths import ROOT
 from tests.support.stores import fresh_store
+from tests.support.sweeps import children_of, metric_steps, parent_of
 
 pytestmark = pytest.mark.xdist_group("system-cluster")
 """One worker runs this module's tests: its three-node cluster is started once."""
@@ -400,6 +404,81 @@ def test_two_jobs_at_once_on_one_cluster_and_store_log_only_their_own_points(two
     assert second.start_time < first.end_time, "the two runs did not overlap: nothing ran at once"
 
 
+def _node_loss_sweep(folder: Path, uri: str) -> Path:
+    """Three trials on the cluster's two worker nodes (one host on each: spread), checkpointed every round, one
+    trial at a time."""
+    base = tiny_config(
+        clients={"count": 6, "per_round": 4},
+        rounds=6,
+        runtime={
+            "num_hosts": 2,
+            "host_cpus": 0.5,
+            "placement": "spread",
+            "host_resources": {"host_slot": 1},
+            "coordinator_resources": {"coordinator": 1},
+        },
+        tracking={
+            "uri": uri,
+            "experiment": "sweep_node_loss",
+            "checkpoint_every": 1,
+            "checkpoint_dir": str(folder / "checkpoints"),
+        },
+    )
+    sweep = {"name": "lost", "base": base, "grid": {"algorithm.lr": [0.05, 0.1, 0.2]}, "max_concurrent": 1}
+    path = folder / "sweep.yaml"
+    path.write_text(json.dumps(sweep))
+    return path
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_cluster_loses_no_trial_when_a_worker_node_dies(cluster, tmp_path):
+    """`raysim sweep` as a driver of a head and two worker nodes; once its first trial has finished and the second
+    has logged a round, worker_b's raylet and every process under it are SIGKILLed (the node is gone for good). The
+    trials' drivers run on the head (their Tune actors reserve its marker resource) and the running trial's lost
+    host is recreated on worker_a from its last checkpoint: every trial ends FINISHED, each once in MLflow, with
+    every round once and no metric point twice."""
+    raylet = cluster.restore().raylet("worker_b")  # the whole cluster, whichever of these tests ran before
+    assert raylet is not None
+    uri = fresh_store(tmp_path / "mlflow.db")
+    path = _node_loss_sweep(tmp_path, uri)
+    client = MlflowClient(uri)
+    command = [sys.executable, "-m", "raysim.cli", "sweep", str(path), "--quiet"]
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        process = subprocess.Popen(command, cwd=ROOT, env=cluster.driver_env(), stdout=out, stderr=err)
+        try:
+            killed_during = None
+            deadline = time.monotonic() + 400
+            while killed_during is None and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                experiment = client.get_experiment_by_name("sweep_node_loss")
+                if experiment is None:
+                    continue
+                runs = client.search_runs([experiment.experiment_id], "tags.mlflow.parentRunId != ''")
+                done = [r for r in runs if r.info.status == "FINISHED"]
+                running = [r for r in runs if r.info.status == "RUNNING" and "time/round" in r.data.metrics]
+                if done and running:
+                    for pid in descendants(raylet):
+                        os.kill(pid, signal.SIGKILL)
+                    killed_during = running[0].info.run_name
+            assert killed_during is not None, (tmp_path / "err").read_text()[-3000:]
+            assert process.wait(400) == 0, (tmp_path / "err").read_text()[-3000:]
+        finally:
+            if process.poll() is None:
+                process.kill()
+    parent = parent_of((tmp_path / "out").read_text())
+    children = children_of(client, parent)
+    names = [run.info.run_name for run in children]
+    assert sorted(names) == [f"lost/t00{i} lr={lr} seed=7" for i, lr in enumerate((0.05, 0.1, 0.2))]
+    assert all(run.info.status == "FINISHED" for run in children), [(r.info.run_name, r.info.status) for r in children]
+    for run in children:
+        for key, steps in metric_steps(client, run).items():
+            assert not [s for s, n in Counter(steps).items() if n > 1], (run.info.run_name, key, steps)
+        assert metric_steps(client, run)["time/round"] == [1, 2, 3, 4, 5, 6]
+    assert killed_during in names
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert not Path(f"/proc/{raylet}").exists()  # worker_b is gone for good
+
+
 def cmdline(pid: int) -> bytes:
     """A process's command line as /proc has it (empty once it is gone)."""
     try:
@@ -408,27 +487,18 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
-def raylet_of(cluster, node: str) -> int:
-    """The pid of the raylet of the cluster's node `node` (a name of tests.support.cluster.NODES)."""
-    (pid,) = [
-        pid for pid in cluster.own_pids() if b"raylet" in cmdline(pid).split(b"\0")[0] and node.encode() in cmdline(pid)
-    ]
-    return pid
-
-
 @pytest.mark.slow
 def test_a_run_whose_worker_node_raylet_is_killed_finishes_as_an_uninterrupted_one(cluster, two_jobs, tmp_path):
     """The last test of the module: it takes a node away. `raysim run` on the cluster, and the raylet of a worker
     node holding one of its hosts SIGKILLed with every process under it once round 2 is checkpointed: the host is
     made again on the other worker node from the checkpoint, and the run finishes with every point once and the
     points of the same run uninterrupted (two_jobs' seed 7) (issue 8, issue 51.4)."""
-    from raysim.studies.procmem import descendants
-
-    assert len(cluster.nodes()) == 3
+    assert len(cluster.restore().nodes()) == 3  # worker_b again, after the sweep's test took it away
     baseline, baseline_id = two_jobs[7]
     uri = fresh_store(tmp_path / "mlflow.db")
     config = load_config(uri, 7, tmp_path / "ck")
-    raylet = raylet_of(cluster, "worker_b")
+    raylet = cluster.raylet("worker_b")
+    assert raylet is not None
     job = start_job(cluster, config, tmp_path / "job")
     try:
         while max((int(m.parent.name[6:]) for m in (tmp_path / "ck").glob("*/round-*/manifest.json")), default=0) < 2:

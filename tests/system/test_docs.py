@@ -227,7 +227,7 @@ docs_test_serve_once() {  # 75: the server was killed by a signal before it prin
       if [ "$code" -gt 128 ] && [ ! -s "$log" ]; then rm -f "$log"; return 75; fi
       return 1
     fi
-    sleep 1
+    sleep 0.2
   done
   cat "$log"
   curl -sf -o /dev/null "$link" || { kill -TERM "$pid"; echo "docs test: $link does not answer" >&2; return 1; }

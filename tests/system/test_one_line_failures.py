@@ -53,14 +53,17 @@ def runs(uri: str) -> list:
     return client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 
-def test_a_plugin_that_fails_in_rays_workers_is_one_line_naming_it_before_the_run_starts(tmp_path):
+def test_a_plugin_that_fails_in_rays_workers_is_one_line_naming_it_before_the_run_starts(tmp_path, ray_local):
     """The plugin imports in the driver and raises in every Ray worker: each actor's creation failed, and Ray's
     tracebacks (the workers' and the driver's) ran to 137 lines. Now the plugins are imported in a worker on each
-    node before the MLflow run is made: one line naming the plugin, its exception and the node; no run."""
+    node before the MLflow run is made: one line naming the plugin, its exception and the node; no run. The run
+    joins the session's Ray (runtime.address) rather than starting one: the workers are the subject, not their
+    Ray's start."""
     plugin = tmp_path / "driver_only.py"
     plugin.write_text(DRIVER_ONLY)
     uri = fresh_store(tmp_path / "mlflow.db")
-    config = tiny_config(rounds=1, runtime={"num_hosts": 1}, tracking={"experiment": "tests", "uri": uri})
+    runtime = {"num_hosts": 1, "address": ray_local.get_runtime_context().gcs_address}
+    config = tiny_config(rounds=1, runtime=runtime, tracking={"experiment": "tests", "uri": uri})
     config["plugins"] = [plugin.name]
     line = one_error_line(run(tmp_path, config))
     assert line.startswith(

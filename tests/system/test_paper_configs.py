@@ -5,6 +5,7 @@ round in this process on the same folders (Fashion-MNIST: a tenth of the real on
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,15 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from raysim.algorithms import ALGORITHMS
-from raysim.config import apply_overrides, is_suite_file, is_sweep_file, load_config, read_mapping, validate_config
+from raysim.config import (
+    ExperimentConfig,
+    apply_overrides,
+    is_suite_file,
+    is_sweep_file,
+    load_config,
+    read_mapping,
+    validate_config,
+)
 from raysim.runtime.driver import run_experiment
 from raysim.studies.suite import load_suite
 from raysim.studies.sweep import load_sweep
@@ -101,7 +110,7 @@ def first_setting(path: Path, tracking_uri: str) -> tuple[dict[str, Any], Path]:
     """A shipped file's experiment as a raw config tree: the file itself, a suite's first run at its first seed,
     or a sweep's first trial; and the experiment file it derives from (its `base_config`, else itself)."""
     if is_suite_file(path):
-        config = load_suite(path).experiments()[0][1]
+        config = suite_children(path)[0][1]
     elif is_sweep_file(path):
         config = load_sweep(path).trials(tracking_uri)[0].config
     else:
@@ -110,16 +119,31 @@ def first_setting(path: Path, tracking_uri: str) -> tuple[dict[str, Any], Path]:
     return config.model_dump(mode="json", by_alias=True), (path.parent / base).resolve() if base else path
 
 
+@functools.cache
+def suite_children(path: Path) -> list[tuple[str, ExperimentConfig]]:
+    """A shipped suite's children, validated once per process (a FLAME robustness suite has 260; the module's
+    parameters, its tests and `suite_methods` read them all)."""
+    return load_suite(path).experiments()
+
+
+@functools.cache
+def _shipped_first(path: Path) -> tuple[str, Path]:
+    """`first_setting` of a shipped file, as JSON, computed once (collection and two tests read it)."""
+    tree, source = first_setting(path, "sqlite:///shipped.db")
+    return json.dumps(tree), source
+
+
 def _experiment_key(path: Path) -> str:
     """What a shipped file runs, without its run's name, length and store: files that run the same experiment
     (a suite's first child and the config it is based on) run it once."""
-    tree = validate_config(first_setting(path, "sqlite:///shipped.db")[0]).model_dump(mode="json", by_alias=True)
+    tree = validate_config(json.loads(_shipped_first(path)[0])).model_dump(mode="json", by_alias=True)
     for key in ("run_name", "uri"):
         tree["tracking"].pop(key)
     tree.pop("rounds")
     return json.dumps(tree, sort_keys=True)
 
 
+@functools.cache
 def distinct_experiments() -> list[list[Path]]:
     """The shipped files grouped by the experiment they run, in file order."""
     groups: dict[str, list[Path]] = {}
@@ -130,7 +154,7 @@ def distinct_experiments() -> list[list[Path]]:
 
 def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
     for path in SHIPPED:
-        tree, source = first_setting(path, "sqlite:///unused.db")
+        tree, source = json.loads(_shipped_first(path)[0]), _shipped_first(path)[1]
         dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
         known = source.name in DATA or source.name in SUITE_DATA or dataset in ("fashion_mnist", *BUILT_IN)
         assert known, f"{path.name}: no fixture for dataset {dataset}"
@@ -227,7 +251,7 @@ def suite_methods() -> dict[str, tuple[Path, int]]:
     suites train every setting in-process, below)."""
     found: dict[str, tuple[Path, int]] = {}
     for path in sorted(set((PAPER / "suites").glob("*.yaml")) - set(TABLE2_SUITES) - set(AUGFL_STUDIES)):
-        for index, (_name, config) in enumerate(load_suite(path).experiments()):
+        for index, (_name, config) in enumerate(suite_children(path)):
             found.setdefault(config.algorithm.name, (path, index))
     return {algorithm: (path, index) for algorithm, (path, index) in found.items() if index}
 
@@ -239,7 +263,7 @@ def test_every_registered_algorithm_runs_in_a_shipped_suite():
     """The baselines suite (configs/compare.yaml) and the paper suites together run every method in raysim (its own
     entries: a plugin another test of this process registered is not shipped)."""
     suites = [path for path in SHIPPED if is_suite_file(path)]
-    run = {config.algorithm.name for path in suites for _name, config in load_suite(path).experiments()}
+    run = {config.algorithm.name for path in suites for _name, config in suite_children(path)}
     own = {name for name, algorithm in ALGORITHMS.items() if algorithm.__module__.startswith("raysim.")}
     assert own <= run and "flame" in own
 
@@ -250,7 +274,7 @@ def test_every_method_of_the_shipped_suites_runs_one_round_in_a_suite_setting(
     algorithm, tmp_path, mlflow_uri, fmnist_tenth
 ):
     path, index = SUITE_METHODS[algorithm]
-    config = load_suite(path).experiments()[index][1]
+    config = suite_children(path)[index][1]
     tree = config.model_dump(mode="json", by_alias=True)
     base = read_mapping(path).get("base_config")
     run_one_round(tree, (path.parent / base).resolve() if base else path, tmp_path, mlflow_uri, fmnist_tenth)
@@ -293,16 +317,17 @@ def test_every_setting_of_augfls_table2_suites_trains_a_round_in_process(path, t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
-def test_the_quickstart_with_quality_skew_runs_through_the_cli(executor, ray_local, mlflow_uri, fmnist_tenth):
+def test_the_quickstart_with_quality_skew_runs_through_the_cli(executor, mlflow_uri, fmnist_tenth):
     """Issue 29's first report: every client's empty validation split, read with its per-access noise at round-0
-    evaluation, crashed both executors."""
+    evaluation, crashed both executors. The executors are the subject: the host runs in this process
+    (IN_ONE_PROCESS; the README's quickstart runs on a new local Ray in tests/system/test_docs.py)."""
     sets = [
         "partition={scheme: quality, sigma: 0.1}",
         "rounds=1",
         f"runtime.client_training={executor}",
         f"dataset.root={fmnist_tenth}",
         f"tracking.uri={mlflow_uri}",
-        "runtime.num_hosts=1",
+        *IN_ONE_PROCESS,
     ]
     run = run_through_cli(QUICKSTART, mlflow_uri, *sets)
     assert run.data.params["partition.scheme"] == "quality"

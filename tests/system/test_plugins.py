@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.support.cli import HOSTS_IN_PROCESS
 from tests.support.experiments import tiny_config
+from tests.support.one_process import raysim_commands
 from tests.support.pages import PAGE, ROOT, page_files
 from tests.support.stores import fresh_store
 
@@ -91,6 +92,15 @@ def page(tmp_path_factory) -> Path:
     return write_page(tmp_path_factory.mktemp("extending"))
 
 
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> str:
+    """The page's digits.csv (its make_csv.py run once), for the tests that run its three plugins together."""
+    files = write_page(tmp_path_factory.mktemp("digits"))
+    done = shell(".venv/bin/python make_csv.py", files, environment(files))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return (files / "digits.csv").read_text()
+
+
 def test_the_page_shows_every_plugin_and_counts_fedavgm_right():
     files = page_files()
     assert {
@@ -116,11 +126,28 @@ def test_the_math_test_on_the_page_passes(page):
     assert "3 passed" in done.stdout
 
 
+ON_RAY = {2: "term-and-executor", 4: "dataset"}
+"""The blocks whose runs start Ray's workers, which import the plugins the command names: the algorithm's and the
+model's runs (blocks 1 and 3) name a subset of the dataset's (the same fedavgm.yaml with FedAvgM, tiny_cnn and the
+CSV source), so they run their hosts in the driver (HOSTS_IN_PROCESS): the same command and plugins, without two
+more Rays and four more processes importing torch."""
+
+
+def hosts_in_process(block: str) -> str:
+    """`block` with its one `raysim run` line's hosts in the driver's process."""
+    lines = block.split("\n")
+    (run,) = (i for i, line in enumerate(lines) if line.startswith(".venv/bin/raysim run "))
+    lines[run] += " " + " ".join(HOSTS_IN_PROCESS)
+    return "\n".join(lines)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", range(1, 5), ids=["algorithm", "term-and-executor", "model", "dataset"])
 def test_the_pages_commands_run_each_plugin_through_raysim_run(page, block):
-    """Each example's commands as the page shows them: listed by raysim, then a real run with `--plugin`."""
-    done = shell(page_commands()[block], page, environment(page))
+    """Each example's commands as the page shows them: listed by raysim, then a real run with `--plugin` (on a local
+    Ray, or with its hosts in the driver where another block's run covers its plugins on Ray: ON_RAY)."""
+    script = page_commands()[block]
+    done = shell(script if block in ON_RAY else hosts_in_process(script), page, environment(page))
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert RUN_LINE.search(done.stdout), done.stdout
 
@@ -153,13 +180,12 @@ def _finished_run(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_plugins_listed_in_a_config_run_from_another_folder(tmp_path):
+def test_plugins_listed_in_a_config_run_from_another_folder(tmp_path, digits):
     """`plugins:` paths are relative to the config file, not to where raysim runs. The driver resolves and imports
     them before anything runs, so the hosts run in its process (HOSTS_IN_PROCESS): that Ray's workers import a
     run's plugins, whichever way they came, is the page's commands' and the installed package's test."""
-    files = write_page(tmp_path / "plugins")
-    assert shell(".venv/bin/python make_csv.py", files, environment(files)).returncode == 0
-    (tmp_path / "digits.csv").write_text((files / "digits.csv").read_text())
+    write_page(tmp_path / "plugins")
+    (tmp_path / "digits.csv").write_text(digits)
     config = tmp_path / "configs" / "experiment.yaml"
     tree = _all_three(tmp_path, config)
     config.write_text(yaml.safe_dump({"plugins": [f"../plugins/{name}" for name in PLUGIN_FILES], **tree}))
@@ -172,7 +198,7 @@ def test_plugins_listed_in_a_config_run_from_another_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_installed_package_with_an_entry_point_runs(tmp_path):
+def test_an_installed_package_with_an_entry_point_runs(tmp_path, digits):
     """A real package (built and installed with pip into a folder) whose entry points name the three modules: with
     the folder on PYTHONPATH, raysim finds them without being told, in the driver and in Ray's workers."""
     project = tmp_path / "project"
@@ -194,7 +220,7 @@ def test_an_installed_package_with_an_entry_point_runs(tmp_path):
     env = environment(tmp_path, PYTHONPATH=str(site))
     listed = raysim("algorithms", cwd=tmp_path, env=env)
     assert listed.returncode == 0 and "my_fedavgm" in listed.stdout, listed.stderr
-    subprocess.run([sys.executable, str(write_page(tmp_path / "page") / "make_csv.py")], cwd=tmp_path, check=True)
+    (tmp_path / "digits.csv").write_text(digits)
     config = tmp_path / "experiment.yaml"
     _all_three(tmp_path, config)
     done = raysim("run", str(config), "--quiet", cwd=tmp_path, env=env)
@@ -207,18 +233,21 @@ def test_a_sweeps_trials_import_the_plugins_and_its_resume_command_names_them(tm
     """A sweep of a plugin algorithm (`--plugin`, a file outside the folder raysim runs in, which Ray puts on its
     workers' path): its trials, Ray tasks, import the plugin before they unpickle their config; one diverging
     trial fails, and the command the sweep prints to rerun it names the `--plugin`, so that it works as printed
-    (without it the sweep file could not be read)."""
+    (without it the sweep file could not be read). The trials' hosts run in their tasks (runtime.actors:
+    in_process): the tasks are the subject here; host actors importing a plugin are the page's commands' test."""
     write_page(tmp_path / "page")
     base = tiny_config(
         algorithm={"name": "my_fedavgm", "lr": 0.05, "batch_size": 32},
         rounds=1,
         clients={"count": 3},
+        runtime={"actors": "in_process"},
         tracking={"experiment": "plugin-sweep"},
     )
     (tmp_path / "sweep.yaml").write_text(
         yaml.safe_dump({"name": "momentum", "base": base, "grid": {"algorithm.lr": [0.05, 1e30]}})
     )
     env = environment(tmp_path)
+    fresh_store(tmp_path / "mlflow.db")
     done = shell("page/.venv/bin/raysim run sweep.yaml --plugin page/fedavgm.py --quiet", tmp_path, env)
     assert done.returncode == 1, done.stderr[-3000:]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
@@ -239,24 +268,34 @@ def test_a_sweeps_trials_import_the_plugins_and_its_resume_command_names_them(tm
 
 
 def test_a_plugin_that_fails_to_import_is_one_line_before_ray_starts(tmp_path):
+    """Four commands in one process (one import of raysim; a plugin that failed to import is imported afresh)."""
     broken = tmp_path / "broken.py"
     broken.write_text("import numpy as np\n\nVALUE = np.zeros(3) + undefined_name\n")
     config = tmp_path / "experiment.yaml"
     config.write_text(yaml.safe_dump(tiny_config(tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})))
-    temp = tmp_path / "tmp"
+    listing = tmp_path / "listing.yaml"  # `plugins:` relative to the file, read from a folder without broken.py
+    listing.write_text(yaml.safe_dump({"plugins": ["broken.py"], **tiny_config()}))
+    temp, elsewhere = tmp_path / "tmp", tmp_path / "elsewhere"
     temp.mkdir()
-    env = environment(tmp_path, TMPDIR=str(temp), RAY_TMPDIR=str(temp))
-    for args in (["run", str(config), "--plugin", str(broken)], ["config", str(config), "--plugin", "no_such_mod"]):
-        done = raysim(*args, cwd=tmp_path, env=env)
-        assert done.returncode == 2 and done.stdout == "", done.stderr
-        assert done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr == "error: plugin no_such_mod: ModuleNotFoundError: No module named 'no_such_mod'\n"
-    first = raysim("run", str(config), "--plugin", "broken.py", cwd=tmp_path, env=env).stderr
-    assert first == f"error: plugin {broken}: NameError: name 'undefined_name' is not defined\n"
+    elsewhere.mkdir()
+    results = raysim_commands(
+        {
+            "absolute": (["run", str(config), "--plugin", str(broken)], tmp_path),
+            "module": (["config", str(config), "--plugin", "no_such_mod"], tmp_path),
+            "relative": (["run", str(config), "--plugin", "broken.py"], tmp_path),
+            "listed": (["config", str(listing)], elsewhere),
+        },
+        env={"TMPDIR": str(temp), "RAY_TMPDIR": str(temp)},
+    )
+    for done in results.values():
+        assert done["code"] == 2 and done["stdout"] == "" and not done["ray"], done["stderr"]
+        assert done["stderr"].count("\n") == 1, done["stderr"]
+    assert (
+        results["module"]["stderr"] == "error: plugin no_such_mod: ModuleNotFoundError: No module named 'no_such_mod'\n"
+    )
+    for name in ("absolute", "relative", "listed"):
+        assert results[name]["stderr"] == f"error: plugin {broken}: NameError: name 'undefined_name' is not defined\n"
     assert not (tmp_path / "mlflow.db").exists() and not list(temp.iterdir())  # no MLflow store, no Ray session
-    config.write_text(yaml.safe_dump({"plugins": ["broken.py"], **tiny_config()}))
-    listed = raysim("config", str(config), cwd=tmp_path / "tmp", env=env)
-    assert listed.stderr == f"error: plugin {broken}: NameError: name 'undefined_name' is not defined\n"
 
 
 def test_a_plugins_text_fields_take_set_values_as_typed(tmp_path):
@@ -286,15 +325,18 @@ def test_a_misspelled_plugin_name_gets_a_did_you_mean(tmp_path):
     files = write_page(tmp_path)
     config = files / "experiment.yaml"
     config.write_text(yaml.safe_dump({"plugins": list(PLUGIN_FILES), **tiny_config()}))
-    for key, wrong, right in (
+    cases = (
         ("algorithm.name", "my_fedavgmm", "my_fedavgm"),
         ("model.name", "tiny_cn", "tiny_cnn"),
         ("dataset.name", "cvs", "csv"),
-    ):
-        done = raysim("config", str(config), "--set", f"{key}={wrong}", cwd=files, env=environment(files))
-        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-        assert done.stderr.startswith(f"error: {key}: unknown ") and f"did you mean '{right}'?" in done.stderr
-        assert f", {right}" in done.stderr.split("(allowed: ", 1)[1]
+    )
+    commands = {key: (["config", str(config), "--set", f"{key}={wrong}"], files) for key, wrong, _ in cases}
+    results = raysim_commands(commands)  # one process for the three: one import of raysim
+    for key, _, right in cases:
+        stderr = results[key]["stderr"]
+        assert results[key]["code"] == 2 and stderr.count("\n") == 1, stderr
+        assert stderr.startswith(f"error: {key}: unknown ") and f"did you mean '{right}'?" in stderr
+        assert f", {right}" in stderr.split("(allowed: ", 1)[1]
 
 
 def test_a_plugin_imported_after_the_config_module_joins_the_registries(tmp_path):

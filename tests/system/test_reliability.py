@@ -16,6 +16,7 @@ import ray
 import yaml
 from mlflow.tracking import MlflowClient
 
+from raysim.cli import main
 from raysim.config import validate_config
 from raysim.runtime.actors import RecoveryError
 from raysim.runtime.driver import resume_experiment, run_experiment
@@ -291,7 +292,9 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
     host = f"127.0.0.1:{settings.port}"
     with TrackingServer(settings, tmp_path / "server.log"):
         config = tmp_path / "cli.yaml"
-        in_file = {**reliability_config(f"http://alice:{secrets[0]}@{host}", tmp_path, checkpoint_every=1), "rounds": 2}
+        one_host = {"num_hosts": 1}  # the credentials are the subject: one host, one process less importing torch
+        in_file = reliability_config(f"http://alice:{secrets[0]}@{host}", tmp_path, one_host, checkpoint_every=1)
+        in_file["rounds"] = 2
         config.write_text(yaml.safe_dump(in_file))
         typed = [
             "--set",
@@ -344,15 +347,14 @@ def test_credentials_are_stored_and_printed_nowhere_wherever_they_come_from(tmp_
 
 
 @pytest.mark.slow
-def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, mlflow_uri, tmp_path):
+def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, mlflow_uri, tmp_path, capsys):
     """Long enough (30 rounds) that the driver is surely mid-run when a checkpoint of round 3 or later appears,
-    however fast rounds are; the resumed run must end exactly as an uninterrupted one."""
+    however fast rounds are; the resumed run must end exactly as an uninterrupted one (run in this process while
+    the driver starts its local Ray). The killed driver's run, left RUNNING, is listed for `raysim resume` as gone
+    (what test_runs_of_killed_drivers_are_listed_for_resume checked in a run of its own)."""
     rounds = 30
     data = reliability_config(mlflow_uri, tmp_path, checkpoint_every=1) | {"rounds": rounds}
     data["runtime"] = {**data["runtime"], "num_cpus": 2}
-    reference = reliability_config(fresh_store(tmp_path / "reference.db"), tmp_path / "reference", IN_PROCESS)
-    reference["rounds"] = rounds  # in process: what Ray's hosts compute (tests/integration/test_matrix_on_ray.py)
-    expected = run_experiment(validate_config(reference), show_progress=False)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     raysim = str(Path(sys.executable).parent / "raysim")
     driver = subprocess.Popen(
@@ -361,6 +363,9 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    reference = reliability_config(fresh_store(tmp_path / "reference.db"), tmp_path / "reference", IN_PROCESS)
+    reference["rounds"] = rounds  # in process: what Ray's hosts compute (tests/integration/test_matrix_on_ray.py)
+    expected = run_experiment(validate_config(reference), show_progress=False)
 
     def checkpointed() -> int:
         return max(
@@ -377,7 +382,11 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
         driver.wait(30)
     assert checkpointed() < rounds  # killed mid-run
     run_id = next((tmp_path / "ckpt").iterdir()).name
-    assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "RUNNING"
+    assert MlflowClient(mlflow_uri).get_run(run_id).info.status == "RUNNING"  # nothing could catch SIGKILL
+    capsys.readouterr()
+    assert main(["resume", "--tracking-uri", mlflow_uri]) == 0
+    (line,) = [row for row in capsys.readouterr().out.splitlines() if row.startswith(run_id)]
+    assert "RUNNING" in line and f"gone ({socket.gethostname()}:{driver.pid})" in line
     resumed = resume_experiment(run_id, mlflow_uri, show_progress=False)
     assert resumed.summary == expected.summary
     steps = steps_logged(mlflow_uri, run_id, "pm/acc")

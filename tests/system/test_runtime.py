@@ -39,7 +39,7 @@ def test_gpu_shares_bound_the_host_count_on_a_real_ray(tmp_path, mlflow_uri):
 
 
 SIBLINGS_SCRIPT = """
-import gc, time, ray
+import gc, sys, time, ray
 from raysim.runtime.actors import get_all
 
 @ray.remote(num_cpus=0)
@@ -52,7 +52,7 @@ def start_round(name):
     hosts = [Host.remote(), Host.remote()]
     return hosts, [host.train.remote(delay, name) for host, delay in zip(hosts, [0.0, 2.0])]
 
-ray.init(num_cpus=1, include_dashboard=False)
+ray.init(address=sys.argv[1])  # the session's Ray: a driver of its own, whose console is the subject
 rounds = {name: start_round(name) for name in ("left-unretrieved", "retrieved")}  # side by side: one wait
 for name, (hosts, refs) in rounds.items():
     try:
@@ -68,12 +68,14 @@ ray.shutdown()
 
 
 @pytest.mark.slow
-def test_a_failed_rounds_late_sibling_errors_are_got_so_ray_prints_no_unhandled_error(tmp_path):
+def test_a_failed_rounds_late_sibling_errors_are_got_so_ray_prints_no_unhandled_error(ray_local):
     """A call to the hosts (a round, an evaluation) whose first host failed waits for the others and gets their
     results (`get_all`): a sibling failing a little later was dropped unread, and Ray printed its traceback as an
     "Unhandled error" on a suite's console. The control (a plain `ray.get` of the list) shows the test sees such a
-    line."""
-    done = subprocess.run([sys.executable, "-c", SIBLINGS_SCRIPT], capture_output=True, text=True, timeout=300)
+    line. The script is a driver of its own, joined to the session's Ray rather than starting one."""
+    address = ray_local.get_runtime_context().gcs_address
+    script = [sys.executable, "-c", SIBLINGS_SCRIPT, address]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("Unhandled error") == 1 and "ValueError: left-unretrieved" in done.stderr, done.stderr
     assert "ValueError: retrieved" not in done.stderr, done.stderr

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from raysim.cli import main
 from raysim.config import validate_config
 from raysim.runtime.driver import run_experiment
-from tests.support.experiments import tiny_config
+from tests.support.experiments import IN_PROCESS, tiny_config
 from tests.support.paths import ROOT
 from tests.support.stores import fresh_store
 from tests.support.studies import resumable_suite, stop_during_the_second_child
@@ -72,9 +72,10 @@ def test_a_stopped_suite_resumes_without_duplicates_and_ends_as_an_uninterrupted
 @pytest.mark.slow
 def test_a_stopped_sweep_resumes_keeping_its_finished_trials(tmp_path, ray_local):
     """Ctrl-C (SIGINT) stops the sweep: the trial in flight and the parent are marked KILLED, and the one line
-    names the command that continues it."""
+    names the command that continues it. The trials' hosts run in their Tune trial's process: the subject is the
+    sweep's stop and resume, not actors."""
     uri = fresh_store(tmp_path / "mlflow.db")
-    base = tiny_config(rounds=3, tracking={"uri": uri, "experiment": "resume"})
+    base = tiny_config(rounds=3, runtime=IN_PROCESS, tracking={"uri": uri, "experiment": "resume"})
     sweep = {"name": "swept", "base": base, "grid": {"algorithm.lr": [0.05, 0.1, 0.2]}, "max_concurrent": 1}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))

@@ -35,7 +35,8 @@ def test_failing_children_are_marked_failed_and_the_suite_goes_on_then_resumes_o
     """Children that fail in different ways while the others finish (issue 51.4): one whose uploads diverge in its
     hosts (algorithm.lr=1e30 with runtime.on_nonfinite=stop, the default: valid, but the run stops at its first
     round), one whose host process and one whose coordinator process is SIGKILLed mid-run (runtime.max_restarts=0:
-    nothing replaces them). Each is marked FAILED with its error; the children after them run on the same Ray; the
+    nothing replaces them). The children that lose no actor but the last run their hosts in process. Each is marked
+    FAILED with its error; the children after them run on the same Ray (the last one on new actors); the
     suite (a real `raysim run` process) ends with the failed children named on stderr, nothing else there, and exit
     1, and its parent's summary, plot and tables come from the finished children. `--resume PARENT` then reruns
     only them: the killed ones continue from their checkpoints in the same MLflow runs, the one fixed in the suite
@@ -52,10 +53,12 @@ def test_failing_children_are_marked_failed_and_the_suite_goes_on_then_resumes_o
             "checkpoint_dir": str(tmp_path / "ck"),
         },
     )
-    killed = {"rounds": KILLED_ROUNDS, "runtime.max_restarts": 0}
+    # runtime.reuse_actors: the crew that lost an actor is never kept, but the second resumed child takes the first's
+    killed = {"rounds": KILLED_ROUNDS, "runtime.max_restarts": 0, "runtime.reuse_actors": True}
+    in_process = {"runtime.actors": "in_process"}  # no actor of theirs is killed: their starts would only cost time
     runs = [
-        {"name": "before", "set": {}},
-        {"name": "diverges", "set": {"algorithm.lr": 1e30}},
+        {"name": "before", "set": in_process},
+        {"name": "diverges", "set": {**in_process, "algorithm.lr": 1e30}},
         {"name": "host-killed", "set": killed},
         {"name": "coordinator-killed", "set": {**killed, "seed": 8}},
         {"name": "after", "set": {"algorithm.rho": 0.5}},
@@ -110,7 +113,7 @@ def test_failing_children_are_marked_failed_and_the_suite_goes_on_then_resumes_o
     assert [line.split(" | ")[0] for line in table.splitlines()[4:]] == ["| before", "| after"]
     logged_before = points(uri)
 
-    runs[1]["set"] = {"algorithm.lr": 0.05}  # the fix
+    runs[1]["set"] = {**in_process, "algorithm.lr": 0.05}  # the fix
     path.write_text(yaml.safe_dump({"name": "one-bad", "base": base, "runs": runs}))
     kept = {name: client.get_metric_history(children[name].info.run_id, "pm/acc") for name in ("before", "after")}
     assert main(["run", str(path), "--quiet", "--resume", parent_id]) == 0

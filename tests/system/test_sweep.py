@@ -35,7 +35,8 @@ def test_a_20_trial_sweep_logs_every_trial_and_every_point_once(tmp_path):
     seed once, no other run; each trial's metric points once per step with the documented keys, the parent's once."""
     uri = fresh_store(tmp_path / "mlflow.db")
     rates = [round(0.01 * (i + 1), 2) for i in range(10)]
-    base = tiny_config(rounds=2, clients={"count": 3}, runtime=IN_PROCESS, tracking={"experiment": "load"})
+    runtime = {**IN_PROCESS, "host_cpus": 0.5}  # a trial reserves one CPU: as many at once as the CPUs, not half
+    base = tiny_config(rounds=2, clients={"count": 3}, runtime=runtime, tracking={"experiment": "load"})
     sweep = {"name": "twenty", "base": base, "grid": {"algorithm.lr": rates}, "seeds": [1, 2]}
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     done = subprocess.run(

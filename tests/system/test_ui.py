@@ -166,34 +166,24 @@ def test_ui_takes_the_next_free_port_when_5000_is_taken_and_serves_the_runs_of_t
 
 
 @pytest.mark.slow
-def test_ui_exits_in_one_line_when_mlflow_does_not_come_up(tmp_path):
+def test_ui_exits_in_one_line_when_mlflow_does_not_come_up(tmp_path, capsys, monkeypatch):
     """A process takes the port after raysim checked it and before MLflow binds it, and answers /health like a
     server: MLflow fails with "address already in use", raysim is not fooled by the other server's answers,
-    prints no link and exits 2 with one line naming what happened and who holds the port."""
+    prints no link and exits 2 with one line naming what happened and who holds the port. `raysim ui` runs in this
+    process (its command line's code; the MLflow server is a real process of its own, the subject)."""
+    from raysim.cli import main
+
+    monkeypatch.chdir(tmp_path)
     port = free_port()
     holder, _ = _hold(port, "after-mlflow-starts")
     try:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "raysim.cli",
-                "ui",
-                "--port",
-                str(port),
-                "--tracking-uri",
-                f"sqlite:///{tmp_path / 'mlflow.db'}",
-            ],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        code = main(["ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
         assert holder.stdout.readline().strip() == "listening"
     finally:
         _stop(holder)
-    assert done.returncode == 2 and "http://" not in done.stdout, done.stdout
-    (line,) = done.stderr.splitlines()
+    out, err = capsys.readouterr()
+    assert code == 2 and "http://" not in out, out
+    (line,) = err.splitlines()
     assert line.startswith(f"error: MLflow server on http://127.0.0.1:{port} exited with code "), line
     assert "address already in use" in line and f"is in use by pid {holder.pid}: " in line, line
     log = Path(re.search(r"\(log: (\S+)\)$", line)[1])
@@ -254,7 +244,7 @@ def _text(html: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_curves(tmp_path):
+def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_curves(tmp_path, capsys, monkeypatch):
     """A user runs a suite and starts the MLflow UI with the command its first lines print. The comparison view shows
     every child (not the first ten) and no group of the parent run ("Additional runs"), grouped by setting (best
     mean PM accuracy first) with each child's global model (a LoggedModel) and its mean accuracies as columns, each
@@ -265,10 +255,10 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     one error line."""
     import yaml
 
+    from raysim.cli import main
     from raysim.studies.figure import curves_figure
     from raysim.tracking.plots import mlflow_group_color
     from raysim.tracking.server import runs_page
-    from tests.support.cli import raysim
     from tests.support.experiments import IN_PROCESS, tiny_config
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -282,9 +272,11 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
     runs = [{"name": name, "set": {"algorithm": {"name": name, "lr": 0.05}}} for name in settings]
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({"name": "three", "base": base, "runs": runs, "seeds": [0, 1]}))
-    done = raysim("run", str(suite), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    command = next(line.split(": ", 1)[1] for line in done.stdout.splitlines() if "compare its children" in line)
+    monkeypatch.chdir(tmp_path)  # the suite runs in this process: the UI's view of it is the subject
+    assert main(["run", str(suite)]) == 0
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err, printed.err[-2000:]
+    command = next(line.split(": ", 1)[1] for line in printed.out.splitlines() if "compare its children" in line)
     parent = command.rsplit(" ", 1)[1]
     assert command == f"raysim ui --tracking-uri {uri} --compare {parent}"
     client = MlflowClient(uri)
@@ -300,8 +292,8 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
         r.info.run_id for r in children
     )
 
-    refused = raysim("ui", "--tracking-uri", uri, "--compare", children[0].info.run_id, cwd=tmp_path)
-    assert refused.returncode == 2 and refused.stderr.strip().endswith("is not the parent run of a suite or sweep")
+    assert main(["ui", "--tracking-uri", uri, "--compare", children[0].info.run_id]) == 2
+    assert capsys.readouterr().err.strip().endswith("is not the parent run of a suite or sweep")
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "raysim.cli", "ui", *command.split()[2:], "--port", str(port)],

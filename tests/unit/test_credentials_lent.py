@@ -1,6 +1,6 @@
 """The tracking credentials stay in the process that writes to MLflow (issue 51, section 3): a local Ray's processes
 are started `without_credentials`, and a sweep's trial holds the driver's only while it runs (`lent`). The processes
-themselves: tests/system/test_untrusted_inputs.py."""
+themselves: tests/system/test_run_identity.py."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def test_samples_per_client_is_refused_with_the_authors_draw():
 
 
 def test_the_bench_scale_settings():
-    assert scale_overrides(1000, 1.0, "hosts", None) == []
+    assert scale_overrides(1000, 1.0, "hosts", None) == ["runtime.state_store=hosts"]
     assert scale_overrides(100_000, 0.01, "disk", None) == [
         "runtime.state_store=disk",
         "clients.fraction=0.01",

@@ -115,17 +115,22 @@ def test_the_clients_states_are_refused_naming_clients_count_unless_they_spill()
     """FLAME keeps theta_i, w_i and pi_i: 3 x 11,177 float32 of the MLP on 20 features (131 KB) per client; 1,000
     clients' 128 MB do not fit 100 MB, and do with a host that keeps 10 MB of them in memory (the rest on disk)."""
     with pytest.raises(ConfigError) as refused:
-        prepare(validate_config(_flame_mlp(1000, memory_limit_mb=100)))
+        prepare(validate_config(_flame_mlp(1000, memory_limit_mb=100, state_store="hosts")))
     message = str(refused.value)
     assert message.startswith("clients.count=1000: the data and 1,000 clients' states (131 KB each for flame on model ")
     assert message.endswith(
         "more than runtime.memory_limit_mb=100; lower clients.count or raise runtime.memory_limit_mb (or set "
         "runtime.state_memory_mb: the states past it spill to disk)"
     )
-    problem = prepare(validate_config(_flame_mlp(1000, memory_limit_mb=100, state_memory_mb=10, num_hosts=2)))
+    hosts = {"state_store": "hosts", "num_hosts": 2}
+    problem = prepare(validate_config(_flame_mlp(1000, memory_limit_mb=100, state_memory_mb=10, **hosts)))
     assert len(problem.clients) == 1000
     with pytest.raises(ConfigError, match=r"lower runtime.state_memory_mb or clients.count or raise runtime.memory"):
-        prepare(validate_config(_flame_mlp(1000, memory_limit_mb=100, state_memory_mb=60, num_hosts=2)))
+        prepare(validate_config(_flame_mlp(1000, memory_limit_mb=100, state_memory_mb=60, **hosts)))
+    # state_store=auto: past half the memory the run may take, or the hosts' budgets together (120 MB), the store's
+    # columns go to disk, and the run fits
+    assert len(prepare(validate_config(_flame_mlp(1000, memory_limit_mb=100))).clients) == 1000
+    assert len(prepare(validate_config(_flame_mlp(1000, memory_limit_mb=100, state_memory_mb=60, num_hosts=2))).clients)
 
 
 @pytest.mark.parametrize("algorithm", ["flame", "ditto", "scaffold", "fedavg"])

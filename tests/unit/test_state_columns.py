@@ -1,17 +1,20 @@
 """The shared client-state store (raysim.runtime.state_columns) and the dealing of a round's clients to hosts
 (raysim.runtime.simulation.deal): states come back bit for bit through any store open on the folder, rows never
-written are the initial states, a snapshot restores exactly, the files are sparse, and LPT dealing keeps every
-host within 4/3 of the best makespan."""
+written are the initial states, a snapshot restores exactly, the files are sparse, LPT dealing keeps every
+host within 4/3 of the best makespan, and `state_store: auto` resolves to the store the run can hold."""
 
 from __future__ import annotations
 
 import itertools
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from raysim.config import RuntimeSettings
 from raysim.execution.stacking import stack
+from raysim.runtime.memory import StoreChoice, choose_store
 from raysim.runtime.simulation import deal
 from raysim.runtime.state_columns import ColumnStates, store_folder
 
@@ -198,3 +201,42 @@ def test_client_columns_give_back_every_pair_as_packed_and_pickle_small(tmp_path
         packed.split(6)
     with pytest.raises(IndexError):
         packed[6]
+
+
+def test_auto_puts_the_store_in_shared_memory_when_it_fits_else_on_disk_with_one_line(tmp_path):
+    """/dev/shm stands in as `shm`: columns within half its free bytes and half the memory the run may take go
+    there, more (Docker's 64 MB /dev/shm) go to disk with a line naming the setting; spill_dir means disk; a
+    multi-node cluster without spill_dir keeps the hosts' own stores, saying why; an explicit store is kept."""
+    free = shutil.disk_usage(tmp_path).free
+    auto = RuntimeSettings()
+    assert auto.state_store == "auto"
+    assert choose_store(auto, 2**20, 2, shm=tmp_path) == StoreChoice("memory")
+    big = choose_store(auto, free, 2, shm=tmp_path)
+    assert big.store == "disk" and big.note is not None
+    assert (
+        big.note.startswith("runtime.state_store=auto: the client states' columns (")
+        and "runtime.spill_dir" in big.note
+    )
+    assert choose_store(auto, 2**20, 2, shm=tmp_path / "absent").store == "disk"
+    limited = choose_store(RuntimeSettings(memory_limit_mb=100), 51 * 2**20, 2, shm=tmp_path)
+    assert limited.store == "disk" and limited.note is not None
+    assert "exceed half the 100 MiB of memory the run may take (runtime.memory_limit_mb)" in limited.note
+    assert choose_store(RuntimeSettings(memory_limit_mb=100), 50 * 2**20, 2, shm=tmp_path).store == "memory"
+    assert choose_store(RuntimeSettings(spill_dir=str(tmp_path)), 2**20, 2, nodes=3) == StoreChoice("disk")
+    cluster = choose_store(auto, 2**20, 2, nodes=3, shm=tmp_path)
+    assert cluster.store == "hosts" and cluster.note is not None and "runtime.spill_dir" in cluster.note
+    for store in ("hosts", "memory", "disk"):
+        assert choose_store(RuntimeSettings(state_store=store), free, 2, nodes=3) == StoreChoice(store)
+
+
+def test_with_auto_state_memory_mb_bounds_the_store_in_memory_and_refuses_only_with_an_explicit_store(tmp_path):
+    """state_memory_mb times the hosts is what auto lets the columns take in memory; with memory or disk named
+    it has no meaning and is refused naming both settings."""
+    budget = RuntimeSettings(state_memory_mb=1)
+    assert choose_store(budget, 2 * 2**20, 2, shm=tmp_path).store == "memory"
+    over = choose_store(budget, 2 * 2**20 + 1, 2, shm=tmp_path)
+    assert over.store == "disk" and over.note is not None and "runtime.state_memory_mb=1 on 2 hosts" in over.note
+    assert RuntimeSettings(state_store="hosts", state_memory_mb=1).state_memory_mb == 1
+    for store in ("memory", "disk"):
+        with pytest.raises(ValueError, match=f"runtime.state_memory_mb=1 .* not {store}"):
+            RuntimeSettings(state_store=store, state_memory_mb=1)
