@@ -58,6 +58,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
+_census = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With RAYSIM_CPU_CENSUS naming a file, each test's CPU seconds go to it (tests/support/cpu_census.py), from
+    the process that runs the test (a worker; not xdist's controller, which only relays reports)."""
+    global _census
+    controller = not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None)
+    if os.environ.get("RAYSIM_CPU_CENSUS") and not controller:
+        from tests.support.cpu_census import Census
+
+        _census = Census(Path(os.environ["RAYSIM_CPU_CENSUS"]), os.environ.get("PYTEST_XDIST_WORKER", "main"))
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    if _census is not None:
+        _census.start(nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    if _census is not None:
+        _census.finish(nodeid)
+
+
+def pytest_sessionfinish() -> None:
+    if _census is not None:
+        _census.close()
+
+
 SYSTEM_SECONDS = Path(__file__).with_name("system_durations.json")
 """Each system test's seconds in a `make test` run (call + setup + teardown, tests under 1 s left out), measured
 with `pytest tests/system -n 2 --dist loadgroup --durations=0`; only the order of the system lane reads it, so a

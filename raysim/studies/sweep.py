@@ -337,24 +337,24 @@ asks for the next result as soon as the scheduler has decided; a controller that
 
 
 class ReportRounds(RoundCallback):
-    """A trial's round callback: each round's metrics onto the queue its Tune trainable reads. The experiment runs
-    in a Ray task of its own on the trainable's node (an explicit scheduling strategy: outside the trial's
-    placement group, which Tune's function trainables capture their children into), so that the runtime neither
-    knows Tune nor has its hosts placed by it. With `acks` (a sweep with a scheduler), each round before the last
-    waits for the trainable's go-ahead, which it sends once Tune has taken the round and asked for the next: the
-    scheduler decides at a round before the experiment starts the next one, so a trial stopped at round k runs k
-    rounds whatever the speed of a round."""
+    """A trial's round callback: each round's metrics onto the rounds lane (raysim.studies.lanes) its Tune trainable
+    reads. The experiment runs in a Ray task of its own on the trainable's node (an explicit scheduling strategy:
+    outside the trial's placement group, which Tune's function trainables capture their children into), so that the
+    runtime neither knows Tune nor has its hosts placed by it. With `acks` (a sweep with a scheduler), each round
+    before the last waits for the trainable's go-ahead, which it sends once Tune has taken the round and asked for
+    the next: the scheduler decides at a round before the experiment starts the next one, so a trial stopped at
+    round k runs k rounds whatever the speed of a round."""
 
-    def __init__(self, queue: Any, acks: Any = None, rounds: int = 0):
-        self.queue, self.acks, self.rounds = queue, acks, rounds
+    def __init__(self, lanes: Any, acks: bool = False, rounds: int = 0):
+        self.lanes, self.acks, self.rounds = lanes, acks, rounds
 
     def on_round(self, step: int, metrics: dict[str, float]) -> None:
-        self.queue.put(("round", (step, {k: float(v) for k, v in metrics.items() if math.isfinite(v)})))
-        if self.acks is not None and step < self.rounds:
-            from ray.util.queue import Empty
+        from raysim.studies.lanes import ACKS, ROUNDS
 
-            with contextlib.suppress(Empty):
-                self.acks.get(timeout=ACK_WAIT_S)
+        finite = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
+        ray.get(self.lanes.put.remote(ROUNDS, ("round", (step, finite))))
+        if self.acks and step < self.rounds:
+            ray.get(self.lanes.get.remote(ACKS, ACK_WAIT_S))  # (False, None) after ACK_WAIT_S: it goes on anyway
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -364,20 +364,22 @@ def _run_trial(
     continue_run: str | None,
     command: str | None,
     credentials: dict[str, str] | None,
-    rounds_to: Any = None,
-    acks: Any = None,
+    lanes: Any = None,
+    acks: bool = False,
 ) -> ChildOutcome:
     """One trial's experiment on the cluster (raysim.studies.children.run_child): errors are returned. `command`:
     the sweep's, the trial's MLflow source (its own process is a Ray worker). `credentials`: the tracking
     credentials the trial's run is written with, lent to this worker while it runs (raysim.credentials.lent; a
-    local Ray's workers hold none of their own). `rounds_to`: the queue its rounds go to, `acks`: the queue of their
-    go-aheads under a scheduler (ReportRounds). The
+    local Ray's workers hold none of their own). `lanes`: the trial's raysim.studies.lanes actor its rounds go to,
+    `acks`: whether each round waits there for its go-ahead (under a scheduler; ReportRounds). The
     actors a trial keeps (runtime.reuse_actors) are ended with it: kept in the idle worker process, they held
     their CPUs for ever, and the driver's next run waited for them."""
     node = ray.get_runtime_context().get_node_id()
-    callbacks = [ReportRounds(rounds_to, acks, config.rounds)] if rounds_to is not None else []
-    if rounds_to is not None:
-        rounds_to.put(("node", node))
+    callbacks = [ReportRounds(lanes, acks, config.rounds)] if lanes is not None else []
+    if lanes is not None:
+        from raysim.studies.lanes import ROUNDS
+
+        ray.get(lanes.put.remote(ROUNDS, ("node", node)))
     try:
         with lent(credentials or {}):
             outcome = run_child(config, parent, continue_run, command=command, round_callbacks=callbacks)
@@ -388,44 +390,31 @@ def _run_trial(
 
 
 def reuse_trainables(sweep: SweepConfig) -> bool:
-    """Whether a Tune actor that ran a trial to its end runs the next one (Tune's `reuse_actors`), with its queue
-    (`_rounds_queues`): a worker process and its queue actors started once per trial slot instead of once per trial.
+    """Whether a Tune actor that ran a trial to its end runs the next one (Tune's `reuse_actors`), with its lanes
+    (`_lanes`): a worker process and its lanes' actor started once per trial slot instead of once per trial.
     Not under a scheduler: a trial it stops must end with its actor, which owns the trial's experiment task
     (`_settled`); a reused actor would leave that experiment running beside the next trial."""
     return sweep.scheduler.name == "none"
 
 
-_QUEUES: list[Any] = []
-"""This Tune actor's two queues (one actor runs one trial at a time; a reused one, several in turn)."""
+_LANES: list[Any] = []
+"""This Tune actor's lanes (raysim.studies.lanes; one actor runs one trial at a time; a reused one, several in
+turn)."""
 
 
-def _rounds_queues(node: str) -> tuple[Any, Any]:
-    """This actor's queues for its trial, on its node: the rounds (ReportRounds) and their go-aheads; made by its
-    first trial and emptied for each next one (nothing is left in them after a trial that ended: `_trainable` reads
-    the rounds until the experiment's task is done, and a go-ahead is sent only for a round the task waits on)."""
-    from ray.util.queue import Queue
+def _lanes(node: str) -> Any:
+    """This actor's lanes for its trial, on its node: one actor (a worker process) holding both the rounds
+    (ReportRounds) and, under a scheduler, their go-aheads; made by its first trial and emptied for each next one
+    (nothing is left in them after a trial that ended: `_trainable` reads the rounds until the experiment's task is
+    done, and a go-ahead is sent only for a round the task waits on)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if not _QUEUES:
-        here = NodeAffinitySchedulingStrategy(node, soft=False)
-        _QUEUES.extend(Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here}) for _ in range(2))
-    for queue in _QUEUES:
-        left = queue.size()
-        if left:
-            queue.get_nowait_batch(left)
-    return _QUEUES[0], _QUEUES[1]
+    from raysim.studies.lanes import start_lanes
 
-
-def _taken(queue: Any, wait_s: float) -> list[Any]:
-    """What is on `queue`, waiting up to `wait_s` for its first item."""
-    from ray.util.queue import Empty
-
-    try:
-        first = [queue.get(timeout=wait_s)] if wait_s > 0 else []
-    except Empty:
-        return []
-    waiting = queue.size()
-    return first + (queue.get_nowait_batch(waiting) if waiting else [])
+    if not _LANES:
+        _LANES.append(start_lanes(NodeAffinitySchedulingStrategy(node, soft=False)))
+    ray.get(_LANES[0].clear.remote())
+    return _LANES[0]
 
 
 @dataclass
@@ -459,20 +448,22 @@ def _trainable(spec: dict[str, Any], setup: _Setup) -> None:
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from raysim.studies.lanes import ACKS, ROUNDS
+
     trial = setup.trial_of(spec)
     config = trial.config
     node_id = ray.get_runtime_context().get_node_id()
     here = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    queue, acks = _rounds_queues(node_id)
     lockstep = setup.sweep.scheduler.name != "none"
+    lanes = _lanes(node_id)
     continued = setup.continued.get(config.tracking.run_name or "")
     ref = _run_trial.options(scheduling_strategy=here).remote(
-        carry(config), setup.parent, continued, setup.command, setup.credentials, queue, acks if lockstep else None
+        carry(config), setup.parent, continued, setup.command, setup.credentials, lanes, lockstep
     )
     node, last = "", None
     while True:
-        done = bool(ray.wait([ref], timeout=0)[0])  # then what it put before it ended is all on the queue
-        for kind, payload in _taken(queue, 0.0 if done else 0.2):
+        done = bool(ray.wait([ref], timeout=0)[0])  # then what it put before it ended is all on the lane
+        for kind, payload in ray.get(lanes.take.remote(ROUNDS, 0.0 if done else 0.2)):
             if kind == "node":
                 node = payload
                 continue
@@ -483,7 +474,7 @@ def _trainable(spec: dict[str, Any], setup: _Setup) -> None:
                 continue
             tune.report(report)  # returns once Tune has taken it and asks for the next result
             if lockstep:
-                acks.put(step)
+                ray.get(lanes.put.remote(ACKS, step))
         if done:
             break
     try:

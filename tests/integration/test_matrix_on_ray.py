@@ -16,6 +16,11 @@ from raysim.runtime.driver import run_experiment
 from tests.support.logged import check_logged, run_points
 from tests.support.matrix import RAY_SAMPLE, experiment
 
+pytestmark = pytest.mark.xdist_group("integration-matrix_on_ray")
+"""One worker runs the sample back to back, so that every cell after the first takes the crew of the cell before
+(runtime.reuse_actors): spread over both workers, between other modules' tests, each return to this module started
+a new crew (tests/conftest.py no_crew_left dismisses a module's parked actors), about 4.5 CPU-s each time."""
+
 
 def timed(key: str) -> bool:
     """A metric that measures the machine, not the run: time/*, system/*, a server step's own seconds."""

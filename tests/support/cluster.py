@@ -89,7 +89,10 @@ class LocalCluster:
             command += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port)]
             command += ["--ray-client-server-port", str(free_port())]
         else:
-            command += ["--address", self.address]
+            # The nodes share one temp dir, hence one session's logs folder: the head's log monitor already sends
+            # every node's worker output to the drivers. A worker node's own would rescan and send that same folder
+            # again, ten times a second for the whole module (about a third of the cluster's daemon CPU).
+            command += ["--address", self.address, "--include-log-monitor", "false"]
         return command
 
     def _start(self, name: str, head: bool) -> None:

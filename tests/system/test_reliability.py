@@ -354,7 +354,7 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
     (what test_runs_of_killed_drivers_are_listed_for_resume checked in a run of its own)."""
     rounds = 30
     data = reliability_config(mlflow_uri, tmp_path, checkpoint_every=1) | {"rounds": rounds}
-    data["runtime"] = {**data["runtime"], "num_cpus": 2}
+    data["runtime"] = {**data["runtime"], "num_hosts": 1, "num_cpus": 2}  # one host: one process less importing torch
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     raysim = str(Path(sys.executable).parent / "raysim")
     driver = subprocess.Popen(
@@ -363,7 +363,8 @@ def test_raysim_resume_picks_up_after_the_driver_process_is_killed(ray_local, ml
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    reference = reliability_config(fresh_store(tmp_path / "reference.db"), tmp_path / "reference", IN_PROCESS)
+    in_process = {**IN_PROCESS, "num_hosts": 1}  # the driver's hosts, in process
+    reference = reliability_config(fresh_store(tmp_path / "reference.db"), tmp_path / "reference", in_process)
     reference["rounds"] = rounds  # in process: what Ray's hosts compute (tests/integration/test_matrix_on_ray.py)
     expected = run_experiment(validate_config(reference), show_progress=False)
 

@@ -45,7 +45,8 @@ def test_failing_children_are_marked_failed_and_the_suite_goes_on_then_resumes_o
     base = tiny_config(
         rounds=1,
         clients={"count": 3},
-        runtime={"num_hosts": 2},  # new actors per child: the processes killed are the running child's
+        runtime={"num_hosts": 1},  # new actors per child: the processes killed are the running child's (one host:
+        # one process less importing torch per crew; a host's death is the subject, not how many there are)
         tracking={
             "uri": uri,
             "experiment": "failing",

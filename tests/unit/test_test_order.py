@@ -36,3 +36,22 @@ def test_the_shipped_file_names_only_system_tests_that_exist():
     for node in json.loads(SYSTEM_SECONDS.read_text()):
         path, name = node.split("::")
         assert f"def {name.split('[')[0]}(" in (root / path).read_text(), node
+
+
+def test_the_cpu_census_sums_by_tier_and_module_and_lists_the_costliest_first():
+    from tests.support.cpu_census import summary
+
+    lines = [
+        {"test": "tests/system/test_sweep.py::test_twenty", "cpu_s": 60.0, "wall_s": 40.0, "worker": "gw0"},
+        {"test": "tests/system/test_sweep.py::test_refused", "cpu_s": 4.0, "wall_s": 5.0, "worker": "gw1"},
+        {"test": "tests/unit/test_flame.py::test_invariant", "cpu_s": 0.5, "wall_s": 0.6, "worker": "gw1"},
+    ]
+    text = summary(lines, top=2)
+    assert text.splitlines()[0] == "3 tests, 64 CPU seconds (two cores: at least 0.5 minutes)"
+    assert "     64       45  system" in text and "      0        1  unit" in text
+    assert "     64       45  tests/system/test_sweep.py" in text
+    costliest = text.split("test (the 2 costliest)\n")[1].splitlines()
+    assert [line.split()[-1] for line in costliest] == [
+        "tests/system/test_sweep.py::test_twenty",
+        "tests/system/test_sweep.py::test_refused",
+    ]
