@@ -43,11 +43,15 @@ lint: setup
 
 setup: $(STAMP) data tools
 
-# --no-compile: pip would byte-compile every module of every package (36 s of the 82 s install); Python compiles the
-# ones a run imports, once.
+# The packages are byte-compiled once, on both cores, after pip (which would do it on one): left to the first
+# import, every process that imports a module before its .pyc exists compiles it for itself, and at the start of
+# `make test` a dozen do at once (pytest workers, Ray daemons and workers, a cluster's nodes): an import of torch,
+# Ray and MLflow took 14 CPU s without .pyc files against 6 with them.
 $(STAMP):
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[dev,postgres]'
+	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+	  > /dev/null 2>&1 || true
 	$(BIN)/python -m raysim.torchvision_compat
 	rm -f $(VENV)/.installed-* && touch $@
 
