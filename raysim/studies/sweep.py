@@ -48,6 +48,7 @@ from raysim.runtime.crews import dismiss_parked
 from raysim.runtime.session import ray_session, started_here
 from raysim.settings import Settings
 from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_line, run_child
+from raysim.studies.lanes import ACKS, ROUNDS, start_lanes
 from raysim.studies.resume import STOPPED_TAG, ResumePlan, kept_outcome, plan_resume, reopen_parent
 from raysim.studies.suite import check_partitions, write_summary
 from raysim.studies.table import write_tables
@@ -349,8 +350,6 @@ class ReportRounds(RoundCallback):
         self.lanes, self.acks, self.rounds = lanes, acks, rounds
 
     def on_round(self, step: int, metrics: dict[str, float]) -> None:
-        from raysim.studies.lanes import ACKS, ROUNDS
-
         finite = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
         ray.get(self.lanes.put.remote(ROUNDS, ("round", (step, finite))))
         if self.acks and step < self.rounds:
@@ -377,8 +376,6 @@ def _run_trial(
     node = ray.get_runtime_context().get_node_id()
     callbacks = [ReportRounds(lanes, acks, config.rounds)] if lanes is not None else []
     if lanes is not None:
-        from raysim.studies.lanes import ROUNDS
-
         ray.get(lanes.put.remote(ROUNDS, ("node", node)))
     try:
         with lent(credentials or {}):
@@ -408,8 +405,6 @@ def _lanes(node: str) -> Any:
     (nothing is left in them after a trial that ended: `_trainable` reads the rounds until the experiment's task is
     done, and a go-ahead is sent only for a round the task waits on)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from raysim.studies.lanes import start_lanes
 
     if not _LANES:
         _LANES.append(start_lanes(NodeAffinitySchedulingStrategy(node, soft=False)))
@@ -447,8 +442,6 @@ def _trainable(spec: dict[str, Any], setup: _Setup) -> None:
     scheduler deciding at the last round never cuts a run short of its end; a failed run raises TrialFailed."""
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from raysim.studies.lanes import ACKS, ROUNDS
 
     trial = setup.trial_of(spec)
     config = trial.config

@@ -43,7 +43,8 @@ class Census:
         so a census run inside a measured test still counts for that test); None where that cannot be done here."""
         own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
         for root, counter, key in ((V2, "cpu.stat", ""), (V1, "cpuacct.usage", "cpuacct")):
-            parent = root / own.get(key, next((v for k, v in own.items() if key and key in k.split(",")), "/"))[1:]
+            path = next((path for names, path in own.items() if key in names.split(",")), "/")  # v2's: "0::/..."
+            parent = root / path[1:]
             if not (parent / counter).exists() and not (parent / "cgroup.controllers").exists():
                 continue
             try:
