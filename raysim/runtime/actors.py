@@ -178,6 +178,7 @@ class RayActors(Actors):
                 num_cpus=runtime.coordinator_cpus,
                 num_gpus=runtime.coordinator_gpus,
                 resources=runtime.coordinator_resources,
+                scheduling_strategy="DEFAULT",  # placed by its resources, never in a caller's placement group
                 max_restarts=0,
                 max_task_retries=0,
             )

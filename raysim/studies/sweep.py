@@ -1,20 +1,19 @@
 """Sweeps: a grid and random draws over config keys, times seeds, run as Ray Tune trials on a Ray cluster.
 
-A sweep file has a `base` experiment (inline, or `base_config`: a path relative to the sweep file), a
-`grid` (dotted key -> list of values; every combination), optional `random` draws (count, seed and a
-distribution per dotted key; every draw is combined with every grid point) and `seeds`. A setting is
-one grid point with one draw; each setting runs once per seed. Each trial is a Ray Tune trial whose trainable
-(`_trainable`, on the head node) runs the trial's experiment (`run_experiment`, in a Ray task beside it: its hosts
-and coordinator are nested actors) and reports every round's metrics to Tune through a round callback
-(ReportRounds), so that the `scheduler` (ASHA, median stopping) can stop it early and a `search` algorithm
-(Optuna) can propose settings; at most `max_concurrent` trials run at once (default: as many as the cluster's
-CPUs hold). The trials' MLflow runs are nested under one parent run, which only this process creates and which
-gets the summary table (summary.parquet) and the plots (accuracy vs round per trial; final accuracy mean +/- std
-over seeds per setting). Every trial's config is validated and every distinct partition made
-(`suite.check_partitions`) before the parent run or any Ray work, so an impossible request fails at once naming
-its trial. A trial that fails later is recorded as failed (status and error in the table, its MLflow run marked
-FAILED) and the others go on, as a suite's children do (raysim.studies.children); a trial stopped early is
-FINISHED with the rounds it ran and a `raysim.stopped_early` tag, and a resumed sweep keeps it.
+A sweep file has a `base` experiment (inline, or `base_config`: a path relative to the sweep file), a `grid` (dotted
+key -> list of values; every combination), optional `random` draws (count, seed and a distribution per dotted key;
+every draw is combined with every grid point) and `seeds`. A setting is one grid point with one draw; each setting
+runs once per seed. Each trial is a Ray Tune trial whose trainable (`_trainable`, on the head node) runs the trial's
+experiment (`run_experiment`: its hosts and coordinator are actors it owns) and reports every round's metrics to
+Tune through a round callback (ReportRounds), so that the `scheduler` (ASHA, median stopping) can stop it early and
+a `search` algorithm (Optuna) can propose settings; at most `max_concurrent` trials run at once (default: as many as
+the cluster's CPUs hold). The trials' MLflow runs are nested under one parent run, which only this process creates
+and which gets the summary table (summary.parquet) and the plots (accuracy vs round per trial; final accuracy mean
++/- std over seeds per setting). Every trial's config is validated and every distinct partition made
+(`suite.check_partitions`) before the parent run or any Ray work, so an impossible request fails at once naming its
+trial. A trial that fails later is recorded as failed (status and error in the table, its MLflow run marked FAILED)
+and the others go on, as a suite's children do (raysim.studies.children); a trial stopped early is FINISHED with the
+rounds it ran and a `raysim.stopped_early` tag, and a resumed sweep keeps it.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ from raysim.runtime.crews import dismiss_parked
 from raysim.runtime.session import ray_session, started_here
 from raysim.settings import Settings
 from raysim.studies.children import ChildOutcome, ParentRun, one_line, outcome_line, run_child
-from raysim.studies.lanes import ACKS, ROUNDS, start_lanes
 from raysim.studies.resume import STOPPED_TAG, ResumePlan, kept_outcome, plan_resume, reopen_parent
 from raysim.studies.suite import check_partitions, write_summary
 from raysim.studies.table import write_tables
@@ -321,95 +319,46 @@ def absolute_tracking_uri(configured: str | None) -> str:
 
 
 TRIAL_RESOURCES: dict[str, float] = {"node:__internal_head__": 0.001}
-"""What a trial's Tune actor reserves: a thousandth of the head node's marker resource, so that it and its
-experiment's driver (a task on the same node) run on the head, as the sweep's own driver does, and the loss of a
-worker node takes only hosts, which the runtime recovers from its checkpoint, never a trial's driver. Nothing that
-counts: the experiment's hosts and coordinator reserve their own CPUs, and `max_concurrent` bounds the trials at
-once, as before Tune."""
+"""What a trial's Tune actor reserves: a thousandth of the head node's marker resource, so that it, and the trial's
+experiment it drives, run on the head, as the sweep's own driver does, and the loss of a worker node takes only
+hosts, which the runtime recovers from its checkpoint, never a trial's driver. Nothing that counts: the experiment's
+hosts and coordinator reserve their own CPUs (in placement of their own: raysim.runtime.actors), and
+`max_concurrent` bounds the trials at once."""
 
 
 class TrialFailed(RuntimeError):
     """A trial's experiment failed; its message is the one-line error (Tune records the trial as ERROR)."""
 
 
-ACK_WAIT_S = 600.0
-"""How long a trial's experiment under a scheduler waits for its round's go-ahead before it goes on anyway (Tune
-asks for the next result as soon as the scheduler has decided; a controller that slow is a broken one)."""
-
-
 class ReportRounds(RoundCallback):
-    """A trial's round callback: each round's metrics onto the rounds lane (raysim.studies.lanes) its Tune trainable
-    reads. The experiment runs in a Ray task of its own on the trainable's node (an explicit scheduling strategy:
-    outside the trial's placement group, which Tune's function trainables capture their children into), so that the
-    runtime neither knows Tune nor has its hosts placed by it. With `acks` (a sweep with a scheduler), each round
-    before the last waits for the trainable's go-ahead, which it sends once Tune has taken the round and asked for
-    the next: the scheduler decides at a round before the experiment starts the next one, so a trial stopped at
-    round k runs k rounds whatever the speed of a round."""
+    """A trial's round callback: each round's metrics to Tune (`round`, the round's metrics and the node), from the
+    Tune actor's training thread that runs the experiment. A function trainable's report returns only once Tune has
+    taken the round and asks for the next result, so the scheduler decides at a round before the experiment starts
+    the next one: a trial stopped at round k runs k rounds whatever the speed of a round (the stop reaches the
+    experiment as SystemExit out of the report, and its actor ends). The last round is kept (`last`) for
+    `_trainable` to report once the run has finished (summaries logged, run FINISHED), so that a scheduler deciding
+    at the last round never cuts a run short of its end."""
 
-    def __init__(self, lanes: Any, acks: bool = False, rounds: int = 0):
-        self.lanes, self.acks, self.rounds = lanes, acks, rounds
+    def __init__(self, node: str, rounds: int):
+        self.node, self.rounds = node, rounds
+        self.last: dict[str, Any] | None = None
 
     def on_round(self, step: int, metrics: dict[str, float]) -> None:
+        from ray import tune
+
         finite = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
-        ray.get(self.lanes.put.remote(ROUNDS, ("round", (step, finite))))
-        if self.acks and step < self.rounds:
-            ray.get(self.lanes.get.remote(ACKS, ACK_WAIT_S))  # (False, None) after ACK_WAIT_S: it goes on anyway
-
-
-@ray.remote(num_cpus=0, max_retries=0)
-def _run_trial(
-    config: ExperimentConfig,
-    parent: str,
-    continue_run: str | None,
-    command: str | None,
-    credentials: dict[str, str] | None,
-    lanes: Any = None,
-    acks: bool = False,
-) -> ChildOutcome:
-    """One trial's experiment on the cluster (raysim.studies.children.run_child): errors are returned. `command`:
-    the sweep's, the trial's MLflow source (its own process is a Ray worker). `credentials`: the tracking
-    credentials the trial's run is written with, lent to this worker while it runs (raysim.credentials.lent; a
-    local Ray's workers hold none of their own). `lanes`: the trial's raysim.studies.lanes actor its rounds go to,
-    `acks`: whether each round waits there for its go-ahead (under a scheduler; ReportRounds). The
-    actors a trial keeps (runtime.reuse_actors) are ended with it: kept in the idle worker process, they held
-    their CPUs for ever, and the driver's next run waited for them."""
-    node = ray.get_runtime_context().get_node_id()
-    callbacks = [ReportRounds(lanes, acks, config.rounds)] if lanes is not None else []
-    if lanes is not None:
-        ray.get(lanes.put.remote(ROUNDS, ("node", node)))
-    try:
-        with lent(credentials or {}):
-            outcome = run_child(config, parent, continue_run, command=command, round_callbacks=callbacks)
-    finally:
-        dismiss_parked()
-    outcome.node = node
-    return outcome
+        report = {**finite, "round": step, "raysim_node": self.node}
+        if step >= self.rounds:
+            self.last = report
+            return
+        tune.report(report)
 
 
 def reuse_trainables(sweep: SweepConfig) -> bool:
-    """Whether a Tune actor that ran a trial to its end runs the next one (Tune's `reuse_actors`), with its lanes
-    (`_lanes`): a worker process and its lanes' actor started once per trial slot instead of once per trial.
-    Not under a scheduler: a trial it stops must end with its actor, which owns the trial's experiment task
-    (`_settled`); a reused actor would leave that experiment running beside the next trial."""
+    """Whether a Tune actor that ran a trial to its end runs the next one (Tune's `reuse_actors`): a worker process
+    started once per trial slot instead of once per trial. Not under a scheduler: a trial it stops ends with its
+    actor (its experiment's hosts and coordinator, which it owns, with it)."""
     return sweep.scheduler.name == "none"
-
-
-_LANES: list[Any] = []
-"""This Tune actor's lanes (raysim.studies.lanes; one actor runs one trial at a time; a reused one, several in
-turn)."""
-
-
-def _lanes(node: str) -> Any:
-    """This actor's lanes for its trial, on its node: one actor (a worker process) holding both the rounds
-    (ReportRounds) and, under a scheduler, their go-aheads; made by its first trial and emptied for each next one
-    (nothing is left in them after a trial that ended: `_trainable` reads the rounds until the experiment's task is
-    done, and a go-ahead is sent only for a round the task waits on)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    if not _LANES:
-        _LANES.append(start_lanes(NodeAffinitySchedulingStrategy(node, soft=False)))
-    ray.get(_LANES[0].clear.remote())
-    return _LANES[0]
 
 
 @dataclass
@@ -437,47 +386,27 @@ class _Setup:
 
 
 def _trainable(spec: dict[str, Any], setup: _Setup) -> None:
-    """A Tune trial: run its experiment and report each round to Tune (`round` and the round's metrics) as it
-    ends. The last round is reported once the run has finished (summaries logged, run FINISHED), so that a
-    scheduler deciding at the last round never cuts a run short of its end; a failed run raises TrialFailed."""
+    """A Tune trial: its experiment, run here (raysim.studies.children.run_child) reporting each round to Tune as it
+    ends (ReportRounds), its last round once the run has finished; a failed run raises TrialFailed. `command`: the
+    sweep's, the trial's MLflow source (this process is a Ray worker). The tracking credentials the trial's run is
+    written with are lent to this worker while it runs (raysim.credentials.lent; a local Ray's workers hold none of
+    their own). The actors a trial keeps (runtime.reuse_actors) are ended with it: kept in a reused Tune actor, they
+    held their CPUs for ever, and the driver's next run waited for them."""
     from ray import tune
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     trial = setup.trial_of(spec)
     config = trial.config
-    node_id = ray.get_runtime_context().get_node_id()
-    here = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    lockstep = setup.sweep.scheduler.name != "none"
-    lanes = _lanes(node_id)
+    rounds = ReportRounds(ray.get_runtime_context().get_node_id(), config.rounds)
     continued = setup.continued.get(config.tracking.run_name or "")
-    ref = _run_trial.options(scheduling_strategy=here).remote(
-        carry(config), setup.parent, continued, setup.command, setup.credentials, lanes, lockstep
-    )
-    node, last = "", None
-    while True:
-        done = bool(ray.wait([ref], timeout=0)[0])  # then what it put before it ended is all on the lane
-        for kind, payload in ray.get(lanes.take.remote(ROUNDS, 0.0 if done else 0.2)):
-            if kind == "node":
-                node = payload
-                continue
-            step, metrics = payload
-            report = {**metrics, "round": step, "raysim_node": node}
-            if step >= config.rounds:
-                last = report
-                continue
-            tune.report(report)  # returns once Tune has taken it and asks for the next result
-            if lockstep:
-                ray.get(lanes.put.remote(ACKS, step))
-        if done:
-            break
     try:
-        outcome = ray.get(ref)
-    except Exception as error:  # noqa: BLE001 - the task itself died
-        raise TrialFailed(one_line(error)) from None
+        with lent(setup.credentials or {}):
+            outcome = run_child(config, setup.parent, continued, command=setup.command, round_callbacks=[rounds])
+    finally:
+        dismiss_parked()
     if not outcome.finished:
         raise TrialFailed(outcome.error or "failed")
-    if last is not None:
-        tune.report(last)
+    if rounds.last is not None:
+        tune.report(rounds.last)
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -578,7 +507,7 @@ class _Watcher:
         self._ended(trial, ChildOutcome("failed", error=_error_line(_trial_error(trial))))
 
     def kill_live(self) -> list[str]:
-        """End the trials in flight (their experiments' tasks end with them); returns their run names."""
+        """End the trials in flight (their experiments end with their Tune actors); returns their run names."""
         names = []
         for trial in list(self.live.values()):
             names.append(self.name_of(trial)[1])
@@ -795,9 +724,9 @@ def _tune(
 
 def _settled(writer: MlflowWriter, parent: str, names: list[str], wait_s: float = 10.0) -> dict[str, Any]:
     """The sweep's child runs of these names, once none is RUNNING or `wait_s` has passed: the experiment of a
-    trial its scheduler stopped ends with the trial's Tune actor (its owner), and, if it goes in time, marks its
-    own run FAILED on the way out; either way it writes nothing more once it is settled here. A FINISHED run wins
-    over an unfinished one of the same name."""
+    trial its scheduler stopped ends with the trial's Tune actor (SystemExit out of its report) and, if it goes in
+    time, marks its own run FAILED on the way out; either way it writes nothing more once it is settled here. A
+    FINISHED run wins over an unfinished one of the same name."""
     wanted, deadline = set(names), time.monotonic() + wait_s
     while True:
         children = writer.client.search_runs(
@@ -825,10 +754,9 @@ def _record_stopped(writer: MlflowWriter, run: Any, stopped_at: str) -> Any:
 
 
 def _mark_killed(writer: MlflowWriter, parent: str, names: list[str], since_ms: int, wait_s: float = 3.0) -> None:
-    """The trials in flight when the sweep was stopped: their experiments' tasks end with their Tune actors (killed
-    by `_Watcher.kill_live`), so their runs of this sweep's process (started at `since_ms` or later), `wait_s` later,
-    are marked KILLED from here: those still RUNNING, and those the dying task marked FAILED on its way out (its
-    worker ends with SystemExit when its owner dies)."""
+    """The trials in flight when the sweep was stopped: their experiments end with their Tune actors (killed by
+    `_Watcher.kill_live`), so their runs of this sweep's process (started at `since_ms` or later), `wait_s` later,
+    are marked KILLED from here: those still RUNNING, and those a dying experiment marked FAILED on its way out."""
     time.sleep(wait_s)
     children = writer.client.search_runs([writer.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
     for run in children:

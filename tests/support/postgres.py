@@ -17,7 +17,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -132,11 +131,12 @@ class LocalPostgres:
         """A new, empty MLflow store named `name` (a clone of the migrated template); its URI."""
         if not self._has(TEMPLATE):
             self._execute(f"CREATE DATABASE {TEMPLATE}")
-            # MLflow creates and migrates the tables in a process of its own: its engine's pooled connections,
-            # which would keep the template from being cloned, end with it.
+            # MLflow creates and migrates the tables in this process (a process of its own imported MLflow again);
+            # its engine's pooled connections, which would keep the template from being cloned, are closed then.
             # MLflow's Default experiment points into this folder, not into the folder the tests started in.
-            migrate = f"import mlflow; mlflow.MlflowClient({self.uri(TEMPLATE)!r}).search_experiments()"
-            subprocess.run([sys.executable, "-c", migrate], check=True, timeout=300, capture_output=True, cwd=self.root)
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            SqlAlchemyStore(self.uri(TEMPLATE), (self.root / "mlruns").as_uri()).engine.dispose()
         self._execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
         return self.uri(name)
 

@@ -130,14 +130,20 @@ ON_RAY = {2: "term-and-executor", 4: "dataset"}
 """The blocks whose runs start Ray's workers, which import the plugins the command names: the algorithm's and the
 model's runs (blocks 1 and 3) name a subset of the dataset's (the same fedavgm.yaml with FedAvgM, tiny_cnn and the
 CSV source), so they run their hosts in the driver (HOSTS_IN_PROCESS): the same command and plugins, without two
-more Rays and four more processes importing torch."""
+more Rays and four more processes importing torch. The runs on Ray have one host actor (ONE_HOST)."""
+
+ONE_HOST = ("--set", "runtime.num_hosts=1")
+"""For a run on Ray whose subject is that Ray's workers import its plugins: one host actor shows it (the page's
+configs ask for two), one worker process less importing torch and the plugins."""
 
 
-def hosts_in_process(block: str) -> str:
-    """`block` with its one `raysim run` line's hosts in the driver's process."""
+def with_options(block: str, options: tuple[str, ...]) -> str:
+    """`block` with `options` added to its one `raysim run` command (at the end of its last continued line)."""
     lines = block.split("\n")
     (run,) = (i for i, line in enumerate(lines) if line.startswith(".venv/bin/raysim run "))
-    lines[run] += " " + " ".join(HOSTS_IN_PROCESS)
+    while lines[run].endswith("\\"):
+        run += 1
+    lines[run] += " " + " ".join(options)
     return "\n".join(lines)
 
 
@@ -145,20 +151,22 @@ def hosts_in_process(block: str) -> str:
 @pytest.mark.parametrize("block", range(1, 5), ids=["algorithm", "term-and-executor", "model", "dataset"])
 def test_the_pages_commands_run_each_plugin_through_raysim_run(page, block):
     """Each example's commands as the page shows them: listed by raysim, then a real run with `--plugin` (on a local
-    Ray, or with its hosts in the driver where another block's run covers its plugins on Ray: ON_RAY)."""
+    Ray with one host, or with its hosts in the driver where another block's run covers its plugins on Ray: ON_RAY)."""
     script = page_commands()[block]
-    done = shell(script if block in ON_RAY else hosts_in_process(script), page, environment(page))
+    done = shell(with_options(script, ONE_HOST if block in ON_RAY else HOSTS_IN_PROCESS), page, environment(page))
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert RUN_LINE.search(done.stdout), done.stdout
 
 
 def _all_three(tmp_path: Path, config: Path) -> dict:
-    """A config naming the three plugins' entries (FedAvgM, tiny_cnn, the CSV source), written to `config`."""
+    """A config naming the three plugins' entries (FedAvgM, tiny_cnn, the CSV source), written to `config`; on Ray,
+    one host actor (a worker importing the plugins: what the tests check of Ray's workers)."""
     tree = tiny_config(
         algorithm={"name": "my_fedavgm", "lr": 0.05, "batch_size": 32, "server_momentum": 0.5},
         model={"name": "tiny_cnn"},
         dataset={"name": "csv", "path": str(tmp_path / "digits.csv"), "shape": [1, 8, 8]},
         rounds=2,
+        runtime={"num_hosts": 1},
         tracking={"uri": fresh_store(tmp_path / "mlflow.db"), "experiment": "plugins"},
     )
     config.parent.mkdir(parents=True, exist_ok=True)

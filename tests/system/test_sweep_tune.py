@@ -24,9 +24,8 @@ SHIPPED = ROOT / "configs" / "sweep_asha.yaml"
 @pytest.mark.slow
 def test_the_shipped_asha_sweep_stops_its_worst_trial_and_a_resume_keeps_it(tmp_path, fmnist_tenth, ray_local, capsys):
     """configs/sweep_asha.yaml validates with ASHA; its small version (its grid and scheduler, one seed, 4 rounds of
-    the quickstart on a tenth of Fashion-MNIST, one host) runs through `raysim sweep`, a process of its own: the
-    trial ASHA stops ends with its Tune actor, and the placement group its experiment made for its hosts stays
-    until the driver's job ends (in this process it would hold the session Ray's CPUs from the tests after it).
+    the quickstart on a tenth of Fashion-MNIST, one host in the trial's own process: the scheduler is the subject
+    here, not the actors) runs through `raysim sweep`, as a user runs it, in a process of its own.
     ASHA's rungs are rounds 2 and 4 (grace_period 2, reduction_factor 2, max_t = rounds): the trial at lr=0.001,
     last in the grid, reaches round 2 after the three others and is stopped there, its run FINISHED with the
     rounds it ran and the `raysim.stopped_early` tag; a trial that reaches the rung at its last round is not cut
@@ -42,7 +41,7 @@ def test_the_shipped_asha_sweep_stops_its_worst_trial_and_a_resume_keeps_it(tmp_
 
     data = yaml.safe_load(SHIPPED.read_text())
     base = yaml.safe_load((SHIPPED.parent / data.pop("base_config")).read_text())
-    base |= {"rounds": 4, "clients": {"count": 4}, "runtime": {"num_hosts": 1}}
+    base |= {"rounds": 4, "clients": {"count": 4}, "runtime": {"actors": "in_process", "num_hosts": 1}}
     base["dataset"] = {**base["dataset"], "root": str(fmnist_tenth)}
     uri = fresh_store(tmp_path / "mlflow.db")
     base["tracking"] = {"uri": uri, "experiment": "asha", "figures": []}

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -216,26 +218,86 @@ def test_a_chosen_port_taken_while_mlflow_starts_moves_the_server_to_the_next_fr
         _stop(holder)
 
 
-def _chromium(*args: str, width: int = 1600) -> subprocess.CompletedProcess:
-    """Headless Chromium (Debian's `chromium`, which `make setup` installs) on a page of the UI; MLflow draws a
-    grouped chart only when the window is wide enough for its card (1900 pixels)."""
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert binary, "headless Chromium is needed: `make setup` installs Debian's chromium package"
-    options = [
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        f"--window-size={width},1100",
-        "--virtual-time-budget=20000",
-    ]
-    return subprocess.run([binary, *options, *args], capture_output=True, text=True, timeout=180)
+class _Chromium:
+    """One headless Chromium (Debian's `chromium`, which `make setup` installs) for every page of a test, driven over
+    `--remote-debugging-pipe` with the Chrome DevTools protocol (JSON messages ending in NUL, commands on the
+    browser's fd 3, answers and events on its fd 4): each start costs seconds of CPU, and the later pages load
+    MLflow's JavaScript from the warm browser's cache."""
 
+    def __init__(self) -> None:
+        binary = shutil.which("chromium") or shutil.which("chromium-browser")
+        assert binary, "headless Chromium is needed: `make setup` installs Debian's chromium package"
+        options = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--remote-debugging-pipe"]
+        commands, self._commands = os.pipe()
+        self._answers, answers = os.pipe()
+        pipe_ends = commands, answers
+        # the browser's ends renumbered past 4, so that moving them to 3 and 4 closes neither (bash, not dash, takes
+        # the numbers past 9 that they may have)
+        commands, answers = (fcntl.fcntl(fd, fcntl.F_DUPFD, 5) for fd in (commands, answers))
+        self.process = subprocess.Popen(
+            ["bash", "-c", f'exec "$@" 3<&{commands} 4>&{answers}', "bash", binary, *options],
+            pass_fds=(commands, answers),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for fd in (commands, answers, *pipe_ends):
+            os.close(fd)
+        self._unread, self._sent, self._events = b"", 0, []
 
-def _render(url: str, shot: Path | None = None, width: int = 1600) -> str:
-    """The rendered page's DOM, and its screenshot in `shot` when given: one Chromium start does both (each start
-    costs seconds on a loaded machine)."""
-    return _chromium("--dump-dom", *([f"--screenshot={shot}"] if shot else []), url, width=width).stdout
+    def call(self, method: str, session: str | None = None, **params) -> dict:
+        self._sent += 1
+        message = {"id": self._sent, "method": method, "params": params, **({"sessionId": session} if session else {})}
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        answer = self._next(lambda message: message.get("id") == self._sent)
+        assert "error" not in answer, (method, answer)
+        return answer["result"]
+
+    def _next(self, wanted) -> dict:
+        """The first message that is `wanted`, an event received earlier included; others are kept."""
+        for message in self._events:
+            if wanted(message):
+                self._events.remove(message)
+                return message
+        while True:
+            while b"\0" not in self._unread:
+                block = os.read(self._answers, 1 << 20)
+                assert block, "Chromium closed its DevTools pipe"
+                self._unread += block
+            raw, self._unread = self._unread.split(b"\0", 1)
+            message = json.loads(raw)
+            if wanted(message):
+                return message
+            self._events.append(message)
+
+    def render(self, url: str, shot: Path | None = None, width: int = 1600) -> str:
+        """The rendered page's DOM, and its screenshot in `shot` when given, from a new tab of `width` x 1100 pixels
+        (MLflow draws a grouped chart only when the window is wide enough for its card: 1900 pixels), once 20 s of
+        virtual time have passed without a network fetch pending (as `--virtual-time-budget=20000` waits)."""
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        tab = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self.call(
+            "Emulation.setDeviceMetricsOverride", tab, width=width, height=1100, deviceScaleFactor=1, mobile=False
+        )
+        self.call("Emulation.setVirtualTimePolicy", tab, policy="pause")  # the budget counts from the navigation
+        self.call("Page.navigate", tab, url=url)
+        self.call("Emulation.setVirtualTimePolicy", tab, policy="pauseIfNetworkFetchesPending", budget=20000)
+        self._next(lambda message: message.get("method") == "Emulation.virtualTimeBudgetExpired")
+        html = self.call("Runtime.evaluate", tab, expression="document.documentElement.outerHTML", returnByValue=True)
+        if shot:
+            shot.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", tab, format="png")["data"]))
+        self.call("Target.closeTarget", targetId=target)
+        self._events.clear()  # the closed tab's
+        return html["result"]["value"]
+
+    def __enter__(self) -> _Chromium:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with contextlib.suppress(AssertionError, OSError):
+            self.call("Browser.close")
+        os.close(self._commands)
+        os.close(self._answers)
+        self.process.wait(timeout=60)
 
 
 def _text(html: str) -> list[str]:
@@ -314,32 +376,33 @@ def test_screenshots_compare_a_suite_and_show_a_run_whose_first_charts_are_the_c
         while not _healthy(port) and time.monotonic() < deadline:
             time.sleep(1)
         shots = {name: tmp_path / f"{name}.png" for name in ("compared", "table", "runs", "run")}
-        page = _render(link, shots["compared"], width=1900)
-        text = _text(page)
-        assert all(f"Group: {name}" in text for name in settings), text
-        assert "Additional runs" not in text and "Sort: pm/acc" in text  # no group of the parent run beside them
-        dots = [f"rgb{tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))}" for color in colors.values()]
-        assert all(dot in page for dot in dots), dots  # each group's colour swatch
-        assert "Model training" in text and not {"Judges", "Prompts"} & set(text)  # not MLflow's GenAI view
-        sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
-        assert sections == ["gm", "hm", "pm"], sections  # the headline curves, not the parent's means
-        table_link = link.replace("&compareRunsMode=CHART", "")
-        table = _text(_render(table_link, shots["table"], width=1900))
-        assert {"pm/acc", "gm/acc", "hm/acc"} <= set(table) and all(r.info.run_name in table for r in children)
-        assert table.count("global_model") == len(children), table  # the Models column: each child's LoggedModel
-        description = _render(f"{server}/#/experiments/{experiment}/runs/{parent}")
-        assert f'href="{link.removeprefix(server).replace("&", "&amp;")}"' in description
+        with _Chromium() as browser:  # one browser for every page
+            page = browser.render(link, shots["compared"], width=1900)
+            text = _text(page)
+            assert all(f"Group: {name}" in text for name in settings), text
+            assert "Additional runs" not in text and "Sort: pm/acc" in text  # no group of the parent run beside them
+            dots = [f"rgb{tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))}" for color in colors.values()]
+            assert all(dot in page for dot in dots), dots  # each group's colour swatch
+            assert "Model training" in text and not {"Judges", "Prompts"} & set(text)  # not MLflow's GenAI view
+            sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
+            assert sections == ["gm", "hm", "pm"], sections  # the headline curves, not the parent's means
+            table_link = link.replace("&compareRunsMode=CHART", "")
+            table = _text(browser.render(table_link, shots["table"], width=1900))
+            assert {"pm/acc", "gm/acc", "hm/acc"} <= set(table) and all(r.info.run_name in table for r in children)
+            assert table.count("global_model") == len(children), table  # the Models column: each child's LoggedModel
+            description = browser.render(f"{server}/#/experiments/{experiment}/runs/{parent}")
+            assert f'href="{link.removeprefix(server).replace("&", "&amp;")}"' in description
 
-        runs_link = runs_page(server, uri, "compared")
-        assert runs_link == f"{server}/#/experiments/{experiment}/runs?workflowType=machine_learning"
-        table = _text(_render(runs_link, shots["runs"]))
-        assert "three" in table and "Model training" in table and "Runs" in table
-        run_page = runs_link.replace("/runs?", f"/runs/{children[0].info.run_id}/model-metrics?")
-        text = _text(_render(run_page, shots["run"]))
-        sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
-        assert sections[:3] == ["gm", "hm", "pm"], sections
-        assert {"update", "traffic", "round", "time", "server"} <= set(sections[3:])
-        assert not any(name.startswith(("best", "final")) for name in sections)
+            runs_link = runs_page(server, uri, "compared")
+            assert runs_link == f"{server}/#/experiments/{experiment}/runs?workflowType=machine_learning"
+            table = _text(browser.render(runs_link, shots["runs"]))
+            assert "three" in table and "Model training" in table and "Runs" in table
+            run_page = runs_link.replace("/runs?", f"/runs/{children[0].info.run_id}/model-metrics?")
+            text = _text(browser.render(run_page, shots["run"]))
+            sections = [name for name, count in zip(text, text[1:], strict=False) if re.fullmatch(r"\(\d+\)", count)]
+            assert sections[:3] == ["gm", "hm", "pm"], sections
+            assert {"update", "traffic", "round", "time", "server"} <= set(sections[3:])
+            assert not any(name.startswith(("best", "final")) for name in sections)
         for shot in shots.values():
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000
     finally:
