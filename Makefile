@@ -2,19 +2,25 @@
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+COMPILED := $(VENV)/.compiled
 
 .PHONY: run check test test-unit test-integration test-system test-matrix test-images lint setup data tools docs lock clean
 
 run: setup
 	$(BIN)/raysim run configs/quickstart.yaml
 
-# What a contributor runs before a commit: lint, format, types and the unit tier (tests/unit: no Ray, no process).
-check: setup lint
-	$(BIN)/pytest -q -n 2 tests/unit
+# What a contributor runs before a commit: lint, format, types and the unit tier (tests/unit: no Ray, no process),
+# lint meanwhile as in `make test`.
+check: setup
+	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	$(BIN)/pytest -q -n 2 tests/unit; tests=$$?; \
+	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
+	if [ $$linted -ne 0 ]; then echo "make check: lint, format or types failed (above)"; fi; \
+	exit $$(( tests || linted ))
 
 # Everything (what CI runs: .ci/run): the three tiers, with lint, format and types checked meanwhile (their output
 # after the tests'; either failing fails the target).
-test: setup
+test: setup $(COMPILED)
 	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder; tests=$$?; \
 	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
@@ -43,17 +49,21 @@ lint: setup
 
 setup: $(STAMP) data tools
 
-# The packages are byte-compiled once, on both cores, after pip (which would do it on one): left to the first
-# import, every process that imports a module before its .pyc exists compiles it for itself, and at the start of
-# `make test` a dozen do at once (pytest workers, Ray daemons and workers, a cluster's nodes): an import of torch,
-# Ray and MLflow took 14 CPU s without .pyc files against 6 with them.
 $(STAMP):
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[dev,postgres]'
+	$(BIN)/python -m raysim.torchvision_compat
+	rm -f $(VENV)/.installed-* $(COMPILED) && touch $@
+
+# For `make test`, the packages are byte-compiled once, on both cores: left to the first import, every process that
+# imports a module before its .pyc exists compiles it for itself, and at the start of `make test` a dozen do at once
+# (pytest workers, Ray daemons and workers, a cluster's nodes): an import of torch, Ray and MLflow took 14 CPU s
+# without .pyc files against 6 with them. `make check`'s two pytest workers compile what they import (less than the
+# whole environment).
+$(COMPILED): $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
 	  > /dev/null 2>&1 || true
-	$(BIN)/python -m raysim.torchvision_compat
-	rm -f $(VENV)/.installed-* && touch $@
+	touch $@
 
 data: $(STAMP)
 	$(BIN)/python -m raysim.data.fetch

@@ -64,10 +64,18 @@ class ChildOutcome:
         return cls("finished", result.run_id, result.history, result.summary, seconds=seconds)
 
 
+FOOTNOTE = "(Background on this error at: "
+"""The last line SQLAlchemy adds to its errors (a link to its docs), which MLflow's errors of a SQL store carry: their
+first line says what happened (the lines between are the statement and its parameters)."""
+
+
 def one_line(error: BaseException) -> str:
     """An error as one line, credentials redacted: a RaysimError's message (the line `raysim run` would print);
-    anything else its last line (a Ray task error's is the exception raised inside the task), led by its type."""
+    anything else its last line (a Ray task error's is the exception raised inside the task; a SQL store's error its
+    first, FOOTNOTE), led by its type."""
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    if any(line.startswith(FOOTNOTE) for line in lines):
+        lines = lines[:1]
     last = lines[-1].strip() if lines else ""
     if not isinstance(error, RaysimError) and not re.match(r"^[\w.]+(Error|Exception)\b", last):
         last = f"{type(error).__name__}: {last}" if last else type(error).__name__

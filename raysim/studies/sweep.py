@@ -318,12 +318,24 @@ def absolute_tracking_uri(configured: str | None) -> str:
     return f"sqlite:///{database.resolve()}" + (f"?{query}" if query else "")
 
 
-TRIAL_RESOURCES: dict[str, float] = {"node:__internal_head__": 0.001}
-"""What a trial's Tune actor reserves: a thousandth of the head node's marker resource, so that it, and the trial's
-experiment it drives, run on the head, as the sweep's own driver does, and the loss of a worker node takes only
-hosts, which the runtime recovers from its checkpoint, never a trial's driver. Nothing that counts: the experiment's
-hosts and coordinator reserve their own CPUs (in placement of their own: raysim.runtime.actors), and
-`max_concurrent` bounds the trials at once."""
+HEAD_MARKER = "node:__internal_head__"
+"""The head node's marker resource (1 on the head, none elsewhere): what a trial's Tune actor reserves a share of."""
+
+
+def trial_limits(sweep: SweepConfig, limit: int) -> tuple[dict[str, float], int | None]:
+    """What a trial's Tune actor reserves, and Tune's `max_concurrent_trials`. The actor reserves a share of the head
+    node's marker resource, so that it, and the trial's experiment it drives, run on the head, as the sweep's own
+    driver does, and the loss of a worker node takes only hosts, which the runtime recovers from its checkpoint, never
+    a trial's driver (the experiment's hosts and coordinator reserve their own CPUs, in placement of their own:
+    raysim.runtime.actors). Where Tune's actors are reused (`reuse_trainables`), the share is 1/`limit` (floored to
+    Ray's 0.0001), so that the head holds `limit` trials at once and Tune, told no limit, queues the others: Tune
+    keeps a trainable whose trial ended only for a queued trial, and with `max_concurrent_trials` none is queued
+    until one ends (two trials ending together left one trainable stopped and a new process started, most of a
+    20-trial sweep's CPU on a loaded machine). Elsewhere (a scheduler, Optuna) the share is a thousandth and
+    `max_concurrent_trials` bounds the trials at once, in the order Tune starts them."""
+    if not reuse_trainables(sweep) or sweep.search.algorithm == "optuna":
+        return {HEAD_MARKER: 0.001}, limit
+    return {HEAD_MARKER: max(1e-4, math.floor(1e4 / limit) / 1e4)}, None
 
 
 class TrialFailed(RuntimeError):
@@ -662,14 +674,15 @@ def _tune(
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own tables stay off: the sweep prints its lines
         os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # results go to MLflow, not Tune's files
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)  # a failed trial: its line, not Tune's traceback
+        resources, max_concurrent = trial_limits(sweep, limit)
         tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(_trainable, setup=carry(setup)), TRIAL_RESOURCES),
+            tune.with_resources(tune.with_parameters(_trainable, setup=carry(setup)), resources),
             param_space=space,
             tune_config=tune.TuneConfig(
                 scheduler=sweep.scheduler.build(rounds),
                 search_alg=search,
                 num_samples=samples,
-                max_concurrent_trials=limit,
+                max_concurrent_trials=max_concurrent,
                 reuse_actors=reuse_trainables(sweep),
             ),
             run_config=tune.RunConfig(

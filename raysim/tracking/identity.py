@@ -7,6 +7,7 @@ import getpass
 import hashlib
 import shlex
 import sys
+import time
 
 import numpy as np
 
@@ -94,4 +95,19 @@ def log_dataset(client, run_id: str, config: ExperimentConfig, labels: np.ndarra
         f'"clients": {config.clients.count}, "seed": {config.seed}}}',
         profile=f'{{"samples": {len(labels)}, "clients": {len(splits)}}}',
     )
-    client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", "training")])])
+    inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", "training")])]
+    for attempt in range(DATASET_TRIES):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return
+        except Exception:  # noqa: BLE001 - the race below, or the store's own error: raised at the last try
+            if attempt == DATASET_TRIES - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
+DATASET_TRIES = 3
+"""Tries of a run's dataset input: MLflow records a dataset once per experiment (its name and digest), looking for it
+and inserting it in one transaction, so two runs of one experiment logging the same dataset at once (a sweep's
+first trials) can both insert it; the second's transaction fails whole (IntegrityError, a trial FAILED in the
+20-trial sweep test on a loaded machine), and its retry finds the dataset and links it."""

@@ -55,6 +55,21 @@ def sqlite_file(uri: str) -> Path | None:
     return Path(parts.path[1:] if uri.startswith("sqlite:///") else parts.path)
 
 
+SQLITE_BUSY_S = 60
+"""How long a write to a local sqlite store waits for another process's write to end (sqlite's busy timeout; Python's
+default is 5 s): a sweep's trials, its parent and `raysim ui` share one store, and on a loaded machine a write could
+wait longer than 5 s and fail its run with "database is locked"."""
+
+
+def waiting_for_writers(uri: str) -> str:
+    """A local sqlite store's URI with SQLITE_BUSY_S as its connections' timeout (SQLAlchemy passes the URI's
+    `timeout` to sqlite3.connect), unless it names one; any other URI as it is."""
+    parts = urllib.parse.urlsplit(uri)
+    if sqlite_file(uri) is None or "timeout" in urllib.parse.parse_qs(parts.query):
+        return uri
+    return f"{uri}{'&' if parts.query else '?'}timeout={SQLITE_BUSY_S}"
+
+
 def local_artifact_location(uri: str, experiment: str) -> str | None:
     """Where a new experiment of a local sqlite store keeps its artifacts: beside the database file, in
     `mlartifacts/<experiment>` (MLflow's own default is ./mlruns of whatever folder the first command ran in);
@@ -250,7 +265,7 @@ class MlflowWriter:
         (`experiment_artifact_location`)."""
         self.tracking_uri = tracking_uri
         """As given (credentials included: other processes of the run connect with it); never shown."""
-        uri = connect_uri(tracking_uri)
+        uri = waiting_for_writers(connect_uri(tracking_uri))
         check_reachable(uri, connect_timeout_s)
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
