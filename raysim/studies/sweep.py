@@ -617,7 +617,7 @@ def run_sweep(
         with ray_session(base):
             dismiss_parked()  # this process's kept actors (runtime.reuse_actors) hold resources the trials wait for
             limit = concurrency(sweep, shape)
-            say(f"running up to {limit} trials at once", flush=True)
+            say(f"running up to {limit} trial{'' if limit == 1 else 's'} at once", flush=True)
             if plan.summary():
                 say(plan.summary(), flush=True)
             progress = TrialProgress(writer, parent) if show_progress else None
