@@ -271,3 +271,19 @@ def test_a_failed_tune_trial_is_its_experiments_one_line():
     assert _error_line(TuneError(text)) == line
     assert _error_line(RuntimeError("a\nOSError: disk full")) == "OSError: disk full"
     assert _error_line(None) == "failed"
+
+
+def test_reused_trial_actors_share_the_head_so_that_tune_queues_the_others():
+    """Without a scheduler a trial reserves 1/limit of the head's marker (floored to Ray's 0.0001) and Tune is told no
+    limit: `limit` trials fit on the head at once, the rest queue, and a finished trial's actor is kept for them.
+    Under a scheduler, a thousandth and Tune's own limit (its trials start in its order, each with an actor)."""
+    from raysim.studies.sweep import HEAD_MARKER, trial_limits
+
+    plain = parse_sweep(sweep_data(grid={"algorithm.rho": [0.1, 0.2, 0.3]}))
+    share, told = trial_limits(plain, 3)
+    assert told is None and share == {HEAD_MARKER: 0.3333}
+    assert 3 * share[HEAD_MARKER] <= 1.0 < 4 * share[HEAD_MARKER]  # three fit on the head's 1, a fourth does not
+    assert trial_limits(plain, 1) == ({HEAD_MARKER: 1.0}, None)
+    assert trial_limits(plain, 50_000) == ({HEAD_MARKER: 0.0001}, None)
+    asha = parse_sweep(sweep_data(grid={"algorithm.rho": [0.1, 0.2]}, scheduler="asha"))
+    assert trial_limits(asha, 2) == ({HEAD_MARKER: 0.001}, 2)
