@@ -9,23 +9,23 @@ COMPILED := $(VENV)/.compiled
 run: setup
 	$(BIN)/raysim run configs/quickstart.yaml
 
-# What a contributor runs before a commit: lint, format, types and the unit tier (tests/unit: no Ray, no process),
-# lint meanwhile as in `make test`.
-check: setup
-	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
-	$(BIN)/pytest -q -n 2 tests/unit; tests=$$?; \
-	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
-	if [ $$linted -ne 0 ]; then echo "make check: lint, format or types failed (above)"; fi; \
-	exit $$(( tests || linted ))
+# The tests $(1), with lint, format and types (`make lint`) checked meanwhile: their output after the tests';
+# either failing fails the target.
+define beside_lint
+@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+$(1); tests=$$?; \
+wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
+if [ $$linted -ne 0 ]; then echo "make $@: lint, format or types failed (above)"; fi; \
+exit $$(( tests || linted ))
+endef
 
-# Everything (what CI runs: .ci/run): the three tiers, with lint, format and types checked meanwhile (their output
-# after the tests'; either failing fails the target).
+# What a contributor runs before a commit: the unit tier (tests/unit: no Ray, no process) beside lint.
+check: setup
+	$(call beside_lint,$(BIN)/pytest -q -n 2 tests/unit)
+
+# Everything (what CI runs: .ci/run): the three tiers beside lint.
 test: setup $(COMPILED)
-	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
-	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder; tests=$$?; \
-	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
-	if [ $$linted -ne 0 ]; then echo "make test: lint, format or types failed (above)"; fi; \
-	exit $$(( tests || linted ))
+	$(call beside_lint,$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder)
 
 # One tier alone (tests/<tier>: docs/development.md says what belongs where).
 test-unit test-integration test-system: test-%: setup
