@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -218,6 +219,10 @@ def test_a_chosen_port_taken_while_mlflow_starts_moves_the_server_to_the_next_fr
         _stop(holder)
 
 
+CHROMIUM_WAIT_S = 180
+"""The longest a page's answer from Chromium may take (its 20 s of virtual time included)."""
+
+
 class _Chromium:
     """One headless Chromium (Debian's `chromium`, which `make setup` installs) for every page of a test, driven over
     `--remote-debugging-pipe` with the Chrome DevTools protocol (JSON messages ending in NUL, commands on the
@@ -253,13 +258,17 @@ class _Chromium:
         return answer["result"]
 
     def _next(self, wanted) -> dict:
-        """The first message that is `wanted`, an event received earlier included; others are kept."""
+        """The first message that is `wanted`, an event received earlier included; others are kept. Within
+        CHROMIUM_WAIT_S, as each page's Chromium process had."""
         for message in self._events:
             if wanted(message):
                 self._events.remove(message)
                 return message
+        deadline = time.monotonic() + CHROMIUM_WAIT_S
         while True:
             while b"\0" not in self._unread:
+                ready, _, _ = select.select([self._answers], [], [], max(0.0, deadline - time.monotonic()))
+                assert ready, f"Chromium answered nothing within {CHROMIUM_WAIT_S} s"
                 block = os.read(self._answers, 1 << 20)
                 assert block, "Chromium closed its DevTools pipe"
                 self._unread += block
