@@ -58,14 +58,14 @@ class SuiteConfig(ExperimentFamily):
             raise ValueError(f"suite.runs: duplicate run names {duplicates}")
         return self
 
-    def experiments(self) -> list[tuple[str, ExperimentConfig]]:
-        """(run name, validated config) for every run and seed, in order; each run's seeds share a colour
-        (`tracking.color`, unless the run or the base sets one: MLflow's colour of its group, plots.group_colors)
-        and a group (`tracking.group`, the run's name)."""
+    def trees(self) -> list[tuple[str, dict[str, Any]]]:
+        """(run name, raw config tree) for every run and seed, in order, not yet validated (`experiments`
+        validates them); each run's seeds share a colour (`tracking.color`, unless the run or the base sets one:
+        MLflow's colour of its group, plots.group_colors) and a group (`tracking.group`, the run's name)."""
         from raysim.tracking.plots import group_colors
 
         base = self.base_tree()
-        children = []
+        trees = []
         seeds: list[int | None] = [*self.seeds] if self.seeds else [None]
         colors = group_colors(run.name for run in self.runs)
         for run in self.runs:
@@ -79,10 +79,17 @@ class SuiteConfig(ExperimentFamily):
                 if seed is not None:
                     tree["seed"] = seed
                 tree["tracking"]["run_name"] = run.name if seed is None else f"{run.name}/seed{seed}"
-                try:
-                    children.append((run.name, validate_config(tree)))
-                except ConfigError as error:
-                    raise ConfigError(f"suite run {run.name!r}: {error}") from None
+                trees.append((run.name, tree))
+        return trees
+
+    def experiments(self) -> list[tuple[str, ExperimentConfig]]:
+        """(run name, validated config) for every run and seed, in order (`trees`)."""
+        children = []
+        for name, tree in self.trees():
+            try:
+                children.append((name, validate_config(tree)))
+            except ConfigError as error:
+                raise ConfigError(f"suite run {name!r}: {error}") from None
         return children
 
 

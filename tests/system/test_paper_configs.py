@@ -17,7 +17,6 @@ from mlflow.tracking import MlflowClient
 
 from raysim.algorithms import ALGORITHMS
 from raysim.config import (
-    ExperimentConfig,
     apply_overrides,
     is_suite_file,
     is_sweep_file,
@@ -110,7 +109,7 @@ def first_setting(path: Path, tracking_uri: str) -> tuple[dict[str, Any], Path]:
     """A shipped file's experiment as a raw config tree: the file itself, a suite's first run at its first seed,
     or a sweep's first trial; and the experiment file it derives from (its `base_config`, else itself)."""
     if is_suite_file(path):
-        config = suite_children(path)[0][1]
+        config = validate_config(suite_trees(path)[0][1])
     elif is_sweep_file(path):
         config = load_sweep(path).trials(tracking_uri)[0].config
     else:
@@ -120,10 +119,11 @@ def first_setting(path: Path, tracking_uri: str) -> tuple[dict[str, Any], Path]:
 
 
 @functools.cache
-def suite_children(path: Path) -> list[tuple[str, ExperimentConfig]]:
-    """A shipped suite's children, validated once per process (a FLAME robustness suite has 260; the module's
-    parameters, its tests and `suite_methods` read them all)."""
-    return load_suite(path).experiments()
+def suite_trees(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """A shipped suite's children as raw trees, read once per process: the module's parameters take what they need
+    from them without validating 8,000 children in every worker's collection (a FLAME robustness suite has 260;
+    test_every_registered_algorithm_runs_in_a_shipped_suite validates them all, once)."""
+    return load_suite(path).trees()
 
 
 @functools.cache
@@ -246,13 +246,13 @@ def test_every_shipped_config_and_first_setting_runs_one_round(paths, tmp_path, 
 def suite_methods() -> dict[str, tuple[Path, int]]:
     """Every algorithm that a paper suite runs, at the first child that runs it (suites in file order), but those
     whose first child is a suite's first setting (run by the test above): algorithm -> (suite, child index). Every
-    child of every suite is validated by `first_setting` (test_every_shipped_file_...); running each setting of each
-    suite would be hundreds of runs, so each method runs one round once in a paper suite's setting (AugFL's Table II
-    suites train every setting in-process, below)."""
+    child of every suite is validated (test_every_registered_algorithm_runs_in_a_shipped_suite); running each setting
+    of each suite would be hundreds of runs, so each method runs one round once in a paper suite's setting (AugFL's
+    Table II suites train every setting in-process, below)."""
     found: dict[str, tuple[Path, int]] = {}
     for path in sorted(set((PAPER / "suites").glob("*.yaml")) - set(TABLE2_SUITES) - set(AUGFL_STUDIES)):
-        for index, (_name, config) in enumerate(suite_children(path)):
-            found.setdefault(config.algorithm.name, (path, index))
+        for index, (_name, tree) in enumerate(suite_trees(path)):
+            found.setdefault(tree["algorithm"]["name"], (path, index))
     return {algorithm: (path, index) for algorithm, (path, index) in found.items() if index}
 
 
@@ -263,7 +263,7 @@ def test_every_registered_algorithm_runs_in_a_shipped_suite():
     """The baselines suite (configs/compare.yaml) and the paper suites together run every method in raysim (its own
     entries: a plugin another test of this process registered is not shipped)."""
     suites = [path for path in SHIPPED if is_suite_file(path)]
-    run = {config.algorithm.name for path in suites for _name, config in suite_children(path)}
+    run = {config.algorithm.name for path in suites for _name, config in load_suite(path).experiments()}
     own = {name for name, algorithm in ALGORITHMS.items() if algorithm.__module__.startswith("raysim.")}
     assert own <= run and "flame" in own
 
@@ -274,7 +274,8 @@ def test_every_method_of_the_shipped_suites_runs_one_round_in_a_suite_setting(
     algorithm, tmp_path, mlflow_uri, fmnist_tenth
 ):
     path, index = SUITE_METHODS[algorithm]
-    config = suite_children(path)[index][1]
+    config = validate_config(suite_trees(path)[index][1])
+    assert config.algorithm.name == algorithm
     tree = config.model_dump(mode="json", by_alias=True)
     base = read_mapping(path).get("base_config")
     run_one_round(tree, (path.parent / base).resolve() if base else path, tmp_path, mlflow_uri, fmnist_tenth)
