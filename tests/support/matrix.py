@@ -247,21 +247,45 @@ def _layout(model: str) -> Any:
 
 
 def with_every_model(cells: list[Cell]) -> list[Cell]:
-    """The cells with every model but the base's given to the few-shot cells in turn (a few-shot cell copied
-    when there are more models than such cells); a model whose example sets sections (its dataset) only to a cell
-    whose examples leave those sections alone."""
-    others = [model for model in REGISTRIES.models if model != BASE["model"]["name"]]
+    """The cells with every model but the base's given to the few-shot cells (a few-shot cell copied when there are
+    more models than such cells); a model whose example sets sections (its dataset) only to a cell whose examples
+    leave those sections alone. The largest models first (`_size`), each to the fitting cell whose algorithm does the
+    least besides the steps every algorithm has (`_extra_steps`; ties: the earlier cell): a model's size multiplies
+    every pass over it, so ResNet-32x4 in FedSLR's cell (two training phases, three models scored, an SVD of every
+    layer on the server and again for the final spectra) cost three times what it costs in SCAFFOLD's."""
+    others = sorted(
+        (model for model in REGISTRIES.models if model != BASE["model"]["name"]), key=lambda model: -_size(model)
+    )
     cells = list(cells)
     free = [position for position, cell in enumerate(cells) if cell.scheme == FEW_SHOT]
     for model in others:
         fitting = [position for position in free if takes(cells[position], model)]
         if fitting:
-            cells[fitting[0]] = cells[fitting[0]]._replace(model=model)
-            free.remove(fitting[0])
+            chosen = min(fitting, key=lambda position: (_extra_steps(cells[position].algorithm), position))
+            cells[chosen] = cells[chosen]._replace(model=model)
+            free.remove(chosen)
         else:
             source = next(cell for cell in cells if cell.scheme == FEW_SHOT and takes(cell, model))
             cells.append(source._replace(model=model))
     return cells
+
+
+def _size(model: str) -> int:
+    """The model's parameter count on the few-shot cells' images (0 when its layout cannot be built so)."""
+    layout = _layout(model)
+    return 0 if layout is None else int(layout.size)
+
+
+@functools.cache
+def _extra_steps(algorithm: str) -> int:
+    """How many of the algorithm interface's methods the algorithm overrides (raysim.algorithms.interface.Algorithm):
+    each is work of its own on the model's parameters (a personal or extra model scored, a server step per client,
+    tables of the final model, ...) beyond the initial states, the client and server steps every algorithm has."""
+    from raysim.algorithms.interface import Algorithm
+
+    entry = REGISTRIES.algorithms[algorithm]
+    hooks = [name for name, member in vars(Algorithm).items() if callable(member) and not name.startswith("_")]
+    return sum(getattr(entry, name, None) is not getattr(Algorithm, name) for name in hooks)
 
 
 RUNS, REFUSALS = plan()
