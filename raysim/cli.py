@@ -133,12 +133,11 @@ def _partition(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from raysim.runtime.driver import resume_experiment
-
     if args.target is None:
         _load_plugins(args)  # a --plugin that cannot be imported is refused here too, not ignored
         return _resumable(args.tracking_uri)
     from raysim.launch import print_run
+    from raysim.runtime.driver import resume_experiment  # torch, Ray: only to resume, not to list
 
     print_run(resume_experiment(args.target, args.tracking_uri, show_progress=not args.quiet, plugins=args.plugin))
     return 0

@@ -26,12 +26,14 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING
 
 from raysim.credentials import connect_uri, redact, redact_text
 from raysim.errors import RaysimError
+
+if TYPE_CHECKING:  # MLflow (1.5 CPU s to import) where it is used: not for `resolve_tracking_uri` and the like alone
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 """The experiment tag that makes MLflow 3's UI open raysim's experiments as model training (runs, charts),
@@ -265,13 +267,15 @@ class MlflowWriter:
         (`experiment_artifact_location`)."""
         self.tracking_uri = tracking_uri
         """As given (credentials included: other processes of the run connect with it); never shown."""
+        from mlflow.tracking import MlflowClient  # here, not in the thread that opens the store with it
+
         uri = waiting_for_writers(connect_uri(tracking_uri))
         check_reachable(uri, connect_timeout_s)
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
         self._open_error: TrackingError | None = None
         self._opening = threading.Thread(
-            target=self._open, args=(uri, experiment, artifact_root), name="mlflow-open", daemon=True
+            target=self._open, args=(MlflowClient, uri, experiment, artifact_root), name="mlflow-open", daemon=True
         )
         self._opening.start()
         if not background:
@@ -288,12 +292,12 @@ class MlflowWriter:
         self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
         self._thread.start()
 
-    def _open(self, uri: str, experiment: str, artifact_root: str | None) -> None:
+    def _open(self, client_class: type[MlflowClient], uri: str, experiment: str, artifact_root: str | None) -> None:
         """Open the store and the experiment (made if new, its artifacts where `experiment_artifact_location` says,
         tagged as model training), one process at a time per local sqlite store (`store_lock`)."""
         try:
             with store_lock(uri):
-                client = MlflowClient(uri)
+                client = client_class(uri)
                 found = client.get_experiment_by_name(experiment)
                 if found is None:
                     location = experiment_artifact_location(uri, experiment, artifact_root)
@@ -342,6 +346,8 @@ class MlflowWriter:
         if parent:
             tags = {**tags, "mlflow.parentRunId": parent}
         tags = {key: redact_text(str(value)) for key, value in tags.items()}
+        from mlflow.entities import Param
+
         run = self.client.create_run(self.experiment_id, run_name=run_name and redact_text(run_name), tags=tags)
         self.run_id = run.info.run_id
         items = [Param(k, redact_text(str(v))[:6000]) for k, v in params.items() if v is not None]
@@ -369,6 +375,8 @@ class MlflowWriter:
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Queue one step's metrics (non-finite values are skipped) in as few requests as allowed."""
+        from mlflow.entities import Metric
+
         stamp = int(time.time() * 1000)
         items = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if math.isfinite(v)]
         self._logged.update(((item.key, step), item) for item in items)
@@ -377,6 +385,8 @@ class MlflowWriter:
 
     def set_tags(self, tags: dict[str, str]) -> None:
         """Queue tags (credentials in their values redacted)."""
+        from mlflow.entities import RunTag
+
         items = [RunTag(k, redact_text(str(v))) for k, v in tags.items()]
         for start in range(0, len(items), MAX_TAGS):
             self._queue.put(("tags", items[start : start + MAX_TAGS]))
@@ -465,7 +475,7 @@ class MlflowWriter:
 
     def _log_model(self, run_id: str, task: dict) -> None:
         """One LoggedModel from `task` (log_model's); a retry goes on with the model created before it failed."""
-        from mlflow.entities import LoggedModelOutput
+        from mlflow.entities import LoggedModelOutput, Metric
 
         client = self.client
         if "model_id" not in task:
