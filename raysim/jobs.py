@@ -406,7 +406,7 @@ def stop_nodes(temp_dir: str | Path, grace_s: float = 10.0) -> int:
         group = [pid for pid in node_pids(temp_dir) if stage is None or _program(pid) == stage]
         group = [pid for pid in group if stage is not None or _program(pid) not in ("raylet", "gcs_server")]
         _signal(group, signal.SIGTERM)
-        while set(group) & set(node_pids(temp_dir)) and time.monotonic() < deadline:
+        while _running(group) and time.monotonic() < deadline:  # not node_pids: a scan of every process each time
             time.sleep(0.1)
     _signal(node_pids(temp_dir), signal.SIGKILL)
     deadline = time.monotonic() + 5.0
@@ -416,6 +416,17 @@ def stop_nodes(temp_dir: str | Path, grace_s: float = 10.0) -> int:
     if left:
         raise JobError(f"{temp_dir}: processes {left} of these nodes did not stop (another user's?)")
     return len(first)
+
+
+def _running(pids: list[int]) -> bool:
+    """Whether any of `pids` has not exited yet (a zombie has: node_pids no longer counts it either)."""
+    for pid in pids:
+        try:
+            _parent(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+        return True
+    return False
 
 
 def _program(pid: int) -> str:

@@ -449,7 +449,7 @@ def test_a_sweep_on_a_cluster_loses_no_trial_when_a_worker_node_dies(cluster, tm
             killed_during = None
             deadline = time.monotonic() + 400
             while killed_during is None and process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
+                time.sleep(0.5)  # a round takes seconds; each look is two queries of the sqlite store
                 experiment = client.get_experiment_by_name("sweep_node_loss")
                 if experiment is None:
                     continue
