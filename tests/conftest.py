@@ -6,12 +6,12 @@ A test's tier is its folder (docs/development.md): tests/unit (no Ray, no subpro
 tests/integration (whole experiments in process; a local Ray where the test is about actors), tests/system (real
 processes and signals, servers, a cluster, the browser, the docs' commands, the shipped configs).
 
-`make test` hands its two workers one test at a time as they free up (`--dist loadgroup`; a module whose tests share
-an expensive module fixture, a cluster or a finished suite, goes as one group: `pytestmark =
-pytest.mark.xdist_group(...)`), in the order `pytest_collection_modifyitems` makes: a system test starts a process
-tree (a Ray, a server) that takes both cores, so two of them side by side each ran 40 % slower; the order interleaves
-the system tier with the other two, so that while one worker runs a system test the other runs lighter ones, the
-system modules with the most slow tests first.
+`make test` hands its workers (three on two cores: docs/development.md, Scheduling) one test at a time as they free
+up (`--dist loadgroup`; a module whose tests share an expensive module fixture, a cluster or a finished suite, goes as
+one group: `pytestmark = pytest.mark.xdist_group(...)`), in the order `pytest_collection_modifyitems` makes: a system
+test starts a process tree (a Ray, a server) that takes both cores, so two of them side by side each ran 40 % slower;
+the order interleaves the system tier with the other two, so that while one worker runs a system test the others run
+lighter ones, the system modules with the most slow tests first.
 """
 
 from __future__ import annotations
