@@ -4,6 +4,10 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 COMPILED := $(VENV)/.compiled
 
+# Set-up's independent steps run side by side: Debian's packages (tools) beside pip, then the data beside the
+# byte-compiling; a target's own recipe lines still run in order.
+MAKEFLAGS += --jobs=2
+
 .PHONY: run check test test-unit test-integration test-system test-matrix test-images lint setup data tools docs lock clean
 
 run: setup

@@ -132,16 +132,22 @@ def tier_of(item: pytest.Item) -> str:
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A real local Ray instance (2 CPUs, small object store) shared by the tests that need Ray."""
+    """A real local Ray instance (2 CPUs, small object store) shared by the tests that need Ray, started lean as
+    raysim starts its own (raysim.runtime.session.lean_head) and without a log monitor: it lives for the whole
+    session, and a log monitor scans its logs folder ten times a second (1.4 CPU s a minute, a tenth of a core
+    over three workers). The tests read what they check from Ray's answers, not from the workers' output."""
     import ray
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        object_store_memory=512 * 2**20,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-    )
+    from raysim.runtime.session import lean_head
+
+    with lean_head(log_monitor=False):
+        ray.init(
+            address="local",
+            num_cpus=2,
+            object_store_memory=512 * 2**20,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
     yield ray
     ray.shutdown()
 

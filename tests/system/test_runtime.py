@@ -120,20 +120,22 @@ with session.ray_session(config):
     print("preloaded", ",".join(ray.get(preloaded.remote())))
 print("monitor", sum(any(part.endswith(session.MONITOR) for part in c.split()) for c in commands))
 print("dashboard", sum("dashboard/dashboard.py" in c for c in commands))
+print("agent", ["minimal" if "--minimal" in c else "full" for c in commands if "dashboard/agent.py" in c])
 """
 
 
 @pytest.mark.slow
 def test_a_local_ray_starts_only_what_the_run_needs(tmp_path):
     """No autoscaler monitor (Ray's shutdown then spent a second of grace on it), no dashboard head (ray.init waited
-    for it before starting the raylet), as many workers at first as the run's actors (one host and the
-    coordinator on a 4-CPU Ray: 2, not Ray's 4), and its workers import the coordinator's module as they start, not
-    torch (the coordinator does not need it)."""
+    for it before starting the raylet), a minimal dashboard agent (the raylet waits for it), as many workers at
+    first as the run's actors (one host and the coordinator on a 4-CPU Ray: 2, not Ray's 4), and its workers import
+    the coordinator's module as they start, not torch (the coordinator does not need it)."""
     done = subprocess.run([sys.executable, "-c", LEAN_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert lines["preloaded"] == "raysim.runtime.coordinator", done.stdout
     assert (lines["monitor"], lines["dashboard"], lines["workers"]) == ("0", "0", "2"), done.stdout
+    assert lines["agent"] == "['minimal']", done.stdout  # the raylet's command, which starts it
 
 
 EXIT_SCRIPT = """
