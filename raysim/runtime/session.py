@@ -352,8 +352,9 @@ def check_plugins_in_workers() -> None:
 
 
 @contextmanager
-def ray_session(config: ExperimentConfig) -> Iterator[None]:
-    """Connect to `runtime.address` / $RAY_ADDRESS, or start a local Ray; leave Ray as it was found."""
+def ray_session(config: ExperimentConfig, workers: int | None = None) -> Iterator[None]:
+    """Connect to `runtime.address` / $RAY_ADDRESS, or start a local Ray; leave Ray as it was found. `workers`: how
+    many workers a new local Ray starts at once (None: as many as a run of `config` has actors, `run_actors`)."""
     global _local
     if ray.is_initialized():
         yield
@@ -368,7 +369,7 @@ def ray_session(config: ExperimentConfig) -> Iterator[None]:
             if local is None:
                 ray.init(address=address, logging_level=logging.WARNING)
             else:
-                daemons = _start_local(config.runtime, local, run_actors(config, local))
+                daemons = _start_local(config.runtime, local, run_actors(config, local) if workers is None else workers)
         except SystemExit as stop:  # ray.init's own SIGTERM handler, which exits on the spot, ran
             if stop.code != signal.SIGTERM:
                 raise
