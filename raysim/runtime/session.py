@@ -10,13 +10,12 @@ signal to its PID (marked KILLED) and then stops them. They still die with the d
 
 A local Ray starts only what a run needs: no autoscaler monitor (a local Ray never autoscales), no dashboard head
 (`include_dashboard=False` still started one, with its usage-statistics module only, and ray.init waited for it to
-import before it started the raylet) and a minimal dashboard agent (without the servers only a dashboard head
-talks to), as many workers at first as the run has actors (Ray starts one per CPU), and
-those workers import what every actor imports (the coordinator's module: numba, the compiled passes' module, the
-algorithms; not torch, which only the hosts import) as they start, while the driver opens the MLflow run, rather
-than once each is given its actor. Kept: the GCS server, the raylet, its two agents (it cannot run without them)
-and the log monitor, which brings the workers' output (a failing actor's traceback among it) to the driver's
-console.
+import before it started the raylet), a minimal dashboard agent (without the servers only a dashboard head talks
+to), as many workers at first as the run has actors (Ray starts one per CPU), and those workers import what every
+actor imports (the coordinator's module: numba, the compiled passes' module, the algorithms; not torch, which only
+the hosts import) as they start, while the driver opens the MLflow run, rather than once each is given its actor.
+Kept: the GCS server, the raylet, its two agents (it cannot run without them) and the log monitor, which brings the
+workers' output (a failing actor's traceback among it) to the driver's console.
 
 If the GCS server or the raylet dies anyway (killed, out of memory), a watch thread raises RayLost in the main
 thread within `WATCH_EVERY_S`, so the run is marked FAILED with one line instead of hanging; `ray_usable()`
@@ -98,7 +97,7 @@ def lean_head(log_monitor: bool = True) -> Iterator[None]:
     dashboard's dependencies, which it chooses by `ray._private.utils.get_dashboard_dependency_error`), and, with
     `log_monitor=False`, no log monitor (`ray._private.node.Node`'s steps, Ray 2.x, left out; a Ray lacking a step
     starts what it starts). The raylet waits for its agent before it takes work: a minimal agent made a local Ray
-    take 1.9 s to start instead of 3.3-3.9, and 6.5 CPU s instead of 7.0-9.3."""
+    take 1.9 s to start instead of 3.3-3.9, and 6.4-6.5 CPU s instead of 7.0-9.3 (docs/performance.md)."""
     from ray._private import node, utils
 
     names = ("start_monitor", "start_api_server") + (() if log_monitor else ("start_log_monitor",))
