@@ -10,8 +10,9 @@ the cgroup's CPU counter, read before and after a test, is what the test cost.
     .venv/bin/python -m tests.support.cpu_census /tmp/census.jsonl
 
 tests/conftest.py records when RAYSIM_CPU_CENSUS names a file (one JSON line per test: node id, CPU seconds, wall
-seconds, worker); this module's `main` sums it by tier and module and lists the costliest tests. It needs
-write access to the cgroup file system (root, as in CI); where it has none, the run goes on and says so once.
+seconds, worker, and when it began in seconds since the epoch, to match the processes a sampler saw to their test);
+this module's `main` sums it by tier and module and lists the costliest tests. It needs write access to the cgroup
+file system (root, as in CI); where it has none, the run goes on and says so once.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Census:
     def __init__(self, out: Path, worker: str):
         self.out, self.worker = out, worker
         self.group = self._join(f"raysim-census-{os.getpid()}")
-        self.started: dict[str, tuple[float, float]] = {}
+        self.started: dict[str, tuple[float, float, float]] = {}
 
     @staticmethod
     def _join(name: str) -> Path | None:
@@ -77,17 +78,18 @@ class Census:
 
     def start(self, nodeid: str) -> None:
         if self.group is not None:
-            self.started[nodeid] = (self.cpu_seconds(), time.monotonic())
+            self.started[nodeid] = (self.cpu_seconds(), time.monotonic(), time.time())
 
     def finish(self, nodeid: str) -> None:
         if self.group is None or nodeid not in self.started:
             return
-        cpu, wall = self.started.pop(nodeid)
+        cpu, wall, began = self.started.pop(nodeid)
         line = {
             "test": nodeid.split("@")[0],
             "cpu_s": round(self.cpu_seconds() - cpu, 2),
             "wall_s": round(time.monotonic() - wall, 2),
             "worker": self.worker,
+            "began": round(began, 1),
         }
         with open(self.out, "a") as handle:
             handle.write(json.dumps(line) + "\n")
