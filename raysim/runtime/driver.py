@@ -33,7 +33,13 @@ from raysim.runtime.simulation import NoUsableUpload, Simulation
 from raysim.tracking.artifacts import RunArtifacts
 from raysim.tracking.callbacks import RoundCallback, RunResult
 from raysim.tracking.identity import default_run_name, log_dataset, standard_tags
-from raysim.tracking.mlflow_writer import MlflowWriter, git_commit, local_artifact_folder, resolve_tracking_uri
+from raysim.tracking.mlflow_writer import (
+    MlflowWriter,
+    git_commit,
+    local_artifact_folder,
+    resolve_tracking_uri,
+    waiting_for_writers,
+)
 from raysim.tracking.progress import ProgressBar
 from raysim.tracking.runs import DRIVER_TAG, RUN_COLOR_TAG, run_checkpoints
 from raysim.tracking.views import GROUP_TAG
@@ -179,7 +185,9 @@ def _ray_nodes() -> int:
 
 
 def _system_metrics(config: ExperimentConfig, uri: str, run_id: str | None, resumed: bool):
-    """MLflow's own system-metrics monitor on the run (tracking.system_metrics), started; None when off."""
+    """MLflow's own system-metrics monitor on the run (tracking.system_metrics), started; None when off. It opens
+    the store by the writer's URI (a local sqlite file's with its busy timeout), so that MLflow reuses the writer's
+    open store instead of opening it again, and its writes wait for the writer's as the writer's wait for others'."""
     if not config.tracking.system_metrics or run_id is None:
         return None
     import logging
@@ -187,7 +195,7 @@ def _system_metrics(config: ExperimentConfig, uri: str, run_id: str | None, resu
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop lines on the console
-    monitor = SystemMetricsMonitor(run_id, resume_logging=resumed, tracking_uri=connect_uri(uri))
+    monitor = SystemMetricsMonitor(run_id, resume_logging=resumed, tracking_uri=waiting_for_writers(connect_uri(uri)))
     monitor.start()
     return monitor
 
