@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sklearn.metrics import f1_score, roc_auc_score
 
 from raysim.evaluation.classification import classification_scores, classification_scores_many
 from raysim.evaluation.columns import ClientRecords, round_records
@@ -29,6 +28,8 @@ def splits(draw):
 @settings(max_examples=300, deadline=None)
 @given(splits())
 def test_f1_and_auc_equal_scikit_learns(split):
+    from sklearn.metrics import f1_score, roc_auc_score  # here: a 2 s import for the worker that runs this test only
+
     logits, labels = split
     f1, auc = classification_scores(logits, labels, "nan")
     assert np.isclose(f1, f1_score(labels, logits.argmax(axis=1), average="weighted", zero_division=0), atol=1e-12)
