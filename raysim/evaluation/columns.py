@@ -20,7 +20,7 @@ Columns = dict[str, np.ndarray]
 def arrow_column(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     """A 1-D numpy array of numbers or booleans as an Arrow array, null where `valid` is False. Built from its
     buffers, not with pa.array, which asks pyarrow's pandas shim whether its input is a pandas object and so imports
-    pandas into the process: 0.4 s of CPU and 40 MB in every host, which never uses it."""
+    pandas into the process: 0.3 s of CPU and 39 MiB in every host, which never uses it."""
     data = np.packbits(values, bitorder="little") if values.dtype == bool else np.ascontiguousarray(values)
     mask = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [mask, pa.py_buffer(data)])

@@ -129,7 +129,7 @@ def _loads_torch(pid: int) -> bool:
 def test_only_a_coordinator_whose_server_step_needs_torch_loads_it(ray_local, mlflow_uri, algorithm, on_coordinator):
     """The coordinator of most algorithms only adds vectors: it never loads torch (it starts about a second sooner
     and holds 200 MB less); FedSLR's server step (an SVD in torch) loads it there; hosts train with it. No actor
-    loads pandas (0.4 s of CPU and 40 MB each): the hosts' Arrow columns are built without pyarrow's pandas check."""
+    loads pandas (0.3 s of CPU and 39 MiB each): the hosts' Arrow columns are built without pyarrow's pandas check."""
     import ray
 
     config = validate_config(
