@@ -118,10 +118,6 @@ def _maps(pid: int, library: str) -> bool:
     return library in Path(f"/proc/{pid}/maps").read_text()
 
 
-def _loads_torch(pid: int) -> bool:
-    return _maps(pid, "libtorch")
-
-
 @pytest.mark.parametrize(
     ("algorithm", "on_coordinator"),
     [({"name": "flame", "lr": 0.05}, False), ({"name": "fedslr", "lambda": 0.05, "lr": 0.05}, True)],
@@ -138,10 +134,10 @@ def test_only_a_coordinator_whose_server_step_needs_torch_loads_it(ray_local, ml
     seen: dict[str, object] = {}
 
     def inspect(round_index, simulation):
-        seen["coordinator"] = _loads_torch(ray.get(simulation.coordinator.pid.remote()))
-        seen["hosts"] = [_loads_torch(ray.get(host.pid.remote())) for host in simulation.hosts]
-        actors = [simulation.coordinator, *simulation.hosts]
-        seen["pandas"] = [_maps(ray.get(actor.pid.remote()), "/pandas/_libs/") for actor in actors]
+        coordinator, *hosts = ray.get([actor.pid.remote() for actor in (simulation.coordinator, *simulation.hosts)])
+        seen["coordinator"] = _maps(coordinator, "libtorch")
+        seen["hosts"] = [_maps(pid, "libtorch") for pid in hosts]
+        seen["pandas"] = [_maps(pid, "/pandas/_libs/") for pid in (coordinator, *hosts)]
 
     run_experiment(config, show_progress=False, inspect=inspect)
     assert seen == {"coordinator": on_coordinator, "hosts": [True, True], "pandas": [False, False, False]}
