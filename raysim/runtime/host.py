@@ -152,6 +152,10 @@ class ClientHost(Renewable):
         finally:
             self.train_seconds = time.perf_counter() - start
 
+    def clients_at_once(self) -> int:
+        """The clients this host's executor steps at once (its chunk: raysim.runtime.simulation.deal deals them)."""
+        return self.steps.executor.clients_at_once
+
     def last_train_seconds(self) -> float:
         """Seconds the last `train` took: the driver's per-host busy time of a round."""
         return self.train_seconds

@@ -54,7 +54,7 @@ class StateTable:
             value = np.asarray(getattr(new, name))
             if isinstance(chosen, slice):
                 target = table[chosen]
-                if not _same_memory(target, value):
+                if not same_memory(target, value):
                     target[...] = value
             else:
                 table[chosen] = value
@@ -139,7 +139,7 @@ def _arrays(stacked: Any) -> list[tuple[str, np.ndarray]]:
     return [(name, value) for name, value in values if isinstance(value, np.ndarray)]
 
 
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two arrays are the same elements of the same memory (a step that wrote its rows in place)."""
     return (
         a.shape == b.shape

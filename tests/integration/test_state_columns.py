@@ -28,6 +28,9 @@ killed-host run takes the 2 hosts and coordinator of the disk store's run instea
 (tests/integration/test_crews.py shows renewed actors give a new crew's results)."""
 
 
+VECTORIZED_IN_TWOS = {"client_training": "vectorized", "vectorize_chunk": 2}
+
+
 def _run(mlflow_uri: str, runtime: dict[str, Any], inspect: Any = None) -> tuple[dict, Any]:
     config = validate_config(
         tiny_config(
@@ -71,6 +74,38 @@ def test_shared_store_runs_equal_owned_state_runs_bit_for_bit_with_1_2_and_3_hos
         assert metrics["state/spilled_clients"] == len(trained) and metrics["state/disk_bytes"] > 0
         assert metrics["time/hosts_busy_max"] >= metrics["time/hosts_busy_balanced"] > 0
     assert [p for p in spill.iterdir() if p.name.startswith("raysim-states-columns-")] == []
+
+
+def test_runs_of_consecutive_clients_stepped_in_place_in_the_memory_store_equal_owned_state_bit_for_bit(mlflow_uri):
+    """Enough clients for `deal` to deal groups of the hosts' chunk (GROUPS_PER_HOST a host): each host's chunks are
+    consecutive ids, stepped in place in the mapped columns (not copied in and out), and the run is that of one
+    host owning every client's state, bit for bit."""
+    runs = {}
+    for store, hosts in (("hosts", 1), ("memory", 2)):
+        dealt: list[list[list[int]]] = []
+
+        def capture(round_index, simulation, dealt=dealt, store=store):
+            dealt.append(getattr(simulation, "dealt", []))
+            runs[store] = (simulation.client_states(), simulation.server_state().w)
+
+        config = validate_config(
+            tiny_config(
+                algorithm={"name": "flame", "lambda": 1.0, "rho": 0.25, "lr": 0.05, "batch_size": 32},
+                partition={"scheme": "iid"},
+                clients={"count": 40},
+                runtime={"actors": "in_process", "num_hosts": hosts, "state_store": store, **VECTORIZED_IN_TWOS},
+                tracking={"uri": mlflow_uri, "experiment": "columns-in-place"},
+                rounds=2,
+            )
+        )
+        run_experiment(config, show_progress=False, inspect=capture)
+    for host in dealt[-1]:
+        assert len(host) == 20 and all(host[i + 1] == host[i] + 1 for i in range(0, len(host), 2))
+    (owned, owned_w), (shared, shared_w) = runs["hosts"], runs["memory"]
+    np.testing.assert_array_equal(owned_w, shared_w)
+    for client, state in owned.items():
+        for name in ("theta", "w", "pi"):
+            np.testing.assert_array_equal(getattr(state, name), getattr(shared[client], name))
 
 
 def test_a_run_on_the_disk_store_resumes_from_its_snapshot_exactly(mlflow_uri, tmp_path):

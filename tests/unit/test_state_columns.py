@@ -15,8 +15,8 @@ import pytest
 from raysim.config import RuntimeSettings
 from raysim.execution.stacking import stack
 from raysim.runtime.memory import StoreChoice, choose_store
-from raysim.runtime.simulation import deal
-from raysim.runtime.state_columns import ColumnStates, store_folder
+from raysim.runtime.simulation import GROUPS_PER_HOST, deal
+from raysim.runtime.state_columns import SHARED_MEMORY, Column, ColumnStates, store_folder
 
 
 @dataclass
@@ -49,11 +49,13 @@ def same(a: State, b: State) -> bool:
     )
 
 
-@pytest.fixture
-def folder(tmp_path):
-    path = tmp_path / "store"
-    path.mkdir()
-    return path
+@pytest.fixture(params=["disk", "memory"])
+def folder(request, tmp_path):
+    """A store's folder as a run makes it (raysim.runtime.state_columns.store_folder): on disk (its columns read and
+    written with pread and pwrite) and in /dev/shm (its columns mapped)."""
+    path, remove = store_folder(request.param, str(tmp_path))
+    yield path
+    remove()
 
 
 def test_states_written_by_one_store_are_read_bit_for_bit_by_another_on_the_folder(folder):
@@ -112,6 +114,21 @@ def test_the_columns_take_disk_only_for_the_clients_written(folder):
     assert stats.disk_bytes < 5 * 2**20
 
 
+def test_a_memory_stores_views_are_the_rows_its_files_hold(folder):
+    """A memory store's column gives consecutive rows as views of its mapping: the rows pread reads."""
+    store = ColumnStates(folder, 12, initial(0), initial)
+    store.store([7, 8, 9], stack([trained(c) for c in (7, 8, 9)]), kept=np.array([True, False, True]))
+    column = store.columns["theta"]
+    assert column.mapped == (folder.parent == SHARED_MEMORY)
+    view = column.view(np.arange(7, 10))
+    assert (view is not None) == column.mapped
+    assert view is None or np.array_equal(view[[0, 2]], np.stack([trained(7).theta, trained(9).theta]))
+    assert column.view(np.array([7, 9])) is None
+    unmapped = Column(folder / "theta.npy")
+    assert np.array_equal(unmapped.read([9]), trained(9).theta[None])
+    unmapped.close()
+
+
 def test_a_state_of_another_shape_is_refused_in_one_line(folder):
     store = ColumnStates(folder, 3, initial(0), initial)
     store[0] = trained(0)
@@ -142,6 +159,38 @@ def test_dealing_keeps_the_busiest_host_within_lpt_bound_and_pins_attackers():
         assert makespan <= (4 / 3 - 1 / 6) * best + 1e-9
     assert deal([0, 1, 2, 3], {c: 10 for c in range(4)}, 2, {0: 1, 1: 1}) == [[2, 3], [0, 1]]
     assert deal([5], {5: 1}, 3, {}) == [[5], [], []]
+
+
+def test_clients_of_equal_cost_are_dealt_in_runs_of_consecutive_ids_a_chunk_long_when_there_are_enough():
+    """Groups of the hosts' chunk: every chunk a host makes of its clients (16 at a time, in id order for equal
+    costs) is consecutive ids, and no host gets more than one group over the other; too few clients for
+    GROUPS_PER_HOST groups a host are dealt one by one, as without chunks."""
+    clients = list(range(1000))
+    dealt = deal(clients, {c: 60 for c in clients}, 2, {}, chunk=16)
+    assert sorted(itertools.chain(*dealt)) == clients
+    assert abs(len(dealt[0]) - len(dealt[1])) <= 16
+    for host in dealt:
+        for begin in range(0, len(host), 16):
+            chunk = host[begin : begin + 16]
+            assert chunk == list(range(chunk[0], chunk[0] + len(chunk)))
+    few = list(range(GROUPS_PER_HOST * 2 * 16 - 1))
+    assert deal(few, {c: 60 for c in few}, 2, {}, chunk=16) == deal(few, {c: 60 for c in few}, 2, {})
+
+
+def test_a_step_updates_a_mapped_stores_consecutive_rows_in_place_and_copies_the_others(folder):
+    """Rows of consecutive clients read from a memory store are views of its mapping (what a step updates in place,
+    as a StateTable's rows); any other rows, and every row of a disk store, are new arrays."""
+    store = ColumnStates(folder, 8, initial(0), initial)
+    store.store(list(range(8)), stack([trained(c) for c in range(8)]))
+    mapped = folder.parent == SHARED_MEMORY
+    rows = store.rows([3, 4, 5])
+    assert (rows.theta.base is not None) == mapped
+    rows.theta += 1  # a step in place: its rows are the store's (mapped), or its own copy
+    store.store([3, 4, 5], rows)
+    assert np.array_equal(store[4].theta, trained(4).theta + 1)
+    scattered = store.rows([1, 6])
+    scattered.theta[:] = 0
+    assert np.array_equal(store[6].theta, trained(6).theta)
 
 
 def test_rows_written_in_any_order_read_back_bit_for_bit_in_another_store_on_the_folder(folder):
