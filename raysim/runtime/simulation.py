@@ -322,8 +322,8 @@ class Simulation:
 
 
 GROUPS_PER_HOST = 8
-"""Dealing in groups of a host's chunk size needs this many groups a host at least (else client by client): a host
-then gets at most one group more than its share, an eighth of its work."""
+"""Dealing in groups of a host's chunk size needs this many groups a host at least (else client by client): the
+busiest host is then at most one group's cost over the mean, about an eighth of a host's work when costs are alike."""
 
 
 def deal(
@@ -338,8 +338,8 @@ def deal(
     host, the unit dealt is a group of `chunk` clients that follow each other in that order, the chunk a host makes
     of them (ClientSteps.round_blocks): clients of equal cost (an IID split) then go to a host in runs of
     consecutive ids, whose rows in a mapped store a step reads and updates in place instead of copying them
-    (raysim.runtime.state_columns; 1,000 FLAME MLP clients on one host: 0.88-1.07 CPU s a round, not 1.12-1.16). A host
-    gets at most one group more than LPT of single clients would give it."""
+    (raysim.runtime.state_columns; 1,000 FLAME MLP clients on one host: 0.88-1.07 CPU s a round, not 1.12-1.16).
+    LPT over groups leaves the busiest host at most one group's cost over the mean."""
     loads = [0] * hosts
     dealt: list[list[int]] = [[] for _ in range(hosts)]
     free = []
