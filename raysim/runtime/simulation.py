@@ -351,11 +351,12 @@ def deal(
             free.append(client)
     order = sorted(free, key=lambda c: (-costs[c], c))
     size = chunk if len(order) >= GROUPS_PER_HOST * hosts * chunk else 1
-    groups = [order[i : i + size] for i in range(0, len(order), size)]
-    for group in sorted(groups, key=lambda g: -sum(costs[c] for c in g)):  # stable: equal costs keep their order
+    runs = [order[i : i + size] for i in range(0, len(order), size)]
+    groups = [(sum(costs[c] for c in run), run) for run in runs]
+    for cost, group in sorted(groups, key=lambda g: -g[0]):  # stable: equal costs keep their order
         target = loads.index(min(loads))
         dealt[target].extend(group)
-        loads[target] += sum(costs[c] for c in group)
+        loads[target] += cost
     return [sorted(chosen) for chosen in dealt]
 
 

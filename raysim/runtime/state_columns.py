@@ -55,9 +55,9 @@ LAYOUT = "layout.json"
 WRITTEN = "written.npy"
 SNAPSHOT_IDS = "state-ids.npy"
 SNAPSHOT_BLOCK_BYTES = 64 * 2**20
+"""Rows copied at a time by `snapshot` and `restore` (a store's columns may be far larger than memory)."""
 SHARED_MEMORY = Path("/dev/shm")
 """The node's shared memory (tmpfs), where a `memory` store's folder is made: its columns are mapped (`Column`)."""
-"""Rows copied at a time by `snapshot` and `restore` (a store's columns may be far larger than memory)."""
 
 
 def store_folder(kind: str, spill_dir: str | None) -> tuple[Path, Callable[[], None]]:
@@ -370,13 +370,14 @@ class Column:
         self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
         self.descriptor = os.open(path, os.O_RDWR)
         self.path = path
-        self.mapped = mapped
-        self.mapping: mmap.mmap | None = None
         self.rows: np.ndarray | None = None
-        """The mapped [clients, ...] rows (`mapped` only)."""
+        """The mapped [clients, ...] rows (`mapped` only; the array keeps the mapping)."""
         if mapped:
-            self.mapping = mmap.mmap(self.descriptor, 0)
-            self.rows = np.ndarray(self.shape, self.dtype, buffer=self.mapping, offset=self.offset)
+            self.rows = np.ndarray(self.shape, self.dtype, buffer=mmap.mmap(self.descriptor, 0), offset=self.offset)
+
+    @property
+    def mapped(self) -> bool:
+        return self.rows is not None
 
     def view(self, ids: np.ndarray) -> np.ndarray | None:
         """The rows of `ids` as a view of the mapping when the column is mapped and `ids` are consecutive, else None."""
@@ -401,7 +402,7 @@ class Column:
 
     def close(self) -> None:
         """Let go of the file; the mapping goes once no view of it is left (a step's rows may outlive the store)."""
-        self.rows = self.mapping = None
+        self.rows = None
         os.close(self.descriptor)
 
 

@@ -184,8 +184,9 @@ def test_a_step_updates_a_mapped_stores_consecutive_rows_in_place_and_copies_the
     store.store(list(range(8)), stack([trained(c) for c in range(8)]))
     mapped = folder.parent == SHARED_MEMORY
     rows = store.rows([3, 4, 5])
-    assert (rows.theta.base is not None) == mapped
+    assert np.shares_memory(rows.theta, store.columns["theta"].rows) if mapped else rows.theta.base is None
     rows.theta += 1  # a step in place: its rows are the store's (mapped), or its own copy
+    assert np.array_equal(store[4].theta, trained(4).theta + (1 if mapped else 0))  # before `store`
     store.store([3, 4, 5], rows)
     assert np.array_equal(store[4].theta, trained(4).theta + 1)
     scattered = store.rows([1, 6])
