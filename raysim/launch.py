@@ -61,7 +61,6 @@ def run_file(
     `resume`: a stopped suite's or sweep's parent run to continue; `plugins`: imported before the file is validated
     (`--plugin`, besides the file's own `plugins:`)."""
     from raysim.config import is_suite_file, is_sweep_file, load_config
-    from raysim.runtime.driver import run_experiment
 
     if is_suite_file(path):
         return run_suite_file(path, overrides, quiet, resume, plugins)
@@ -69,7 +68,10 @@ def run_file(
         return run_sweep_file(path, overrides, quiet, resume, plugins)
     if resume is not None:
         raise ConfigError(f"--resume continues a suite or sweep; {path} is one experiment: use `raysim resume RUN_ID`")
-    result = run_experiment(load_config(path, overrides, plugins), show_progress=not quiet)
+    config = load_config(path, overrides, plugins)
+    from raysim.runtime.driver import run_experiment  # after the config: a refused one costs no torch, Ray, MLflow
+
+    result = run_experiment(config, show_progress=not quiet)
     print_run(result)
     return 0
 

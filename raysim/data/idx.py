@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.data.dataset import DATASETS, Dataset, DownloadSettings
+from raysim.data.decoded import decoded
 from raysim.data.download import extract, fetch, resolve_root
 from raysim.data.footprint import Footprint, image_rows
 from raysim.errors import DataError
@@ -87,13 +88,19 @@ def read_train_test(
     what: str, stems: Sequence[str], directories: list[Path], root: Path
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read train+test images and labels (stems in that order: train images, train labels, test images, test
-    labels) and pool them, train first."""
+    labels) and pool them, train first; from their decoded copy when there is one (raysim.data.decoded)."""
     paths = []
     for stem in stems:
         path = find_idx(directories, stem)
         if path is None:
             raise _missing(what, directories[0], stem, root)
         paths.append(path)
+    images, labels = decoded(what, paths, ("x", "y"), lambda: _pooled(paths))
+    return images, labels
+
+
+def _pooled(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """The IDX files `paths` (train images, train labels, test images, test labels) read, checked and pooled."""
     train_x, train_y, test_x, test_y = (read_idx(p) for p in paths)
     splits = ((train_x, train_y, paths[0], paths[1]), (test_x, test_y, paths[2], paths[3]))
     for images, labels, image_path, label_path in splits:

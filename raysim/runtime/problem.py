@@ -4,7 +4,6 @@ here); and which clients each host owns."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from raysim.algorithms.requests import ServerDataStep, SGDResult, TrainModel
 from raysim.config import ExperimentConfig, RuntimeSettings
 from raysim.data import ClientSplit, partition_dataset
 from raysim.data.dataset import Dataset
+from raysim.data.decoded import cache_folder
 from raysim.data.partition_file import write_partition
 from raysim.data.partitions import authors_attackers, check_classes
 from raysim.errors import ConfigError
@@ -32,10 +32,6 @@ from raysim.runtime.state_store import state_nbytes
 from raysim.seeding import Stream, rng, torch_seed, use_kernels
 from raysim.threats.attacks import AttackPlan, attack_plan
 from raysim.training.local import ClientData, Inputs, LocalTrainer
-
-CACHE_VARIABLE = "RAYSIM_CACHE"
-"""Environment variable naming raysim's cache folder (default ~/.cache/raysim), handed to algorithms as
-`ServerContext.cache`."""
 
 SERVER_ID = 10**9
 """The id under which the server's own requests draw from the client-training stream (SERVER_ID + the request's
@@ -164,11 +160,6 @@ def attack_of(config: ExperimentConfig, dataset: Dataset) -> AttackPlan | None:
     attackers = config.attack.num_malicious(m)
     marked = marked or authors_attackers(config.partition, dataset.y, count, config.seed, attackers, dataset.groups, m)
     return attack_plan(config.attack, m, config.seed, marked)
-
-
-def cache_folder() -> Path:
-    """raysim's cache folder: $RAYSIM_CACHE, default ~/.cache/raysim."""
-    return Path(os.environ.get(CACHE_VARIABLE, "~/.cache/raysim")).expanduser()
 
 
 def server_context(config: ExperimentConfig, dataset: Dataset) -> ServerContext:

@@ -1,7 +1,8 @@
 """The shared MLflow tracking server: a database backend store plus a served artifact store.
 
 `mlflow server` with its defaults starts 15 processes and 2.2 GB; one worker with job execution off
-starts in about 6 s with 0.4 GB (platform.md), so that is what `raysim server` runs. With
+starts in about 6 s with 0.4 GB (platform.md), so that is what `raysim server` runs, in one process instead of
+MLflow's two (raysim.tracking.mlflow_server: about 3 s). With
 `--artifacts-destination` the server proxies artifacts (clients need only the http:// tracking URI,
 no shared file system). Bind to 127.0.0.1 unless the cluster's nodes must reach it (then 0.0.0.0
 behind your network's protection: the server has no authentication).
@@ -62,9 +63,9 @@ class ServerSettings:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        """`mlflow server` with these settings; a backend URI with a password goes in `env` instead, out of the
-        command line that `ps` shows every user of the machine."""
-        command = [sys.executable, "-m", "mlflow", "server"]
+        """`mlflow server` with these settings (in one process: raysim.tracking.mlflow_server); a backend URI with a
+        password goes in `env` instead, out of the command line that `ps` shows every user of the machine."""
+        command = [sys.executable, "-m", "raysim.tracking.mlflow_server"]
         if not has_credentials(self.backend_store_uri):
             command += ["--backend-store-uri", self.backend_store_uri]
         if self.artifacts_destination:

@@ -159,7 +159,10 @@ def test_ui_takes_the_next_free_port_when_5000_is_taken_and_serves_the_runs_of_t
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
             assert page.status == 200
         (group,) = {os.getpgid(pid) for pid in listening_pids(port)}  # the server the UI started, not the UI
-        assert group != process.pid and b"mlflow\0server" in Path(f"/proc/{group}/cmdline").read_bytes()
+        assert (
+            group != process.pid
+            and b"-m\0raysim.tracking.mlflow_server\0" in Path(f"/proc/{group}/cmdline").read_bytes()
+        )
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)

@@ -210,9 +210,11 @@ tests/integration/test_memory_estimates.py)."""
 
 
 @pytest.mark.parametrize("name", sorted(LOADS))
-def test_the_estimate_is_what_loading_takes(name, tmp_path):
+def test_the_estimate_is_what_loading_takes(name, tmp_path, monkeypatch):
     """`nbytes` against the loaded arrays' bytes, `peak` against tracemalloc's peak while loading (numpy reports its
-    allocations to it), both within FACTOR; the estimate itself reads headers only (well under a second)."""
+    allocations to it), both within FACTOR; the estimate itself reads headers only (well under a second). The load
+    is a first one, which decodes: an empty cache folder (raysim.data.decoded)."""
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "cache"))
     settings = DATASETS.get(name).model_validate({"name": name, **LOADS[name](tmp_path)})
     began = time.perf_counter()
     footprint = settings.footprint()
