@@ -17,3 +17,16 @@ def test_the_vector_only_modules_load_without_torch():
     modules = ["raysim.models.spec", "raysim.evaluation.summaries", "raysim.tracking.callbacks"]
     code = f"import sys; import {', '.join(modules)}; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_a_refused_experiment_costs_no_torch_ray_or_mlflow(tmp_path):
+    """`raysim run` validates the file before it imports the driver: a refused config is one line after about 0.8
+    CPU s (raysim's config and its registries), not after 2.7 s of torch, Ray and MLflow imports."""
+    (tmp_path / "bad.yaml").write_text("algorithm: {name: flame}\nrounds: 0\n")
+    code = (
+        "import sys; from raysim.cli import main; code = main(['run', sys.argv[1]]); "
+        "print(code, [name for name in ('torch', 'ray', 'mlflow') if name in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code, tmp_path / "bad.yaml"], capture_output=True, text=True)
+    assert done.stdout == "2 []\n", (done.stdout, done.stderr)
+    assert done.stderr.startswith("error: rounds: ") and done.stderr.count("\n") == 1, done.stderr

@@ -164,7 +164,9 @@ def test_every_shipped_file_is_an_experiment_suite_or_sweep_with_data_here():
     assert shipped == {*SHIPPED, *(PAPER / name for name in DATA), QUICKSTART}
 
 
-def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri: str, fmnist_tenth: Path) -> None:
+def run_one_round(
+    tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri: str, fmnist_tenth: Path, figures: bool = True
+) -> None:
     """One round of a shipped experiment tree, in this process (the CLI path of each kind of file has its own tests):
     the paper datasets that are not installed come from the folders above, Fashion-MNIST is the tenth (SCALED_DOWN where
     it holds too little), the built-in ones are scaled down (BUILT_IN). Its hosts run in this process (runtime.actors:
@@ -178,7 +180,9 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
     scores three clients at each evaluation (tracking.eval_sample), not all of the setting's: scoring every client was
     a fifth of these runs' CPU, and the paper configs' runs above and the matrix score every one. It draws the run's
     figures as PNG only: every shipped setting's figures are drawn, laid out and written once, not again as PDF and
-    SVG (half a second of CPU per run; the paper configs' runs above and tests/system/test_cli.py write those)."""
+    SVG (half a second of CPU per run; the paper configs' runs above and tests/system/test_cli.py write those); with
+    `figures` false, none (a method's run in a suite setting: its curves are those of any run, drawn from the same
+    keys, and a fifth of such a run's CPU)."""
     sets = [
         "rounds=1",
         f"tracking.uri={mlflow_uri}",
@@ -186,7 +190,7 @@ def run_one_round(tree: dict[str, Any], source: Path, tmp_path: Path, mlflow_uri
         "runtime.actors=in_process",
         "tracking.save_models=global",
         "tracking.train_loss=false",
-        "tracking.figures=[png]",
+        f"tracking.figures={'[png]' if figures else '[]'}",
         "tracking.eval_sample=3",
     ]
     dataset = tree.get("dataset", {}).get("name", "fashion_mnist")
@@ -280,7 +284,8 @@ def test_every_method_of_the_shipped_suites_runs_one_round_in_a_suite_setting(
     assert config.algorithm.name == algorithm
     tree = config.model_dump(mode="json", by_alias=True)
     base = read_mapping(path).get("base_config")
-    run_one_round(tree, (path.parent / base).resolve() if base else path, tmp_path, mlflow_uri, fmnist_tenth)
+    source = (path.parent / base).resolve() if base else path
+    run_one_round(tree, source, tmp_path, mlflow_uri, fmnist_tenth, figures=False)
 
 
 @pytest.mark.slow
