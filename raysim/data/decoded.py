@@ -19,11 +19,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from raysim.files import atomic_file
 
 CACHE_VARIABLE = "RAYSIM_CACHE"
 """Environment variable naming raysim's cache folder (default ~/.cache/raysim), handed to algorithms as
@@ -53,14 +54,15 @@ def decoded(
         except (OSError, ValueError) as error:  # unreadable or damaged: decoded again, and rewritten
             logging.getLogger(__name__).warning("%s: decoded copy unreadable (%s); decoding again", paths[0], error)
     arrays = decode()
-    for array in arrays:  # as a mapped copy will be: a run that writes into its dataset fails on its first run
-        array.flags.writeable = False
     if len(arrays) != len(names):
         raise ValueError(f"{what}: decode gave {len(arrays)} arrays for the {len(names)} names {list(names)}")
+    for array in arrays:  # as a mapped copy will be: a run that writes into its dataset fails on its first run
+        array.flags.writeable = False
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for path, array in zip(paths, arrays, strict=True):
-            _write(path, array)
+            with atomic_file(path, durable=False) as out:  # a copy lost in a crash is only decoded again
+                np.save(out, np.ascontiguousarray(array), allow_pickle=False)
     except OSError as error:
         logging.getLogger(__name__).info("%s: no decoded copy kept in %s (%s)", what, folder, error)
     return arrays
@@ -70,16 +72,3 @@ def _identity(path: Path) -> list[object]:
     """What names a source's content: its resolved path, size and modification time."""
     status = path.stat()
     return [str(path.resolve()), status.st_size, status.st_mtime_ns]
-
-
-def _write(path: Path, array: np.ndarray) -> None:
-    """Write `array` to `path` through a temporary file in the same folder, renamed into place when complete."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            np.save(out, np.ascontiguousarray(array), allow_pickle=False)
-        os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide a shared cache folder's copies from other users
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -27,11 +27,12 @@ import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from raysim.errors import CheckpointError, nearest_existing, unwritable
+from raysim.files import atomic_file
 from raysim.plugins import is_plugin_module
 
 MANIFEST = "manifest.json"
@@ -130,23 +131,6 @@ def decode_tree(node: Any, arrays: Any) -> Any:
     return {decode_tree(k, arrays): decode_tree(v, arrays) for k, v in node["__dict__"]}
 
 
-@contextmanager
-def _atomic_file(path: Path, durable: bool = True) -> Iterator[IO[bytes]]:
-    """A file to write that appears under `path` only once complete (write, then rename); `durable` also
-    fsyncs it first. On an error the partial file is removed."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            yield handle
-            if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
 class _NpzWriter:
     """An ArraySink writing each array straight into an .npz archive (the layout np.savez writes), so a
     tree is streamed to disk array by array instead of being copied whole into memory first."""
@@ -181,7 +165,7 @@ def save_tree(path: str | Path, value: Any, durable: bool = True) -> None:
     fsyncs before the rename (off for scratch files that never outlive the process)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _atomic_file(path, durable) as handle, zipfile.ZipFile(handle, "w", allowZip64=True) as archive:
+    with atomic_file(path, durable) as handle, zipfile.ZipFile(handle, "w", allowZip64=True) as archive:
         arrays = _NpzWriter(archive)
         structure = encode_tree(value, arrays)
         arrays["__structure__"] = np.frombuffer(json.dumps(structure).encode(), dtype=np.uint8)
@@ -292,7 +276,7 @@ def round_folder(final: Path) -> Iterator[Path]:
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Complete a checkpoint: the manifest is written last, atomically."""
-    with _atomic_file(directory / MANIFEST) as handle:
+    with atomic_file(directory / MANIFEST) as handle:
         handle.write(json.dumps({"format": FORMAT, **manifest}, indent=1).encode())
 
 

@@ -22,7 +22,7 @@ PACKAGE = ROOT / "raysim"
 # (one floor a line, from the ground up, as docs/concepts.md draws them)
 FLOORS = (
     ("raysim.errors", "raysim.plugins", "raysim.registry", "raysim.settings", "raysim.seeding",
-     "raysim.jit", "raysim.credentials", "raysim.examples", "raysim.torchvision_compat"),
+     "raysim.jit", "raysim.credentials", "raysim.examples", "raysim.torchvision_compat", "raysim.files"),
     ("raysim.data",),
     ("raysim.models",),
     ("raysim.algorithms",),
